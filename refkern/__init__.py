@@ -1,0 +1,18 @@
+"""refkern: exact reference kernels for deep learning, and the proof of what a backend got wrong.
+
+``import refkern`` loads numpy and numba only; torch is used when a tensor is passed, mpmath
+when :mod:`refkern.truth` is first touched.
+"""
+
+from refkern._version import __version__
+from refkern.reduce import METHODS, dot, sum  # noqa: A004
+
+__all__ = ["__version__", "METHODS", "dot", "sum", "truth"]
+
+
+def __getattr__(name):
+    if name == "truth":  # lazy: it imports mpmath
+        import refkern.truth
+
+        return refkern.truth
+    raise AttributeError(f"module 'refkern' has no attribute {name!r}")

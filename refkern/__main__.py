@@ -1,0 +1,3 @@
+from refkern.cli import main
+
+raise SystemExit(main())

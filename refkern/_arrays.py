@@ -1,0 +1,120 @@
+"""Inputs in, results out: numpy arrays and torch tensors, converted without loss.
+
+torch is never imported here: a tensor can only exist if the caller imported torch, so
+it is found through ``sys.modules``. bfloat16 (torch, or numpy arrays of ml_dtypes'
+bfloat16) is widened to float32, which holds every bfloat16 value exactly.
+"""
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, FORMATS, Format
+
+_ALIASES = {
+    "float16": FLOAT16, "fp16": FLOAT16, "half": FLOAT16, "f16": FLOAT16,
+    "bfloat16": BFLOAT16, "bf16": BFLOAT16,
+    "float32": FLOAT32, "fp32": FLOAT32, "float": FLOAT32, "single": FLOAT32, "f32": FLOAT32,
+    "float64": FLOAT64, "fp64": FLOAT64, "double": FLOAT64, "f64": FLOAT64,
+}  # fmt: skip
+
+_KINDS = "float16, bfloat16, float32 or float64"
+
+
+@dataclass
+class Operand:
+    """A validated input: the values as a float32/float64 numpy array, and where they came from."""
+
+    values: np.ndarray  # float32 (for float16/bfloat16/float32 inputs) or float64, exact copies
+    fmt: Format  # the input's own format
+    torch: bool  # given as a torch tensor
+    shape: tuple
+
+
+def _torch_tensor_type():
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None) if torch is not None else None
+
+
+def is_tensor(x) -> bool:
+    t = _torch_tensor_type()
+    return t is not None and isinstance(x, t)
+
+
+def operand(x, name: str, op: str) -> Operand:
+    """Validate one input of ``op`` and convert it to an exact float32/float64 numpy array."""
+    if is_tensor(x):
+        return _from_tensor(x, name, op)
+    try:
+        a = np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"{op}: {name} must be an array or tensor of floats; got {type(x).__name__} ({exc}).") from None
+    dt = a.dtype
+    if dt.name == "bfloat16" and dt.itemsize == 2:  # ml_dtypes' numpy bfloat16
+        wide = (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return Operand(wide, BFLOAT16, False, a.shape)
+    if dt.kind != "f" or dt.name not in FORMATS:
+        raise TypeError(f"{op}: expected floating-point inputs ({_KINDS}); got {name}.dtype={dt.name}.") from None
+    fmt = FORMATS[dt.name]
+    if fmt is FLOAT16:
+        a = a.astype(np.float32)  # exact
+    return Operand(a, fmt, False, a.shape)
+
+
+def _from_tensor(x, name, op):
+    torch = sys.modules["torch"]
+    if x.layout != torch.strided:
+        raise TypeError(f"{op}: expected a dense tensor; got {name}.layout={x.layout}. Use {name}.to_dense().")
+    names = {torch.float16: FLOAT16, torch.bfloat16: BFLOAT16, torch.float32: FLOAT32, torch.float64: FLOAT64}
+    if x.dtype not in names:
+        raise TypeError(f"{op}: expected floating-point inputs ({_KINDS}); got {name}.dtype={x.dtype}.")
+    fmt = names[x.dtype]
+    t = x.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if fmt in (FLOAT16, BFLOAT16):
+        t = t.float()  # exact widening
+    a = t.resolve_conj().resolve_neg().numpy()
+    return Operand(a, fmt, True, tuple(x.shape))
+
+
+def promote(*fmts: Format) -> Format:
+    """torch's type promotion among float formats: float16 with bfloat16 gives float32."""
+    fs = set(fmts)
+    if FLOAT64 in fs:
+        return FLOAT64
+    if FLOAT32 in fs or (FLOAT16 in fs and BFLOAT16 in fs):
+        return FLOAT32
+    return fs.pop()
+
+
+def format_of(dtype, name: str, op: str) -> Format:
+    """A format from a name ('float32', 'fp16', 'bf16', ...), a numpy dtype or a torch dtype."""
+    if isinstance(dtype, Format):
+        return dtype
+    key = str(dtype).removeprefix("torch.")
+    if not isinstance(dtype, str):
+        try:
+            key = np.dtype(dtype).name
+        except TypeError:
+            pass
+    fmt = _ALIASES.get(key.lower())
+    if fmt is None:
+        choices = ", ".join(repr(k) for k in sorted(FORMATS))
+        raise ValueError(f"{op}: unknown {name}={dtype!r}; choose one of {choices}.") from None
+    return fmt
+
+
+def result(value: float, fmt: Format, as_tensor: bool):
+    """A float64 value that is exactly representable in ``fmt``, as a numpy scalar or 0-d tensor."""
+    if as_tensor:
+        torch = sys.modules["torch"]
+        return torch.tensor(value, dtype=getattr(torch, fmt.name))
+    if fmt is BFLOAT16:
+        try:
+            import ml_dtypes
+        except ImportError:  # bfloat16 came from torch in a mixed call; keep it lossless
+            return np.float32(value)
+        return ml_dtypes.bfloat16(value)
+    return np.dtype(fmt.name).type(value)

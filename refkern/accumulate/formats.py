@@ -1,0 +1,79 @@
+"""Floating-point formats and rounding to them.
+
+A format is (precision p in bits including the implicit one, emin, emax). Every value
+of float16, bfloat16 and float32 is exactly a float64, so the library carries them as
+float64 and *emulates* arithmetic in the narrow format by rounding each float64 result
+with :func:`round_to`. For + - * of operands that already lie in the format this is
+exactly the narrow format's own correctly rounded operation, because float64 has
+53 >= 2p + 2 bits (Figueroa, "When is double rounding innocuous?", 1995).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from refkern._jit import jit
+from refkern.accumulate._bits import bits, from_bits
+
+__all__ = ["Format", "FLOAT16", "BFLOAT16", "FLOAT32", "FLOAT64", "FORMATS", "round_to"]
+
+
+@dataclass(frozen=True)
+class Format:
+    """An IEEE 754-style binary format with subnormals."""
+
+    name: str
+    prec: int  #: significand bits, the implicit bit included
+    emin: int  #: exponent of the smallest normal number
+    emax: int  #: exponent of the largest finite number
+
+    @property
+    def u(self) -> float:
+        """Unit roundoff of round-to-nearest, 2**-prec."""
+        return 2.0**-self.prec
+
+    @property
+    def params(self) -> tuple[int, int, int]:
+        """(prec, emin, emax), the form the jitted kernels take."""
+        return self.prec, self.emin, self.emax
+
+    @property
+    def short(self) -> str:
+        return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}[self.name]
+
+    def __repr__(self) -> str:
+        return f"Format({self.name!r})"
+
+
+FLOAT16 = Format("float16", 11, -14, 15)
+BFLOAT16 = Format("bfloat16", 8, -126, 127)
+FLOAT32 = Format("float32", 24, -126, 127)
+FLOAT64 = Format("float64", 53, -1022, 1023)
+FORMATS = {f.name: f for f in (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)}
+
+_ABS = np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+@jit
+def round_to(x, prec, emin, emax):
+    """Round the float64 ``x`` to the format (prec, emin, emax), round-to-nearest-even.
+
+    Exact IEEE 754 rounding: subnormals below 2**emin, +-inf when the value rounded with
+    an unbounded exponent reaches 2**(emax + 1), NaN and inf unchanged, the sign of a zero
+    result kept. ``prec >= 53`` returns ``x`` unchanged (the format is float64 itself).
+    """
+    if prec >= 53 or x != x or x == 0.0:
+        return x
+    a = bits(x) & _ABS
+    ef = a >> 52
+    if ef == 2047:  # inf
+        return x
+    e = ef - 1023 if ef > 0 else -1023  # floor(log2|x|); subnormal float64 lie below every emin here
+    if e > emax:  # |x| >= 2**(emax+1): beyond the largest finite number
+        return np.inf if x > 0 else -np.inf
+    q = max(e, emin) - prec + 1  # exponent of the quantum (ulp) at |x|
+    sigma = from_bits((q + 1075) << 52 | (1 << 51))  # 1.5 * 2**(q+52): ulp(sigma) = 2**q
+    y = (x + sigma) - sigma  # |x| < 2**(q+prec) <= 2**(q+51): one RNE rounding to a multiple of 2**q
+    if abs(y) >= 2.0 ** (emax + 1):
+        return np.inf if x > 0 else -np.inf
+    return np.copysign(y, x)

@@ -1,0 +1,1 @@
+"""Error analysis: distances in ulps, bounds, condition numbers and verdicts."""

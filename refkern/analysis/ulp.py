@@ -1,0 +1,34 @@
+"""Units in the last place.
+
+``ulp(x, fmt)`` is the spacing of ``fmt`` at ``x``: ``2**(max(e, emin) - prec + 1)`` with
+``e = floor(log2|x|)``, so subnormals share the spacing ``2**(emin - prec + 1)``. The error
+of an approximation in ulps is measured against the *exact* (correctly rounded) value:
+``(approx - exact) / ulp(exact)``. Both are values of one binary format, so the
+difference is exact in float64 for every format narrower than float64 (and for float64
+operands within a factor of two of each other, by Sterbenz's lemma).
+"""
+
+import math
+
+from refkern.accumulate.formats import Format
+
+__all__ = ["ulp", "ulp_error"]
+
+
+def ulp(x: float, fmt: Format) -> float:
+    """The spacing of ``fmt`` at ``x`` (at 0: the smallest subnormal)."""
+    if not math.isfinite(x):
+        return math.nan
+    e = math.frexp(x)[1] - 1 if x != 0 else fmt.emin
+    return math.ldexp(1.0, max(e, fmt.emin) - fmt.prec + 1)
+
+
+def ulp_error(approx: float, exact: float, fmt: Format) -> float:
+    """Signed error of ``approx`` in ulps of ``fmt`` at ``exact`` (0 when both are the same
+    infinity or both NaN; inf when only one of them is finite)."""
+    approx, exact = float(approx), float(exact)
+    if math.isnan(approx) or math.isnan(exact):
+        return 0.0 if math.isnan(approx) and math.isnan(exact) else math.inf
+    if math.isinf(approx) or math.isinf(exact):
+        return 0.0 if approx == exact else math.copysign(math.inf, approx - exact)
+    return (approx - exact) / ulp(exact, fmt)

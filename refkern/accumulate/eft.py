@@ -11,7 +11,7 @@ the exact result with no loss:
   overflow and ``e_a + e_b >= -970`` (the error of the product is then a multiple of 2**-1074,
   representable; Boldo and Muller 2011).
 * :func:`two_product_dekker`: the same without FMA (Veltkamp split, Dekker product), with the
-  split guarded against overflow: operands above 2**996 are scaled by 2**-28 first, because
+  split guarded against overflow: operands above 2**996 are split by truncation, because
   ``(2**27 + 1) * a`` would overflow.
 * :func:`two_product_scaled`: ``(p + e) * 2**k == a * b`` for *every* pair of finite binary64,
   including products that overflow or underflow binary64: the significands in [0.5, 1) are
@@ -25,7 +25,7 @@ doi:10.1137/030601818, Muller et al., *Handbook of Floating-Point Arithmetic* ch
 import math
 
 from refkern._jit import jit
-from refkern.accumulate._bits import fma
+from refkern.accumulate._bits import bits, fma, from_bits
 
 __all__ = [
     "two_sum",
@@ -38,6 +38,7 @@ __all__ = [
 
 _SPLITTER = 134217729.0  # 2**27 + 1: splits a binary64 into two 26-bit halves
 _SPLIT_MAX = 2.0**996  # above this (2**27 + 1) * a may overflow
+_CLEAR_LOW27 = ~((1 << 27) - 1)  # int64 mask keeping sign, exponent and the top 25 stored bits
 
 
 @jit(inline="always")
@@ -66,16 +67,17 @@ def two_product(a, b):
 
 @jit
 def split(a):
-    """Veltkamp split: a == hi + lo with hi, lo of at most 26 significant bits each.
+    """Veltkamp split: a == hi + lo, hi and lo of at most 26 significant bits each.
 
-    Guarded: for |a| > 2**996 the split is done on a * 2**-28 and scaled back (exactly,
-    powers of two), since (2**27 + 1) * a would overflow.
+    Guarded for |a| > 2**996, where (2**27 + 1) * a overflows and rounding a to 26 bits can
+    itself reach 2**1024: there the split truncates instead (hi is a with its 27 low significand
+    bits cleared, so |hi| <= |a|), and lo has up to 27 bits. Dekker's product stays exact with
+    such a factor: the other one is below 2**28 (or the product overflows anyway) and is split
+    by rounding into 26-bit halves, so every partial product still fits in 53 bits.
     """
     if abs(a) > _SPLIT_MAX:
-        s = a * 2.0**-28
-        c = _SPLITTER * s
-        hi = c - (c - s)
-        return hi * 2.0**28, (s - hi) * 2.0**28
+        hi = from_bits(bits(a) & _CLEAR_LOW27)
+        return hi, a - hi
     c = _SPLITTER * a
     hi = c - (c - a)
     return hi, a - hi

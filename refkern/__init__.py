@@ -5,9 +5,11 @@ when :mod:`refkern.truth` is first touched.
 """
 
 from refkern._version import __version__
+from refkern.kernels.conv import conv1d, conv2d
+from refkern.kernels.gemm import linear, matmul
 from refkern.reduce import METHODS, dot, sum  # noqa: A004
 
-__all__ = ["__version__", "METHODS", "dot", "sum", "truth"]
+__all__ = ["__version__", "METHODS", "conv1d", "conv2d", "dot", "linear", "matmul", "sum", "truth"]
 
 
 def __getattr__(name):

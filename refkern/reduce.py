@@ -43,7 +43,7 @@ def _reduce(op, arrays, out_fmt, accumulate, accum_dtype, unit):
     arrays = [np.ascontiguousarray(a, dtype=np.float64) for a in arrays]
     a = arrays[0]
     b = a if unit else arrays[1]
-    value = kernel(a, b, unit, *work.params)
+    value = kernel(a, b, unit, 0.0, False, *work.params)
     return round_to(value, *out_fmt.params)  # the store to the result dtype (identity if it holds the value)
 
 

@@ -16,11 +16,12 @@ and sum is exact.
 import math
 
 import mpmath
+import numpy as np
 
 from refkern._arrays import operand, promote, result
 from refkern.accumulate.formats import Format
 
-__all__ = ["dot", "sum", "exact_precision", "round_exact"]
+__all__ = ["dot", "sum", "matmul", "linear", "conv1d", "conv2d", "exact_precision", "round_exact"]
 
 
 def _terms_dot(a, b):
@@ -127,3 +128,84 @@ def sum(x, *, precision: int | None = None):  # noqa: A001
     a = operand(x, "x", "truth.sum")
     value = _exact_sum_of_products(_terms_sum(a.values.reshape(-1)), a.fmt, precision)
     return result(value, a.fmt, a.torch)
+
+
+def _finish(p, out):
+    from refkern.kernels._common import finish
+
+    return finish(p, out)
+
+
+def _gemm(p, A3, Bt3, ia, ib, bias, shape, precision):
+    nb, m, n = len(ia), A3.shape[1], Bt3.shape[1]
+    out = np.empty((nb, m, n))
+    for t in range(nb):
+        for i in range(m):
+            for j in range(n):
+                terms = list(zip(A3[ia[t], i].tolist(), Bt3[ib[t], j].tolist()))
+                if bias is not None:
+                    terms.append((float(bias[j]), 1.0))
+                out[t, i, j] = _exact_sum_of_products(terms, p.out, precision)
+    return _finish(p, out.reshape(shape))
+
+
+def matmul(a, b, *, precision: int | None = None):
+    """Ground truth of :func:`refkern.matmul`: each element summed exactly with mpmath, rounded once."""
+    from refkern.kernels._common import plan
+    from refkern.kernels.gemm import matmul_operands
+
+    p = plan("truth.matmul", {"a": a, "b": b}, ("a", "b"), "exact", None)
+    A3, Bt3, ia, ib, shape = matmul_operands(p)
+    return _gemm(p, A3, Bt3, ia, ib, None, shape, precision)
+
+
+def linear(x, weight, bias=None, *, precision: int | None = None):
+    """Ground truth of :func:`refkern.linear` (the bias is a term of the exact sum)."""
+    from refkern.kernels._common import plan
+    from refkern.kernels.gemm import linear_operands
+
+    p = plan("truth.linear", {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), "exact", None)
+    X, W, b, shape = linear_operands(p)
+    zero = np.zeros(1, np.int64)
+    return _gemm(p, X, W, zero, zero, b, shape, precision)
+
+
+def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, padding_mode, precision):
+    from refkern.kernels._common import plan
+    from refkern.kernels.conv import conv_operands
+
+    p = plan(op, {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), "exact", None)
+    c = conv_operands(p, nd, stride, padding, dilation, groups, padding_mode)
+    nn, c_out, ho, wo = c.out_shape
+    cin_g = c.X.shape[1] // c.groups
+    cout_g = c_out // c.groups
+    kh, kw = c.W.shape[2], c.W.shape[3]
+    (sh, sw), (dh, dw) = c.stride, c.dilation
+    out = np.empty(c.out_shape)
+    for n in range(nn):
+        for co in range(c_out):
+            g = co // cout_g
+            for y in range(ho):
+                for x_ in range(wo):
+                    terms = [
+                        (float(c.W[co, ci, ky, kx]), float(c.X[n, g * cin_g + ci, y * sh + ky * dh, x_ * sw + kx * dw]))
+                        for ci in range(cin_g)
+                        for ky in range(kh)
+                        for kx in range(kw)
+                    ]
+                    if c.bias is not None:
+                        terms.append((float(c.bias[co]), 1.0))
+                    out[n, co, y, x_] = _exact_sum_of_products(terms, p.out, precision)
+    return _finish(p, c.result(out))
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", *,
+           precision: int | None = None):  # fmt: skip
+    """Ground truth of :func:`refkern.conv2d`, element by element with mpmath."""
+    return _conv("truth.conv2d", 2, x, weight, bias, stride, padding, dilation, groups, padding_mode, precision)
+
+
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", *,
+           precision: int | None = None):  # fmt: skip
+    """Ground truth of :func:`refkern.conv1d`, element by element with mpmath."""
+    return _conv("truth.conv1d", 1, x, weight, bias, stride, padding, dilation, groups, padding_mode, precision)

@@ -39,7 +39,7 @@ from refkern.accumulate.superacc import (
     acc_round,
 )
 
-__all__ = ["BLOCK", "exact_dot", "exact_sum", "fold_terms"]
+__all__ = ["BLOCK", "exact_dot", "exact_sum", "fold_terms", "bins2", "bins3", "wide_safe", "product_bound"]
 
 BLOCK = 2048
 _ABS = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -99,6 +99,102 @@ def fold_terms(r, m, acc):
 
 
 @jit
+def bins2(ab, bb, m, e, acc, scratch):
+    """acc += sum ab[i] * bb[i], i < m <= BLOCK, exactly, for products exact in float64
+    (factors of float32 or narrower) bounded by |ab[i] bb[i]| < 2**(e+1), e in [-972, 1021]."""
+    b1 = e - 50
+    b2 = b1 - 52
+    s1 = _sigma(b1)
+    s2 = _sigma(b2)
+    sb1 = bits(s1)
+    sb2 = bits(s2)
+    c1 = np.int64(0)
+    c2 = np.int64(0)
+    orr = np.int64(0)
+    for i in range(m):
+        p = np.float64(ab[i]) * np.float64(bb[i])  # exact: 24 + 24 bits
+        v = p + s1
+        c1 += bits(v) - sb1
+        r = p - (v - s1)
+        v = r + s2
+        c2 += bits(v) - sb2
+        r = r - (v - s2)
+        orr |= bits(r) & _ABS
+    if orr == 0:
+        acc_add_int(acc, c1, b1)
+        acc_add_int(acc, c2, b2)
+    else:  # terms below 2**b2: redo the block with as many bins as it needs
+        for i in range(m):
+            scratch[i] = np.float64(ab[i]) * np.float64(bb[i])
+        fold_terms(scratch, m, acc)
+
+
+@jit
+def bins3(ab, bb, m, e, acc, scratch):
+    """acc += sum ab[i] * bb[i], i < m <= BLOCK, exactly, for float64 factors whose products
+    neither overflow nor lose their FMA error term: |ab[i] bb[i]| < 2**(e+1) with
+    -920 <= e <= 1021, and every nonzero product >= 2**-968 (callers check)."""
+    b1 = e - 50
+    b2 = b1 - 52
+    b3 = b2 - 52
+    s1 = _sigma(b1)
+    s2 = _sigma(b2)
+    s3 = _sigma(b3)
+    sb1 = bits(s1)
+    sb2 = bits(s2)
+    sb3 = bits(s3)
+    c1 = np.int64(0)
+    c2 = np.int64(0)
+    c3 = np.int64(0)
+    orr = np.int64(0)
+    for i in range(m):
+        p = ab[i] * bb[i]
+        q = fma(ab[i], bb[i], -p)  # a b == p + q exactly, |q| <= 2**-53 |p|
+        v = p + s1
+        c1 += bits(v) - sb1
+        r = p - (v - s1)
+        v = r + s2
+        c2 += bits(v) - sb2  # with q below: <= 2**51 + 2**50 per term, 2048 terms < 2**63
+        r = r - (v - s2)
+        v = q + s2
+        c2 += bits(v) - sb2
+        t = q - (v - s2)
+        v = t + s3
+        c3 += bits(v) - sb3
+        t = t - (v - s3)
+        orr |= (bits(r) | bits(t)) & _ABS
+    if orr == 0:
+        acc_add_int(acc, c1, b1)
+        acc_add_int(acc, c2, b2)
+        acc_add_int(acc, c3, b3)
+    else:
+        for i in range(m):
+            scratch[i] = ab[i] * bb[i]
+        fold_terms(scratch, m, acc)
+        for i in range(m):
+            p = ab[i] * bb[i]
+            scratch[i] = fma(ab[i], bb[i], -p)
+        fold_terms(scratch, m, acc)
+
+
+@jit
+def wide_safe(mxa, mna, mxb, mnb):
+    """Whether float64 factors with these max / min-nonzero |bit patterns| may use bins3:
+    no inf/NaN, products and bin constants below overflow, FMA error terms exact."""
+    if mxa >= _INF_BITS or mxb >= _INF_BITS:
+        return False
+    e = _exponent(mxa) + _exponent(mxb) + 1
+    tiny = (mna >> 52) + (mnb >> 52) - 2046  # lower bound on the exponent of any nonzero product
+    return -920 <= e <= 1021 and tiny >= -968
+
+
+@jit
+def product_bound(mxa, mxb):
+    """e with |a b| < 2**(e+1) for |a|, |b| at most the values with these bit patterns."""
+    return _exponent(mxa) + _exponent(mxb) + 1
+
+
+@jit
 def _dot32_range(a, b, lo, hi, acc, scratch):
     """acc += sum a[i] * b[i] for lo <= i < hi, exactly; a, b float32 (products exact in float64)."""
     for s in range(lo, hi, BLOCK):
@@ -118,32 +214,7 @@ def _dot32_range(a, b, lo, hi, acc, scratch):
             continue
         if ma == 0 or mb == 0:
             continue
-        e = _exponent(ma) + _exponent(mb) + 1  # |a b| < 2**(e+1); float32 keeps e in [-298, 255]
-        b1 = e - 50
-        b2 = b1 - 52
-        s1 = _sigma(b1)
-        s2 = _sigma(b2)
-        sb1 = bits(s1)
-        sb2 = bits(s2)
-        c1 = np.int64(0)
-        c2 = np.int64(0)
-        orr = np.int64(0)
-        for i in range(m):
-            p = np.float64(ab[i]) * np.float64(bb[i])  # exact: 24 + 24 bits
-            v = p + s1
-            c1 += bits(v) - sb1
-            r = p - (v - s1)
-            v = r + s2
-            c2 += bits(v) - sb2
-            r = r - (v - s2)
-            orr |= bits(r) & _ABS
-        if orr == 0:
-            acc_add_int(acc, c1, b1)
-            acc_add_int(acc, c2, b2)
-        else:  # terms below 2**b2: redo the block with as many bins as it needs
-            for i in range(m):
-                scratch[i] = np.float64(ab[i]) * np.float64(bb[i])
-            fold_terms(scratch, m, acc)
+        bins2(ab, bb, m, product_bound(ma, mb), acc, scratch)  # float32 keeps the bound in [-298, 255]
 
 
 @jit
@@ -169,54 +240,12 @@ def _dot64_range(a, b, lo, hi, acc, scratch):
         if ma == 0 or mb == 0:
             if ma < _INF_BITS and mb < _INF_BITS:
                 continue
-        e = _exponent(ma) + _exponent(mb) + 1  # |a b| < 2**(e+1)
-        tiny = (na >> 52) + (nb >> 52) - 2046  # lower bound on the exponent of any nonzero product
-        if ma >= _INF_BITS or mb >= _INF_BITS or e > 1021 or e < -920 or tiny < -968:
+        if not wide_safe(ma, na, mb, nb):
             # specials, possible overflow of a*b or sigma, or an inexact FMA error term
             for i in range(m):
                 acc_add_product(acc, ab[i], bb[i])
             continue
-        b1 = e - 50
-        b2 = b1 - 52
-        b3 = b2 - 52
-        s1 = _sigma(b1)
-        s2 = _sigma(b2)
-        s3 = _sigma(b3)
-        sb1 = bits(s1)
-        sb2 = bits(s2)
-        sb3 = bits(s3)
-        c1 = np.int64(0)
-        c2 = np.int64(0)
-        c3 = np.int64(0)
-        orr = np.int64(0)
-        for i in range(m):
-            p = ab[i] * bb[i]
-            q = fma(ab[i], bb[i], -p)  # a b == p + q exactly, |q| <= 2**-53 |p|
-            v = p + s1
-            c1 += bits(v) - sb1
-            r = p - (v - s1)
-            v = r + s2
-            c2 += bits(v) - sb2  # with q below: <= 2**51 + 2**50 per term, 2048 terms < 2**63
-            r = r - (v - s2)
-            v = q + s2
-            c2 += bits(v) - sb2
-            t = q - (v - s2)
-            v = t + s3
-            c3 += bits(v) - sb3
-            t = t - (v - s3)
-            orr |= (bits(r) | bits(t)) & _ABS
-        if orr == 0:
-            acc_add_int(acc, c1, b1)
-            acc_add_int(acc, c2, b2)
-            acc_add_int(acc, c3, b3)
-        else:
-            for i in range(m):
-                scratch[i] = ab[i] * bb[i]
-            fold_terms(scratch, m, acc)
-            for i in range(m):
-                p = ab[i] * bb[i]
-                scratch[i] = fma(ab[i], bb[i], -p)
-            fold_terms(scratch, m, acc)
+        bins3(ab, bb, m, product_bound(ma, mb), acc, scratch)
 
 
 @jit

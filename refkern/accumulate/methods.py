@@ -1,6 +1,7 @@
 """The non-exact accumulation methods, in a named working format.
 
-Each kernel reduces the terms ``t_i = a_i * b_i`` (or ``t_i = a_i`` for a sum) with every
+Each kernel reduces the terms ``t_i = a_i * b_i`` (or ``t_i = a_i`` for a sum), followed by
+the bias as one last term when there is one, with every
 operation rounded to the working format (prec, emin, emax), emulated through
 :func:`~refkern.accumulate.formats.round_to`: float16, bfloat16, float32 or float64
 arithmetic as that format would round it (inputs and products are exact in float64 for
@@ -31,29 +32,31 @@ __all__ = ["KERNELS", "naive", "pairwise", "kahan", "neumaier", "dot2"]
 
 
 @jit(inline="always")
-def _term(a, b, unit, i):
-    """The exact i-th term: a[i] * b[i] (exact in float64 for float32 inputs), or a[i]."""
+def _term(a, b, unit, bias, i):
+    """The i-th term: a[i] * b[i] (exact in float64 for float32 inputs), or a[i]; the bias last."""
+    if i == a.size:
+        return bias
     return a[i] if unit else a[i] * b[i]
 
 
 @jit
-def naive(a, b, unit, prec, emin, emax):
+def naive(a, b, unit, bias, has_bias, prec, emin, emax):
     """Left-to-right sum in the working format: s = fl(s + fl(t_i))."""
     s = 0.0
-    for i in range(a.size):
-        s = round_to(s + round_to(_term(a, b, unit, i), prec, emin, emax), prec, emin, emax)
+    for i in range(a.size + has_bias):
+        s = round_to(s + round_to(_term(a, b, unit, bias, i), prec, emin, emax), prec, emin, emax)
     return s
 
 
 @jit
-def pairwise(a, b, unit, prec, emin, emax):
+def pairwise(a, b, unit, bias, has_bias, prec, emin, emax):
     """Balanced binary tree: level by level, fl(x[2k] + x[2k+1]); each term sees ceil(log2 n) roundings."""
-    n = a.size
+    n = a.size + has_bias
     if n == 0:
         return 0.0
     x = np.empty(n)
     for i in range(n):
-        x[i] = round_to(_term(a, b, unit, i), prec, emin, emax)
+        x[i] = round_to(_term(a, b, unit, bias, i), prec, emin, emax)
     m = n
     while m > 1:
         h = m // 2
@@ -68,12 +71,12 @@ def pairwise(a, b, unit, prec, emin, emax):
 
 
 @jit
-def kahan(a, b, unit, prec, emin, emax):
+def kahan(a, b, unit, bias, has_bias, prec, emin, emax):
     """Kahan's compensated summation: c carries the rounding error of the last addition."""
     s = 0.0
     c = 0.0
-    for i in range(a.size):
-        y = round_to(round_to(_term(a, b, unit, i), prec, emin, emax) - c, prec, emin, emax)
+    for i in range(a.size + has_bias):
+        y = round_to(round_to(_term(a, b, unit, bias, i), prec, emin, emax) - c, prec, emin, emax)
         t = round_to(s + y, prec, emin, emax)
         c = round_to(round_to(t - s, prec, emin, emax) - y, prec, emin, emax)
         s = t
@@ -81,13 +84,13 @@ def kahan(a, b, unit, prec, emin, emax):
 
 
 @jit
-def neumaier(a, b, unit, prec, emin, emax):
+def neumaier(a, b, unit, bias, has_bias, prec, emin, emax):
     """Neumaier's variant: the error of each addition (exact, by FastTwoSum on the larger
     operand) is summed apart in c and added once at the end."""
     s = 0.0
     c = 0.0
-    for i in range(a.size):
-        x = round_to(_term(a, b, unit, i), prec, emin, emax)
+    for i in range(a.size + has_bias):
+        x = round_to(_term(a, b, unit, bias, i), prec, emin, emax)
         t = round_to(s + x, prec, emin, emax)
         if abs(s) >= abs(x):
             e = round_to(round_to(s - t, prec, emin, emax) + x, prec, emin, emax)
@@ -99,15 +102,16 @@ def neumaier(a, b, unit, prec, emin, emax):
 
 
 @jit
-def dot2(a, b, unit, prec, emin, emax):
+def dot2(a, b, unit, bias, has_bias, prec, emin, emax):
     """Dot2 (ORO 2005, Alg. 5.3): TwoProduct and TwoSum in the working format, errors summed
     in one extra accumulator; as accurate as the working precision squared, then rounded."""
     p = 0.0
     s = 0.0
-    for i in range(a.size):
-        if unit:
-            h = round_to(a[i], prec, emin, emax)
-            r = round_to(a[i] - h, prec, emin, emax)
+    for i in range(a.size + has_bias):
+        if unit or i == a.size:
+            t = _term(a, b, unit, bias, i)
+            h = round_to(t, prec, emin, emax)
+            r = round_to(t - h, prec, emin, emax)
         else:
             h = round_to(a[i] * b[i], prec, emin, emax)
             # TwoProduct's error a*b - h: one FMA rounding to float64 then one to the format

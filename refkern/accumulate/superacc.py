@@ -27,6 +27,8 @@ __all__ = [
     "NCHUNKS",
     "SIZE",
     "acc_new",
+    "acc_init",
+    "acc_reset",
     "acc_add_int",
     "acc_add_float",
     "acc_add_product",
@@ -57,6 +59,19 @@ def acc_init(acc):
     acc[:] = 0
     acc[JMIN] = NCHUNKS
     acc[JMAX] = -1
+
+
+@jit
+def acc_reset(acc):
+    """Make a used accumulator the empty sum again, touching only the chunks it used."""
+    for j in range(acc[JMIN], acc[JMAX] + 1):
+        acc[j] = 0
+    acc[JMIN] = NCHUNKS
+    acc[JMAX] = -1
+    acc[NNAN] = 0
+    acc[NPINF] = 0
+    acc[NNINF] = 0
+    acc[NADDS] = 0
 
 
 @jit

@@ -1,0 +1,69 @@
+"""What every op wrapper does around its kernel: operands in, method and formats chosen,
+results out in the promoted dtype, as numpy arrays or CPU tensors."""
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from refkern._arrays import Operand, operand, promote
+from refkern._jit import jit
+from refkern.accumulate.formats import FLOAT32, Format, round_to
+from refkern.kernels._element import METHOD_CODES
+from refkern.reduce import lookup_method, working_format
+
+__all__ = ["Plan", "plan", "finish", "as_f64"]
+
+
+@dataclass
+class Plan:
+    op: str
+    ops: dict  # name -> Operand (None where absent)
+    out: Format  # result format (torch promotion)
+    work: Format  # working format of the non-exact methods (= out for exact)
+    method: int  # METHOD_CODES
+    narrow: bool  # all multiplied operands are float32 or narrower: products exact in float64
+    tensor: bool  # any operand was a torch tensor
+
+    @property
+    def kernel_args(self):
+        return (self.method, self.narrow, *self.work.params)
+
+
+def plan(op: str, operands: dict, multiplied: tuple, accumulate: str, accum_dtype) -> Plan:
+    """Validate the operands' types and the method; ``operands`` maps names to inputs (None allowed)."""
+    ops = {k: (operand(v, k, op) if v is not None else None) for k, v in operands.items()}
+    lookup_method(op, accumulate)
+    present = [o for o in ops.values() if o is not None]
+    out = promote(*(o.fmt for o in present))
+    work = working_format(op, accumulate, accum_dtype, out)  # exact: the result format
+    narrow = all(ops[k].fmt.prec <= FLOAT32.prec for k in multiplied)
+    return Plan(op, ops, out, work, METHOD_CODES[accumulate], narrow, any(o.torch for o in present))
+
+
+def as_f64(o: Operand) -> np.ndarray:
+    """The operand's values widened exactly to contiguous float64."""
+    return np.ascontiguousarray(o.values, dtype=np.float64)
+
+
+@jit
+def _round_all(x, prec, emin, emax):
+    flat = x.reshape(-1)
+    for i in range(flat.size):
+        flat[i] = round_to(flat[i], prec, emin, emax)
+
+
+def finish(p: Plan, out64: np.ndarray):
+    """The kernel's float64 results in the result dtype: rounded once more only when a non-exact
+    method worked in another format (the store to the result dtype), otherwise exact."""
+    if p.work != p.out:
+        _round_all(out64, *p.out.params)
+    if p.tensor:
+        torch = sys.modules["torch"]
+        t = torch.from_numpy(out64)
+        return t.to(getattr(torch, p.out.name))
+    if p.out.name == "bfloat16":
+        import ml_dtypes  # a numpy bfloat16 operand means ml_dtypes is installed
+
+        return out64.astype(ml_dtypes.bfloat16)
+    return out64.astype(p.out.name)

@@ -1,0 +1,122 @@
+"""One output element: ``bias + sum_k a[k] * b[k]`` by a named method, for the op kernels.
+
+Every op kernel (matmul, linear, conv) reduces contiguous float64 operands ``a``, ``b``
+of length K per output element, so this is the only place where methods are chosen.
+For ``exact`` the caller passes the bit patterns of max|a|, min nonzero|a| (and for b),
+computed once per row, so the fast bins need no pre-pass over the data:
+
+* ``narrow`` (inputs were float32 or narrower): products are exact in float64 and
+  :func:`~refkern.accumulate.exact.bins2` takes the whole row, block by block;
+* otherwise float64 products use :func:`~refkern.accumulate.exact.bins3` where
+  :func:`~refkern.accumulate.exact.wide_safe` allows it, and the term-by-term exact
+  path elsewhere (inf/NaN, products that could overflow or underflow).
+
+The bias is one more exact term, the result is rounded once, and an exactly zero result
+is -0 only if every term (the bias included) is -0.
+"""
+
+import numpy as np
+
+from refkern._jit import jit
+from refkern.accumulate._bits import bits
+from refkern.accumulate.exact import BLOCK, bins2, bins3, product_bound, wide_safe
+from refkern.accumulate.methods import dot2, kahan, naive, neumaier, pairwise
+from refkern.accumulate.superacc import acc_add_float, acc_add_product, acc_has_special, acc_reset, acc_round
+
+__all__ = ["METHOD_CODES", "EXACT", "reduce_element", "row_stats"]
+
+NAIVE, PAIRWISE, KAHAN, NEUMAIER, DOT2, EXACT = 0, 1, 2, 3, 4, 5
+METHOD_CODES = {
+    "naive": NAIVE,
+    "pairwise": PAIRWISE,
+    "kahan": KAHAN,
+    "neumaier": NEUMAIER,
+    "dot2": DOT2,
+    "exact": EXACT,
+}
+
+_ABS = np.int64(0x7FFFFFFFFFFFFFFF)
+_INF_BITS = np.int64(0x7FF0000000000000)
+
+
+@jit(inline="always")
+def abs_bits(v):
+    return bits(v) & _ABS
+
+
+@jit
+def row_stats(rows, stats):
+    """stats[r] = (max |bits|, min nonzero |bits|) of each row of a 2-D float64 array
+    (min is the bits of +inf for a row of zeros)."""
+    for r in range(rows.shape[0]):
+        mx = np.int64(0)
+        mn = _INF_BITS
+        row = rows[r]
+        for k in range(row.size):
+            x = bits(row[k]) & _ABS
+            mx = x if x > mx else mx
+            xn = x if x != 0 else _INF_BITS
+            mn = xn if xn < mn else mn
+        stats[r, 0] = mx
+        stats[r, 1] = mn
+
+
+@jit
+def _all_terms_neg_zero(a, b, bias, has_bias):
+    if has_bias and bits(bias) != np.int64(-0x8000000000000000):
+        return False
+    if a.size == 0 and not has_bias:
+        return False
+    for k in range(a.size):
+        x = a[k]
+        y = b[k]
+        if not ((x == 0.0 or y == 0.0) and (bits(x) < 0) != (bits(y) < 0)):
+            return False
+    return True
+
+
+@jit
+def _exact_element(a, b, bias, has_bias, narrow, mxa, mna, mxb, mnb, prec, emin, emax, acc, scratch):
+    acc_reset(acc)
+    n = a.size
+    if mxa >= _INF_BITS or mxb >= _INF_BITS:
+        for k in range(n):
+            acc_add_product(acc, a[k], b[k])
+    elif mxa != 0 and mxb != 0:
+        if narrow:
+            e = product_bound(mxa, mxb)
+            for s in range(0, n, BLOCK):
+                m = min(BLOCK, n - s)
+                bins2(a[s : s + m], b[s : s + m], m, e, acc, scratch)
+        elif wide_safe(mxa, mna, mxb, mnb):
+            e = product_bound(mxa, mxb)
+            for s in range(0, n, BLOCK):
+                m = min(BLOCK, n - s)
+                bins3(a[s : s + m], b[s : s + m], m, e, acc, scratch)
+        else:
+            for k in range(n):
+                acc_add_product(acc, a[k], b[k])
+    if has_bias:
+        acc_add_float(acc, bias)
+    special = acc_has_special(acc)
+    r = acc_round(acc, prec, emin, emax)
+    if r == 0.0 and not special and _all_terms_neg_zero(a, b, bias, has_bias):
+        return -0.0
+    return r
+
+
+@jit
+def reduce_element(a, b, bias, has_bias, method, narrow, mxa, mna, mxb, mnb, prec, emin, emax, acc, scratch):
+    """bias + sum_k a[k] * b[k] by ``method`` (a code of METHOD_CODES), in the format
+    (prec, emin, emax): rounded once for EXACT, computed in that format for the others."""
+    if method == EXACT:
+        return _exact_element(a, b, bias, has_bias, narrow, mxa, mna, mxb, mnb, prec, emin, emax, acc, scratch)
+    if method == NAIVE:
+        return naive(a, b, False, bias, has_bias, prec, emin, emax)
+    if method == PAIRWISE:
+        return pairwise(a, b, False, bias, has_bias, prec, emin, emax)
+    if method == KAHAN:
+        return kahan(a, b, False, bias, has_bias, prec, emin, emax)
+    if method == NEUMAIER:
+        return neumaier(a, b, False, bias, has_bias, prec, emin, emax)
+    return dot2(a, b, False, bias, has_bias, prec, emin, emax)

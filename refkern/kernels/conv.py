@@ -1,0 +1,235 @@
+"""``refkern.conv1d`` and ``refkern.conv2d``: torch semantics (stride, padding including
+"same"/"valid" and padding modes, dilation, groups, unbatched input), every output element
+reduced by a named method (correctly rounded with the default ``accumulate="exact"``).
+
+No im2col: each task gathers one input patch (length K = C_in/groups * kh * kw) into a
+buffer and reduces it against every filter of its group, so memory beyond the inputs and
+outputs is O(threads * K). Non-zero padding modes pad a copy of the input first.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate._bits import bits
+from refkern.accumulate.exact import BLOCK
+from refkern.accumulate.superacc import SIZE, acc_init
+from refkern.kernels._common import as_f64, finish, plan
+from refkern.kernels._element import reduce_element, row_stats
+
+__all__ = ["conv1d", "conv2d", "conv_operands", "ConvOperands"]
+
+_ABS = np.int64(0x7FFFFFFFFFFFFFFF)
+_INF_BITS = np.int64(0x7FF0000000000000)
+_PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+@jit(parallel=True)
+def _conv2d_kernel(X, W2, bias, has_bias, out, groups, kh, kw, sh, sw, dh, dw, method, narrow, prec, emin, emax, stw):
+    """out[n, co, y, x] = bias[co] + sum_{ci, ky, kx} W[co, ci, ky, kx] X[n, g cin + ci, y sh + ky dh, x sw + kx dw]
+    with X already padded; W2 = W reshaped (C_out, K); stw: (max, min nonzero) |bits| per filter."""
+    nn, c, _, _ = X.shape
+    cout, k = W2.shape
+    _, _, ho, wo = out.shape
+    cin_g = c // groups
+    cout_g = cout // groups
+    for task in prange(nn * groups * ho):
+        n = task // (groups * ho)
+        g = (task // ho) % groups
+        oy = task % ho
+        buf = np.empty(k)
+        acc = np.empty(SIZE, np.int64)
+        acc_init(acc)
+        scratch = np.empty(BLOCK)
+        for ox in range(wo):
+            q = 0
+            mx = np.int64(0)
+            mn = _INF_BITS
+            for ci in range(cin_g):
+                for ky in range(kh):
+                    row = X[n, g * cin_g + ci, oy * sh + ky * dh]
+                    for kx in range(kw):
+                        v = row[ox * sw + kx * dw]
+                        buf[q] = v
+                        q += 1
+                        x = bits(v) & _ABS
+                        mx = x if x > mx else mx
+                        xn = x if x != 0 else _INF_BITS
+                        mn = xn if xn < mn else mn
+            for co in range(g * cout_g, (g + 1) * cout_g):
+                bc = bias[co] if has_bias else 0.0
+                out[n, co, oy, ox] = reduce_element(
+                    W2[co], buf, bc, has_bias, method, narrow,
+                    stw[co, 0], stw[co, 1], mx, mn, prec, emin, emax, acc, scratch,
+                )  # fmt: skip
+
+
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _pair(v, name, op, nd, minimum):
+    """An int or a tuple of ``nd`` ints, each >= minimum, as a tuple (torch's _pair / _single)."""
+    t = (v,) * nd if _is_int(v) else v
+    if not isinstance(t, (tuple, list)) or len(t) != nd or not all(_is_int(i) for i in t):
+        raise ValueError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {name}={v!r}.")
+    if any(i < minimum for i in t):
+        what = "positive" if minimum > 0 else "non-negative"
+        raise ValueError(f"{op}: {name} must be {what}; got {name}={v!r}.")
+    return tuple(int(i) for i in t)
+
+
+@dataclass
+class ConvOperands:
+    """A convolution reduced to conv2d over a padded input: out[n, co, y, x] =
+    bias[co] + sum_{ci, ky, kx} W[co, ci, ky, kx] X[n, g cin + ci, y sh + ky dh, x sw + kx dw]."""
+
+    X: np.ndarray  # (N, C_in, Hp, Wp) float64, padded
+    W: np.ndarray  # (C_out, C_in / groups, kh, kw) float64
+    bias: np.ndarray | None  # (C_out,) float64
+    groups: int
+    stride: tuple
+    dilation: tuple
+    out_shape: tuple  # (N, C_out, Ho, Wo)
+    nd: int
+    unbatched: bool
+
+    def result(self, out4):
+        """The kernel's (N, C_out, Ho, Wo) output in the caller's layout (conv1d, unbatched)."""
+        if self.nd == 1:
+            out4 = out4[:, :, 0, :]
+        if self.unbatched:
+            out4 = out4[0]
+        return np.ascontiguousarray(out4)
+
+
+def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype):
+    p = plan(op, {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), accumulate, accum_dtype)
+    c = conv_operands(p, nd, stride, padding, dilation, groups, padding_mode)
+    c_out = c.W.shape[0]
+    W2 = np.ascontiguousarray(c.W.reshape(c_out, -1))
+    stw = np.empty((c_out, 2), np.int64)
+    row_stats(W2, stw)
+    out = np.empty(c.out_shape)
+    has_bias = c.bias is not None
+    b = c.bias if has_bias else np.zeros(1)
+    kh, kw = c.W.shape[2], c.W.shape[3]
+    _conv2d_kernel(c.X, W2, b, has_bias, out, c.groups, kh, kw, *c.stride, *c.dilation, *p.kernel_args, stw)
+    return finish(p, c.result(out))
+
+
+def conv_operands(p, nd, stride, padding, dilation, groups, padding_mode) -> ConvOperands:
+    """Validate and normalise a conv1d/conv2d call exactly as torch does."""
+    op = p.op
+    sx, sw = p.ops["x"].shape, p.ops["weight"].shape
+    spatial = "L" if nd == 1 else "H, W"
+    if len(sx) not in (nd + 1, nd + 2):
+        fix = " Add batch and channel axes: x[None, None]." if len(sx) == nd else ""
+        raise ValueError(f"{op}: input must have shape (N, C, {spatial}) or (C, {spatial}); got shape {sx}.{fix}")
+    if len(sw) != nd + 2:
+        raise ValueError(
+            f"{op}: weight must have shape (C_out, C_in / groups, {'k' if nd == 1 else 'kh, kw'}); "
+            f"got weight.shape={sw}."
+        )
+    if not _is_int(groups) or groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int; got groups={groups!r}.")
+    unbatched = len(sx) == nd + 1
+    c_in = sx[0] if unbatched else sx[1]
+    c_out = sw[0]
+    if c_in % groups or c_out % groups:
+        raise ValueError(
+            f"{op}: input channels and output channels must be divisible by groups; "
+            f"got {c_in} input channels, {c_out} output channels and groups={groups}."
+        )
+    if sw[1] * groups != c_in:
+        raise ValueError(
+            f"{op}: expected weight.shape[1] * groups == input channels; got weight.shape={sw}, "
+            f"groups={groups} and x.shape={sx} ({c_in} channels)."
+        )
+    if p.ops["bias"] is not None and p.ops["bias"].shape != (c_out,):
+        raise ValueError(f"{op}: bias must have shape ({c_out},); got bias.shape={p.ops['bias'].shape}.")
+    if padding_mode not in _PAD_MODES:
+        choices = ", ".join(repr(m) for m in _PAD_MODES)
+        raise ValueError(f"{op}: unknown padding_mode={padding_mode!r}; choose one of {choices}.")
+    stride = _pair(stride, "stride", op, nd, 1)
+    dilation = _pair(dilation, "dilation", op, nd, 1)
+    ksize = tuple(sw[2:])
+    in_size = tuple(sx[-nd:])
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = [(0, 0)] * nd
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise ValueError(
+                    f"{op}: padding='same' is not supported for strided convolutions; got stride={stride}."
+                )
+            pads = []
+            for d, k in zip(dilation, ksize):
+                total = d * (k - 1)  # torch puts the odd one on the right / bottom
+                pads.append((total // 2, total - total // 2))
+        else:
+            raise ValueError(
+                f"{op}: padding must be an int, a tuple of {nd} ints, 'valid' or 'same'; got padding={padding!r}."
+            )
+    else:
+        pads = [(q, q) for q in _pair(padding, "padding", op, nd, 0)]
+    for (lo, hi), size in zip(pads, in_size):
+        if padding_mode == "reflect" and max(lo, hi) >= size:
+            raise ValueError(
+                f"{op}: padding_mode='reflect' needs padding smaller than the input size; "
+                f"got padding={pads} and input size {in_size}."
+            )
+        if padding_mode == "circular" and max(lo, hi) > size:
+            raise ValueError(
+                f"{op}: padding_mode='circular' needs padding at most the input size; "
+                f"got padding={pads} and input size {in_size}."
+            )
+    padded = tuple(s + lo + hi for s, (lo, hi) in zip(in_size, pads))
+    eff = tuple(d * (k - 1) + 1 for d, k in zip(dilation, ksize))
+    if any(e > s for e, s in zip(eff, padded)):
+        raise ValueError(
+            f"{op}: kernel size can't be greater than the padded input size; got padded input size {padded} "
+            f"and dilated kernel size {eff}."
+        )
+    X = as_f64(p.ops["x"])
+    if unbatched:
+        X = X[None]
+    if nd == 1:  # conv1d is conv2d over a height of 1
+        X = X[:, :, None, :]
+        pads = [(0, 0), *pads]
+        stride, dilation = (1, *stride), (1, *dilation)
+    W = as_f64(p.ops["weight"]).reshape(c_out, sw[1], *(([1] if nd == 1 else []) + list(ksize)))
+    if any(lo or hi for lo, hi in pads):
+        X = np.pad(X, [(0, 0), (0, 0), *pads], mode=_PAD_MODES[padding_mode])
+    X = np.ascontiguousarray(X)
+    kh, kw = W.shape[2], W.shape[3]
+    ho = (X.shape[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (X.shape[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    bias = as_f64(p.ops["bias"]) if p.ops["bias"] is not None else None
+    return ConvOperands(X, W, bias, groups, stride, dilation, (X.shape[0], c_out, ho, wo), nd, unbatched)
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", *,
+           accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+    """Reference ``torch.nn.functional.conv2d`` (and ``nn.Conv2d``'s ``padding_mode``).
+
+    ``x``: (N, C_in, H, W) or unbatched (C_in, H, W); ``weight``: (C_out, C_in / groups, kh, kw);
+    ``bias``: (C_out,). ``stride``, ``padding``, ``dilation``: an int or a pair; ``padding`` also
+    ``"valid"`` or ``"same"`` (stride 1; an odd total padding puts the extra row/column at the
+    bottom/right, as torch does). ``padding_mode``: ``"zeros"``, ``"reflect"``,
+    ``"replicate"`` or ``"circular"``, applied as ``nn.Conv2d`` applies it.
+
+    With ``accumulate="exact"`` each output element is ``bias + sum over (ci, ky, kx) of
+    weight * input``, computed exactly and rounded once to the result dtype; the other
+    methods reduce in that (ci, ky, kx) order with the bias last, in ``accum_dtype``.
+    """
+    return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype)
+
+
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", *,
+           accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+    """Reference ``torch.nn.functional.conv1d``: ``x`` (N, C_in, L) or (C_in, L), ``weight``
+    (C_out, C_in / groups, k); otherwise as :func:`conv2d`."""
+    return _conv("conv1d", 1, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype)

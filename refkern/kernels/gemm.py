@@ -1,0 +1,144 @@
+"""``refkern.matmul`` and ``refkern.linear``: torch semantics, every output element reduced
+by a named method (correctly rounded with the default ``accumulate="exact"``)."""
+
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate.exact import BLOCK
+from refkern.accumulate.superacc import SIZE, acc_init
+from refkern.kernels._common import as_f64, finish, plan
+from refkern.kernels._element import reduce_element, row_stats
+
+__all__ = ["matmul", "linear", "matmul_operands", "linear_operands"]
+
+_JB = 32  # output columns per task: a row of A stays in L1 while 32 rows of B^T stream by
+
+
+@jit(parallel=True)
+def _gemm_nt(A, Bt, ia, ib, bias, has_bias, out, method, narrow, prec, emin, emax, sta, stb):
+    """out[t, i, j] = bias[j] + sum_k A[ia[t], i, k] * Bt[ib[t], j, k]; every operand contiguous
+    in k. sta / stb: (max, min nonzero) |bits| of every row of A and of Bt."""
+    nb, m, n = out.shape
+    nj = (n + _JB - 1) // _JB
+    for task in prange(nb * m * nj):
+        t = task // (m * nj)
+        i = (task // nj) % m
+        j0 = (task % nj) * _JB
+        acc = np.empty(SIZE, np.int64)
+        acc_init(acc)
+        scratch = np.empty(BLOCK)
+        ra = ia[t] * m + i
+        a = A[ia[t], i]
+        for j in range(j0, min(n, j0 + _JB)):
+            rb = ib[t] * n + j
+            bj = bias[j] if has_bias else 0.0
+            out[t, i, j] = reduce_element(
+                a, Bt[ib[t], j], bj, has_bias, method, narrow,
+                sta[ra, 0], sta[ra, 1], stb[rb, 0], stb[rb, 1], prec, emin, emax, acc, scratch,
+            )  # fmt: skip
+
+
+def _stats(rows3):
+    s = np.empty((rows3.shape[0] * rows3.shape[1], 2), np.int64)
+    row_stats(rows3.reshape(rows3.shape[0] * rows3.shape[1], rows3.shape[2]), s)
+    return s
+
+
+def _run(p, A3, Bt3, ia, ib, bias, out_shape):
+    """A3 (Ba, M, K), Bt3 (Bb, N, K) float64 contiguous; ia/ib map output batches to them."""
+    nb, m, n = len(ia), A3.shape[1], Bt3.shape[1]
+    out = np.empty((nb, m, n))
+    has_bias = bias is not None
+    b = bias if has_bias else np.zeros(1)
+    _gemm_nt(A3, Bt3, ia, ib, b, has_bias, out, *p.kernel_args, _stats(A3), _stats(Bt3))
+    return finish(p, out.reshape(out_shape))
+
+
+def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None):
+    """Reference ``a @ b`` with ``torch.matmul`` semantics.
+
+    1-D operands are promoted to a row (a) or a column (b) and the added dimension removed
+    from the result (1-D @ 1-D is a 0-d dot product); batch dimensions broadcast as in torch.
+    Inputs may be numpy arrays or torch tensors of float16, bfloat16, float32 or float64,
+    promoted as torch promotes; the result is a numpy array, or a CPU tensor if any input is one.
+
+    With ``accumulate="exact"`` every element is the exact sum of its K products rounded once
+    (to nearest even) to the result dtype; see :func:`refkern.dot` for what that includes.
+    The other methods (``"naive"``, ``"pairwise"``, ``"kahan"``, ``"neumaier"``, ``"dot2"``)
+    compute each element in ``accum_dtype`` (default: the result dtype) over k = 0..K-1;
+    their bounds are in :mod:`refkern.accumulate.methods`.
+    """
+    p = plan("matmul", {"a": a, "b": b}, ("a", "b"), accumulate, accum_dtype)
+    A3, Bt3, ia, ib, shape = matmul_operands(p)
+    return _run(p, A3, Bt3, ia, ib, None, shape)
+
+
+def matmul_operands(p):
+    """torch.matmul's shapes: (A3 (Ba, M, K), B^T as Bt3 (Bb, N, K), batch maps ia, ib, result shape)."""
+    op = p.op
+    sa, sb = p.ops["a"].shape, p.ops["b"].shape
+    if len(sa) == 0 or len(sb) == 0:
+        raise ValueError(f"{op}: both arguments need at least 1 dimension; got a.shape={sa} and b.shape={sb}.")
+    A, B = as_f64(p.ops["a"]), as_f64(p.ops["b"])
+    A2 = A[None, :] if A.ndim == 1 else A
+    B2 = B[:, None] if B.ndim == 1 else B
+    if A2.shape[-1] != B2.shape[-2]:
+        raise ValueError(f"{op}: inner dimensions must match; got a.shape={sa} and b.shape={sb}.")
+    try:
+        batch = np.broadcast_shapes(A2.shape[:-2], B2.shape[:-2])
+    except ValueError:
+        raise ValueError(f"{op}: batch dimensions must broadcast; got a.shape={sa} and b.shape={sb}.") from None
+    m, k, n = A2.shape[-2], A2.shape[-1], B2.shape[-1]
+    ba, bb = A2.shape[:-2], B2.shape[:-2]
+    na, nb = int(np.prod(ba, dtype=np.int64)), int(np.prod(bb, dtype=np.int64))
+    ia = np.broadcast_to(np.arange(na).reshape(ba), batch).reshape(-1)
+    ib = np.broadcast_to(np.arange(nb).reshape(bb), batch).reshape(-1)
+    A3 = np.ascontiguousarray(A2.reshape(na, m, k))
+    Bt3 = np.ascontiguousarray(np.swapaxes(B2.reshape(nb, k, n), 1, 2))
+    shape = batch + ((m,) if A.ndim > 1 else ()) + ((n,) if B.ndim > 1 else ())
+    return A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), shape
+
+
+def linear(x, weight, bias=None, *, accumulate: str = "exact", accum_dtype=None):
+    """Reference ``torch.nn.functional.linear``: ``y[..., o] = bias[o] + sum_k x[..., k] weight[o, k]``.
+
+    ``x`` has shape (..., in_features), ``weight`` (out_features, in_features) (or
+    (in_features,), giving shape (...)), ``bias`` (out_features,) or 0-d. The bias is a
+    term of the sum: with ``accumulate="exact"`` each output is the exact value of
+    ``bias + sum of products`` rounded once, which is why it generally differs from the
+    result without bias plus the bias (two roundings). The other methods add the bias as
+    the last term, in their working format.
+    """
+    p = plan("linear", {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), accumulate, accum_dtype)
+    X, W, b, shape = linear_operands(p)
+    zero = np.zeros(1, np.int64)
+    return _run(p, X, W, zero, zero, b, shape)
+
+
+def linear_operands(p):
+    """F.linear's shapes: (X (1, M, in), W (1, out, in), bias (out,) or None, result shape)."""
+    op = p.op
+    sx, sw = p.ops["x"].shape, p.ops["weight"].shape
+    if len(sx) == 0:
+        raise ValueError(f"{op}: input must have at least 1 dimension (..., in_features); got x.shape={sx}.")
+    if len(sw) not in (1, 2):
+        raise ValueError(
+            f"{op}: weight must have shape (out_features, in_features) or (in_features,); got weight.shape={sw}."
+        )
+    if sx[-1] != sw[-1]:
+        raise ValueError(
+            f"{op}: the last dimension of x must equal in_features; got x.shape={sx} and weight.shape={sw}."
+        )
+    out_features = sw[0] if len(sw) == 2 else 1
+    b = None
+    if p.ops["bias"] is not None:
+        sb = p.ops["bias"].shape
+        if sb not in ((out_features,), ()) or (len(sw) == 1 and sb != ()):
+            want = f"({out_features},) or ()" if len(sw) == 2 else "()"
+            raise ValueError(f"{op}: bias must have shape {want}; got bias.shape={sb}.")
+        b = np.ascontiguousarray(np.broadcast_to(as_f64(p.ops["bias"]), (out_features,)))
+    X = as_f64(p.ops["x"]).reshape(1, int(np.prod(sx[:-1], dtype=np.int64)), sx[-1])
+    W = as_f64(p.ops["weight"]).reshape(1, out_features, sw[-1])
+    shape = tuple(sx[:-1]) + ((out_features,) if len(sw) == 2 else ())
+    return X, W, b, shape

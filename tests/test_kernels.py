@@ -129,6 +129,29 @@ def test_specials_and_extremes_per_element():
     assert got[0, 0] == 1.0 and got[1, 1] == np.inf and math.isnan(got[3, 1]) and got[2, 0] == np.float32(3e38)
 
 
+@pytest.mark.parametrize(
+    "row,bias,want",
+    [
+        ([1.0, 2.0**-24], 0.0, 1.0),  # exact midpoint: ties to even
+        ([1.0, 2.0**-24, 2.0**-60], 0.0, 1.0 + 2.0**-23),  # just above the midpoint
+        ([1.0 + 2.0**-23, 2.0**-24], 0.0, 1.0 + 2.0**-22),  # midpoint, odd neighbour: up
+        ([1.0, -(2.0**-25), -(2.0**-80)], 0.0, 1.0 - 2.0**-24),  # just below 1 - 2**-25 (a midpoint): down
+        ([2.0**-24], 1.0, 1.0),  # the bias makes the midpoint
+        ([1e30, 1.0, -1e30], 0.0, 1.0),  # cancellation: the float64 estimate cannot decide, exact path does
+        ([1.0, -1.0], -0.0, 0.0),  # exact zero: sign by the IEEE rule
+        ([-0.0, 0.0], -0.0, 0.0),
+        ([-0.0, -0.0], -0.0, -0.0),
+    ],
+)
+def test_fast_rounding_path_decides_only_when_it_can(row, bias, want):
+    """float32 outputs use a float64 estimate of the two bin counts with an error bound; near a
+    midpoint or under cancellation it must hand over to the exact path."""
+    a = np.array([row], np.float32)
+    got = rk.linear(a, np.ones((1, len(row)), np.float32), np.array([bias], np.float32))
+    assert same(got[0, 0], want)
+    _all_same(got, truth.linear(a, np.ones((1, len(row)), np.float32), np.array([bias], np.float32)))
+
+
 def test_torch_in_tensor_out():
     x, w, b = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3)
     y = rk.conv2d(x, w, b, padding=1)

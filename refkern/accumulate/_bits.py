@@ -10,7 +10,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["bits", "from_bits", "fma"]
+__all__ = ["bits", "from_bits", "fma", "pow2"]
 
 
 @intrinsic
@@ -49,3 +49,19 @@ def fma(typingctx, a, b, c):
         return builder.call(fn, args)
 
     return types.float64(types.float64, types.float64, types.float64), codegen
+
+
+@intrinsic
+def pow2(typingctx, k):
+    """2.0**k built from its bits, exact for -1022 <= k <= 1023 (and +inf for k == 1024);
+    ``2.0**k`` in Numba calls libm's pow, which costs tens of ns."""
+    if not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        kk = context.cast(builder, args[0], signature.args[0], types.int64)
+        e = builder.shl(builder.add(kk, ir.Constant(i64, 1023)), ir.Constant(i64, 52))
+        return builder.bitcast(e, ir.DoubleType())
+
+    return types.float64(k), codegen

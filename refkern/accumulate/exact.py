@@ -27,7 +27,8 @@ from numba import get_num_threads, prange, types
 from numba.extending import overload
 
 from refkern._jit import CACHE, jit
-from refkern.accumulate._bits import bits, fma, from_bits
+from refkern.accumulate._bits import bits, fma, from_bits, pow2
+from refkern.accumulate.formats import round_to
 from refkern.accumulate.superacc import (
     SIZE,
     acc_add_float,
@@ -39,7 +40,18 @@ from refkern.accumulate.superacc import (
     acc_round,
 )
 
-__all__ = ["BLOCK", "exact_dot", "exact_sum", "fold_terms", "bins2", "bins3", "wide_safe", "product_bound"]
+__all__ = [
+    "BLOCK",
+    "exact_dot",
+    "exact_sum",
+    "fold_terms",
+    "bins2",
+    "bins2_counts",
+    "round_counts",
+    "bins3",
+    "wide_safe",
+    "product_bound",
+]
 
 BLOCK = 2048
 _ABS = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -127,6 +139,54 @@ def bins2(ab, bb, m, e, acc, scratch):
         for i in range(m):
             scratch[i] = np.float64(ab[i]) * np.float64(bb[i])
         fold_terms(scratch, m, acc)
+
+
+@jit(inline="always")
+def bins2_counts(ab, bb, m, e):
+    """The two bin counts of :func:`bins2` without folding them: (c1, c2, b1, b2, complete).
+
+    sum ab[i] * bb[i] == c1 * 2**b1 + c2 * 2**b2 exactly when ``complete``; otherwise some
+    term lies below 2**b2 and the caller must take the exact path that folds all bins."""
+    b1 = e - 50
+    b2 = b1 - 52
+    s1 = _sigma(b1)
+    s2 = _sigma(b2)
+    sb1 = bits(s1)
+    sb2 = bits(s2)
+    c1 = np.int64(0)
+    c2 = np.int64(0)
+    orr = np.int64(0)
+    for i in range(m):
+        p = np.float64(ab[i]) * np.float64(bb[i])
+        v = p + s1
+        c1 += bits(v) - sb1
+        r = p - (v - s1)
+        v = r + s2
+        c2 += bits(v) - sb2
+        r = r - (v - s2)
+        orr |= bits(r) & _ABS
+    return c1, c2, b1, b2, orr == 0
+
+
+@jit(inline="always")
+def round_counts(c1, b1, c2, b2, bias, prec, emin, emax):
+    """c1 * 2**b1 + c2 * 2**b2 + bias rounded once to a format with prec <= 26, or NaN when
+    a float64 evaluation cannot decide the rounding (the caller then takes the exact path).
+
+    S = fl(fl(x1 + x2) + bias), with x_k = fl(c_k) * 2**b_k, errs by at most
+    2**-51 (|x1| + |x2| + |bias|) (three roundings of 2**-53 each, relative to sums bounded
+    by that total); twice that is taken as err. Rounding is monotonic, so if S - err and
+    S + err round to the same value, so does the exact value, which lies between them; a
+    result near zero (|S| <= err) is left to the exact path, which knows its sign."""
+    x1 = np.float64(c1) * pow2(b1)  # b1 >= -348 for float32 products: a normal power of two
+    x2 = np.float64(c2) * pow2(b2)
+    s = (x1 + x2) + bias
+    err = 2.0**-50 * (abs(x1) + abs(x2) + abs(bias))
+    if not abs(s) > err:
+        return np.nan
+    lo = round_to(s - err, prec, emin, emax)
+    hi = round_to(s + err, prec, emin, emax)
+    return lo if lo == hi else np.nan
 
 
 @jit

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refkern._jit import jit
-from refkern.accumulate._bits import bits, from_bits
+from refkern.accumulate._bits import bits, from_bits, pow2
 
 __all__ = ["Format", "FLOAT16", "BFLOAT16", "FLOAT32", "FLOAT64", "FORMATS", "round_to"]
 
@@ -74,6 +74,6 @@ def round_to(x, prec, emin, emax):
     q = max(e, emin) - prec + 1  # exponent of the quantum (ulp) at |x|
     sigma = from_bits((q + 1075) << 52 | (1 << 51))  # 1.5 * 2**(q+52): ulp(sigma) = 2**q
     y = (x + sigma) - sigma  # |x| < 2**(q+prec) <= 2**(q+51): one RNE rounding to a multiple of 2**q
-    if abs(y) >= 2.0 ** (emax + 1):
+    if abs(y) >= pow2(emax + 1):
         return np.inf if x > 0 else -np.inf
     return np.copysign(y, x)

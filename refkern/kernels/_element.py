@@ -19,7 +19,7 @@ import numpy as np
 
 from refkern._jit import jit
 from refkern.accumulate._bits import bits
-from refkern.accumulate.exact import BLOCK, bins2, bins3, product_bound, wide_safe
+from refkern.accumulate.exact import BLOCK, bins2, bins2_counts, bins3, product_bound, round_counts, wide_safe
 from refkern.accumulate.methods import dot2, kahan, naive, neumaier, pairwise
 from refkern.accumulate.superacc import acc_add_float, acc_add_product, acc_has_special, acc_reset, acc_round
 
@@ -75,10 +75,17 @@ def _all_terms_neg_zero(a, b, bias, has_bias):
     return True
 
 
-@jit
+@jit(inline="always")  # inlined: array arguments to a call cost atomic refcounts per element
 def _exact_element(a, b, bias, has_bias, narrow, mxa, mna, mxb, mnb, prec, emin, emax, acc, scratch):
-    acc_reset(acc)
     n = a.size
+    if narrow and prec <= 26 and 0 < n <= BLOCK and mxa != 0 and mxb != 0 and mxa < _INF_BITS and mxb < _INF_BITS:
+        # fast path: two integer bins, rounded from a float64 evaluation when its error bound decides
+        c1, c2, b1, b2, complete = bins2_counts(a, b, n, product_bound(mxa, mxb))
+        if complete and abs(bias) < np.inf:
+            r = round_counts(c1, b1, c2, b2, bias if has_bias else 0.0, prec, emin, emax)
+            if r == r:
+                return r
+    acc_reset(acc)
     if mxa >= _INF_BITS or mxb >= _INF_BITS:
         for k in range(n):
             acc_add_product(acc, a[k], b[k])
@@ -105,7 +112,7 @@ def _exact_element(a, b, bias, has_bias, narrow, mxa, mna, mxb, mnb, prec, emin,
     return r
 
 
-@jit
+@jit(inline="always")
 def reduce_element(a, b, bias, has_bias, method, narrow, mxa, mna, mxb, mnb, prec, emin, emax, acc, scratch):
     """bias + sum_k a[k] * b[k] by ``method`` (a code of METHOD_CODES), in the format
     (prec, emin, emax): rounded once for EXACT, computed in that format for the others."""

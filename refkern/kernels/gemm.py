@@ -12,7 +12,7 @@ from refkern.kernels._element import reduce_element, row_stats
 
 __all__ = ["matmul", "linear", "matmul_operands", "linear_operands"]
 
-_JB = 32  # output columns per task: a row of A stays in L1 while 32 rows of B^T stream by
+_IB, _JB = 8, 32  # a task computes an 8 x 32 tile: scratch set up once per 256 elements
 
 
 @jit(parallel=True)
@@ -20,23 +20,25 @@ def _gemm_nt(A, Bt, ia, ib, bias, has_bias, out, method, narrow, prec, emin, ema
     """out[t, i, j] = bias[j] + sum_k A[ia[t], i, k] * Bt[ib[t], j, k]; every operand contiguous
     in k. sta / stb: (max, min nonzero) |bits| of every row of A and of Bt."""
     nb, m, n = out.shape
+    ni = (m + _IB - 1) // _IB
     nj = (n + _JB - 1) // _JB
-    for task in prange(nb * m * nj):
-        t = task // (m * nj)
-        i = (task // nj) % m
+    for task in prange(nb * ni * nj):
+        t = task // (ni * nj)
+        i0 = ((task // nj) % ni) * _IB
         j0 = (task % nj) * _JB
         acc = np.empty(SIZE, np.int64)
         acc_init(acc)
         scratch = np.empty(BLOCK)
-        ra = ia[t] * m + i
-        a = A[ia[t], i]
-        for j in range(j0, min(n, j0 + _JB)):
-            rb = ib[t] * n + j
-            bj = bias[j] if has_bias else 0.0
-            out[t, i, j] = reduce_element(
-                a, Bt[ib[t], j], bj, has_bias, method, narrow,
-                sta[ra, 0], sta[ra, 1], stb[rb, 0], stb[rb, 1], prec, emin, emax, acc, scratch,
-            )  # fmt: skip
+        for i in range(i0, min(m, i0 + _IB)):
+            ra = ia[t] * m + i
+            a = A[ia[t], i]
+            for j in range(j0, min(n, j0 + _JB)):
+                rb = ib[t] * n + j
+                bj = bias[j] if has_bias else 0.0
+                out[t, i, j] = reduce_element(
+                    a, Bt[ib[t], j], bj, has_bias, method, narrow,
+                    sta[ra, 0], sta[ra, 1], stb[rb, 0], stb[rb, 1], prec, emin, emax, acc, scratch,
+                )  # fmt: skip
 
 
 def _stats(rows3):

@@ -5,11 +5,26 @@ when :mod:`refkern.truth` is first touched.
 """
 
 from refkern._version import __version__
+from refkern.analysis.compare import assert_matches_reference, compare
+from refkern.analysis.report import Report
 from refkern.kernels.conv import conv1d, conv2d
 from refkern.kernels.gemm import linear, matmul
 from refkern.reduce import METHODS, dot, sum  # noqa: A004
 
-__all__ = ["__version__", "METHODS", "conv1d", "conv2d", "dot", "linear", "matmul", "sum", "truth"]
+__all__ = [
+    "__version__",
+    "METHODS",
+    "Report",
+    "assert_matches_reference",
+    "compare",
+    "conv1d",
+    "conv2d",
+    "dot",
+    "linear",
+    "matmul",
+    "sum",
+    "truth",
+]
 
 
 def __getattr__(name):

@@ -15,7 +15,18 @@ import numpy as np
 from refkern._jit import jit
 from refkern.accumulate._bits import bits, from_bits, pow2
 
-__all__ = ["Format", "FLOAT16", "BFLOAT16", "FLOAT32", "FLOAT64", "FORMATS", "round_to"]
+__all__ = [
+    "Format",
+    "FLOAT16",
+    "BFLOAT16",
+    "TFLOAT32",
+    "FLOAT32",
+    "FLOAT64",
+    "FORMATS",
+    "round_to",
+    "truncate_to",
+    "round_array",
+]
 
 
 @dataclass(frozen=True)
@@ -39,7 +50,9 @@ class Format:
 
     @property
     def short(self) -> str:
-        return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}[self.name]
+        return {"float16": "fp16", "bfloat16": "bf16", "tfloat32": "tf32", "float32": "fp32", "float64": "fp64"}[
+            self.name
+        ]
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"
@@ -47,6 +60,7 @@ class Format:
 
 FLOAT16 = Format("float16", 11, -14, 15)
 BFLOAT16 = Format("bfloat16", 8, -126, 127)
+TFLOAT32 = Format("tfloat32", 11, -126, 127)  # NVIDIA TF32: float32's range, 10 stored bits
 FLOAT32 = Format("float32", 24, -126, 127)
 FLOAT64 = Format("float64", 53, -1022, 1023)
 FORMATS = {f.name: f for f in (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)}
@@ -77,3 +91,28 @@ def round_to(x, prec, emin, emax):
     if abs(y) >= pow2(emax + 1):
         return np.inf if x > 0 else -np.inf
     return np.copysign(y, x)
+
+
+@jit
+def truncate_to(x, prec, emin, emax):
+    """Round the float64 ``x`` toward zero to the format (prec, emin, emax): drop the bits below
+    its last place (hardware that converts float32 to TF32 or bfloat16 by truncation does this).
+    Values beyond the format's range keep their exponent; specials are unchanged."""
+    if prec >= 53 or x != x or x == 0.0 or x - x != 0.0:
+        return x
+    e = ((bits(x) & _ABS) >> 52) - 1023
+    q = max(e, emin) - prec + 1  # exponent of the last kept place
+    step = from_bits((np.int64(q) + 1023) << 52) if q >= -1022 else 2.0**q
+    return np.copysign(np.floor(abs(x) / step) * step, x)  # exact: division and product by 2**q
+
+
+@jit
+def round_array(x, prec, emin, emax, truncate):
+    """A copy of the float64 array ``x`` with every element rounded to the format, to nearest even
+    or (``truncate``) toward zero."""
+    out = np.empty_like(x)
+    flat = x.reshape(-1)
+    res = out.reshape(-1)
+    for i in range(flat.size):
+        res[i] = truncate_to(flat[i], prec, emin, emax) if truncate else round_to(flat[i], prec, emin, emax)
+    return out

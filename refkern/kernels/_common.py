@@ -30,12 +30,15 @@ class Plan:
         return (self.method, self.narrow, *self.work.params)
 
 
-def plan(op: str, operands: dict, multiplied: tuple, accumulate: str, accum_dtype) -> Plan:
-    """Validate the operands' types and the method; ``operands`` maps names to inputs (None allowed)."""
+def plan(op: str, operands: dict, multiplied: tuple, accumulate: str, accum_dtype, out: Format | None = None) -> Plan:
+    """Validate the operands' types and the method; ``operands`` maps names to inputs (None allowed).
+
+    ``out`` overrides the result format (the analysis rounds the exact value once to the format a
+    backend returned, which under autocast differs from the inputs')."""
     ops = {k: (operand(v, k, op) if v is not None else None) for k, v in operands.items()}
     lookup_method(op, accumulate)
     present = [o for o in ops.values() if o is not None]
-    out = promote(*(o.fmt for o in present))
+    out = out or promote(*(o.fmt for o in present))
     work = working_format(op, accumulate, accum_dtype, out)  # exact: the result format
     narrow = all(ops[k].fmt.prec <= FLOAT32.prec for k in multiplied)
     return Plan(op, ops, out, work, METHOD_CODES[accumulate], narrow, any(o.torch for o in present))

@@ -23,7 +23,7 @@ from refkern.accumulate.exact import BLOCK, bins2, bins2_counts, bins3, product_
 from refkern.accumulate.methods import dot2, kahan, naive, neumaier, pairwise
 from refkern.accumulate.superacc import acc_add_float, acc_add_product, acc_has_special, acc_reset, acc_round
 
-__all__ = ["METHOD_CODES", "EXACT", "reduce_element", "row_stats"]
+__all__ = ["METHOD_CODES", "EXACT", "abs_sum", "reduce_element", "row_stats"]
 
 NAIVE, PAIRWISE, KAHAN, NEUMAIER, DOT2, EXACT = 0, 1, 2, 3, 4, 5
 METHOD_CODES = {
@@ -73,6 +73,18 @@ def _all_terms_neg_zero(a, b, bias, has_bias):
         if not ((x == 0.0 or y == 0.0) and (bits(x) < 0) != (bits(y) < 0)):
             return False
     return True
+
+
+@jit(fastmath={"reassoc", "contract"})
+def abs_sum(a, b, bias):
+    """sum_k |a[k] b[k]| + |bias| in float64: the magnitude M of the terms, for condition numbers
+    and error bounds. Reassociation is allowed here, and only here: the terms are non-negative,
+    so any order errs by at most (K + 1) 2**-53 relative, and LLVM may then vectorize the sum
+    (0.1 instead of 0.8 ns per term). A separate function, so that the flag stays on its own code."""
+    s = abs(bias)
+    for k in range(a.size):
+        s += abs(a[k] * b[k])
+    return s
 
 
 @jit(inline="always")  # inlined: array arguments to a call cost atomic refcounts per element

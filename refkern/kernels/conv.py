@@ -17,9 +17,9 @@ from refkern.accumulate._bits import bits
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
-from refkern.kernels._element import reduce_element, row_stats
+from refkern.kernels._element import abs_sum, reduce_element, row_stats
 
-__all__ = ["conv1d", "conv2d", "conv_operands", "ConvOperands"]
+__all__ = ["conv1d", "conv2d", "conv_operands", "ConvOperands", "run_conv"]
 
 _ABS = np.int64(0x7FFFFFFFFFFFFFFF)
 _INF_BITS = np.int64(0x7FF0000000000000)
@@ -27,7 +27,9 @@ _PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "c
 
 
 @jit(parallel=True)
-def _conv2d_kernel(X, W2, bias, has_bias, out, groups, kh, kw, sh, sw, dh, dw, method, narrow, prec, emin, emax, stw):
+def _conv2d_kernel(
+    X, W2, bias, has_bias, out, mag, want_mag, groups, kh, kw, sh, sw, dh, dw, method, narrow, prec, emin, emax, stw
+):
     """out[n, co, y, x] = bias[co] + sum_{ci, ky, kx} W[co, ci, ky, kx] X[n, g cin + ci, y sh + ky dh, x sw + kx dw]
     with X already padded; W2 = W reshaped (C_out, K); stw: (max, min nonzero) |bits| per filter."""
     nn, c, _, _ = X.shape
@@ -64,6 +66,8 @@ def _conv2d_kernel(X, W2, bias, has_bias, out, groups, kh, kw, sh, sw, dh, dw, m
                     W2[co], buf, bc, has_bias, method, narrow,
                     stw[co, 0], stw[co, 1], mx, mn, prec, emin, emax, acc, scratch,
                 )  # fmt: skip
+                if want_mag:
+                    mag[n, co, oy, ox] = abs_sum(W2[co], buf, bc)
 
 
 def _is_int(v):
@@ -108,16 +112,24 @@ class ConvOperands:
 def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype):
     p = plan(op, {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), accumulate, accum_dtype)
     c = conv_operands(p, nd, stride, padding, dilation, groups, padding_mode)
+    return finish(p, run_conv(p, c)[0])
+
+
+def run_conv(p, c, want_mag=False):
+    """The kernel on prepared operands: (values, magnitudes or None), float64, in the caller's layout."""
     c_out = c.W.shape[0]
     W2 = np.ascontiguousarray(c.W.reshape(c_out, -1))
     stw = np.empty((c_out, 2), np.int64)
     row_stats(W2, stw)
     out = np.empty(c.out_shape)
+    mag = np.empty(c.out_shape if want_mag else (1, 1, 1, 1))
     has_bias = c.bias is not None
     b = c.bias if has_bias else np.zeros(1)
     kh, kw = c.W.shape[2], c.W.shape[3]
-    _conv2d_kernel(c.X, W2, b, has_bias, out, c.groups, kh, kw, *c.stride, *c.dilation, *p.kernel_args, stw)
-    return finish(p, c.result(out))
+    _conv2d_kernel(
+        c.X, W2, b, has_bias, out, mag, want_mag, c.groups, kh, kw, *c.stride, *c.dilation, *p.kernel_args, stw
+    )
+    return c.result(out), (c.result(mag) if want_mag else None)
 
 
 def conv_operands(p, nd, stride, padding, dilation, groups, padding_mode) -> ConvOperands:

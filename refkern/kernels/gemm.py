@@ -8,17 +8,18 @@ from refkern._jit import jit
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
-from refkern.kernels._element import reduce_element, row_stats
+from refkern.kernels._element import abs_sum, reduce_element, row_stats
 
-__all__ = ["matmul", "linear", "matmul_operands", "linear_operands"]
+__all__ = ["matmul", "linear", "matmul_operands", "linear_operands", "run_gemm"]
 
 _IB, _JB = 8, 32  # a task computes an 8 x 32 tile: scratch set up once per 256 elements
 
 
 @jit(parallel=True)
-def _gemm_nt(A, Bt, ia, ib, bias, has_bias, out, method, narrow, prec, emin, emax, sta, stb):
+def _gemm_nt(A, Bt, ia, ib, bias, has_bias, out, mag, want_mag, method, narrow, prec, emin, emax, sta, stb):
     """out[t, i, j] = bias[j] + sum_k A[ia[t], i, k] * Bt[ib[t], j, k]; every operand contiguous
-    in k. sta / stb: (max, min nonzero) |bits| of every row of A and of Bt."""
+    in k. sta / stb: (max, min nonzero) |bits| of every row of A and of Bt. With want_mag,
+    mag[t, i, j] = |bias[j]| + sum_k |A B^T| (float64), for the error analysis."""
     nb, m, n = out.shape
     ni = (m + _IB - 1) // _IB
     nj = (n + _JB - 1) // _JB
@@ -35,10 +36,13 @@ def _gemm_nt(A, Bt, ia, ib, bias, has_bias, out, method, narrow, prec, emin, ema
             for j in range(j0, min(n, j0 + _JB)):
                 rb = ib[t] * n + j
                 bj = bias[j] if has_bias else 0.0
+                b = Bt[ib[t], j]
                 out[t, i, j] = reduce_element(
-                    a, Bt[ib[t], j], bj, has_bias, method, narrow,
+                    a, b, bj, has_bias, method, narrow,
                     sta[ra, 0], sta[ra, 1], stb[rb, 0], stb[rb, 1], prec, emin, emax, acc, scratch,
                 )  # fmt: skip
+                if want_mag:
+                    mag[t, i, j] = abs_sum(a, b, bj)
 
 
 def _stats(rows3):
@@ -47,14 +51,15 @@ def _stats(rows3):
     return s
 
 
-def _run(p, A3, Bt3, ia, ib, bias, out_shape):
-    """A3 (Ba, M, K), Bt3 (Bb, N, K) float64 contiguous; ia/ib map output batches to them."""
+def run_gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False):
+    """The kernel on prepared operands: (values, magnitudes or None) as float64 arrays of out_shape."""
     nb, m, n = len(ia), A3.shape[1], Bt3.shape[1]
     out = np.empty((nb, m, n))
+    mag = np.empty((nb, m, n) if want_mag else (1, 1, 1))
     has_bias = bias is not None
     b = bias if has_bias else np.zeros(1)
-    _gemm_nt(A3, Bt3, ia, ib, b, has_bias, out, *p.kernel_args, _stats(A3), _stats(Bt3))
-    return finish(p, out.reshape(out_shape))
+    _gemm_nt(A3, Bt3, ia, ib, b, has_bias, out, mag, want_mag, *p.kernel_args, _stats(A3), _stats(Bt3))
+    return out.reshape(out_shape), (mag.reshape(out_shape) if want_mag else None)
 
 
 def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None):
@@ -73,7 +78,7 @@ def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None):
     """
     p = plan("matmul", {"a": a, "b": b}, ("a", "b"), accumulate, accum_dtype)
     A3, Bt3, ia, ib, shape = matmul_operands(p)
-    return _run(p, A3, Bt3, ia, ib, None, shape)
+    return finish(p, run_gemm(p, A3, Bt3, ia, ib, None, shape)[0])
 
 
 def matmul_operands(p):
@@ -115,7 +120,7 @@ def linear(x, weight, bias=None, *, accumulate: str = "exact", accum_dtype=None)
     p = plan("linear", {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), accumulate, accum_dtype)
     X, W, b, shape = linear_operands(p)
     zero = np.zeros(1, np.int64)
-    return _run(p, X, W, zero, zero, b, shape)
+    return finish(p, run_gemm(p, X, W, zero, zero, b, shape)[0])
 
 
 def linear_operands(p):

@@ -1,0 +1,146 @@
+"""``Report``: what ``refkern.compare`` found, per tensor and per element."""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Report", "where_summary"]
+
+VERDICTS = ("exact", "rounding", "reduced-precision", "mismatch")
+
+
+def where_summary(idx: np.ndarray, shape: tuple, axes: tuple) -> dict:
+    """For the multi-indices ``idx`` (k, ndim) of unexplained elements: per axis, which
+    positions hold them, so that a missing channel, a shifted column or a border shows."""
+    out = {}
+    for ax, (name, size) in enumerate(zip(axes, shape)):
+        vals, counts = np.unique(idx[:, ax], return_counts=True) if len(idx) else (np.array([]), np.array([]))
+        if len(vals) == size:
+            desc = f"all {size}"
+        elif len(vals) <= 6:
+            desc = ", ".join(str(int(v)) for v in vals) + f" (of {size})"
+        else:
+            desc = f"{len(vals)} of {size} (from {int(vals.min())} to {int(vals.max())})"
+        out[name] = {"positions": [int(v) for v in vals[:64]], "counts": [int(c) for c in counts[:64]], "text": desc}
+    return out
+
+
+@dataclass
+class Report:
+    """The analysis of one output tensor against its exact reference.
+
+    verdict: "exact", "rounding", "reduced-precision" or "mismatch"; precision: the format
+    that explains a reduced-precision result ("tf32", "fp16", "bf16"), else None.
+    max_ulp: the largest |error| in ulps of the result format at the correctly rounded value;
+    max_bound_ratio: the largest |error| / (worst-case rounding bound of the result format's
+    working precision): above 1 the element cannot be ordinary rounding.
+    worst: indices of the elements that break the explanation (mismatch), or of the largest
+    deviations otherwise, worst first. counts: elements per class. where: per axis, the
+    positions of the unexplained elements. tolerance: with rtol/atol, how many elements fail
+    that test and how many of those are within the rounding bound anyway.
+    """
+
+    op: str
+    device: str
+    dtype: str
+    shape: tuple
+    n_terms: int
+    verdict: str
+    precision: str | None
+    max_ulp: float
+    max_bound_ratio: float
+    max_prob_ratio: float
+    worst: list
+    worst_details: list
+    counts: dict
+    where: dict
+    hypotheses: dict
+    condition: dict
+    tolerance: dict | None = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def n_elements(self) -> int:
+        return int(sum(self.counts.values()))
+
+    @property
+    def explained(self) -> bool:
+        return self.verdict != "mismatch"
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict (non-finite floats as the strings "inf", "-inf", "nan")."""
+        return _plain({k: getattr(self, k) for k in self.__dataclass_fields__})
+
+    def headline(self) -> str:
+        prec = f" ({self.precision})" if self.precision else ""
+        return f"{self.op} on {self.device} ({self.dtype}): {self.verdict}{prec}"
+
+    def __str__(self) -> str:
+        lines = [self.headline()]
+        n = self.n_elements
+        c = self.counts
+        lines.append(
+            f"  elements: {n}; exact {c['exact']}, within rounding {c['rounding']}, "
+            f"reduced precision {c['reduced-precision']}, unexplained {c['mismatch']}"
+        )
+        lines.append(
+            f"  max error {_num(self.max_ulp)} ulp; {_num(self.max_bound_ratio)}x the worst-case "
+            f"rounding bound; {_num(self.max_prob_ratio)}x the probabilistic scale; {self.n_terms} terms"
+        )
+        lines.append(f"  condition number: median {_num(self.condition['median'])}, max {_num(self.condition['max'])}")
+        if self.verdict == "reduced-precision":
+            h = self.hypotheses[self.precision]
+            lines.append(f"  explained by {h['kind']}: max {_num(h['max_ratio'])}x its bound")
+        if self.worst_details:
+            lines.append("  worst: " + ("unexplained elements" if self.verdict == "mismatch" else "largest deviations"))
+            for w in self.worst_details[:5]:
+                lines.append(
+                    f"    {tuple(w['index'])}: actual {w['actual']:.9g}, exact {w['reference']:.9g}, "
+                    f"{_num(w['ulp'])} ulp, {_num(w['bound_ratio'])}x bound, condition {_num(w['condition'])}"
+                )
+        if self.verdict == "mismatch" and self.where:
+            lines.append("  where: " + "; ".join(f"{k}: {v['text']}" for k, v in self.where.items()))
+        if self.tolerance:
+            t = self.tolerance
+            lines.append(
+                f"  allclose(rtol={t['rtol']}, atol={t['atol']}): {t['failing']} elements fail, "
+                f"{t['failing_explained_by_rounding']} of them within the rounding bound"
+            )
+        lines += [f"  note: {m}" for m in self.notes]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Report {self.headline()}, max {_num(self.max_ulp)} ulp>"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        color = {"exact": "#2e7d32", "rounding": "#2e7d32", "reduced-precision": "#ef6c00", "mismatch": "#c62828"}
+        body = html.escape(str(self)).replace("\n", "<br>")
+        style = f"font-family:monospace;border-left:4px solid {color[self.verdict]};padding-left:8px"
+        return f'<div style="{style}">{body}</div>'
+
+
+def _num(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
+        return str(v)
+    return f"{v:.3g}"
+
+
+def _plain(o):
+    """Plain JSON types: numpy scalars and arrays, tuples, and non-finite floats converted."""
+    if isinstance(o, dict):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in (o.tolist() if isinstance(o, np.ndarray) else o)]
+    if isinstance(o, (bool, np.bool_)):
+        return bool(o)
+    if isinstance(o, (int, np.integer)):
+        return int(o)
+    if isinstance(o, (float, np.floating)):
+        f = float(o)
+        return f if math.isfinite(f) else ("nan" if math.isnan(f) else ("inf" if f > 0 else "-inf"))
+    return o

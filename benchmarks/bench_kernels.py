@@ -22,7 +22,12 @@ import torch.nn.functional as F
 
 import refkern as rk
 
-TARGETS = {"matmul_512_vs_numpy_f64": 12.0, "conv2d_resnet_vs_torch_f64": 6.0, "warm_start_s": 2.0}
+TARGETS = {
+    "matmul_512_vs_numpy_f64": 12.0,
+    "conv2d_resnet_vs_torch_f64": 6.0,
+    "warm_start_s": 2.0,
+    "compare_vs_exact": 3.0,
+}
 
 CONVS = {
     "resnet 3x3": dict(x=(8, 64, 56, 56), w=(64, 64, 3, 3), kw=dict(padding=1)),
@@ -91,6 +96,17 @@ def bench_start():
             "warm_process_s": times[1][1]}  # fmt: skip
 
 
+def bench_compare():
+    """rk.compare on torch's float32 output of the ResNet conv, against the exact reference alone."""
+    torch.manual_seed(0)
+    c = CONVS["resnet 3x3"]
+    x, w = torch.randn(*c["x"]), torch.randn(*c["w"])
+    out = F.conv2d(x, w, **c["kw"])
+    t_ref = best(rk.conv2d, x, w, **c["kw"], reps=3)
+    t_cmp = best(rk.compare, out, "conv2d", x, w, **c["kw"], reps=3)
+    return {"exact_s": t_ref, "compare_s": t_cmp, "ratio": t_cmp / t_ref}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="matmul 256/512 and the resnet conv only")
@@ -100,6 +116,7 @@ def main(argv=None):
     rows = bench_matmul([256, 512] if a.quick else [256, 512, 1024])
     rows += bench_conv(["resnet 3x3"] if a.quick else list(CONVS))
     start = bench_start()
+    cmp = bench_compare()
     print(f"{'op':<7} {'case':<14} {'dtype':<8} {'exact':>9} {'baseline':>26} {'ratios'}")
     for r in rows:
         if r["op"] == "matmul":
@@ -117,12 +134,14 @@ def main(argv=None):
         ("exact float32 matmul 512^3 vs numpy float64", mm["vs_numpy_f64"], TARGETS["matmul_512_vs_numpy_f64"]),
         ("exact float32 conv2d resnet 3x3 vs torch float64", cv["vs_torch_f64"], TARGETS["conv2d_resnet_vs_torch_f64"]),
         ("warm start (s)", start["warm_call_s"], TARGETS["warm_start_s"]),
+        ("compare / exact reference, resnet conv", cmp["ratio"], TARGETS["compare_vs_exact"]),
     ]
     for name, got, target in checks:
         print(f"target: {name}: {got:.2f} (<= {target}) {'met' if got <= target else 'MISSED'}")
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
     with open(a.json, "w") as f:
-        json.dump({"targets": TARGETS, "rows": rows, "start": start, "threads": torch.get_num_threads()}, f, indent=1)
+        json.dump({"targets": TARGETS, "rows": rows, "start": start, "compare": cmp,
+                   "threads": torch.get_num_threads()}, f, indent=1)  # fmt: skip
     print(f"JSON: {a.json}")
 
 

@@ -186,9 +186,20 @@ def test_report_fields_and_json():
     back = json.loads(text)
     assert back["verdict"] == "mismatch" and back["max_ulp"] == "inf"
     assert set(back) >= {"verdict", "precision", "max_ulp", "max_bound_ratio", "worst", "counts", "where", "tolerance"}
+    assert set(back["bound_ratios"]) == {"fp64", "fp32", "tf32", "fp16", "bf16"}
     assert sum(back["counts"].values()) == out.numel()
     assert "conv2d on cpu (float32): mismatch" in str(rep)
     assert "<div" in rep._repr_html_()
+
+
+def test_bound_ratios_order_the_precisions():
+    """A TF32 result is beyond the fp32 scale and within the tf32 and bf16 ones."""
+    r = _gen("ratios")
+    x, w = r(8, 64), r(8, 64)
+    out = F.linear(_round_inputs(x, TFLOAT32, False), _round_inputs(w, TFLOAT32, False))
+    br = rk.compare(out, "linear", x, w).bound_ratios
+    assert br["fp32"]["worst_case"] > 1 >= br["tf32"]["worst_case"] >= br["bf16"]["worst_case"]
+    assert br["fp64"]["worst_case"] > br["fp32"]["worst_case"]
 
 
 def test_assert_matches_reference_message():

@@ -6,7 +6,7 @@ from refkern._arrays import is_tensor, operand
 from refkern.accumulate.formats import FORMATS
 from refkern.analysis.evaluate import evaluate, op_name
 from refkern.analysis.report import Report, where_summary
-from refkern.analysis.verdict import decide, residual, working_units
+from refkern.analysis.verdict import decide, precision_ratios, residual, working_units
 
 __all__ = ["compare", "assert_matches_reference"]
 
@@ -136,6 +136,7 @@ def compare(actual, op, *args, rtol: float | None = None, atol: float | None = N
         counts=counts,
         where=where,
         hypotheses={h.name: h.summary() for h in d.hypotheses},
+        bound_ratios=precision_ratios(err, ev),
         condition={
             "median": float(np.median(cond)) if cond.size else 1.0,
             "max": float(cond[finite].max()) if finite.any() else float("inf"),

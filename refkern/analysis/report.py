@@ -36,7 +36,9 @@ class Report:
     max_bound_ratio: the largest |error| / (worst-case rounding bound of the result format's
     working precision): above 1 the element cannot be ordinary rounding.
     worst: indices of the elements that break the explanation (mismatch), or of the largest
-    deviations otherwise, worst first. counts: elements per class. where: per axis, the
+    deviations otherwise, worst first. counts: elements per class. bound_ratios: for fp64, fp32,
+    tf32, fp16 and bf16, the largest error relative to that precision's worst-case bound and to
+    its probabilistic scale. where: per axis, the
     positions of the unexplained elements. tolerance: with rtol/atol, how many elements fail
     that test and how many of those are within the rounding bound anyway.
     """
@@ -56,6 +58,7 @@ class Report:
     counts: dict
     where: dict
     hypotheses: dict
+    bound_ratios: dict
     condition: dict
     tolerance: dict | None = None
     notes: list = field(default_factory=list)
@@ -89,6 +92,10 @@ class Report:
             f"rounding bound; {_num(self.max_prob_ratio)}x the probabilistic scale; {self.n_terms} terms"
         )
         lines.append(f"  condition number: median {_num(self.condition['median'])}, max {_num(self.condition['max'])}")
+        ratios = ", ".join(
+            f"{k} {_num(v['worst_case'])}/{_num(v['probabilistic'])}" for k, v in self.bound_ratios.items()
+        )
+        lines.append(f"  max error / bound (worst case/probabilistic): {ratios}")
         if self.verdict == "reduced-precision":
             h = self.hypotheses[self.precision]
             lines.append(f"  explained by {h['kind']}: max {_num(h['max_ratio'])}x its bound")

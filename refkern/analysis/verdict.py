@@ -44,7 +44,7 @@ import numpy as np
 
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, TFLOAT32, Format
 
-__all__ = ["Hypothesis", "Decision", "decide", "bound", "working_units"]
+__all__ = ["Hypothesis", "Decision", "decide", "bound", "working_units", "precision_ratios"]
 
 _EMULATED = [("tf32", TFLOAT32, (False, True)), ("fp16", FLOAT16, (False,)), ("bf16", BFLOAT16, (False, True))]
 _ACCUMULATED = [("fp16", FLOAT16), ("bf16", BFLOAT16)]
@@ -185,3 +185,33 @@ def decide(actual, ev, emulate, in_prec: int) -> Decision:
         if h.explains:
             return Decision("reduced-precision", name, rounding, h, hyps, True)
     return Decision("mismatch", None, rounding, None, hyps, True)
+
+
+# (input unit roundoff, accumulation unit roundoff) of each candidate precision; truncation of
+# the inputs (TF32, bf16) doubles the input unit, so the larger one is used
+CANDIDATES = {
+    "fp64": (0.0, FLOAT64.u),
+    "fp32": (0.0, FLOAT32.u),
+    "tf32": (2.0 * TFLOAT32.u, FLOAT32.u),
+    "fp16": (FLOAT16.u, FLOAT32.u),
+    "bf16": (2.0 * BFLOAT16.u, FLOAT32.u),
+}
+
+
+def precision_ratios(err, ev) -> dict:
+    """For each candidate precision: the largest ratio of the error to its worst-case bound and
+    to its probabilistic scale (the analytic version of each hypothesis, no emulation).
+
+    worst case: (2 u_i + u_i^2) M + (1 + u_o) gamma_n(u_a) (1 + u_i)^2 M + 2 u_o |ref|,
+    inputs rounded with unit u_i, accumulation u_a (Higham 2002, (3.5) and the rounding of
+    each factor); probabilistic scale: sqrt(n) u_a M + 2 u_i M / sqrt(n) + 2 u_o |ref|, the
+    typical size of independent rounding errors (Higham and Mary 2019), not a bound."""
+    n, m, ref, u_o = ev.n_terms, ev.mag * _MAG_SLACK, np.abs(ev.values), ev.fmt.u
+    out = {}
+    for name, (ui, ua) in CANDIDATES.items():
+        worst = (2 * ui + ui * ui) * m + (1 + u_o) * _gamma(n, ua) * (1 + ui) ** 2 * m + 2 * u_o * ref
+        prob = np.sqrt(n) * ua * m + 2 * ui * m / np.sqrt(max(n, 1)) + 2 * u_o * ref
+        rw, rp = _ratio(err, worst), _ratio(err, prob)
+        out[name] = {"worst_case": float(rw.max()) if rw.size else 0.0,
+                     "probabilistic": float(rp.max()) if rp.size else 0.0}  # fmt: skip
+    return out

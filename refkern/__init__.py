@@ -23,6 +23,7 @@ __all__ = [
     "linear",
     "matmul",
     "sum",
+    "torch",
     "truth",
 ]
 
@@ -32,4 +33,8 @@ def __getattr__(name):
         import refkern.truth
 
         return refkern.truth
+    if name == "torch":  # lazy: it imports torch
+        import refkern.torch
+
+        return refkern.torch
     raise AttributeError(f"module 'refkern' has no attribute {name!r}")

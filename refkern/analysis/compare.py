@@ -60,8 +60,8 @@ def compare(actual, op, *args, rtol: float | None = None, atol: float | None = N
             f"{ev.values.shape}; pass the same arguments that produced it."
         )
 
-    def emulate(f, truncate):
-        return evaluate(name, args, kwargs, out=fmt, emulate=(f, truncate))
+    def emulate(f, truncate, round_bias):
+        return evaluate(name, args, kwargs, out=fmt, emulate=(f, truncate, round_bias))
 
     d = decide(act, ev, emulate, _in_prec(name, args, kwargs))
     ref, mag = ev.values, ev.mag

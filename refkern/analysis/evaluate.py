@@ -2,9 +2,9 @@
 
 ``evaluate(op, args, kwargs)`` runs the exact kernel once and returns, per output
 element, the correctly rounded value, the magnitude ``M = sum|terms|`` (bias included)
-and the number of terms. ``emulate=(format, truncate)`` first rounds the multiplied inputs
-to a narrower format (TF32, bfloat16, float16), to nearest even or toward zero: that is
-the exact result a backend with such inputs and exact accumulation would return.
+and the number of terms. ``emulate=(format, truncate, round_bias)`` first rounds the inputs to a
+narrower format (TF32, bfloat16, float16), to nearest even or toward zero: that is the
+exact result a backend with such inputs and exact accumulation would return.
 """
 
 import inspect
@@ -28,6 +28,7 @@ class Evaluation:
     fmt: Format  # result format
     shape: tuple
     axes: tuple  # a name per output axis
+    has_bias: bool = False
 
 
 OPS = ("dot", "matmul", "linear", "conv1d", "conv2d")
@@ -60,9 +61,14 @@ def _bind(name, args, kwargs):
 
 
 def _emulated(p, names, emulate):
+    """Round the operands a reduced-precision backend rounds: always the multiplied ones (tensor
+    cores convert their inputs), and the bias too when ``round_bias`` (a dtype cast of every
+    operand, as autocast does; TF32 and fp32 epilogues add the bias unrounded)."""
     if emulate is None:
         return
-    fmt, truncate = emulate
+    fmt, truncate, round_bias = emulate
+    if round_bias and p.ops.get("bias") is not None:
+        names = (*names, "bias")
     for k in names:
         o = p.ops[k]
         o.values = round_array(np.asarray(o.values, np.float64), *fmt.params, truncate)
@@ -95,7 +101,7 @@ def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Ev
         axes = tuple(f"batch{i}" for i in range(len(shape) - 2)) + ("row", "col")
         if name == "linear":
             axes = tuple(f"dim{i}" for i in range(len(shape) - 1)) + ("out_feature",)
-        return Evaluation(values, mag, n, p.out, shape, axes[-len(shape) :] if shape else ())
+        return Evaluation(values, mag, n, p.out, shape, axes[-len(shape) :] if shape else (), bias is not None)
     nd = 1 if name == "conv1d" else 2
     p = plan(name, {"x": a["x"], "weight": a["weight"], "bias": a["bias"]}, ("x", "weight"), "exact", None, out=out)
     _emulated(p, ("x", "weight"), emulate)
@@ -104,4 +110,4 @@ def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Ev
     n = int(np.prod(c.W.shape[1:])) + (c.bias is not None)
     spatial = ("position",) if nd == 1 else ("row", "col")
     axes = (("batch",) if not c.unbatched else ()) + ("channel",) + spatial
-    return Evaluation(values, mag, n, p.out, values.shape, axes)
+    return Evaluation(values, mag, n, p.out, values.shape, axes, c.bias is not None)

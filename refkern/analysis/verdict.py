@@ -46,7 +46,13 @@ from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, TFLO
 
 __all__ = ["Hypothesis", "Decision", "decide", "bound", "working_units", "precision_ratios"]
 
-_EMULATED = [("tf32", TFLOAT32, (False, True)), ("fp16", FLOAT16, (False,)), ("bf16", BFLOAT16, (False, True))]
+# (name, format, ways its inputs are rounded: truncate?, bias rounded too?); TF32 is a tensor-core
+# input conversion (bias added in fp32), fp16/bf16 also a dtype cast of every operand (autocast)
+_EMULATED = [
+    ("tf32", TFLOAT32, ((False, False), (True, False))),
+    ("fp16", FLOAT16, ((False, False), (False, True))),
+    ("bf16", BFLOAT16, ((False, False), (True, False), (False, True), (True, True))),
+]
 _ACCUMULATED = [("fp16", FLOAT16), ("bf16", BFLOAT16)]
 BETTER_FIT = 8.0  # a reduced precision must fit this much better than "rounding" when both explain
 TIE = 2.0  # reduced precisions whose fits are within this factor cannot be told apart
@@ -137,7 +143,7 @@ def _checked(d, actual, ev_h, u_acc, u_out):
 
 
 def decide(actual, ev, emulate, in_prec: int) -> Decision:
-    """The verdict for ``actual`` against the evaluation ``ev``; ``emulate(fmt, truncate)`` returns
+    """The verdict for ``actual`` against the evaluation ``ev``; ``emulate(fmt, truncate, round_bias)`` returns
     the evaluation on inputs rounded to ``fmt``; ``in_prec`` is the multiplied inputs' precision."""
     u_acc, u_out = working_units(ev.fmt)
     err = residual(actual, ev.values)
@@ -153,14 +159,16 @@ def decide(actual, ev, emulate, in_prec: int) -> Decision:
     u32 = FLOAT32.u
     evals = {}
     for name, fmt, modes in _EMULATED:
-        if fmt.prec >= in_prec or (fmt.prec >= ev.fmt.prec and fmt.emax >= ev.fmt.emax):
-            continue  # rounding the inputs to this format changes nothing, or the result is coarser
+        if fmt.prec >= in_prec:
+            continue  # the inputs are already this coarse: rounding them changes nothing
         best = None
-        for truncate in modes:
-            evh = emulate(fmt, truncate)
+        for truncate, round_bias in modes:
+            if round_bias and not ev.has_bias:
+                continue
+            evh = emulate(fmt, truncate, round_bias)
             rh = _ratio(residual(actual, evh.values), bound(evh.mag, evh.values, ev.n_terms, u32, u_out))
-            h = Hypothesis(name, f"{name} inputs ({'truncated' if truncate else 'round to nearest'})", rh,
-                           bool(np.all(rh <= 1.0)))  # fmt: skip
+            how = ("truncated" if truncate else "round to nearest") + (", bias too" if round_bias else "")
+            h = Hypothesis(name, f"{name} inputs ({how})", rh, bool(np.all(rh <= 1.0)))
             if best is None or (h.explains, -h.score) > (best.explains, -best.score):
                 best, evals[name] = h, evh
         hyps.append(best)

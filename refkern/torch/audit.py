@@ -1,0 +1,145 @@
+"""``refkern.torch.audit``: every conv/linear/matmul call of a model, against its exact reference."""
+
+from dataclasses import dataclass
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from refkern.analysis.compare import compare
+from refkern.torch.ops import from_call
+
+__all__ = ["audit", "Audit", "AuditCall"]
+
+_SEVERITY = {"mismatch": 0, "reduced-precision": 1, "rounding": 2, "exact": 3, None: -1}
+
+
+@dataclass
+class AuditCall:
+    index: int  # call order
+    name: str  # module path ("features.0"), or the op where no module made the call
+    op: str  # the torch function ("conv2d", "linear", "matmul", "addmm", ...)
+    device: str
+    dtype: str
+    shapes: list
+    report: object  # Report, or None when the call could not be analysed
+    note: str = ""
+
+    @property
+    def verdict(self):
+        return self.report.verdict if self.report is not None else None
+
+    def cells(self):
+        r = self.report
+        shapes = " x ".join(str(tuple(s)) for s in self.shapes)
+        if r is None:
+            return [str(self.index), self.name, self.op, shapes, self.device, self.dtype, "-", "", "", self.note]
+        prec = f" ({r.precision})" if r.precision else ""
+        return [str(self.index), self.name, self.op, shapes, self.device, self.dtype, r.verdict + prec,
+                f"{r.max_ulp:.3g}", f"{r.max_bound_ratio:.3g}", self.note]  # fmt: skip
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, owner):
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        spec = from_call(func, args, kwargs)
+        if spec is not None and isinstance(out, torch.Tensor):
+            self.owner._record(spec, out)
+        return out
+
+
+class Audit:
+    """Context manager: records and analyses every conv1d, conv2d, linear, matmul / @, mm, bmm,
+    addmm and baddbmm call made inside it, on whatever device the model runs.
+
+    Each call is analysed as it happens, from its own inputs, and only the Report is kept, so
+    the audit holds no activation alive. ``calls``: one AuditCall per call; ``first_failure``:
+    the first call whose verdict is neither exact nor rounding; ``report()``: a table, worst first.
+    """
+
+    def __init__(self, allow=("exact", "rounding")):
+        self.allow = tuple(allow)
+        self.calls: list[AuditCall] = []
+        self._stack = []
+        self._names = {}
+        self._hooks = []
+        self._mode = None
+
+    # module names: the innermost module in forward when a call is made
+    def _pre(self, module, inputs):
+        if not self._stack and id(module) not in self._names:
+            root = type(module).__name__
+            self._names.update({id(m): (f"{root}.{n}" if n else root) for n, m in module.named_modules()})
+        self._stack.append(module)
+
+    def _post(self, module, inputs, output):
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
+
+    def _record(self, spec, out):
+        name = self._names.get(id(self._stack[-1]), type(self._stack[-1]).__name__) if self._stack else spec.torch_name
+        shapes = [tuple(t.shape) for t in spec.tensors()] if not spec.unsupported else []
+        call = AuditCall(len(self.calls), name, spec.torch_name, str(out.device), str(out.dtype).removeprefix("torch."),
+                         shapes, None)  # fmt: skip
+        if spec.unsupported:
+            call.note = spec.unsupported
+        else:
+            try:
+                args, kwargs = spec.on_cpu()
+                call.report = compare(out.detach(), spec.op, *args, **kwargs)
+            except Exception as exc:  # analysis must never break the model
+                call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        self.calls.append(call)
+
+    def __enter__(self):
+        reg = torch.nn.modules.module
+        self._hooks = [reg.register_module_forward_pre_hook(self._pre), reg.register_module_forward_hook(self._post)]
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        for h in self._hooks:
+            h.remove()
+        self._stack.clear()
+        return False
+
+    @property
+    def first_failure(self):
+        """The first call whose verdict is not in ``allow`` (default: exact, rounding), or None."""
+        for c in self.calls:
+            if c.report is not None and c.verdict not in self.allow:
+                return c
+        return None
+
+    def report(self) -> str:
+        """A table per call site, worst first, and the first failing call named."""
+        head = ["#", "module", "op", "shapes", "device", "dtype", "verdict", "max ulp", "bound ratio", "note"]
+        order = sorted(self.calls, key=lambda c: (_SEVERITY[c.verdict], -(c.report.max_bound_ratio if c.report else 0)))
+        table = [head] + [c.cells() for c in order]
+        widths = [max(len(r[i]) for r in table) for i in range(len(head) - 1)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table]
+        f = self.first_failure
+        counts = {}
+        for c in self.calls:
+            counts[c.verdict or "not analysed"] = counts.get(c.verdict or "not analysed", 0) + 1
+        summary = ", ".join(f"{v} {k}" for k, v in counts.items())
+        if f is None:
+            first = "every call is " + " or ".join(self.allow)
+        else:
+            prec = f" ({f.report.precision})" if f.report.precision else ""
+            first = f"first call beyond {'/'.join(self.allow)}: #{f.index} {f.name} ({f.op}): {f.verdict}{prec}"
+        return "\n".join([f"audit: {len(self.calls)} calls ({summary}); {first}", *lines])
+
+    def __str__(self):
+        return self.report()
+
+
+def audit(allow=("exact", "rounding")) -> Audit:
+    """``with refkern.torch.audit() as a: model(x)`` then ``print(a.report())``."""
+    return Audit(allow)

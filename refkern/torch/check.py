@@ -1,0 +1,140 @@
+"""``refkern.torch.check``: one op on every backend, each result against the exact reference."""
+
+import copy
+import html
+from dataclasses import dataclass
+
+import torch
+
+from refkern.analysis.compare import compare
+from refkern.analysis.evaluate import OPS
+from refkern.torch.devices import Backend, resolve
+from refkern.torch.ops import FUNCTIONS, OpCall, from_call, from_module
+
+__all__ = ["check", "CheckResult", "CheckRow"]
+
+
+@dataclass
+class CheckRow:
+    backend: str  # "cpu", "cuda:0", "cpu+compile", ...
+    report: object  # the Report, or None when the backend could not run the op
+    note: str  # why not, or the settings that matter
+
+    def cells(self):
+        r = self.report
+        if r is None:
+            return [self.backend, "-", "", "", "", self.note]
+        prec = r.precision or ""
+        return [self.backend, r.verdict, prec, f"{r.max_ulp:.3g}", f"{r.max_bound_ratio:.3g}", self.note]
+
+
+@dataclass
+class CheckResult:
+    op: str
+    shapes: list
+    dtype: str
+    rows: list
+
+    HEAD = ["backend", "verdict", "precision", "max ulp", "bound ratio", "note"]
+
+    def __str__(self) -> str:
+        table = [self.HEAD] + [row.cells() for row in self.rows]
+        widths = [max(len(str(r[i])) for r in table) for i in range(len(self.HEAD) - 1)]
+        lines = [f"{self.op} {' x '.join(str(tuple(s)) for s in self.shapes)} ({self.dtype})"]
+        for r in table:
+            lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + str(r[-1]))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "shapes": [list(s) for s in self.shapes], "dtype": self.dtype,
+                "rows": [{"backend": r.backend, "note": r.note, "report": r.report.to_dict() if r.report else None}
+                         for r in self.rows]}  # fmt: skip
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{h}</th>" for h in self.HEAD)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r.cells()) + "</tr>" for r in self.rows
+        )
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _spec(fn, args, kwargs, op):
+    """(OpCall of the reference, a callable fn(*args) to run) for a function, a module or op=."""
+    if isinstance(fn, torch.nn.Module):
+        if len(args) != 1 or kwargs:
+            raise TypeError(
+                f"check: a module takes one input tensor; got {len(args)} positional "
+                f"and {sorted(kwargs)} keyword arguments."
+            )
+        spec = from_module(fn, args[0])
+        if spec is None and op is None:
+            raise ValueError(
+                f"check: cannot tell what {type(fn).__name__} computes; pass op= ('conv2d', 'linear', ...)."
+            )
+        return spec
+    if op is not None:
+        if op not in OPS:
+            raise ValueError(f"check: unknown op={op!r}; choose one of {', '.join(repr(o) for o in OPS)}.")
+        return OpCall(getattr(fn, "__name__", "fn"), op, args, kwargs)
+    spec = from_call(fn, args, kwargs)
+    if spec is None:
+        known = sorted({f"{getattr(f, '__module__', '') or 'torch.Tensor'}.{f.__name__}" for f in FUNCTIONS})
+        raise ValueError(f"check: cannot tell what {getattr(fn, '__name__', fn)!r} computes; pass op= "
+                         f"(one of {', '.join(OPS)}) or one of {', '.join(known[:6])}, ...")  # fmt: skip
+    if spec.unsupported:
+        raise ValueError(f"check: {spec.unsupported}.")
+    return spec
+
+
+def _to(a, device):
+    return a.to(device) if isinstance(a, torch.Tensor) else a
+
+
+def _run(fn, args, kwargs, backend: Backend, compiled: bool):
+    if isinstance(fn, torch.nn.Module):
+        target = copy.deepcopy(fn).to(backend.device)
+    else:
+        target = fn
+    if compiled:
+        target = torch.compile(target)
+    with torch.no_grad():
+        return target(*[_to(a, backend.device) for a in args], **{k: _to(v, backend.device) for k, v in kwargs.items()})
+
+
+def check(fn, *args, devices=None, compile: bool = False, op: str | None = None, **kwargs) -> CheckResult:  # noqa: A002
+    """Run ``fn(*args, **kwargs)`` on each backend and compare every result with the exact reference.
+
+    ``fn``: ``F.conv1d``, ``F.conv2d``, ``F.linear``, ``torch.matmul`` (and ``mm``/``bmm``/``addmm``),
+    an ``nn.Conv1d``/``nn.Conv2d``/``nn.Linear`` module (then ``args`` is its input), or any
+    callable with ``op=`` naming what it computes (it must take that op's arguments).
+    ``devices``: names such as "cpu", "cuda", "cuda:1", "mps", "xpu", "dml" (all available by
+    default). ``compile=True`` adds each backend's ``torch.compile``d form ("cpu+compile").
+    The reference is computed once from the CPU copies of the very inputs, which move to
+    each device without loss. A backend that cannot take a dtype, or fails, gets a row
+    that says why instead of failing the check.
+    """
+    spec = _spec(fn, args, kwargs, op)
+    ref_args, ref_kwargs = spec.on_cpu()
+    tensors = [t for t in spec.tensors()]
+    dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
+    rows = []
+    for b in resolve(devices):
+        if isinstance(b, str):
+            rows.append(CheckRow(b, None, "not available on this machine"))
+            continue
+        missing = sorted(dtypes - set(b.dtypes))
+        for compiled in (False, True) if compile else (False,):
+            name = b.name + ("+compile" if compiled else "")
+            if missing:
+                rows.append(CheckRow(name, None, f"{b.kind} does not support {', '.join(missing)}"))
+                continue
+            try:
+                out = _run(fn, args, kwargs, b, compiled)
+            except Exception as exc:  # the backend could not run it: say why
+                msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                rows.append(CheckRow(name, None, f"failed: {type(exc).__name__}: {msg[:160]}"))
+                continue
+            rep = compare(out, spec.op, *ref_args, **ref_kwargs)
+            rows.append(CheckRow(name, rep, b.note()))
+    shapes = [tuple(t.shape) for t in tensors]
+    return CheckResult(spec.op, shapes, ", ".join(sorted(dtypes)), rows)

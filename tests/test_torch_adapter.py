@@ -1,0 +1,304 @@
+"""refkern.torch: devices, check across backends, audit of whole models, reference mode."""
+
+import gc
+import sys
+import tracemalloc
+import types
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn, F = torch.nn, torch.nn.functional
+
+import refkern as rk  # noqa: E402
+import refkern.torch as rkt  # noqa: E402
+
+
+class SmallNet(nn.Module):
+    """Two convs, two linears, relu, flatten."""
+
+    def __init__(self, conv=nn.Conv2d):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = conv(8, 8, 3, padding=1)
+        self.f1 = nn.Linear(8 * 8 * 8, 32)
+        self.f2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = F.relu(self.c1(x))
+        x = F.relu(self.c2(x))
+        x = torch.flatten(x, 1)
+        return self.f2(F.relu(self.f1(x)))
+
+
+# -------------------------------------------------------------------------------- devices
+
+
+@pytest.fixture
+def directml_standin(monkeypatch):
+    """A stand-in for torch_directml following its API (device_count, device, device_name,
+    has_float64_support, is_available); its 'adapter' computes on the CPU."""
+    dml = types.ModuleType("torch_directml")
+    dml.is_available = lambda: True
+    dml.device_count = lambda: 1
+    dml.device = lambda i=0: torch.device("cpu")
+    dml.device_name = lambda i=0: "Stand-in DirectML adapter"
+    dml.has_float64_support = lambda dev=None: False
+    monkeypatch.setitem(sys.modules, "torch_directml", dml)
+    return dml
+
+
+def test_devices_lists_the_cpu():
+    ds = rkt.devices()
+    cpu = ds[0]
+    assert cpu.name == "cpu" and set(cpu.dtypes) == {"float16", "bfloat16", "float32", "float64"}
+    assert "float32_matmul_precision" in cpu.settings
+
+
+def test_devices_find_directml(directml_standin):
+    dml = [d for d in rkt.devices() if d.kind == "dml"]
+    assert [d.name for d in dml] == ["dml:0"]
+    assert dml[0].dtypes == ("float16", "float32")  # no float64 on DirectML
+    assert "Stand-in DirectML adapter" in dml[0].description
+
+
+# ---------------------------------------------------------------------------------- check
+
+
+def test_check_cpu_eager_and_compiled():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    res = rkt.check(F.conv2d, x, w, b, padding=1, devices=["cpu"], compile=True)
+    assert [r.backend for r in res.rows] == ["cpu", "cpu+compile"]
+    assert all(r.report.verdict in ("exact", "rounding") for r in res.rows), str(res)
+    text = str(res)
+    assert text.splitlines()[0] == "conv2d (2, 3, 8, 8) x (4, 3, 3, 3) x (4,) (float32)"
+    assert "cpu+compile" in text and "rounding" in text
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_check_half_precisions_on_cpu(dtype):
+    torch.manual_seed(1)
+    x, w, b = torch.randn(4, 64, dtype=dtype), torch.randn(8, 64, dtype=dtype), torch.randn(8, dtype=dtype)
+    res = rkt.check(F.linear, x, w, b, devices="cpu")
+    rep = res.rows[0].report
+    assert rep.dtype == str(dtype).removeprefix("torch.")
+    assert rep.verdict in ("exact", "rounding"), str(res)
+
+
+def test_check_modules_and_callables():
+    torch.manual_seed(2)
+    m = nn.Conv2d(4, 6, 3, padding="same", padding_mode="reflect", groups=2)
+    res = rkt.check(m, torch.randn(1, 4, 7, 7), devices=["cpu"])
+    assert res.op == "conv2d" and res.rows[0].report.verdict in ("exact", "rounding")
+    res = rkt.check(lambda a, b: a @ b, torch.randn(3, 5), torch.randn(5, 2), op="matmul", devices=["cpu"])
+    assert res.rows[0].report.verdict in ("exact", "rounding")
+
+
+def test_check_names_a_backend_that_cannot_take_the_dtype(directml_standin):
+    x, w = torch.randn(2, 16, dtype=torch.float64), torch.randn(4, 16, dtype=torch.float64)
+    res = rkt.check(F.linear, x, w)
+    rows = {r.backend: r for r in res.rows}
+    assert rows["cpu"].report.verdict in ("exact", "rounding")
+    assert rows["dml:0"].report is None and rows["dml:0"].note == "dml does not support float64"
+    res = rkt.check(F.linear, x.float(), w.float(), devices=["dml"])  # the DirectML code path runs
+    assert res.rows[0].backend == "dml:0" and res.rows[0].report.verdict in ("exact", "rounding")
+
+
+def test_check_reports_unavailable_devices_and_failures():
+    x, w = torch.randn(2, 16), torch.randn(4, 16)
+    res = rkt.check(F.linear, x, w, devices=["cpu", "cuda:7"])
+    assert res.rows[1].backend == "cuda:7" and res.rows[1].note == "not available on this machine"
+    res = rkt.check(nn.Linear(16, 4), x.double(), devices=["cpu"])  # float module, double input
+    assert res.rows[0].report is None and res.rows[0].note.startswith("failed: RuntimeError")
+
+
+def test_check_errors():
+    with pytest.raises(ValueError, match=r"^check: cannot tell what 'relu' computes; pass op="):
+        rkt.check(F.relu, torch.randn(3))
+    with pytest.raises(ValueError, match=r"^check: unknown device 'tpu'"):
+        rkt.check(F.linear, torch.randn(2, 3), torch.randn(2, 3), devices=["tpu"])
+    with pytest.raises(ValueError, match=r"^check: unknown op='conv3d'"):
+        rkt.check(lambda *a: a[0], torch.randn(2), op="conv3d")
+
+
+# ---------------------------------------------------------------------------------- audit
+
+
+def test_audit_small_cnn_mlp():
+    torch.manual_seed(3)
+    net = SmallNet()
+    with rkt.audit() as a:
+        net(torch.randn(4, 3, 8, 8))
+    assert [c.name for c in a.calls] == ["SmallNet.c1", "SmallNet.c2", "SmallNet.f1", "SmallNet.f2"]
+    assert [c.op for c in a.calls] == ["conv2d", "conv2d", "linear", "linear"]
+    assert all(c.verdict in ("exact", "rounding") for c in a.calls)
+    assert a.first_failure is None
+    text = a.report()
+    assert text.startswith("audit: 4 calls") and "every call is exact or rounding" in text
+
+
+class BuggyBackend(torch.Tensor):
+    """Stands in for a backend with a bug in its conv2d kernel: the last input channel is dropped."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.conv2d:
+            x, w = args[0], args[1]
+            args = (x[:, :-1], w[:, :-1], *args[2:])
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*[a.as_subclass(torch.Tensor) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+        return out
+
+
+class ConvOnBuggyBackend(nn.Conv2d):
+    def forward(self, x):
+        return F.conv2d(x.as_subclass(BuggyBackend), self.weight, self.bias, padding=self.padding)
+
+
+def test_audit_names_the_wrong_layer():
+    torch.manual_seed(4)
+    net = SmallNet(conv=ConvOnBuggyBackend)
+    with rkt.audit() as a:
+        net(torch.randn(2, 3, 8, 8))
+    f = a.first_failure
+    assert f is not None and f.name == "SmallNet.c2" and f.verdict == "mismatch"
+    assert a.calls[0].verdict in ("exact", "rounding")
+    assert "first call beyond exact/rounding: #1 SmallNet.c2 (conv2d): mismatch" in a.report()
+
+
+def test_audit_names_a_stray_autocast():
+    class HalfConv(nn.Conv2d):
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return super().forward(x).float()
+
+    torch.manual_seed(5)
+    net = SmallNet(conv=HalfConv)
+    with rkt.audit() as a:
+        net(torch.randn(2, 3, 8, 8))
+    f = a.first_failure
+    assert f is not None and f.name == "SmallNet.c2" and f.dtype == "bfloat16"
+    assert (f.verdict, f.report.precision) in (("reduced-precision", "bf16"), ("mismatch", None)), str(f.report)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_audit_half_models(dtype):
+    torch.manual_seed(6)
+    net = SmallNet().to(dtype)
+    with rkt.audit() as a:
+        net(torch.randn(2, 3, 8, 8, dtype=dtype))
+    assert len(a.calls) == 4 and all(c.dtype == str(dtype).removeprefix("torch.") for c in a.calls)
+    assert all(c.verdict in ("exact", "rounding") for c in a.calls), a.report()
+
+
+def test_audit_matmul_family_and_unsupported_calls():
+    a_, b_, bias = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
+    with rkt.audit() as a:
+        _ = a_ @ b_
+        _ = torch.mm(a_, b_)
+        _ = torch.bmm(a_[None], b_[None])
+        _ = torch.addmm(bias, a_, b_)
+        _ = torch.addmm(torch.randn(3, 5), a_, b_)  # a 2-D input is not a bias per column
+        _ = torch.baddbmm(torch.zeros(1, 3, 5), a_[None], b_[None], beta=0)
+    assert [c.op for c in a.calls] == ["matmul", "mm", "bmm", "addmm", "addmm", "baddbmm"]
+    assert [c.verdict for c in a.calls][:4] == [a.calls[0].verdict] * 4
+    assert a.calls[4].report is None and "not a bias per column" in a.calls[4].note
+    assert a.calls[5].verdict in ("exact", "rounding")
+
+
+def _audit_peak(n_layers):
+    torch.manual_seed(7)
+    layers = nn.Sequential(*[nn.Linear(512, 512) for _ in range(n_layers)])
+    x = torch.randn(256, 512)
+    refs = []
+    hooks = [m.register_forward_hook(lambda m, i, o: refs.append(weakref.ref(o))) for m in layers]
+    tracemalloc.start()
+    with torch.no_grad(), rkt.audit() as a:
+        out = layers(x)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    for h in hooks:
+        h.remove()
+    del out
+    gc.collect()
+    assert len(a.calls) == n_layers
+    return peak, sum(r() is not None for r in refs)
+
+
+def test_audit_keeps_no_activation_alive():
+    """Every output is freed after its call, and the peak memory of the analysis (numpy's buffers,
+    which tracemalloc sees) is one call's worth: the same for 50 large calls as for 5."""
+    peak5, alive5 = _audit_peak(5)
+    peak50, alive50 = _audit_peak(50)
+    print(f"\naudit of 256x512 linear calls: peak traced memory {peak5 / 2**20:.1f} MiB for 5 calls, "
+          f"{peak50 / 2**20:.1f} MiB for 50; outputs still alive: {alive5}, {alive50}")  # fmt: skip
+    assert alive5 == alive50 == 0
+    assert peak50 < 1.25 * peak5  # keeping each call's data would grow it tenfold
+
+
+# ------------------------------------------------------------------------ reference mode
+
+
+def test_reference_mode_equals_refkern_ops_by_hand():
+    torch.manual_seed(8)
+    net = SmallNet()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        with rkt.reference_mode() as mode:
+            got = net(x)
+        h = F.relu(rk.conv2d(x, net.c1.weight, net.c1.bias, padding=1))
+        h = F.relu(rk.conv2d(h, net.c2.weight, net.c2.bias, padding=1))
+        h = F.relu(rk.linear(torch.flatten(h, 1), net.f1.weight, net.f1.bias))
+        want = rk.linear(h, net.f2.weight, net.f2.bias)
+    assert mode.replaced == 4
+    assert torch.equal(got, want)
+
+
+def test_compare_outputs_judges_a_candidate():
+    torch.manual_seed(9)
+    net = SmallNet()
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        with rkt.reference_mode():
+            ref = net(x)
+        eager = net(x)
+        res = rkt.compare_outputs(eager, ref, eager)
+        assert res.ok and res.ratio == 1.0
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = net(x).float()
+        res = rkt.compare_outputs(low, ref, eager)
+        assert not res.ok and res.candidate_error > 10 * res.baseline_error
+        assert "WORSE than the baseline" in str(res)
+    with pytest.raises(ValueError, match=r"^compare_outputs: actual, reference and baseline must hold"):
+        rkt.compare_outputs(eager, ref[:1], eager)
+
+
+# ----------------------------------------------------------------- real accelerators only
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tf32_on_and_off():
+    torch.manual_seed(10)
+    x, w = torch.randn(64, 1024), torch.randn(128, 1024)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        on = rkt.check(F.linear, x, w, devices=["cuda"]).rows[0].report
+        torch.backends.cuda.matmul.allow_tf32 = False
+        off = rkt.check(F.linear, x, w, devices=["cuda"]).rows[0].report
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    assert (on.verdict, on.precision) == ("reduced-precision", "tf32"), str(on)
+    assert off.verdict in ("rounding", "exact"), str(off)
+
+
+def test_real_directml_if_installed():
+    dml = pytest.importorskip("torch_directml")
+    if not dml.is_available():
+        pytest.skip("torch_directml is installed but no DirectX 12 adapter is available")
+    res = rkt.check(F.linear, torch.randn(4, 64), torch.randn(8, 64), devices=["dml"])
+    assert res.rows and all(r.report is not None for r in res.rows), str(res)

@@ -6,9 +6,9 @@ from refkern._arrays import is_tensor, operand
 from refkern.accumulate.formats import FORMATS
 from refkern.analysis.evaluate import evaluate, op_name
 from refkern.analysis.report import Report, where_summary
-from refkern.analysis.verdict import decide, precision_ratios, residual, working_units
+from refkern.analysis.verdict import bound, decide, precision_ratios, residual, working_units
 
-__all__ = ["compare", "assert_matches_reference"]
+__all__ = ["compare", "assert_matches_reference", "elements"]
 
 _MULTIPLIED = {"dot": ("x", "y"), "matmul": ("a", "b"), "linear": ("x", "weight"), "conv1d": ("x", "weight"),
                "conv2d": ("x", "weight")}  # fmt: skip
@@ -49,6 +49,17 @@ def compare(actual, op, *args, rtol: float | None = None, atol: float | None = N
 
     The verdict and the bounds it rests on are described in :mod:`refkern.analysis.verdict`.
     """
+    return _analyse(actual, op, args, kwargs, rtol, atol)[0]
+
+
+def elements(actual, op, *args, **kwargs) -> dict:
+    """Per-element arrays behind a Report, for plots: ``reference``, ``actual``, ``error``
+    (|actual - reference|), ``bound`` (worst-case rounding bound), ``scale`` (probabilistic),
+    ``magnitude`` (sum of |terms|), ``ulp`` (error in ulps) and the ``report`` itself."""
+    return _analyse(actual, op, args, kwargs, None, None)[1]
+
+
+def _analyse(actual, op, args, kwargs, rtol, atol):
     name = op_name(op)
     act, fmt, device = _actual(actual)
     if fmt.name not in FORMATS:
@@ -120,7 +131,7 @@ def compare(actual, op, *args, rtol: float | None = None, atol: float | None = N
         if others:
             notes.append(f"{' and '.join(others)} explain it too; {d.chosen.name} fits best")
     finite = np.isfinite(cond)
-    return Report(
+    rep = Report(
         op=name,
         device=device,
         dtype=fmt.name,
@@ -144,6 +155,10 @@ def compare(actual, op, *args, rtol: float | None = None, atol: float | None = N
         tolerance=tol,
         notes=notes,
     )
+    bound0 = bound(mag, ref, ev.n_terms, u_acc, u_out)
+    arrays = {"reference": ref, "actual": act, "error": err, "bound": bound0, "magnitude": mag, "ulp": ulps,
+              "scale": np.sqrt(ev.n_terms) * u_acc * mag + 2 * u_out * np.abs(ref), "report": rep}  # fmt: skip
+    return rep, arrays
 
 
 def assert_matches_reference(actual, op, *args, allow=("exact", "rounding"), **kwargs) -> Report:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from refkern.analysis.compare import compare
-from refkern.analysis.evaluate import OPS
+from refkern.analysis.evaluate import OPS, evaluate
 from refkern.torch.devices import Backend, resolve
 from refkern.torch.ops import FUNCTIONS, OpCall, from_call, from_module
 
@@ -115,6 +115,7 @@ def check(fn, *args, devices=None, compile: bool = False, op: str | None = None,
     """
     spec = _spec(fn, args, kwargs, op)
     ref_args, ref_kwargs = spec.on_cpu()
+    evaluate(spec.op, ref_args, ref_kwargs)  # bad shapes or arguments fail here, in refkern's words
     tensors = [t for t in spec.tensors()]
     dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
     rows = []

@@ -1,0 +1,1 @@
+"""Presentation: plots (matplotlib, imported on use)."""

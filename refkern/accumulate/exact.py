@@ -73,6 +73,27 @@ def _sigma(b):
     return from_bits((b + 1075) << 52 | (np.int64(1) << 51))
 
 
+@jit(inline="always")
+def _bins(e):
+    """Quanta and constants of two bins below the bound 2**(e+1): (b1, s1, sb1, b2, s2, sb2)."""
+    b1 = e - 50
+    b2 = b1 - 52
+    s1 = _sigma(b1)
+    s2 = _sigma(b2)
+    return b1, s1, bits(s1), b2, s2, bits(s2)
+
+
+@jit(inline="always")
+def _split2(t, s1, sb1, s2, sb2):
+    """One term through two bins: t == d1 * 2**b1 + d2 * 2**b2 + r exactly (ExtractScalar twice)."""
+    v = t + s1
+    d1 = bits(v) - sb1  # the multiple of 2**b1 that t rounds to, as an integer
+    r = t - (v - s1)  # exact remainder, |r| <= 2**(b1-1)
+    v = r + s2
+    d2 = bits(v) - sb2
+    return d1, d2, r - (v - s2)
+
+
 @jit
 def fold_terms(r, m, acc):
     """acc += sum(r[:m]) exactly, for any float64 terms; r is overwritten.
@@ -110,62 +131,35 @@ def fold_terms(r, m, acc):
         b = min(b - 52, _exponent(orr) - 50)  # |r| <= 2**(b-1) and |r| < 2**(E_or + 1)
 
 
-@jit
-def bins2(ab, bb, m, e, acc, scratch):
-    """acc += sum ab[i] * bb[i], i < m <= BLOCK, exactly, for products exact in float64
-    (factors of float32 or narrower) bounded by |ab[i] bb[i]| < 2**(e+1), e in [-972, 1021]."""
-    b1 = e - 50
-    b2 = b1 - 52
-    s1 = _sigma(b1)
-    s2 = _sigma(b2)
-    sb1 = bits(s1)
-    sb2 = bits(s2)
+@jit(inline="always")
+def bins2_counts(ab, bb, m, e):
+    """The two bin counts of sum ab[i] * bb[i] (i < m <= BLOCK, products exact in float64 and
+    below 2**(e+1)), not yet folded: (c1, c2, b1, b2, complete). The sum equals
+    c1 * 2**b1 + c2 * 2**b2 exactly when ``complete``; otherwise some term lies below 2**b2."""
+    b1, s1, sb1, b2, s2, sb2 = _bins(e)
     c1 = np.int64(0)
     c2 = np.int64(0)
     orr = np.int64(0)
     for i in range(m):
-        p = np.float64(ab[i]) * np.float64(bb[i])  # exact: 24 + 24 bits
-        v = p + s1
-        c1 += bits(v) - sb1
-        r = p - (v - s1)
-        v = r + s2
-        c2 += bits(v) - sb2
-        r = r - (v - s2)
+        d1, d2, r = _split2(np.float64(ab[i]) * np.float64(bb[i]), s1, sb1, s2, sb2)  # exact: 24 + 24 bits
+        c1 += d1
+        c2 += d2
         orr |= bits(r) & _ABS
-    if orr == 0:
+    return c1, c2, b1, b2, orr == 0
+
+
+@jit
+def bins2(ab, bb, m, e, acc, scratch):
+    """acc += sum ab[i] * bb[i], i < m <= BLOCK, exactly, for products exact in float64
+    (factors of float32 or narrower) bounded by |ab[i] bb[i]| < 2**(e+1), e in [-972, 1021]."""
+    c1, c2, b1, b2, complete = bins2_counts(ab, bb, m, e)
+    if complete:
         acc_add_int(acc, c1, b1)
         acc_add_int(acc, c2, b2)
     else:  # terms below 2**b2: redo the block with as many bins as it needs
         for i in range(m):
             scratch[i] = np.float64(ab[i]) * np.float64(bb[i])
         fold_terms(scratch, m, acc)
-
-
-@jit(inline="always")
-def bins2_counts(ab, bb, m, e):
-    """The two bin counts of :func:`bins2` without folding them: (c1, c2, b1, b2, complete).
-
-    sum ab[i] * bb[i] == c1 * 2**b1 + c2 * 2**b2 exactly when ``complete``; otherwise some
-    term lies below 2**b2 and the caller must take the exact path that folds all bins."""
-    b1 = e - 50
-    b2 = b1 - 52
-    s1 = _sigma(b1)
-    s2 = _sigma(b2)
-    sb1 = bits(s1)
-    sb2 = bits(s2)
-    c1 = np.int64(0)
-    c2 = np.int64(0)
-    orr = np.int64(0)
-    for i in range(m):
-        p = np.float64(ab[i]) * np.float64(bb[i])
-        v = p + s1
-        c1 += bits(v) - sb1
-        r = p - (v - s1)
-        v = r + s2
-        c2 += bits(v) - sb2
-        r = r - (v - s2)
-        orr |= bits(r) & _ABS
-    return c1, c2, b1, b2, orr == 0
 
 
 @jit(inline="always")
@@ -194,14 +188,9 @@ def bins3(ab, bb, m, e, acc, scratch):
     """acc += sum ab[i] * bb[i], i < m <= BLOCK, exactly, for float64 factors whose products
     neither overflow nor lose their FMA error term: |ab[i] bb[i]| < 2**(e+1) with
     -920 <= e <= 1021, and every nonzero product >= 2**-968 (callers check)."""
-    b1 = e - 50
-    b2 = b1 - 52
+    b1, s1, sb1, b2, s2, sb2 = _bins(e)
     b3 = b2 - 52
-    s1 = _sigma(b1)
-    s2 = _sigma(b2)
     s3 = _sigma(b3)
-    sb1 = bits(s1)
-    sb2 = bits(s2)
     sb3 = bits(s3)
     c1 = np.int64(0)
     c2 = np.int64(0)
@@ -210,18 +199,11 @@ def bins3(ab, bb, m, e, acc, scratch):
     for i in range(m):
         p = ab[i] * bb[i]
         q = fma(ab[i], bb[i], -p)  # a b == p + q exactly, |q| <= 2**-53 |p|
-        v = p + s1
-        c1 += bits(v) - sb1
-        r = p - (v - s1)
-        v = r + s2
-        c2 += bits(v) - sb2  # with q below: <= 2**51 + 2**50 per term, 2048 terms < 2**63
-        r = r - (v - s2)
-        v = q + s2
-        c2 += bits(v) - sb2
-        t = q - (v - s2)
-        v = t + s3
-        c3 += bits(v) - sb3
-        t = t - (v - s3)
+        d1, d2, r = _split2(p, s1, sb1, s2, sb2)
+        f2, f3, t = _split2(q, s2, sb2, s3, sb3)  # q starts one bin lower
+        c1 += d1
+        c2 += d2 + f2  # <= 2**51 + 2**50 per term: 2048 terms stay below 2**63
+        c3 += f3
         orr |= (bits(r) | bits(t)) & _ABS
     if orr == 0:
         acc_add_int(acc, c1, b1)
@@ -326,23 +308,14 @@ def _sum_range(x, lo, hi, acc, scratch):
                 scratch[i] = xb[i]
             fold_terms(scratch, m, acc)
             continue
-        b1 = e - 50
-        b2 = b1 - 52
-        s1 = _sigma(b1)
-        s2 = _sigma(b2)
-        sb1 = bits(s1)
-        sb2 = bits(s2)
+        b1, s1, sb1, b2, s2, sb2 = _bins(e)
         c1 = np.int64(0)
         c2 = np.int64(0)
         orr = np.int64(0)
         for i in range(m):
-            t = np.float64(xb[i])
-            v = t + s1
-            c1 += bits(v) - sb1
-            r = t - (v - s1)
-            v = r + s2
-            c2 += bits(v) - sb2
-            r = r - (v - s2)
+            d1, d2, r = _split2(np.float64(xb[i]), s1, sb1, s2, sb2)
+            c1 += d1
+            c2 += d2
             orr |= bits(r) & _ABS
         if orr == 0:
             acc_add_int(acc, c1, b1)

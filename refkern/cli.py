@@ -169,7 +169,9 @@ def cmd_check(a):
         row = next((r for r in res.rows if r.report is not None), None)
         if row is None:
             raise UsageError("--plot: no backend could run the op")
-        out = fn(*tensors, **kw)  # the first backend that ran is the CPU or the first device asked for
+        dev = next(b.device for b in rkt.devices() if b.name == row.backend.split("+")[0])
+        with torch.no_grad():  # the plotted output comes from the first backend that ran the op
+            out = fn(*(t.to(dev) for t in tensors), **kw)
         arrays = elements(out, op, *tensors, **kw)
         error_plots(arrays, f"{op} on {row.backend}: {row.report.verdict}", a.plot)
         print(f"plot: {a.plot}")

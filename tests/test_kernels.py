@@ -161,6 +161,19 @@ def test_torch_in_tensor_out():
     assert h.dtype == torch.bfloat16
 
 
+def test_mixed_dtypes_are_promoted_as_torch_promotes():
+    rng = _rng("mixed")
+    a32, b64 = _data(rng, (3, 5), "float32", "adversarial"), _data(rng, (5, 2), "float64", "adversarial")
+    got = rk.matmul(a32, b64)
+    assert got.dtype == np.float64
+    _all_same(got, truth.matmul(a32, b64))
+    x = torch.randn(1, 2, 5, 5, dtype=torch.float16)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.bfloat16)
+    y = rk.conv2d(x, w)
+    assert y.dtype == torch.promote_types(x.dtype, w.dtype) == torch.float32
+    _all_same(y.numpy(), truth.conv2d(x, w).numpy())
+
+
 def test_bias_is_a_term_of_the_exact_sum():
     """The forum question: conv(x, w, b) - conv(x, w) != b, and the exact reference says why."""
     rng = _rng("bias")

@@ -227,6 +227,8 @@ def cmd_sweep(a):
                              "sum_abs_error": float(np.sum(e["error"]))})  # fmt: skip
                 if progress:
                     progress.advance(tid)
+    if not rows:
+        raise UsageError(f"no backend here computes {a.op} in {a.dtype}; try another --device or --dtype")
     print(f"{'K':>7} {'backend':<10} {'verdict':<26} {'max|err|/M':>11} {'median':>10} {'sum|err|':>10}")
     for r in rows:
         v = r["verdict"] + (f" ({r['precision']})" if r["precision"] else "")
@@ -299,7 +301,7 @@ def cmd_audit(a):
         f = au.first_failure
         _write_json(a.json, {"command": "audit", "target": a.target, "calls": calls,
                              "first_failure": f.index if f else None})  # fmt: skip
-    return 1 if au.first_failure is not None and a.strict else 0
+    return 1 if a.strict and (au.first_failure is not None or au.not_analysed) else 0
 
 
 def doctor_info() -> dict:
@@ -326,7 +328,8 @@ def doctor_info() -> dict:
         "numba_threads": numba.get_num_threads(),
         "numba_cpu": __import__("llvmlite.binding", fromlist=["x"]).get_host_cpu_name(),
         "numba_cache": "on, keyed on all refkern sources" if _jit.CACHE else "off (Numba internals differ)",
-        "numba_cache_dir": numba.config.CACHE_DIR or os.path.join(os.path.dirname(_jit.__file__), "**", "__pycache__"),
+        "numba_cache_dir": numba.config.CACHE_DIR
+        or f"__pycache__ beside each module of {os.path.dirname(os.path.abspath(_jit.__file__))}",
         "devices": [],
     }
     if info["torch"]:

@@ -302,3 +302,59 @@ def test_real_directml_if_installed():
         pytest.skip("torch_directml is installed but no DirectX 12 adapter is available")
     res = rkt.check(F.linear, torch.randn(4, 64), torch.randn(8, 64), devices=["dml"])
     assert res.rows and all(r.report is not None for r in res.rows), str(res)
+
+
+# ------------------------------------------------- regressions found in review
+
+
+def test_addmm_with_a_row_bias_is_not_mistaken_for_a_column_bias():
+    torch.manual_seed(11)
+    inp, m1, m2 = torch.randn(3, 1), torch.randn(3, 4), torch.randn(4, 3)
+    with torch.no_grad(), rkt.reference_mode() as mode:
+        got = torch.addmm(inp, m1, m2)
+    assert torch.allclose(got, torch.addmm(inp, m1, m2)) and "(3, 1) is not a bias per column" in mode.passed_through[0]
+    assert rkt.check(torch.addmm, torch.randn(3), m1, m2, devices="cpu").rows[0].report.verdict in ("exact", "rounding")
+
+
+def test_audit_says_when_calls_were_not_analysed():
+    with rkt.audit() as a:
+        torch.addmm(torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5))
+    assert a.first_failure is None and len(a.not_analysed) == 1
+    assert "every analysed call is exact or rounding; 1 not analysed" in a.report()
+
+
+def test_audit_allow_takes_a_precision():
+    x, w = torch.randn(8, 128), torch.randn(8, 128)
+    from refkern.accumulate.formats import TFLOAT32, round_array
+
+    def tf32(t):
+        return torch.from_numpy(round_array(t.double().numpy(), *TFLOAT32.params, False)).float()
+
+    with rkt.audit(allow=("exact", "rounding", "tf32")) as a:
+        F.linear(tf32(x), tf32(w))
+    assert a.calls[0].report.precision is None or a.first_failure is None
+
+
+def test_check_refuses_an_unknown_module_with_a_clear_message():
+    class MyLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3, 4))
+
+        def forward(self, x):
+            return F.linear(x, self.w)
+
+    with pytest.raises(ValueError, match=r"^check: cannot tell what MyLinear computes, nor its operands"):
+        rkt.check(MyLinear(), torch.randn(2, 4), op="linear")
+
+
+def test_compare_outputs_checks_the_baseline_too():
+    with pytest.raises(ValueError, match=r"^compare_outputs: actual, reference and baseline must hold"):
+        rkt.compare_outputs(torch.ones(3), torch.ones(3), torch.ones(1))
+
+
+def test_reference_mode_leaves_out_calls_alone():
+    x, w, res = torch.randn(2, 3), torch.randn(3, 4), torch.empty(2, 4)
+    with rkt.reference_mode() as mode:
+        torch.matmul(x, w, out=res)
+    assert torch.equal(res, x @ w) and mode.passed_through == ["matmul with out="]

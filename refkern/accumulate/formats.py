@@ -110,6 +110,7 @@ def truncate_to(x, prec, emin, emax):
 def round_array(x, prec, emin, emax, truncate):
     """A copy of the float64 array ``x`` with every element rounded to the format, to nearest even
     or (``truncate``) toward zero."""
+    x = np.ascontiguousarray(x)  # transposed or broadcast views: reshape needs C order
     out = np.empty_like(x)
     flat = x.reshape(-1)
     res = out.reshape(-1)

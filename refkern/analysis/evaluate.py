@@ -71,7 +71,7 @@ def _emulated(p, names, emulate):
         names = (*names, "bias")
     for k in names:
         o = p.ops[k]
-        o.values = round_array(np.asarray(o.values, np.float64), *fmt.params, truncate)
+        o.values = round_array(np.ascontiguousarray(o.values, np.float64), *fmt.params, truncate)
 
 
 def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Evaluation:
@@ -98,10 +98,13 @@ def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Ev
             ia = ib = np.zeros(1, np.int64)
         values, mag = gemm.run_gemm(p, A3, Bt3, ia, ib, bias, shape, want_mag=True)
         n = A3.shape[2] + (bias is not None)
-        axes = tuple(f"batch{i}" for i in range(len(shape) - 2)) + ("row", "col")
-        if name == "linear":
-            axes = tuple(f"dim{i}" for i in range(len(shape) - 1)) + ("out_feature",)
-        return Evaluation(values, mag, n, p.out, shape, axes[-len(shape) :] if shape else (), bias is not None)
+        if name == "matmul":
+            own = (("row",) if len(p.ops["a"].shape) > 1 else ()) + (("col",) if len(p.ops["b"].shape) > 1 else ())
+        else:
+            own = ("out_feature",) if len(p.ops["weight"].shape) == 2 else ()
+        lead = "batch" if name == "matmul" else "dim"
+        axes = tuple(f"{lead}{i}" for i in range(len(shape) - len(own))) + own
+        return Evaluation(values, mag, n, p.out, shape, axes, bias is not None)
     nd = 1 if name == "conv1d" else 2
     p = plan(name, {"x": a["x"], "weight": a["weight"], "bias": a["bias"]}, ("x", "weight"), "exact", None, out=out)
     _emulated(p, ("x", "weight"), emulate)

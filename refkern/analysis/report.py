@@ -97,7 +97,9 @@ class Report:
         )
         lines.append(f"  max error / bound (worst case/probabilistic): {ratios}")
         if self.verdict == "reduced-precision":
-            h = self.hypotheses[self.precision]
+            h = self.hypotheses.get(self.precision, {})
+            if not h.get("explains"):
+                h = self.hypotheses[f"{self.precision} accumulation"]
             lines.append(f"  explained by {h['kind']}: max {_num(h['max_ratio'])}x its bound")
         if self.worst_details:
             lines.append("  worst: " + ("unexplained elements" if self.verdict == "mismatch" else "largest deviations"))

@@ -109,13 +109,23 @@ class Audit:
         self._stack.clear()
         return False
 
+    def _allowed(self, c):
+        r = c.report
+        return r.verdict in self.allow or (r.verdict == "reduced-precision" and r.precision in self.allow)
+
     @property
     def first_failure(self):
-        """The first call whose verdict is not in ``allow`` (default: exact, rounding), or None."""
+        """The first analysed call whose verdict is not in ``allow`` (default: exact, rounding; a
+        precision such as "tf32" admits that reduced precision), or None."""
         for c in self.calls:
-            if c.report is not None and c.verdict not in self.allow:
+            if c.report is not None and not self._allowed(c):
                 return c
         return None
+
+    @property
+    def not_analysed(self):
+        """Calls that could not be analysed (an unsupported form, or an error in the analysis)."""
+        return [c for c in self.calls if c.report is None]
 
     def report(self) -> str:
         """A table per call site, worst first, and the first failing call named."""
@@ -129,8 +139,11 @@ class Audit:
         for c in self.calls:
             counts[c.verdict or "not analysed"] = counts.get(c.verdict or "not analysed", 0) + 1
         summary = ", ".join(f"{v} {k}" for k, v in counts.items())
+        skipped = len(self.not_analysed)
         if f is None:
-            first = "every call is " + " or ".join(self.allow)
+            first = ("every analysed call is " if skipped else "every call is ") + " or ".join(self.allow)
+            if skipped:
+                first += f"; {skipped} not analysed (see note)"
         else:
             prec = f" ({f.report.precision})" if f.report.precision else ""
             first = f"first call beyond {'/'.join(self.allow)}: #{f.index} {f.name} ({f.op}): {f.verdict}{prec}"

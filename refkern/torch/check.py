@@ -67,9 +67,10 @@ def _spec(fn, args, kwargs, op):
                 f"and {sorted(kwargs)} keyword arguments."
             )
         spec = from_module(fn, args[0])
-        if spec is None and op is None:
+        if spec is None:
             raise ValueError(
-                f"check: cannot tell what {type(fn).__name__} computes; pass op= ('conv2d', 'linear', ...)."
+                f"check: cannot tell what {type(fn).__name__} computes, nor its operands; pass a function and the "
+                "op's own arguments, e.g. check(lambda x, w: module(x), x, module.weight, op='linear')."
             )
         return spec
     if op is not None:

@@ -99,6 +99,7 @@ def resolve(names) -> list:
             out.append(n)
             continue
         key = str(n).strip().lower().replace("directml", "dml").replace("privateuseone", "dml")
+        key = "cpu" if key == "cpu:0" else key
         hits = [b for b in avail if b.name == key or (":" not in key and b.kind == key)]
         if not hits and key.split(":")[0] not in ("cpu", "cuda", "mps", "xpu", "dml"):
             choices = ", ".join(repr(b) for b in ("cpu", "cuda", "mps", "xpu", "dml"))

@@ -82,10 +82,12 @@ def from_call(func, args, kwargs) -> OpCall | None:
     if beta != 1:
         return OpCall(name, unsupported=f"{name} with beta={beta} scales its input before adding it")
     n = m2.shape[-1]
-    if name == "addmm" and inp.numel() in (1, n) and inp.dim() <= 2 and inp.shape[-1:] in ((n,), (1,), ()):
-        bias = inp.reshape(-1).expand(n)
+    if name == "baddbmm":
+        return OpCall(name, unsupported="baddbmm adds a batched input; only beta=0 is analysed")
+    if tuple(inp.shape) in ((), (1,), (n,), (1, 1), (1, n)):  # broadcasts along the rows: a bias per column
+        bias = inp.reshape(-1).expand(n).contiguous()
         return OpCall(name, "linear", (m1, m2.transpose(0, 1), bias))  # mat1 @ mat2 + bias, bias a term
-    return OpCall(name, unsupported=f"{name} with input of shape {tuple(inp.shape)} is not a bias per column")
+    return OpCall(name, unsupported=f"addmm with input of shape {tuple(inp.shape)} is not a bias per column")
 
 
 def from_module(m, x) -> OpCall | None:

@@ -74,10 +74,10 @@ def _analyse(actual, op, args, kwargs, rtol, atol):
     def emulate(f, truncate, round_bias):
         return evaluate(name, args, kwargs, out=fmt, emulate=(f, truncate, round_bias))
 
-    d = decide(act, ev, emulate, _in_prec(name, args, kwargs))
     ref, mag = ev.values, ev.mag
-    u_acc, u_out = working_units(fmt)
     err = residual(act, ref)
+    d = decide(act, ev, emulate, _in_prec(name, args, kwargs), err)
+    u_acc, u_out = working_units(fmt)
     ulps = _ulps(act, ref, fmt)
     r0 = d.rounding.ratios
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -91,9 +91,12 @@ def residual(actual, ref):
 
 
 def _ratio(err, b):
+    """err / b elementwise: 0 where err is 0, inf where the bound is 0 or NaN (it explains nothing)."""
+    out = np.zeros_like(err)
     with np.errstate(divide="ignore", invalid="ignore"):
-        r = err / b
-    return np.where(err == 0, 0.0, np.where(b > 0, r, np.inf))
+        np.divide(err, b, out=out, where=err > 0)
+    out[np.isnan(out)] = np.inf
+    return out
 
 
 @dataclass
@@ -152,11 +155,11 @@ def _checked(d, actual, ev_h, u_acc, u_out):
     return d
 
 
-def decide(actual, ev, emulate, in_prec: int) -> Decision:
+def decide(actual, ev, emulate, in_prec: int, err=None) -> Decision:
     """The verdict for ``actual`` against the evaluation ``ev``; ``emulate(fmt, truncate, round_bias)`` returns
     the evaluation on inputs rounded to ``fmt``; ``in_prec`` is the multiplied inputs' precision."""
     u_acc, u_out = working_units(ev.fmt)
-    err = residual(actual, ev.values)
+    err = residual(actual, ev.values) if err is None else err
     r0 = _ratio(err, bound(ev.mag, ev.values, ev.n_terms, u_acc, u_out))
     rounding = Hypothesis("rounding", "working precision", r0, bool(np.all(r0 <= 1.0)))
     hyps = [rounding]
@@ -221,6 +224,14 @@ CANDIDATES = {
 }
 
 
+def _max_ratio(e, b) -> float:
+    """max(e / b); a NaN bound (inf/NaN inputs) explains nothing and counts as inf."""
+    if e.size == 0:
+        return 0.0
+    v = float(np.max(e / b))
+    return np.inf if v != v else v
+
+
 def precision_ratios(err, ev) -> dict:
     """For each candidate precision: the largest ratio of the error to its worst-case bound and
     to its probabilistic scale (the analytic version of each hypothesis, no emulation).
@@ -229,13 +240,13 @@ def precision_ratios(err, ev) -> dict:
     inputs rounded with unit u_i, accumulation u_a (Higham 2002, (3.5) and the rounding of
     each factor); probabilistic scale: sqrt(n) u_a M + 2 u_i M / sqrt(n) + 2 u_o |ref|, the
     typical size of independent rounding errors (Higham and Mary 2019), not a bound."""
-    n, m, ref, u_o = ev.n_terms, ev.mag * _mag_slack(ev.n_terms), np.abs(ev.values), ev.fmt.u
+    n, u_o = ev.n_terms, ev.fmt.u
+    inexact = err > 0  # only these can have a nonzero ratio
+    e, m, ref = err[inexact], (ev.mag * _mag_slack(n))[inexact], np.abs(ev.values)[inexact]
     out = {}
-    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN inputs: 0 * inf in M
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # inf/NaN inputs: 0 * inf in M
         for name, (ui, ua) in CANDIDATES.items():
             worst = (2 * ui + ui * ui) * m + (1 + u_o) * _gamma(n, ua) * (1 + ui) ** 2 * m + 2 * u_o * ref
             prob = np.sqrt(n) * ua * m + 2 * ui * m / np.sqrt(max(n, 1)) + 2 * u_o * ref
-            rw, rp = _ratio(err, worst), _ratio(err, prob)
-            out[name] = {"worst_case": float(rw.max()) if rw.size else 0.0,
-                         "probabilistic": float(rp.max()) if rp.size else 0.0}  # fmt: skip
+            out[name] = {"worst_case": _max_ratio(e, worst), "probabilistic": _max_ratio(e, prob)}
     return out

@@ -287,3 +287,14 @@ def test_axis_names_follow_the_operands():
     out = F.linear(a, v).clone()
     out[1, 2] += 1.0
     assert list(rk.compare(out, "linear", a, v).where) == ["dim0", "dim1"]
+
+
+def test_one_bad_element_in_a_tf32_result_is_a_mismatch():
+    """TF32 explains every element but one: that one is the anomaly, not fp16 accumulation."""
+    r = _gen("tf32-one-bad")
+    x, w = r(32, 256), r(32, 256)
+    out = F.linear(_round_inputs(x, TFLOAT32, False), _round_inputs(w, TFLOAT32, False))
+    out[3, 5] += 0.05
+    rep = rk.compare(out, "linear", x, w)
+    assert rep.verdict == "mismatch" and rep.worst[0] == (3, 5) and rep.counts["mismatch"] == 1
+    assert sum(rep.counts.values()) == out.numel()

@@ -127,7 +127,9 @@ def _analyse(actual, op, args, kwargs, rtol, atol):
         tol = {"rtol": rt, "atol": at, "failing": int(failing.sum()),
                "failing_explained_by_rounding": int((failing & (r0 <= 1.0)).sum())}  # fmt: skip
     notes = []
-    if d.outliers is not None:
+    if d.outliers is not None and d.verdict == "mismatch" and not (r0[d.outliers] <= 1.0).all():
+        notes.append(f"{int(d.outliers.sum())} element(s) break a precision that explains every other one")
+    elif d.outliers is not None:
         notes.append(f"{int(d.outliers.sum())} element(s) lie within the worst-case bound but far beyond the "
                      "probabilistic scale that the rest of the tensor follows: implausible as rounding")  # fmt: skip
     if d.verdict == "reduced-precision" and d.chosen.name in ("tf32", "fp16"):

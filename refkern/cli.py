@@ -94,6 +94,12 @@ def _need_matplotlib(option):
         raise UsageError(f"{option} needs matplotlib: pip install matplotlib (or the refkern[plot] extra)") from None
 
 
+def _torch_fn(torch, op):
+    """The torch function that computes each refkern op."""
+    F = torch.nn.functional
+    return {"dot": torch.dot, "matmul": torch.matmul, "linear": F.linear, "conv1d": F.conv1d, "conv2d": F.conv2d}[op]
+
+
 def _write_json(path, data):
     with open(path, "w") as f:
         json.dump({"version": JSON_VERSION, **data}, f, indent=1)
@@ -151,8 +157,7 @@ def cmd_check(a):
     if a.plot:
         _need_matplotlib("--plot")
     op = a.op
-    fn = {"dot": torch.dot, "matmul": torch.matmul, "linear": torch.nn.functional.linear,
-          "conv1d": torch.nn.functional.conv1d, "conv2d": torch.nn.functional.conv2d}[op]  # fmt: skip
+    fn = _torch_fn(torch, op)
     tensors = _inputs(a, torch, op)
     kw = _kwargs(a.kw)
     try:
@@ -193,6 +198,9 @@ def cmd_sweep(a):
     backends = [b for b in rkt.devices() if not a.device or b.name in a.device or b.kind in a.device]
     if not backends:
         raise UsageError(f"--device {' '.join(a.device)}: none of these is available here")
+    from refkern.analysis.compare import elements
+
+    fn = _torch_fn(torch, a.op)
     g = torch.Generator().manual_seed(a.seed)
     rows = []
     try:
@@ -214,10 +222,7 @@ def cmd_sweep(a):
             for b in backends:
                 if str(dt).removeprefix("torch.") not in b.dtypes:
                     continue
-                fn = {"dot": torch.dot, "matmul": torch.matmul, "linear": torch.nn.functional.linear}[a.op]
                 out = fn(*(t.to(b.device) for t in args))
-                from refkern.analysis.compare import elements
-
                 e = elements(out, a.op, *args)
                 rel = np.where(e["magnitude"] > 0, e["error"] / np.where(e["magnitude"] > 0, e["magnitude"], 1), 0.0)
                 rep = e["report"]

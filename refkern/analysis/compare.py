@@ -10,9 +10,6 @@ from refkern.analysis.verdict import bound, decide, precision_ratios, residual, 
 
 __all__ = ["compare", "assert_matches_reference", "elements"]
 
-_MULTIPLIED = {"dot": ("x", "y"), "matmul": ("a", "b"), "linear": ("x", "weight"), "conv1d": ("x", "weight"),
-               "conv2d": ("x", "weight")}  # fmt: skip
-
 
 def _actual(actual):
     """(float64 values, format, device) of a backend's output, without loss."""
@@ -28,13 +25,6 @@ def _ulps(actual, ref, fmt):
         ulp = np.ldexp(1.0, (e - fmt.prec + 1).astype(np.int64))
         err = residual(actual, ref)
         return np.where(np.isfinite(ref), err / ulp, np.where(err == 0, 0.0, np.inf))
-
-
-def _in_prec(name, args, kwargs) -> int:
-    from refkern.analysis.evaluate import _bind
-
-    a = _bind(name, args, kwargs)
-    return max(operand(a[k], k, "compare").fmt.prec for k in _MULTIPLIED[name])
 
 
 def compare(actual, op, *args, rtol: float | None = None, atol: float | None = None, **kwargs) -> Report:
@@ -76,7 +66,7 @@ def _analyse(actual, op, args, kwargs, rtol, atol):
 
     ref, mag = ev.values, ev.mag
     err = residual(act, ref)
-    d = decide(act, ev, emulate, _in_prec(name, args, kwargs), err)
+    d = decide(act, ev, emulate, ev.in_prec, err)
     u_acc, u_out = working_units(fmt)
     ulps = _ulps(act, ref, fmt)
     r0 = d.rounding.ratios

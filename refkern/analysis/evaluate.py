@@ -29,6 +29,7 @@ class Evaluation:
     shape: tuple
     axes: tuple  # a name per output axis
     has_bias: bool = False
+    in_prec: int = 53  # precision of the multiplied inputs (an emulation coarser than this changes them)
 
 
 OPS = ("dot", "matmul", "linear", "conv1d", "conv2d")
@@ -74,6 +75,10 @@ def _emulated(p, names, emulate):
         o.values = round_array(np.ascontiguousarray(o.values, np.float64), *fmt.params, truncate)
 
 
+def _in_prec(p, names) -> int:
+    return max(p.ops[k].fmt.prec for k in names)
+
+
 def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Evaluation:
     name = op_name(op)
     a = _bind(name, args, kwargs)
@@ -84,7 +89,7 @@ def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Ev
         if x.ndim != 1 or x.shape != y.shape:
             raise ValueError(f"dot: expected 1-D inputs of equal length; got x.shape={x.shape} and y.shape={y.shape}.")
         v = np.array(exact_dot(x, y, p.out))
-        return Evaluation(v, np.array(np.abs(x * y).sum()), x.size, p.out, (), ())
+        return Evaluation(v, np.array(np.abs(x * y).sum()), x.size, p.out, (), (), False, _in_prec(p, ("x", "y")))
     if name in ("matmul", "linear"):
         names = ("a", "b") if name == "matmul" else ("x", "weight")
         ops = {k: a[k] for k in names} if name == "matmul" else {"x": a["x"], "weight": a["weight"], "bias": a["bias"]}
@@ -104,7 +109,7 @@ def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Ev
             own = ("out_feature",) if len(p.ops["weight"].shape) == 2 else ()
         lead = "batch" if name == "matmul" else "dim"
         axes = tuple(f"{lead}{i}" for i in range(len(shape) - len(own))) + own
-        return Evaluation(values, mag, n, p.out, shape, axes, bias is not None)
+        return Evaluation(values, mag, n, p.out, shape, axes, bias is not None, _in_prec(p, names))
     nd = 1 if name == "conv1d" else 2
     p = plan(name, {"x": a["x"], "weight": a["weight"], "bias": a["bias"]}, ("x", "weight"), "exact", None, out=out)
     _emulated(p, ("x", "weight"), emulate)
@@ -113,4 +118,4 @@ def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Ev
     n = int(np.prod(c.W.shape[1:])) + (c.bias is not None)
     spatial = ("position",) if nd == 1 else ("row", "col")
     axes = (("batch",) if not c.unbatched else ()) + ("channel",) + spatial
-    return Evaluation(values, mag, n, p.out, values.shape, axes, c.bias is not None)
+    return Evaluation(values, mag, n, p.out, values.shape, axes, c.bias is not None, _in_prec(p, ("x", "weight")))

@@ -252,6 +252,21 @@ def test_padding_modes_match_nn_conv(mode, padding, nd):
     assert torch.allclose(got, want, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [dict(stride=(2,)), dict(dilation=(2,)), dict(padding=(1,)), dict(stride=[2], padding=[1], dilation=(1,))],
+    ids=str,
+)
+def test_conv2d_one_element_tuples_expand_as_torch(kw):
+    rng = _rng("c1", kw)
+    x = torch.from_numpy(_data(rng, (1, 2, 8, 9), "float64"))
+    w = torch.from_numpy(_data(rng, (3, 2, 3, 3), "float64"))
+    got, want = rk.conv2d(x, w, **kw), F.conv2d(x, w, **kw)
+    assert got.shape == want.shape
+    absterms = F.conv2d(x.abs(), w.abs(), **kw).numpy()
+    _close_to_torch_f64(got.numpy(), want.numpy(), absterms, w[0].numel())
+
+
 def test_unbatched_conv1d_matches_torch():
     x, w = torch.randn(3, 10, dtype=torch.float64), torch.randn(5, 3, 4, dtype=torch.float64)
     got, want = rk.conv1d(x, w, padding="same"), F.conv1d(x, w, padding="same")
@@ -337,9 +352,11 @@ def test_fp16_accumulation_differs_from_exact():
         (lambda: rk.conv2d(np.ones((1, 3, 2, 2)), np.ones((4, 3, 3, 3))), ValueError, r"^conv2d: kernel size can't be greater than the padded input size; got padded input size \(2, 2\) and dilated kernel size \(3, 3\)\."),
         (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), padding=-1), ValueError, r"^conv2d: padding must be non-negative; got padding=-1\."),
         (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), stride=0), ValueError, r"^conv2d: stride must be positive; got stride=0\."),
-        (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), stride=(1, 2, 3)), ValueError, r"^conv2d: stride must be an int or a tuple of 2 ints; got stride=\(1, 2, 3\)\."),
+        (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), stride=(1, 2, 3)), ValueError, r"^conv2d: stride must be an int or a tuple of 1 or 2 ints; got stride=\(1, 2, 3\)\."),
+        (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), stride=()), ValueError, r"^conv2d: stride must be an int or a tuple of 1 or 2 ints; got stride=\(\)\."),
+        (lambda: rk.conv1d(np.ones((1, 3, 8)), np.ones((4, 3, 3)), stride=(2, 2)), ValueError, r"^conv1d: stride must be an int or a tuple of 1 int; got stride=\(2, 2\)\."),
         (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), padding="same", stride=2), ValueError, r"^conv2d: padding='same' is not supported for strided convolutions"),
-        (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), padding="full"), ValueError, r"^conv2d: padding must be an int, a tuple of 2 ints, 'valid' or 'same'; got padding='full'\."),
+        (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), padding="full"), ValueError, r"^conv2d: padding must be an int, a tuple of 1 or 2 ints, 'valid' or 'same'; got padding='full'\."),
         (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), padding_mode="mirror", padding=1), ValueError, r"^conv2d: unknown padding_mode='mirror'; choose one of 'zeros', 'reflect', 'replicate', 'circular'\."),
         (lambda: rk.conv2d(np.ones((1, 3, 3, 3)), np.ones((4, 3, 3, 3)), padding=3, padding_mode="reflect"), ValueError, r"^conv2d: padding_mode='reflect' needs padding smaller than the input size"),
         (lambda: rk.conv2d(np.ones((1, 3, 8, 8)), np.ones((4, 3, 3, 3)), np.ones(3)), ValueError, r"^conv2d: bias must have shape \(4,\); got bias\.shape=\(3,\)\."),

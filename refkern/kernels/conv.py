@@ -74,11 +74,21 @@ def _is_int(v):
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+def _tuple_of(nd):
+    return "a tuple of 1 int" if nd == 1 else f"a tuple of 1 or {nd} ints"
+
+
 def _pair(v, name, op, nd, minimum):
-    """An int or a tuple of ``nd`` ints, each >= minimum, as a tuple (torch's _pair / _single)."""
+    """An int or a tuple of 1 or ``nd`` ints, each >= minimum, as a tuple of ``nd`` ints.
+
+    As torch's convolutions do, a one-element tuple or list is expanded to every spatial
+    dimension: ``conv2d(x, w, stride=(2,))`` is ``stride=(2, 2)``.
+    """
     t = (v,) * nd if _is_int(v) else v
+    if isinstance(t, (tuple, list)) and len(t) == 1:
+        t = tuple(t) * nd
     if not isinstance(t, (tuple, list)) or len(t) != nd or not all(_is_int(i) for i in t):
-        raise ValueError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {name}={v!r}.")
+        raise ValueError(f"{op}: {name} must be an int or {_tuple_of(nd)}; got {name}={v!r}.")
     if any(i < minimum for i in t):
         what = "positive" if minimum > 0 else "non-negative"
         raise ValueError(f"{op}: {name} must be {what}; got {name}={v!r}.")
@@ -183,7 +193,7 @@ def conv_operands(p, nd, stride, padding, dilation, groups, padding_mode) -> Con
                 pads.append((total // 2, total - total // 2))
         else:
             raise ValueError(
-                f"{op}: padding must be an int, a tuple of {nd} ints, 'valid' or 'same'; got padding={padding!r}."
+                f"{op}: padding must be an int, {_tuple_of(nd)}, 'valid' or 'same'; got padding={padding!r}."
             )
     else:
         pads = [(q, q) for q in _pair(padding, "padding", op, nd, 0)]
@@ -228,7 +238,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padd
     """Reference ``torch.nn.functional.conv2d`` (and ``nn.Conv2d``'s ``padding_mode``).
 
     ``x``: (N, C_in, H, W) or unbatched (C_in, H, W); ``weight``: (C_out, C_in / groups, kh, kw);
-    ``bias``: (C_out,). ``stride``, ``padding``, ``dilation``: an int or a pair; ``padding`` also
+    ``bias``: (C_out,). ``stride``, ``padding``, ``dilation``: an int, a pair, or a one-element
+    tuple that torch expands to both dimensions (``stride=(2,)`` is ``(2, 2)``); ``padding`` also
     ``"valid"`` or ``"same"`` (stride 1; an odd total padding puts the extra row/column at the
     bottom/right, as torch does). ``padding_mode``: ``"zeros"``, ``"reflect"``,
     ``"replicate"`` or ``"circular"``, applied as ``nn.Conv2d`` applies it.

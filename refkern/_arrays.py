@@ -79,6 +79,20 @@ def _from_tensor(x, name, op):
     return Operand(a, fmt, True, tuple(x.shape))
 
 
+def same_dtype(op: str, ops: dict) -> None:
+    """torch's rule for dot, matmul, linear and the convolutions: every operand has one dtype
+    (torch raises on float32 with float64, and on float16 with bfloat16; it does not promote)."""
+    names = list(ops)
+    first = names[0]
+    for k in names[1:]:
+        if ops[k].fmt.name != ops[first].fmt.name:
+            raise TypeError(
+                f"{op}: {first} and {k} must have the same dtype, as torch requires (it does not promote); "
+                f"got {first}.dtype={ops[first].fmt.name} and {k}.dtype={ops[k].fmt.name}. "
+                f"Convert one of them first, e.g. {k}.astype({first}.dtype) or {k}.to({first}.dtype)."
+            )
+
+
 def promote(*fmts: Format) -> Format:
     """torch's type promotion among float formats: float16 with bfloat16 gives float32."""
     fs = set(fmts)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from refkern._arrays import format_of, operand, promote, result
+from refkern._arrays import format_of, operand, result, same_dtype
 from refkern.accumulate.exact import exact_dot, exact_sum
 from refkern.accumulate.formats import round_to
 from refkern.accumulate.methods import KERNELS
@@ -60,7 +60,8 @@ def dot(x, y, *, accumulate: str = "exact", accum_dtype=None):
 
     Returns
     -------
-    A numpy scalar (numpy inputs) or 0-d CPU tensor (any torch input) of the promoted dtype.
+    A numpy scalar (numpy inputs) or 0-d CPU tensor (any torch input) of the inputs' dtype.
+    ``x`` and ``y`` must have the same dtype, as ``torch.dot`` requires (a TypeError otherwise).
 
     Notes
     -----
@@ -80,7 +81,8 @@ def dot(x, y, *, accumulate: str = "exact", accum_dtype=None):
         raise ValueError(f"{op}: expected 1-D inputs; got x.shape={a.shape} and y.shape={b.shape}.")
     if a.values.shape != b.values.shape:
         raise ValueError(f"{op}: x and y must have the same length; got x.shape={a.shape} and y.shape={b.shape}.")
-    out = promote(a.fmt, b.fmt)
+    same_dtype(op, {"x": a, "y": b})
+    out = a.fmt
     value = _reduce(op, [a.values, b.values], out, accumulate, accum_dtype, unit=False)
     return result(value, out, a.torch or b.torch)
 

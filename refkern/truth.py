@@ -18,7 +18,7 @@ import math
 import mpmath
 import numpy as np
 
-from refkern._arrays import operand, promote, result
+from refkern._arrays import operand, result, same_dtype
 from refkern.accumulate.formats import Format
 
 __all__ = ["dot", "sum", "matmul", "linear", "conv1d", "conv2d", "exact_precision", "round_exact"]
@@ -118,7 +118,8 @@ def dot(x, y, *, precision: int | None = None):
         raise ValueError(
             f"truth.dot: expected 1-D inputs of equal length; got x.shape={a.shape} and y.shape={b.shape}."
         )
-    fmt = promote(a.fmt, b.fmt)
+    same_dtype("truth.dot", {"x": a, "y": b})
+    fmt = a.fmt
     value = _exact_sum_of_products(_terms_dot(a.values, b.values), fmt, precision)
     return result(value, fmt, a.torch or b.torch)
 

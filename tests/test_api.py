@@ -51,11 +51,27 @@ def test_torch_in_tensor_out(dtype):
     assert rk.sum(x).item() == 10
 
 
-def test_promotion_follows_torch():
-    h = torch.ones(3, dtype=torch.float16)
-    b = torch.ones(3, dtype=torch.bfloat16)
-    assert rk.dot(h, b).dtype == torch.promote_types(h.dtype, b.dtype) == torch.float32
-    assert rk.dot(np.ones(3, np.float32), np.ones(3, np.float64)).dtype == np.float64
+@pytest.mark.parametrize(
+    "x,y",
+    [
+        (torch.ones(3, dtype=torch.float16), torch.ones(3, dtype=torch.bfloat16)),
+        (torch.ones(3), torch.ones(3, dtype=torch.float64)),
+        (np.ones(3, np.float32), np.ones(3, np.float64)),
+    ],
+    ids=["f16-bf16", "torch-f32-f64", "numpy-f32-f64"],
+)
+def test_mixed_dtypes_raise_as_torch_dot_does(x, y):
+    tx = torch.as_tensor(x)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.dot(tx, torch.as_tensor(y))
+    want = rf"^dot: x and y must have the same dtype, as torch requires \(it does not promote\); got x\.dtype={str(tx.dtype).removeprefix('torch.')} and y\.dtype="
+    with pytest.raises(TypeError, match=want):
+        rk.dot(x, y)
+    with pytest.raises(TypeError, match=r"^truth\.dot: x and y must have the same dtype"):
+        rk.truth.dot(x, y)
+
+
+def test_numpy_and_torch_of_one_dtype_mix():
     assert isinstance(rk.dot(np.ones(3, np.float32), torch.ones(3)), torch.Tensor)
 
 

@@ -161,17 +161,48 @@ def test_torch_in_tensor_out():
     assert h.dtype == torch.bfloat16
 
 
-def test_mixed_dtypes_are_promoted_as_torch_promotes():
-    rng = _rng("mixed")
-    a32, b64 = _data(rng, (3, 5), "float32", "adversarial"), _data(rng, (5, 2), "float64", "adversarial")
-    got = rk.matmul(a32, b64)
-    assert got.dtype == np.float64
-    _all_same(got, truth.matmul(a32, b64))
-    x = torch.randn(1, 2, 5, 5, dtype=torch.float16)
-    w = torch.randn(3, 2, 3, 3, dtype=torch.bfloat16)
-    y = rk.conv2d(x, w)
-    assert y.dtype == torch.promote_types(x.dtype, w.dtype) == torch.float32
-    _all_same(y.numpy(), truth.conv2d(x, w).numpy())
+@pytest.mark.parametrize(
+    "call,torch_call,match",
+    [
+        (lambda a, b: rk.matmul(a, b), torch.matmul, r"^matmul: a and b must have the same dtype, as torch requires \(it does not promote\); got a\.dtype=float32 and b\.dtype=float64\. Convert one"),
+        (lambda a, b: rk.linear(a, b.T), lambda a, b: F.linear(a, b.T), r"^linear: x and weight must have the same dtype.*got x\.dtype=float32 and weight\.dtype=float64\."),
+        (lambda a, b: rk.linear(a, a[:2], b[0]), lambda a, b: F.linear(a, a[:2], b[0]), r"^linear: x and bias must have the same dtype.*got x\.dtype=float32 and bias\.dtype=float64\."),
+        (lambda a, b: rk.truth.matmul(a, b), torch.matmul, r"^truth\.matmul: a and b must have the same dtype"),
+    ],
+)  # fmt: skip
+def test_mixed_dtypes_raise_as_torch_does(call, torch_call, match):
+    a, b = torch.ones(3, 5), torch.ones(5, 2, dtype=torch.float64)
+    with pytest.raises(RuntimeError):
+        torch_call(a, b)
+    with pytest.raises(TypeError, match=match):
+        call(a, b)
+    with pytest.raises(TypeError, match=match):  # numpy arrays follow the same rule
+        call(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("nd", [1, 2])
+def test_mixed_conv_dtypes_raise_as_torch_does(nd):
+    x = torch.ones(1, 2, *([6] * nd), dtype=torch.float16)
+    w = torch.ones(3, 2, *([3] * nd), dtype=torch.bfloat16)
+    f, tf = (rk.conv1d, F.conv1d) if nd == 1 else (rk.conv2d, F.conv2d)
+    with pytest.raises(RuntimeError):
+        tf(x, w)
+    with pytest.raises(
+        TypeError,
+        match=rf"^conv{nd}d: x and weight must have the same dtype.*got x\.dtype=float16 and weight\.dtype=bfloat16\.",
+    ):
+        f(x, w)
+    with pytest.raises(TypeError, match=rf"^conv{nd}d: x and bias must have the same dtype"):
+        f(x, x.new_ones(3, 2, *([3] * nd)), torch.ones(3))
+
+
+def test_compare_still_takes_the_mixed_operands_of_autocast():
+    """Under autocast torch casts the operands on the way in: a bf16 activation meets an fp32 weight."""
+    x, w, b = torch.randn(4, 16).bfloat16(), torch.randn(8, 16), torch.randn(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = F.linear(x, w, b)
+    assert out.dtype == torch.bfloat16
+    assert rk.compare(out, "linear", x, w, b).verdict in ("exact", "rounding", "reduced-precision")
 
 
 def test_bias_is_a_term_of_the_exact_sum():

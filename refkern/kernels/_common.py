@@ -1,12 +1,12 @@
 """What every op wrapper does around its kernel: operands in, method and formats chosen,
-results out in the promoted dtype, as numpy arrays or CPU tensors."""
+results out in the operands' dtype, as numpy arrays or CPU tensors."""
 
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from refkern._arrays import Operand, operand, promote
+from refkern._arrays import Operand, operand, promote, same_dtype
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, Format, round_to
 from refkern.kernels._element import METHOD_CODES
@@ -33,11 +33,16 @@ class Plan:
 def plan(op: str, operands: dict, multiplied: tuple, accumulate: str, accum_dtype, out: Format | None = None) -> Plan:
     """Validate the operands' types and the method; ``operands`` maps names to inputs (None allowed).
 
+    Every operand must have the same dtype, as torch requires of dot, matmul, linear and the
+    convolutions (it raises on float32 with float64, or float16 with bfloat16).
     ``out`` overrides the result format (the analysis rounds the exact value once to the format a
-    backend returned, which under autocast differs from the inputs')."""
+    backend returned, which under autocast differs from the inputs', and operands may differ:
+    autocast casts them on the way in); then mixed dtypes are accepted."""
     ops = {k: (operand(v, k, op) if v is not None else None) for k, v in operands.items()}
     lookup_method(op, accumulate)
     present = [o for o in ops.values() if o is not None]
+    if out is None:
+        same_dtype(op, {k: o for k, o in ops.items() if o is not None})
     out = out or promote(*(o.fmt for o in present))
     work = working_format(op, accumulate, accum_dtype, out)  # exact: the result format
     narrow = all(ops[k].fmt.prec <= FLOAT32.prec for k in multiplied)

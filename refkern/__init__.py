@@ -6,6 +6,7 @@ when :mod:`refkern.truth` is first touched.
 
 from refkern._version import __version__
 from refkern.analysis.compare import assert_matches_reference, compare
+from refkern.analysis.explain import Explanation, explain
 from refkern.analysis.report import Report
 from refkern.kernels.conv import conv1d, conv2d
 from refkern.kernels.gemm import linear, matmul
@@ -14,12 +15,14 @@ from refkern.reduce import METHODS, dot, sum  # noqa: A004
 __all__ = [
     "__version__",
     "METHODS",
+    "Explanation",
     "Report",
     "assert_matches_reference",
     "compare",
     "conv1d",
     "conv2d",
     "dot",
+    "explain",
     "linear",
     "matmul",
     "sum",

@@ -75,6 +75,9 @@ def test_check_cpu_eager_and_compiled():
     text = str(res)
     assert text.splitlines()[0] == "conv2d (2, 3, 8, 8) x (4, 3, 3, 3) x (4,) (float32)"
     assert "cpu+compile" in text and "rounding" in text
+    ((name, first, e),) = res.pairs
+    assert (name, first) == ("cpu+compile", "cpu") and e.within
+    assert text.splitlines()[-1] == f"  cpu+compile against cpu: {e.sentence}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -110,8 +113,70 @@ def test_check_reports_unavailable_devices_and_failures():
     x, w = torch.randn(2, 16), torch.randn(4, 16)
     res = rkt.check(F.linear, x, w, devices=["cpu", "cuda:7"])
     assert res.rows[1].backend == "cuda:7" and res.rows[1].note == "not available on this machine"
-    res = rkt.check(nn.Linear(16, 4), x.double(), devices=["cpu"])  # float module, double input
-    assert res.rows[0].report is None and res.rows[0].note.startswith("failed: RuntimeError")
+
+    def exploding(a, b):
+        raise RuntimeError("kernel exploded\n" + "x" * 300)
+
+    res = rkt.check(exploding, x, w.T, op="matmul", devices=["cpu"])
+    row = res.rows[0]
+    assert row.report is None and row.note.startswith("failed: RuntimeError: kernel exploded")
+    assert row.error == "RuntimeError: kernel exploded\n" + "x" * 300 and res.to_dict()["rows"][0]["error"] == row.error
+
+
+def test_check_raises_on_what_torch_rejects_and_on_unknown_arguments():
+    x, w = torch.randn(2, 16), torch.randn(4, 16)
+    with pytest.raises(TypeError, match=r"^linear: x and weight must have the same dtype"):
+        rkt.check(nn.Linear(16, 4), x.double(), devices=["cpu"])  # float module, double input: torch raises too
+    xc, wc = torch.randn(1, 2, 6, 6), torch.randn(3, 2, 3, 3)
+    with pytest.raises(
+        TypeError,
+        match=r"^check: conv2d takes no argument 'paddin'; did you mean 'padding'\? conv2d takes stride, padding, dilation, groups, padding_mode\.$",
+    ):
+        rkt.check(F.conv2d, xc, wc, paddin=1)
+    with pytest.raises(
+        TypeError,
+        match=r"^check: F\.conv2d takes no padding_mode \(nn\.Conv2d does\); got padding_mode='reflect'\. Check an nn\.Conv2d module",
+    ):
+        rkt.check(F.conv2d, xc, wc, padding=1, padding_mode="reflect")
+    with pytest.raises(TypeError, match=r"^check: matmul takes no keyword arguments; got 'stride'\. Drop it\."):
+        rkt.check(lambda a, b: a @ b, x, w.T, op="matmul", stride=1)
+    with pytest.raises(
+        TypeError, match=r"^check: bias is an operand of linear, not a keyword argument; pass it as the third operand\."
+    ):
+        rkt.check(F.linear, x, w, op="linear", bias=torch.randn(4))
+
+
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("padding", [1, (2, 1), (1,), "same", "valid"], ids=str)
+@pytest.mark.parametrize("nd", [1, 2])
+def test_torch_function_takes_padding_mode_as_nn_conv_does(mode, padding, nd):
+    if nd == 1 and isinstance(padding, tuple) and len(padding) == 2:
+        padding = padding[:1]
+    torch.manual_seed(7)
+    cls = nn.Conv1d if nd == 1 else nn.Conv2d
+    fn = rkt.torch_function(f"conv{nd}d")
+    m = cls(4, 6, 4 if padding == "same" else 3, padding=padding if padding != (1,) else 1, padding_mode=mode, groups=2)
+    x = torch.randn(2, 4, *([9] if nd == 1 else [7, 8]))
+    with torch.no_grad():
+        want = m(x)
+        got = fn(x, m.weight, m.bias, padding=padding, groups=2, padding_mode=mode)
+    assert torch.equal(got, want)
+    res = rkt.check(fn, x, m.weight.detach(), m.bias.detach(), padding=padding, groups=2, padding_mode=mode,
+                    op=f"conv{nd}d", devices=["cpu"])  # fmt: skip
+    assert res.rows[0].report.verdict in ("exact", "rounding"), str(res)
+
+
+def test_check_says_why_two_backends_differ(directml_standin):
+    torch.manual_seed(8)
+    x, w, b = torch.randn(4, 64), torch.randn(8, 64), torch.randn(8)
+    res = rkt.check(F.linear, x, w, b, devices=["cpu", "dml"])  # the stand-in computes on the CPU too
+    assert [(n, f) for n, f, _ in res.pairs] == [("dml:0", "cpu")]
+    e = res.pairs[0][2]
+    assert e.differ == 0 and e.within
+    assert str(res).splitlines()[-1] == "  dml:0 against cpu: cpu and dml:0 are identical, element for element; " + (
+        "both are the correctly rounded result." if e.first.verdict == "exact" else "both are rounding."
+    )
+    assert res.to_dict()["pairs"][0]["sentence"] == e.sentence
 
 
 def test_check_errors():
@@ -167,6 +232,22 @@ def test_audit_names_the_wrong_layer():
     assert f is not None and f.name == "SmallNet.c2" and f.verdict == "mismatch"
     assert a.calls[0].verdict in ("exact", "rounding")
     assert "first call beyond exact/rounding: #1 SmallNet.c2 (conv2d): mismatch" in a.report()
+
+
+def test_audit_table_is_in_call_order_unless_asked_for_worst_first():
+    torch.manual_seed(4)
+    net = SmallNet(conv=ConvOnBuggyBackend)
+    with rkt.audit() as a:
+        net(torch.randn(2, 3, 8, 8))
+    lines = a.report().splitlines()
+    assert lines[1] == "calls in call order:" and lines[2].startswith("#  module")
+    assert [ln.split()[0] for ln in lines[3:]] == ["0", "1", "2", "3"]
+    worst = a.report(order="worst").splitlines()
+    assert worst[1] == "calls worst first (mismatch, then by bound ratio):"
+    assert worst[3].split()[:2] == ["1", "SmallNet.c2"]  # the mismatch leads
+    assert sorted(ln.split()[0] for ln in worst[3:]) == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError, match=r"^audit: unknown order='best'; choose one of 'call', 'worst'\."):
+        a.report(order="best")
 
 
 def test_audit_names_a_stray_autocast():

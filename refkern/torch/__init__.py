@@ -7,6 +7,7 @@ are converted and dispatched to :mod:`refkern`'s kernels and analysis.
 from refkern.torch.audit import Audit, AuditCall, audit
 from refkern.torch.check import CheckResult, CheckRow, check
 from refkern.torch.devices import Backend, devices
+from refkern.torch.ops import torch_function
 from refkern.torch.reference import OutputComparison, compare_outputs, reference_mode
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "compare_outputs",
     "devices",
     "reference_mode",
+    "torch_function",
 ]

@@ -58,7 +58,8 @@ class Audit:
 
     Each call is analysed as it happens, from its own inputs, and only the Report is kept, so
     the audit holds no activation alive. ``calls``: one AuditCall per call; ``first_failure``:
-    the first call whose verdict is neither exact nor rounding; ``report()``: a table, worst first.
+    the first call whose verdict is neither exact nor rounding; ``report()``: a table in call order
+    (``report(order="worst")``: worst first).
     """
 
     def __init__(self, allow=("exact", "rounding")):
@@ -127,11 +128,16 @@ class Audit:
         """Calls that could not be analysed (an unsupported form, or an error in the analysis)."""
         return [c for c in self.calls if c.report is None]
 
-    def report(self) -> str:
-        """A table per call site, worst first, and the first failing call named."""
+    def report(self, order: str = "call") -> str:
+        """A table with a row per call, in call order (``order="worst"``: worst first, as the
+        header then says), under a line that names the first failing call."""
+        if order not in ("call", "worst"):
+            raise ValueError(f"audit: unknown order={order!r}; choose one of 'call', 'worst'.")
         head = ["#", "module", "op", "shapes", "device", "dtype", "verdict", "max ulp", "bound ratio", "note"]
-        order = sorted(self.calls, key=lambda c: (_SEVERITY[c.verdict], -(c.report.max_bound_ratio if c.report else 0)))
-        table = [head] + [c.cells() for c in order]
+        rows = list(self.calls)
+        if order == "worst":
+            rows.sort(key=lambda c: (_SEVERITY[c.verdict], -(c.report.max_bound_ratio if c.report else 0)))
+        table = [head] + [c.cells() for c in rows]
         widths = [max(len(r[i]) for r in table) for i in range(len(head) - 1)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table]
         f = self.first_failure
@@ -147,7 +153,8 @@ class Audit:
         else:
             prec = f" ({f.report.precision})" if f.report.precision else ""
             first = f"first call beyond {'/'.join(self.allow)}: #{f.index} {f.name} ({f.op}): {f.verdict}{prec}"
-        return "\n".join([f"audit: {len(self.calls)} calls ({summary}); {first}", *lines])
+        listed = "calls in call order" if order == "call" else "calls worst first (mismatch, then by bound ratio)"
+        return "\n".join([f"audit: {len(self.calls)} calls ({summary}); {first}", f"{listed}:", *lines])
 
     def __str__(self):
         return self.report()

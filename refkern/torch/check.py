@@ -2,14 +2,16 @@
 
 import copy
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
-from refkern.analysis.compare import compare
+from refkern.analysis.compare import elements
 from refkern.analysis.evaluate import OPS, evaluate
+from refkern.analysis.explain import explain_arrays
 from refkern.torch.devices import Backend, resolve
-from refkern.torch.ops import FUNCTIONS, OpCall, from_call, from_module
+from refkern.torch.ops import FUNCTIONS, OpCall, check_keywords, from_call, from_module
 
 __all__ = ["check", "CheckResult", "CheckRow"]
 
@@ -19,6 +21,7 @@ class CheckRow:
     backend: str  # "cpu", "cuda:0", "cpu+compile", ...
     report: object  # the Report, or None when the backend could not run the op
     note: str  # why not, or the settings that matter
+    error: str = ""  # the backend's whole error message when it failed to run the op (note has its start)
 
     def cells(self):
         r = self.report
@@ -30,10 +33,14 @@ class CheckRow:
 
 @dataclass
 class CheckResult:
+    """``rows``: one CheckRow per backend; ``pairs``: each backend that ran the op against the
+    first one, as (name, first name, Explanation): why their outputs differ, in one sentence."""
+
     op: str
     shapes: list
     dtype: str
     rows: list
+    pairs: list = field(default_factory=list)
 
     HEAD = ["backend", "verdict", "precision", "max ulp", "bound ratio", "note"]
 
@@ -43,12 +50,17 @@ class CheckResult:
         lines = [f"{self.op} {' x '.join(str(tuple(s)) for s in self.shapes)} ({self.dtype})"]
         for r in table:
             lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + str(r[-1]))
+        for name, first, e in self.pairs:
+            lines.append(f"  {name} against {first}: {e.sentence}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"op": self.op, "shapes": [list(s) for s in self.shapes], "dtype": self.dtype,
-                "rows": [{"backend": r.backend, "note": r.note, "report": r.report.to_dict() if r.report else None}
-                         for r in self.rows]}  # fmt: skip
+                "rows": [{"backend": r.backend, "note": r.note, "error": r.error,
+                          "report": r.report.to_dict() if r.report else None} for r in self.rows],
+                "pairs": [{"backend": name, "against": first, "within": e.within, "differ": e.differ,
+                           "max_pair_ratio": e.max_pair_ratio, "sentence": e.sentence}
+                          for name, first, e in self.pairs]}  # fmt: skip
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{h}</th>" for h in self.HEAD)
@@ -76,8 +88,18 @@ def _spec(fn, args, kwargs, op):
     if op is not None:
         if op not in OPS:
             raise ValueError(f"check: unknown op={op!r}; choose one of {', '.join(repr(o) for o in OPS)}.")
+        check_keywords(op, kwargs, "check")
         return OpCall(getattr(fn, "__name__", "fn"), op, args, kwargs)
+    if fn in (F.conv1d, F.conv2d) and "padding_mode" in kwargs:
+        nd = 1 if fn is F.conv1d else 2
+        raise TypeError(
+            f"check: F.conv{nd}d takes no padding_mode (nn.Conv{nd}d does); got padding_mode="
+            f"{kwargs['padding_mode']!r}. Check an nn.Conv{nd}d module, or pass "
+            f"refkern.torch.torch_function('conv{nd}d') with op='conv{nd}d'."
+        )
     spec = from_call(fn, args, kwargs)
+    if spec is not None and spec.op in ("conv1d", "conv2d", "linear"):
+        check_keywords(spec.op, [k for k in kwargs if k not in ("input", "weight", "bias")], "check")
     if spec is None:
         known = sorted({f"{getattr(f, '__module__', '') or 'torch.Tensor'}.{f.__name__}" for f in FUNCTIONS})
         raise ValueError(f"check: cannot tell what {getattr(fn, '__name__', fn)!r} computes; pass op= "
@@ -112,14 +134,18 @@ def check(fn, *args, devices=None, compile: bool = False, op: str | None = None,
     default). ``compile=True`` adds each backend's ``torch.compile``d form ("cpu+compile").
     The reference is computed once from the CPU copies of the very inputs, which move to
     each device without loss. A backend that cannot take a dtype, or fails, gets a row
-    that says why instead of failing the check.
+    that says why instead of failing the check (``error`` holds the whole message); a device
+    name this machine lacks gets a "not available on this machine" row. Arguments the op does
+    not take raise a TypeError that names the nearest valid one. Each backend that ran is also
+    judged against the first (``pairs``, via :func:`refkern.explain`): one sentence says why
+    their outputs differ.
     """
     spec = _spec(fn, args, kwargs, op)
     ref_args, ref_kwargs = spec.on_cpu()
     evaluate(spec.op, ref_args, ref_kwargs)  # bad shapes or arguments fail here, in refkern's words
     tensors = [t for t in spec.tensors()]
     dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
-    rows = []
+    rows, ran = [], []
     for b in resolve(devices):
         if isinstance(b, str):
             rows.append(CheckRow(b, None, "not available on this machine"))
@@ -133,10 +159,14 @@ def check(fn, *args, devices=None, compile: bool = False, op: str | None = None,
             try:
                 out = _run(fn, args, kwargs, b, compiled)
             except Exception as exc:  # the backend could not run it: say why
-                msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                rows.append(CheckRow(name, None, f"failed: {type(exc).__name__}: {msg[:160]}"))
+                msg = str(exc).strip()
+                first = msg.splitlines()[0] if msg else ""
+                rows.append(CheckRow(name, None, f"failed: {type(exc).__name__}: {first[:160]}",
+                                     f"{type(exc).__name__}: {msg}"))  # fmt: skip
                 continue
-            rep = compare(out, spec.op, *ref_args, **ref_kwargs)
-            rows.append(CheckRow(name, rep, b.note()))
+            e = elements(out, spec.op, *ref_args, **ref_kwargs)
+            rows.append(CheckRow(name, e["report"], b.note()))
+            ran.append((name, {k: e[k] for k in ("actual", "bound", "report")}))
+    pairs = [(name, ran[0][0], explain_arrays(ran[0][1], e, (ran[0][0], name))) for name, e in ran[1:]]
     shapes = [tuple(t.shape) for t in tensors]
-    return CheckResult(spec.op, shapes, ", ".join(sorted(dtypes)), rows)
+    return CheckResult(spec.op, shapes, ", ".join(sorted(dtypes)), rows, pairs)

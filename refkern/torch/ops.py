@@ -8,7 +8,7 @@ call a model makes). A call that cannot be expressed exactly (``addmm`` with a 2
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OpCall", "from_call", "from_module", "FUNCTIONS"]
+__all__ = ["OpCall", "from_call", "from_module", "FUNCTIONS", "torch_function", "op_keywords", "check_keywords"]
 
 FUNCTIONS = {
     F.conv1d: "conv1d",
@@ -99,3 +99,85 @@ def from_module(m, x) -> OpCall | None:
         kw = dict(stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups, padding_mode=m.padding_mode)
         return OpCall(type(m).__name__, op, (x, m.weight, m.bias), kw)
     return None
+
+
+def _conv_padded(nd):
+    """torch's conv{nd}d with every argument of refkern's, ``padding_mode`` included: as
+    ``nn.Conv{nd}d`` does, a mode other than "zeros" pads the input with ``F.pad`` first."""
+    conv = F.conv1d if nd == 1 else F.conv2d
+
+    def fn(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):  # noqa: A002
+        if padding_mode == "zeros":
+            return conv(input, weight, bias, stride, padding, dilation, groups)
+        ksize = weight.shape[2:]
+        dil = _expand(dilation, nd)
+        if padding == "valid":
+            pads = [(0, 0)] * nd
+        elif padding == "same":
+            pads = [((d * (k - 1)) // 2, d * (k - 1) - (d * (k - 1)) // 2) for d, k in zip(dil, ksize)]
+        else:
+            pads = [(p, p) for p in _expand(padding, nd)]
+        flat = [q for lo_hi in reversed(pads) for q in lo_hi]  # F.pad: last dimension first
+        return conv(F.pad(input, flat, mode=padding_mode), weight, bias, stride, 0, dilation, groups)
+
+    fn.__name__ = fn.__qualname__ = f"conv{nd}d"
+    fn.__doc__ = f"F.conv{nd}d, with padding_mode as nn.Conv{nd}d applies it."
+    return fn
+
+
+def _expand(v, nd):
+    """An int, or a tuple of 1 or nd ints, as a tuple of nd ints (torch's convolution rule)."""
+    t = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+    return t * nd if len(t) == 1 else t
+
+
+_TORCH_FUNCTIONS = {
+    "dot": torch.dot,
+    "matmul": torch.matmul,
+    "linear": F.linear,
+    "conv1d": _conv_padded(1),
+    "conv2d": _conv_padded(2),
+}
+
+
+def torch_function(op: str):
+    """The torch callable that computes refkern's ``op`` with every argument refkern's op takes
+    (``conv2d``/``conv1d`` also take ``padding_mode``, which ``F.conv2d`` does not)."""
+    return _TORCH_FUNCTIONS[op]
+
+
+_OPERANDS = {"dot": ("x", "y"), "matmul": ("a", "b"), "linear": ("x", "weight", "bias"),
+             "conv1d": ("x", "weight", "bias"), "conv2d": ("x", "weight", "bias")}  # fmt: skip
+
+
+def op_keywords(op: str) -> tuple:
+    """The keyword arguments refkern's ``op`` takes besides its operands (``accumulate`` and
+    ``accum_dtype`` excluded: a reference for a backend is always exact)."""
+    import inspect
+
+    import refkern
+
+    params = inspect.signature(getattr(refkern, op)).parameters
+    return tuple(k for k in params if k not in _OPERANDS[op] and k not in ("accumulate", "accum_dtype"))
+
+
+def check_keywords(op: str, names, where: str) -> None:
+    """Raise a TypeError naming an argument ``op`` does not take, with the nearest valid name.
+
+    ``where`` starts the message ("check", or the command line's "--kw")."""
+    import difflib
+
+    valid = op_keywords(op)
+    for name in names:
+        if name in valid:
+            continue
+        if name in _OPERANDS[op]:
+            place = ("first", "second", "third")[_OPERANDS[op].index(name)]
+            raise TypeError(
+                f"{where}: {name} is an operand of {op}, not a keyword argument; pass it as the {place} operand."
+            )
+        if not valid:
+            raise TypeError(f"{where}: {op} takes no keyword arguments; got {name!r}. Drop it.")
+        near = difflib.get_close_matches(name, valid, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise TypeError(f"{where}: {op} takes no argument {name!r}; {hint}{op} takes {', '.join(valid)}.")

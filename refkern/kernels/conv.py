@@ -2,9 +2,11 @@
 "same"/"valid" and padding modes, dilation, groups, unbatched input), every output element
 reduced by a named method (correctly rounded with the default ``accumulate="exact"``).
 
-No im2col: each task gathers one input patch (length K = C_in/groups * kh * kw) into a
-buffer and reduces it against every filter of its group, so memory beyond the inputs and
-outputs is O(threads * K). Non-zero padding modes pad a copy of the input first.
+The Numba engine has no im2col: each task gathers one input patch (length K = C_in/groups *
+kh * kw) into a buffer and reduces it against every filter of its group, so memory beyond
+the inputs and outputs is O(threads * K). The BLAS engine (:func:`refkern.engines.blas.run_conv`)
+unfolds chunks of images and runs exact GEMMs. Non-zero padding modes pad a copy of the
+input first.
 """
 
 from dataclasses import dataclass
@@ -12,12 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 from numba import prange
 
+from refkern import engines
+from refkern._arrays import is_tensor
 from refkern._jit import jit
 from refkern.accumulate._bits import bits
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
-from refkern.kernels._element import abs_sum, reduce_element, row_stats
+from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
 __all__ = ["conv1d", "conv2d", "conv_operands", "ConvOperands", "run_conv"]
 
@@ -119,9 +123,20 @@ class ConvOperands:
         return np.ascontiguousarray(out4)
 
 
-def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype):
+def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype,
+          engine):  # fmt: skip
+    engines.check_engine(op, engine, accumulate)
     p = plan(op, {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), accumulate, accum_dtype)
     c = conv_operands(p, nd, stride, padding, dilation, groups, padding_mode)
+    n, c_out, ho, wo = c.out_shape
+    k = c.W[0].size
+    device = next((t.device for t in (x, weight, bias) if is_tensor(t) and t.device.type != "cpu"), None)
+    acc = "exact" if p.method == EXACT else "other"
+    if engines.choose(engine, acc, n * ho * wo, c_out // c.groups, k, device) == "blas":
+        from refkern.engines.blas import run_conv as run_conv_blas
+
+        formats = tuple(p.ops[o].fmt if p.ops[o] is not None else None for o in ("x", "weight", "bias"))
+        return finish(p, run_conv_blas(p, c, formats, device))
     return finish(p, run_conv(p, c)[0])
 
 
@@ -234,7 +249,7 @@ def conv_operands(p, nd, stride, padding, dilation, groups, padding_mode) -> Con
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", *,
-           accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+           accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):  # fmt: skip
     """Reference ``torch.nn.functional.conv2d`` (and ``nn.Conv2d``'s ``padding_mode``).
 
     ``x``: (N, C_in, H, W) or unbatched (C_in, H, W); ``weight``: (C_out, C_in / groups, kh, kw);
@@ -247,12 +262,19 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padd
     With ``accumulate="exact"`` each output element is ``bias + sum over (ci, ky, kx) of
     weight * input``, computed exactly and rounded once to the result dtype; the other
     methods reduce in that (ci, ky, kx) order with the bias last, in ``accum_dtype``.
+
+    ``engine``: ``"numba"`` (the kernel above), ``"blas"`` (im2col in chunks of images, then
+    exact Ozaki slice GEMMs on torch's BLAS, on the tensors' device; ``accumulate="exact"``
+    only) or ``"auto"`` (the rule in :mod:`refkern.engines`, with M = N * Ho * Wo, N = C_out /
+    groups, K = C_in / groups * kh * kw). Both engines give bit-identical results.
     """
-    return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype)
+    return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype,
+                 engine)  # fmt: skip
 
 
 def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", *,
-           accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+           accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):  # fmt: skip
     """Reference ``torch.nn.functional.conv1d``: ``x`` (N, C_in, L) or (C_in, L), ``weight``
     (C_out, C_in / groups, k); otherwise as :func:`conv2d`."""
-    return _conv("conv1d", 1, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype)
+    return _conv("conv1d", 1, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype,
+                 engine)  # fmt: skip

@@ -4,11 +4,13 @@ by a named method (correctly rounded with the default ``accumulate="exact"``).""
 import numpy as np
 from numba import prange
 
+from refkern import engines
+from refkern._arrays import is_tensor
 from refkern._jit import jit
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
-from refkern.kernels._element import abs_sum, reduce_element, row_stats
+from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
 __all__ = ["matmul", "linear", "matmul_operands", "linear_operands", "run_gemm"]
 
@@ -62,7 +64,27 @@ def run_gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False):
     return out.reshape(out_shape), (mag.reshape(out_shape) if want_mag else None)
 
 
-def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None):
+def _device(*xs):
+    """The device of the first tensor argument not on the CPU (None: compute on the CPU)."""
+    for x in xs:
+        if is_tensor(x) and x.device.type != "cpu":
+            return x.device
+    return None
+
+
+def _run(p, engine, A3, Bt3, ia, ib, bias, shape, device, names):
+    """run_gemm's values, by the engine that ``engine`` names for this GEMM; ``names``: the
+    operands of A3, Bt3 and the bias."""
+    m, n, k = A3.shape[1], Bt3.shape[1], A3.shape[2]
+    if engines.choose(engine, "exact" if p.method == EXACT else "other", m, n, k, device) == "blas":
+        from refkern.engines.blas import run_batched
+
+        formats = tuple(p.ops[k].fmt if p.ops.get(k) is not None else None for k in names)
+        return run_batched(p, A3, Bt3, ia, ib, bias, shape, formats, device)
+    return run_gemm(p, A3, Bt3, ia, ib, bias, shape)[0]
+
+
+def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):
     """Reference ``a @ b`` with ``torch.matmul`` semantics.
 
     1-D operands are promoted to a row (a) or a column (b) and the added dimension removed
@@ -75,10 +97,15 @@ def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None):
     The other methods (``"naive"``, ``"pairwise"``, ``"kahan"``, ``"neumaier"``, ``"dot2"``)
     compute each element in ``accum_dtype`` (default: the result dtype) over k = 0..K-1;
     their bounds are in :mod:`refkern.accumulate.methods`.
+
+    ``engine``: ``"numba"`` (the jitted kernels), ``"blas"`` (exact Ozaki slices on torch's
+    BLAS, on the device of the tensors; ``accumulate="exact"`` only) or ``"auto"`` (the
+    rule in :mod:`refkern.engines`). Both engines give bit-identical results.
     """
+    engines.check_engine("matmul", engine, accumulate)
     p = plan("matmul", {"a": a, "b": b}, ("a", "b"), accumulate, accum_dtype)
     A3, Bt3, ia, ib, shape = matmul_operands(p)
-    return finish(p, run_gemm(p, A3, Bt3, ia, ib, None, shape)[0])
+    return finish(p, _run(p, engine, A3, Bt3, ia, ib, None, shape, _device(a, b), ("a", "b", "bias")))
 
 
 def matmul_operands(p):
@@ -107,7 +134,7 @@ def matmul_operands(p):
     return A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), shape
 
 
-def linear(x, weight, bias=None, *, accumulate: str = "exact", accum_dtype=None):
+def linear(x, weight, bias=None, *, accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):
     """Reference ``torch.nn.functional.linear``: ``y[..., o] = bias[o] + sum_k x[..., k] weight[o, k]``.
 
     ``x`` has shape (..., in_features), ``weight`` (out_features, in_features) (or
@@ -115,12 +142,13 @@ def linear(x, weight, bias=None, *, accumulate: str = "exact", accum_dtype=None)
     term of the sum: with ``accumulate="exact"`` each output is the exact value of
     ``bias + sum of products`` rounded once, which is why it generally differs from the
     result without bias plus the bias (two roundings). The other methods add the bias as
-    the last term, in their working format.
+    the last term, in their working format. ``engine``: as in :func:`matmul`.
     """
+    engines.check_engine("linear", engine, accumulate)
     p = plan("linear", {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), accumulate, accum_dtype)
     X, W, b, shape = linear_operands(p)
     zero = np.zeros(1, np.int64)
-    return finish(p, run_gemm(p, X, W, zero, zero, b, shape)[0])
+    return finish(p, _run(p, engine, X, W, zero, zero, b, shape, _device(x, weight, bias), ("x", "weight", "bias")))
 
 
 def linear_operands(p):

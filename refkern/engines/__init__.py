@@ -1,0 +1,77 @@
+"""Where an exact reduction runs: ``"numba"`` (the jitted kernels, CPU) or ``"blas"`` (Ozaki
+slices on torch's BLAS: MKL / OpenBLAS on the CPU, cuBLAS on CUDA), chosen by ``"auto"``.
+
+Both give the same, correctly rounded, results; only the speed differs. ``engine="auto"``
+(the default of :func:`refkern.matmul`, :func:`refkern.linear` and the convolutions) takes
+``"blas"`` when the method is ``"exact"``, torch is importable, and either the inputs are
+tensors on a CUDA device or the GEMM is large: ``M * N * K >= AUTO_MIN_WORK`` with
+``M, N >= AUTO_MIN_SIDE`` and ``K >= AUTO_MIN_K``; otherwise ``"numba"``. Below those sizes
+the slicing, the exact rounding and the per-call overhead of the BLAS engine cost more
+than the Numba kernel (measured in benchmarks/bench_engines.py).
+
+Importing this package imports neither torch nor numba's kernels; :func:`status` says what
+is usable here.
+"""
+
+import importlib.util
+
+__all__ = ["ENGINES", "status", "check_engine", "choose", "AUTO_MIN_WORK", "AUTO_MIN_SIDE", "AUTO_MIN_K"]
+
+ENGINES = ("auto", "blas", "numba")
+AUTO_MIN_WORK = 1 << 24  # M * N * K (per batch), e.g. 256**3
+AUTO_MIN_SIDE = 32
+AUTO_MIN_K = 32
+
+
+def check_engine(op: str, engine: str, accumulate: str) -> None:
+    """Validate ``engine=`` at the public boundary (house-style errors)."""
+    if engine not in ENGINES:
+        choices = ", ".join(repr(e) for e in ENGINES)
+        raise ValueError(f"{op}: unknown engine={engine!r}; choose one of {choices}.")
+    if engine == "blas" and accumulate != "exact":
+        raise ValueError(
+            f"{op}: engine='blas' computes accumulate='exact' only; got accumulate={accumulate!r}. "
+            "Use engine='numba' (or 'auto') for the other methods."
+        )
+    if engine == "blas" and importlib.util.find_spec("torch") is None:
+        raise ValueError(f"{op}: engine='blas' needs torch; install it (pip install 'refkern[torch]').")
+
+
+def choose(engine: str, accumulate: str, m: int, n: int, k: int, device=None) -> str:
+    """The engine that ``engine`` (already checked) names for one GEMM of M x K by K x N."""
+    if engine != "auto":
+        return engine
+    if accumulate != "exact" or importlib.util.find_spec("torch") is None:
+        return "numba"
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        return "blas"
+    big = m * n * k >= AUTO_MIN_WORK and min(m, n) >= AUTO_MIN_SIDE and k >= AUTO_MIN_K
+    return "blas" if big else "numba"
+
+
+def status() -> dict:
+    """Which engines and devices are usable here: ``{engine: {"usable", "devices", "detail"}}``."""
+    import numba
+
+    out = {
+        "numba": {
+            "usable": True,
+            "devices": ["cpu"],
+            "detail": f"numba {numba.__version__}, {numba.get_num_threads()} threads",
+        }
+    }
+    if importlib.util.find_spec("torch") is None:
+        out["blas"] = {"usable": False, "devices": [], "detail": "torch is not installed"}
+        return out
+    import torch
+
+    devices = ["cpu"]
+    detail = f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
+    if torch.cuda.is_available():
+        devices += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        detail += f"; CUDA: {names}"
+    else:
+        detail += "; no CUDA device"
+    out["blas"] = {"usable": True, "devices": devices, "detail": detail}
+    return out

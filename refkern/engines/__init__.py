@@ -3,11 +3,13 @@ slices on torch's BLAS: MKL / OpenBLAS on the CPU, cuBLAS on CUDA), chosen by ``
 
 Both give the same, correctly rounded, results; only the speed differs. ``engine="auto"``
 (the default of :func:`refkern.matmul`, :func:`refkern.linear` and the convolutions) takes
-``"blas"`` when the method is ``"exact"``, torch is importable, and either the inputs are
-tensors on a CUDA device or the GEMM is large: ``M * N * K >= AUTO_MIN_WORK`` with
-``M, N >= AUTO_MIN_SIDE`` and ``K >= AUTO_MIN_K``; otherwise ``"numba"``. Below those sizes
-the slicing, the exact rounding and the per-call overhead of the BLAS engine cost more
-than the Numba kernel (measured in benchmarks/bench_engines.py).
+``"blas"`` when the method is ``"exact"``, torch is importable, an input is a tensor on a
+CUDA device, and the GEMM is large (``M * N * K >= AUTO_MIN_WORK``, ``M, N >=
+AUTO_MIN_SIDE``, ``K >= AUTO_MIN_K``; smaller ones cost little on the CPU and are not worth
+a GPU launch). Everything else runs on ``"numba"``: on the 2-core CPU this was built on,
+the BLAS engine's four (float32) or nine (float64) slice GEMMs plus slicing and rounding
+measured 1.3-4x slower than the Numba kernel at every benchmark size
+(benchmarks/bench_engines.py), so it is chosen on the CPU only by name.
 
 Importing this package imports neither torch nor numba's kernels; :func:`status` says what
 is usable here.
@@ -38,13 +40,12 @@ def check_engine(op: str, engine: str, accumulate: str) -> None:
 
 
 def choose(engine: str, accumulate: str, m: int, n: int, k: int, device=None) -> str:
-    """The engine that ``engine`` (already checked) names for one GEMM of M x K by K x N."""
+    """The engine that ``engine`` (already checked) names for one GEMM of M x K by K x N whose
+    inputs live on ``device`` (None: the CPU)."""
     if engine != "auto":
         return engine
-    if accumulate != "exact" or importlib.util.find_spec("torch") is None:
+    if accumulate != "exact" or device is None or getattr(device, "type", "cpu") != "cuda":
         return "numba"
-    if device is not None and getattr(device, "type", "cpu") == "cuda":
-        return "blas"
     big = m * n * k >= AUTO_MIN_WORK and min(m, n) >= AUTO_MIN_SIDE and k >= AUTO_MIN_K
     return "blas" if big else "numba"
 

@@ -1,9 +1,7 @@
-"""The rounding of :func:`refkern.engines.ozaki.round_digits` as a Numba kernel, for CPU tensors.
-
-The same integer algorithm, element by element (about 20x faster than the elementwise torch
-ops on the CPU); the torch version runs on other devices, and the tests hold the two
-bit-identical.
-"""
+"""Numba kernels for CPU tensors: the slicing of :func:`refkern.engines.ozaki.make_slices` and
+the rounding of :func:`refkern.engines.ozaki.round_digits`, with the same arithmetic element by
+element (one pass over memory instead of one per torch op). The torch versions run on other
+devices; the tests hold the two bit-identical."""
 
 import math
 
@@ -12,7 +10,7 @@ from numba import prange
 
 from refkern._jit import jit
 
-__all__ = ["round_planes"]
+__all__ = ["round_planes", "make_slices_cpu"]
 
 
 @jit(inline="always")
@@ -22,17 +20,41 @@ def _bitlen(v):
 
 
 @jit(parallel=True)
-def round_planes(g, ea, eb, c, w, prec, emin, emax, out, zero):
-    """out[i, j] = sum_k g[k, i, j] * 2**(ea[i] + eb[j] + c - k w) rounded once to (prec, emin,
-    emax); zero[i, j] = whether that sum is exactly 0 (out = +0 then). |g| < 2**60."""
-    n, m, nn = g.shape
+def make_slices_cpu(x, e, w, keep, out):
+    """out[t, i] = the slices of row i of x: y = x[i] * 2**e[i] (|y| < 2**w), then
+    round-to-nearest-even integers of y and of its scaled remainders; the last slice is the
+    remainder itself (an integer for kept rows). Rows without ``keep`` are zero."""
+    s = out.shape[0]
+    scale = np.float64(2.0**w)
+    for i in prange(x.shape[0]):
+        if not keep[i]:
+            out[:, i, :] = 0.0
+            continue
+        e1 = min(max(e[i], -1022), 1023)
+        f1 = math.ldexp(1.0, e1)  # two exact power-of-two factors: neither overflows
+        f2 = math.ldexp(1.0, e[i] - e1)
+        for k in range(x.shape[1]):
+            y = x[i, k] * f1 * f2  # exact: a kept row loses no bit
+            for t in range(s - 1):
+                c = np.rint(y)  # to nearest even
+                out[t, i, k] = c
+                y = (y - c) * scale  # the fraction, exactly, scaled to the next slice
+            out[s - 1, i, k] = y
+
+
+@jit(parallel=True)
+def round_planes(g, gf, has_g, ea, eb, c, w, prec, emin, emax, out, zero):
+    """out[i, j] = sum_k G[k, i, j] * 2**(ea[i] + eb[j] + c - k w) rounded once to (prec, emin,
+    emax), G = g (int64, only if ``has_g``) + gf (float64 holding integers below 2**53, converted
+    exactly); zero[i, j] = whether that sum is exactly 0 (out = +0 then). |G| < 2**60."""
+    n, m, nn = gf.shape
     mask = (np.int64(1) << w) - 1
     for i in prange(m):
         d = np.empty(n + 1, np.int64)
         for j in range(nn):
             d[0] = 0
             for k in range(n):
-                d[k + 1] = g[k, i, j]
+                d[k + 1] = np.int64(gf[k, i, j]) + (g[k, i, j] if has_g else 0)
             for k in range(n, 0, -1):  # carry: digits below the top in [0, 2**w)
                 d[k - 1] += d[k] >> w
                 d[k] &= mask

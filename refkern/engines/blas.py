@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from refkern.engines import ozaki
-from refkern.engines._combine import round_planes
+from refkern.engines._combine import make_slices_cpu, round_planes
+from refkern.kernels._element import row_stats as _row_bits
 
 __all__ = ["gemm", "peak_bytes", "MEMORY", "MAX_SLICES", "FALLBACK_COST"]
 
@@ -63,9 +64,20 @@ def _tiles(m, n, k, sa, sb, memory, combine):
     return tm, tn, tk
 
 
-def _stats(x, fmt, memory):
-    """row_stats over row blocks and K chunks (bounded temporaries); fmt: (prec, quantum)."""
+def _stats(x, fmt, memory, combine):
+    """row_stats over row blocks and K chunks (bounded temporaries); fmt: (prec, quantum).
+    With ``combine == "numba"`` (CPU), one Numba pass (max and min nonzero |bits| per row)."""
     rows, k = x.shape
+    if combine == "numba" and x.is_contiguous() and rows and k:
+        st = np.empty((rows, 2), np.int64)
+        _row_bits(x.numpy(), st)
+        st = torch.from_numpy(st)
+        mx, mn = st[:, 0].view(torch.float64), st[:, 1].view(torch.float64)  # max, min nonzero |x|
+        fin = torch.isfinite(mx)
+        E = torch.frexp(mx.where(fin, 1.0))[1].to(torch.int64) - 1
+        lo = torch.frexp(mn.where(torch.isfinite(mn), 1.0))[1].to(torch.int64) - fmt[0]
+        low = torch.where(mx == 0, ozaki._NONE, lo.clamp(min=fmt[1]))
+        return E.where(mx != 0, -ozaki._NONE), low, fin
     E = torch.full((rows,), -ozaki._NONE, dtype=torch.int64, device=x.device)
     low = torch.full((rows,), ozaki._NONE, dtype=torch.int64, device=x.device)
     fin = torch.ones(rows, dtype=torch.bool, device=x.device)
@@ -95,6 +107,15 @@ def _choose(need_a, need_b, narrow, max_slices):
             if best is None or cost < best[0]:
                 best = (cost, sa, sb)
     return best[1], best[2]
+
+
+def _slices(x, E, s, w, keep, combine):
+    """ozaki.make_slices, by the Numba kernel on the CPU (``combine == "numba"``)."""
+    if combine != "numba":
+        return ozaki.make_slices(x, E, s, w, keep)
+    out = torch.empty((s, *x.shape), dtype=torch.float64)
+    make_slices_cpu(x.contiguous().numpy(), (w - 1 - E.where(keep, 0)).numpy(), w, keep.numpy(), out.numpy())
+    return out
 
 
 def _neg_zero_count(a, bt):
@@ -158,14 +179,14 @@ def gemm(A, Bt, bias, fmt, formats, fallback, *, memory=None, max_slices=None, c
     narrow = max(formats[0].prec, formats[1].prec) <= 24
     fa = (formats[0].prec, formats[0].emin - formats[0].prec + 1)  # precision and smallest quantum
     fb = (formats[1].prec, formats[1].emin - formats[1].prec + 1)
-    E_a, low_a, fin_a = _stats(A, fa, memory)
+    E_a, low_a, fin_a = _stats(A, fa, memory, combine)
     if bias is not None:
         A, Bt, ec = _augment(A, Bt, bias, E_a)
         fz = formats[2]
         fa = (fa[0], min(fa[1], ec))  # the column c = 2**ec
         fb = (max(fb[0], fz.prec), min(fb[1], fz.emin - fz.prec + 1 - ec))  # and bias / c
-        E_a, low_a, fin_a = _stats(A, fa, memory)
-    E_b, low_b, fin_b = _stats(Bt, fb, memory)
+        E_a, low_a, fin_a = _stats(A, fa, memory, combine)
+    E_b, low_b, fin_b = _stats(Bt, fb, memory, combine)
     k = A.shape[1]
     w = ozaki.slice_width(k)
     need_a = ozaki.slices_needed(E_a, low_a, w).where(fin_a, max_slices + 1)
@@ -177,27 +198,27 @@ def gemm(A, Bt, bias, fmt, formats, fallback, *, memory=None, max_slices=None, c
         i1 = min(m, i0 + tm)
         for j0 in range(0, n, tn):
             j1 = min(n, j0 + tn)
-            digits = torch.zeros((sa + sb - 1, i1 - i0, j1 - j0), dtype=torch.int64, device=A.device)
             planes = torch.zeros((sa + sb - 1, i1 - i0, j1 - j0), dtype=torch.float64, device=A.device)
+            digits = _LazyZeros(planes.shape, A.device)
             load = [0] * (sa + sb - 1)
             for k0 in range(0, k, tk):
                 k1 = min(k, k0 + tk)
-                s_a = ozaki.make_slices(A[i0:i1, k0:k1], E_a[i0:i1], sa, w, keep_a[i0:i1])
-                s_b = ozaki.make_slices(Bt[j0:j1, k0:k1], E_b[j0:j1], sb, w, keep_b[j0:j1])
+                s_a = _slices(A[i0:i1, k0:k1], E_a[i0:i1], sa, w, keep_a[i0:i1], combine)
+                s_b = _slices(Bt[j0:j1, k0:k1], E_b[j0:j1], sb, w, keep_b[j0:j1], combine)
                 ozaki.slice_products(s_a, s_b, planes, load, k1 - k0, w, digits)
                 del s_a, s_b
-            digits += planes.to(torch.int64)
-            del planes
             if combine == "numba":
                 v = torch.empty((i1 - i0, j1 - j0), dtype=torch.float64)
                 zero = torch.empty((i1 - i0, j1 - j0), dtype=torch.bool)
                 c = 2 - 2 * w  # plane k of (i, j) has weight 2**(E_i + F_j + c - k w)
-                round_planes(digits.numpy(), E_a[i0:i1].numpy(), E_b[j0:j1].numpy(), c, w, *fmt.params,
-                             v.numpy(), zero.numpy())  # fmt: skip
+                g = digits.t if digits.t is not None else torch.zeros((1, 1, 1), dtype=torch.int64)
+                round_planes(g.numpy(), planes.numpy(), digits.t is not None, E_a[i0:i1].numpy(),
+                             E_b[j0:j1].numpy(), c, w, *fmt.params, v.numpy(), zero.numpy())  # fmt: skip
             else:
+                g = planes.to(torch.int64) if digits.t is None else digits.t + planes.to(torch.int64)
                 e0 = E_a[i0:i1, None] + E_b[None, j0:j1] + 2 - 2 * w  # weight of digit plane 0
-                v, zero = ozaki.round_digits(digits, e0, w, *fmt.params)
-            del digits
+                v, zero = ozaki.round_digits(g, e0, w, *fmt.params)
+            del digits, planes
             zero &= keep_a[i0:i1, None] & keep_b[None, j0:j1]  # the others are recomputed below
             _signed_zeros(v, zero, A[i0:i1], Bt[j0:j1], tk)
             out[i0:i1, j0:j1] = v
@@ -282,7 +303,8 @@ def run_conv(p, c, formats, device=None, memory=None):
             del cols
             fallback = _numba_fallback(p, _Lazy(A), Wn, bn)
             res = gemm(A, Wg, bg, p.out, formats, fallback, memory=memory)
-            out[n0:n1, gi * cout_g : (gi + 1) * cout_g] = res.reshape(n1 - n0, ho, wo, cout_g).permute(0, 3, 1, 2).cpu().numpy()
+            res = res.reshape(n1 - n0, ho, wo, cout_g).permute(0, 3, 1, 2)
+            out[n0:n1, gi * cout_g : (gi + 1) * cout_g] = res.cpu().numpy()
     return c.result(out)
 
 
@@ -293,4 +315,21 @@ class _Lazy:
         self.t = t
 
     def __getitem__(self, rows):
+        if len(rows) == self.t.shape[0] and bool((np.diff(rows) == 1).all()):
+            return self.t.cpu().numpy()  # all rows (a fallback column): no gather
         return self.t[torch.as_tensor(rows, device=self.t.device)].cpu().numpy()
+
+
+class _LazyZeros:
+    """int64 digit planes, allocated (as zeros) on the first ``+=``: rarely needed at all."""
+
+    def __init__(self, shape, device):
+        self.shape, self.device, self.t = shape, device, None
+
+    def __getitem__(self, d):
+        if self.t is None:
+            self.t = torch.zeros(self.shape, dtype=torch.int64, device=self.device)
+        return self.t[d]
+
+    def __setitem__(self, d, value):
+        self.t[d] = value

@@ -119,7 +119,7 @@ def slice_products(sa: torch.Tensor, sb: torch.Tensor, planes: torch.Tensor, loa
         for t in range(sb.shape[0]):
             d = s + t
             if load[d] + k > cap:
-                digits[d] += planes[d].to(torch.int64)
+                digits[d] += planes[d].to(torch.int64)  # digits: int64 planes (or allocated on first use)
                 planes[d].zero_()
                 load[d] = 0
             planes[d].addmm_(sa[s], sb[t].T)

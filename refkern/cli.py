@@ -7,13 +7,16 @@
     refkern doctor                    versions, threads, caches, devices and their flags
     refkern bench                     the benchmarks
 
-Bad arguments print one line, ``refkern <command>: error: ...``, and exit with status 2.
+Bad arguments print one line, ``refkern <command>: error: ...`` (``refkern: error: ...``
+before a command is known), and exit with status 2; no traceback for a user's mistake.
 ``--json`` output has ``"version": 1`` and the schema in docs/cli.md.
 """
 
 import argparse
 import ast
+import difflib
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -27,26 +30,64 @@ OPERANDS = {"dot": ("x", "y"), "matmul": ("a", "b"), "linear": ("x", "weight", "
             "conv1d": ("x", "weight", "bias"), "conv2d": ("x", "weight", "bias")}  # fmt: skip
 
 
+OUTPUT_OPTIONS = ("json", "plot", "png", "csv")
+DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu", "dml")
+
+
 class UsageError(Exception):
-    """A bad argument: printed as one line, exit status 2."""
+    """A bad argument: printed as one line, exit status 2. ``prog`` is the command it belongs to
+    ("refkern check"); main() fills it in when the command raised it."""
+
+    def __init__(self, message, prog=None):
+        super().__init__(message)
+        self.prog = prog
+
+
+def _near(word, choices) -> str:
+    """'; did you mean 'conv2d'?' for the nearest choice, or ''."""
+    near = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    return f"; did you mean {near[0]!r}?" if near else ""  # the caller's next word starts a sentence
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise UsageError(f"{message} (see {self.prog} --help)")
+        raise UsageError(f"{message} (see {self.prog} --help)", self.prog)
+
+    def _check_value(self, action, value):  # argparse's, with the nearest valid name suggested
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(repr(c) for c in action.choices)
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r}{_near(value, action.choices)} (choose from {choices})"
+            )
 
 
 def _shape(text: str) -> tuple:
     try:
         dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
     except ValueError:
-        raise UsageError(f"--shape {text!r} is not a shape; write it as 8,3,32,32 or 8x3x32x32") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape; write it as 8,3,32,32 or 8x3x32x32") from None
     if not dims or any(d < 0 for d in dims):
-        raise UsageError(f"--shape {text!r} needs non-negative sizes, e.g. 8,3,32,32")
+        raise argparse.ArgumentTypeError(f"{text!r} needs non-negative sizes, e.g. 8,3,32,32")
     return dims
 
 
-def _kwargs(items) -> dict:
+def _positive(what):
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive integer ({what}); got {text!r}")
+        return v
+
+    return parse
+
+
+def _kwargs(items, op) -> dict:
+    """--kw name=value items, checked against the arguments ``op`` takes (near names suggested)."""
+    from refkern.torch.ops import check_keywords
+
     out = {}
     for item in items or []:
         if "=" not in item:
@@ -56,20 +97,33 @@ def _kwargs(items) -> dict:
             out[k.strip()] = ast.literal_eval(v)
         except (ValueError, SyntaxError):
             out[k.strip()] = v  # a string such as padding=same
+    try:
+        check_keywords(op, out, "--kw")
+    except TypeError as exc:
+        raise UsageError(str(exc)) from None
     return out
 
 
 def _krange(text: str) -> list:
+    form = f"--k {text!r} must be START:STOP[:STEP] with integers, e.g. 16:4096:256"
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise UsageError(form)
     try:
-        parts = [int(p) for p in text.split(":")]
-        start, stop, step = (parts + [None] * 3)[:3]
-        step = step or max(1, (stop - start) // 8)
-        ks = list(range(start, stop + 1, step))
-    except (ValueError, TypeError):
-        raise UsageError(f"--k {text!r} must be START:STOP[:STEP] with integers, e.g. 16:4096:256") from None
-    if not ks or ks[0] < 1:
-        raise UsageError(f"--k {text!r} must give at least one length >= 1")
-    return ks
+        nums = [int(p) for p in parts]
+    except ValueError:
+        raise UsageError(form) from None
+    start, stop = nums[0], nums[1]
+    if start < 1:
+        raise UsageError(f"--k {text!r}: START must be at least 1 (a reduction of length {start} has no terms)")
+    if stop < start:
+        raise UsageError(f"--k {text!r}: STOP must not be below START; write {stop}:{start}")
+    if len(nums) == 3 and nums[2] < 1:
+        raise UsageError(
+            f"--k {text!r}: STEP must be a positive integer; got {nums[2]}. Leave it out for about 8 steps"
+        )
+    step = nums[2] if len(nums) == 3 else max(1, (stop - start) // 8)
+    return list(range(start, stop + 1, step))
 
 
 def _torch():
@@ -94,15 +148,69 @@ def _need_matplotlib(option):
         raise UsageError(f"{option} needs matplotlib: pip install matplotlib (or the refkern[plot] extra)") from None
 
 
-def _torch_fn(torch, op):
-    """The torch function that computes each refkern op."""
-    F = torch.nn.functional
-    return {"dot": torch.dot, "matmul": torch.matmul, "linear": F.linear, "conv1d": F.conv1d, "conv2d": F.conv2d}[op]
+def _torch_fn(op):
+    """The torch function that computes each refkern op, with every argument the op takes."""
+    from refkern.torch.ops import torch_function
+
+    return torch_function(op)
+
+
+def _check_output(option, path):
+    """Fail before the work, not after it, when an output file cannot be written there."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        example = os.path.join(path, "out." + {"--json": "json", "--csv": "csv"}.get(option, "png"))
+        raise UsageError(f"{option} {path!r} is a folder; give a file name, e.g. {example}")
+    if not os.path.isdir(folder):
+        shown = os.path.dirname(path) or folder
+        raise UsageError(f"{option} {path!r}: the folder {shown!r} does not exist; create it first (mkdir -p {shown})")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{option} {path!r}: no permission to write in {folder!r}; choose another folder")
+
+
+class _Writing:
+    """``with _Writing("--json", path):`` turns an OSError while writing into a one-line error."""
+
+    def __init__(self, option, path):
+        self.option, self.path = option, path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, OSError):
+            raise UsageError(f"{self.option} {self.path!r}: cannot write it: {exc.strerror or exc}") from None
+        return False
 
 
 def _write_json(path, data):
-    with open(path, "w") as f:
+    with _Writing("--json", path), open(path, "w") as f:
         json.dump({"version": JSON_VERSION, **data}, f, indent=1)
+
+
+def _backends(names, option="--device"):
+    """The backends named (every available one when none is): one rule for every command, a
+    name this machine does not have is a usage error that lists what it has."""
+    import refkern.torch as rkt
+    from refkern.torch.devices import resolve
+
+    avail = rkt.devices()
+    if not names:
+        return avail
+    here = ", ".join(b.name for b in avail)
+    for n in names:
+        kind = str(n).strip().lower().split(":")[0].replace("directml", "dml").replace("privateuseone", "dml")
+        if kind not in DEVICE_KINDS:
+            hint = _near(kind, DEVICE_KINDS)
+            how = f"{'C' if hint else '; c'}hoose one of {', '.join(DEVICE_KINDS)}, optionally with an index (cuda:1)"
+            raise UsageError(f"{option} {n!r}: unknown device{hint}{' ' if hint else ''}{how}")
+    out = []
+    for b in resolve(list(names)):
+        if isinstance(b, str):
+            raise UsageError(f"{option} {b!r} is not available on this machine; it has {here}")
+        if all(b.name != o.name for o in out):
+            out.append(b)
+    return out
 
 
 # ---------------------------------------------------------------------------------- commands
@@ -120,22 +228,60 @@ def cmd_demo(a):
     return 0
 
 
+def _load_input(path, torch, names):
+    """The operands in an .npz (numpy.savez) or .pt (torch.save) file, as tensors."""
+    if not os.path.exists(path):
+        raise UsageError(f"--input {path!r}: no such file")
+    if os.path.isdir(path):
+        raise UsageError(f"--input {path!r} is a folder; give an .npz or .pt file")
+    if path.endswith(".npy"):
+        raise UsageError(f"--input {path!r} holds a single array; save the operands in one file with "
+                         f"np.savez(FILE.npz, {', '.join(f'{k}=...' for k in names[:2])})")  # fmt: skip
+    npz = path.endswith(".npz")
+    kind = "an .npz file written by numpy.savez" if npz else "a .pt file written by torch.save"
+    try:
+        if npz:
+            import numpy as np
+
+            z = np.load(path)
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise UsageError(f"--input {path!r} holds a single array; save the operands with np.savez(FILE, "
+                                 f"{', '.join(f'{k}=...' for k in names[:2])})")  # fmt: skip
+            with z:
+                keys = [k for k in names if k in z] or list(z.keys())
+                tensors = [torch.from_numpy(np.array(z[k])) for k in keys]
+        else:
+            obj = torch.load(path)
+            if isinstance(obj, dict):
+                tensors = [obj[k] for k in names if k in obj] or list(obj.values())
+            elif isinstance(obj, (list, tuple)):
+                tensors = list(obj)
+            else:
+                tensors = [obj]
+    except UsageError:
+        raise
+    except Exception as exc:  # not a file of that kind, or damaged: numpy/torch say why, in their first sentence
+        why = str(exc).strip().splitlines()[0].split(". ")[0].rstrip(".") if str(exc).strip() else ""
+        raise UsageError(f"--input {path!r} is not {kind}: {type(exc).__name__}: {why[:160]}") from None
+    bad = [type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)]
+    if bad:
+        raise UsageError(f"--input {path!r} must hold tensors or arrays; got {', '.join(bad)}")
+    return tensors
+
+
 def _inputs(a, torch, op):
     names = OPERANDS[op]
     if a.input:
-        if a.input.endswith(".npz"):
-            import numpy as np
-
-            with np.load(a.input) as z:
-                keys = [k for k in names if k in z] or list(z.keys())
-                tensors = [torch.from_numpy(z[k]) for k in keys]
-        else:
-            obj = torch.load(a.input)
-            tensors = [obj[k] for k in names if k in obj] if isinstance(obj, dict) else list(obj)
+        if a.shape:
+            raise UsageError(f"--input {a.input!r} and --shape both give the operands; keep one of them")
+        tensors = _load_input(a.input, torch, names)
         if not 2 <= len(tensors) <= len(names):
             raise UsageError(
                 f"--input {a.input!r} must hold {', '.join(names)} (or the first two); got {len(tensors)} arrays"
             )
+        if a.dtype:  # converted on request, as --dtype says; the file's own dtype otherwise
+            dt = _dtype(torch, a.dtype)
+            tensors = [t.to(dt) for t in tensors]
         return tensors
     if not a.shape:
         raise UsageError(
@@ -146,7 +292,7 @@ def _inputs(a, torch, op):
             f"{op} takes {len(names) if len(names) == 2 else '2 or 3'} shapes ({', '.join(names)}); got {len(a.shape)}"
         )
     g = torch.Generator().manual_seed(a.seed)
-    dt = _dtype(torch, a.dtype)
+    dt = _dtype(torch, a.dtype or "float32")
     return [torch.randn(*s, generator=g, dtype=torch.float32).to(dt) for s in a.shape]
 
 
@@ -157,14 +303,18 @@ def cmd_check(a):
     if a.plot:
         _need_matplotlib("--plot")
     op = a.op
-    fn = _torch_fn(torch, op)
+    fn = _torch_fn(op)
+    kw = _kwargs(a.kw, op)
     tensors = _inputs(a, torch, op)
-    kw = _kwargs(a.kw)
+    backends = _backends(a.device)
     try:
-        res = rkt.check(fn, *tensors, devices=a.device or None, compile=a.compile, op=op, **kw)
+        res = rkt.check(fn, *tensors, devices=backends, compile=a.compile, op=op, **kw)
     except (ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from None
     print(res)
+    failed = [r for r in res.rows if r.error]
+    for r in failed:  # the table cuts a message short; here is all of its first lines
+        print(f"{r.backend} failed: {r.error.splitlines()[0]}")
     if a.json:
         _write_json(a.json, {"command": "check", **res.to_dict()})
     if a.plot:
@@ -173,34 +323,30 @@ def cmd_check(a):
 
         row = next((r for r in res.rows if r.report is not None), None)
         if row is None:
-            raise UsageError("--plot: no backend could run the op")
-        dev = next(b.device for b in rkt.devices() if b.name == row.backend.split("+")[0])
+            raise UsageError("--plot: no backend could run the op, so there is nothing to plot")
+        dev = next(b.device for b in backends if b.name == row.backend.split("+")[0])
         with torch.no_grad():  # the plotted output comes from the first backend that ran the op
             out = fn(*(t.to(dev) for t in tensors), **kw)
         arrays = elements(out, op, *tensors, **kw)
-        error_plots(arrays, f"{op} on {row.backend}: {row.report.verdict}", a.plot)
+        with _Writing("--plot", a.plot):
+            error_plots(arrays, f"{op} on {row.backend}: {row.report.verdict}", a.plot)
         print(f"plot: {a.plot}")
-    return 0
+    return 1 if failed else 0
 
 
 def cmd_sweep(a):
     torch = _torch()
     import numpy as np
 
-    import refkern.torch as rkt
-
-    if a.op not in ("dot", "matmul", "linear"):
-        raise UsageError(f"sweep takes dot, matmul or linear (an op with a reduction length K); got {a.op!r}")
     ks = _krange(a.k)
     if a.png:
         _need_matplotlib("--png")
-    dt = _dtype(torch, a.dtype)
-    backends = [b for b in rkt.devices() if not a.device or b.name in a.device or b.kind in a.device]
-    if not backends:
-        raise UsageError(f"--device {' '.join(a.device)}: none of these is available here")
+    dtype = a.dtype or "float32"
+    dt = _dtype(torch, dtype)
+    backends = _backends(a.device)
     from refkern.analysis.compare import elements
 
-    fn = _torch_fn(torch, a.op)
+    fn = _torch_fn(a.op)
     g = torch.Generator().manual_seed(a.seed)
     rows = []
     try:
@@ -220,7 +366,7 @@ def cmd_sweep(a):
                 args = (torch.randn(a.m, k, generator=g).to(dt), torch.randn(a.n if a.op == "linear" else k,
                         k if a.op == "linear" else a.n, generator=g).to(dt))  # fmt: skip
             for b in backends:
-                if str(dt).removeprefix("torch.") not in b.dtypes:
+                if dtype not in b.dtypes:
                     continue
                 out = fn(*(t.to(b.device) for t in args))
                 e = elements(out, a.op, *args)
@@ -233,7 +379,7 @@ def cmd_sweep(a):
                 if progress:
                     progress.advance(tid)
     if not rows:
-        raise UsageError(f"no backend here computes {a.op} in {a.dtype}; try another --device or --dtype")
+        raise UsageError(f"no backend here computes {a.op} in {dtype}; try another --device or --dtype")
     print(f"{'K':>7} {'backend':<10} {'verdict':<26} {'max|err|/M':>11} {'median':>10} {'sum|err|':>10}")
     for r in rows:
         v = r["verdict"] + (f" ({r['precision']})" if r["precision"] else "")
@@ -242,7 +388,7 @@ def cmd_sweep(a):
     if a.csv:
         import csv
 
-        with open(a.csv, "w", newline="") as f:
+        with _Writing("--csv", a.csv), open(a.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
@@ -250,10 +396,11 @@ def cmd_sweep(a):
     if a.png:
         from refkern.report.plots import sweep_plot
 
-        sweep_plot(rows, a.op, a.dtype, a.png, u=2.0**-53 if a.dtype == "float64" else 2.0**-24)
+        with _Writing("--png", a.png):
+            sweep_plot(rows, a.op, dtype, a.png, u=2.0**-53 if dtype == "float64" else 2.0**-24)
         print(f"plot: {a.png}")
     if a.json:
-        _write_json(a.json, {"command": "sweep", "op": a.op, "dtype": a.dtype, "rows": rows})
+        _write_json(a.json, {"command": "sweep", "op": a.op, "dtype": dtype, "rows": rows})
     return 0
 
 
@@ -265,18 +412,41 @@ class _Null:
         return False
 
 
+def _import_target(target):
+    """The module of MODULE:FACTORY: an import path (from the current directory) or a .py file."""
+    mod_name = target.rsplit(":", 1)[0]
+    if mod_name.endswith(".py") or "/" in mod_name or os.sep in mod_name:
+        path = os.path.abspath(mod_name)
+        if not os.path.isfile(path):
+            raise UsageError(f"{mod_name!r}: no such file (MODULE:FACTORY takes an import path or a .py file)")
+        name = os.path.splitext(os.path.basename(path))[0]
+        sys.path.insert(0, os.path.dirname(path))  # the model file's own imports resolve beside it
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        run = lambda: spec.loader.exec_module(mod)  # noqa: E731
+    else:
+        sys.path.insert(0, os.getcwd())
+        mod = None
+        run = lambda: importlib.import_module(mod_name)  # noqa: E731
+    try:
+        got = run()
+    except ImportError as exc:
+        raise UsageError(f"cannot import {mod_name!r}: {exc}") from None
+    except Exception as exc:  # the module itself failed: name its error, not ours
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise UsageError(f"importing {mod_name!r} raised {type(exc).__name__}: {why}") from None
+    return mod if mod is not None else got
+
+
 def cmd_audit(a):
     torch = _torch()
     import refkern.torch as rkt
 
     if ":" not in a.target:
-        raise UsageError(f"{a.target!r} must be MODULE:FACTORY, e.g. mypkg.models:make_model")
-    mod_name, factory = a.target.split(":", 1)
-    sys.path.insert(0, os.getcwd())
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import {mod_name!r}: {exc}") from None
+        raise UsageError(f"{a.target!r} must be MODULE:FACTORY, e.g. mypkg.models:make_model or ./model.py:make")
+    mod_name, factory = a.target.rsplit(":", 1)
+    mod = _import_target(a.target)
     make = getattr(mod, factory, None)
     if not callable(make):
         raise UsageError(f"{mod_name!r} has no callable {factory!r}")
@@ -288,17 +458,26 @@ def cmd_audit(a):
         ) from None
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"{a.target} returned {type(model).__name__}, not a torch.nn.Module")
-    dt = _dtype(torch, a.dtype)
-    device = a.device or "cpu"
+    dtype = a.dtype or "float32"
+    dt = _dtype(torch, dtype)
+    backend = _backends([a.device] if a.device else ["cpu"])[0]
     try:
-        model = model.to(device=device, dtype=dt).eval()
+        model = model.to(device=backend.device, dtype=dt).eval()
     except (RuntimeError, AssertionError) as exc:
-        raise UsageError(f"--device {device!r}: {str(exc).splitlines()[0]}") from None
+        raise UsageError(f"--device {a.device!r}: {str(exc).splitlines()[0]}") from None
     g = torch.Generator().manual_seed(a.seed)
-    x = torch.randn(*a.input_shape, generator=g).to(device=device, dtype=dt)
-    with torch.no_grad(), rkt.audit() as au:
-        model(x)
-    print(au.report())
+    shape = tuple(a.input_shape)
+    x = torch.randn(*shape, generator=g).to(device=backend.device, dtype=dt)
+    try:
+        with torch.no_grad(), rkt.audit() as au:
+            model(x)
+    except Exception as exc:  # the model's own error (the audit never raises): the input does not fit it
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise UsageError(
+            f"the model rejected an input of shape {shape} ({dtype} on {backend.name}): {type(exc).__name__}: "
+            f"{why}. Give the shape it takes with --input-shape"
+        ) from None
+    print(au.report(order="worst" if a.worst_first else "call"))
     if a.json:
         calls = [{"index": c.index, "name": c.name, "op": c.op, "device": c.device, "dtype": c.dtype,
                   "shapes": [list(s) for s in c.shapes], "note": c.note,
@@ -359,18 +538,37 @@ def cmd_doctor(a):
     return 0
 
 
+def run_benchmarks(commands, strict: bool, out=print) -> int:
+    """Run each benchmark command, passing its output through; count the targets it reports as
+    MISSED. Exit status: a benchmark's own failure, else 1 for a missed target under ``strict``."""
+    rc, missed = 0, []
+    for cmd in commands:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+        for line in proc.stdout:
+            out(line.rstrip("\n"))
+            if line.rstrip().endswith("MISSED"):
+                missed.append(line.strip())
+        rc |= proc.wait()
+    if missed:
+        tail = "; exit status 1 (--strict)" if strict else " (reported only; --strict makes a missed target exit 1)"
+        out(f"bench: {len(missed)} target{'s' if len(missed) > 1 else ''} missed{tail}")
+    if rc:
+        return rc
+    return 1 if strict and missed else 0
+
+
 def cmd_bench(a):
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
     scripts = [os.path.join(root, s) for s in ("bench_dot.py", "bench_kernels.py")]
     if not all(os.path.exists(s) for s in scripts):
         raise UsageError(f"the benchmarks live in the source tree ({root}); run from a clone of refkern")
-    rc = 0
+    commands = []
     for s in scripts:
         args = [sys.executable, s] + (["--quick"] if a.quick else [])
         if a.quick and s.endswith("bench_dot.py"):
             args += ["--sizes", "1e3,1e5,1e6"]
-        rc |= subprocess.call(args)
-    return rc
+        commands.append(args)
+    return run_benchmarks(commands, a.strict)
 
 
 # -------------------------------------------------------------------------------- parser
@@ -394,9 +592,12 @@ def _parser() -> argparse.ArgumentParser:
         "--shape", nargs="+", type=_shape, metavar="S", help="operand shapes in order, e.g. 8,3,32,32 16,3,3,3 16"
     )
     c.add_argument("--kw", nargs="+", metavar="K=V", help="op arguments, e.g. padding=1 stride=(2,1) padding=same")
-    c.add_argument("--input", metavar="FILE", help=".npz or .pt file with the operands (x, weight, bias / a, b)")
-    c.add_argument("--device", nargs="+", metavar="D", help="backends (default: all): cpu cuda cuda:1 mps xpu dml")
-    c.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 (default) or float64")
+    c.add_argument("--input", metavar="FILE", help=".npz or .pt file with the operands (x, weight, bias / a, b), "
+                   "instead of --shape")  # fmt: skip
+    c.add_argument("--device", nargs="+", metavar="D", help="backends (default: all here): cpu cuda cuda:1 mps "
+                   "xpu dml; one this machine lacks is an error")  # fmt: skip
+    c.add_argument("--dtype", help="float16, bfloat16, float32 (default for --shape) or float64; with --input the "
+                   "operands are converted to it (default: the file's own dtypes)")  # fmt: skip
     c.add_argument("--compile", action="store_true", help="also each backend's torch.compile'd form")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", metavar="FILE", help="write the result as JSON")
@@ -406,10 +607,11 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="error against reduction length, with the fp32 bounds drawn")
     s.add_argument("op", choices=["dot", "matmul", "linear"])
     s.add_argument("--k", required=True, metavar="START:STOP[:STEP]", help="reduction lengths, e.g. 16:4096:256")
-    s.add_argument("--m", type=int, default=16, help="rows (default 16)")
-    s.add_argument("--n", type=int, default=16, help="columns / out features (default 16)")
-    s.add_argument("--device", nargs="+", metavar="D", help="backends (default: all)")
-    s.add_argument("--dtype", default="float32")
+    s.add_argument("--m", type=_positive("rows"), default=16, help="rows (default 16)")
+    s.add_argument("--n", type=_positive("columns"), default=16, help="columns / out features (default 16)")
+    s.add_argument("--device", nargs="+", metavar="D", help="backends (default: all here); one this machine lacks "
+                   "is an error")  # fmt: skip
+    s.add_argument("--dtype", help="float16, bfloat16, float32 (default) or float64")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--png", metavar="FILE", help="write the curves (PNG)")
     s.add_argument("--csv", metavar="FILE", help="write the table (CSV)")
@@ -417,10 +619,13 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_sweep)
 
     au = sub.add_parser("audit", help="every conv/linear/matmul call of a model, per layer")
-    au.add_argument("target", metavar="MODULE:FACTORY", help="import path of a function returning an nn.Module")
+    au.add_argument("target", metavar="MODULE:FACTORY", help="a function returning an nn.Module: an import path "
+                    "(mypkg.models:make, from the current directory) or a file (./model.py:make)")  # fmt: skip
     au.add_argument("--input-shape", required=True, type=_shape, metavar="S", help="e.g. 1,3,32,32")
-    au.add_argument("--dtype", default="float32")
-    au.add_argument("--device", default=None, help="where the model runs (default cpu)")
+    au.add_argument("--dtype", help="float16, bfloat16, float32 (default) or float64")
+    au.add_argument("--device", default=None, help="where the model runs (default cpu); one this machine lacks "
+                    "is an error")  # fmt: skip
+    au.add_argument("--worst-first", action="store_true", help="list the calls worst first (default: call order)")
     au.add_argument("--seed", type=int, default=0)
     au.add_argument("--strict", action="store_true", help="exit 1 if a call is neither exact nor rounding")
     au.add_argument("--json", metavar="FILE")
@@ -432,21 +637,27 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="run the benchmarks (from a source checkout)")
     b.add_argument("--quick", action="store_true", help="fewer sizes")
+    b.add_argument("--strict", action="store_true", help="exit 1 when a speed target is missed (by default the "
+                   "targets are only reported)")  # fmt: skip
     b.set_defaults(run=cmd_bench)
     return p
 
 
 def main(argv=None) -> int:
     p = _parser()
+    args = None
     try:
         args = p.parse_args(argv)
         if args.command is None:
             p.print_help()
             return 2
+        for option in OUTPUT_OPTIONS:
+            if getattr(args, option, None):
+                _check_output(f"--{option}", getattr(args, option))
         return args.run(args)
     except UsageError as exc:
-        cmd = getattr(locals().get("args"), "command", None) if "args" in locals() else None
-        prog = "refkern" + (f" {cmd}" if cmd else "")
+        cmd = getattr(args, "command", None)
+        prog = exc.prog or ("refkern" + (f" {cmd}" if cmd else ""))
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

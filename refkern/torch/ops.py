@@ -151,14 +151,16 @@ _OPERANDS = {"dot": ("x", "y"), "matmul": ("a", "b"), "linear": ("x", "weight", 
 
 
 def op_keywords(op: str) -> tuple:
-    """The keyword arguments refkern's ``op`` takes besides its operands (``accumulate`` and
-    ``accum_dtype`` excluded: a reference for a backend is always exact)."""
+    """The arguments of refkern's ``op`` that torch's op takes too, besides the operands: its
+    positional-or-keyword parameters. The keyword-only ones (``accumulate``, ``accum_dtype``,
+    how the reference is computed) are excluded: a reference for a backend is always exact."""
     import inspect
 
     import refkern
 
-    params = inspect.signature(getattr(refkern, op)).parameters
-    return tuple(k for k in params if k not in _OPERANDS[op] and k not in ("accumulate", "accum_dtype"))
+    params = inspect.signature(getattr(refkern, op)).parameters.values()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in params if p.kind in positional and p.name not in _OPERANDS[op])
 
 
 def check_keywords(op: str, names, where: str) -> None:

@@ -84,6 +84,17 @@ def _positive(what):
     return parse
 
 
+def _seed(text):
+    """torch.Generator.manual_seed's range: -2**63 .. 2**64 - 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = None
+    if v is None or not -(2**63) <= v < 2**64:
+        raise argparse.ArgumentTypeError(f"must be an integer from -2**63 to 2**64 - 1; got {text!r}")
+    return v
+
+
 def _kwargs(items, op) -> dict:
     """--kw name=value items, checked against the arguments ``op`` takes (near names suggested)."""
     from refkern.torch.ops import check_keywords
@@ -599,7 +610,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", help="float16, bfloat16, float32 (default for --shape) or float64; with --input the "
                    "operands are converted to it (default: the file's own dtypes)")  # fmt: skip
     c.add_argument("--compile", action="store_true", help="also each backend's torch.compile'd form")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=_seed, default=0)
     c.add_argument("--json", metavar="FILE", help="write the result as JSON")
     c.add_argument("--plot", metavar="FILE", help="write an ulp histogram and error-against-bound plot (PNG)")
     c.set_defaults(run=cmd_check)
@@ -612,7 +623,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--device", nargs="+", metavar="D", help="backends (default: all here); one this machine lacks "
                    "is an error")  # fmt: skip
     s.add_argument("--dtype", help="float16, bfloat16, float32 (default) or float64")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=_seed, default=0)
     s.add_argument("--png", metavar="FILE", help="write the curves (PNG)")
     s.add_argument("--csv", metavar="FILE", help="write the table (CSV)")
     s.add_argument("--json", metavar="FILE")
@@ -626,7 +637,7 @@ def _parser() -> argparse.ArgumentParser:
     au.add_argument("--device", default=None, help="where the model runs (default cpu); one this machine lacks "
                     "is an error")  # fmt: skip
     au.add_argument("--worst-first", action="store_true", help="list the calls worst first (default: call order)")
-    au.add_argument("--seed", type=int, default=0)
+    au.add_argument("--seed", type=_seed, default=0)
     au.add_argument("--strict", action="store_true", help="exit 1 if a call is neither exact nor rounding")
     au.add_argument("--json", metavar="FILE")
     au.set_defaults(run=cmd_audit)

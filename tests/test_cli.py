@@ -142,6 +142,8 @@ def test_check_input_file(tmp_path):
         (("sweep", "linear", "--k", "64:16"), "refkern sweep: error: --k '64:16': STOP must not be below START; write 16:64"),
         (("sweep", "linear", "--k", "0:16"), "refkern sweep: error: --k '0:16': START must be at least 1"),
         (("sweep", "linear", "--k", "16:64", "--m", "0"), "refkern sweep: error: argument --m: must be a positive integer (rows); got '0'"),
+        (("sweep", "dot", "--k", "16:32", "--seed", "99999999999999999999999"), "refkern sweep: error: argument --seed: must be an integer from -2**63 to 2**64 - 1; got '99999999999999999999999'"),
+        (("check", "linear", "--shape", "2,3", "4,3", "--seed", "x"), "refkern check: error: argument --seed: must be an integer"),
         (("sweep", "matmul", "--k", "16:64", "--n", "-3"), "refkern sweep: error: argument --n: must be a positive integer (columns); got '-3'"),
         (("audit", "nosuch:make", "--input-shape", "1,3"), "refkern audit: error: cannot import 'nosuch'"),
         (("audit", "./nosuch.py:make", "--input-shape", "1,3"), "refkern audit: error: './nosuch.py': no such file"),

@@ -201,16 +201,18 @@ def _gemm(a, bt, bias=None, fmt=FLOAT64, **kw):
 @pytest.mark.parametrize("combine", ["numba", "torch"])
 @pytest.mark.parametrize("memory", [None, 1 << 15])
 @pytest.mark.parametrize("max_slices", [None, 2])
-def test_gemm_paths(combine, memory, max_slices):
+@pytest.mark.parametrize("karatsuba", [None, False, True])
+def test_gemm_paths(combine, memory, max_slices, karatsuba):
     """Tiles over M, N and K (a 32 KiB budget), rows and columns sent to the fallback
-    (max_slices=2 with a wide spread), and both roundings: all bit-identical."""
-    rng = _rng("paths", combine, memory, max_slices)
+    (max_slices=2 with a wide spread), both product schemes, and both roundings: all
+    bit-identical."""
+    rng = _rng("paths", combine, memory, max_slices, karatsuba)
     a = _data(rng, (37, 300), "float64", "spread").double()
     bt = _data(rng, (29, 300), "float64", "cancel").double()
     a[3, 7] = np.inf
     bt[5, 1] = np.nan
     bias = _data(rng, (29,), "float64", "normal").double()
-    got = _gemm(a, bt, bias, memory=memory, max_slices=max_slices, combine=combine)
+    got = _gemm(a, bt, bias, memory=memory, max_slices=max_slices, combine=combine, karatsuba=karatsuba)
     want = rk.linear(a, bt, bias, engine="numba")
     _all_same(got, want)
 
@@ -218,8 +220,8 @@ def test_gemm_paths(combine, memory, max_slices):
 def test_tiles_respect_the_budget():
     for m, n, k in [(1000, 1000, 1000), (1, 1, 2**20), (25088, 64, 577)]:
         for budget in (1 << 20, 1 << 26):
-            tm, tn, tk = blas._tiles(m, n, k, 2, 2, budget, "numba")
-            assert blas.peak_bytes(tm, tn, tk, 2, 2) <= budget or (tm <= 16 and tn <= 16 and tk <= 256)
+            tm, tn, tk = blas._tiles(m, n, k, 2, 2, budget, "numba", 3)
+            assert blas.peak_bytes(tm, tn, tk, 2, 2, 3) <= budget or (tm <= 16 and tn <= 16 and tk <= 256)
 
 
 @pytest.mark.parametrize("fmt", [FLOAT16, FLOAT32, FLOAT64], ids=lambda f: f.name)
@@ -239,9 +241,7 @@ def test_torch_and_numba_rounding_agree(fmt):
     v1, z1 = ozaki.round_digits(g, ea[:, None] + eb[None, :] + c, w, *fmt.params)
     v2 = torch.empty(40, 50, dtype=torch.float64)
     z2 = torch.empty(40, 50, dtype=torch.bool)
-    hi = (g >> 52) << 52  # the int64 part; the rest as float64 (exact below 2**52)
-    lo = (g - hi).double()
-    round_planes(hi.numpy(), lo.numpy(), True, ea.numpy(), eb.numpy(), c, w, *fmt.params, v2.numpy(), z2.numpy())
+    round_planes(g.numpy(), ea.numpy(), eb.numpy(), c, w, *fmt.params, v2.numpy(), z2.numpy())
     _all_same(v1, v2)
     assert torch.equal(z1, z2)
     for i, j in [(0, 0), (3, 4), (7, 9), (20, 30), (39, 49)]:  # against Python integers
@@ -252,57 +252,93 @@ def test_torch_and_numba_rounding_agree(fmt):
         assert same(float(v1[i, j]), want), (i, j)
 
 
-def _planes_match_exact_products(a, bt):
+def _planes_match_exact_products(a, bt, karatsuba=False):
     """Slice A and Bt at the engine's width, run the slice GEMMs as the engine does, and check
     that the digit planes add up exactly (in rationals) to every exact dot product."""
     k = a.shape[1]
-    w = ozaki.slice_width(k)
+    w = ozaki.slice_width(k, karatsuba)
     Ea, la, _ = ozaki.row_stats(a, 53, -1074)
     Eb, lb, _ = ozaki.row_stats(bt, 53, -1074)
     sa, sb = int(ozaki.slices_needed(Ea, la, w).max()), int(ozaki.slices_needed(Eb, lb, w).max())
+    if karatsuba:
+        sa = sb = max(sa, sb)
     s_a = ozaki.make_slices(a, Ea, sa, w, torch.ones(a.shape[0], dtype=torch.bool))
     s_b = ozaki.make_slices(bt, Eb, sb, w, torch.ones(bt.shape[0], dtype=torch.bool))
-    planes = torch.zeros((sa + sb - 1, a.shape[0], bt.shape[0]), dtype=torch.float64)
-    digits = torch.zeros(planes.shape, dtype=torch.int64)
-    ozaki.slice_products(s_a, s_b, planes, [0] * (sa + sb - 1), k, w, digits)
-    digits += planes.to(torch.int64)
+    planes = torch.zeros((sa + sb - 1, a.shape[0], bt.shape[0]), dtype=torch.int64)
+    ozaki.products(
+        s_a, s_b, [], [], planes, lambda d, x, sign: planes[d].add_(x.to(torch.int64), alpha=sign), karatsuba
+    )
     ra = [[Fraction(v) for v in row] for row in a.tolist()]
     rb = [[Fraction(v) for v in row] for row in bt.tolist()]
     for i in range(a.shape[0]):
         for j in range(bt.shape[0]):
             e0 = int(Ea[i]) + int(Eb[j]) + 2 - 2 * w
-            got = sum(Fraction(int(digits[d, i, j])) * Fraction(2) ** (e0 - d * w) for d in range(sa + sb - 1))
+            got = sum(Fraction(int(planes[d, i, j])) * Fraction(2) ** (e0 - d * w) for d in range(sa + sb - 1))
             if got != sum(x * y for x, y in zip(ra[i], rb[j])):
                 return False
     return True
 
 
-def test_slice_products_add_up_exactly():
-    rng = _rng("planes")
+@pytest.mark.parametrize("karatsuba", [False, True])
+def test_slice_products_add_up_exactly(karatsuba):
+    rng = _rng("planes", karatsuba)
     a = _data(rng, (4, 700), "float64", "spread").double()
     bt = _data(rng, (3, 700), "float64", "cancel").double()
-    assert _planes_match_exact_products(a, bt)
+    assert _planes_match_exact_products(a, bt, karatsuba)
 
 
-def _odd_21_bit(rng, shape):
-    """Odd integers just below 2**21, times 2**-21: one slice each at width 21."""
-    return torch.from_numpy(((2**21 - rng.integers(1, 2**10, shape)) | 1) * 2.0**-21)
+def _near_top(rng, shape, w, two):
+    """Values whose slices at width w are (c0, c1) with c0 + c1 near 1.5 * 2**w and odd
+    (``two``), or a single odd slice c0 near 2**w."""
+    c0 = 2**w - 2 * rng.integers(1, 2**9, shape)  # even, just below 2**w
+    if not two:
+        return torch.from_numpy((c0 + 1) * 2.0**-w)
+    c1 = 2 ** (w - 1) - 2 * rng.integers(1, 2**9, shape) - 1  # odd, just below 2**(w-1)
+    return torch.from_numpy((c0 * 2.0**w + c1) * 2.0 ** (-2 * w))
 
 
-def test_wrong_slice_bound_is_caught(monkeypatch):
-    """One bit wider than the bound (K 2**(2w + 2) > 2**53) and a slice GEMM must round.
+@pytest.mark.parametrize("karatsuba", [False, True])
+def test_wrong_slice_bound_is_caught(monkeypatch, karatsuba):
+    """One bit wider than the bound and a slice GEMM must round.
 
-    K = 4095 terms of odd 21-bit integers (times 2**-21): at the right width (20) each value
-    takes two slices and every plane is exact. At width 21 each is one slice, and the first
-    plane sums 4095 odd products near 2**42: an odd integer near 2**54, which no float64
-    holds, so whatever order the BLAS adds in, the plane is wrong, and the planes no longer
-    add up to the exact dot products."""
-    rng = _rng("wrong")
-    a, bt = _odd_21_bit(rng, (4, 4095)), _odd_21_bit(rng, (4, 4095))
-    assert ozaki.slice_width(4095) == 20 and _planes_match_exact_products(a, bt)
+    K = 4095 terms. Plain: odd one-slice integers near 2**21 at width 21 (the bound allows
+    20): the first plane sums 4095 odd products near 2**42, an odd integer near 2**54. With
+    Karatsuba: two slices c0 + c1 near 1.5 * 2**20 (odd) at width 20 (the bound allows 19):
+    the product of the slice sums is an odd integer near 2**53.2. No float64 holds either, so
+    whatever order the BLAS adds in, a plane is wrong and the planes no longer add up to the
+    exact dot products; at the right width they do."""
+    rng = _rng("wrong", karatsuba)
+    w_bad = 20 if karatsuba else 21
+    a, bt = (_near_top(rng, (3, 4095), w_bad, karatsuba) for _ in range(2))
+    assert ozaki.slice_width(4095, karatsuba) == w_bad - 1
+    assert _planes_match_exact_products(a, bt, karatsuba)
     right = ozaki.slice_width
-    monkeypatch.setattr(ozaki, "slice_width", lambda k: right(k) + 1)
-    assert not _planes_match_exact_products(a, bt), "a slice width one bit too wide went unnoticed"
+    monkeypatch.setattr(ozaki, "slice_width", lambda k, kara=False: right(k, kara) + 1)
+    assert not _planes_match_exact_products(a, bt, karatsuba), "a slice width one bit too wide went unnoticed"
+
+
+def test_sparse_tails():
+    """Rows with one tiny element need one more slice: the plan keeps the dense count and
+    multiplies that element's tail slice as a sparse matrix."""
+    rng = _rng("tails")
+    a = torch.from_numpy(rng.standard_normal((40, 200)))
+    a[torch.arange(0, 40, 3), 5] *= 2.0**-40
+    bt = torch.from_numpy(rng.standard_normal((30, 200)))
+    bt[7, 3] *= 2.0**-45
+    seen = []
+    real = ozaki.products
+
+    def spy(sa, sb, ta, tb, *args):
+        seen.append((sa.shape[0], sb.shape[0], len(ta), len(tb)))
+        return real(sa, sb, ta, tb, *args)
+
+    ozaki.products = spy
+    try:
+        got = _gemm(a, bt)
+    finally:
+        ozaki.products = real
+    assert seen and seen[0][2] > 0 and seen[0][3] > 0, seen
+    _all_same(got, rk.linear(a, bt, engine="numba"))
 
 
 # ---------------------------------------------------------------------------- convolutions

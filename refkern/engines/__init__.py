@@ -7,8 +7,8 @@ Both give the same, correctly rounded, results; only the speed differs. ``engine
 CUDA device, and the GEMM is large (``M * N * K >= AUTO_MIN_WORK``, ``M, N >=
 AUTO_MIN_SIDE``, ``K >= AUTO_MIN_K``; smaller ones cost little on the CPU and are not worth
 a GPU launch). Everything else runs on ``"numba"``: on the 2-core CPU this was built on,
-the BLAS engine's four (float32) or nine (float64) slice GEMMs plus slicing and rounding
-measured 1.3-4x slower than the Numba kernel at every benchmark size
+the BLAS engine's three (float32, Karatsuba) or nine (float64) slice GEMMs plus slicing and
+rounding measured slower than the Numba kernel at every benchmark size
 (benchmarks/bench_engines.py), so it is chosen on the CPU only by name.
 
 Importing this package imports neither torch nor numba's kernels; :func:`status` says what

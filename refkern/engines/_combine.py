@@ -10,7 +10,7 @@ from numba import prange
 
 from refkern._jit import jit
 
-__all__ = ["round_planes", "make_slices_cpu"]
+__all__ = ["round_planes", "make_slices_cpu", "add_plane"]
 
 
 @jit(inline="always")
@@ -43,18 +43,25 @@ def make_slices_cpu(x, e, w, keep, out):
 
 
 @jit(parallel=True)
-def round_planes(g, gf, has_g, ea, eb, c, w, prec, emin, emax, out, zero):
-    """out[i, j] = sum_k G[k, i, j] * 2**(ea[i] + eb[j] + c - k w) rounded once to (prec, emin,
-    emax), G = g (int64, only if ``has_g``) + gf (float64 holding integers below 2**53, converted
-    exactly); zero[i, j] = whether that sum is exactly 0 (out = +0 then). |G| < 2**60."""
-    n, m, nn = gf.shape
+def add_plane(plane, x, sign):
+    """plane += sign * x, x float64 integers below 2**53 (converted exactly), plane int64."""
+    for i in prange(plane.shape[0]):
+        for j in range(plane.shape[1]):
+            plane[i, j] += sign * np.int64(x[i, j])
+
+
+@jit(parallel=True)
+def round_planes(g, ea, eb, c, w, prec, emin, emax, out, zero):
+    """out[i, j] = sum_k g[k, i, j] * 2**(ea[i] + eb[j] + c - k w) rounded once to (prec, emin,
+    emax); zero[i, j] = whether that sum is exactly 0 (out = +0 then). |g| < 2**60."""
+    n, m, nn = g.shape
     mask = (np.int64(1) << w) - 1
     for i in prange(m):
         d = np.empty(n + 1, np.int64)
         for j in range(nn):
             d[0] = 0
             for k in range(n):
-                d[k + 1] = np.int64(gf[k, i, j]) + (g[k, i, j] if has_g else 0)
+                d[k + 1] = g[k, i, j]
             for k in range(n, 0, -1):  # carry: digits below the top in [0, 2**w)
                 d[k - 1] += d[k] >> w
                 d[k] &= mask

@@ -7,16 +7,20 @@ sum rounded once to the result format, for float64 tensors holding the inputs' e
 1. **Bias.** The bias is one more term: a column ``c`` (a power of two near the rows' typical
    magnitude) is appended to A and ``bias / c`` to Bt, both exact (``c = 1`` if ``bias / c``
    would lose a bit).
-2. **Slice counts.** Per row of A and of Bt, :func:`~refkern.engines.ozaki.slices_needed`
-   at the width ``w = slice_width(K)``. The counts (S_A, S_B) minimise the estimated cost
-   ``S_A * S_B`` slice GEMMs plus ``FALLBACK_COST * (rows left out / M + columns left out / N)``
-   (a row done by Numba costs that many GEMM rows), each at most ``MAX_SLICES``.
-3. **Fallback.** Rows needing more than S_A slices, rows holding inf or NaN, and the same for
-   columns, are zero in the slices; their outputs are then recomputed by the Numba kernel
-   (:func:`refkern.kernels.gemm.run_gemm`, on the CPU), which is exact on every input.
+2. **Plan.** Per row of A and of Bt, :func:`~refkern.engines.ozaki.slices_needed` at the
+   width ``w = slice_width(K)`` (plain) or ``slice_width(K, karatsuba=True)``. The scheme and
+   the dense counts (S_A, S_B) minimise the estimated cost: ``S_A S_B`` GEMMs (plain) or
+   ``S (S + 1) / 2`` (Karatsuba, S_A = S_B = S), plus ``TAIL_COST`` GEMM rows per extra slice
+   of a row (beyond the dense count) and slice of the other side, plus ``FALLBACK_COST`` GEMM
+   rows per row left to Numba. The extra ("tail") slices of a row are multiplied restricted
+   to their nonzero columns: only a row's smallest elements reach them.
+3. **Fallback.** Rows needing more than ``MAX_SLICES`` slices or holding inf or NaN, and the
+   same for columns, are zero in the slices; their outputs are then recomputed by the Numba
+   kernel (:func:`refkern.kernels.gemm.run_gemm`, on the CPU), which is exact on every input.
 4. **Tiles.** Outputs in tiles of ``tm x tn``, K in chunks of ``tk`` (the digit planes are
    integers, so chunks add exactly; ``w`` follows from the whole K). The tile sizes halve
    until :func:`peak_bytes` fits ``memory`` (default ``MEMORY`` = 512 MiB).
+   The products themselves: :func:`refkern.engines.ozaki.products`.
 5. **Signed zeros.** An exactly zero sum is -0 only when every term is -0 (IEEE 754):
    counted exactly for the zero elements only, by one GEMM of 0/+-1 indicators.
 """
@@ -25,30 +29,30 @@ import numpy as np
 import torch
 
 from refkern.engines import ozaki
-from refkern.engines._combine import make_slices_cpu, round_planes
+from refkern.engines._combine import add_plane, make_slices_cpu, round_planes
 from refkern.kernels._element import row_stats as _row_bits
 
-__all__ = ["gemm", "peak_bytes", "MEMORY", "MAX_SLICES", "FALLBACK_COST"]
+__all__ = ["gemm", "peak_bytes", "MEMORY", "MAX_SLICES", "FALLBACK_COST", "TAIL_COST"]
 
 MEMORY = 1 << 29  # bytes of scratch per call, beyond the operands and the result
 MAX_SLICES = 8  # per operand: rows spanning more than 8 w bits (>= 128 for K <= 2**20) fall back
 FALLBACK_COST = {True: 6.0, False: 20.0}  # Numba exact / one float64 GEMM, narrow and float64 inputs
-ROUND_PLANES = {"numba": 2, "torch": 16}  # temporaries of the rounding per output element
+TAIL_COST = 1.2  # a row's tail slice against one slice of the other side, in GEMM rows (gathers cost)
+ROUND_PLANES = {"numba": 2, "torch": 15}  # temporaries of the rounding per output element
 
 
-def peak_bytes(tm: int, tn: int, tk: int, sa: int, sb: int, combine: str = "numba") -> int:
-    """Scratch bytes of one tile, all in 8-byte elements: the slices of A and Bt with two
-    temporaries each (tm tk and tn tk), the float64 and int64 digit planes (2 (sa + sb - 1),
-    one more int64 copy in the torch rounding), a conversion temporary, and the rounding's
-    own temporaries (ROUND_PLANES per output element)."""
-    digits = sa + sb - 1
-    planes = 1 + 2 * digits + (digits + 1 if combine == "torch" else 0) + ROUND_PLANES[combine]
-    return 8 * ((sa + 2) * tm * tk + (sb + 2) * tn * tk + tm * tn * planes)
+def peak_bytes(tm: int, tn: int, tk: int, sa: int, sb: int, planes: int, combine: str = "numba") -> int:
+    """Scratch bytes of one tile, all in 8-byte elements: the dense slices of A and Bt with
+    three temporaries each (slicing; a Karatsuba sum), the int64 digit planes, the GEMM result
+    and its int64 copy, and the rounding's temporaries (ROUND_PLANES per output element, and
+    with torch a copy of the planes). The sparse tails come on top (a few % of a slice)."""
+    per_out = planes + 2 + ROUND_PLANES[combine] + (planes + 1 if combine == "torch" else 0)
+    return 8 * ((sa + 3) * tm * tk + (sb + 3) * tn * tk + tm * tn * per_out)
 
 
-def _tiles(m, n, k, sa, sb, memory, combine):
+def _tiles(m, n, k, sa, sb, memory, combine, planes):
     tm, tn, tk = max(m, 1), max(n, 1), max(k, 1)
-    while peak_bytes(tm, tn, tk, sa, sb, combine) > memory:
+    while peak_bytes(tm, tn, tk, sa, sb, planes, combine) > memory:
         cands = [(tk / 4, "k")] if tk > 256 else []  # K chunks cost nothing extra; keep them long
         cands += [(tm, "m")] if tm > 16 else []
         cands += [(tn, "n")] if tn > 16 else []
@@ -90,23 +94,6 @@ def _stats(x, fmt, memory, combine):
             low[r0 : r0 + tr] = torch.minimum(low[r0 : r0 + tr], lo)
             fin[r0 : r0 + tr] &= f
     return E, low, fin
-
-
-def _choose(need_a, need_b, narrow, max_slices):
-    """(S_A, S_B) of least estimated cost (module docstring, step 2)."""
-    m, n = max(need_a.numel(), 1), max(need_b.numel(), 1)
-    ca = torch.bincount(need_a.clamp(0, max_slices + 1), minlength=max_slices + 2).cpu().tolist()
-    cb = torch.bincount(need_b.clamp(0, max_slices + 1), minlength=max_slices + 2).cpu().tolist()
-    over_a = [sum(ca[s + 1 :]) for s in range(max_slices + 1)]  # rows needing more than s slices
-    over_b = [sum(cb[s + 1 :]) for s in range(max_slices + 1)]
-    f = FALLBACK_COST[bool(narrow)]
-    best = None
-    for sa in range(1, max_slices + 1):
-        for sb in range(1, max_slices + 1):
-            cost = sa * sb + f * (over_a[sa] / m + over_b[sb] / n)
-            if best is None or cost < best[0]:
-                best = (cost, sa, sb)
-    return best[1], best[2]
 
 
 def _slices(x, E, s, w, keep, combine):
@@ -160,13 +147,70 @@ def _augment(A, Bt, bias, E_a):
     return A1, torch.cat([Bt, scaled[:, None]], 1), ec
 
 
-def gemm(A, Bt, bias, fmt, formats, fallback, *, memory=None, max_slices=None, combine=None):
+def _plan(k, stats_a, stats_b, narrow, max_slices, karatsuba=None):
+    """(karatsuba, w, S_A, S_B, need_a, need_b) of least estimated cost (module docstring);
+    ``karatsuba`` True / False restricts the choice to that scheme."""
+    best = None
+    for kara in (False, True) if karatsuba is None else (karatsuba,):
+        w = ozaki.slice_width(k, kara)
+        need = []
+        for E, low, fin in (stats_a, stats_b):
+            need.append(ozaki.slices_needed(E, low, w).where(fin, max_slices + 1))
+        hist = [torch.bincount(nd.clamp(0, max_slices + 1), minlength=max_slices + 2).cpu().tolist() for nd in need]
+        rows = [max(nd.numel(), 1) for nd in need]
+        fb = [hs[max_slices + 1] / r for hs, r in zip(hist, rows)]  # fraction left to Numba
+        f = FALLBACK_COST[bool(narrow)]
+        top = [max([q for q in range(max_slices + 1) if hs[q]] or [1]) for hs in hist]  # T_A, T_B
+        for sa in range(1, max_slices + 1):
+            for sb in range(1, max_slices + 1):
+                if kara and sa != sb:
+                    continue
+                # tail pairs: each extra slice of a row of A against all T_B slices of B; each
+                # extra slice of a row of B against the S_A dense slices of A
+                xa = sum(hs * (q - sa) for q, hs in enumerate(hist[0][: max_slices + 1]) if q > sa) / rows[0]
+                xb = sum(hs * (q - sb) for q, hs in enumerate(hist[1][: max_slices + 1]) if q > sb) / rows[1]
+                gemms = sa * (sa + 1) / 2 if kara else sa * sb
+                cost = gemms + TAIL_COST * (xa * max(top[1], sb) + xb * sa) + f * (fb[0] + fb[1])
+                if best is None or cost < best[0]:
+                    best = (cost, kara, w, sa, sb, need[0], need[1])
+    return best[1:]
+
+
+def _slice_rows(x, E, need, s, t, w, combine):
+    """Dense slices (s, rows, K) of the rows needing <= t slices, and the tails of the rows
+    needing more than s: [(q, R, C, T)], slice q >= s restricted to its nonzero rows R and
+    columns C (T = slice q[R][:, C], dense and small: only the smallest elements reach it)."""
+    dense = _slices(x, E, s, w, need <= s, combine)
+    rows = ((need > s) & (need <= t)).nonzero().flatten()
+    tails = []
+    if rows.numel():
+        full = _slices(x[rows], E[rows], t, w, torch.ones_like(rows, dtype=torch.bool), combine)
+        dense[:, rows] = full[:s]
+        for q in range(s, t):
+            nz = full[q] != 0
+            r = nz.any(1).nonzero().flatten()
+            c = nz.any(0).nonzero().flatten()
+            if r.numel():
+                tails.append((q, rows[r], c, full[q][r][:, c]))
+    return dense, tails
+
+
+def _adder(planes, combine):
+    """add(d, x, sign): planes[d] += sign * x (x: float64 integers below 2**53, exact)."""
+    if combine == "numba":
+        return lambda d, x, sign: add_plane(planes[d].numpy(), x.contiguous().numpy(), sign)
+    return lambda d, x, sign: planes[d].add_(x.to(torch.int64), alpha=sign)
+
+
+def gemm(A, Bt, bias, fmt, formats, fallback, *, memory=None, max_slices=None, combine=None, karatsuba=None):
     """``bias[j] + sum_k A[i, k] Bt[j, k]`` for every (i, j), exact, rounded once to ``fmt``.
 
     A (M, K), Bt (N, K), bias (N,) or None: float64 tensors on one device, holding the
     values of inputs in the ``formats`` (of A, Bt, bias) exactly. ``fallback(rows,
     cols)`` returns the exact result, as a float64 numpy array, for the index arrays
     ``rows`` of A and ``cols`` of Bt: the Numba kernel. Returns an (M, N) float64 tensor.
+    ``combine`` ("numba" on the CPU, "torch") picks the slicing and rounding code;
+    ``karatsuba`` (True / False) overrides the choice of the product scheme (tests).
     """
     memory = MEMORY if memory is None else memory
     max_slices = MAX_SLICES if max_slices is None else max_slices
@@ -179,46 +223,46 @@ def gemm(A, Bt, bias, fmt, formats, fallback, *, memory=None, max_slices=None, c
     narrow = max(formats[0].prec, formats[1].prec) <= 24
     fa = (formats[0].prec, formats[0].emin - formats[0].prec + 1)  # precision and smallest quantum
     fb = (formats[1].prec, formats[1].emin - formats[1].prec + 1)
-    E_a, low_a, fin_a = _stats(A, fa, memory, combine)
+    st_a = _stats(A, fa, memory, combine)
     if bias is not None:
-        A, Bt, ec = _augment(A, Bt, bias, E_a)
+        A, Bt, ec = _augment(A, Bt, bias, st_a[0])
         fz = formats[2]
         fa = (fa[0], min(fa[1], ec))  # the column c = 2**ec
         fb = (max(fb[0], fz.prec), min(fb[1], fz.emin - fz.prec + 1 - ec))  # and bias / c
-        E_a, low_a, fin_a = _stats(A, fa, memory, combine)
-    E_b, low_b, fin_b = _stats(Bt, fb, memory, combine)
+        st_a = _stats(A, fa, memory, combine)
+    st_b = _stats(Bt, fb, memory, combine)
     k = A.shape[1]
-    w = ozaki.slice_width(k)
-    need_a = ozaki.slices_needed(E_a, low_a, w).where(fin_a, max_slices + 1)
-    need_b = ozaki.slices_needed(E_b, low_b, w).where(fin_b, max_slices + 1)
-    sa, sb = _choose(need_a, need_b, narrow, max_slices)
-    keep_a, keep_b = need_a <= sa, need_b <= sb
-    tm, tn, tk = _tiles(m, n, k, sa, sb, memory, combine)
+    kara, w, sa, sb, need_a, need_b = _plan(k, st_a, st_b, narrow, max_slices, karatsuba)
+    E_a, E_b = st_a[0], st_b[0]
+    keep_a, keep_b = need_a <= max_slices, need_b <= max_slices
+    ta_max = int(need_a[keep_a].max()) if bool(keep_a.any()) else 1
+    tb_max = int(need_b[keep_b].max()) if bool(keep_b.any()) else 1
+    ta_max, tb_max = max(ta_max, sa), max(tb_max, sb)
+    planes_n = ta_max + tb_max - 1
+    tm, tn, tk = _tiles(m, n, k, sa, sb, memory, combine, planes_n)
     for i0 in range(0, m, tm):
         i1 = min(m, i0 + tm)
         for j0 in range(0, n, tn):
             j1 = min(n, j0 + tn)
-            planes = torch.zeros((sa + sb - 1, i1 - i0, j1 - j0), dtype=torch.float64, device=A.device)
-            digits = _LazyZeros(planes.shape, A.device)
-            load = [0] * (sa + sb - 1)
+            planes = torch.zeros((planes_n, i1 - i0, j1 - j0), dtype=torch.int64, device=A.device)
+            add = _adder(planes, combine)
             for k0 in range(0, k, tk):
                 k1 = min(k, k0 + tk)
-                s_a = _slices(A[i0:i1, k0:k1], E_a[i0:i1], sa, w, keep_a[i0:i1], combine)
-                s_b = _slices(Bt[j0:j1, k0:k1], E_b[j0:j1], sb, w, keep_b[j0:j1], combine)
-                ozaki.slice_products(s_a, s_b, planes, load, k1 - k0, w, digits)
-                del s_a, s_b
+                na, nb = need_a[i0:i1].where(keep_a[i0:i1], 0), need_b[j0:j1].where(keep_b[j0:j1], 0)
+                s_a, t_a = _slice_rows(A[i0:i1, k0:k1], E_a[i0:i1], na, sa, ta_max, w, combine)
+                s_b, t_b = _slice_rows(Bt[j0:j1, k0:k1], E_b[j0:j1], nb, sb, tb_max, w, combine)
+                ozaki.products(s_a, s_b, t_a, t_b, planes, add, kara)
+                del s_a, s_b, t_a, t_b
             if combine == "numba":
                 v = torch.empty((i1 - i0, j1 - j0), dtype=torch.float64)
                 zero = torch.empty((i1 - i0, j1 - j0), dtype=torch.bool)
-                c = 2 - 2 * w  # plane k of (i, j) has weight 2**(E_i + F_j + c - k w)
-                g = digits.t if digits.t is not None else torch.zeros((1, 1, 1), dtype=torch.int64)
-                round_planes(g.numpy(), planes.numpy(), digits.t is not None, E_a[i0:i1].numpy(),
-                             E_b[j0:j1].numpy(), c, w, *fmt.params, v.numpy(), zero.numpy())  # fmt: skip
+                c = 2 - 2 * w  # plane d of (i, j) has weight 2**(E_i + F_j + c - d w)
+                round_planes(planes.numpy(), E_a[i0:i1].numpy(), E_b[j0:j1].numpy(), c, w, *fmt.params,
+                             v.numpy(), zero.numpy())  # fmt: skip
             else:
-                g = planes.to(torch.int64) if digits.t is None else digits.t + planes.to(torch.int64)
                 e0 = E_a[i0:i1, None] + E_b[None, j0:j1] + 2 - 2 * w  # weight of digit plane 0
-                v, zero = ozaki.round_digits(g, e0, w, *fmt.params)
-            del digits, planes
+                v, zero = ozaki.round_digits(planes, e0, w, *fmt.params)
+            del planes
             zero &= keep_a[i0:i1, None] & keep_b[None, j0:j1]  # the others are recomputed below
             _signed_zeros(v, zero, A[i0:i1], Bt[j0:j1], tk)
             out[i0:i1, j0:j1] = v

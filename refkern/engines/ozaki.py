@@ -27,26 +27,36 @@ hence a float64, so the GEMM commits no rounding error: :func:`slice_width` is t
 such ``w`` (21 for K = 1024, 16 for K = 2**20, 26 for K = 1). One bit wider and sums of up
 to ``4 * 2**53`` can round: tests/test_engines.py checks that this makes results wrong.
 
-**Exact addition.** Slice products with the same ``d = s + t`` are summed into one float64
-plane by the GEMM itself (``addmm``, beta = 1) as long as the plane's partial sums stay
-integers below 2**53 (at most ``2**(53 - 2w)`` products per plane); beyond that the plane
-is moved into int64 first, so the digit planes ``G_d`` are exact, ``|G_d| <= S K 2**(2w)``.
+**Karatsuba.** With S slices per side, the S**2 slice products come from S(S+1)/2 GEMMs:
+``A_i B_j + A_j B_i = (A_i + A_j)(B_i + B_j) - A_i B_i - A_j B_j``. The sums have
+``|c_0 + c_s| <= 1.5 * 2**w`` (every slice after the first is ``<= 2**(w-1)``), so the width
+is then the largest with ``K (9/4) 2**(2w) <= 2**53`` (``slice_width(K, karatsuba=True)``,
+one bit less for most K); the subtractions are done in int64.
+
+**Tails.** Rows that need more slices than the dense count keep their extra slices as sparse
+matrices (only their smallest elements have bits there), multiplied by ``torch.sparse.mm``:
+the same integer bound holds, so these products are exact as well.
+
+**Exact addition.** Every GEMM result is converted to int64 (exact: integers below 2**53)
+and added into the digit plane ``G_d``, ``d = s + t``, ``|G_d| <= S K (9/4) 2**(2w) < 2**57``.
 Element (i, j) is ``sum_d G_d * 2**(E_i + F_j + 2 - d w)``, an exact integer expansion that
 :func:`round_digits` rounds once, in integer arithmetic, to the result format.
 """
 
 import torch
 
-__all__ = ["slice_width", "row_stats", "slices_needed", "make_slices", "slice_products", "round_digits"]
+__all__ = ["slice_width", "row_stats", "slices_needed", "make_slices", "products", "round_digits"]
 
 _NONE = 1 << 40  # "no bit": the lowest-bit exponent of a zero, the leading-bit exponent of zero is -_NONE
 
 
-def slice_width(k: int) -> int:
-    """The largest ``w`` with ``k * 2**(2w) <= 2**53``: slice products over k terms are exact."""
-    k = max(int(k), 1)
+def slice_width(k: int, karatsuba: bool = False) -> int:
+    """The largest ``w`` with ``k * 2**(2w) <= 2**53``: slice products over k terms are exact.
+    With ``karatsuba``, the largest with ``k * (9/4) 2**(2w) <= 2**53``: products of sums of
+    two slices (``|c_0 + c_s| <= 1.5 * 2**w``) are exact too."""
+    k = max(int(k), 1) * (9 if karatsuba else 4)
     w = 0
-    while k << (2 * (w + 1)) <= 1 << 53:
+    while k << (2 * (w + 1)) <= 1 << 55:
         w += 1
     return w
 
@@ -107,23 +117,49 @@ def make_slices(x: torch.Tensor, E: torch.Tensor, s: int, w: int, keep: torch.Te
     return out
 
 
-def slice_products(sa: torch.Tensor, sb: torch.Tensor, planes: torch.Tensor, load: list, k: int, w: int, digits):
-    """planes[s + t] += sa[s] @ sb[t]ᵀ for every slice pair, by BLAS (addmm with beta = 1).
+def products(sa, sb, ta, tb, planes, add, karatsuba: bool):
+    """planes[s + t] += A_s @ B_tᵀ for every pair of slices, exactly, in int64.
 
-    ``load[d]`` counts the products of magnitude <= 2**(2w) already summed into the float64
-    plane d; while it stays <= 2**(53 - 2w) every partial sum is an integer <= 2**53, so the
-    GEMM and its accumulation are exact. A plane that would pass that is first moved into the
-    int64 ``digits`` (exact: integers below 2**53)."""
-    cap = 1 << (53 - 2 * w)
-    for s in range(sa.shape[0]):
+    ``sa`` (S_A, m, k), ``sb`` (S_B, n, k): dense slices; ``ta``, ``tb``: lists of (q, R, C, T),
+    the tail slice q of the few rows R that need more slices than the dense ones, restricted
+    to its nonzero columns C (T: (len(R), len(C))). ``add(d, x, sign)`` adds ``sign * x`` (a
+    float64 tensor of integers below 2**53, converted exactly) into the int64 plane d. Every
+    GEMM sums at most k integer products bounded by the slice width, so it is exact in
+    float64, in any order; the tails' products go to their rows / columns by index_add.
+
+    With ``karatsuba`` (S_A == S_B == S) the S**2 dense products are formed from S(S+1)/2
+    GEMMs: P_i = A_i B_iᵀ and M_ij = (A_i + A_j)(B_i + B_j)ᵀ, with
+    A_i B_jᵀ + A_j B_iᵀ = M_ij - P_i - P_j subtracted in int64."""
+    if karatsuba:
+        S = sa.shape[0]
+        for i in range(S):
+            p = sa[i] @ sb[i].T
+            add(2 * i, p, 1)
+            for j in range(S):
+                if j != i:
+                    add(i + j, p, -1)
+            del p
+        for i in range(S):
+            for j in range(i + 1, S):
+                add(i + j, (sa[i] + sa[j]) @ (sb[i] + sb[j]).T, 1)
+    else:
+        for s in range(sa.shape[0]):
+            for t in range(sb.shape[0]):
+                add(s + t, sa[s] @ sb[t].T, 1)
+    k = sa.shape[2]
+    for s, ra, ca, xa in ta:  # tails of A against every slice of B
         for t in range(sb.shape[0]):
-            d = s + t
-            if load[d] + k > cap:
-                digits[d] += planes[d].to(torch.int64)  # digits: int64 planes (or allocated on first use)
-                planes[d].zero_()
-                load[d] = 0
-            planes[d].addmm_(sa[s], sb[t].T)
-            load[d] += k
+            planes[s + t].index_add_(0, ra, (xa @ sb[t][:, ca].T).to(torch.int64))
+        full_a = torch.zeros((ra.numel(), k), dtype=xa.dtype, device=xa.device)
+        full_a[:, ca] = xa
+        for t, rb, cb, xb in tb:
+            full_b = torch.zeros((rb.numel(), k), dtype=xb.dtype, device=xb.device)
+            full_b[:, cb] = xb
+            p = (full_a @ full_b.T).to(torch.int64)
+            planes[s + t].index_put_((ra[:, None], rb[None, :]), p, accumulate=True)
+    for t, rb, cb, xb in tb:  # tails of B against the dense slices of A
+        for s in range(sa.shape[0]):
+            planes[s + t].index_add_(1, rb, (sa[s][:, cb] @ xb.T).to(torch.int64))
 
 
 def _normalize(d: torch.Tensor, w: int):

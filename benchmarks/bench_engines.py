@@ -7,9 +7,10 @@ Cases and targets (issue 15, 2-core CPU): exact float32 matmul 1024^3 within 2.5
 float64 matmul; exact float64 matmul 512^3 within 8x; exact float32 ResNet conv
 (8, 64, 56, 56) x (64, 64, 3, 3), padding 1, within 1x torch's float64 conv2d. Each side is
 timed in blocks of consecutive calls (never one call of each side interleaved), after a
-warm-up call that also compiles; a block's time per call is its total / calls, and the
-best of ``--blocks`` blocks is reported. Before timing, the BLAS engine's result is checked
-bit for bit against the Numba engine's.
+warm-up call that also compiles; a block's time per call is its total / calls. The sides
+take turns block by block for ``--blocks`` rounds (so that a machine shared with other jobs
+loads them alike), and each side's best block is reported. Before timing, the BLAS engine's
+result is checked bit for bit against the Numba engine's.
 """
 
 import argparse
@@ -28,15 +29,18 @@ from refkern import engines
 TARGETS = {"matmul_f32_1024": 2.5, "matmul_f64_512": 8.0, "conv_resnet_f32": 1.0}
 
 
-def per_call(fn, calls, blocks):
-    """Best over ``blocks`` blocks of ``calls`` consecutive calls: seconds per call."""
-    fn()
-    best = float("inf")
+def per_call(sides, blocks):
+    """{name: (fn, calls)} -> {name: best seconds per call}: warm-up, then ``blocks`` rounds in
+    which every side runs one block of ``calls`` consecutive calls."""
+    for fn, _ in sides.values():
+        fn()
+    best = dict.fromkeys(sides, float("inf"))
     for _ in range(blocks):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
+        for name, (fn, calls) in sides.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls)
     return best
 
 
@@ -52,9 +56,10 @@ def case_matmul(name, n, dtype, blocks):
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     same = identical(rk.matmul(a, b, engine="blas"), rk.matmul(a, b, engine="numba"))
     calls = max(1, int(2**30 // n**3))
-    base = per_call(lambda: np.matmul(a64, b64), 4 * calls, blocks)
-    blas = per_call(lambda: rk.matmul(a, b, engine="blas"), calls, blocks)
-    numba = per_call(lambda: rk.matmul(a, b, engine="numba"), calls, blocks)
+    t = per_call({"base": (lambda: np.matmul(a64, b64), 4 * calls),
+                  "blas": (lambda: rk.matmul(a, b, engine="blas"), calls),
+                  "numba": (lambda: rk.matmul(a, b, engine="numba"), calls)}, blocks)  # fmt: skip
+    base, blas, numba = t["base"], t["blas"], t["numba"]
     return dict(case=name, baseline="numpy float64 matmul", baseline_s=base, blas_s=blas, numba_s=numba,
                 ratio=blas / base, numba_ratio=numba / base, identical=same, target=TARGETS[name])  # fmt: skip
 
@@ -64,9 +69,10 @@ def case_conv(blocks):
     x, w = torch.randn(8, 64, 56, 56), torch.randn(64, 64, 3, 3)
     x64, w64 = x.double(), w.double()
     same = identical(rk.conv2d(x, w, padding=1, engine="blas"), rk.conv2d(x, w, padding=1, engine="numba"))
-    base = per_call(lambda: F.conv2d(x64, w64, padding=1), 2, blocks)
-    blas = per_call(lambda: rk.conv2d(x, w, padding=1, engine="blas"), 1, blocks)
-    numba = per_call(lambda: rk.conv2d(x, w, padding=1, engine="numba"), 1, blocks)
+    t = per_call({"base": (lambda: F.conv2d(x64, w64, padding=1), 2),
+                  "blas": (lambda: rk.conv2d(x, w, padding=1, engine="blas"), 1),
+                  "numba": (lambda: rk.conv2d(x, w, padding=1, engine="numba"), 1)}, blocks)  # fmt: skip
+    base, blas, numba = t["base"], t["blas"], t["numba"]
     return dict(case="conv_resnet_f32", baseline="torch float64 conv2d", baseline_s=base, blas_s=blas,
                 numba_s=numba, ratio=blas / base, numba_ratio=numba / base, identical=same,
                 target=TARGETS["conv_resnet_f32"])  # fmt: skip
@@ -74,7 +80,7 @@ def case_conv(blocks):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--blocks", type=int, default=3, help="blocks of calls per side (best is reported)")
+    p.add_argument("--blocks", type=int, default=5, help="rounds of one block per side (best is reported)")
     p.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results", "engines.json"))
     a = p.parse_args(argv)
     rows = [

@@ -42,7 +42,7 @@ def _data(rng, shape, dtype, kind):
     elif kind == "subnormal":
         tiny = fin.smallest_normal
         x = np.where(rng.random(shape) < 0.5, x * tiny * 2.0 ** -rng.integers(0, 10, shape), x)
-    elif kind == "special":
+    elif kind == "special" and x.size:
         x = x.copy()
         flat = x.reshape(-1)
         idx = rng.choice(flat.size, size=max(1, flat.size // 40), replace=False)

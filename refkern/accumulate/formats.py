@@ -26,6 +26,8 @@ __all__ = [
     "round_to",
     "truncate_to",
     "round_array",
+    "round_away_to",
+    "ROUNDING_MODES",
 ]
 
 
@@ -107,13 +109,45 @@ def truncate_to(x, prec, emin, emax):
 
 
 @jit
-def round_array(x, prec, emin, emax, truncate):
-    """A copy of the float64 array ``x`` with every element rounded to the format, to nearest even
-    or (``truncate``) toward zero."""
+def round_away_to(x, prec, emin, emax):
+    """Round the float64 ``x`` to nearest, ties away from zero, in the format (prec, emin, emax).
+
+    NVIDIA's float32 -> TF32 conversion does this (PTX ``cvt.rna.tf32.f32``): 1024.5 becomes
+    1025, where round-to-nearest-even gives 1024. Overflow gives +-inf, specials are unchanged."""
+    if prec >= 53 or x != x or x == 0.0 or x - x != 0.0:
+        return x
+    t = truncate_to(x, prec, emin, emax)
+    e = ((bits(x) & _ABS) >> 52) - 1023
+    q = max(e, emin) - prec + 1
+    half = 2.0**q * 0.5
+    if abs(x - t) >= half:  # exact: x - t is below one quantum and a multiple of x's own ulp
+        t = t + np.copysign(2.0 * half, x)
+    if abs(t) >= pow2(emax + 1):
+        return np.inf if x > 0 else -np.inf
+    return t
+
+
+NEAREST_EVEN, TOWARD_ZERO, NEAREST_AWAY = 0, 1, 2
+ROUNDING_MODES = {"nearest": NEAREST_EVEN, "truncate": TOWARD_ZERO, "nearest-away": NEAREST_AWAY}
+
+
+@jit
+def _round_array(x, prec, emin, emax, mode):
     x = np.ascontiguousarray(x)  # transposed or broadcast views: reshape needs C order
     out = np.empty_like(x)
     flat = x.reshape(-1)
     res = out.reshape(-1)
     for i in range(flat.size):
-        res[i] = truncate_to(flat[i], prec, emin, emax) if truncate else round_to(flat[i], prec, emin, emax)
+        if mode == TOWARD_ZERO:
+            res[i] = truncate_to(flat[i], prec, emin, emax)
+        elif mode == NEAREST_AWAY:
+            res[i] = round_away_to(flat[i], prec, emin, emax)
+        else:
+            res[i] = round_to(flat[i], prec, emin, emax)
     return out
+
+
+def round_array(x, prec, emin, emax, mode=NEAREST_EVEN):
+    """A copy of the float64 array ``x`` with every element rounded to the format: ``mode`` 0 (or
+    False) to nearest even, 1 (or True) toward zero, 2 to nearest with ties away from zero."""
+    return _round_array(np.asarray(x, np.float64), prec, emin, emax, np.int64(int(mode)))

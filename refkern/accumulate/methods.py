@@ -28,7 +28,7 @@ from refkern._jit import jit
 from refkern.accumulate._bits import fma
 from refkern.accumulate.formats import round_to
 
-__all__ = ["KERNELS", "naive", "pairwise", "kahan", "neumaier", "dot2"]
+__all__ = ["KERNELS", "naive", "pairwise", "kahan", "neumaier", "dot2", "energy"]
 
 
 @jit(inline="always")
@@ -129,6 +129,24 @@ def dot2(a, b, unit, bias, has_bias, prec, emin, emax):
         p = x
         s = round_to(s + round_to(q + r, prec, emin, emax), prec, emin, emax)
     return round_to(p + s, prec, emin, emax)
+
+
+@jit
+def energy(a, b, unit, bias, has_bias):
+    """sqrt(sum_k s_k**2 + sum_k t_k**2) in float64, s_k the running sums of the left-to-right order.
+
+    Not a summation method: the scale of the rounding error of a left-to-right sum in a format of
+    unit u. To first order that error is sum_k delta_k s_k + sum_k eta_k t_k with |delta_k|,
+    |eta_k| <= u (each addition and each product rounded once), so, with the deltas modelled
+    as mean-independent (Higham and Mary 2019), it is sub-Gaussian with parameter u times this
+    value (Azuma-Hoeffding). Evaluated in float64: a scale, not a reference value."""
+    s = 0.0
+    e = 0.0
+    for i in range(a.size + has_bias):
+        t = _term(a, b, unit, bias, i)
+        s += t
+        e += s * s + t * t
+    return np.sqrt(e)
 
 
 KERNELS = {

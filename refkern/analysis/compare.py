@@ -4,9 +4,10 @@ import numpy as np
 
 from refkern._arrays import is_tensor, operand
 from refkern.accumulate.formats import FORMATS
-from refkern.analysis.evaluate import evaluate, op_name
-from refkern.analysis.report import Report, where_summary
-from refkern.analysis.verdict import bound, decide, precision_ratios, residual, working_units
+from refkern.analysis.bounds import bound, precision_ratios, residual, working_units
+from refkern.analysis.evaluate import op_name, problem
+from refkern.analysis.report import VERDICTS, Report, where_summary
+from refkern.analysis.verdict import decide
 
 __all__ = ["compare", "assert_matches_reference", "elements"]
 
@@ -54,47 +55,34 @@ def _analyse(actual, op, args, kwargs, rtol, atol):
     act, fmt, device = _actual(actual)
     if fmt.name not in FORMATS:
         raise TypeError(f"compare: actual must be a float16, bfloat16, float32 or float64 result; got {fmt.name}.")
-    ev = evaluate(name, args, kwargs, out=fmt)
-    if act.shape != ev.values.shape:
+    pr = problem(name, args, kwargs, out=fmt)
+    ref, mag = pr.run(want_mag=True)
+    if act.shape != ref.shape:
         raise ValueError(
             f"compare: actual.shape={act.shape} differs from the shape {name} gives for these inputs, "
-            f"{ev.values.shape}; pass the same arguments that produced it."
+            f"{ref.shape}; pass the same arguments that produced it."
         )
-
-    def emulate(f, truncate, round_bias):
-        return evaluate(name, args, kwargs, out=fmt, emulate=(f, truncate, round_bias))
-
-    ref, mag = ev.values, ev.mag
     err = residual(act, ref)
-    d = decide(act, ev, emulate, ev.in_prec, err)
+    d = decide(act, pr, ref, mag)
     u_acc, u_out = working_units(fmt)
     ulps = _ulps(act, ref, fmt)
-    r0 = d.rounding.ratios
+    bound0 = bound(mag, ref, pr.n_terms, u_acc, u_out)
     with np.errstate(divide="ignore", invalid="ignore"):
-        prob = np.where(err == 0, 0.0, err / (np.sqrt(ev.n_terms) * u_acc * mag + 2 * u_out * np.abs(ref)))
+        r0 = np.where(err == 0, 0.0, err / bound0)
+        r0 = np.where(np.isnan(r0), np.inf, r0)
+        scale = np.sqrt(pr.n_terms) * u_acc * mag + 2 * u_out * np.abs(ref)
+        prob = np.where(err == 0, 0.0, err / scale)
         cond = np.where(mag == 0, 1.0, mag / np.abs(ref))
-    exact = err == 0
-    within = ~exact & (r0 <= 1.0)
-    if d.verdict == "reduced-precision":
-        reduced = ~exact & ~within & (d.chosen.ratios <= 1.0)
-    else:
-        reduced = np.zeros_like(exact)
-    unexplained = ~(exact | within | reduced)
-    if d.outliers is not None:  # bounded, but implausible as rounding and unlike the rest of the tensor
-        unexplained = d.outliers
-        within &= ~unexplained
-        reduced = ~exact & ~within & ~unexplained  # explained by the hypothesis that leaves the outliers
-    counts = {"exact": int(exact.sum()), "rounding": int(within.sum()), "reduced-precision": int(reduced.sum()),
-              "mismatch": int(unexplained.sum())}  # fmt: skip
-    key = r0 if d.verdict in ("mismatch", "rounding", "exact") else d.chosen.ratios
-    if d.outliers is not None:
-        key = prob
-    eligible = (unexplained if d.verdict == "mismatch" else ~exact).reshape(-1)
+    counts = {k: int(np.sum(d.classes == i)) for i, k in enumerate(VERDICTS)}
+    unexplained = d.unexplained
+    eligible = (unexplained if d.verdict == "mismatch" else err > 0).reshape(-1)
+    key = d.z if d.verdict == "mismatch" else prob
     k = np.where(eligible, np.nan_to_num(key.reshape(-1), nan=np.inf), -1.0)
     n_top = min(10, int(eligible.sum()))
     top = np.argpartition(-k, n_top - 1)[:n_top] if n_top else np.zeros(0, np.int64)
     top = top[np.argsort(-k[top], kind="stable")]  # the ten worst, worst first
     worst = [tuple(int(i) for i in np.unravel_index(f, ref.shape)) for f in top] if ref.shape else [()] * len(top)
+    lam = d.thresholds["element"]
     details = [
         {
             "index": list(w),
@@ -102,37 +90,36 @@ def _analyse(actual, op, args, kwargs, rtol, atol):
             "reference": float(ref.reshape(-1)[f]),
             "ulp": float(ulps.reshape(-1)[f]),
             "bound_ratio": float(r0.reshape(-1)[f]),
+            "test_ratio": float(d.z.reshape(-1)[f] / lam),
             "condition": float(cond.reshape(-1)[f]),
         }  # fmt: skip
         for w, f in zip(worst, top)
     ]
     where = {}
     if d.verdict == "mismatch" and ref.ndim:
-        where = where_summary(np.argwhere(unexplained), ref.shape, ev.axes)
+        where = where_summary(np.argwhere(unexplained), ref.shape, pr.axes)
     tol = None
     if rtol is not None or atol is not None:
         rt, at = float(rtol or 0.0), float(atol or 0.0)
         with np.errstate(invalid="ignore"):
             failing = ~(err <= at + rt * np.abs(ref))
         tol = {"rtol": rt, "atol": at, "failing": int(failing.sum()),
-               "failing_explained_by_rounding": int((failing & (r0 <= 1.0)).sum())}  # fmt: skip
-    notes = []
-    if d.outliers is not None and d.verdict == "mismatch" and not (r0[d.outliers] <= 1.0).all():
-        notes.append(f"{int(d.outliers.sum())} element(s) break a precision that explains every other one")
-    elif d.outliers is not None:
-        notes.append(f"{int(d.outliers.sum())} element(s) lie within the worst-case bound but far beyond the "
-                     "probabilistic scale that the rest of the tensor follows: implausible as rounding")  # fmt: skip
-    if d.verdict == "reduced-precision" and d.chosen.name in ("tf32", "fp16"):
-        others = [h.name for h in d.hypotheses[1:] if h.explains and h.name != d.chosen.name]
-        if others:
-            notes.append(f"{' and '.join(others)} explain it too; {d.chosen.name} fits best")
+               "failing_explained_by_rounding": int((failing & (d.classes == 1)).sum())}  # fmt: skip
+    notes = [f["text"] for f in d.structure]
+    if d.verdict == "mismatch" and d.model is not None and not d.model.rounding:
+        notes.append(f"measured against {d.model.kind}, which explains every other element")
+    if d.verdict == "mismatch" and counts["mismatch"] and bool(np.all(r0[unexplained] <= 1.0)):
+        notes.append("every unexplained element lies within the worst-case bound, but beyond what rounding "
+                     "produces at this false-alarm rate: implausible as rounding, not impossible")  # fmt: skip
+    if d.alternatives:
+        notes.append(f"{' and '.join(sorted(set(d.alternatives)))} fit as well: indistinguishable on these inputs")
     finite = np.isfinite(cond)
     rep = Report(
         op=name,
         device=device,
         dtype=fmt.name,
         shape=tuple(ref.shape),
-        n_terms=ev.n_terms,
+        n_terms=pr.n_terms,
         verdict=d.verdict,
         precision=d.precision,
         max_ulp=float(ulps.max()) if ulps.size else 0.0,
@@ -142,18 +129,22 @@ def _analyse(actual, op, args, kwargs, rtol, atol):
         worst_details=details,
         counts=counts,
         where=where,
-        hypotheses={h.key: h.summary() for h in d.hypotheses},
-        bound_ratios=precision_ratios(err, ev),
+        hypotheses={f.model.key: f.summary(lam) for f in d.fits},
+        bound_ratios=precision_ratios(err, pr.n_terms, mag, ref, fmt),
         condition={
             "median": float(np.median(cond)) if cond.size else 1.0,
             "max": float(cond[finite].max()) if finite.any() else float("inf"),
         },  # fmt: skip
         tolerance=tol,
         notes=notes,
+        model=d.model.kind if d.model is not None else None,
+        alternatives=sorted(set(d.alternatives)),
+        structure=d.structure,
+        detectable=d.detectable,
+        thresholds=d.thresholds,
     )
-    bound0 = bound(mag, ref, ev.n_terms, u_acc, u_out)
     arrays = {"reference": ref, "actual": act, "error": err, "bound": bound0, "magnitude": mag, "ulp": ulps,
-              "scale": np.sqrt(ev.n_terms) * u_acc * mag + 2 * u_out * np.abs(ref), "report": rep}  # fmt: skip
+              "scale": scale, "test_ratio": d.z / lam, "report": rep}  # fmt: skip
     return rep, arrays
 
 

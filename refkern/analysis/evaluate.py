@@ -1,23 +1,41 @@
-"""The exact reference of an op call, with what the analysis needs beside it.
+"""An op call as the analysis sees it: one reduction ``bias + sum_k l_k r_k`` per output element.
 
-``evaluate(op, args, kwargs)`` runs the exact kernel once and returns, per output
-element, the correctly rounded value, the magnitude ``M = sum|terms|`` (bias included)
-and the number of terms. ``emulate=(format, truncate, round_bias)`` first rounds the inputs to a
-narrower format (TF32, bfloat16, float16), to nearest even or toward zero: that is the
-exact result a backend with such inputs and exact accumulation would return.
+``problem(op, args, kwargs, out=fmt)`` validates the call once and keeps its operands in the
+kernels' layout. From it:
+
+* ``run()`` is the exact reference: per element the correctly rounded value, the magnitude
+  ``M = sum|terms|`` (bias included) and the number of terms;
+* ``run(inputs=(fmt, mode, round_bias), method=..., work=...)`` is the same call as a
+  reduced-precision backend would compute it: inputs rounded to a narrower format (to
+  nearest even, toward zero, or to nearest with ties away), accumulated exactly or
+  left-to-right / pairwise in a narrow format, or the error scale of a left-to-right sum
+  (``ENERGY``);
+* ``terms(idx)`` gathers the terms of the output elements ``idx`` (flat indices) as rows
+  ``L[s]``, ``R[s]`` and ``bias[s]``, so that any such model can be evaluated on a sample
+  of elements (:func:`sample_run`) without running the whole op.
+
+``evaluate(op, args, kwargs, out=..., emulate=(fmt, truncate, round_bias))`` is the exact
+evaluation as one record, kept for callers that need only that.
 """
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 
 import numpy as np
+from numba import prange
 
-from refkern.accumulate.exact import exact_dot
+from refkern._jit import jit
+from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.formats import Format, round_array
+from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels import conv, gemm
 from refkern.kernels._common import plan
+from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
-__all__ = ["OPS", "Evaluation", "evaluate", "op_name"]
+__all__ = ["OPS", "Evaluation", "Problem", "evaluate", "problem", "op_name", "sample_run"]
+
+OPS = ("dot", "matmul", "linear", "conv1d", "conv2d")
 
 
 @dataclass
@@ -30,9 +48,7 @@ class Evaluation:
     axes: tuple  # a name per output axis
     has_bias: bool = False
     in_prec: int = 53  # precision of the multiplied inputs (an emulation coarser than this changes them)
-
-
-OPS = ("dot", "matmul", "linear", "conv1d", "conv2d")
+    bias_axis: int | None = None  # the output axis the bias runs along
 
 
 def op_name(op) -> str:
@@ -61,18 +77,172 @@ def _bind(name, args, kwargs):
     return bound.arguments
 
 
-def _emulated(p, names, emulate):
-    """Round the operands a reduced-precision backend rounds: always the multiplied ones (tensor
-    cores convert their inputs), and the bias too when ``round_bias`` (a dtype cast of every
-    operand, as autocast does; TF32 and fp32 epilogues add the bias unrounded)."""
-    if emulate is None:
-        return
-    fmt, truncate, round_bias = emulate
-    if round_bias and p.ops.get("bias") is not None:
-        names = (*names, "bias")
-    for k in names:
-        o = p.ops[k]
-        o.values = round_array(np.ascontiguousarray(o.values, np.float64), *fmt.params, truncate)
+@dataclass
+class Problem:
+    """A validated op call in the kernels' layout (see the module docstring)."""
+
+    name: str
+    p: object  # the kernels' Plan (result format = the analysed output's format)
+    kind: str  # "dot", "gemm" or "conv"
+    ops: tuple  # dot: (x, y); gemm: (A3, Bt3, ia, ib); conv: (ConvOperands,)
+    bias: np.ndarray | None  # (n_bias,) float64
+    shape: tuple
+    axes: tuple
+    n_terms: int
+    in_prec: int
+    bias_axis: int | None
+
+    @property
+    def fmt(self) -> Format:
+        return self.p.out
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def bias_values(self) -> np.ndarray:
+        """The bias term of every output element (0 without a bias), float64 of ``shape``."""
+        if self.bias is None:
+            return np.zeros(self.shape)
+        if self.bias_axis is None:
+            return np.full(self.shape, self.bias[0])
+        view = [1] * len(self.shape)
+        view[self.bias_axis] = -1
+        return np.broadcast_to(self.bias.reshape(view), self.shape)
+
+    def _operands(self, inputs, with_bias=True):
+        """The operands, the multiplied ones (and with ``round_bias`` the bias) rounded as ``inputs`` says."""
+        bias = self.bias if with_bias else None
+        if inputs is None:
+            if self.kind == "conv" and not with_bias:
+                return (dataclasses.replace(self.ops[0], bias=None),), None
+            return self.ops, bias
+        fmt, mode, round_bias = inputs
+
+        def r(a):
+            return round_array(a, *fmt.params, mode)
+
+        if round_bias and bias is not None:
+            bias = r(bias)
+        if self.kind == "dot":
+            return (r(self.ops[0]), r(self.ops[1])), bias
+        if self.kind == "gemm":
+            A3, Bt3, ia, ib = self.ops
+            return (r(A3), r(Bt3), ia, ib), bias
+        c = self.ops[0]
+        return (dataclasses.replace(c, X=r(c.X), W=r(c.W), bias=bias),), bias
+
+    def run(self, *, inputs=None, method: int = EXACT, work: Format | None = None, want_mag: bool = False,
+            with_bias: bool = True):  # fmt: skip
+        """(values, mag or None), float64 arrays of ``shape``: every element reduced by ``method`` in
+        ``work`` (default: the result format; EXACT rounds once to it); without the bias term if
+        ``with_bias`` is False."""
+        p = dataclasses.replace(self.p, method=method, work=work or self.p.out)
+        ops, bias = self._operands(inputs, with_bias)
+        if self.kind == "dot":
+            x, y = (np.ascontiguousarray(o) for o in ops)
+            v, m = sample_run(x[None], y[None], np.zeros(1), False, p)
+            return v.reshape(()), (m.reshape(()) if want_mag else None)
+        if self.kind == "gemm":
+            return gemm.run_gemm(p, *ops, bias, self.shape, want_mag=want_mag)
+        return conv.run_conv(p, ops[0], want_mag=want_mag)
+
+    def terms(self, idx: np.ndarray):
+        """(L, R, bias, has_bias): the terms of the output elements with flat indices ``idx``,
+        L[s] and R[s] of length K each (float64, contiguous), bias[s] their bias (or 0)."""
+        idx = np.asarray(idx, np.int64)
+        has_bias = self.bias is not None
+        if self.kind == "dot":
+            x, y = self.ops
+            return x[None].copy(), y[None].copy(), np.zeros(1), False
+        if self.kind == "gemm":
+            A3, Bt3, ia, ib = self.ops
+            m, n = A3.shape[1], Bt3.shape[1]
+            t, i, j = idx // (m * n), (idx // n) % m, idx % n
+            b = self.bias[j] if has_bias else np.zeros(idx.size)
+            return A3[ia[t], i], Bt3[ib[t], j], np.ascontiguousarray(b), has_bias
+        c = self.ops[0]
+        _, c_out, ho, wo = c.out_shape
+        cin_g, kh, kw = c.W.shape[1], c.W.shape[2], c.W.shape[3]
+        nn, co, oy, ox = idx // (c_out * ho * wo), (idx // (ho * wo)) % c_out, (idx // wo) % ho, idx % wo
+        g = co // (c_out // c.groups)
+        ci = np.arange(cin_g)[None, :, None, None]
+        ky = np.arange(kh)[None, None, :, None]
+        kx = np.arange(kw)[None, None, None, :]
+        col = (slice(None), None, None, None)
+        L = c.X[nn[col], (g * cin_g)[col] + ci, (oy * c.stride[0])[col] + ky * c.dilation[0],
+                (ox * c.stride[1])[col] + kx * c.dilation[1]]  # fmt: skip
+        R = c.W.reshape(c_out, -1)[co]
+        b = self.bias[co] if has_bias else np.zeros(idx.size)
+        return np.ascontiguousarray(L.reshape(idx.size, -1)), np.ascontiguousarray(R), np.ascontiguousarray(b), has_bias
+
+
+@jit(parallel=True)
+def _sample_kernel(L, R, bias, has_bias, out, mag, method, narrow, prec, emin, emax):
+    """out[s] = bias[s] + sum_k L[s, k] R[s, k] by ``method``; mag[s] = sum of |terms|."""
+    for s in prange(L.shape[0]):
+        acc = np.empty(SIZE, np.int64)
+        acc_init(acc)
+        scratch = np.empty(BLOCK)
+        st = np.empty((2, 2), np.int64)
+        row_stats(L[s : s + 1], st[0:1])
+        row_stats(R[s : s + 1], st[1:2])
+        out[s] = reduce_element(
+            L[s], R[s], bias[s], has_bias, method, narrow, st[0, 0], st[0, 1], st[1, 0], st[1, 1],
+            prec, emin, emax, acc, scratch,
+        )  # fmt: skip
+        mag[s] = abs_sum(L[s], R[s], bias[s] if has_bias else 0.0)
+
+
+def sample_run(L, R, bias, has_bias, p, inputs=None):
+    """(values, mag) of the gathered rows under the Plan ``p`` (its method and working format),
+    the multiplied rows (and with ``round_bias`` the bias) rounded first as ``inputs`` says."""
+    if inputs is not None:
+        fmt, mode, round_bias = inputs
+        L, R = round_array(L, *fmt.params, mode), round_array(R, *fmt.params, mode)
+        if round_bias and has_bias:
+            bias = round_array(bias, *fmt.params, mode)
+    out, mag = np.empty(L.shape[0]), np.empty(L.shape[0])
+    _sample_kernel(L, R, bias, has_bias, out, mag, *p.kernel_args)
+    return out, mag
+
+
+def problem(op, args, kwargs, *, out: Format | None = None) -> Problem:
+    """Validate ``op(*args, **kwargs)`` and prepare its operands (``out``: the result format analysed)."""
+    name = op_name(op)
+    a = _bind(name, args, kwargs)
+    if name == "dot":
+        p = plan("dot", {"x": a["x"], "y": a["y"]}, ("x", "y"), "exact", None, out=out)
+        x, y = (np.ascontiguousarray(p.ops[k].values, np.float64) for k in ("x", "y"))
+        if x.ndim != 1 or x.shape != y.shape:
+            raise ValueError(f"dot: expected 1-D inputs of equal length; got x.shape={x.shape} and y.shape={y.shape}.")
+        return Problem(name, p, "dot", (x, y), None, (), (), x.size, _in_prec(p, ("x", "y")), None)
+    if name in ("matmul", "linear"):
+        names = ("a", "b") if name == "matmul" else ("x", "weight")
+        ops = {k: a[k] for k in names} if name == "matmul" else {"x": a["x"], "weight": a["weight"], "bias": a["bias"]}
+        p = plan(name, ops, names, "exact", None, out=out)
+        if name == "matmul":
+            A3, Bt3, ia, ib, shape = gemm.matmul_operands(p)
+            bias = None
+            own = (("row",) if len(p.ops["a"].shape) > 1 else ()) + (("col",) if len(p.ops["b"].shape) > 1 else ())
+        else:
+            A3, Bt3, bias, shape = gemm.linear_operands(p)
+            ia = ib = np.zeros(1, np.int64)
+            own = ("out_feature",) if len(p.ops["weight"].shape) == 2 else ()
+        lead = "batch" if name == "matmul" else "dim"
+        axes = tuple(f"{lead}{i}" for i in range(len(shape) - len(own))) + own
+        n = A3.shape[2] + (bias is not None)
+        bias_axis = len(shape) - 1 if bias is not None and own else None
+        return Problem(name, p, "gemm", (A3, Bt3, ia, ib), bias, shape, axes, n, _in_prec(p, names), bias_axis)
+    nd = 1 if name == "conv1d" else 2
+    p = plan(name, {"x": a["x"], "weight": a["weight"], "bias": a["bias"]}, ("x", "weight"), "exact", None, out=out)
+    c = conv.conv_operands(p, nd, a["stride"], a["padding"], a["dilation"], a["groups"], a["padding_mode"])
+    n = int(np.prod(c.W.shape[1:])) + (c.bias is not None)
+    spatial = ("position",) if nd == 1 else ("row", "col")
+    axes = (("batch",) if not c.unbatched else ()) + ("channel",) + spatial
+    shape = c.result(np.empty(c.out_shape)).shape
+    bias_axis = (0 if c.unbatched else 1) if c.bias is not None else None
+    return Problem(name, p, "conv", (c,), c.bias, shape, axes, n, _in_prec(p, ("x", "weight")), bias_axis)
 
 
 def _in_prec(p, names) -> int:
@@ -80,42 +250,9 @@ def _in_prec(p, names) -> int:
 
 
 def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Evaluation:
-    name = op_name(op)
-    a = _bind(name, args, kwargs)
-    if name == "dot":
-        p = plan("dot", {"x": a["x"], "y": a["y"]}, ("x", "y"), "exact", None, out=out)
-        _emulated(p, ("x", "y"), emulate)
-        x, y = (np.ascontiguousarray(p.ops[k].values, np.float64) for k in ("x", "y"))
-        if x.ndim != 1 or x.shape != y.shape:
-            raise ValueError(f"dot: expected 1-D inputs of equal length; got x.shape={x.shape} and y.shape={y.shape}.")
-        v = np.array(exact_dot(x, y, p.out))
-        return Evaluation(v, np.array(np.abs(x * y).sum()), x.size, p.out, (), (), False, _in_prec(p, ("x", "y")))
-    if name in ("matmul", "linear"):
-        names = ("a", "b") if name == "matmul" else ("x", "weight")
-        ops = {k: a[k] for k in names} if name == "matmul" else {"x": a["x"], "weight": a["weight"], "bias": a["bias"]}
-        p = plan(name, ops, names, "exact", None, out=out)
-        _emulated(p, names, emulate)
-        if name == "matmul":
-            A3, Bt3, ia, ib, shape = gemm.matmul_operands(p)
-            bias = None
-        else:
-            A3, Bt3, bias, shape = gemm.linear_operands(p)
-            ia = ib = np.zeros(1, np.int64)
-        values, mag = gemm.run_gemm(p, A3, Bt3, ia, ib, bias, shape, want_mag=True)
-        n = A3.shape[2] + (bias is not None)
-        if name == "matmul":
-            own = (("row",) if len(p.ops["a"].shape) > 1 else ()) + (("col",) if len(p.ops["b"].shape) > 1 else ())
-        else:
-            own = ("out_feature",) if len(p.ops["weight"].shape) == 2 else ()
-        lead = "batch" if name == "matmul" else "dim"
-        axes = tuple(f"{lead}{i}" for i in range(len(shape) - len(own))) + own
-        return Evaluation(values, mag, n, p.out, shape, axes, bias is not None, _in_prec(p, names))
-    nd = 1 if name == "conv1d" else 2
-    p = plan(name, {"x": a["x"], "weight": a["weight"], "bias": a["bias"]}, ("x", "weight"), "exact", None, out=out)
-    _emulated(p, ("x", "weight"), emulate)
-    c = conv.conv_operands(p, nd, a["stride"], a["padding"], a["dilation"], a["groups"], a["padding_mode"])
-    values, mag = conv.run_conv(p, c, want_mag=True)
-    n = int(np.prod(c.W.shape[1:])) + (c.bias is not None)
-    spatial = ("position",) if nd == 1 else ("row", "col")
-    axes = (("batch",) if not c.unbatched else ()) + ("channel",) + spatial
-    return Evaluation(values, mag, n, p.out, values.shape, axes, c.bias is not None, _in_prec(p, ("x", "weight")))
+    """The exact evaluation of a call (with ``emulate=(fmt, mode, round_bias)``, on rounded inputs)."""
+    pr = problem(op, args, kwargs, out=out)
+    values, mag = pr.run(inputs=emulate, want_mag=True)
+    return Evaluation(values, mag, pr.n_terms, pr.fmt, pr.shape, pr.axes, pr.bias is not None, pr.in_prec,
+                      pr.bias_axis)  # fmt: skip
+

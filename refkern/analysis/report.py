@@ -41,6 +41,13 @@ class Report:
     its probabilistic scale. where: per axis, the
     positions of the unexplained elements. tolerance: with rtol/atol, how many elements fail
     that test and how many of those are within the rounding bound anyway.
+    model: the computation that explains the output (or that a mismatch is measured against);
+    alternatives: other precisions that fit as well (indistinguishable on these inputs);
+    structure: the signatures found among the unexplained elements (offset per channel, shift,
+    border, missing terms), each with a ``text``; detectable: the smallest error of one
+    element, and of a whole group along each axis, that the test would have flagged;
+    thresholds: the false-alarm budget and the levels derived from it
+    (:mod:`refkern.analysis.stats`).
     """
 
     op: str
@@ -62,6 +69,11 @@ class Report:
     condition: dict
     tolerance: dict | None = None
     notes: list = field(default_factory=list)
+    model: str | None = None
+    alternatives: list = field(default_factory=list)
+    structure: list = field(default_factory=list)
+    detectable: dict = field(default_factory=dict)
+    thresholds: dict = field(default_factory=dict)
 
     @property
     def n_elements(self) -> int:
@@ -76,7 +88,7 @@ class Report:
         return _plain({k: getattr(self, k) for k in self.__dataclass_fields__})
 
     def headline(self) -> str:
-        prec = f" ({self.precision})" if self.precision else ""
+        prec = f" ({' or '.join([self.precision, *self.alternatives])})" if self.precision else ""
         return f"{self.op} on {self.device} ({self.dtype}): {self.verdict}{prec}"
 
     def __str__(self) -> str:
@@ -88,19 +100,21 @@ class Report:
             f"reduced precision {c['reduced-precision']}, unexplained {c['mismatch']}"
         )
         lines.append(
-            f"  max error {_num(self.max_ulp)} ulp; {_num(self.max_bound_ratio)}x the worst-case "
-            f"rounding bound; {_num(self.max_prob_ratio)}x the probabilistic scale; {self.n_terms} terms"
+            f"  max error {_num(self.max_prob_ratio)}x the rounding noise scale sqrt(n) u M, "
+            f"{_num(self.max_bound_ratio)}x the worst-case bound; {_num(self.max_ulp)} ulp; {self.n_terms} terms"
         )
+        if self.max_ulp > 64 and self.verdict in ("exact", "rounding"):
+            lines.append("  (many ulps are normal where outputs are near zero: the terms cancel, and an ulp of the "
+                         "small result is tiny next to the rounding of the large terms)")  # fmt: skip
         lines.append(f"  condition number: median {_num(self.condition['median'])}, max {_num(self.condition['max'])}")
         ratios = ", ".join(
             f"{k} {_num(v['worst_case'])}/{_num(v['probabilistic'])}" for k, v in self.bound_ratios.items()
         )
         lines.append(f"  max error / bound (worst case/probabilistic): {ratios}")
-        if self.verdict == "reduced-precision":
-            h = self.hypotheses.get(self.precision, {})
-            if not h.get("explains"):
-                h = self.hypotheses[f"{self.precision} accumulation"]
-            lines.append(f"  explained by {h['kind']}: max {_num(h['max_ratio'])}x its bound")
+        if self.model and self.verdict != "mismatch":
+            lines.append(f"  explained by: {self.model}")
+        elif self.model:
+            lines.append(f"  measured against: {self.model}")
         if self.worst_details:
             lines.append("  worst: " + ("unexplained elements" if self.verdict == "mismatch" else "largest deviations"))
             for w in self.worst_details[:5]:
@@ -117,6 +131,14 @@ class Report:
                 f"{t['failing_explained_by_rounding']} of them within the rounding bound"
             )
         lines += [f"  note: {m}" for m in self.notes]
+        det = self.detectable
+        if det and self.verdict != "exact":
+            groups = ", ".join(f"a whole {k} {_num(v)}" for k, v in det.get("groups", {}).items())
+            lines.append(
+                f"  detectable (median): one element off by {_num(det['element'])} "
+                f"({_num(det['element_in_scale_units'])}x sqrt(n) u M)" + (f"; a constant offset of {groups}" if groups
+                                                                            else "")
+            )  # fmt: skip
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -1,259 +1,286 @@
-"""From a backend's output and the exact reference to a verdict on the whole tensor.
+"""The verdict: which computation explains a backend's output, decided as a statistical test.
 
-Per element, with ``M = sum|terms|``, ``n`` terms, accumulation unit ``u_a`` and result unit
-``u_o``, a backend that forms the same products and adds them in any order in precision
-``u_a``, then stores in the result format, errs from the correctly rounded value by at most
-(Higham 2002, (3.5) with the final rounding)::
+The hypotheses are models that are run on the very inputs (:mod:`refkern.analysis.hypotheses`);
+the thresholds come from the null distribution of correct rounding (:mod:`refkern.analysis.stats`).
+With ``z_i = |actual_i - c_i| / sigma_i`` for a model of centre ``c`` and scale ``sigma``:
 
-    B = (1 + u_o) gamma_n(u_a) M + 2 u_o |ref|,      gamma_n(u) = n u / (1 - n u).
+1. **exact**: bit-identical (+0 and -0 alike, NaN where the reference is NaN).
+2. A model **explains** the output when every element has ``z_i <= lam_el`` (lam of the number
+   of elements) and no group of elements along an output axis has a residual sum beyond
+   ``lam_grp`` standard errors (:mod:`refkern.analysis.structure`). For the rounding model this
+   test is the false-alarm budget: a correct result fails it with probability <= ``ALPHA``
+   under the model, at any reduction length.
+3. **rounding**: a model of the rounding family explains it (any order in fp32, or fp64 for
+   fp64 results; for fp16/bf16 results also the product rounded before the bias is added), and
+   no reduced precision fits decisively better (4).
+4. **Choice by fit, never by order of trial.** Every model is first run on a sample of elements
+   (uniform, seeded). Its fit is a capped loss on one yardstick common to all models, the
+   rounding scale ``sigma_0``: ``score_H = sum min((actual - c_H)**2 / sigma_0**2, lam_el**2) / 2``.
+   An element a model misses by more than the element threshold costs what an anomaly costs,
+   so a handful of bad elements cannot hand the output to a vaguer model (fp16 accumulation,
+   whose noise would swallow them), and a sharp model that fits everything else stays the
+   one a mismatch is measured against. Models whose score is within ``lam_fit**2 / 2`` of the
+   best cannot be told apart: under rounding, ``2 (score_0 - score_H) = W_0 - W_H = -D + 2 sum
+   e d / sigma_0**2`` (d the model's shift, ``D = sum d**2 / sigma_0**2``, no element capped) is
+   at most ``-D + 2 lam sqrt(D) <= lam**2`` except with probability ``alpha`` (Azuma on
+   ``sum e d``), so a reduced precision replaces a rounding model that explains the output only
+   beyond that margin. Within it, the models that explain the sample (no element beyond
+   ``lam_el`` on their own scale) are verified on every element, the rounding family first,
+   then by fit; the first that explains everything is the verdict, and other precisions in the
+   band that explain the sample are reported as indistinguishable.
+5. Accumulator models must also carry the right amount of noise: the sampled error energy
+   ``sum (actual - exact)**2 / sigma**2`` lies within the chi-square band
+   (:func:`~refkern.analysis.stats.energy_band`) of the energies of the emulated orders, so that
+   a correct result with a small bug, far cleaner than fp16 accumulation, is not called fp16.
+6. **mismatch** otherwise. The unexplained elements are those the model of the band with the
+   fewest unexplained elements (rounding first, then by fit, on ties) leaves: elements beyond ``lam_el`` and the
+   elements of groups beyond ``lam_grp``; their pattern is named (structure signatures).
 
-The hypotheses, from the finest:
-
-* ``exact``: bit-identical (+0 and -0 count as equal).
-* ``rounding``: every element within B for the result format's working precision (fp32
-  accumulation for fp32, fp16 and bf16 results; fp64 for fp64). This is a theorem: a
-  correct fp32 backend cannot fail it, whatever its summation order or blocking.
-* reduced precision by emulation (``tf32``, ``fp16``, ``bf16`` inputs, rounded to nearest
-  or truncated): the exact result of the op on inputs rounded that way, checked with
-  the same bound. When both "rounding" and a reduced precision explain every element
-  (long reductions, where gamma_n is loose), the one whose residuals are far smaller wins:
-  a TF32 result sits near the TF32 emulation and far from the exact one.
-* reduced-precision accumulation (``fp16``, ``bf16`` accumulators), which cannot be
-  emulated without knowing the order: within the worst-case bound everywhere,
-  99% of elements within 3 sqrt(n) u M (Higham and Mary 2019), the deviations
-  widespread (at least 10% of the elements beyond the rounding bound) and of both signs
-  (20% to 80% positive). An isolated bad element, a column, a border or a constant
-  offset is then not mistaken for a precision.
-* ``mismatch``: nothing explains every element (and when an emulated precision explains all
-  but at most 1% of them, those few are the unexplained ones, rather than a looser
-  accumulation hypothesis swallowing them); or one does by its worst-case bound, but
-  a few elements are outliers. For long reductions gamma_n is loose enough to hide a
-  real error (at K = 2048 an element off by 1e-3 can sit inside it). Where the explaining
-  hypothesis holds, the probabilistic scale ``p = |error| / (sqrt(n) u_a M + 2 u_o |ref|)``
-  of correct results stays near or below 1 in practice (measured max 1.24 on 2,000 torch CPU outputs).
-  An element with ``p > max(6, 20 * q99)``, where q99 is the tensor's own 99th percentile
-  of p, is unexplained: such an error is implausible as rounding (Higham and Mary 2019) and
-  inconsistent with the rest of the tensor. Systematic effects (an adversarial data pattern)
-  raise q99 for all elements and are not flagged. The unexplained elements are listed,
-  worst first.
-
-Emulations cost one exact evaluation each. They run only if some element exceeds the
-probabilistic scale sqrt(n) u_a M of the rounding hypothesis, or if rounding fails.
+A test can only see what stands above the noise: the decision carries the smallest error of
+one element, and of a whole group, that would have been flagged (``detectable``).
 """
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, TFLOAT32, Format
+from refkern.accumulate.formats import round_array
+from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
+from refkern.analysis.stats import ALPHA, level, proportion_margin, smaller_pvalue
+from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
 
-__all__ = ["Hypothesis", "Decision", "decide", "bound", "working_units", "precision_ratios"]
+__all__ = ["Fit", "Decision", "decide", "SAMPLE", "sample_indices"]
 
-# (name, format, ways its inputs are rounded: truncate?, bias rounded too?); TF32 is a tensor-core
-# input conversion (bias added in fp32), fp16/bf16 also a dtype cast of every operand (autocast)
-_EMULATED = [
-    ("tf32", TFLOAT32, ((False, False), (True, False))),
-    ("fp16", FLOAT16, ((False, False), (False, True))),
-    ("bf16", BFLOAT16, ((False, False), (True, False), (False, True), (True, True))),
-]
-_ACCUMULATED = [("fp16", FLOAT16), ("bf16", BFLOAT16)]
-BETTER_FIT = 8.0  # a reduced precision must fit this much better than "rounding" when both explain
-TIE = 2.0  # reduced precisions whose fits are within this factor cannot be told apart
-OUTLIER_MIN, OUTLIER_FACTOR = 6.0, 20.0  # p beyond max(6, 20 * its 99th percentile): an outlier
-NEARLY = 0.01  # an emulated precision that fails on at most 1% of the elements names those as unexplained
+_FULL_TRIES = 3  # models verified on every element, at most (each costs one exact evaluation)
+SAMPLE = 4096  #: sampled elements for the fits (fewer when K is long: at most 2**22 terms gathered)
+_SEED = 0x5EED
 
 
-def _mag_slack(n):
-    """M is a float64 sum of n non-negative terms in any order: relative error below (n + 1) 2**-52."""
-    return 1.0 + (n + 1) * 2.0**-52
-
-
-def working_units(fmt: Format) -> tuple[float, float]:
-    """(u_accumulation, u_result) of the 'rounding' hypothesis for a result format."""
-    return (FLOAT64.u if fmt.prec >= FLOAT64.prec else FLOAT32.u), fmt.u
-
-
-def _gamma(n, u):
-    nu = n * u
-    return nu / (1.0 - nu) if nu < 1.0 else np.inf
-
-
-def bound(mag, ref, n, u_acc, u_out):
-    """The worst-case bound B of the module docstring, elementwise."""
-    b = (1.0 + u_out) * _gamma(n, u_acc) * mag * _mag_slack(n) + 2.0 * u_out * np.abs(ref)
-    return b + n * 2.0**-1074  # underflow of float64 M
-
-
-def residual(actual, ref):
-    """actual - ref, with equal specials (same infinity, both NaN) as 0 and unequal ones as inf."""
-    with np.errstate(invalid="ignore"):
-        e = actual - ref
-    same = (actual == ref) | (np.isnan(actual) & np.isnan(ref))
-    e = np.where(same, 0.0, e)
-    return np.where(np.isnan(e), np.inf, np.abs(e))
-
-
-def _ratio(err, b):
-    """err / b elementwise: 0 where err is 0, inf where the bound is 0 or NaN (it explains nothing)."""
-    out = np.zeros_like(err)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        np.divide(err, b, out=out, where=err > 0)
-    out[np.isnan(out)] = np.inf
-    return out
+def sample_indices(n_el: int, k: int) -> np.ndarray:
+    """A uniform sample of flat indices, seeded: the same call gives the same sample."""
+    s = min(n_el, SAMPLE, max(256, 2**22 // max(k, 1)))
+    if s >= n_el:
+        return np.arange(n_el)
+    return np.sort(np.random.default_rng(_SEED).choice(n_el, s, replace=False))
 
 
 @dataclass
-class Hypothesis:
-    name: str  # "rounding", "tf32", "fp16", "bf16"
-    kind: str  # "working", "emulated inputs (round to nearest)", ... , "accumulation"
-    ratios: np.ndarray  # |actual - ref_H| / B_H per element
-    explains: bool
+class Fit:
+    """One model tested against the output."""
+
+    model: Model
+    sample_fails: int = 0  # sampled elements beyond lam_el
+    w: float = np.inf  # fit on the sample, common yardstick
+    energy_ok: bool = True  # accumulator models: the noise has the right size
+    full: bool = False  # tested on every element
+    fails: np.ndarray | None = None  # full: elements beyond lam_el
+    groups: list = field(default_factory=list)  # full: failing groups
+    centre: np.ndarray | None = None
+    var: np.ndarray | None = None
+    max_z: float = 0.0
+    z: np.ndarray | None = None  # full: |actual - centre| / sigma per element
+    score: float = np.inf  # capped fit on the sample (module docstring, 4)
+    res: np.ndarray | None = None  # |actual - centre| on the sample
 
     @property
-    def key(self) -> str:
-        """Unique per hypothesis tried: 'fp16' (emulated inputs) differs from 'fp16 accumulation'."""
-        return f"{self.name} accumulation" if self.kind.endswith("accumulation") else self.name
+    def sample_ok(self) -> bool:
+        return self.sample_fails == 0 and self.energy_ok
 
     @property
-    def max_ratio(self) -> float:
-        return float(self.ratios.max()) if self.ratios.size else 0.0
+    def explains(self) -> bool:
+        return self.full and not self.fails.any() and not self.groups
 
-    @property
-    def score(self) -> float:
-        """rms of the ratios: how tightly the hypothesis fits the whole tensor."""
-        r = self.ratios[np.isfinite(self.ratios)]
-        return float(np.sqrt(np.mean(r * r))) if r.size == self.ratios.size and r.size else np.inf
+    def unexplained(self) -> np.ndarray:
+        """Elements beyond lam_el and the elements of the failing groups."""
+        out = self.fails.copy()
+        for g in self.groups:
+            sl = [slice(None)] * out.ndim
+            sl[g["ax"]] = g["index"]
+            out[tuple(sl)] = True
+        return out
 
-    def summary(self) -> dict:
-        return {"kind": self.kind, "explains": self.explains, "max_ratio": self.max_ratio, "score": self.score}
+    def summary(self, lam_el) -> dict:
+        d = {"kind": self.model.kind, "precision": self.model.precision, "explains": self.explains,
+             "tested_on": "every element" if self.full else "sample", "sample_unexplained": self.sample_fails,
+             "fit": self.w, "score": self.score}  # fmt: skip
+        if self.full:
+            d.update(unexplained=int(self.unexplained().sum()), failing_groups=len(self.groups),
+                     max_ratio=self.max_z / lam_el)  # fmt: skip
+        if self.model.order is not None:
+            d["noise_size_ok"] = self.energy_ok
+        return d
 
 
 @dataclass
 class Decision:
     verdict: str
     precision: str | None
-    rounding: Hypothesis
-    chosen: Hypothesis | None
-    hypotheses: list = field(default_factory=list)
-    screened: bool = False  # whether the emulations ran
-    outliers: np.ndarray | None = None  # elements an explaining hypothesis bounds but cannot make plausible
+    model: Model | None  # the model that explains the output, or the one a mismatch is measured against
+    classes: np.ndarray  # per element: 0 exact, 1 rounding, 2 reduced precision, 3 unexplained
+    fits: list
+    z: np.ndarray  # per element |actual - centre| / sigma under ``model`` (rounding's if None)
+    alternatives: list = field(default_factory=list)  # precisions that fit as well (indistinguishable)
+    structure: list = field(default_factory=list)
+    detectable: dict = field(default_factory=dict)
+    thresholds: dict = field(default_factory=dict)
+
+    @property
+    def unexplained(self) -> np.ndarray:
+        return self.classes == 3
 
 
-def _outliers(actual, ev, u_acc, u_out):
-    """Elements far beyond the probabilistic scale of a hypothesis, relative to the whole tensor."""
-    err = residual(actual, ev.values)
-    scale = np.sqrt(ev.n_terms) * u_acc * ev.mag * _mag_slack(ev.n_terms) + 2.0 * u_out * np.abs(ev.values)
-    p = _ratio(err, scale)
-    if p.size == 0 or not np.any(err > 0):
-        return np.zeros(err.shape, bool)
-    q99 = float(np.quantile(np.where(np.isfinite(p), p, np.inf), 0.99))  # over every element, exact ones too
-    return p > max(OUTLIER_MIN, OUTLIER_FACTOR * q99)
+def _zscore(a, c, var, grid=None):
+    """|a - c| / sqrt(var) (0 where equal, NaN alike; inf where undefined). With ``grid``, a format
+    the model stores in before the result is widened: values off that format's grid are
+    impossible under the model (inf)."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        z = np.abs(a - c) / np.sqrt(var)
+    same = (a == c) | (np.isnan(a) & np.isnan(c))
+    z = np.where(same, 0.0, np.where(np.isnan(z), np.inf, z))
+    if grid is not None:
+        z = np.where((round_array(a, *grid.params) == a) | np.isnan(a), z, np.inf)
+    return z
 
 
-def _checked(d, actual, ev_h, u_acc, u_out):
-    """The decision, or a mismatch if the chosen hypothesis leaves outliers."""
-    out = _outliers(actual, ev_h, u_acc, u_out)
-    if out.any():
-        return Decision("mismatch", None, d.rounding, None, d.hypotheses, d.screened, out)
-    return d
+def _grid(m: Model, out):
+    return m.storage if m.storage.prec < out.prec else None
 
 
-def decide(actual, ev, emulate, in_prec: int, err=None) -> Decision:
-    """The verdict for ``actual`` against the evaluation ``ev``; ``emulate(fmt, truncate, round_bias)`` returns
-    the evaluation on inputs rounded to ``fmt``; ``in_prec`` is the multiplied inputs' precision."""
-    u_acc, u_out = working_units(ev.fmt)
-    err = residual(actual, ev.values) if err is None else err
-    r0 = _ratio(err, bound(ev.mag, ev.values, ev.n_terms, u_acc, u_out))
-    rounding = Hypothesis("rounding", "working precision", r0, bool(np.all(r0 <= 1.0)))
-    hyps = [rounding]
-    if err.size == 0 or np.all(err == 0):
-        return Decision("exact", None, rounding, None, hyps)
-    with np.errstate(invalid="ignore"):
-        screen = bool(np.any(err > np.sqrt(ev.n_terms) * u_acc * ev.mag + 2.0 * u_out * np.abs(ev.values)))
-    if rounding.explains and not screen:
-        return Decision("rounding", None, rounding, rounding, hyps)  # every element within the scale
-    u32 = FLOAT32.u
-    evals = {}
-    for name, fmt, modes in _EMULATED:
-        if fmt.prec >= in_prec:
-            continue  # the inputs are already this coarse: rounding them changes nothing
-        best = None
-        for truncate, round_bias in modes:
-            if round_bias and not ev.has_bias:
-                continue
-            evh = emulate(fmt, truncate, round_bias)
-            rh = _ratio(residual(actual, evh.values), bound(evh.mag, evh.values, ev.n_terms, u32, u_out))
-            how = ("truncated" if truncate else "round to nearest") + (", bias too" if round_bias else "")
-            h = Hypothesis(name, f"{name} inputs ({how})", rh, bool(np.all(rh <= 1.0)))
-            if best is None or (h.explains, -h.score) > (best.explains, -best.score):
-                best, evals[name] = h, evh
-        hyps.append(best)
-    reduced = [h for h in hyps[1:] if h.explains]
-    best_reduced = None
-    if reduced:  # near-ties (inputs that round alike to tf32 and fp16) go to the first of tf32, fp16, bf16
-        best = min(h.score for h in reduced)
-        best_reduced = next(h for h in reduced if h.score <= TIE * best)
-    if best_reduced is not None and (not rounding.explains or best_reduced.score * BETTER_FIT < rounding.score):
-        d = Decision("reduced-precision", best_reduced.name, rounding, best_reduced, hyps, True)
-        return _checked(d, actual, evals[best_reduced.name], u32, u_out)
-    if rounding.explains:
-        return _checked(Decision("rounding", None, rounding, rounding, hyps, True), actual, ev, u_acc, u_out)
-    nearly = [h for h in hyps[1:] if 0 < np.mean(h.ratios > 1.0) <= NEARLY]
-    if nearly:  # an emulation explains all but a few elements: those few are the anomaly
-        h = min(nearly, key=lambda h: np.mean(h.ratios > 1.0))
-        return Decision("mismatch", None, rounding, None, hyps, True, h.ratios > 1.0)
-    widespread = np.mean(r0 > 1.0) >= 0.10
-    with np.errstate(invalid="ignore"):
-        signed = (actual - ev.values)[err > 0]
-    pos = float(np.mean(signed > 0)) if signed.size else 0.5
-    balanced = signed.size < 20 or 0.2 <= pos <= 0.8  # rounding noise has both signs; an offset does not
-    for name, fmt in _ACCUMULATED:
-        rh = _ratio(err, bound(ev.mag, ev.values, ev.n_terms, fmt.u, u_out))
-        typical = 3.0 * np.sqrt(ev.n_terms) * fmt.u * ev.mag + 2.0 * u_out * np.abs(ev.values)
+class _Tester:
+    def __init__(self, actual, pr, ref, mag):
+        self.a, self.pr, self.ref = actual, pr, ref
+        self.lam_el = level(ref.size)
+        self.lam_grp = level(n_groups(ref.shape))
+        self.ms = models(pr.fmt, pr.in_prec, pr.bias is not None)
+        self.lam_fit = level(len(self.ms) - 1)
+        self.var0 = rounding_variance(self.ms[0], pr.n_terms, mag, ref)
+
+    def full(self, f: Fit, c=None, var=None):
+        """Test a model on every element (``c``, ``var`` given for the reference model)."""
+        if c is None:
+            c, var = centre(self.pr, f.model)
+        z = _zscore(self.a, c, var, _grid(f.model, self.pr.fmt))
+        fails = z > self.lam_el
+        keep = ~fails & np.isfinite(self.a) & np.isfinite(c)
         with np.errstate(invalid="ignore"):
-            mostly_noise = np.mean(err <= typical) >= 0.99
-        explains = bool(np.all(rh <= 1.0) and mostly_noise and widespread and balanced)
-        h = Hypothesis(name, f"{name} accumulation", rh, explains)
-        hyps.append(h)
-        if h.explains:
-            return Decision("reduced-precision", name, rounding, h, hyps, True)
-    return Decision("mismatch", None, rounding, None, hyps, True)
+            r = np.where(keep, self.a - c, 0.0)
+        f.full, f.fails, f.centre, f.var = True, fails, c, var
+        f.groups = group_failures(r, np.where(keep, var, 0.0), keep, c, self.a, self.pr.axes, self.lam_grp)
+        f.max_z = float(z.max()) if z.size else 0.0
+        f.z = z
+        return f
 
 
-# (input unit roundoff, accumulation unit roundoff) of each candidate precision; truncation of
-# the inputs (TF32, bf16) doubles the input unit, so the larger one is used
-CANDIDATES = {
-    "fp64": (0.0, FLOAT64.u),
-    "fp32": (0.0, FLOAT32.u),
-    "tf32": (2.0 * TFLOAT32.u, FLOAT32.u),
-    "fp16": (FLOAT16.u, FLOAT32.u),
-    "bf16": (2.0 * BFLOAT16.u, FLOAT32.u),
-}
+def _sample_fits(t: _Tester, fits):
+    """Every model on the sample: failures, the fit W on the rounding yardstick, the robust
+    score, and the noise-size test of the accumulator models."""
+    pr, a, ref = t.pr, t.a.reshape(-1), t.ref.reshape(-1)
+    idx = sample_indices(ref.size, pr.n_terms)
+    terms = pr.terms(idx)
+    a_s, x_s, v0 = a[idx], ref[idx], t.var0.reshape(-1)[idx]
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = np.isfinite(a_s) & np.isfinite(x_s) & (v0 > 0)
+    orders = {}
+    for f in fits:
+        m = f.model
+        c, var = (x_s, v0) if m is t.ms[0] else centre_sample(terms, pr, m)
+        z = _zscore(a_s, c, var, _grid(m, pr.fmt))
+        f.sample_fails = int(np.sum(z > t.lam_el))
+        with np.errstate(invalid="ignore"):
+            f.res = np.where(z == np.inf, np.inf, np.abs(a_s - c))
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            q = _zscore(a_s, c, v0, _grid(m, pr.fmt)) ** 2  # on the rounding yardstick, common to every model
+            f.w = float(np.sum(np.where(ok, q, 0.0)))
+            f.score = float(np.sum(np.minimum(q, t.lam_el**2)) / 2)  # an element missed costs what an anomaly costs
+        if m.order is not None:
+            orders.setdefault(m.acc.name, []).append((f, c, var))
+    for group in orders.values():
+        _noise_size(group, a_s, x_s, ok, ALPHA / 3 / max(len(fits) - 1, 1))
+    return idx, terms[0], terms[1]
 
 
-def _max_ratio(e, b) -> float:
-    """max(e / b); a NaN bound (inf/NaN inputs) explains nothing and counts as inf."""
-    if e.size == 0:
-        return 0.0
-    v = float(np.max(e / b))
-    return np.inf if v != v else v
+def _noise_size(group, a_s, x_s, ok, alpha):
+    """Accumulator models: is the backend's error as large as that accumulator makes it?
+
+    With q_i = (value_i - exact_i)**2 / sigma_i**2 on the sample, the backend's q should lie
+    between those of the quietest and the noisiest emulated order. One-sided Mann-Whitney tests
+    (:func:`~refkern.analysis.stats.smaller_pvalue`, level ``alpha`` each): the backend's q not
+    stochastically smaller than the quietest order's (a correct result with a small bug is far
+    cleaner than fp16 accumulation), nor larger than the noisiest order's. Ranks, so a few bad
+    elements do not rule the test as they would rule a sum of squares."""
+    var = group[0][2]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        qa = ((a_s - x_s) ** 2 / var)[ok]
+        qs = [((c - x_s) ** 2 / var)[ok] for _, c, _ in group]
+    if not qa.size:
+        return
+    meds = [float(np.median(q)) for q in qs]
+    quiet, noisy = qs[int(np.argmin(meds))], qs[int(np.argmax(meds))]
+    too_clean = smaller_pvalue(qa, quiet) <= alpha
+    too_noisy = smaller_pvalue(noisy, qa) <= alpha
+    for f, _, _ in group:
+        f.energy_ok = not (too_clean or too_noisy)
 
 
-def precision_ratios(err, ev) -> dict:
-    """For each candidate precision: the largest ratio of the error to its worst-case bound and
-    to its probabilistic scale (the analytic version of each hypothesis, no emulation).
+def _dominates(s: Fit, e: Fit, eps: float) -> bool:
+    """Does the sharp model ``s`` fit so much closer than ``e`` that ``e`` cannot be the truth?
 
-    worst case: (2 u_i + u_i^2) M + (1 + u_o) gamma_n(u_a) (1 + u_i)^2 M + 2 u_o |ref|,
-    inputs rounded with unit u_i, accumulation u_a (Higham 2002, (3.5) and the rounding of
-    each factor); probabilistic scale: sqrt(n) u_a M + 2 u_i M / sqrt(n) + 2 u_o |ref|, the
-    typical size of independent rounding errors (Higham and Mary 2019), not a bound."""
-    n, u_o = ev.n_terms, ev.fmt.u
-    inexact = err > 0  # only these can have a nonzero ratio
-    e, m, ref = err[inexact], (ev.mag * _mag_slack(n))[inexact], np.abs(ev.values)[inexact]
-    out = {}
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # inf/NaN inputs: 0 * inf in M
-        for name, (ui, ua) in CANDIDATES.items():
-            worst = (2 * ui + ui * ui) * m + (1 + u_o) * _gamma(n, ua) * (1 + ui) ** 2 * m + 2 * u_o * ref
-            prob = np.sqrt(n) * ua * m + 2 * ui * m / np.sqrt(max(n, 1)) + 2 * u_o * ref
-            out[name] = {"worst_case": _max_ratio(e, worst), "probabilistic": _max_ratio(e, prob)}
-    return out
+    If ``e`` were the truth (an accumulator in some order), the actual error n = actual - exact is
+    its noise, and ``s``'s residual n - d (d = c_s - exact, independent of n) is stochastically no
+    smaller than |n| for n symmetric and unimodal (Anderson's theorem), while ``e``'s own residual,
+    the difference of two such errors, is about sqrt(2) |n|. So the median of ``s``'s residuals
+    cannot fall below ``e``'s median over sqrt(2); with the empirical medians each within the
+    (1/2 -+ eps) quantiles (Hoeffding), ``s`` dominates when its (1/2 + eps) quantile is below
+    ``e``'s (1/2 - eps) quantile over sqrt(2)."""
+    if eps >= 0.5 or s.res is None or e.res is None:
+        return False
+    return float(np.quantile(s.res, 0.5 + eps)) < float(np.quantile(e.res, 0.5 - eps)) / np.sqrt(2.0)
+
+
+def decide(actual, pr, ref, mag) -> Decision:
+    """The verdict on ``actual`` (float64, the shape of ``ref``) for the Problem ``pr`` whose exact
+    result, rounded to the output format, is ``ref`` and whose magnitudes are ``mag``."""
+    t = _Tester(actual, pr, ref, mag)
+    exact = (actual == ref) | (np.isnan(actual) & np.isnan(ref))
+    thresholds = {"alpha": ALPHA, "element": t.lam_el, "group": t.lam_grp, "fit": t.lam_fit**2}
+    scale = np.sqrt(pr.n_terms) * t.ms[0].acc.u * mag
+    det = detectable(t.var0, scale, ref.shape, pr.axes, t.lam_el, t.lam_grp)
+    fits = [Fit(m) for m in t.ms]
+    r0 = t.full(fits[0], ref, t.var0)
+    if exact.all():
+        return Decision("exact", None, None, np.zeros(ref.shape, np.int8), fits[:1], r0.z, [], [], det, thresholds)
+    sample = _sample_fits(t, fits)
+    n_s = len(sample[0])
+    live = [f for f in fits if f.energy_ok]
+    sharp = [f for f in live if f.sample_fails < n_s / 2]  # fit most of the sample: the breakdown point
+    best = min((f.score for f in sharp), default=np.inf)
+    band = t.lam_fit**2 / 2  # the likelihood-ratio margin of the module docstring, on the half-scaled fit
+    inband = [f for f in sharp if f.score <= best + band]
+    first = sorted((f for f in inband if not f.sample_fails), key=lambda f: (not f.model.rounding, f.score))
+    eps = proportion_margin(n_s, ALPHA / 3 / max(len(fits) - 1, 1))
+    rest = sorted((f for f in live if not f.sample_fails and f not in first
+                   and not any(_dominates(g, f, eps) for g in inband)), key=lambda f: f.score)  # fmt: skip
+    for f in (first + rest)[:_FULL_TRIES]:
+        if not f.full:
+            t.full(f)
+        if f.explains:
+            if f.model.rounding:
+                cls = np.where(exact, 0, 1).astype(np.int8)
+                return Decision("rounding", None, f.model, cls, fits, f.z, [], [], det, thresholds)
+            tie = sorted({g.model.precision for g in first + rest if not g.model.rounding
+                          and g.model.precision != f.model.precision and g.score <= f.score + band})  # fmt: skip
+            cls = np.where(exact, 0, 2).astype(np.int8)
+            return Decision("reduced-precision", f.model.precision, f.model, cls, fits, f.z, tie, [], det, thresholds)
+    # nothing explains: measure against the rounding family when it fits as well as the best, else
+    # against the best fit (a bug on top of a tf32 result is measured against tf32)
+    # (and only when it explains most of the sample: a model that misses half the elements is no base
+    # to call the others anomalies; below that breakdown point the rounding family is the yardstick)
+    cands = [f for f in inband if f.model.rounding] or inband or [f for f in fits if f.model.rounding]
+    for f in cands[:_FULL_TRIES]:
+        if not f.full:
+            t.full(f)
+    base = min((f for f in cands if f.full), key=lambda f: int(f.unexplained().sum()))  # ties: the first
+    bad = base.unexplained()
+    cls = np.where(exact, 0, np.where(bad, 3, np.where(r0.z <= t.lam_el, 1, 2))).astype(np.int8)
+    found = signatures(actual, base.centre, base.var, bad, pr, t.lam_el, sample)
+    return Decision("mismatch", None, base.model, cls, fits, base.z, [], found, det, thresholds)

@@ -20,12 +20,13 @@ import numpy as np
 from refkern._jit import jit
 from refkern.accumulate._bits import bits
 from refkern.accumulate.exact import BLOCK, bins2, bins2_counts, bins3, product_bound, round_counts, wide_safe
-from refkern.accumulate.methods import dot2, kahan, naive, neumaier, pairwise
+from refkern.accumulate.methods import dot2, energy, kahan, naive, neumaier, pairwise
 from refkern.accumulate.superacc import acc_add_float, acc_add_product, acc_has_special, acc_reset, acc_round
 
-__all__ = ["METHOD_CODES", "EXACT", "abs_sum", "reduce_element", "row_stats"]
+__all__ = ["METHOD_CODES", "EXACT", "NAIVE", "PAIRWISE", "ENERGY", "abs_sum", "reduce_element", "row_stats"]
 
 NAIVE, PAIRWISE, KAHAN, NEUMAIER, DOT2, EXACT = 0, 1, 2, 3, 4, 5
+ENERGY = 6  # not a summation method: the error scale of a left-to-right sum (analysis only)
 METHOD_CODES = {
     "naive": NAIVE,
     "pairwise": PAIRWISE,
@@ -138,4 +139,6 @@ def reduce_element(a, b, bias, has_bias, method, narrow, mxa, mna, mxb, mnb, pre
         return kahan(a, b, False, bias, has_bias, prec, emin, emax)
     if method == NEUMAIER:
         return neumaier(a, b, False, bias, has_bias, prec, emin, emax)
+    if method == ENERGY:
+        return energy(a, b, False, bias, has_bias)
     return dot2(a, b, False, bias, has_bias, prec, emin, emax)

@@ -1,0 +1,170 @@
+"""The hypotheses the verdict weighs: each one a computation that can be run on the very inputs.
+
+A :class:`Model` says how a backend computed the op: which inputs it rounded and how
+(TF32 to nearest even, ties away as NVIDIA's ``cvt.rna.tf32.f32`` does, or by truncation;
+bf16/fp16 casts, the bias with them under autocast), in which format it accumulated and in
+which order, whether it rounded the product sum to the result format before adding the bias
+(torch's ``matmul`` then ``add_`` for fp16/bf16 linear), and in which format it stored the
+result before handing it over (autocast's bf16 output cast back to fp32; an fp32 computation
+behind a float64 result). Its **centre** ``c`` is what that computation gives, computed exactly
+on these inputs; its **scale** ``sigma`` is the sub-Gaussian parameter of what remains unknown
+(:mod:`refkern.analysis.stats`), per element:
+
+* models that fix the inputs and the formats but not the order (``order=None``): the order
+  of accumulation is unknown, so with ``M_H = sum|terms|`` of the model's own terms and
+  ``u_a`` the accumulation unit::
+
+      sigma**2 = ((1 + gamma_n) u_a)**2 (n + 1) M_H**2 + 2 (u_s c)**2 + 2 eta_s**2 + (n + 1) eta_a**2
+
+  (n - 1 partial sums, the products' roundings with sum of squares <= M_H**2, one rounding of
+  the product sum before an epilogue bias, the backend's store and the reference's rounding to
+  the storage format of unit u_s; eta_f = 2**(emin_f - prec_f) bounds each rounding's absolute
+  error in the subnormal range). The epilogue model adds 2 (u_s p)**2 + 2 eta_s**2 for the
+  rounding of the product sum p = c - bias.
+* accumulator models (``order`` left-to-right or pairwise): the centre is that order run in the
+  narrow format, and the backend's own order differs from it by two such errors, each at most
+  ``u_a S`` with ``S**2 = sum_k s_k**2 + sum_k t_k**2`` taken along the left-to-right order,
+  the noisiest of the orders backends use on data without structure (pairwise and blocked
+  sums have smaller partial sums)::
+
+      sigma**2 = 2 ((1 + gamma_n) u_a S)**2 + 2 (u_s c)**2 + 2 eta_s**2 + 2 (n + 1) eta_a**2.
+
+  They are sharp where an order-free fp16 bound (``sqrt(n) u M``, 20x wider at K = 288 on
+  random data) would explain a dropped bias.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, TFLOAT32, Format, round_array
+from refkern.analysis.evaluate import Problem, sample_run
+from refkern.kernels._element import ENERGY, EXACT, NAIVE, PAIRWISE
+
+__all__ = ["Model", "models", "centre", "centre_sample", "rounding_variance"]
+
+NEAREST, TRUNCATE, AWAY = 0, 1, 2
+_MODE = {NEAREST: "round to nearest", TRUNCATE: "truncated", AWAY: "round to nearest, ties away"}
+_ORDER = {NAIVE: "left-to-right", PAIRWISE: "pairwise"}
+
+
+@dataclass(frozen=True)
+class Model:
+    key: str  # unique name in the report
+    precision: str | None  # None: the rounding of a correct implementation; else "tf32", "fp16", "bf16", "fp32"
+    kind: str  # one line for the report
+    storage: Format  # the format the backend stores its result in
+    acc: Format  # the accumulation format
+    inputs: tuple | None = None  # (Format, mode, round_bias): inputs rounded first
+    order: int | None = None  # None: any order; NAIVE / PAIRWISE: the centre is that order in ``acc``
+    epilogue: bool = False  # the product sum is rounded to ``storage`` before the bias is added
+
+    @property
+    def rounding(self) -> bool:
+        return self.precision is None
+
+
+def _eta(f: Format) -> float:
+    return 2.0 ** (f.emin - f.prec)
+
+
+def _gamma(n: int, u: float) -> float:
+    return n * u / (1.0 - n * u) if n * u < 0.5 else 1.0
+
+
+def models(out: Format, in_prec: int, has_bias: bool) -> list:
+    """Every model worth weighing for a result of format ``out`` from inputs of precision ``in_prec``:
+    the rounding family first, then the reduced precisions a backend can produce."""
+    acc = FLOAT64 if out is FLOAT64 else FLOAT32
+    ms = [Model("rounding", None, f"{acc.short} accumulation, any order", out, acc)]
+    if has_bias and out.prec < FLOAT32.prec:
+        ms.append(Model("rounding (product rounded before the bias)", None,
+                        f"fp32 accumulation, product rounded to {out.short}, bias added after", out, FLOAT32,
+                        epilogue=True))  # fmt: skip
+    if out is FLOAT32:
+        if in_prec > TFLOAT32.prec:
+            for mode, tag in ((NEAREST, ""), (AWAY, ", ties away"), (TRUNCATE, ", truncated")):
+                ms.append(Model(f"tf32{tag}", "tf32", f"tf32 inputs ({_MODE[mode]}), fp32 accumulation", out,
+                                FLOAT32, (TFLOAT32, mode, False)))  # fmt: skip
+        if in_prec > FLOAT16.prec:
+            ms.append(Model("fp16 inputs", "fp16", "fp16 inputs, fp32 accumulation", out, FLOAT32,
+                            (FLOAT16, NEAREST, False)))  # fmt: skip
+        if in_prec > BFLOAT16.prec:
+            for mode, tag in ((NEAREST, ""), (TRUNCATE, ", truncated")):
+                ms.append(Model(f"bf16 inputs{tag}", "bf16", f"bf16 inputs ({_MODE[mode]}), fp32 accumulation", out,
+                                FLOAT32, (BFLOAT16, mode, False)))  # fmt: skip
+        for f in (FLOAT16, BFLOAT16):
+            ms.append(Model(f"{f.short} autocast", f.short,
+                            f"autocast: {f.short} inputs and bias, fp32 accumulation, {f.short} output", f, FLOAT32,
+                            (f, NEAREST, True)))  # fmt: skip
+    if out is FLOAT64:
+        ms.append(Model("fp32 computation", "fp32", "computed in fp32 (inputs, accumulation and output)", FLOAT32,
+                        FLOAT32, (FLOAT32, NEAREST, True)))  # fmt: skip
+    for f in (FLOAT16, BFLOAT16) + ((FLOAT32,) if out is FLOAT64 else ()):
+        for order in (NAIVE, PAIRWISE):
+            ms.append(Model(f"{f.short} accumulation ({_ORDER[order]})", f.short,
+                            f"{f.short} accumulation, {_ORDER[order]}", out if out.prec <= f.prec else f, f,
+                            order=order))  # fmt: skip
+    return ms
+
+
+def rounding_variance(m: Model, n: int, mag, c, p=None):
+    """sigma**2 of a model that fixes everything but the order (module docstring)."""
+    ua, us = m.acc.u * (1.0 + _gamma(n, m.acc.u)), m.storage.u
+    var = ua * ua * (n + 1) * mag * mag + 2.0 * (us * c) ** 2 + 2.0 * _eta(m.storage) ** 2 + (n + 1) * _eta(m.acc) ** 2
+    if m.epilogue:
+        var = var + 2.0 * (us * p) ** 2 + 2.0 * _eta(m.storage) ** 2
+    return var
+
+
+def _order_variance(m: Model, n: int, s, c):
+    ua, us = m.acc.u * (1.0 + _gamma(n, m.acc.u)), m.storage.u
+    return 2.0 * (ua * s) ** 2 + 2.0 * (us * c) ** 2 + 2.0 * _eta(m.storage) ** 2 + 2.0 * (n + 1) * _eta(m.acc) ** 2
+
+
+def _store(v, m: Model):
+    """The accumulated value stored in the model's storage format (exact when it already fits)."""
+    return round_array(v, *m.storage.params) if m.storage.prec < m.acc.prec and m.order is not None else v
+
+
+def centre(pr: Problem, m: Model):
+    """(c, var) of the model on every element of the problem, float64 arrays of its shape."""
+    n = pr.n_terms
+    with np.errstate(invalid="ignore", over="ignore"):
+        if m.order is not None:
+            v, _ = pr.run(inputs=m.inputs, method=m.order, work=m.acc)
+            s, _ = pr.run(inputs=m.inputs, method=ENERGY, work=FLOAT64)
+            c = _store(v, m)
+            return c, _order_variance(m, n, s, c)
+        if m.epilogue:
+            prod, mag = pr.run(inputs=m.inputs, work=m.storage, want_mag=True, with_bias=False)
+            b = pr.bias_values()
+            c = round_array(prod + b, *m.storage.params)
+            return c, rounding_variance(m, n, mag + np.abs(b), c, prod)
+        c, mag = pr.run(inputs=m.inputs, work=m.storage, want_mag=True)
+        return c, rounding_variance(m, n, mag, c)
+
+
+def centre_sample(terms, pr: Problem, m: Model):
+    """(c, var) of the model on the gathered elements ``terms = (L, R, bias, has_bias)``."""
+    L, R, b, hb = terms
+    n = pr.n_terms
+    p = pr.p
+
+    def run(method, work, with_bias=True):
+        q = dataclasses.replace(p, method=method, work=work)
+        return sample_run(L, R, b, hb and with_bias, q, inputs=m.inputs)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        if m.order is not None:
+            v, _ = run(m.order, m.acc)
+            s, _ = run(ENERGY, FLOAT64)
+            c = _store(v, m)
+            return c, _order_variance(m, n, s, c)
+        if m.epilogue:
+            prod, mag = run(EXACT, m.storage, with_bias=False)
+            c = round_array(prod + b, *m.storage.params)
+            return c, rounding_variance(m, n, mag + np.abs(b), c, prod)
+        c, mag = run(EXACT, m.storage)
+        return c, rounding_variance(m, n, mag, c)

@@ -1,0 +1,115 @@
+"""The null distribution behind every threshold of the verdict.
+
+**The model.** A correct implementation of a reduction in a format of unit roundoff u, in any
+order, returns the exact value plus ``e = sum_j c_j delta_j`` to first order: one term per
+rounding (every addition, every product, the final store), ``|delta_j| <= u`` and ``c_j`` the
+rounded quantity (a partial sum, a product, the result). Following Higham and Mary (2019) and
+Connolly, Higham and Mary (2021), the deltas are modelled as mean-independent: each has mean
+zero given the ones before it. Then ``e`` is a martingale with bounded increments, and the
+Azuma-Hoeffding inequality gives, whatever the order,
+
+    P(|e| >= lam * sigma) <= 2 exp(-lam**2 / 2),       sigma**2 = u**2 * sum_j c_j**2.
+
+For a sum of n terms of magnitude ``M = sum|terms|`` every partial sum and the sum of the
+squared products are at most M, so ``sigma <= u sqrt(n + 1) M``: the order-free scale of
+:mod:`refkern.analysis.hypotheses`. The rounding of the reference itself and of a narrower
+store are two more bounded terms (``u_s |value|`` each).
+
+**Thresholds.** Every test of one ``compare`` call shares one false-alarm budget ``ALPHA``:
+the probability, under the model, that a correct result is called anything but correct.
+It is split in three equal parts (single elements, groups of elements along the output axes,
+and the fit of the reduced-precision hypotheses), and each part is split evenly over the
+number of tests in it (Bonferroni). A part with ``m`` two-sided tests rejects beyond
+
+    lam(m) = sqrt(2 ln(2 m / alpha_part))                      (:func:`level`)
+
+(for one element in 10,000, 7.04; in 1.6 million, 7.73). Nothing here depends on the tensor's
+own distribution of errors: a whole bad channel cannot raise its own yardstick.
+
+**Where the model is not the truth.** Round-to-nearest is deterministic: on data with
+repeating values (constant inputs, one-hot rows) two elements computed from the same terms
+carry the same error. The group tests therefore count each distinct (reference, actual) pair
+of a group once (:func:`distinct`). Algorithms that are not a sum of the products
+(Winograd, FFT convolutions) are outside the model and can be called ``mismatch``.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = ["ALPHA", "PARTS", "level", "distinct", "group_sums", "proportion_margin", "smaller_pvalue"]
+
+ALPHA = 1e-6  #: false-alarm budget of one compare() call under the model (a choice, stated in the docs)
+PARTS = 3  #: the budget is split over: single elements, groups along the axes, fit of the alternatives
+
+
+def level(m: int, alpha: float = ALPHA / PARTS) -> float:
+    """lam with 2 m exp(-lam**2 / 2) = alpha: m two-sided sub-Gaussian tests at family-wise level alpha."""
+    return math.sqrt(2.0 * math.log(2.0 * max(int(m), 1) / alpha))
+
+
+def _hash(a: np.ndarray) -> np.ndarray:
+    """A 64-bit key per float64 value (its bits), for finding repeated values."""
+    return np.ascontiguousarray(a, np.float64).reshape(-1).view(np.int64)
+
+
+def distinct(*arrays, group=None) -> np.ndarray:
+    """Flat boolean mask: True at the first element of each distinct tuple (group, arrays...)."""
+    key = np.zeros(arrays[0].size, np.uint64)
+    for a in arrays:
+        key = key * np.uint64(0x9E3779B97F4A7C15) ^ _hash(a).view(np.uint64)
+    if group is not None:
+        key = key * np.uint64(0xBF58476D1CE4E5B9) ^ np.asarray(group, np.uint64).reshape(-1)
+    first = np.zeros(key.size, bool)
+    first[np.unique(key, return_index=True)[1]] = True
+    return first
+
+
+def group_sums(r: np.ndarray, var: np.ndarray, keep: np.ndarray, axis: int):
+    """Per index g along ``axis``: (sum of r, sum of var, count) over the kept elements with that index."""
+    other = tuple(i for i in range(r.ndim) if i != axis)
+    w = keep.astype(np.float64)
+    return (np.sum(np.where(keep, r, 0.0), axis=other), np.sum(np.where(keep, var, 0.0), axis=other),
+            np.sum(w, axis=other))  # fmt: skip
+
+
+def proportion_margin(n: int, alpha: float) -> float:
+    """eps with P(|empirical proportion - p| > eps) <= alpha for n independent indicators
+    (Hoeffding: 2 exp(-2 n eps**2) = alpha). Two proportions, each within eps: differ by <= 2 eps."""
+    if n <= 0:
+        return math.inf
+    return math.sqrt(math.log(2.0 / alpha) / (2.0 * n))
+
+
+_EXACT_PAIRS = 4096  # below this many pairs the null of U is computed exactly
+
+
+def _u_null_cdf(m: int, n: int) -> np.ndarray:
+    """P(U <= u), u = 0..mn, for the Mann-Whitney U of samples of sizes m and n without ties:
+    p(m, n, u) = m/(m+n) p(m-1, n, u-n) + n/(m+n) p(m, n-1, u) (the last of the m+n values in rank
+    order is from the first sample, above all n of the second, or from the second)."""
+    prev = [np.ones(1)] * (n + 1)  # m' = 0: U = 0 surely
+    for i in range(1, m + 1):
+        cur = [np.ones(1)]  # n' = 0: U = 0 surely
+        for j in range(1, n + 1):
+            p = np.zeros(i * j + 1)
+            p[j:j + len(prev[j])] += i / (i + j) * prev[j]
+            p[: len(cur[j - 1])] += j / (i + j) * cur[j - 1]
+            cur.append(p)
+        prev = cur
+    return np.cumsum(prev[n])
+
+
+def smaller_pvalue(x, y) -> float:
+    """p-value of "x is stochastically smaller than y" (one-sided Mann-Whitney test; x and y
+    exchangeable under the null). Ties count against rejection. Exact below 4096 pairs, the normal
+    approximation of U beyond."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    m, n = x.size, y.size
+    if m == 0 or n == 0:
+        return 1.0
+    u = int(np.searchsorted(np.sort(y), x, side="right").sum())  # pairs with x_i >= y_j
+    if m * n <= _EXACT_PAIRS:
+        return float(min(1.0, _u_null_cdf(m, n)[u]))
+    z = (u + 0.5 - m * n / 2.0) / math.sqrt(m * n * (m + n + 1) / 12.0)
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))

@@ -1,0 +1,227 @@
+"""Where residuals line up: group tests along the output axes, the signatures of common bugs,
+and the smallest errors the tests would have seen.
+
+Bugs have structure. A dropped bias is a constant offset per output channel; a missing input
+channel, a missing kernel tap or a dropped tail of K removes the same terms from many elements;
+a shift moves the whole output by one position; a padding bug lives on the border. The group
+test sums the residuals ``r = actual - centre`` of every index along every output axis (batch,
+channel, row, column) and compares the sum with its own standard error
+``sqrt(sum of sigma**2)`` (:mod:`refkern.analysis.stats`): a whole channel off by an amount far
+below the per-element threshold is found, at a level lam(number of groups) that keeps the
+false-alarm budget. The signatures then say in words what the residuals fit; each is checked
+against the same per-element threshold, never accepted by eye.
+"""
+
+import numpy as np
+
+from refkern.analysis.stats import distinct, group_sums
+
+__all__ = ["group_failures", "n_groups", "signatures", "detectable"]
+
+
+def n_groups(shape) -> int:
+    """The number of group tests: one per index of every axis longer than 1."""
+    return int(sum(s for s in shape if s >= 2))
+
+
+def _z(g, v):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.abs(g) / np.sqrt(v)
+    return np.where(g == 0, 0.0, np.where(np.isnan(z), np.inf, z))
+
+
+_PEELS = 64  # groups removed one at a time before the rest are reported together
+
+
+def group_failures(r, var, keep, c, a, axes, lam) -> list:
+    """Groups along each axis whose residual sum is beyond lam standard errors. ``keep``: the
+    elements that passed the per-element test; repeated (centre, actual) pairs count once.
+
+    The most significant group is taken out first and the tests are run again without its
+    elements, so that one bad channel is not also reported as every row and column it crosses."""
+    shape = r.shape
+    out = []
+    if r.ndim == 0:
+        return out
+    dup = not distinct(c, a).all()
+    ids = {}
+    for ax in range(r.ndim):
+        if shape[ax] >= 2 and dup:  # a deterministic backend gives repeated inputs one error: count it once
+            idx = np.broadcast_to(np.arange(shape[ax]).reshape([-1 if i == ax else 1 for i in range(r.ndim)]), shape)
+            ids[ax] = distinct(c, a, group=idx).reshape(shape)
+    keep = keep.copy()
+    for peel in range(_PEELS + 1):
+        found = []
+        for ax in range(r.ndim):
+            if shape[ax] < 2:
+                continue
+            k = keep & ids[ax] if ax in ids else keep
+            g, v, cnt = group_sums(np.where(k, r, 0.0), var, k, ax)
+            z = _z(g, v)
+            for i in np.flatnonzero(z > lam):
+                found.append({"axis": axes[ax], "ax": ax, "index": int(i), "z": float(z[i]),
+                              "mean": float(g[i] / cnt[i])})  # fmt: skip
+        if not found:
+            break
+        if peel == _PEELS:
+            out += found
+            break
+        worst = max(found, key=lambda f: f["z"])
+        out.append(worst)
+        sl = [slice(None)] * r.ndim
+        sl[worst["ax"]] = worst["index"]
+        keep[tuple(sl)] = False
+    return out
+
+
+def detectable(var0, scale, shape, axes, lam_el, lam_grp) -> dict:
+    """The minimum detectable effect: the smallest error of one element, and the smallest constant
+    offset of a whole group along each axis, that the tests flag (medians over elements/groups).
+    ``scale`` is sqrt(n) u M, the unit in which the issue's power criterion is stated."""
+    sd = np.sqrt(var0)
+    finite = np.isfinite(sd) & (scale > 0)
+    out = {"element": float(np.median(lam_el * sd[finite])) if finite.any() else 0.0,
+           "element_in_scale_units": float(np.median(lam_el * sd[finite] / scale[finite])) if finite.any() else 0.0,
+           "groups": {}}  # fmt: skip
+    for ax, name in enumerate(axes):
+        if shape[ax] < 2:
+            continue
+        _, v, cnt = group_sums(np.zeros(shape), np.where(np.isfinite(var0), var0, 0.0), np.ones(shape, bool), ax)
+        out["groups"][name] = float(np.median(lam_grp * np.sqrt(v) / np.maximum(cnt, 1)))
+    return out
+
+
+def _ok(r, var, lam):
+    """Every element of r within lam standard deviations (specials excluded by the caller)."""
+    with np.errstate(invalid="ignore"):
+        return bool(np.all(r * r <= lam * lam * var))
+
+
+def _offsets(r, var, flagged, axes, bias, bias_axis, lam):
+    """A constant offset per index along one axis that explains every element."""
+    order = ([bias_axis] if bias_axis is not None else []) + [ax for ax in range(r.ndim) if ax != bias_axis]
+    for ax in order:
+        if r.shape[ax] < 2:
+            continue
+        other = tuple(i for i in range(r.ndim) if i != ax)
+        bad = np.any(flagged, axis=other)
+        if bad.all() and ax != bias_axis:
+            continue  # every index off: a constant per index of this axis says nothing about it
+        mu = np.mean(r, axis=other)
+        mu = np.where(bad, mu, 0.0)
+        view = [-1 if i == ax else 1 for i in range(r.ndim)]
+        if not _ok(r - mu.reshape(view), var, lam):
+            continue
+        sd = np.sqrt(np.max(var, axis=other))
+        found = []
+        for g in np.flatnonzero(bad):
+            text = f"{axes[ax]} {g} is off by a constant {mu[g]:+.4g}"
+            if ax == bias_axis and bias is not None:
+                b = bias[g]
+                if abs(mu[g] + b) <= lam * sd[g]:
+                    text += f" (= -bias[{g}]: bias dropped?)"
+                elif abs(mu[g] - b) <= lam * sd[g]:
+                    text += f" (= +bias[{g}]: bias added twice?)"
+            found.append(text)
+        n = int(bad.sum())
+        head = f"{n} of {r.shape[ax]} {axes[ax]}s each off by a constant" if n > 5 else None
+        return {"kind": "offset", "axis": axes[ax], "indices": [int(g) for g in np.flatnonzero(bad)][:64],
+                "offsets": [float(mu[g]) for g in np.flatnonzero(bad)][:64],
+                "text": "; ".join(([head] if head else []) + found[:5])}  # fmt: skip
+    return None
+
+
+def _shift(a, c, var, axes, lam):
+    """The output moved by one position along an axis: actual[i] matches centre[i - s]."""
+    for ax in range(a.ndim):
+        if a.shape[ax] < 3:
+            continue
+        for s in (1, -1):
+            inner = [slice(None)] * a.ndim
+            inner[ax] = slice(1, None) if s == 1 else slice(0, -1)
+            inner = tuple(inner)
+            moved = np.roll(c, s, axis=ax)[inner]
+            with np.errstate(invalid="ignore"):
+                if _ok(a[inner] - moved, var[inner], lam) and not _ok(a[inner] - c[inner], var[inner], lam):
+                    return {"kind": "shift", "axis": axes[ax], "by": s,
+                            "text": f"the output is shifted by {s:+d} along {axes[ax]}: element i holds the "
+                                    f"value of element i{-s:+d}"}  # fmt: skip
+    return None
+
+
+_SPATIAL = ("row", "col", "position")
+
+
+def _border(flagged, axes):
+    """Every unexplained element on the first or last index of one spatial axis: a padding bug?"""
+    idx = np.argwhere(flagged)
+    for ax, name in enumerate(axes):
+        size = flagged.shape[ax]
+        if name not in _SPATIAL or size < 3 or not len(idx):
+            continue
+        pos = np.unique(idx[:, ax])
+        if set(pos.tolist()) <= {0, size - 1}:
+            where = " and ".join(("first" if p == 0 else "last") + f" {name} ({p})" for p in pos)
+            return {"kind": "border", "axis": name, "positions": [int(p) for p in pos],
+                    "text": f"only the {where} of {size} are wrong: padding at the border?"}  # fmt: skip
+    return None
+
+
+def _missing_terms(r_s, var_s, L, R, kind, conv_shape, lam):
+    """Some of the terms missing from (or added twice to) the sum, the same ones for every element:
+    one term (an input feature), one input channel or one kernel tap of a convolution, or the last
+    terms of K. ``r_s``, ``var_s``, ``L``, ``R``: the sampled elements that fail the test."""
+    T = L * R
+    K = T.shape[1]
+    tol = lam * np.sqrt(var_s)[:, None]
+    families = []
+    if kind == "conv" and conv_shape is not None:
+        cin, kh, kw = conv_shape
+        B = T.reshape(-1, cin, kh * kw)
+        if cin > 1:
+            families.append(("input channel", B.sum(axis=2), lambda i: f"input channel {i} (within its group)"))
+        if kh * kw > 1:
+            families.append(("kernel tap", B.sum(axis=1), lambda i: f"kernel tap {divmod(int(i), kw)}"))
+    else:
+        families.append(("term", T, lambda i: f"input feature {i}"))
+    tail = np.cumsum(T[:, ::-1], axis=1)[:, :-1]  # tail[:, m - 1] = sum of the last m terms
+    families.append(("tail", tail, lambda i: f"the last {int(i) + 1} of {K} terms"))
+    for _, C, name in families:
+        for sign, what in ((-1.0, "missing from the sum"), (1.0, "added twice")):
+            with np.errstate(invalid="ignore"):
+                fits = np.all(np.abs(r_s[:, None] - sign * C) <= tol, axis=0) & np.any(C != 0, axis=0)
+            if fits.any():
+                i = int(np.flatnonzero(fits)[0])
+                return {"kind": "terms", "text": f"the residuals fit {name(i)} {what}"}
+    return None
+
+
+def signatures(a, c, var, flagged, pr, lam, sample=None) -> list:
+    """Findings, in words, about the unexplained elements ``flagged`` of ``actual - centre``.
+
+    ``sample``: (idx, L, R) of sampled elements, for the missing-terms signatures."""
+    if a.ndim == 0 or not flagged.any():
+        return []
+    finite = np.isfinite(a) & np.isfinite(c)
+    r = np.where(finite, a - c, 0.0)
+    found = []
+    if finite.all():
+        off = _offsets(r, var, flagged, pr.axes, pr.bias, pr.bias_axis, lam)
+        if off is not None:
+            found.append(off)
+        sh = _shift(a, c, var, pr.axes, lam)
+        if sh is not None:
+            found.append(sh)
+    bo = _border(flagged, pr.axes)
+    if bo is not None:
+        found.append(bo)
+    if sample is not None and not found and pr.kind != "dot":
+        idx, L, R = sample
+        sel = flagged.reshape(-1)[idx] & finite.reshape(-1)[idx]
+        if sel.sum() >= 3:
+            conv_shape = tuple(pr.ops[0].W.shape[1:]) if pr.kind == "conv" else None
+            mt = _missing_terms(r.reshape(-1)[idx][sel], var.reshape(-1)[idx][sel], L[sel], R[sel], pr.kind,
+                                conv_shape, lam)  # fmt: skip
+            if mt is not None:
+                found.append(mt)
+    return found

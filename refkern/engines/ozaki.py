@@ -33,12 +33,14 @@ to ``4 * 2**53`` can round: tests/test_engines.py checks that this makes results
 is then the largest with ``K (9/4) 2**(2w) <= 2**53`` (``slice_width(K, karatsuba=True)``,
 one bit less for most K); the subtractions are done in int64.
 
-**Tails.** Rows that need more slices than the dense count keep their extra slices as sparse
-matrices (only their smallest elements have bits there), multiplied by ``torch.sparse.mm``:
-the same integer bound holds, so these products are exact as well.
+**Tails.** Rows that need more slices than the dense count keep their extra slices as
+"tails" (only their smallest elements have bits there), restricted to their nonzero rows and
+columns and multiplied by small GEMMs: the same integer bound holds, so these products are
+exact as well.
 
 **Exact addition.** Every GEMM result is converted to int64 (exact: integers below 2**53)
-and added into the digit plane ``G_d``, ``d = s + t``, ``|G_d| <= S K (9/4) 2**(2w) < 2**57``.
+and added into the digit plane ``G_d``, ``d = s + t``: at most 8 pairs per plane, each adding
+at most 3 * 2**53 in magnitude (Karatsuba: M_ij - P_i - P_j), so ``|G_d| < 2**58``.
 Element (i, j) is ``sum_d G_d * 2**(E_i + F_j + 2 - d w)``, an exact integer expansion that
 :func:`round_digits` rounds once, in integer arithmetic, to the result format.
 """

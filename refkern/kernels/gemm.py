@@ -89,8 +89,9 @@ def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None, engine: str = "
 
     1-D operands are promoted to a row (a) or a column (b) and the added dimension removed
     from the result (1-D @ 1-D is a 0-d dot product); batch dimensions broadcast as in torch.
-    Inputs may be numpy arrays or torch tensors of float16, bfloat16, float32 or float64,
-    promoted as torch promotes; the result is a numpy array, or a CPU tensor if any input is one.
+    Inputs may be numpy arrays or torch tensors of float16, bfloat16, float32 or float64, both
+    of one dtype (torch raises on mixed dtypes, and so does refkern); the result is a numpy
+    array, or a CPU tensor if any input is one.
 
     With ``accumulate="exact"`` every element is the exact sum of its K products rounded once
     (to nearest even) to the result dtype; see :func:`refkern.dot` for what that includes.

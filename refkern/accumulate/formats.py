@@ -11,6 +11,7 @@ exactly the narrow format's own correctly rounded operation, because float64 has
 from dataclasses import dataclass
 
 import numpy as np
+from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate._bits import bits, from_bits, pow2
@@ -131,13 +132,13 @@ NEAREST_EVEN, TOWARD_ZERO, NEAREST_AWAY = 0, 1, 2
 ROUNDING_MODES = {"nearest": NEAREST_EVEN, "truncate": TOWARD_ZERO, "nearest-away": NEAREST_AWAY}
 
 
-@jit
+@jit(parallel=True)
 def _round_array(x, prec, emin, emax, mode):
     x = np.ascontiguousarray(x)  # transposed or broadcast views: reshape needs C order
     out = np.empty_like(x)
     flat = x.reshape(-1)
     res = out.reshape(-1)
-    for i in range(flat.size):
+    for i in prange(flat.size):
         if mode == TOWARD_ZERO:
             res[i] = truncate_to(flat[i], prec, emin, emax)
         elif mode == NEAREST_AWAY:

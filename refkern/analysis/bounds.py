@@ -15,6 +15,7 @@ precision. The report gives the largest ratio to B per candidate precision
 
 import numpy as np
 
+from refkern._jit import jit
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, TFLOAT32, Format
 
 __all__ = ["bound", "residual", "working_units", "precision_ratios", "CANDIDATES"]
@@ -70,12 +71,21 @@ CANDIDATES = {
 }
 
 
-def _max_ratio(e, b) -> float:
-    """max(e / b); a NaN bound (inf/NaN inputs) explains nothing and counts as inf."""
-    if e.size == 0:
-        return 0.0
-    v = float(np.max(e / b))
-    return np.inf if v != v else v
+@jit
+def _max_ratios(e, m, ref, cm, cr):
+    """out[j] = max_i e_i / (cm[j] m_i + cr[j] |ref_i|) over e_i > 0, in one pass; a NaN or zero
+    bound (inf/NaN inputs, M = 0) explains nothing and counts as inf."""
+    out = np.zeros(cm.size)
+    for i in range(e.size):
+        if e[i] > 0:
+            for j in range(cm.size):
+                b = cm[j] * m[i] + cr[j] * abs(ref[i])
+                r = e[i] / b if b > 0 else np.inf
+                if r != r:
+                    r = np.inf
+                if r > out[j]:
+                    out[j] = r
+    return out
 
 
 def precision_ratios(err, n, mag, ref, fmt) -> dict:
@@ -87,13 +97,12 @@ def precision_ratios(err, n, mag, ref, fmt) -> dict:
     each factor); probabilistic scale: sqrt(n) u_a M + 2 u_i M / sqrt(n) + 2 u_o |ref|, the
     typical size of independent rounding errors (Higham and Mary 2019), not a bound."""
     u_o = fmt.u
-    inexact = err > 0  # only these can have a nonzero ratio
-    e, m, ref = err[inexact], (mag * _mag_slack(n))[inexact], np.abs(ref)[inexact]
-    out = {}
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # inf/NaN inputs: 0 * inf in M
-        for name, (ui, ua) in CANDIDATES.items():
-            worst = (2 * ui + ui * ui) * m + (1 + u_o) * _gamma(n, ua) * (1 + ui) ** 2 * m + 2 * u_o * ref
-            prob = np.sqrt(n) * ua * m + 2 * ui * m / np.sqrt(max(n, 1)) + 2 * u_o * ref
-            out[name] = {"worst_case": _max_ratio(e, worst), "probabilistic": _max_ratio(e, prob)}
-    return out
-
+    cm, cr = [], []
+    for ui, ua in CANDIDATES.values():
+        cm.append(((2 * ui + ui * ui) + (1 + u_o) * _gamma(n, ua) * (1 + ui) ** 2) * _mag_slack(n))
+        cm.append((np.sqrt(n) * ua + 2 * ui / np.sqrt(max(n, 1))) * _mag_slack(n))
+        cr += [2 * u_o, 2 * u_o]
+    flat = (np.ascontiguousarray(a, np.float64).reshape(-1) for a in (err, mag, ref))
+    r = _max_ratios(*flat, np.array(cm), np.array(cr))
+    return {name: {"worst_case": float(r[2 * j]), "probabilistic": float(r[2 * j + 1])}
+            for j, name in enumerate(CANDIDATES)}  # fmt: skip

@@ -7,6 +7,7 @@ from refkern.accumulate.formats import FORMATS
 from refkern.analysis.bounds import bound, precision_ratios, residual, working_units
 from refkern.analysis.evaluate import op_name, problem
 from refkern.analysis.report import VERDICTS, Report, where_summary
+from refkern.analysis.ulp import ulp_errors
 from refkern.analysis.verdict import decide
 
 __all__ = ["compare", "assert_matches_reference", "elements"]
@@ -20,12 +21,7 @@ def _actual(actual):
 
 
 def _ulps(actual, ref, fmt):
-    with np.errstate(invalid="ignore", over="ignore"):
-        e = np.frexp(np.where(ref == 0, 1.0, ref))[1] - 1
-        e = np.where(ref == 0, fmt.emin, np.maximum(e, fmt.emin))
-        ulp = np.ldexp(1.0, (e - fmt.prec + 1).astype(np.int64))
-        err = residual(actual, ref)
-        return np.where(np.isfinite(ref), err / ulp, np.where(err == 0, 0.0, np.inf))
+    return ulp_errors(actual, ref, fmt)
 
 
 def compare(actual, op, *args, rtol: float | None = None, atol: float | None = None, **kwargs) -> Report:

@@ -19,6 +19,7 @@ evaluation as one record, kept for callers that need only that.
 """
 
 import dataclasses
+import difflib
 import inspect
 from dataclasses import dataclass
 
@@ -69,10 +70,17 @@ def _bind(name, args, kwargs):
     for bad in ("accumulate", "accum_dtype"):
         if bad in kwargs:
             raise ValueError(f"compare: {bad}= is not an argument of the op: the reference is always exact.")
+    sig = inspect.signature(fn)
+    names = [p for p, v in sig.parameters.items() if v.kind is not inspect.Parameter.KEYWORD_ONLY]
+    for k in kwargs:
+        if k not in sig.parameters:
+            near = difflib.get_close_matches(k, names, n=1)
+            hint = f" Did you mean {near[0]}=?" if near else f" It takes {', '.join(names)}."
+            raise TypeError(f"compare: {name} has no argument {k!r}.{hint}")
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound = sig.bind(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"compare: the arguments do not fit {name}: {exc}.") from None
+        raise TypeError(f"compare: {name} takes ({', '.join(names)}); {exc}.") from None
     bound.apply_defaults()
     return bound.arguments
 

@@ -82,22 +82,26 @@ def models(out: Format, in_prec: int, has_bias: bool) -> list:
         ms.append(Model("rounding (product rounded before the bias)", None,
                         f"fp32 accumulation, product rounded to {out.short}, bias added after", out, FLOAT32,
                         epilogue=True))  # fmt: skip
-    if out is FLOAT32:
-        if in_prec > TFLOAT32.prec:
+    if out.prec <= FLOAT32.prec:
+        if out is FLOAT32 and in_prec > TFLOAT32.prec:
             for mode, tag in ((NEAREST, ""), (AWAY, ", ties away"), (TRUNCATE, ", truncated")):
                 ms.append(Model(f"tf32{tag}", "tf32", f"tf32 inputs ({_MODE[mode]}), fp32 accumulation", out,
                                 FLOAT32, (TFLOAT32, mode, False)))  # fmt: skip
-        if in_prec > FLOAT16.prec:
-            ms.append(Model("fp16 inputs", "fp16", "fp16 inputs, fp32 accumulation", out, FLOAT32,
-                            (FLOAT16, NEAREST, False)))  # fmt: skip
-        if in_prec > BFLOAT16.prec:
-            for mode, tag in ((NEAREST, ""), (TRUNCATE, ", truncated")):
-                ms.append(Model(f"bf16 inputs{tag}", "bf16", f"bf16 inputs ({_MODE[mode]}), fp32 accumulation", out,
-                                FLOAT32, (BFLOAT16, mode, False)))  # fmt: skip
-        for f in (FLOAT16, BFLOAT16):
-            ms.append(Model(f"{f.short} autocast", f.short,
-                            f"autocast: {f.short} inputs and bias, fp32 accumulation, {f.short} output", f, FLOAT32,
-                            (f, NEAREST, True)))  # fmt: skip
+        for f, modes in ((FLOAT16, (NEAREST,)), (BFLOAT16, (NEAREST, TRUNCATE))):
+            if in_prec <= f.prec:
+                continue  # the inputs are already this coarse: rounding them changes nothing
+            for mode in modes:
+                tag = ", truncated" if mode == TRUNCATE else ""
+                kind = f"{f.short} inputs ({_MODE[mode]}), fp32 accumulation"
+                ms.append(Model(f"{f.short} inputs{tag}", f.short, kind, out, FLOAT32, (f, mode, False)))
+            if has_bias and out is not FLOAT32:  # autocast into a half result: the bias is cast too
+                ms.append(Model(f"{f.short} inputs and bias", f.short,
+                                f"{f.short} inputs and bias, fp32 accumulation", out, FLOAT32, (f, NEAREST, True)))
+        if out is FLOAT32:
+            for f in (FLOAT16, BFLOAT16):
+                ms.append(Model(f"{f.short} autocast", f.short,
+                                f"autocast: {f.short} inputs and bias, fp32 accumulation, {f.short} output", f,
+                                FLOAT32, (f, NEAREST, True)))  # fmt: skip
     if out is FLOAT64:
         ms.append(Model("fp32 computation", "fp32", "computed in fp32 (inputs, accumulation and output)", FLOAT32,
                         FLOAT32, (FLOAT32, NEAREST, True)))  # fmt: skip

@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-__all__ = ["ALPHA", "PARTS", "level", "distinct", "group_sums", "proportion_margin", "smaller_pvalue"]
+__all__ = ["ALPHA", "PARTS", "level", "distinct", "repeated", "group_sums", "proportion_margin", "smaller_pvalue"]
 
 ALPHA = 1e-6  #: false-alarm budget of one compare() call under the model (a choice, stated in the docs)
 PARTS = 3  #: the budget is split over: single elements, groups along the axes, fit of the alternatives
@@ -53,13 +53,30 @@ def _hash(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, np.float64).reshape(-1).view(np.int64)
 
 
-def distinct(*arrays, group=None) -> np.ndarray:
-    """Flat boolean mask: True at the first element of each distinct tuple (group, arrays...)."""
+def _key(arrays, group=None):
     key = np.zeros(arrays[0].size, np.uint64)
     for a in arrays:
         key = key * np.uint64(0x9E3779B97F4A7C15) ^ _hash(a).view(np.uint64)
     if group is not None:
         key = key * np.uint64(0xBF58476D1CE4E5B9) ^ np.asarray(group, np.uint64).reshape(-1)
+    return key
+
+
+def repeated(*arrays) -> np.ndarray:
+    """Boolean mask (the arrays' shape): True where the tuple of values occurs more than once."""
+    key = _key(arrays)
+    order = np.argsort(key)
+    sk = key[order]
+    same = sk[1:] == sk[:-1]
+    rep = np.zeros(key.size, bool)
+    rep[order[1:][same]] = True
+    rep[order[:-1][same]] = True
+    return rep.reshape(np.shape(arrays[0]))
+
+
+def distinct(*arrays, group=None) -> np.ndarray:
+    """Flat boolean mask: True at the first element of each distinct tuple (group, arrays...)."""
+    key = _key(arrays, group)
     first = np.zeros(key.size, bool)
     first[np.unique(key, return_index=True)[1]] = True
     return first

@@ -10,9 +10,12 @@ operands within a factor of two of each other, by Sterbenz's lemma).
 
 import math
 
+import numpy as np
+
+from refkern._jit import jit
 from refkern.accumulate.formats import Format
 
-__all__ = ["ulp", "ulp_error"]
+__all__ = ["ulp", "ulp_error", "ulp_errors"]
 
 
 def ulp(x: float, fmt: Format) -> float:
@@ -32,3 +35,26 @@ def ulp_error(approx: float, exact: float, fmt: Format) -> float:
     if math.isinf(approx) or math.isinf(exact):
         return 0.0 if approx == exact else math.copysign(math.inf, approx - exact)
     return (approx - exact) / ulp(exact, fmt)
+
+
+@jit
+def _ulp_errors(a, r, prec, emin, out):
+    for i in range(a.size):
+        x, y = a[i], r[i]
+        if x == y or (x != x and y != y):
+            out[i] = 0.0
+        elif x != x or y != y or x - x != 0.0 or y - y != 0.0:
+            out[i] = np.inf  # one special and not the other, or two different ones
+        else:
+            e = math.frexp(y)[1] - 1 if y != 0.0 else emin
+            out[i] = abs(x - y) / math.ldexp(1.0, max(e, emin) - prec + 1)
+
+
+def ulp_errors(actual, ref, fmt: Format) -> np.ndarray:
+    """|actual - ref| in ulps of ``fmt`` at the correctly rounded ``ref``, elementwise (0 for equal
+    specials, inf where only one is finite or the two differ)."""
+    a = np.ascontiguousarray(actual, np.float64).reshape(-1)
+    r = np.ascontiguousarray(ref, np.float64).reshape(-1)
+    out = np.empty(a.size)
+    _ulp_errors(a, r, fmt.prec, fmt.emin, out)
+    return out.reshape(np.shape(ref))

@@ -8,7 +8,8 @@ from refkern._version import __version__
 from refkern.analysis.compare import assert_matches_reference, compare
 from refkern.analysis.explain import Explanation, explain
 from refkern.analysis.report import Report
-from refkern.kernels.conv import conv1d, conv2d
+from refkern.kernels.conv import conv1d, conv2d, conv3d
+from refkern.kernels.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from refkern.kernels.gemm import linear, matmul
 from refkern.reduce import METHODS, dot, sum  # noqa: A004
 
@@ -21,6 +22,10 @@ __all__ = [
     "compare",
     "conv1d",
     "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
     "dot",
     "explain",
     "linear",

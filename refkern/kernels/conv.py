@@ -1,4 +1,4 @@
-"""``refkern.conv1d`` and ``refkern.conv2d``: torch semantics (stride, padding including
+"""``refkern.conv1d``, ``refkern.conv2d`` and ``refkern.conv3d``: torch semantics (stride, padding including
 "same"/"valid" and padding modes, dilation, groups, unbatched input), every output element
 reduced by a named method (correctly rounded with the default ``accumulate="exact"``).
 
@@ -6,7 +6,9 @@ The Numba engine has no im2col: each task gathers one input patch (length K = C_
 kh * kw) into a buffer and reduces it against every filter of its group, so memory beyond
 the inputs and outputs is O(threads * K). The BLAS engine (:func:`refkern.engines.blas.run_conv`)
 unfolds chunks of images and runs exact GEMMs. Non-zero padding modes pad a copy of the
-input first.
+input first. conv3d is conv2d over depth slices: output depth z of image n is image
+``n * D_out + z`` of a conv2d whose input channels are the pairs (ci, kz), holding input depth
+``z * sd + kz * dd`` (a copy of the padded input, kd / sd times its size).
 """
 
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
 from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
-__all__ = ["conv1d", "conv2d", "conv_operands", "ConvOperands", "run_conv"]
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_operands", "ConvOperands", "run_conv"]
 
 _ABS = np.int64(0x7FFFFFFFFFFFFFFF)
 _INF_BITS = np.int64(0x7FF0000000000000)
@@ -110,14 +112,18 @@ class ConvOperands:
     groups: int
     stride: tuple
     dilation: tuple
-    out_shape: tuple  # (N, C_out, Ho, Wo)
+    out_shape: tuple  # (N, C_out, Ho, Wo); conv3d: (N * D_out, C_out, Ho, Wo)
     nd: int
     unbatched: bool
+    depth: int = 1  # conv3d: output depth D_out (kernel image n * D_out + z is depth z of image n)
 
     def result(self, out4):
-        """The kernel's (N, C_out, Ho, Wo) output in the caller's layout (conv1d, unbatched)."""
+        """The kernel's (N, C_out, Ho, Wo) output in the caller's layout (conv1d, conv3d, unbatched)."""
         if self.nd == 1:
             out4 = out4[:, :, 0, :]
+        if self.nd == 3:
+            nz, c_out, ho, wo = out4.shape
+            out4 = out4.reshape(nz // self.depth, self.depth, c_out, ho, wo).transpose(0, 2, 1, 3, 4)
         if self.unbatched:
             out4 = out4[0]
         return np.ascontiguousarray(out4)
@@ -158,18 +164,46 @@ def run_conv(p, c, want_mag=False):
 
 
 def conv_operands(p, nd, stride, padding, dilation, groups, padding_mode) -> ConvOperands:
-    """Validate and normalise a conv1d/conv2d call exactly as torch does."""
+    """Validate and normalise a conv1d/conv2d/conv3d call exactly as torch does."""
+    X, W, bias, groups, stride, dilation, unbatched = conv_padded(p, nd, stride, padding, dilation, groups,
+                                                                 padding_mode)  # fmt: skip
+    c_out = W.shape[0]
+    if nd == 1:  # conv1d is conv2d over a height of 1
+        X, W = X[:, :, None, :], W[:, :, None, :]
+        stride, dilation = (1, *stride), (1, *dilation)
+    depth = 1
+    if nd == 3:  # conv3d is conv2d over depth slices: channel ci * kd + kz of image n * D_out + z
+        nn, c, dp = X.shape[:3]
+        kd = W.shape[2]
+        depth = (dp - dilation[0] * (kd - 1) - 1) // stride[0] + 1
+        zi = (np.arange(depth) * stride[0])[:, None] + np.arange(kd)[None, :] * dilation[0]  # (D_out, kd)
+        X = X[:, :, zi].transpose(0, 2, 1, 3, 4, 5).reshape(nn * depth, c * kd, *X.shape[3:])
+        W = W.reshape(c_out, W.shape[1] * kd, *W.shape[3:])
+        stride, dilation = stride[1:], dilation[1:]
+    X = np.ascontiguousarray(X)
+    W = np.ascontiguousarray(W)
+    kh, kw = W.shape[2], W.shape[3]
+    ho = (X.shape[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (X.shape[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    return ConvOperands(X, W, bias, groups, stride, dilation, (X.shape[0], c_out, ho, wo), nd, unbatched, depth)
+
+
+_SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
+_KERNEL = {1: "k", 2: "kh, kw", 3: "kd, kh, kw"}
+
+
+def conv_padded(p, nd, stride, padding, dilation, groups, padding_mode):
+    """Validate a conv{nd}d call as torch does: (X padded (N, C_in, *spatial), W (C_out, C_in / groups,
+    *kernel), bias or None, groups, stride, dilation, unbatched), float64, the spatial dimensions
+    as given (no conv2d reshaping): what :func:`conv_operands` and the ground truth start from."""
     op = p.op
     sx, sw = p.ops["x"].shape, p.ops["weight"].shape
-    spatial = "L" if nd == 1 else "H, W"
+    spatial = _SPATIAL[nd]
     if len(sx) not in (nd + 1, nd + 2):
         fix = " Add batch and channel axes: x[None, None]." if len(sx) == nd else ""
         raise ValueError(f"{op}: input must have shape (N, C, {spatial}) or (C, {spatial}); got shape {sx}.{fix}")
     if len(sw) != nd + 2:
-        raise ValueError(
-            f"{op}: weight must have shape (C_out, C_in / groups, {'k' if nd == 1 else 'kh, kw'}); "
-            f"got weight.shape={sw}."
-        )
+        raise ValueError(f"{op}: weight must have shape (C_out, C_in / groups, {_KERNEL[nd]}); got weight.shape={sw}.")
     if not _is_int(groups) or groups < 1:
         raise ValueError(f"{op}: groups must be a positive int; got groups={groups!r}.")
     unbatched = len(sx) == nd + 1
@@ -233,19 +267,11 @@ def conv_operands(p, nd, stride, padding, dilation, groups, padding_mode) -> Con
     X = as_f64(p.ops["x"])
     if unbatched:
         X = X[None]
-    if nd == 1:  # conv1d is conv2d over a height of 1
-        X = X[:, :, None, :]
-        pads = [(0, 0), *pads]
-        stride, dilation = (1, *stride), (1, *dilation)
-    W = as_f64(p.ops["weight"]).reshape(c_out, sw[1], *(([1] if nd == 1 else []) + list(ksize)))
+    W = as_f64(p.ops["weight"])
     if any(lo or hi for lo, hi in pads):
         X = np.pad(X, [(0, 0), (0, 0), *pads], mode=_PAD_MODES[padding_mode])
-    X = np.ascontiguousarray(X)
-    kh, kw = W.shape[2], W.shape[3]
-    ho = (X.shape[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (X.shape[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     bias = as_f64(p.ops["bias"]) if p.ops["bias"] is not None else None
-    return ConvOperands(X, W, bias, groups, stride, dilation, (X.shape[0], c_out, ho, wo), nd, unbatched)
+    return X, W, bias, groups, stride, dilation, unbatched
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", *,
@@ -269,6 +295,27 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padd
     groups, K = C_in / groups * kh * kw). Both engines give bit-identical results.
     """
     return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype,
+                 engine)  # fmt: skip
+
+
+def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", *,
+           accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):  # fmt: skip
+    """Reference ``torch.nn.functional.conv3d`` (and ``nn.Conv3d``'s ``padding_mode``).
+
+    ``x``: (N, C_in, D, H, W) or unbatched (C_in, D, H, W); ``weight``: (C_out, C_in / groups, kd,
+    kh, kw); ``bias``: (C_out,). ``stride``, ``padding``, ``dilation``: an int, a triple, or a
+    one-element tuple that torch expands to the three dimensions; ``padding`` also ``"valid"`` or
+    ``"same"`` (stride 1; an odd total padding puts the extra plane at the end, as torch does).
+    ``padding_mode``: ``"zeros"``, ``"reflect"``, ``"replicate"`` or ``"circular"``.
+
+    With ``accumulate="exact"`` each output element is ``bias + sum over (ci, kz, ky, kx) of
+    weight * input``, computed exactly and rounded once to the result dtype; the other methods
+    reduce in that (ci, kz, ky, kx) order with the bias last, in ``accum_dtype``.
+
+    Computed as conv2d over depth slices (module docstring), by the same kernels and engines as
+    :func:`conv2d`, with M = N * D_out * H_out * W_out and K = C_in / groups * kd * kh * kw.
+    """
+    return _conv("conv3d", 3, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype,
                  engine)  # fmt: skip
 
 

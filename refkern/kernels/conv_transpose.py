@@ -1,0 +1,304 @@
+"""``refkern.conv_transpose1d/2d/3d``: torch semantics (stride, padding, output_padding, groups,
+dilation, unbatched input), every output element reduced by a named method (correctly rounded
+with the default ``accumulate="exact"``).
+
+**What a transposed convolution sums.** Per spatial dimension (input size L, stride s, padding
+p, dilation d, kernel size k, output_padding a), torch defines the output size
+``L_out = (L - 1) s - 2 p + d (k - 1) + a + 1`` and scatters every product: input position i
+with kernel tap t lands on output position ``o = i s - p + t d`` (dropped when outside
+``[0, L_out)``). So output element o receives, per input channel ci of its group, the taps t with
+
+    o + p - t d = i s,   0 <= i < L,
+
+and nothing else: ``out[n, co, o] = bias[co] + sum_{ci, t valid} W[ci, co, t] x[n, ci, (o + p - t d) / s]``.
+
+**As a convolution.** Insert s - 1 zeros between the input samples (the stride-dilated input
+``xs[i s] = x[i]``), pad it with ``q = d (k - 1) - p`` zeros on the left and ``q + a`` on the
+right (crop where q < 0), and convolve with stride 1, dilation d and the flipped, transposed
+weight ``W'[co, ci, t'] = W[ci, co, k - 1 - t']``: tap t' of output o reads ``xs[o + t' d - q]``,
+and with ``t = k - 1 - t'`` that is ``xs[o + p - t d]``, nonzero exactly at the taps above. The
+inserted and padded zeros add only zero products, so this convolution has the same value; but
+``0 * inf`` is NaN and ``0 * w`` can turn a ``-0`` result into ``+0``, and on a stride-2 layer
+three quarters of its products are zeros. The kernel therefore gathers only the valid taps (no
+zero is multiplied): an output element's number of terms varies with its position (borders,
+residues modulo the stride; with stride > d (k - 1) + 1 some elements have none and are the
+bias, or +0). The analysis sees the op as that convolution, with absent taps as 0 * 0 terms.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate._bits import bits
+from refkern.accumulate.exact import BLOCK
+from refkern.accumulate.superacc import SIZE, acc_init
+from refkern.kernels._common import as_f64, finish, plan
+from refkern.kernels._element import abs_sum, reduce_element
+from refkern.kernels.conv import _is_int, _pair, _tuple_of
+
+__all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "ConvTOperands", "convt_operands",
+           "run_conv_transpose", "valid_taps"]  # fmt: skip
+
+_ABS = np.int64(0x7FFFFFFFFFFFFFFF)
+_INF_BITS = np.int64(0x7FF0000000000000)
+
+
+@jit(inline="always")
+def _taps(o, p, d, s, size, k, taps, pos):
+    """The taps t with o + p - t d = i s, 0 <= i < size, into taps[:m] (and i into pos[:m]); m."""
+    m = 0
+    for t in range(k):
+        r = o + p - t * d
+        if r >= 0 and r % s == 0 and r // s < size:
+            taps[m] = t
+            pos[m] = r // s
+            m += 1
+    return m
+
+
+@jit(parallel=True)
+def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl, xorder, xcls, method, narrow, prec,
+                  emin, emax):  # fmt: skip
+    """out[n, g cout + co, z, y, x] = bias + sum over ci and the valid taps (kz, ky, kx) (module
+    docstring) of Wt[g cin + ci, co, kz, ky, kx] X[n, g cin + ci, iz, iy, ix], in (ci, kz, ky, kx)
+    order. xorder: output columns grouped by their set of valid x taps (xcls: its id per column),
+    so each task gathers the weights of one tap set once per set, not once per element."""
+    nn, c, dd, hh, ww = X.shape
+    _, cout_g, kd, kh, kw = Wt.shape
+    _, _, do, ho, wo = out.shape
+    cin_g = c // groups
+    kmax = max(cin_g * kd * kh * kw, 1)
+    for task in prange(nn * groups * do * ho):
+        n = task // (groups * do * ho)
+        g = (task // (do * ho)) % groups
+        oz = (task // ho) % do
+        oy = task % ho
+        buf = np.empty(kmax)
+        wbuf = np.empty((cout_g, kmax))
+        stw = np.empty((cout_g, 2), np.int64)
+        acc = np.empty(SIZE, np.int64)
+        acc_init(acc)
+        scratch = np.empty(BLOCK)
+        tz, iz = np.empty(kd, np.int64), np.empty(kd, np.int64)
+        ty, iy = np.empty(kh, np.int64), np.empty(kh, np.int64)
+        tx, ix = np.empty(kw, np.int64), np.empty(kw, np.int64)
+        nz = _taps(oz, pd[0], dl[0], st[0], dd, kd, tz, iz)
+        ny = _taps(oy, pd[1], dl[1], st[1], hh, kh, ty, iy)
+        prev = -1
+        for j in range(wo):
+            ox = xorder[j]
+            nx = _taps(ox, pd[2], dl[2], st[2], ww, kw, tx, ix)
+            k = cin_g * nz * ny * nx
+            if xcls[ox] != prev:  # a new tap set: gather every filter's weights for it, with their stats
+                prev = xcls[ox]
+                for co in range(cout_g):
+                    q = 0
+                    mx = np.int64(0)
+                    mn = _INF_BITS
+                    for ci in range(cin_g):
+                        for a in range(nz):
+                            for b in range(ny):
+                                for e in range(nx):
+                                    v = Wt[g * cin_g + ci, co, tz[a], ty[b], tx[e]]
+                                    wbuf[co, q] = v
+                                    q += 1
+                                    x = bits(v) & _ABS
+                                    mx = x if x > mx else mx
+                                    xn = x if x != 0 else _INF_BITS
+                                    mn = xn if xn < mn else mn
+                    stw[co, 0] = mx
+                    stw[co, 1] = mn
+            q = 0
+            mx = np.int64(0)
+            mn = _INF_BITS
+            for ci in range(cin_g):
+                for a in range(nz):
+                    for b in range(ny):
+                        row = X[n, g * cin_g + ci, iz[a], iy[b]]
+                        for e in range(nx):
+                            v = row[ix[e]]
+                            buf[q] = v
+                            q += 1
+                            x = bits(v) & _ABS
+                            mx = x if x > mx else mx
+                            xn = x if x != 0 else _INF_BITS
+                            mn = xn if xn < mn else mn
+            for co in range(cout_g):
+                oc = g * cout_g + co
+                bc = bias[oc] if has_bias else 0.0
+                wr = wbuf[co, :k]
+                br = buf[:k]
+                out[n, oc, oz, oy, ox] = reduce_element(
+                    wr, br, bc, has_bias, method, narrow, stw[co, 0], stw[co, 1], mx, mn, prec, emin, emax, acc,
+                    scratch,
+                )  # fmt: skip
+                if want_mag:
+                    mag[n, oc, oz, oy, ox] = abs_sum(wr, br, bc)
+
+
+def valid_taps(o, p, d, s, size, k) -> np.ndarray:
+    """Boolean (len(o), k): tap t reaches output position o (module docstring), numpy."""
+    r = np.asarray(o, np.int64)[:, None] + p - np.arange(k)[None, :] * d
+    return (r >= 0) & (r % s == 0) & (r // s < size)
+
+
+@dataclass
+class ConvTOperands:
+    """A transposed convolution in 3-D form (1-D and 2-D calls get unit leading dimensions)."""
+
+    X: np.ndarray  # (N, C_in, D, H, W) float64
+    weight: np.ndarray  # (C_in, C_out / groups, kd, kh, kw) float64, torch's layout
+    bias: np.ndarray | None  # (C_out,)
+    groups: int
+    stride: tuple  # 3 ints each, as the kernel sees them
+    padding: tuple
+    dilation: tuple
+    out_shape: tuple  # (N, C_out, D_out, H_out, W_out)
+    nd: int
+    unbatched: bool
+
+    @property
+    def W(self) -> np.ndarray:
+        """The weight as the equivalent convolution's (C_out, C_in / groups, kd * kh, kw) filters, taps
+        in torch's (unflipped) order: the layout of :meth:`Problem.terms` rows."""
+        c_in, cout_g = self.weight.shape[:2]
+        g = self.groups
+        w = self.weight.reshape(g, c_in // g, cout_g, -1).transpose(0, 2, 1, 3)
+        kd, kh, kw = self.weight.shape[2:]
+        return w.reshape(g * cout_g, c_in // g, kd * kh, kw)
+
+    def result(self, out5):
+        """The kernel's (N, C_out, D, H, W) output in the caller's layout."""
+        out = out5.reshape(out5.shape[:2] + out5.shape[5 - self.nd :])
+        if self.unbatched:
+            out = out[0]
+        return np.ascontiguousarray(out)
+
+
+_SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
+_KERNEL = {1: "k", 2: "kh, kw", 3: "kd, kh, kw"}
+
+
+def convt_operands(p, nd, stride, padding, output_padding, groups, dilation) -> ConvTOperands:
+    """Validate and normalise a conv_transpose{nd}d call exactly as torch does."""
+    op = p.op
+    sx, sw = p.ops["input"].shape, p.ops["weight"].shape
+    spatial = _SPATIAL[nd]
+    if len(sx) not in (nd + 1, nd + 2):
+        fix = " Add batch and channel axes: input[None, None]." if len(sx) == nd else ""
+        raise ValueError(f"{op}: input must have shape (N, C_in, {spatial}) or (C_in, {spatial}); got shape {sx}.{fix}")
+    if len(sw) != nd + 2:
+        raise ValueError(
+            f"{op}: weight must have shape (C_in, C_out / groups, {_KERNEL[nd]}); got weight.shape={sw}."
+        )
+    if not _is_int(groups) or groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int; got groups={groups!r}.")
+    unbatched = len(sx) == nd + 1
+    c_in = sx[0] if unbatched else sx[1]
+    if sw[0] != c_in:
+        raise ValueError(
+            f"{op}: weight.shape[0] must equal the input channels (a transposed convolution's weight is "
+            f"(C_in, C_out / groups, ...)); got weight.shape={sw} and input.shape={sx} ({c_in} channels)."
+        )
+    if c_in % groups:
+        raise ValueError(f"{op}: input channels must be divisible by groups; got {c_in} channels and groups={groups}.")
+    c_out = sw[1] * groups
+    if p.ops["bias"] is not None and p.ops["bias"].shape != (c_out,):
+        raise ValueError(f"{op}: bias must have shape ({c_out},); got bias.shape={p.ops['bias'].shape}.")
+    if isinstance(padding, str):
+        raise ValueError(f"{op}: padding must be an int or {_tuple_of(nd)} (no 'same' or 'valid' for a transposed "
+                         f"convolution); got padding={padding!r}.")  # fmt: skip
+    stride = _pair(stride, "stride", op, nd, 1)
+    dilation = _pair(dilation, "dilation", op, nd, 1)
+    padding = _pair(padding, "padding", op, nd, 0)
+    outpad = _pair(output_padding, "output_padding", op, nd, 0)
+    if any(a >= s and a >= d for a, s, d in zip(outpad, stride, dilation)):
+        raise ValueError(
+            f"{op}: output_padding must be smaller than either stride or dilation; got output_padding={outpad}, "
+            f"stride={stride} and dilation={dilation}."
+        )
+    ksize, in_size = tuple(sw[2:]), tuple(sx[-nd:])
+    out_size = tuple((n - 1) * s - 2 * q + d * (k - 1) + a + 1
+                     for n, s, q, d, k, a in zip(in_size, stride, padding, dilation, ksize, outpad))  # fmt: skip
+    if any(o <= 0 for o in out_size):
+        raise ValueError(
+            f"{op}: the output size (L - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1 must be "
+            f"positive; got {out_size} for input size {in_size}. Reduce the padding."
+        )
+    lead = 3 - nd
+    X = as_f64(p.ops["input"])
+    if unbatched:
+        X = X[None]
+    X = np.ascontiguousarray(X.reshape(X.shape[:2] + (1,) * lead + X.shape[2:]))
+    W = np.ascontiguousarray(as_f64(p.ops["weight"]).reshape(sw[:2] + (1,) * lead + ksize))
+    bias = as_f64(p.ops["bias"]) if p.ops["bias"] is not None else None
+    one = (1,) * lead
+    return ConvTOperands(X, W, bias, groups, one + stride, (0,) * lead + padding, one + dilation,
+                         (X.shape[0], c_out, *one, *out_size), nd, unbatched)  # fmt: skip
+
+
+def run_conv_transpose(p, c: ConvTOperands, want_mag=False, with_bias=True):
+    """The kernel on prepared operands: (values, magnitudes or None), float64, in the caller's layout."""
+    out = np.empty(c.out_shape)
+    mag = np.empty(c.out_shape if want_mag else (1, 1, 1, 1, 1))
+    has_bias = c.bias is not None and with_bias
+    b = c.bias if has_bias else np.zeros(1)
+    wo = c.out_shape[4]
+    kw = c.weight.shape[4]
+    valid = valid_taps(np.arange(wo), c.padding[2], c.dilation[2], c.stride[2], c.X.shape[4], kw)
+    _, xcls = np.unique(valid, axis=0, return_inverse=True)
+    xcls = np.ascontiguousarray(xcls.reshape(-1), np.int64)
+    xorder = np.ascontiguousarray(np.argsort(xcls, kind="stable"), np.int64)
+    _convt_kernel(c.X, c.weight, b, has_bias, out, mag, want_mag, c.groups, np.array(c.stride, np.int64),
+                  np.array(c.padding, np.int64), np.array(c.dilation, np.int64), xorder, xcls,
+                  *p.kernel_args)  # fmt: skip
+    return c.result(out), (c.result(mag) if want_mag else None)
+
+
+def _convt(op, nd, input, weight, bias, stride, padding, output_padding, groups, dilation, accumulate, accum_dtype):  # noqa: A002
+    p = plan(op, {"input": input, "weight": weight, "bias": bias}, ("input", "weight"), accumulate, accum_dtype)
+    c = convt_operands(p, nd, stride, padding, output_padding, groups, dilation)
+    return finish(p, run_conv_transpose(p, c)[0])
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,  # noqa: A002
+                     accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+    """Reference ``torch.nn.functional.conv_transpose2d`` (and ``nn.ConvTranspose2d``).
+
+    ``input``: (N, C_in, H, W) or unbatched (C_in, H, W); ``weight``: (C_in, C_out / groups, kh, kw)
+    (torch's transposed layout); ``bias``: (C_out,). ``stride``, ``padding``, ``output_padding``,
+    ``dilation``: an int, a pair, or a one-element tuple expanded to both dimensions.
+    ``output_padding`` must be smaller than the stride or the dilation of its dimension, as torch
+    requires; the output is ``(H - 1) sh - 2 ph + dh (kh - 1) + oph + 1`` high, likewise wide.
+
+    With ``accumulate="exact"`` each output element is its bias plus the exact sum of the
+    products that reach it (``weight[ci, co, ky, kx] * input[n, ci, iy, ix]`` with
+    ``y = iy sh - ph + ky dh`` and ``x = ix sw - pw + kx dw``), rounded once to the result dtype.
+    That is the convolution, stride 1 and dilation d, of the stride-dilated input padded with
+    ``d (k - 1) - p`` zeros (plus ``output_padding`` at the end) with the flipped, transposed
+    weight; the derivation is in :mod:`refkern.kernels.conv_transpose`. Only the products that
+    reach an element are formed (no ``0 * inf``, no ``+0`` from an inserted zero), so the number
+    of terms varies with the position. The other methods reduce in (ci, ky, kx) order over those
+    products, bias last, in ``accum_dtype``.
+    """
+    return _convt("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups, dilation,
+                  accumulate, accum_dtype)  # fmt: skip
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,  # noqa: A002
+                     accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+    """Reference ``torch.nn.functional.conv_transpose1d``: ``input`` (N, C_in, L) or (C_in, L),
+    ``weight`` (C_in, C_out / groups, k); otherwise as :func:`conv_transpose2d`."""
+    return _convt("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups, dilation,
+                  accumulate, accum_dtype)  # fmt: skip
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,  # noqa: A002
+                     accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+    """Reference ``torch.nn.functional.conv_transpose3d``: ``input`` (N, C_in, D, H, W) or
+    (C_in, D, H, W), ``weight`` (C_in, C_out / groups, kd, kh, kw); otherwise as
+    :func:`conv_transpose2d` (terms in (ci, kz, ky, kx) order)."""
+    return _convt("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups, dilation,
+                  accumulate, accum_dtype)  # fmt: skip

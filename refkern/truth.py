@@ -21,7 +21,8 @@ import numpy as np
 from refkern._arrays import operand, result, same_dtype
 from refkern.accumulate.formats import Format
 
-__all__ = ["dot", "sum", "matmul", "linear", "conv1d", "conv2d", "exact_precision", "round_exact"]
+__all__ = ["dot", "sum", "matmul", "linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+           "conv_transpose3d", "exact_precision", "round_exact"]
 
 
 def _terms_dot(a, b):
@@ -210,3 +211,92 @@ def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padd
            precision: int | None = None):  # fmt: skip
     """Ground truth of :func:`refkern.conv1d`, element by element with mpmath."""
     return _conv("truth.conv1d", 1, x, weight, bias, stride, padding, dilation, groups, padding_mode, precision)
+
+
+def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", *,
+           precision: int | None = None):  # fmt: skip
+    """Ground truth of :func:`refkern.conv3d`, element by element with mpmath, from the padded 5-D
+    input (not the depth-sliced conv2d form the fast path uses)."""
+    from refkern.kernels._common import plan
+    from refkern.kernels.conv import conv_padded
+
+    p = plan("truth.conv3d", {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), "exact", None)
+    X, W, b, groups, (sd, sh, sw), (dd, dh, dw), unbatched = conv_padded(p, 3, stride, padding, dilation, groups,
+                                                                          padding_mode)  # fmt: skip
+    nn, c_in = X.shape[:2]
+    c_out, cin_g, kd, kh, kw = W.shape
+    cout_g = c_out // groups
+    size = [(X.shape[2 + i] - d * (k - 1) - 1) // s + 1 for i, (d, k, s) in enumerate(((dd, kd, sd), (dh, kh, sh),
+                                                                                       (dw, kw, sw)))]  # fmt: skip
+    out = np.empty((nn, c_out, *size))
+    for n in range(nn):
+        for co in range(c_out):
+            g = co // cout_g
+            for z in range(size[0]):
+                for y in range(size[1]):
+                    for x_ in range(size[2]):
+                        terms = [
+                            (float(W[co, ci, a, b_, e]),
+                             float(X[n, g * cin_g + ci, z * sd + a * dd, y * sh + b_ * dh, x_ * sw + e * dw]))
+                            for ci in range(cin_g) for a in range(kd) for b_ in range(kh) for e in range(kw)
+                        ]  # fmt: skip
+                        if b is not None:
+                            terms.append((float(b[co]), 1.0))
+                        out[n, co, z, y, x_] = _exact_sum_of_products(terms, p.out, precision)
+    return _finish(p, out[0] if unbatched else out)
+
+
+def _conv_transpose(op, nd, input, weight, bias, stride, padding, output_padding, groups, dilation, precision):  # noqa: A002
+    """torch's definition, scattered: input position i and tap t add weight * input to output
+    position i * s - p + t * d of every spatial dimension (dropped outside the output)."""
+    import itertools
+
+    from refkern.kernels._common import plan
+    from refkern.kernels.conv_transpose import convt_operands
+
+    p = plan(op, {"input": input, "weight": weight, "bias": bias}, ("input", "weight"), "exact", None)
+    c = convt_operands(p, nd, stride, padding, output_padding, groups, dilation)
+    X, W = c.X, c.weight
+    nn, c_in = X.shape[:2]
+    cout_g = W.shape[1]
+    cin_g = c_in // c.groups
+    osz = c.out_shape[2:]
+    terms = {}
+    for n, ci in itertools.product(range(nn), range(c_in)):
+        g = ci // cin_g
+        for i in itertools.product(*(range(s) for s in X.shape[2:])):
+            for t in itertools.product(*(range(k) for k in W.shape[2:])):
+                o = tuple(i[a] * c.stride[a] - c.padding[a] + t[a] * c.dilation[a] for a in range(3))
+                if not all(0 <= o[a] < osz[a] for a in range(3)):
+                    continue
+                for co in range(cout_g):
+                    terms.setdefault((n, g * cout_g + co, *o), []).append((float(W[(ci, co, *t)]),
+                                                                           float(X[(n, ci, *i)])))  # fmt: skip
+    out = np.empty(c.out_shape)
+    for idx in np.ndindex(*c.out_shape):
+        ts = list(terms.get(idx, []))
+        if c.bias is not None:
+            ts.append((float(c.bias[idx[1]]), 1.0))
+        out[idx] = _exact_sum_of_products(ts, p.out, precision)
+    return _finish(p, c.result(out))
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,  # noqa: A002
+                     precision: int | None = None):  # fmt: skip
+    """Ground truth of :func:`refkern.conv_transpose1d`: torch's scatter definition, summed with mpmath."""
+    return _conv_transpose("truth.conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation, precision)  # fmt: skip
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,  # noqa: A002
+                     precision: int | None = None):  # fmt: skip
+    """Ground truth of :func:`refkern.conv_transpose2d`: torch's scatter definition, summed with mpmath."""
+    return _conv_transpose("truth.conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation, precision)  # fmt: skip
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,  # noqa: A002
+                     precision: int | None = None):  # fmt: skip
+    """Ground truth of :func:`refkern.conv_transpose3d`: torch's scatter definition, summed with mpmath."""
+    return _conv_transpose("truth.conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation, precision)  # fmt: skip

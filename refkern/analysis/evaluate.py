@@ -30,13 +30,14 @@ from refkern._jit import jit
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.formats import Format, round_array
 from refkern.accumulate.superacc import SIZE, acc_init
-from refkern.kernels import conv, gemm
+from refkern.kernels import conv, conv_transpose, gemm
 from refkern.kernels._common import plan
 from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
 __all__ = ["OPS", "Evaluation", "Problem", "evaluate", "problem", "op_name", "sample_run"]
 
-OPS = ("dot", "matmul", "linear", "conv1d", "conv2d")
+OPS = ("dot", "matmul", "linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+       "conv_transpose3d")
 
 
 @dataclass
@@ -242,15 +243,110 @@ def problem(op, args, kwargs, *, out: Format | None = None) -> Problem:
         n = A3.shape[2] + (bias is not None)
         bias_axis = len(shape) - 1 if bias is not None and own else None
         return Problem(name, p, "gemm", (A3, Bt3, ia, ib), bias, shape, axes, n, _in_prec(p, names), bias_axis)
-    nd = 1 if name == "conv1d" else 2
+    nd = int(name[-2])
+    spatial = {1: ("position",), 2: ("row", "col"), 3: ("depth", "row", "col")}[nd]
+    if name.startswith("conv_transpose"):
+        ops = {"input": a["input"], "weight": a["weight"], "bias": a["bias"]}
+        p = plan(name, ops, ("input", "weight"), "exact", None, out=out)
+        c = conv_transpose.convt_operands(p, nd, a["stride"], a["padding"], a["output_padding"], a["groups"],
+                                          a["dilation"])  # fmt: skip
+        axes = (("batch",) if not c.unbatched else ()) + ("channel",) + spatial
+        shape = c.result(np.empty(c.out_shape)).shape
+        bias_axis = (0 if c.unbatched else 1) if c.bias is not None else None
+        n = _convt_max_terms(c) + (c.bias is not None)
+        return _ConvTProblem(name, p, "conv", (c,), c.bias, shape, axes, n, _in_prec(p, ("input", "weight")),
+                             bias_axis)  # fmt: skip
     p = plan(name, {"x": a["x"], "weight": a["weight"], "bias": a["bias"]}, ("x", "weight"), "exact", None, out=out)
     c = conv.conv_operands(p, nd, a["stride"], a["padding"], a["dilation"], a["groups"], a["padding_mode"])
     n = int(np.prod(c.W.shape[1:])) + (c.bias is not None)
-    spatial = ("position",) if nd == 1 else ("row", "col")
     axes = (("batch",) if not c.unbatched else ()) + ("channel",) + spatial
     shape = c.result(np.empty(c.out_shape)).shape
     bias_axis = (0 if c.unbatched else 1) if c.bias is not None else None
-    return Problem(name, p, "conv", (c,), c.bias, shape, axes, n, _in_prec(p, ("x", "weight")), bias_axis)
+    cls = _Conv3dProblem if nd == 3 else Problem
+    return cls(name, p, "conv", (c,), c.bias, shape, axes, n, _in_prec(p, ("x", "weight")), bias_axis)
+
+
+class _Conv3dProblem(Problem):
+    """conv3d: ``ops[0]`` is the depth-sliced conv2d (:func:`refkern.kernels.conv.conv_operands`), whose
+    image ``n * D_out + z`` is depth z of image n; ``terms`` maps the 5-D output's flat indices to it."""
+
+    def terms(self, idx: np.ndarray):
+        c = self.ops[0]
+        _, c_out, ho, wo = c.out_shape
+        idx = np.asarray(idx, np.int64)
+        rest, t = idx % (ho * wo), idx // (ho * wo)
+        z, t = t % c.depth, t // c.depth
+        co, n = t % c_out, t // c_out
+        return super().terms(((n * c.depth + z) * c_out + co) * (ho * wo) + rest)
+
+
+def _convt_max_terms(c) -> int:
+    """The most products any output element of a transposed convolution receives: C_in / groups times,
+    per spatial dimension, the most taps that reach one position (the dimensions are independent)."""
+    n = c.X.shape[1] // c.groups
+    for a in range(3):
+        k = c.weight.shape[2 + a]
+        valid = conv_transpose.valid_taps(np.arange(c.out_shape[2 + a]), c.padding[a], c.dilation[a], c.stride[a],
+                                          c.X.shape[2 + a], k)  # fmt: skip
+        n *= int(valid.sum(axis=1).max())
+    return n
+
+
+class _ConvTProblem(Problem):
+    """conv_transpose1d/2d/3d: ``ops[0]`` is a :class:`~refkern.kernels.conv_transpose.ConvTOperands`.
+
+    Seen by the analysis as the equivalent convolution (the "conv" kind): the terms of an element
+    are laid out as (ci, kz, ky, kx) over every tap of the kernel, and a tap that does not reach the
+    element is the term 0 * 0 (exact, so every model's value is unchanged; 0 * w would make
+    inf weights NaN). ``n_terms`` is the most products one element receives, plus the bias: the
+    elements with fewer terms get the bound of the longest, a little wider than their own."""
+
+    def _operands(self, inputs, with_bias=True):
+        c = self.ops[0]
+        bias = self.bias if with_bias else None
+        if inputs is None:
+            return (dataclasses.replace(c, bias=bias),), bias
+        fmt, mode, round_bias = inputs
+
+        def r(v):
+            return round_array(v, *fmt.params, mode)
+
+        if round_bias and bias is not None:
+            bias = r(bias)
+        return (dataclasses.replace(c, X=r(c.X), weight=r(c.weight), bias=bias),), bias
+
+    def run(self, *, inputs=None, method: int = EXACT, work: Format | None = None, want_mag: bool = False,
+            with_bias: bool = True):  # fmt: skip
+        p = dataclasses.replace(self.p, method=method, work=work or self.p.out)
+        ops, _ = self._operands(inputs, with_bias)
+        return conv_transpose.run_conv_transpose(p, ops[0], want_mag=want_mag)
+
+    def terms(self, idx: np.ndarray):
+        c = self.ops[0]
+        idx = np.asarray(idx, np.int64)
+        n, co, oz, oy, ox = np.unravel_index(idx, c.out_shape)
+        c_in, cout_g = c.weight.shape[:2]
+        cin_g = c_in // c.groups
+        ci = (co // cout_g)[:, None] * cin_g + np.arange(cin_g)[None, :]  # (S, cin_g) absolute input channels
+        masks, pos = [], []
+        for a, o in enumerate((oz, oy, ox)):
+            k = c.weight.shape[2 + a]
+            masks.append(conv_transpose.valid_taps(o, c.padding[a], c.dilation[a], c.stride[a], c.X.shape[2 + a], k))
+            r = o[:, None] + c.padding[a] - np.arange(k)[None, :] * c.dilation[a]
+            pos.append(np.clip(r // c.stride[a], 0, c.X.shape[2 + a] - 1))
+        S = idx.size
+        m = masks[0][:, None, :, None, None] & masks[1][:, None, None, :, None] & masks[2][:, None, None, None, :]
+        L = c.X[n[:, None, None, None, None], ci[:, :, None, None, None], pos[0][:, None, :, None, None],
+                pos[1][:, None, None, :, None], pos[2][:, None, None, None, :]]  # fmt: skip
+        kd, kh, kw = c.weight.shape[2:]
+        R = c.weight[ci[:, :, None, None, None], (co % cout_g)[:, None, None, None, None],
+                     np.arange(kd)[None, None, :, None, None], np.arange(kh)[None, None, None, :, None],
+                     np.arange(kw)[None, None, None, None, :]]  # fmt: skip
+        L = np.where(m, L, 0.0).reshape(S, -1)
+        R = np.where(m, R, 0.0).reshape(S, -1)
+        has_bias = self.bias is not None
+        b = self.bias[co] if has_bias else np.zeros(S)
+        return np.ascontiguousarray(L), np.ascontiguousarray(R), np.ascontiguousarray(b, np.float64), has_bias
 
 
 def _in_prec(p, names) -> int:

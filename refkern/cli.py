@@ -27,7 +27,9 @@ from refkern._version import __version__
 
 JSON_VERSION = 1
 OPERANDS = {"dot": ("x", "y"), "matmul": ("a", "b"), "linear": ("x", "weight", "bias"),
-            "conv1d": ("x", "weight", "bias"), "conv2d": ("x", "weight", "bias")}  # fmt: skip
+            "conv1d": ("x", "weight", "bias"), "conv2d": ("x", "weight", "bias"), "conv3d": ("x", "weight", "bias"),
+            "conv_transpose1d": ("input", "weight", "bias"), "conv_transpose2d": ("input", "weight", "bias"),
+            "conv_transpose3d": ("input", "weight", "bias")}  # fmt: skip
 
 
 OUTPUT_OPTIONS = ("json", "plot", "png", "csv")

@@ -53,8 +53,8 @@ class _Mode(TorchFunctionMode):
 
 
 class Audit:
-    """Context manager: records and analyses every conv1d, conv2d, linear, matmul / @, mm, bmm,
-    addmm and baddbmm call made inside it, on whatever device the model runs.
+    """Context manager: records and analyses every conv1d/2d/3d, conv_transpose1d/2d/3d, linear,
+    matmul / @, mm, bmm, addmm and baddbmm call made inside it, on whatever device the model runs.
 
     Each call is analysed as it happens, from its own inputs, and only the Report is kept, so
     the audit holds no activation alive. ``calls``: one AuditCall per call; ``first_failure``:

@@ -90,15 +90,15 @@ def _spec(fn, args, kwargs, op):
             raise ValueError(f"check: unknown op={op!r}; choose one of {', '.join(repr(o) for o in OPS)}.")
         check_keywords(op, kwargs, "check")
         return OpCall(getattr(fn, "__name__", "fn"), op, args, kwargs)
-    if fn in (F.conv1d, F.conv2d) and "padding_mode" in kwargs:
-        nd = 1 if fn is F.conv1d else 2
+    if fn in (F.conv1d, F.conv2d, F.conv3d) and "padding_mode" in kwargs:
+        nd = (F.conv1d, F.conv2d, F.conv3d).index(fn) + 1
         raise TypeError(
             f"check: F.conv{nd}d takes no padding_mode (nn.Conv{nd}d does); got padding_mode="
             f"{kwargs['padding_mode']!r}. Check an nn.Conv{nd}d module, or pass "
             f"refkern.torch.torch_function('conv{nd}d') with op='conv{nd}d'."
         )
     spec = from_call(fn, args, kwargs)
-    if spec is not None and spec.op in ("conv1d", "conv2d", "linear"):
+    if spec is not None and spec.op is not None and (spec.op == "linear" or spec.op.startswith("conv")):
         check_keywords(spec.op, [k for k in kwargs if k not in ("input", "weight", "bias")], "check")
     if spec is None:
         known = sorted({f"{getattr(f, '__module__', '') or 'torch.Tensor'}.{f.__name__}" for f in FUNCTIONS})
@@ -127,8 +127,9 @@ def _run(fn, args, kwargs, backend: Backend, compiled: bool):
 def check(fn, *args, devices=None, compile: bool = False, op: str | None = None, **kwargs) -> CheckResult:  # noqa: A002
     """Run ``fn(*args, **kwargs)`` on each backend and compare every result with the exact reference.
 
-    ``fn``: ``F.conv1d``, ``F.conv2d``, ``F.linear``, ``torch.matmul`` (and ``mm``/``bmm``/``addmm``),
-    an ``nn.Conv1d``/``nn.Conv2d``/``nn.Linear`` module (then ``args`` is its input), or any
+    ``fn``: ``F.conv1d``/``conv2d``/``conv3d``, ``F.conv_transpose1d``/``2d``/``3d``, ``F.linear``,
+    ``torch.matmul`` (and ``mm``/``bmm``/``addmm``), an ``nn.Conv1d``/``2d``/``3d``,
+    ``nn.ConvTranspose1d``/``2d``/``3d`` or ``nn.Linear`` module (then ``args`` is its input), or any
     callable with ``op=`` naming what it computes (it must take that op's arguments).
     ``devices``: names such as "cpu", "cuda", "cuda:1", "mps", "xpu", "dml" (all available by
     default). ``compile=True`` adds each backend's ``torch.compile``d form ("cpu+compile").

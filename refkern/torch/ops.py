@@ -13,6 +13,10 @@ __all__ = ["OpCall", "from_call", "from_module", "FUNCTIONS", "torch_function", 
 FUNCTIONS = {
     F.conv1d: "conv1d",
     F.conv2d: "conv2d",
+    F.conv3d: "conv3d",
+    F.conv_transpose1d: "conv_transpose1d",
+    F.conv_transpose2d: "conv_transpose2d",
+    F.conv_transpose3d: "conv_transpose3d",
     F.linear: "linear",
     torch.matmul: "matmul",
     torch.Tensor.matmul: "matmul",
@@ -60,8 +64,10 @@ def from_call(func, args, kwargs) -> OpCall | None:
     if name is None:
         return None
     kwargs = kwargs or {}
-    if name in ("conv1d", "conv2d"):
+    if name in ("conv1d", "conv2d", "conv3d") or name.startswith("conv_transpose"):
         keys = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+        if name.startswith("conv_transpose"):  # F.conv_transpose{n}d's own order
+            keys = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
         vals = {k: _get(args, kwargs, i, k) for i, k in enumerate(keys)}
         ref = {k: v for k, v in vals.items() if v is not None and k not in ("input", "weight", "bias")}
         return OpCall(name, name, (vals["input"], vals["weight"], vals["bias"]), ref)
@@ -91,11 +97,20 @@ def from_call(func, args, kwargs) -> OpCall | None:
 
 
 def from_module(m, x) -> OpCall | None:
-    """The OpCall of ``m(x)`` for nn.Linear, nn.Conv1d and nn.Conv2d modules."""
+    """The OpCall of ``m(x)`` for nn.Linear, nn.Conv1d/2d/3d and nn.ConvTranspose1d/2d/3d modules
+    (a transposed one with its own ``output_padding``: ``m(x, output_size=...)`` is not this call)."""
     if isinstance(m, torch.nn.Linear):
         return OpCall("Linear", "linear", (x, m.weight, m.bias))
-    if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d)):
-        op = "conv1d" if isinstance(m, torch.nn.Conv1d) else "conv2d"
+    transposed = (torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
+    if isinstance(m, transposed):
+        if m.padding_mode != "zeros":  # as torch: "Only 'zeros' padding mode is supported for ConvTranspose"
+            return OpCall(type(m).__name__, unsupported=f"{type(m).__name__} with padding_mode={m.padding_mode!r}")
+        nd = len(m.kernel_size)
+        kw = dict(stride=m.stride, padding=m.padding, output_padding=m.output_padding, groups=m.groups,
+                  dilation=m.dilation)  # fmt: skip
+        return OpCall(type(m).__name__, f"conv_transpose{nd}d", (x, m.weight, m.bias), kw)
+    if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+        op = f"conv{len(m.kernel_size)}d"
         kw = dict(stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups, padding_mode=m.padding_mode)
         return OpCall(type(m).__name__, op, (x, m.weight, m.bias), kw)
     return None
@@ -104,7 +119,7 @@ def from_module(m, x) -> OpCall | None:
 def _conv_padded(nd):
     """torch's conv{nd}d with every argument of refkern's, ``padding_mode`` included: as
     ``nn.Conv{nd}d`` does, a mode other than "zeros" pads the input with ``F.pad`` first."""
-    conv = F.conv1d if nd == 1 else F.conv2d
+    conv = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
 
     def fn(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):  # noqa: A002
         if padding_mode == "zeros":
@@ -137,17 +152,23 @@ _TORCH_FUNCTIONS = {
     "linear": F.linear,
     "conv1d": _conv_padded(1),
     "conv2d": _conv_padded(2),
+    "conv3d": _conv_padded(3),
+    "conv_transpose1d": F.conv_transpose1d,
+    "conv_transpose2d": F.conv_transpose2d,
+    "conv_transpose3d": F.conv_transpose3d,
 }
 
 
 def torch_function(op: str):
     """The torch callable that computes refkern's ``op`` with every argument refkern's op takes
-    (``conv2d``/``conv1d`` also take ``padding_mode``, which ``F.conv2d`` does not)."""
+    (``conv1d``/``conv2d``/``conv3d`` also take ``padding_mode``, which ``F.conv2d`` does not)."""
     return _TORCH_FUNCTIONS[op]
 
 
 _OPERANDS = {"dot": ("x", "y"), "matmul": ("a", "b"), "linear": ("x", "weight", "bias"),
-             "conv1d": ("x", "weight", "bias"), "conv2d": ("x", "weight", "bias")}  # fmt: skip
+             "conv1d": ("x", "weight", "bias"), "conv2d": ("x", "weight", "bias"), "conv3d": ("x", "weight", "bias"),
+             "conv_transpose1d": ("input", "weight", "bias"), "conv_transpose2d": ("input", "weight", "bias"),
+             "conv_transpose3d": ("input", "weight", "bias")}  # fmt: skip
 
 
 def op_keywords(op: str) -> tuple:

@@ -38,8 +38,8 @@ class _Reference(TorchFunctionMode):
 
 
 def reference_mode():
-    """Context manager: inside it every conv1d/conv2d/linear/matmul/mm/bmm/addmm/baddbmm a model
-    calls is computed by refkern's exact kernel (correctly rounded to the result dtype) on the
+    """Context manager: inside it every conv1d/2d/3d, conv_transpose1d/2d/3d, linear, matmul, mm, bmm,
+    addmm and baddbmm a model calls is computed by refkern's exact kernel (correctly rounded to the result dtype) on the
     CPU, and moved back to the input's device. Everything else runs as usual. The mode
     object counts ``replaced`` calls and lists those ``passed_through`` (not expressible exactly)."""
     return _Reference()

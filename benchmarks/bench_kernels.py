@@ -5,7 +5,10 @@ plus cold start (first call, empty Numba cache) and warm start (cache filled) in
 
 Each timing is the best of several calls after a warm-up call. Targets (issue 3, 2-core
 machine): exact float32 matmul 512^3 within 12x numpy float64 matmul; exact float32 conv2d
-(8, 64, 56, 56) x 64 x 3x3 within 6x torch float64 conv2d; warm start under 2 s.
+(8, 64, 56, 56) x 64 x 3x3 within 6x torch float64 conv2d; warm start under 2 s. Issue 12: exact
+float32 conv_transpose2d on U-Net-sized layers within 3x torch float64 conv_transpose2d; there
+the two sides take turns in blocks of consecutive calls (best block per side, after a warm-up
+call), so that a shared machine loads them alike.
 """
 
 import argparse
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -27,6 +31,13 @@ TARGETS = {
     "conv2d_resnet_vs_torch_f64": 6.0,
     "warm_start_s": 2.0,
     "compare_vs_exact": 3.0,
+    "conv_transpose2d_unet_vs_torch_f64": 3.0,
+}
+
+# U-Net decoder layers: (4, 128, 32, 32) -> 64 channels, upsampling 2x2 stride 2, then a 3x3 one
+CONV_TRANSPOSES = {
+    "unet up 2x2/2": dict(x=(4, 128, 32, 32), w=(128, 64, 2, 2), kw=dict(stride=2)),
+    "unet 3x3 p1": dict(x=(4, 128, 32, 32), w=(128, 64, 3, 3), kw=dict(padding=1)),
 }
 
 CONVS = {
@@ -77,6 +88,37 @@ def bench_conv(names):
     return rows
 
 
+def per_call(sides, blocks):
+    """{name: (fn, calls)} -> {name: best seconds per call}: a warm-up call each, then ``blocks``
+    rounds in which every side runs ``calls`` consecutive calls (as benchmarks/bench_engines.py)."""
+    for fn, _ in sides.values():
+        fn()
+    out = dict.fromkeys(sides, float("inf"))
+    for _ in range(blocks):
+        for name, (fn, calls) in sides.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out[name] = min(out[name], (time.perf_counter() - t0) / calls)
+    return out
+
+
+def bench_conv_transpose(names, blocks=3):
+    torch.manual_seed(0)
+    rows = []
+    for name in names:
+        c = CONV_TRANSPOSES[name]
+        x, w = torch.randn(*c["x"]), torch.randn(*c["w"])
+        x64, w64, kw = x.double(), w.double(), c["kw"]
+        t = per_call({"exact": (partial(rk.conv_transpose2d, x, w, **kw), 2),
+                      "torch_f64": (partial(F.conv_transpose2d, x64, w64, **kw), 6),
+                      "torch_f32": (partial(F.conv_transpose2d, x, w, **kw), 12)}, blocks)  # fmt: skip
+        e, t64, t32 = t["exact"], t["torch_f64"], t["torch_f32"]
+        rows.append(dict(op="conv_transpose2d", case=name, dtype="float32", exact_s=e, torch_f32_s=t32,
+                         torch_f64_s=t64, vs_torch_f64=e / t64, vs_torch_f32=e / t32))  # fmt: skip
+    return rows
+
+
 _START = (
     "import time; t = time.perf_counter(); import numpy as np, refkern; "
     "x = np.ones((1, 3, 8, 8), np.float32); w = np.ones((4, 3, 3, 3), np.float32); "
@@ -115,6 +157,7 @@ def main(argv=None):
     torch.set_num_threads(os.cpu_count() or 1)
     rows = bench_matmul([256, 512] if a.quick else [256, 512, 1024])
     rows += bench_conv(["resnet 3x3"] if a.quick else list(CONVS))
+    rows += bench_conv_transpose(list(CONV_TRANSPOSES))
     start = bench_start()
     cmp = bench_compare()
     print(f"{'op':<7} {'case':<14} {'dtype':<8} {'exact':>9} {'baseline':>26} {'ratios'}")
@@ -130,11 +173,14 @@ def main(argv=None):
           f"warm {start['warm_call_s']:.2f} s (import + call), process {start['warm_process_s']:.2f} s")  # fmt: skip
     mm = next(r for r in rows if r["op"] == "matmul" and r["case"] == "512^3" and r["dtype"] == "float32")
     cv = next(r for r in rows if r["op"] == "conv2d" and r["case"] == "resnet 3x3" and r["dtype"] == "float32")
+    ct = max((r for r in rows if r["op"] == "conv_transpose2d"), key=lambda r: r["vs_torch_f64"])
     checks = [
         ("exact float32 matmul 512^3 vs numpy float64", mm["vs_numpy_f64"], TARGETS["matmul_512_vs_numpy_f64"]),
         ("exact float32 conv2d resnet 3x3 vs torch float64", cv["vs_torch_f64"], TARGETS["conv2d_resnet_vs_torch_f64"]),
         ("warm start (s)", start["warm_call_s"], TARGETS["warm_start_s"]),
         ("compare / exact reference, resnet conv", cmp["ratio"], TARGETS["compare_vs_exact"]),
+        (f"exact float32 conv_transpose2d {ct['case']} (the slower U-Net layer) vs torch float64", ct["vs_torch_f64"],
+         TARGETS["conv_transpose2d_unet_vs_torch_f64"]),
     ]
     for name, got, target in checks:
         print(f"target: {name}: {got:.2f} (<= {target}) {'met' if got <= target else 'MISSED'}")

@@ -61,14 +61,15 @@ def _taps(o, p, d, s, size, k, taps, pos):
 @jit(parallel=True)
 def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl, xorder, xcls, method, narrow, prec,
                   emin, emax):  # fmt: skip
-    """out[n, g cout + co, z, y, x] = bias + sum over ci and the valid taps (kz, ky, kx) (module
-    docstring) of Wt[g cin + ci, co, kz, ky, kx] X[n, g cin + ci, iz, iy, ix], in (ci, kz, ky, kx)
-    order. xorder: output columns grouped by their set of valid x taps (xcls: its id per column),
+    """out[n, oc, z, y, x] = bias + sum over ci and the valid taps (kz, ky, kx) (module docstring) of
+    Wt[oc, ci, kz, ky, kx] X[n, g cin + ci, iz, iy, ix], in (ci, kz, ky, kx) order, with Wt torch's
+    weight regrouped per output channel (C_out, C_in / groups, kd, kh, kw), so that gathering one
+    filter reads it in order. xorder: output columns grouped by their set of valid x taps (xcls: its id per column),
     so each task gathers the weights of one tap set once per set, not once per element."""
     nn, c, dd, hh, ww = X.shape
-    _, cout_g, kd, kh, kw = Wt.shape
-    _, _, do, ho, wo = out.shape
-    cin_g = c // groups
+    _, cin_g, kd, kh, kw = Wt.shape
+    _, cout, do, ho, wo = out.shape
+    cout_g = cout // groups
     kmax = max(cin_g * kd * kh * kw, 1)
     for task in prange(nn * groups * do * ho):
         n = task // (groups * do * ho)
@@ -101,7 +102,7 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
                         for a in range(nz):
                             for b in range(ny):
                                 for e in range(nx):
-                                    v = Wt[g * cin_g + ci, co, tz[a], ty[b], tx[e]]
+                                    v = Wt[g * cout_g + co, ci, tz[a], ty[b], tx[e]]
                                     wbuf[co, q] = v
                                     q += 1
                                     x = bits(v) & _ABS
@@ -128,14 +129,12 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
             for co in range(cout_g):
                 oc = g * cout_g + co
                 bc = bias[oc] if has_bias else 0.0
-                wr = wbuf[co, :k]
-                br = buf[:k]
                 out[n, oc, oz, oy, ox] = reduce_element(
-                    wr, br, bc, has_bias, method, narrow, stw[co, 0], stw[co, 1], mx, mn, prec, emin, emax, acc,
-                    scratch,
+                    wbuf[co, :k], buf[:k], bc, has_bias, method, narrow, stw[co, 0], stw[co, 1], mx, mn, prec, emin,
+                    emax, acc, scratch,
                 )  # fmt: skip
                 if want_mag:
-                    mag[n, oc, oz, oy, ox] = abs_sum(wr, br, bc)
+                    mag[n, oc, oz, oy, ox] = abs_sum(wbuf[co, :k], buf[:k], bc)
 
 
 def valid_taps(o, p, d, s, size, k) -> np.ndarray:
@@ -251,7 +250,8 @@ def run_conv_transpose(p, c: ConvTOperands, want_mag=False, with_bias=True):
     _, xcls = np.unique(valid, axis=0, return_inverse=True)
     xcls = np.ascontiguousarray(xcls.reshape(-1), np.int64)
     xorder = np.ascontiguousarray(np.argsort(xcls, kind="stable"), np.int64)
-    _convt_kernel(c.X, c.weight, b, has_bias, out, mag, want_mag, c.groups, np.array(c.stride, np.int64),
+    Wt = np.ascontiguousarray(c.W.reshape(c.W.shape[0], -1, *c.weight.shape[2:]))
+    _convt_kernel(c.X, Wt, b, has_bias, out, mag, want_mag, c.groups, np.array(c.stride, np.int64),
                   np.array(c.padding, np.int64), np.array(c.dilation, np.int64), xorder, xcls,
                   *p.kernel_args)  # fmt: skip
     return c.result(out), (c.result(mag) if want_mag else None)

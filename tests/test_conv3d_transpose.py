@@ -3,9 +3,11 @@ semantics on an OpInfo-style grid (shapes and float64 values within torch's own 
 accumulation methods, pinned errors, the verdict on torch's CPU outputs and on injected bugs,
 and the torch adapter.
 
-Not asserted here: torch's CPU float16 conv_transpose. It adds per-tap partial sums rounded to
-float16 (col2im in float16), which the verdict's rounding hypothesis does not model yet; on
-such outputs compare says "reduced-precision (fp16)" or "mismatch"."""
+torch's CPU float16 conv_transpose is not asserted here, and bfloat16 only on the cases below:
+torch adds per-tap partial sums rounded to the result dtype (col2im in fp16/bf16, bias last),
+which the verdict's rounding hypothesis does not model yet; on such outputs compare can say
+"reduced-precision" or "mismatch" (docs/kernels.md). test_torch_half_conv_transpose_algorithm
+pins that description of torch's algorithm."""
 
 import math
 import subprocess
@@ -343,7 +345,7 @@ def _case(op, sx, sw, kw, dtype, channels_last=False):
 
 
 def _dtypes(op):
-    # torch's CPU fp16 conv_transpose adds per-tap partial sums rounded to fp16 (col2im in fp16): a
+    # torch's CPU half conv_transpose adds per-tap partial sums rounded to the result dtype: a
     # computation the rounding hypothesis does not model yet (module docstring)
     return (torch.float32, torch.bfloat16) if op.startswith("conv_transpose") else (torch.float32, torch.float16,
                                                                                     torch.bfloat16)  # fmt: skip
@@ -373,6 +375,30 @@ def test_injected_bugs_are_mismatch(op, sx, sw, kw):
         assert rep.verdict == "mismatch", (name, rep)
     rep = rk.compare(fn(x, w, None, **kw), op, x, w, b, **kw)
     assert any("bias" in n for n in rep.notes), rep.notes
+
+
+@pytest.mark.parametrize("dtype,s", [(torch.float16, 2), (torch.bfloat16, 1)])  # bf16, stride 2: rounded once
+def test_torch_half_conv_transpose_algorithm(dtype, s):
+    """What the docs say torch's CPU half conv_transpose computes: per tap, the float32 sum over the
+    input channels rounded to the result dtype; taps added one after another in that dtype; the
+    bias last, in that dtype. If torch changes its algorithm this fails, and the docs need a look."""
+    x, w, b = _case("conv_transpose2d", (2, 8, 4, 5), (8, 3, 2, 3), {}, dtype)
+    p, d, op = 1, 2, 1
+    out = F.conv_transpose2d(x, w, b, stride=s, padding=p, dilation=d, output_padding=op)
+    cols = torch.einsum("nchw,cokl->noklhw", x.float(), w.float()).to(dtype)
+    _, _, kh, kw, hh, ww = cols.shape
+    emu = torch.zeros(out.shape, dtype=dtype)
+    for ky in range(kh):
+        for kx in range(kw):
+            for iy in range(hh):
+                for ix in range(ww):
+                    y, x_ = iy * s - p + ky * d, ix * s - p + kx * d
+                    if 0 <= y < out.shape[2] and 0 <= x_ < out.shape[3]:
+                        emu[:, :, y, x_] = (emu[:, :, y, x_].float() + cols[:, :, ky, kx, iy, ix].float()).to(dtype)
+    emu = (emu.float() + b[None, :, None, None].float()).to(dtype)
+    assert torch.equal(emu, out)
+    once = rk.conv_transpose2d(x, w, b, stride=s, padding=p, dilation=d, output_padding=op)
+    assert not torch.equal(once, out)  # rounded once, the result differs: the intermediates are rounded
 
 
 def test_compare_terms_and_axes():

@@ -79,6 +79,17 @@ def test_worst_case_bound_and_ratios_are_pinned():
     assert br["bf16"]["probabilistic"] == pytest.approx(0.0001517817067127115, rel=1e-9)
 
 
+def test_report_figures_are_pinned():
+    """dot([1, 1], [1, 1]) = 2 returned as 2 + 2**-22 (one fp32 ulp): n = 2, M = 2, u = 2**-24.
+    B = (1 + u) gamma_2(u) 2 (1 + 3 * 2**-52) + 2 u 2 ~ 8u = 2**-21: ratio 1/2; the noise scale
+    sqrt(2) u 2 + 2 u 2: ratio 4 / (2 sqrt(2) + 4)."""
+    x = np.array([1.0, 1.0], np.float32)
+    rep = rk.compare(np.float32(2 + 2.0**-22), "dot", x, x)
+    assert rep.max_bound_ratio == pytest.approx(0.49999995529651486, rel=1e-12)
+    assert rep.max_prob_ratio == pytest.approx(4 / (2 * math.sqrt(2) + 4), rel=1e-12)
+    assert rep.max_ulp == 1.0
+
+
 def test_ulp_counts_are_pinned():
     u = _ulps(np.array([1 + 3 * 2.0**-23, 5 * 2.0**-149, 1.0]), np.array([1.0, 0.0, 1 + 2.0**-23]), FLOAT32)
     assert u.tolist() == [3.0, 5.0, 1.0]

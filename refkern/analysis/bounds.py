@@ -18,7 +18,7 @@ import numpy as np
 from refkern._jit import jit
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, TFLOAT32, Format
 
-__all__ = ["bound", "residual", "working_units", "precision_ratios", "CANDIDATES"]
+__all__ = ["bound", "bound1", "residual", "working_units", "precision_ratios", "CANDIDATES"]
 
 
 def _mag_slack(n):
@@ -36,10 +36,28 @@ def _gamma(n, u):
     return nu / (1.0 - nu) if nu < 1.0 else np.inf
 
 
+@jit(inline="always")
+def bound1(m, ref, n, u_acc, u_out):
+    """B of the module docstring for one element (magnitude m, reference ref)."""
+    nu = n * u_acc
+    g = nu / (1.0 - nu) if nu < 1.0 else np.inf
+    return (1.0 + u_out) * g * m * (1.0 + (n + 1) * 2.0**-52) + 2.0 * u_out * abs(ref) + n * 2.0**-1074
+
+
+@jit
+def _bound_all(mag, ref, n, u_acc, u_out, out):
+    for i in range(mag.size):
+        out[i] = bound1(mag[i], ref[i], n, u_acc, u_out)
+
+
 def bound(mag, ref, n, u_acc, u_out):
-    """The worst-case bound B of the module docstring, elementwise."""
-    b = (1.0 + u_out) * _gamma(n, u_acc) * mag * _mag_slack(n) + 2.0 * u_out * np.abs(ref)
-    return b + n * 2.0**-1074  # underflow of float64 M
+    """The worst-case bound B of the module docstring, elementwise (the slack ``1 + (n + 1) 2**-52``
+    covers M summed in float64 in any order; ``n 2**-1074`` its underflow)."""
+    mag, ref = np.broadcast_arrays(np.asarray(mag, np.float64), np.asarray(ref, np.float64))
+    out = np.empty(mag.shape)
+    _bound_all(np.ascontiguousarray(mag).reshape(-1), np.ascontiguousarray(ref).reshape(-1), n, u_acc, u_out,
+               out.reshape(-1))  # fmt: skip
+    return out
 
 
 def residual(actual, ref):

@@ -1,10 +1,12 @@
 """``refkern.compare`` and ``refkern.assert_matches_reference``."""
 
 import numpy as np
+from numba import prange
 
 from refkern._arrays import is_tensor, operand
+from refkern._jit import jit
 from refkern.accumulate.formats import FORMATS
-from refkern.analysis.bounds import bound, precision_ratios, residual, working_units
+from refkern.analysis.bounds import bound1, precision_ratios, working_units
 from refkern.analysis.evaluate import op_name, problem
 from refkern.analysis.report import VERDICTS, Report, where_summary
 from refkern.analysis.ulp import ulp_errors
@@ -22,6 +24,31 @@ def _actual(actual):
 
 def _ulps(actual, ref, fmt):
     return ulp_errors(actual, ref, fmt)
+
+
+@jit(parallel=True)
+def _figures(a, ref, mag, n, u_acc, u_out, err, bound0, r0, scale, prob, cond):
+    """Per element, in one pass: |error| (0 for equal specials, inf for unequal ones), the worst-case
+    bound B of :func:`~refkern.analysis.bounds.bound` and error / B, the noise scale
+    sqrt(n) u M + 2 u |ref| and error / scale, and the condition number M / |ref|."""
+    for i in prange(a.size):
+        x, y, m = a[i], ref[i], mag[i]
+        if x == y or (x != x and y != y):
+            e = 0.0
+        else:
+            e = abs(x - y)
+            if e != e:
+                e = np.inf
+        err[i] = e
+        b = bound1(m, y, n, u_acc, u_out)
+        bound0[i] = b
+        q = e / b if e > 0 else 0.0
+        r0[i] = q if q == q else np.inf
+        sc = np.sqrt(n) * u_acc * m + 2.0 * u_out * abs(y)
+        scale[i] = sc
+        q = e / sc if e > 0 else 0.0
+        prob[i] = q if q == q else np.inf
+        cond[i] = 1.0 if m == 0.0 else m / abs(y)
 
 
 def compare(actual, op, *args, rtol: float | None = None, atol: float | None = None, **kwargs) -> Report:
@@ -58,18 +85,13 @@ def _analyse(actual, op, args, kwargs, rtol, atol):
             f"compare: actual.shape={act.shape} differs from the shape {name} gives for these inputs, "
             f"{ref.shape}; pass the same arguments that produced it."
         )
-    err = residual(act, ref)
     d = decide(act, pr, ref, mag)
     u_acc, u_out = working_units(fmt)
     ulps = _ulps(act, ref, fmt)
-    bound0 = bound(mag, ref, pr.n_terms, u_acc, u_out)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r0 = np.where(err == 0, 0.0, err / bound0)
-        r0 = np.where(np.isnan(r0), np.inf, r0)
-        scale = np.sqrt(pr.n_terms) * u_acc * mag + 2 * u_out * np.abs(ref)
-        prob = np.where(err == 0, 0.0, err / scale)
-        cond = np.where(mag == 0, 1.0, mag / np.abs(ref))
-    counts = {k: int(np.sum(d.classes == i)) for i, k in enumerate(VERDICTS)}
+    err, bound0, r0, scale, prob, cond = (np.empty(ref.shape) for _ in range(6))
+    flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (act, ref, mag))
+    _figures(*flat, pr.n_terms, u_acc, u_out, *(v.reshape(-1) for v in (err, bound0, r0, scale, prob, cond)))
+    counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
     unexplained = d.unexplained
     eligible = (unexplained if d.verdict == "mismatch" else err > 0).reshape(-1)
     key = d.z if d.verdict == "mismatch" else prob

@@ -46,8 +46,10 @@ one element, and of a whole group, that would have been flagged (``detectable``)
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import prange
 
-from refkern.accumulate.formats import round_array
+from refkern._jit import jit
+from refkern.accumulate.formats import round_array, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.stats import ALPHA, level, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
@@ -158,16 +160,40 @@ class _Tester:
         """Test a model on every element (``c``, ``var`` given for the reference model)."""
         if c is None:
             c, var = centre(self.pr, f.model)
-        z = _zscore(self.a, c, var, _grid(f.model, self.pr.fmt))
-        fails = z > self.lam_el
-        keep = ~fails & np.isfinite(self.a) & np.isfinite(c)
-        with np.errstate(invalid="ignore"):
-            r = np.where(keep, self.a - c, 0.0)
-        f.full, f.fails, f.centre, f.var = True, fails, c, var
-        f.groups = group_failures(r, np.where(keep, var, 0.0), keep, c, self.a, self.pr.axes, self.lam_grp)
+        grid = _grid(f.model, self.pr.fmt)
+        shape = self.a.shape
+        z, fails, keep, r, vk = (np.empty(shape), np.empty(shape, bool), np.empty(shape, bool), np.empty(shape),
+                                 np.empty(shape))  # fmt: skip
+        flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (self.a, c, var))
+        _element_test(*flat, self.lam_el, grid is not None, *(grid or self.pr.fmt).params,
+                      *(v.reshape(-1) for v in (z, fails, keep, r, vk)))  # fmt: skip
+        f.full, f.fails, f.centre, f.var, f.z = True, fails, c, var, z
+        f.groups = group_failures(r, vk, keep, c, self.a, self.pr.axes, self.lam_grp)
         f.max_z = float(z.max()) if z.size else 0.0
-        f.z = z
         return f
+
+
+@jit(parallel=True)
+def _element_test(a, c, var, lam, grid, prec, emin, emax, z, fails, keep, r, vk):
+    """One pass of :func:`_zscore` and the element test: z, z > lam, and the residual and variance
+    of the elements kept for the group tests (passed and finite), 0 elsewhere."""
+    for i in prange(a.size):
+        x, y = a[i], c[i]
+        if x == y or (x != x and y != y):
+            zi = 0.0
+        else:
+            zi = abs(x - y) / np.sqrt(var[i])
+            if zi != zi:
+                zi = np.inf
+        if grid and x == x and round_to(x, prec, emin, emax) != x:
+            zi = np.inf  # off the grid of the format the model stores in
+        z[i] = zi
+        bad = zi > lam
+        fails[i] = bad
+        k = not bad and x - x == 0.0 and y - y == 0.0
+        keep[i] = k
+        r[i] = x - y if k else 0.0
+        vk[i] = var[i] if k else 0.0
 
 
 def _sample_fits(t: _Tester, fits):

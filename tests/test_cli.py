@@ -120,7 +120,7 @@ def test_check_input_file(tmp_path):
 @pytest.mark.parametrize(
     "args,start",
     [
-        (("check", "conv3d", "--shape", "1"), "refkern check: error: argument op: invalid choice: 'conv3d'; did you mean 'conv2d'? (choose from"),
+        (("check", "conv4d", "--shape", "1"), "refkern check: error: argument op: invalid choice: 'conv4d'; did you mean 'conv3d'? (choose from"),
         (("chek",), "refkern: error: argument COMMAND: invalid choice: 'chek'; did you mean 'check'? (choose from"),
         (("check", "conv2d", "--shape", "2,3,a"), "refkern check: error: argument --shape: '2,3,a' is not a shape"),
         (("check", "linear", "--shape", "4,3", "5,4"), "refkern check: error: linear: the last dimension of x must equal in_features"),

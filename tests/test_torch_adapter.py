@@ -184,8 +184,8 @@ def test_check_errors():
         rkt.check(F.relu, torch.randn(3))
     with pytest.raises(ValueError, match=r"^check: unknown device 'tpu'"):
         rkt.check(F.linear, torch.randn(2, 3), torch.randn(2, 3), devices=["tpu"])
-    with pytest.raises(ValueError, match=r"^check: unknown op='conv3d'"):
-        rkt.check(lambda *a: a[0], torch.randn(2), op="conv3d")
+    with pytest.raises(ValueError, match=r"^check: unknown op='conv4d'"):
+        rkt.check(lambda *a: a[0], torch.randn(2), op="conv4d")
 
 
 # ---------------------------------------------------------------------------------- audit

@@ -332,3 +332,27 @@ def test_calibration_subset():
     assert s["caught"] == s["bugs_ge_10x"] > 40, s["missed"]
     assert s["below_noise_named_a_precision"] == 0, s["below_noise_named"]
     assert s["named_rate"] >= 0.98, s["misnamed"]
+
+
+# ------------------------------------------------------------------ reading the results
+
+
+def test_error_over_noise_comes_before_ulps():
+    """Near-zero outputs carry huge ulp counts under 'rounding': the tables and the Report show the
+    error over the noise scale first, and say in one line what ulps mean there."""
+    import refkern.torch as rkt
+    from refkern.analysis.report import COLUMNS_NOTE
+
+    r = seeded("columns")
+    x, w = r(8, 64), r(8, 64)
+    x[:, 32:] = x[:, :32]
+    w[:, 32:] = -w[:, :32]  # every output cancels to (nearly) zero
+    res = rkt.check(F.linear, x, w, devices=["cpu"])
+    text = str(res)
+    head = text.splitlines()[1].split()
+    assert head.index("error/noise") < head.index("bound") < head.index("ulp")
+    assert text.rstrip().endswith(f"({COLUMNS_NOTE})")
+    rep = res.rows[0].report
+    assert rep.verdict in ("exact", "rounding")
+    line = str(rep).splitlines()[2]
+    assert line.startswith("  max error") and line.index("noise scale") < line.index("ulp")

@@ -5,9 +5,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Report", "where_summary"]
+__all__ = ["Report", "where_summary", "VERDICTS", "COLUMNS_NOTE"]
 
 VERDICTS = ("exact", "rounding", "reduced-precision", "mismatch")
+#: one line under every table that shows ulps: what the columns mean, scale first
+COLUMNS_NOTE = ("error/noise: the largest error over the rounding noise scale sqrt(n) u M (a correct result stays "
+                "near or below 1); bound ratio: over the worst-case bound; max ulp is large where outputs are near "
+                "zero (the terms cancel) and means little there")
 
 
 def where_summary(idx: np.ndarray, shape: tuple, axes: tuple) -> dict:
@@ -105,7 +109,7 @@ class Report:
         )
         if self.max_ulp > 64 and self.verdict in ("exact", "rounding"):
             lines.append("  (many ulps are normal where outputs are near zero: the terms cancel, and an ulp of the "
-                         "small result is tiny next to the rounding of the large terms)")  # fmt: skip
+                         "small result is tiny next to the rounding of the large terms)")
         lines.append(f"  condition number: median {_num(self.condition['median'])}, max {_num(self.condition['max'])}")
         ratios = ", ".join(
             f"{k} {_num(v['worst_case'])}/{_num(v['probabilistic'])}" for k, v in self.bound_ratios.items()

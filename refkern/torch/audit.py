@@ -6,6 +6,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from refkern.analysis.compare import compare
+from refkern.analysis.report import COLUMNS_NOTE
 from refkern.torch.ops import from_call
 
 __all__ = ["audit", "Audit", "AuditCall"]
@@ -32,10 +33,10 @@ class AuditCall:
         r = self.report
         shapes = " x ".join(str(tuple(s)) for s in self.shapes)
         if r is None:
-            return [str(self.index), self.name, self.op, shapes, self.device, self.dtype, "-", "", "", self.note]
+            return [str(self.index), self.name, self.op, shapes, self.device, self.dtype, "-", "", "", "", self.note]
         prec = f" ({r.precision})" if r.precision else ""
         return [str(self.index), self.name, self.op, shapes, self.device, self.dtype, r.verdict + prec,
-                f"{r.max_ulp:.3g}", f"{r.max_bound_ratio:.3g}", self.note]  # fmt: skip
+                f"{r.max_prob_ratio:.3g}", f"{r.max_bound_ratio:.3g}", f"{r.max_ulp:.3g}", self.note]  # fmt: skip
 
 
 class _Mode(TorchFunctionMode):
@@ -133,7 +134,8 @@ class Audit:
         header then says), under a line that names the first failing call."""
         if order not in ("call", "worst"):
             raise ValueError(f"audit: unknown order={order!r}; choose one of 'call', 'worst'.")
-        head = ["#", "module", "op", "shapes", "device", "dtype", "verdict", "max ulp", "bound ratio", "note"]
+        head = ["#", "module", "op", "shapes", "device", "dtype", "verdict", "error/noise", "bound ratio", "max ulp",
+                "note"]  # fmt: skip
         rows = list(self.calls)
         if order == "worst":
             rows.sort(key=lambda c: (_SEVERITY[c.verdict], -(c.report.max_bound_ratio if c.report else 0)))
@@ -154,7 +156,8 @@ class Audit:
             prec = f" ({f.report.precision})" if f.report.precision else ""
             first = f"first call beyond {'/'.join(self.allow)}: #{f.index} {f.name} ({f.op}): {f.verdict}{prec}"
         listed = "calls in call order" if order == "call" else "calls worst first (mismatch, then by bound ratio)"
-        return "\n".join([f"audit: {len(self.calls)} calls ({summary}); {first}", f"{listed}:", *lines])
+        return "\n".join([f"audit: {len(self.calls)} calls ({summary}); {first}", f"{listed}:", *lines,
+                          f"({COLUMNS_NOTE})"])  # fmt: skip
 
     def __str__(self):
         return self.report()

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from refkern.analysis.compare import elements
 from refkern.analysis.evaluate import OPS, evaluate
 from refkern.analysis.explain import explain_arrays
+from refkern.analysis.report import COLUMNS_NOTE
 from refkern.torch.devices import Backend, resolve
 from refkern.torch.ops import FUNCTIONS, OpCall, check_keywords, from_call, from_module
 
@@ -26,9 +27,10 @@ class CheckRow:
     def cells(self):
         r = self.report
         if r is None:
-            return [self.backend, "-", "", "", "", self.note]
+            return [self.backend, "-", "", "", "", "", self.note]
         prec = r.precision or ""
-        return [self.backend, r.verdict, prec, f"{r.max_ulp:.3g}", f"{r.max_bound_ratio:.3g}", self.note]
+        ratios = [f"{r.max_prob_ratio:.3g}", f"{r.max_bound_ratio:.3g}", f"{r.max_ulp:.3g}"]
+        return [self.backend, r.verdict, prec, *ratios, self.note]
 
 
 @dataclass
@@ -42,7 +44,7 @@ class CheckResult:
     rows: list
     pairs: list = field(default_factory=list)
 
-    HEAD = ["backend", "verdict", "precision", "max ulp", "bound ratio", "note"]
+    HEAD = ["backend", "verdict", "precision", "error/noise", "bound ratio", "max ulp", "note"]
 
     def __str__(self) -> str:
         table = [self.HEAD] + [row.cells() for row in self.rows]
@@ -52,6 +54,8 @@ class CheckResult:
             lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + str(r[-1]))
         for name, first, e in self.pairs:
             lines.append(f"  {name} against {first}: {e.sentence}")
+        if any(row.report is not None for row in self.rows):
+            lines.append(f"  ({COLUMNS_NOTE})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:

@@ -135,6 +135,28 @@ def test_inf_weights_reach_only_their_own_products():
     assert np.isinf(got[0, 0, 1::2, 1::2]).all() and np.isfinite(got[0, 0, 0::2, :]).all()
 
 
+@pytest.mark.parametrize("rows,slots", [(1, 1), (3, 1), (7, 2), (100, 100)])
+def test_task_shape_and_filter_cache_do_not_change_the_result(rows, slots):
+    """Tasks of several rows keep gathered filter sets across rows (until the y taps change) in
+    a few slots; any choice gives the truth, bit for bit (methods too: same terms, same order)."""
+    from refkern.kernels._common import plan
+    from refkern.kernels.conv_transpose import convt_operands, run_conv_transpose
+
+    rng = _rng("slots")
+    x, w = _data(rng, (2, 4, 6, 5), "float32", "adversarial"), _data(rng, (4, 3, 3, 4), "float32", "adversarial")
+    b = _data(rng, (3,), "float32", "adversarial")
+    kw = dict(stride=(2, 1), padding=(1, 2), output_padding=(1, 0), groups=1, dilation=(1, 2))
+    want = truth.conv_transpose2d(x, w, b, **kw)
+    for method in ("exact", "naive"):
+        p = plan("conv_transpose2d", {"input": x, "weight": w, "bias": b}, ("input", "weight"), method,
+                 None if method == "exact" else "float32")  # fmt: skip
+        c = convt_operands(p, 2, kw["stride"], kw["padding"], kw["output_padding"], 1, kw["dilation"])
+        got = run_conv_transpose(p, c, rows=rows, slots=slots)[0]
+        ref = run_conv_transpose(p, c, rows=1, slots=1)[0] if method == "naive" else want
+        _all_same(got, ref)
+    assert np.array_equal(rk.conv_transpose2d(x, w, b, **kw, accumulate="naive"), ref.astype(np.float32))
+
+
 # ---------------------------------------------------------------------------- torch semantics
 
 def _close_to_torch_f64(got, want, absterms, k):

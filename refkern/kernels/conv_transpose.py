@@ -27,6 +27,7 @@ bias, or +0). The analysis sees the op as that convolution, with absent taps as 
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from numba import prange
 
@@ -59,26 +60,30 @@ def _taps(o, p, d, s, size, k, taps, pos):
 
 
 @jit(parallel=True)
-def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl, xorder, xcls, method, narrow, prec,
-                  emin, emax):  # fmt: skip
+def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl, ycls, xcls, slots, rows, method,
+                  narrow, prec, emin, emax):  # fmt: skip
     """out[n, oc, z, y, x] = bias + sum over ci and the valid taps (kz, ky, kx) (module docstring) of
     Wt[oc, ci, kz, ky, kx] X[n, g cin + ci, iz, iy, ix], in (ci, kz, ky, kx) order, with Wt torch's
     weight regrouped per output channel (C_out, C_in / groups, kd, kh, kw), so that gathering one
-    filter reads it in order. xorder: output columns grouped by their set of valid x taps (xcls: its id per column),
-    so each task gathers the weights of one tap set once per set, not once per element."""
+    filter reads it in order. A task is ``rows`` output rows of one (image, group, depth); it keeps
+    the gathered filters of the sets of valid x taps (xcls: the set of each column) in ``slots``
+    slots (set i in slot i % slots) until the set of y taps changes (ycls: the set of each row),
+    so it gathers the filters once per set, not once per element."""
     nn, c, dd, hh, ww = X.shape
     _, cin_g, kd, kh, kw = Wt.shape
     _, cout, do, ho, wo = out.shape
     cout_g = cout // groups
     kmax = max(cin_g * kd * kh * kw, 1)
-    for task in prange(nn * groups * do * ho):
-        n = task // (groups * do * ho)
-        g = (task // (do * ho)) % groups
-        oz = (task // ho) % do
-        oy = task % ho
+    nblk = (ho + rows - 1) // rows
+    for task in prange(nn * groups * do * nblk):
+        n = task // (groups * do * nblk)
+        g = (task // (do * nblk)) % groups
+        oz = (task // nblk) % do
+        y0 = (task % nblk) * rows
         buf = np.empty(kmax)
-        wbuf = np.empty((cout_g, kmax))
-        stw = np.empty((cout_g, 2), np.int64)
+        wbuf = np.empty((slots, cout_g, kmax))
+        stw = np.empty((slots, cout_g, 2), np.int64)
+        held = np.full(slots, -1, np.int64)  # the x tap set in each slot
         acc = np.empty(SIZE, np.int64)
         acc_init(acc)
         scratch = np.empty(BLOCK)
@@ -86,55 +91,59 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
         ty, iy = np.empty(kh, np.int64), np.empty(kh, np.int64)
         tx, ix = np.empty(kw, np.int64), np.empty(kw, np.int64)
         nz = _taps(oz, pd[0], dl[0], st[0], dd, kd, tz, iz)
-        ny = _taps(oy, pd[1], dl[1], st[1], hh, kh, ty, iy)
-        prev = -1
-        for j in range(wo):
-            ox = xorder[j]
-            nx = _taps(ox, pd[2], dl[2], st[2], ww, kw, tx, ix)
-            k = cin_g * nz * ny * nx
-            if xcls[ox] != prev:  # a new tap set: gather every filter's weights for it, with their stats
-                prev = xcls[ox]
+        cur_y = -1
+        for oy in range(y0, min(y0 + rows, ho)):
+            ny = _taps(oy, pd[1], dl[1], st[1], hh, kh, ty, iy)
+            if ycls[oy] != cur_y:  # other y taps: every gathered filter set is stale
+                cur_y = ycls[oy]
+                held[:] = -1
+            for ox in range(wo):
+                nx = _taps(ox, pd[2], dl[2], st[2], ww, kw, tx, ix)
+                k = cin_g * nz * ny * nx
+                cx = xcls[ox] % slots
+                if held[cx] != xcls[ox]:  # a new tap set: gather every filter's weights for it, with their stats
+                    held[cx] = xcls[ox]
+                    for co in range(cout_g):
+                        q = 0
+                        mx = np.int64(0)
+                        mn = _INF_BITS
+                        for ci in range(cin_g):
+                            for a in range(nz):
+                                for b in range(ny):
+                                    for e in range(nx):
+                                        v = Wt[g * cout_g + co, ci, tz[a], ty[b], tx[e]]
+                                        wbuf[cx, co, q] = v
+                                        q += 1
+                                        x = bits(v) & _ABS
+                                        mx = x if x > mx else mx
+                                        xn = x if x != 0 else _INF_BITS
+                                        mn = xn if xn < mn else mn
+                        stw[cx, co, 0] = mx
+                        stw[cx, co, 1] = mn
+                q = 0
+                mx = np.int64(0)
+                mn = _INF_BITS
+                for ci in range(cin_g):
+                    for a in range(nz):
+                        for b in range(ny):
+                            row = X[n, g * cin_g + ci, iz[a], iy[b]]
+                            for e in range(nx):
+                                v = row[ix[e]]
+                                buf[q] = v
+                                q += 1
+                                x = bits(v) & _ABS
+                                mx = x if x > mx else mx
+                                xn = x if x != 0 else _INF_BITS
+                                mn = xn if xn < mn else mn
                 for co in range(cout_g):
-                    q = 0
-                    mx = np.int64(0)
-                    mn = _INF_BITS
-                    for ci in range(cin_g):
-                        for a in range(nz):
-                            for b in range(ny):
-                                for e in range(nx):
-                                    v = Wt[g * cout_g + co, ci, tz[a], ty[b], tx[e]]
-                                    wbuf[co, q] = v
-                                    q += 1
-                                    x = bits(v) & _ABS
-                                    mx = x if x > mx else mx
-                                    xn = x if x != 0 else _INF_BITS
-                                    mn = xn if xn < mn else mn
-                    stw[co, 0] = mx
-                    stw[co, 1] = mn
-            q = 0
-            mx = np.int64(0)
-            mn = _INF_BITS
-            for ci in range(cin_g):
-                for a in range(nz):
-                    for b in range(ny):
-                        row = X[n, g * cin_g + ci, iz[a], iy[b]]
-                        for e in range(nx):
-                            v = row[ix[e]]
-                            buf[q] = v
-                            q += 1
-                            x = bits(v) & _ABS
-                            mx = x if x > mx else mx
-                            xn = x if x != 0 else _INF_BITS
-                            mn = xn if xn < mn else mn
-            for co in range(cout_g):
-                oc = g * cout_g + co
-                bc = bias[oc] if has_bias else 0.0
-                out[n, oc, oz, oy, ox] = reduce_element(
-                    wbuf[co, :k], buf[:k], bc, has_bias, method, narrow, stw[co, 0], stw[co, 1], mx, mn, prec, emin,
-                    emax, acc, scratch,
-                )  # fmt: skip
-                if want_mag:
-                    mag[n, oc, oz, oy, ox] = abs_sum(wbuf[co, :k], buf[:k], bc)
+                    oc = g * cout_g + co
+                    bc = bias[oc] if has_bias else 0.0
+                    out[n, oc, oz, oy, ox] = reduce_element(
+                        wbuf[cx, co, :k], buf[:k], bc, has_bias, method, narrow, stw[cx, co, 0], stw[cx, co, 1], mx, mn,
+                        prec, emin, emax, acc, scratch,
+                    )  # fmt: skip
+                    if want_mag:
+                        mag[n, oc, oz, oy, ox] = abs_sum(wbuf[cx, co, :k], buf[:k], bc)
 
 
 def valid_taps(o, p, d, s, size, k) -> np.ndarray:
@@ -238,21 +247,29 @@ def convt_operands(p, nd, stride, padding, output_padding, groups, dilation) -> 
                          (X.shape[0], c_out, *one, *out_size), nd, unbatched)  # fmt: skip
 
 
-def run_conv_transpose(p, c: ConvTOperands, want_mag=False, with_bias=True):
-    """The kernel on prepared operands: (values, magnitudes or None), float64, in the caller's layout."""
+def run_conv_transpose(p, c: ConvTOperands, want_mag=False, with_bias=True, rows=None, slots=None):
+    """The kernel on prepared operands: (values, magnitudes or None), float64, in the caller's layout.
+    ``rows`` (output rows per task) and ``slots`` (gathered filter sets kept per task) change only
+    the speed; None chooses them."""
     out = np.empty(c.out_shape)
     mag = np.empty(c.out_shape if want_mag else (1, 1, 1, 1, 1))
     has_bias = c.bias is not None and with_bias
     b = c.bias if has_bias else np.zeros(1)
-    wo = c.out_shape[4]
-    kw = c.weight.shape[4]
-    valid = valid_taps(np.arange(wo), c.padding[2], c.dilation[2], c.stride[2], c.X.shape[4], kw)
-    _, xcls = np.unique(valid, axis=0, return_inverse=True)
-    xcls = np.ascontiguousarray(xcls.reshape(-1), np.int64)
-    xorder = np.ascontiguousarray(np.argsort(xcls, kind="stable"), np.int64)
+    cls = []
+    for a in (1, 2):  # the set of valid taps of every output row and column, as a class id
+        valid = valid_taps(np.arange(c.out_shape[2 + a]), c.padding[a], c.dilation[a], c.stride[a], c.X.shape[2 + a],
+                           c.weight.shape[2 + a])  # fmt: skip
+        _, ids = np.unique(valid, axis=0, return_inverse=True)
+        cls.append(np.ascontiguousarray(ids.reshape(-1), np.int64))
+    n, c_out, do, ho, _ = c.out_shape
+    filters = 8 * (c_out // c.groups) * max(1, c.W[0].size)  # bytes of one gathered set of filters
+    if slots is None:
+        slots = max(1, min(int(cls[1].max()) + 1, (1 << 25) // filters))  # at most 32 MiB per task
+    if rows is None:
+        rows = max(1, min(ho, (n * c.groups * do * ho) // (8 * numba.get_num_threads())))  # ~8 tasks per thread
     Wt = np.ascontiguousarray(c.W.reshape(c.W.shape[0], -1, *c.weight.shape[2:]))
     _convt_kernel(c.X, Wt, b, has_bias, out, mag, want_mag, c.groups, np.array(c.stride, np.int64),
-                  np.array(c.padding, np.int64), np.array(c.dilation, np.int64), xorder, xcls,
+                  np.array(c.padding, np.int64), np.array(c.dilation, np.int64), cls[0], cls[1], slots, rows,
                   *p.kernel_args)  # fmt: skip
     return c.result(out), (c.result(mag) if want_mag else None)
 

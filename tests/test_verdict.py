@@ -351,7 +351,7 @@ def test_error_over_noise_comes_before_ulps():
     text = str(res)
     head = text.splitlines()[1].split()
     assert head.index("error/noise") < head.index("bound") < head.index("ulp")
-    assert text.rstrip().endswith(f"({COLUMNS_NOTE})")
+    assert text.splitlines()[3] == f"  ({COLUMNS_NOTE})"  # under the table, before any pair sentence
     rep = res.rows[0].report
     assert rep.verdict in ("exact", "rounding")
     line = str(rep).splitlines()[2]

@@ -52,10 +52,10 @@ class CheckResult:
         lines = [f"{self.op} {' x '.join(str(tuple(s)) for s in self.shapes)} ({self.dtype})"]
         for r in table:
             lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + str(r[-1]))
-        for name, first, e in self.pairs:
-            lines.append(f"  {name} against {first}: {e.sentence}")
         if any(row.report is not None for row in self.rows):
             lines.append(f"  ({COLUMNS_NOTE})")
+        for name, first, e in self.pairs:
+            lines.append(f"  {name} against {first}: {e.sentence}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:

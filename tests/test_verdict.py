@@ -157,7 +157,7 @@ def test_conv_with_its_bias_missing():
     out = F.conv2d(x, w, b, padding=1)
     out[:, 5] += b[5]  # one channel's bias added twice
     rep = rk.compare(out, "conv2d", x, w, b, padding=1)
-    assert "channels 5 off by a constant +bias[channel]: bias added twice?" in rep.notes, rep.notes
+    assert "channel 5 off by a constant +bias[channel]: bias added twice?" in rep.notes, rep.notes
 
 
 def test_half_linear_rounds_the_product_before_a_strided_bias():

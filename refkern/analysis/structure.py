@@ -150,7 +150,8 @@ def _offsets(r, var, flagged, axes, bias, bias_axis, lam):
         name = axes[ax]
         if match:
             sign = "-" if match["sign"] < 0 else "+"
-            who = f"every {name}" if len(idx) == r.shape[ax] else f"{name}s {_list(idx)}"
+            who = (f"every {name}" if len(idx) == r.shape[ax] else f"{name} {idx[0]}" if len(idx) == 1
+                   else f"{name}s {_list(idx)}")  # fmt: skip
             text = f"{who} off by a constant {sign}bias[{name}]: bias {match['what']}?"
         else:
             parts = [f"{name} {g} is off by a constant {mu[g]:+.4g}" for g in idx[:5]]

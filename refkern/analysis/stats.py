@@ -83,11 +83,10 @@ def distinct(*arrays, group=None) -> np.ndarray:
 
 
 def group_sums(r: np.ndarray, var: np.ndarray, keep: np.ndarray, axis: int):
-    """Per index g along ``axis``: (sum of r, sum of var, count) over the kept elements with that index."""
+    """Per index g along ``axis``: (sum of r, sum of var, count) over the kept elements with that
+    index; ``r`` and ``var`` are 0 wherever ``keep`` is False."""
     other = tuple(i for i in range(r.ndim) if i != axis)
-    w = keep.astype(np.float64)
-    return (np.sum(np.where(keep, r, 0.0), axis=other), np.sum(np.where(keep, var, 0.0), axis=other),
-            np.sum(w, axis=other))  # fmt: skip
+    return np.sum(r, axis=other), np.sum(var, axis=other), np.count_nonzero(keep, axis=other)
 
 
 def proportion_margin(n: int, alpha: float) -> float:

@@ -68,13 +68,16 @@ def _peel(r, var, keep, ids, axes, lam) -> list:
     shape = r.shape
     out = []
     keep = keep.copy()
+    r, var = np.where(keep, r, 0.0), np.where(keep, var, 0.0)  # zero outside keep, as group_sums wants
     for peel in range(_PEELS + 1):
         found = []
         for ax in range(r.ndim):
             if shape[ax] < 2:
                 continue
-            k = keep & ids[ax] if ax in ids else keep
-            g, v, cnt = group_sums(np.where(k, r, 0.0), var, k, ax)
+            if ax in ids:
+                g, v, cnt = group_sums(r * ids[ax], var * ids[ax], keep & ids[ax], ax)
+            else:
+                g, v, cnt = group_sums(r, var, keep, ax)
             z = _z(g, v)
             for i in np.flatnonzero(z > lam):
                 found.append({"axis": axes[ax], "ax": ax, "index": int(i), "z": float(z[i]),
@@ -89,6 +92,8 @@ def _peel(r, var, keep, ids, axes, lam) -> list:
         sl = [slice(None)] * r.ndim
         sl[worst["ax"]] = worst["index"]
         keep[tuple(sl)] = False
+        r[tuple(sl)] = 0.0
+        var[tuple(sl)] = 0.0
     return out
 
 

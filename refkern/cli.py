@@ -528,7 +528,11 @@ def doctor_info() -> dict:
         "numba_cache_dir": numba.config.CACHE_DIR
         or f"__pycache__ beside each module of {os.path.dirname(os.path.abspath(_jit.__file__))}",
         "devices": [],
+        "engines": {},
     }
+    from refkern.engines import status
+
+    info["engines"] = status()
     if info["torch"]:
         import refkern.torch as rkt
 
@@ -540,8 +544,11 @@ def doctor_info() -> dict:
 def cmd_doctor(a):
     info = doctor_info()
     for k, v in info.items():
-        if k != "devices":
+        if k not in ("devices", "engines"):
             print(f"{k:<16} {v if v is not None else 'not installed'}")
+    for name, e in info["engines"].items():
+        state = "usable on " + ", ".join(e["devices"]) if e["usable"] else "not usable"
+        print(f"engine {name:<9} {state}; {e['detail']}")
     for d in info["devices"]:
         print(f"device {d['name']:<9} {d['description']}; {', '.join(d['dtypes'])}")
         for k, v in d["settings"].items():

@@ -348,6 +348,8 @@ def test_doctor(tmp_path):
     d = json.loads((tmp_path / "d.json").read_text())
     assert d["version"] == 1 and d["refkern"] == refkern.__version__ and d["devices"][0]["name"] == "cpu"
     assert d["numba_cache"].startswith("on")
+    assert d["engines"]["numba"]["usable"] and "cpu" in d["engines"]["blas"]["devices"]
+    assert "engine numba     usable on cpu; numba " in r.stdout and "engine blas      usable on cpu" in r.stdout
 
 
 @pytest.mark.slow

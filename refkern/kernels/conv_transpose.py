@@ -37,7 +37,7 @@ from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
 from refkern.kernels._element import abs_sum, reduce_element
-from refkern.kernels.conv import _is_int, _pair, _tuple_of
+from refkern.kernels.conv import _KERNEL, _SPATIAL, _is_int, _pair, _tuple_of
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "ConvTOperands", "convt_operands",
            "run_conv_transpose", "valid_taps"]  # fmt: skip
@@ -185,8 +185,6 @@ class ConvTOperands:
         return np.ascontiguousarray(out)
 
 
-_SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
-_KERNEL = {1: "k", 2: "kh, kw", 3: "kd, kh, kw"}
 
 
 def convt_operands(p, nd, stride, padding, output_padding, groups, dilation) -> ConvTOperands:

@@ -356,3 +356,18 @@ def test_error_over_noise_comes_before_ulps():
     assert rep.verdict in ("exact", "rounding")
     line = str(rep).splitlines()[2]
     assert line.startswith("  max error") and line.index("noise scale") < line.index("ulp")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_conv_transpose_rounds_per_tap_as_torch_does(dtype):
+    """torch's CPU fp16/bf16 conv_transpose rounds each tap's channel sum, and the running sum over
+    taps, to the result dtype (col2im): a correct computation in that dtype, so rounding."""
+    r = seeded("convt-half", dtype)
+    x, w, b = r(2, 6, 5, 6).to(dtype), r(6, 4, 3, 3).to(dtype), r(4).to(dtype)
+    for kw in ({"stride": 2, "padding": 1, "output_padding": 1}, {"stride": 1, "dilation": 2}):
+        out = F.conv_transpose2d(x, w, b, **kw)
+        rep = rk.compare(out, "conv_transpose2d", x, w, b, **kw)
+        assert rep.verdict in ("exact", "rounding"), str(rep)
+    bad = out.clone()
+    bad[:, 1] = F.conv_transpose2d(x, w, None, **kw)[:, 1]  # channel 1 without its bias
+    assert rk.compare(bad, "conv_transpose2d", x, w, b, **kw).verdict == "mismatch"

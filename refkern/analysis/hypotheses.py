@@ -59,6 +59,7 @@ class Model:
     inputs: tuple | None = None  # (Format, mode, round_bias): inputs rounded first
     order: int | None = None  # None: any order; NAIVE / PAIRWISE: the centre is that order in ``acc``
     epilogue: bool = False  # the product sum is rounded to ``storage`` before the bias is added
+    taps: bool = False  # per-tap sums rounded to ``storage``, added tap after tap in it (col2im)
 
     @property
     def rounding(self) -> bool:
@@ -73,7 +74,7 @@ def _gamma(n: int, u: float) -> float:
     return n * u / (1.0 - n * u) if n * u < 0.5 else 1.0
 
 
-def models(out: Format, in_prec: int, has_bias: bool) -> list:
+def models(out: Format, in_prec: int, has_bias: bool, op: str = "") -> list:
     """Every model worth weighing for a result of format ``out`` from inputs of precision ``in_prec``:
     the rounding family first, then the reduced precisions a backend can produce."""
     acc = FLOAT64 if out is FLOAT64 else FLOAT32
@@ -82,6 +83,10 @@ def models(out: Format, in_prec: int, has_bias: bool) -> list:
         ms.append(Model("rounding (product rounded before the bias)", None,
                         f"fp32 accumulation, product rounded to {out.short}, bias added after", out, FLOAT32,
                         epilogue=True))  # fmt: skip
+    if op.startswith("conv_transpose") and out.prec < FLOAT32.prec:
+        ms.append(Model("rounding (per-tap sums in the result format)", None,
+                        f"fp32 sum over channels per tap rounded to {out.short}, taps and bias added in "
+                        f"{out.short} (torch's CPU col2im)", out, FLOAT32, taps=True))  # fmt: skip
     if out.prec <= FLOAT32.prec:
         if out is FLOAT32 and in_prec > TFLOAT32.prec:
             for mode, tag in ((NEAREST, ""), (AWAY, ", ties away"), (TRUNCATE, ", truncated")):
@@ -132,9 +137,40 @@ def _store(v, m: Model):
     return round_array(v, *m.storage.params) if m.storage.prec < m.acc.prec and m.order is not None else v
 
 
+def _tapped(terms, n_taps, m: Model, n: int):
+    """(c, var) of the per-tap model: per tap t, p_t = sum over channels of the products (float64, the
+    exact sum within K 2**-53), s_t = fl(s_{t-1} + fl(p_t)) in the storage format, c = fl(s + bias).
+    Scale: sigma_0 of the products plus, for every rounding to storage, 2 (u_s |value|)**2 (the
+    backend's fp32 channel sums may round a tap, or a running sum, to the neighbouring value)."""
+    L, R, b, hb = terms
+    T = (L * R).reshape(L.shape[0], -1, n_taps)
+    p = round_array(T.sum(axis=1), *m.storage.params)
+    s = np.zeros(L.shape[0])
+    extra = np.zeros(L.shape[0])
+    for t in range(n_taps):
+        s = round_array(s + p[:, t], *m.storage.params)
+        extra += p[:, t] ** 2 + s**2
+    c = round_array(s + b, *m.storage.params) if hb else s
+    mag = np.abs(T).sum(axis=(1, 2)) + np.abs(b)
+    var = rounding_variance(m, n, mag, c) + 2.0 * (m.storage.u**2) * extra
+    return c, var
+
+
+def _n_taps(pr: Problem) -> int:
+    w = pr.ops[0].weight
+    return int(np.prod(w.shape[2:]))
+
+
 def centre(pr: Problem, m: Model):
     """(c, var) of the model on every element of the problem, float64 arrays of its shape."""
     n = pr.n_terms
+    if m.taps:  # computed from the gathered terms, in chunks of at most 2**20 terms
+        c, var = np.empty(pr.size), np.empty(pr.size)
+        step = max(1, 2**20 // max(n, 1))
+        for s0 in range(0, pr.size, step):
+            idx = np.arange(s0, min(pr.size, s0 + step))
+            c[idx], var[idx] = _tapped(pr.terms(idx), _n_taps(pr), m, n)
+        return c.reshape(pr.shape), var.reshape(pr.shape)
     with np.errstate(invalid="ignore", over="ignore"):
         if m.order is not None:
             v, _ = pr.run(inputs=m.inputs, method=m.order, work=m.acc)
@@ -155,6 +191,8 @@ def centre_sample(terms, pr: Problem, m: Model):
     L, R, b, hb = terms
     n = pr.n_terms
     p = pr.p
+    if m.taps:
+        return _tapped(terms, _n_taps(pr), m, n)
 
     def run(method, work, with_bias=True):
         q = dataclasses.replace(p, method=method, work=work)

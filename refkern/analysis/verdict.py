@@ -152,7 +152,7 @@ class _Tester:
         self.a, self.pr, self.ref = actual, pr, ref
         self.lam_el = level(ref.size)
         self.lam_grp = level(n_groups(ref.shape))
-        self.ms = models(pr.fmt, pr.in_prec, pr.bias is not None)
+        self.ms = models(pr.fmt, pr.in_prec, pr.bias is not None, pr.name)
         self.lam_fit = level(len(self.ms) - 1)
         self.var0 = rounding_variance(self.ms[0], pr.n_terms, mag, ref)
 

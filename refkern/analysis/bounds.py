@@ -18,7 +18,7 @@ import numpy as np
 from refkern._jit import jit
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, TFLOAT32, Format
 
-__all__ = ["bound", "bound1", "residual", "working_units", "precision_ratios", "CANDIDATES"]
+__all__ = ["bound", "bound1", "working_units", "precision_ratios", "CANDIDATES"]
 
 
 def _mag_slack(n):
@@ -57,24 +57,6 @@ def bound(mag, ref, n, u_acc, u_out):
     out = np.empty(mag.shape)
     _bound_all(np.ascontiguousarray(mag).reshape(-1), np.ascontiguousarray(ref).reshape(-1), n, u_acc, u_out,
                out.reshape(-1))  # fmt: skip
-    return out
-
-
-def residual(actual, ref):
-    """actual - ref, with equal specials (same infinity, both NaN) as 0 and unequal ones as inf."""
-    with np.errstate(invalid="ignore"):
-        e = actual - ref
-    same = (actual == ref) | (np.isnan(actual) & np.isnan(ref))
-    e = np.where(same, 0.0, e)
-    return np.where(np.isnan(e), np.inf, np.abs(e))
-
-
-def _ratio(err, b):
-    """err / b elementwise: 0 where err is 0, inf where the bound is 0 or NaN (it explains nothing)."""
-    out = np.zeros_like(err)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        np.divide(err, b, out=out, where=err > 0)
-    out[np.isnan(out)] = np.inf
     return out
 
 

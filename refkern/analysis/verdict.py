@@ -49,7 +49,7 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
-from refkern.accumulate.formats import round_array, round_to
+from refkern.accumulate.formats import FLOAT64, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.stats import ALPHA, level, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
@@ -131,16 +131,9 @@ class Decision:
 
 
 def _zscore(a, c, var, grid=None):
-    """|a - c| / sqrt(var) (0 where equal, NaN alike; inf where undefined). With ``grid``, a format
-    the model stores in before the result is widened: values off that format's grid are
-    impossible under the model (inf)."""
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        z = np.abs(a - c) / np.sqrt(var)
-    same = (a == c) | (np.isnan(a) & np.isnan(c))
-    z = np.where(same, 0.0, np.where(np.isnan(z), np.inf, z))
-    if grid is not None:
-        z = np.where((round_array(a, *grid.params) == a) | np.isnan(a), z, np.inf)
-    return z
+    """|a - c| / sqrt(var) elementwise (0 where equal, NaN alike; inf where undefined, and, with
+    ``grid``, for values off the grid of the format the model stores in): :func:`_element_test`'s z."""
+    return _element_test_arrays(a, c, var, np.inf, grid)[0]
 
 
 def _grid(m: Model, out):
@@ -160,17 +153,22 @@ class _Tester:
         """Test a model on every element (``c``, ``var`` given for the reference model)."""
         if c is None:
             c, var = centre(self.pr, f.model)
-        grid = _grid(f.model, self.pr.fmt)
-        shape = self.a.shape
-        z, fails, keep, r, vk = (np.empty(shape), np.empty(shape, bool), np.empty(shape, bool), np.empty(shape),
-                                 np.empty(shape))  # fmt: skip
-        flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (self.a, c, var))
-        _element_test(*flat, self.lam_el, grid is not None, *(grid or self.pr.fmt).params,
-                      *(v.reshape(-1) for v in (z, fails, keep, r, vk)))  # fmt: skip
+        z, fails, keep, r, vk = _element_test_arrays(self.a, c, var, self.lam_el, _grid(f.model, self.pr.fmt))
         f.full, f.fails, f.centre, f.var, f.z = True, fails, c, var, z
         f.groups = group_failures(r, vk, keep, c, self.a, self.pr.axes, self.lam_grp)
         f.max_z = float(z.max()) if z.size else 0.0
         return f
+
+
+def _element_test_arrays(a, c, var, lam, grid):
+    """(z, fails, keep, r, vk) of :func:`_element_test`, arrays of ``a``'s shape."""
+    shape = np.shape(a)
+    z, fails, keep, r, vk = (np.empty(shape), np.empty(shape, bool), np.empty(shape, bool), np.empty(shape),
+                             np.empty(shape))  # fmt: skip
+    flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (a, c, var))
+    _element_test(*flat, lam, grid is not None, *(grid or FLOAT64).params,
+                  *(v.reshape(-1) for v in (z, fails, keep, r, vk)))  # fmt: skip
+    return z, fails, keep, r, vk
 
 
 @jit(parallel=True)

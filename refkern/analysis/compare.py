@@ -27,10 +27,11 @@ def _ulps(actual, ref, fmt):
 
 
 @jit(parallel=True)
-def _figures(a, ref, mag, n, u_acc, u_out, err, bound0, r0, scale, prob, cond):
+def _figures(a, ref, mag, n, u_acc, u_out, arrays, err, bound0, r0, scale, prob, cond):
     """Per element, in one pass: |error| (0 for equal specials, inf for unequal ones), the worst-case
     bound B of :func:`~refkern.analysis.bounds.bound` and error / B, the noise scale
-    sqrt(n) u M + 2 u |ref| and error / scale, and the condition number M / |ref|."""
+    sqrt(n) u M + 2 u |ref| and error / scale, and the condition number M / |ref|; the bound and
+    the scale themselves only with ``arrays``."""
     for i in prange(a.size):
         x, y, m = a[i], ref[i], mag[i]
         if x == y or (x != x and y != y):
@@ -41,11 +42,12 @@ def _figures(a, ref, mag, n, u_acc, u_out, err, bound0, r0, scale, prob, cond):
                 e = np.inf
         err[i] = e
         b = bound1(m, y, n, u_acc, u_out)
-        bound0[i] = b
         q = e / b if e > 0 else 0.0
         r0[i] = q if q == q else np.inf
         sc = np.sqrt(n) * u_acc * m + 2.0 * u_out * abs(y)
-        scale[i] = sc
+        if arrays:  # only elements() hands these out
+            bound0[i] = b
+            scale[i] = sc
         q = e / sc if e > 0 else 0.0
         prob[i] = q if q == q else np.inf
         cond[i] = 1.0 if m == 0.0 else m / abs(y)
@@ -70,10 +72,10 @@ def elements(actual, op, *args, **kwargs) -> dict:
     """Per-element arrays behind a Report, for plots: ``reference``, ``actual``, ``error``
     (|actual - reference|), ``bound`` (worst-case rounding bound), ``scale`` (probabilistic),
     ``magnitude`` (sum of |terms|), ``ulp`` (error in ulps) and the ``report`` itself."""
-    return _analyse(actual, op, args, kwargs, None, None)[1]
+    return _analyse(actual, op, args, kwargs, None, None, arrays=True)[1]
 
 
-def _analyse(actual, op, args, kwargs, rtol, atol):
+def _analyse(actual, op, args, kwargs, rtol, atol, arrays=False):
     name = op_name(op)
     act, fmt, device = _actual(actual)
     if fmt.name not in FORMATS:
@@ -88,9 +90,10 @@ def _analyse(actual, op, args, kwargs, rtol, atol):
     d = decide(act, pr, ref, mag)
     u_acc, u_out = working_units(fmt)
     ulps = _ulps(act, ref, fmt)
-    err, bound0, r0, scale, prob, cond = (np.empty(ref.shape) for _ in range(6))
+    err, r0, prob, cond = (np.empty(ref.shape) for _ in range(4))
+    bound0, scale = (np.empty(ref.shape if arrays else 0) for _ in range(2))
     flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (act, ref, mag))
-    _figures(*flat, pr.n_terms, u_acc, u_out, *(v.reshape(-1) for v in (err, bound0, r0, scale, prob, cond)))
+    _figures(*flat, pr.n_terms, u_acc, u_out, arrays, *(v.reshape(-1) for v in (err, bound0, r0, scale, prob, cond)))
     counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
     unexplained = d.unexplained
     eligible = (unexplained if d.verdict == "mismatch" else err > 0).reshape(-1)

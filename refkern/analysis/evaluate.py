@@ -171,19 +171,31 @@ class Problem:
             b = self.bias[j] if has_bias else np.zeros(idx.size)
             return A3[ia[t], i], Bt3[ib[t], j], np.ascontiguousarray(b), has_bias
         c = self.ops[0]
-        _, c_out, ho, wo = c.out_shape
+        c_out = c.out_shape[1]
         cin_g, kh, kw = c.W.shape[1], c.W.shape[2], c.W.shape[3]
-        nn, co, oy, ox = idx // (c_out * ho * wo), (idx // (ho * wo)) % c_out, (idx // wo) % ho, idx % wo
-        g = co // (c_out // c.groups)
-        ci = np.arange(cin_g)[None, :, None, None]
-        ky = np.arange(kh)[None, None, :, None]
-        kx = np.arange(kw)[None, None, None, :]
-        col = (slice(None), None, None, None)
-        L = c.X[nn[col], (g * cin_g)[col] + ci, (oy * c.stride[0])[col] + ky * c.dilation[0],
-                (ox * c.stride[1])[col] + kx * c.dilation[1]]  # fmt: skip
+        co = (idx // (c.out_shape[2] * c.out_shape[3])) % c_out
+        L = np.empty((idx.size, cin_g * kh * kw))
+        _gather_patches(c.X, idx, c_out, c.out_shape[2], c.out_shape[3], c_out // c.groups, cin_g, kh, kw,
+                        *c.stride, *c.dilation, L)  # fmt: skip
         R = c.W.reshape(c_out, -1)[co]
         b = self.bias[co] if has_bias else np.zeros(idx.size)
         return np.ascontiguousarray(L.reshape(idx.size, -1)), np.ascontiguousarray(R), np.ascontiguousarray(b), has_bias
+
+
+@jit(parallel=True)
+def _gather_patches(X, idx, c_out, ho, wo, cout_g, cin_g, kh, kw, sh, sw, dh, dw, L):
+    """L[s] = the input patch of output element idx[s] of a conv2d over the padded X, in the
+    (ci, ky, kx) order of the kernel's terms (:func:`~refkern.kernels.conv.run_conv`)."""
+    for s in prange(idx.size):
+        f = idx[s]
+        n, co, oy, ox = f // (c_out * ho * wo), (f // (ho * wo)) % c_out, (f // wo) % ho, f % wo
+        c0 = (co // cout_g) * cin_g
+        q = 0
+        for ci in range(cin_g):
+            for ky in range(kh):
+                for kx in range(kw):
+                    L[s, q] = X[n, c0 + ci, oy * sh + ky * dh, ox * sw + kx * dw]
+                    q += 1
 
 
 @jit(parallel=True)

@@ -194,11 +194,10 @@ def _element_test(a, c, var, lam, grid, prec, emin, emax, z, fails, keep, r, vk)
         vk[i] = var[i] if k else 0.0
 
 
-def _sample_fits(t: _Tester, fits):
+def _sample_fits(t: _Tester, fits, idx):
     """Every model on the sample: failures on its own scale, the fit W and the capped score on the
     rounding yardstick, and the noise-size test of the accumulator models."""
     pr, a, ref = t.pr, t.a.reshape(-1), t.ref.reshape(-1)
-    idx = sample_indices(ref.size, pr.n_terms)
     terms = pr.terms(idx)
     a_s, x_s, v0 = a[idx], ref[idx], t.var0.reshape(-1)[idx]
     with np.errstate(invalid="ignore", over="ignore"):
@@ -267,12 +266,13 @@ def decide(actual, pr, ref, mag) -> Decision:
     exact = (actual == ref) | (np.isnan(actual) & np.isnan(ref))
     thresholds = {"alpha": ALPHA, "element": t.lam_el, "group": t.lam_grp, "fit": t.lam_fit**2}
     scale = np.sqrt(pr.n_terms) * t.ms[0].acc.u * mag
-    det = detectable(t.var0, scale, ref.shape, pr.axes, t.lam_el, t.lam_grp, sample_indices(ref.size, pr.n_terms))
+    idx = sample_indices(ref.size, pr.n_terms)  # one sample for the fits and the power figures
+    det = detectable(t.var0, scale, ref.shape, pr.axes, t.lam_el, t.lam_grp, idx)
     fits = [Fit(m) for m in t.ms]
     r0 = t.full(fits[0], ref, t.var0)
     if exact.all():
         return Decision("exact", None, None, np.zeros(ref.shape, np.int8), fits[:1], r0.z, [], [], det, thresholds)
-    sample = _sample_fits(t, fits)
+    sample = _sample_fits(t, fits, idx)
     n_s = len(sample[0])
     live = [f for f in fits if f.noise_ok]
     sharp = [f for f in live if f.sample_fails < n_s / 2]  # fit most of the sample: the breakdown point

@@ -1,4 +1,4 @@
-"""Ground truth: the same reductions computed with mpmath, exactly, then rounded once.
+"""Ground truth of the sums of products (dot, sum, matmul, linear, the convolutions): mpmath, exactly, rounded once.
 
 Nothing here is shared with the fast path's summation: the exact value is an ``mpf``
 built by mpmath at a working precision derived from the inputs (never mpmath's default

@@ -1,0 +1,13 @@
+"""Ground truth: every refkern op computed with mpmath from its definition, rounded once.
+
+Nothing here shares numerics with the fast path: values are built by mpmath at a working
+precision derived from the inputs (never mpmath's default 53 bits), and the single rounding
+to the result format is done on Python integers. One module per family of ops:
+
+* :mod:`refkern.truth.products`: dot, sum, matmul, linear, the convolutions.
+"""
+
+from refkern.truth.products import *  # noqa: F403
+from refkern.truth.products import __all__ as _products
+
+__all__ = [*_products]

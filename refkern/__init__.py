@@ -11,7 +11,8 @@ from refkern.analysis.report import Report
 from refkern.kernels.conv import conv1d, conv2d, conv3d
 from refkern.kernels.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from refkern.kernels.gemm import linear, matmul
-from refkern.reduce import METHODS, dot, sum  # noqa: A004
+from refkern.kernels.reduction import cumsum, mean, std, sum, var  # noqa: A004
+from refkern.reduce import METHODS, dot
 
 __all__ = [
     "__version__",
@@ -26,13 +27,17 @@ __all__ = [
     "conv_transpose1d",
     "conv_transpose2d",
     "conv_transpose3d",
+    "cumsum",
     "dot",
     "explain",
     "linear",
     "matmul",
+    "mean",
+    "std",
     "sum",
     "torch",
     "truth",
+    "var",
 ]
 
 

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from refkern import reduce
+from refkern.kernels import reduction
 from refkern.accumulate.formats import FLOAT32, TFLOAT32, round_array
 from refkern.analysis.ulp import ulp_error
 
@@ -236,7 +237,7 @@ def run_sums(out=print, seed=0) -> int:
     failures = 0
     out("refkern demo --sums: every accumulation method against the correctly rounded result (float32)\n")
     for i, (title, op, args) in enumerate(_sum_cases(seed), 1):
-        fn = reduce.dot if op == "dot" else reduce.sum
+        fn = reduce.dot if op == "dot" else reduction.sum
         exact = fn(*args)
         gt = (truth.dot if op == "dot" else truth.sum)(*args)
         agrees = np.float32(gt).tobytes() == np.float32(exact).tobytes()

@@ -1,4 +1,5 @@
-"""``refkern.dot`` and ``refkern.sum``: reductions with a named accumulation method."""
+"""``refkern.dot``, and the accumulation methods every reduction names (``refkern.sum`` lives in
+:mod:`refkern.kernels.reduction`)."""
 
 import numpy as np
 
@@ -7,7 +8,7 @@ from refkern.accumulate.exact import exact_dot, exact_sum
 from refkern.accumulate.formats import round_to
 from refkern.accumulate.methods import KERNELS
 
-__all__ = ["dot", "sum", "METHODS"]
+__all__ = ["dot", "METHODS"]
 
 METHODS = tuple(sorted([*KERNELS, "exact"]))
 
@@ -86,13 +87,3 @@ def dot(x, y, *, accumulate: str = "exact", accum_dtype=None):
     value = _reduce(op, [a.values, b.values], out, accumulate, accum_dtype, unit=False)
     return result(value, out, a.torch or b.torch)
 
-
-def sum(x, *, accumulate: str = "exact", accum_dtype=None):  # noqa: A001 - mirrors torch.sum / np.sum
-    """Reference sum of all elements of ``x`` (``torch.sum(x)`` without ``dim``).
-
-    Same methods, guarantees and return convention as :func:`dot`, with terms ``x[i]``.
-    """
-    op = "sum"
-    a = operand(x, "x", op)
-    value = _reduce(op, [a.values.reshape(-1)], a.fmt, accumulate, accum_dtype, unit=True)
-    return result(value, a.fmt, a.torch)

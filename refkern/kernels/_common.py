@@ -12,7 +12,7 @@ from refkern.accumulate.formats import FLOAT32, Format, round_to
 from refkern.kernels._element import METHOD_CODES
 from refkern.reduce import lookup_method, working_format
 
-__all__ = ["Plan", "plan", "finish", "as_f64"]
+__all__ = ["Plan", "plan", "finish", "deliver", "as_f64"]
 
 
 @dataclass
@@ -66,12 +66,20 @@ def finish(p: Plan, out64: np.ndarray):
     method worked in another format (the store to the result dtype), otherwise exact."""
     if p.work != p.out:
         _round_all(out64, *p.out.params)
-    if p.tensor:
-        torch = sys.modules["torch"]
-        t = torch.from_numpy(out64)
-        return t.to(getattr(torch, p.out.name))
-    if p.out.name == "bfloat16":
-        import ml_dtypes  # a numpy bfloat16 operand means ml_dtypes is installed
+    return deliver(out64, p.out, p.tensor)
 
+
+def deliver(out64: np.ndarray, fmt: Format, tensor: bool):
+    """float64 values that ``fmt`` holds exactly, as an array of that dtype (a CPU tensor when
+    ``tensor``): a lossless conversion."""
+    if tensor:
+        torch = sys.modules["torch"]
+        out64 = out64 if out64.flags.c_contiguous else out64.copy()  # (ascontiguousarray makes 0-d 1-d)
+        return torch.from_numpy(out64).to(getattr(torch, fmt.name))
+    if fmt.name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:  # bfloat16 came from torch in a mixed call; keep it lossless
+            return out64.astype(np.float32)
         return out64.astype(ml_dtypes.bfloat16)
-    return out64.astype(p.out.name)
+    return out64.astype(fmt.name)

@@ -9,5 +9,7 @@ to the result format is done on Python integers. One module per family of ops:
 
 from refkern.truth.products import *  # noqa: F403
 from refkern.truth.products import __all__ as _products
+from refkern.truth.reductions import *  # noqa: F403 (after products: its sum replaces products' sum)
+from refkern.truth.reductions import __all__ as _reductions
 
-__all__ = [*_products]
+__all__ = [*_products, *(n for n in _reductions if n not in _products)]

@@ -10,9 +10,9 @@ import time
 import numpy as np
 
 from refkern import reduce
-from refkern.kernels import reduction
 from refkern.accumulate.formats import FLOAT32, TFLOAT32, round_array
 from refkern.analysis.ulp import ulp_error
+from refkern.kernels import reduction
 
 __all__ = ["run", "run_sums", "cases", "model"]
 

@@ -24,7 +24,7 @@ from refkern.accumulate.formats import round_array
 from refkern.accumulate.superacc import NNAN, NNINF, NPINF, SIZE, acc_add_float, acc_init, acc_round
 from refkern.accumulate.ziv import acc_copy, acc_dd, decide, round_fraction, round_quotient_sqrt
 from refkern.kernels._common import deliver
-from refkern.kernels._moments import EXACT_ROW, OK, exact_moments, moments, new_workspace
+from refkern.kernels._moments import OK, exact_moments, moments, new_workspace
 
 __all__ = ["sum", "mean", "var", "std", "cumsum", "rows_of", "reduced_dims"]
 

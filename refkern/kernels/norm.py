@@ -1,0 +1,358 @@
+"""``refkern.layer_norm``, ``rms_norm``, ``group_norm`` and ``batch_norm``: correctly rounded.
+
+The definition, for the elements ``x_1 .. x_n`` one normalisation covers:
+
+    y_j = (x_j - mean) / sqrt(var + eps) * w_j + b_j,   mean = sum x / n,   var = sum (x - mean)^2 / n
+
+with the exact mean, the BIASED variance (torch's choice for every norm), ``eps`` the exact
+float64 value of the Python float passed, the square root and the division real-valued (no
+``rsqrt`` rounded first), and the affine step included, rounded ONCE to the input's dtype.
+rms_norm drops the centring (``y = x / sqrt(mean(x^2) + eps) * w``). Intermediate overflow is
+never an excuse: a float32 row near 1e25 normalises to its true +-1-scale values.
+
+How. The moments are exact (:mod:`refkern.kernels._moments`); ``1 / sqrt(var + eps)`` and
+each ``y_j`` are evaluated in double-word arithmetic, with an absolute error bound carried
+alongside every step (a relative :data:`~refkern.accumulate.dd.EPS` per operation, plus the
+propagated errors of the inputs of that step: for a product ``e(ab) = e(a)|b| + |a|e(b) +
+e(a)e(b)``, for ``sqrt(w)`` ``e(w) / sqrt(w~)``, for ``1/s`` ``e(s) / (s~ (s~ - e(s)))``), and
+:func:`~refkern.accumulate.ziv.decide` rounds when the bound allows; the rest (far fewer than
+one element in a million on ordinary data) go through the exact path, which compares squares
+of rationals. Rows holding a NaN or an infinity have no real-valued answer: they follow IEEE
+arithmetic on the formula, as torch does (a layer_norm row with an inf is NaN throughout).
+"""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from numba import prange
+
+from refkern._arrays import operand
+from refkern._jit import jit
+from refkern.accumulate.dd import EPS, dd_add, dd_add_fp, dd_div, dd_div_fp, dd_mul, dd_mul_fp, dd_sqrt, safe
+from refkern.accumulate.eft import two_sum
+from refkern.accumulate.formats import round_array
+from refkern.accumulate.ziv import decide, round_fraction, round_quotient_sqrt
+from refkern.kernels._common import deliver
+from refkern.kernels._moments import OK, SPECIAL, exact_moments, moments, new_workspace
+
+__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "normalize"]
+
+_UNDECIDED = 3  # row status: some elements left to the exact path
+_GIVEN_MAX = 2.0**1000
+
+
+@jit(inline="always")
+def _apply_row(xr, dh, dl, d_h, d_l, e_d, r_h, r_l, e_r, W, B, wr, has_w, has_b, prec, emin, emax, out):
+    """out = ((dh + dl) - delta) * r * w + b per element, decided or NaN; returns whether all decided."""
+    n = xr.size
+    wn = W.shape[1]
+    ok = True
+    for j in range(n):
+        z_h, z_l = dd_add(dh[j], dl[j], -d_h, -d_l)
+        e_z = e_d + EPS * abs(z_h)
+        p_h, p_l = dd_mul(z_h, z_l, r_h, r_l)
+        e = e_z * abs(r_h) + abs(z_h) * e_r + e_z * e_r + EPS * abs(p_h)
+        y_h, y_l = p_h, p_l
+        jw = j if wn > 1 else 0
+        if has_w:
+            wj = W[wr, jw]
+            y_h, y_l = dd_mul_fp(p_h, p_l, wj)
+            e = e * abs(wj) + EPS * abs(y_h)
+        q_h = y_h
+        if has_b:
+            y_h, y_l = dd_add_fp(y_h, y_l, B[wr, jw])
+            e = e + EPS * abs(y_h)
+        v = np.nan
+        if safe(z_h) and safe(p_h) and safe(q_h):
+            v = decide(y_h, y_l, e * (1.0 + 2.0**-40), prec, emin, emax)
+        out[j] = v
+        ok = ok and v == v
+    return ok
+
+
+@jit(parallel=True)
+def _normalize(X, W, B, has_w, has_b, center, given, GM, GV, eps, prec, emin, emax, out, status):
+    """Row r of X (R, n) normalised with weight/bias row ``r % W.shape[0]`` (a column per element,
+    or one value for the row); the statistics are the row's own, or GM[r]/GV[r] when ``given``.
+    status[r]: 0 decided, SPECIAL (IEEE path), 2 exact path for the row, 3 some elements NaN =
+    undecided."""
+    R, n = X.shape
+    nW = W.shape[0]
+    for r in prange(R):
+        acc, tmp, scratch, dh, dl = new_workspace(n)
+        x = X[r]
+        wr = r % nW
+        if given:
+            c = GM[r]
+            v_h, v_l, e_v = GV[r], 0.0, 0.0
+            d_h, d_l, e_d = 0.0, 0.0, 0.0
+            if not (abs(c) <= _GIVEN_MAX and 0.0 <= v_h <= _GIVEN_MAX):
+                status[r] = SPECIAL
+                continue
+            bad = False
+            for j in range(n):
+                a = abs(x[j])
+                if not a <= _GIVEN_MAX:
+                    bad = True
+                dh[j], dl[j] = two_sum(x[j], -c)
+            if bad:
+                status[r] = SPECIAL
+                continue
+        else:
+            st, c, d_h, d_l, e_d, m_h, m_l, e_m2, _ = moments(x, center, acc, tmp, scratch, dh, dl)
+            if st != OK:
+                status[r] = st
+                continue
+            v_h, v_l = dd_div_fp(m_h, m_l, np.float64(n))
+            e_v = e_m2 / n * (1.0 + 2.0**-50) + EPS * abs(v_h)
+        w_h, w_l = dd_add_fp(v_h, v_l, eps)
+        e_w = e_v + EPS * abs(w_h)
+        if not (w_h > 0.0 and e_w < 0.25 * w_h and safe(w_h)):
+            status[r] = 2
+            continue
+        s_h, s_l = dd_sqrt(w_h, w_l)
+        e_s = e_w / s_h * (1.0 + 2.0**-40) + EPS * s_h
+        r_h, r_l = dd_div(1.0, 0.0, s_h, s_l)
+        e_r = e_s / (s_h * (s_h - e_s)) + EPS * abs(r_h)
+        if not safe(r_h):
+            status[r] = 2
+            continue
+        ok = _apply_row(x, dh, dl, d_h, d_l, e_d, r_h, r_l, e_r, W, B, wr, has_w, has_b, prec, emin, emax, out[r])
+        status[r] = 0 if ok else _UNDECIDED
+
+
+def normalize(X, W, B, center, fmt, eps, GM=None, GV=None):
+    """Every row of the float64 (R, n) array X normalised (see the module docstring): W and B are
+    (nW, n) or (nW, 1) float64 arrays or None, used by row ``r % nW``; GM/GV (R,) the given
+    statistics (batch_norm in eval mode). Returns the (R, n) float64 results, rounded to fmt."""
+    R, n = X.shape
+    out = np.empty((R, n))
+    if R == 0 or n == 0:
+        return out
+    has_w, has_b = W is not None, B is not None
+    Wk = W if has_w else np.ones((1, 1))
+    Bk = B if has_b else np.zeros((1, 1))
+    if has_w and has_b and W.shape != B.shape:  # one index rule for both
+        Wk, Bk = np.broadcast_arrays(Wk, Bk)
+        Wk, Bk = np.ascontiguousarray(Wk), np.ascontiguousarray(Bk)
+    given = GM is not None
+    gm = GM if given else np.zeros(1)
+    gv = GV if given else np.zeros(1)
+    status = np.zeros(R, np.int64)
+    _normalize(X, Wk, Bk, has_w, has_b, center, given, gm, gv, float(eps), *fmt.params, out, status)
+    for r in np.flatnonzero(status):
+        wrow = Wk[r % Wk.shape[0]] if has_w else None
+        brow = Bk[r % Bk.shape[0]] if has_b else None
+        stats = (GM[r], GV[r]) if given else None
+        if status[r] == SPECIAL:
+            out[r] = _ieee_row(X[r], wrow, brow, center, eps, stats, fmt)
+            continue
+        cols = np.arange(n) if status[r] != _UNDECIDED else np.flatnonzero(np.isnan(out[r]))
+        out[r, cols] = _exact_row(X[r], cols, wrow, brow, center, eps, stats, fmt)
+    return out
+
+
+def _ieee_row(x, w, b, center, eps, stats, fmt):
+    """A row with NaN/inf (or given statistics outside float64's comfortable range): the formula
+    in float64 IEEE arithmetic, as torch evaluates it, rounded to fmt."""
+    with np.errstate(all="ignore"):
+        if stats is not None:
+            mu, var = stats
+        elif center:
+            mu, var = np.mean(x), np.var(x)
+        else:
+            mu, var = 0.0, np.mean(x * x)
+        y = (x - mu) * (1.0 / np.sqrt(var + eps))
+        if w is not None:
+            y = y * np.broadcast_to(w, x.shape)
+        if b is not None:
+            y = y + np.broadcast_to(b, x.shape)
+    return round_array(np.ascontiguousarray(y, np.float64), *fmt.params)
+
+
+def _exact_row(x, cols, w, b, center, eps, stats, fmt):
+    """The exact path: b + (x - mean) w / sqrt(var + eps) from Fractions, rounded by comparing squares."""
+    if stats is not None:
+        mean, var = Fraction(stats[0]), Fraction(stats[1])
+    else:
+        mean, m2 = exact_moments(x, center)
+        var = m2 / len(x)
+    z = var + Fraction(eps)
+    res = []
+    for j in cols:
+        wj = Fraction(float(w[j if w.size > 1 else 0])) if w is not None else Fraction(1)
+        bj = Fraction(float(b[j if b.size > 1 else 0])) if b is not None else Fraction(0)
+        a = (Fraction(float(x[j])) - mean) * wj
+        if z <= 0:  # var + eps == 0: 0/0 or a/0, as IEEE arithmetic on the formula gives
+            with np.errstate(all="ignore"):
+                res.append(float(np.float64(float(a)) / np.float64(0.0) + float(bj)))
+            continue
+        res.append(round_quotient_sqrt(bj, a, z, fmt))
+    out = np.array(res, np.float64)
+    return round_array(out, *fmt.params) if out.size else out
+
+
+def _eps(eps, op):
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{op}: eps must be a float; got {eps!r}.")
+    e = float(eps)
+    if not (math.isfinite(e) and e >= 0):
+        raise ValueError(f"{op}: eps must be a finite number >= 0; got {eps!r}.")
+    return e
+
+
+def _param(t, name, op, shape):
+    """An optional affine parameter as float64 of ``shape`` (any float dtype: torch allows a float32
+    weight with a half input)."""
+    if t is None:
+        return None
+    o = operand(t, name, op)
+    if tuple(o.shape) != tuple(shape):
+        raise ValueError(f"{op}: expected {name} of shape {tuple(shape)}; got {name}.shape={tuple(o.shape)}.")
+    return np.ascontiguousarray(o.values, np.float64)
+
+
+def _shape_arg(normalized_shape, op):
+    if isinstance(normalized_shape, (int, np.integer)) and not isinstance(normalized_shape, bool):
+        return (int(normalized_shape),)
+    try:
+        shape = tuple(int(s) for s in normalized_shape)
+    except TypeError:
+        raise TypeError(
+            f"{op}: normalized_shape must be an int or a tuple of ints; got {normalized_shape!r}."
+        ) from None
+    return shape
+
+
+def _trailing(op, x, normalized_shape):
+    shape = _shape_arg(normalized_shape, op)
+    k = len(shape)
+    if k == 0 or k > x.ndim or tuple(x.shape[x.ndim - k :]) != shape:
+        raise ValueError(
+            f"{op}: normalized_shape={list(shape)} must be the last dimensions of the input; "
+            f"got input.shape={tuple(x.shape)}."
+        )
+    return shape
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002
+    """Reference ``F.layer_norm``: over the last ``len(normalized_shape)`` dimensions, the exact
+    mean and biased variance, ``(x - mean) / sqrt(var + eps) * weight + bias`` real-valued,
+    rounded once to the input's dtype (module docstring: the definition and the bound)."""
+    op = "layer_norm"
+    o = operand(input, "input", op)
+    shape = _trailing(op, o.values, normalized_shape)
+    n = int(np.prod(shape, dtype=np.int64))
+    w = _param(weight, "weight", op, shape)
+    b = _param(bias, "bias", op, shape)
+    X = np.ascontiguousarray(o.values, np.float64).reshape(-1, n) if n else np.zeros((0, 0))
+    out = normalize(X, None if w is None else w.reshape(1, n), None if b is None else b.reshape(1, n), True, o.fmt,
+                    _eps(eps, op))  # fmt: skip
+    return deliver(out.reshape(o.shape), o.fmt, o.torch or _any_tensor(weight, bias))
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
+    """Reference ``F.rms_norm``: ``x / sqrt(mean(x^2) + eps) * weight``, real-valued, rounded once.
+    ``eps=None`` is torch's default, ``torch.finfo(input.dtype).eps`` (2**-10, 2**-7, 2**-23 or
+    2**-52 for float16, bfloat16, float32, float64)."""
+    op = "rms_norm"
+    o = operand(input, "input", op)
+    shape = _trailing(op, o.values, normalized_shape)
+    n = int(np.prod(shape, dtype=np.int64))
+    w = _param(weight, "weight", op, shape)
+    e = 2.0 ** (1 - o.fmt.prec) if eps is None else _eps(eps, op)
+    X = np.ascontiguousarray(o.values, np.float64).reshape(-1, n) if n else np.zeros((0, 0))
+    out = normalize(X, None if w is None else w.reshape(1, n), None, False, o.fmt, e)
+    return deliver(out.reshape(o.shape), o.fmt, o.torch or _any_tensor(weight))
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):  # noqa: A002
+    """Reference ``F.group_norm``: input (N, C, *); the exact mean and biased variance of each
+    group of C / num_groups channels over every spatial position, the affine step per channel,
+    real-valued, rounded once."""
+    op = "group_norm"
+    o = operand(input, "input", op)
+    x = o.values
+    if x.ndim < 2:
+        raise ValueError(f"{op}: expected input of shape (N, C, *); got input.shape={tuple(x.shape)}.")
+    nb, c = x.shape[:2]
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)) or num_groups <= 0:
+        raise ValueError(f"{op}: num_groups must be a positive int; got {num_groups!r}.")
+    if c % num_groups:
+        raise ValueError(f"{op}: the {c} channels of input must divide into num_groups={num_groups} groups.")
+    g = int(num_groups)
+    hw = int(np.prod(x.shape[2:], dtype=np.int64))
+    n = (c // g) * hw
+    w = _param(weight, "weight", op, (c,))
+    b = _param(bias, "bias", op, (c,))
+    expand = lambda p: None if p is None else np.ascontiguousarray(np.repeat(p, hw).reshape(g, n))  # noqa: E731
+    X = np.ascontiguousarray(x, np.float64).reshape(nb * g, n)
+    out = normalize(X, expand(w), expand(b), True, o.fmt, _eps(eps, op))
+    return deliver(out.reshape(o.shape), o.fmt, o.torch or _any_tensor(weight, bias))
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5,  # noqa: A002
+               *, return_running_stats=False):  # fmt: skip
+    """Reference ``F.batch_norm``; channel dimension 1, input (N, C) or (N, C, *).
+
+    Eval (``training=False``): ``(x - running_mean[c]) / sqrt(running_var[c] + eps) * w + b``.
+    Training: the batch's exact mean and BIASED variance over (N, *) per channel normalise; torch
+    would then store ``(1 - momentum) * running + momentum * batch_stat``, with the UNBIASED batch
+    variance (``M2 / (n - 1)``) for running_var, each real-valued and rounded once to the running
+    tensor's dtype. The caller's tensors are never changed: with ``return_running_stats=True`` the
+    result is ``(output, new_running_mean, new_running_var)`` (unchanged in eval; None stays None).
+    """
+    op = "batch_norm"
+    o = operand(input, "input", op)
+    x = o.values
+    if x.ndim < 2:
+        raise ValueError(f"{op}: expected input of shape (N, C) or (N, C, *); got input.shape={tuple(x.shape)}.")
+    c = x.shape[1]
+    rm = _param(running_mean, "running_mean", op, (c,))
+    rv = _param(running_var, "running_var", op, (c,))
+    w = _param(weight, "weight", op, (c,))
+    b = _param(bias, "bias", op, (c,))
+    e = _eps(eps, op)
+    Xc = np.ascontiguousarray(np.moveaxis(np.asarray(x, np.float64), 1, 0).reshape(c, -1))
+    per = x.size // c if c else 0
+    if training and per <= 1:
+        raise ValueError(
+            f"{op}: expected more than 1 value per channel when training; got input.shape={tuple(x.shape)}."
+        )
+    col = lambda p: None if p is None else p.reshape(c, 1)  # noqa: E731
+    if not training and (rm is None or rv is None):
+        raise ValueError(f"{op}: running_mean and running_var are required when training=False.")
+    if training:
+        out = normalize(Xc, col(w), col(b), True, o.fmt, e)
+    else:
+        out = normalize(Xc, col(w), col(b), True, o.fmt, e, GM=rm, GV=rv)
+    moved = out.reshape((c, x.shape[0], *x.shape[2:]))
+    tensor = o.torch or _any_tensor(running_mean, running_var, weight, bias)
+    y = deliver(np.moveaxis(moved, 0, 1), o.fmt, tensor)
+    if not return_running_stats:
+        return y
+    if not training:
+        return y, running_mean, running_var
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{op}: momentum must be a float; got {momentum!r}.")
+    m = Fraction(float(momentum))
+    new = []
+    for stat, name, unbiased in ((running_mean, "running_mean", False), (running_var, "running_var", True)):
+        if stat is None:
+            new.append(None)
+            continue
+        so = operand(stat, name, op)
+        vals = []
+        for ch in range(c):
+            mean, m2 = exact_moments(Xc[ch])
+            batch = m2 / (per - 1) if unbiased else mean
+            vals.append(round_fraction((1 - m) * Fraction(float(so.values[ch])) + m * batch, so.fmt))
+        new.append(deliver(np.array(vals, np.float64), so.fmt, tensor))
+    return y, new[0], new[1]
+
+
+def _any_tensor(*ts):
+    from refkern._arrays import is_tensor
+
+    return any(is_tensor(t) for t in ts if t is not None)

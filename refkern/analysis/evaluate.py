@@ -36,8 +36,17 @@ from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
 __all__ = ["OPS", "Evaluation", "Problem", "evaluate", "problem", "op_name", "sample_run"]
 
-OPS = ("dot", "matmul", "linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-       "conv_transpose3d")
+OPS = (
+    "dot",
+    "matmul",
+    "linear",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+)
 
 
 @dataclass
@@ -56,13 +65,15 @@ class Evaluation:
 def op_name(op) -> str:
     """'conv2d' from 'conv2d' or from refkern.conv2d (house-style error otherwise)."""
     import refkern
+    from refkern.analysis.envelope import OPS as ENVELOPE_OPS
 
-    if isinstance(op, str) and op in OPS:
+    known = OPS + tuple(o for o in ENVELOPE_OPS if hasattr(refkern, o))
+    if isinstance(op, str) and op in known:
         return op
-    for name in OPS:
+    for name in known:
         if op is getattr(refkern, name):
             return name
-    choices = ", ".join(repr(o) for o in OPS)
+    choices = ", ".join(repr(o) for o in known)
     raise ValueError(f"compare: unknown op={op!r}; choose one of {choices} (or the refkern function itself).")
 
 
@@ -371,4 +382,3 @@ def evaluate(op, args, kwargs, *, out: Format | None = None, emulate=None) -> Ev
     values, mag = pr.run(inputs=emulate, want_mag=True)
     return Evaluation(values, mag, pr.n_terms, pr.fmt, pr.shape, pr.axes, pr.bias is not None, pr.in_prec,
                       pr.bias_axis)  # fmt: skip
-

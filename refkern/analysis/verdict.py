@@ -307,3 +307,85 @@ def decide(actual, pr, ref, mag) -> Decision:
     cls = np.where(exact, 0, np.where(bad, 3, np.where(r0.z <= t.lam_el, 1, 2))).astype(np.int8)
     found = signatures(actual, base.centre, base.var, bad, pr, t.lam_el, sample)
     return Decision("mismatch", None, base.model, cls, fits, base.z, [], found, det, thresholds)
+
+
+@dataclass
+class _EnvelopeFit:
+    """A hypothesis of :mod:`refkern.analysis.envelope`: a worst-case bound per element."""
+
+    model: Model
+    bound: np.ndarray
+    ratio: np.ndarray  # |actual - reference| / bound (0 where equal, inf where a special differs)
+
+    @property
+    def explains(self) -> bool:
+        return bool(np.all(self.ratio <= 1.0))
+
+    def summary(self, lam_el) -> dict:
+        bad = int((self.ratio > 1.0).sum())
+        return {"kind": self.model.kind, "precision": self.model.precision, "explains": bad == 0,
+                "tested_on": "every element", "unexplained": bad, "max_ratio": float(self.ratio.max(initial=0.0)),
+                "test": "worst-case envelope"}  # fmt: skip
+
+
+def decide_envelope(actual, ref, envs: dict, out) -> Decision:
+    """The verdict for ops judged by worst-case envelopes (:mod:`refkern.analysis.envelope`).
+
+    ``envs``: ``[(key, precision, centre, bound)]``. An element is explained by a hypothesis when
+    ``|actual - centre| <= B`` (equal specials
+    count as exact; a NaN or inf that differs never fits). The envelopes bound every correct
+    implementation, so "rounding" is never refused to a correct result (no false alarm, at any
+    rate: the test is deterministic), and the threshold is 1 by construction, not a tuned
+    constant. Verdict: "exact" when every element equals the reference; "rounding" when the
+    rounding envelope holds everywhere; else "reduced-precision" with the finest precision whose
+    envelope holds everywhere; else "mismatch", measured against the rounding envelope, with a
+    note when the one-pass variance (a known wrong algorithm) explains what rounding does not.
+    A bug that moves an element by less than its rounding envelope cannot be seen: ``detectable``
+    reports that size (median and largest, in units of the result format's ulp at the reference).
+    """
+    from refkern.accumulate.formats import FORMATS
+    from refkern.analysis.envelope import ONE_PASS
+
+    with np.errstate(all="ignore"):
+        same = (actual == ref) | (np.isnan(actual) & np.isnan(ref))
+        err = np.where(same, 0.0, np.abs(actual - ref))
+        err = np.where(np.isnan(err), np.inf, err)
+    fits = []
+    for key, prec, mid, bound in envs:
+        fmt = FORMATS.get({"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(prec, ""), out)
+        kind = (f"a correct implementation in {'float64' if out.prec == 53 else 'float32'} arithmetic"
+                if key == "rounding" else ONE_PASS + " E[x^2] - E[x]^2" if key == ONE_PASS
+                else f"{fmt.name} inputs, computed correctly after the conversion")  # fmt: skip
+        m = Model(key, prec, kind, out, fmt)
+        with np.errstate(all="ignore"):
+            same_c = (actual == mid) | (np.isnan(actual) & np.isnan(mid))
+            e_c = np.where(same_c, 0.0, np.abs(actual - mid))
+            ratio = np.where(e_c == 0, 0.0, e_c / bound)
+        fits.append(_EnvelopeFit(m, bound, np.where(np.isnan(ratio), np.inf, ratio)))
+    r0 = fits[0]
+    expo = np.frexp(np.where(np.isfinite(ref), ref, 0.0))[1] - 1  # floor(log2 |ref|) (-1 for 0)
+    ulp = np.ldexp(1.0, np.maximum(expo, out.emin) - out.prec + 1)  # the format's ulp at the reference
+    with np.errstate(all="ignore"):
+        in_ulps = np.where(np.isfinite(r0.bound), r0.bound / ulp, np.inf)
+    det = {"element": {"median_ulps": float(np.median(in_ulps)) if in_ulps.size else 0.0,
+                       "max_ulps": float(in_ulps.max(initial=0.0))}, "test": "worst-case envelope"}  # fmt: skip
+    thresholds = {"element": 1.0, "test": "worst-case envelope"}
+    z = r0.ratio
+    if same.all():
+        return Decision("exact", None, None, np.zeros(ref.shape, np.int8), fits[:1], z, [], [], det, thresholds)
+    if r0.explains:
+        return Decision("rounding", None, r0.model, np.where(same, 0, 1).astype(np.int8), fits, z, [], [], det,
+                        thresholds)  # fmt: skip
+    reduced = sorted((f for f in fits[1:] if f.model.precision and f.explains), key=lambda f: -f.model.acc.prec)
+    if reduced:
+        f = reduced[0]
+        return Decision("reduced-precision", f.model.precision, f.model, np.where(same, 0, 2).astype(np.int8), fits,
+                        f.ratio, [], [], det, thresholds)  # fmt: skip
+    bad = ~(r0.ratio <= 1.0)
+    cls = np.where(same, 0, np.where(bad, 3, 1)).astype(np.int8)
+    found = []
+    one = [f for f in fits if f.model.key == ONE_PASS]
+    if one and one[0].explains:
+        found.append({"kind": "algorithm", "text": "fits a one-pass variance E[x^2] - E[x]^2, whose cancellation "
+                      "no correct (two-pass or Welford) implementation shows"})  # fmt: skip
+    return Decision("mismatch", None, r0.model, cls, fits, z, [], found, det, thresholds)

@@ -1,0 +1,128 @@
+"""Each op's call as :mod:`refkern.analysis.envelope` sees it: rows of the values one output
+reduces, and the way back to the output's shape."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from refkern._arrays import operand
+
+__all__ = ["Layout", "layout"]
+
+
+@dataclass
+class Layout:
+    kind: str  # "sum", "mean", "cumsum", "var", "std", "norm", "max"
+    X: np.ndarray | None  # float64 (R, n): the values each row of outputs reduces
+    n: int  # terms per output element
+    back: Callable  # (R, ...) row-layout array -> the output's shape
+    rows: Callable = None  # output-shaped array -> row layout
+    divisor: object = 1.0
+    absmean: np.ndarray | None = None  # mean |x| per output (row layout), for means and pools
+    W: np.ndarray | float = 1.0
+    B: np.ndarray | float = 0.0
+    center: bool = True
+    eps: float = 0.0
+    given: tuple | None = None
+    extra: dict = field(default_factory=dict)
+
+    def ref_rows(self, ref):
+        return self.rows(ref)
+
+
+def _f64(t, name, op):
+    return None if t is None else np.asarray(operand(t, name, op).values, np.float64)
+
+
+def layout(name: str, a: dict, shape: tuple) -> Layout:
+    from refkern.kernels.reduction import _input, reduced_dims, rows_of
+
+    if name in ("sum", "mean", "var", "std"):
+        if name in ("sum", "mean"):
+            _, _, v = _input(a["x"], name, a.get("dtype"))
+        else:
+            v = _f64(a["x"], "x", name)
+        dims = reduced_dims(a.get("dim"), v.ndim, name)
+        X, _ = rows_of(v, dims, a.get("keepdim", False))
+        n = X.shape[1]
+        lay = Layout(name, X, n, back=lambda b: np.asarray(b).reshape(shape), rows=lambda r: np.asarray(r).reshape(-1))
+        if name == "mean":
+            lay.divisor = max(n, 1)
+            lay.absmean = np.abs(X).mean(axis=1) if n else np.zeros(X.shape[0])
+        if name in ("var", "std"):
+            lay.divisor = n - float(a.get("correction", 1))
+        return lay
+    if name == "cumsum":
+        _, _, v = _input(a["x"], name, a.get("dtype"))
+        (axis,) = reduced_dims(a["dim"], v.ndim, name) or (0,)
+        moved = np.moveaxis(v, axis, -1) if v.ndim else v.reshape(1)
+        X = np.ascontiguousarray(moved, np.float64).reshape(-1, moved.shape[-1])
+        return Layout("cumsum", X, X.shape[1],
+                      back=lambda b: np.moveaxis(np.asarray(b).reshape(moved.shape), -1, axis) if v.ndim
+                      else np.asarray(b).reshape(()))  # fmt: skip
+    if name in ("layer_norm", "rms_norm"):
+        x = _f64(a["input"], "input", name)
+        ns = a["normalized_shape"]
+        k = 1 if isinstance(ns, (int, np.integer)) else len(tuple(ns))
+        n = int(np.prod(x.shape[x.ndim - k :], dtype=np.int64))
+        X = x.reshape(-1, n)
+        w = _f64(a.get("weight"), "weight", name)
+        b = _f64(a.get("bias"), "bias", name) if name == "layer_norm" else None
+        eps = a.get("eps")
+        if eps is None:
+            eps = 2.0 ** (1 - operand(a["input"], "input", name).fmt.prec)
+        return Layout("norm", X, n, back=lambda r: np.asarray(r).reshape(shape),
+                      rows=lambda r: np.asarray(r, np.float64).reshape(-1, n),
+                      W=1.0 if w is None else w.reshape(1, n), B=0.0 if b is None else b.reshape(1, n),
+                      center=name == "layer_norm", eps=float(eps))  # fmt: skip
+    if name == "group_norm":
+        x = _f64(a["input"], "input", name)
+        nb, c = x.shape[:2]
+        g = int(a["num_groups"])
+        hw = int(np.prod(x.shape[2:], dtype=np.int64))
+        n = (c // g) * hw
+        X = x.reshape(nb * g, n)
+
+        def per_row(p):
+            return np.tile(np.repeat(p, hw).reshape(g, n), (nb, 1)) if p is not None else None
+
+        w, b = per_row(_f64(a.get("weight"), "weight", name)), per_row(_f64(a.get("bias"), "bias", name))
+        return Layout("norm", X, n, back=lambda r: np.asarray(r).reshape(shape),
+                      rows=lambda r: np.asarray(r, np.float64).reshape(nb * g, n),
+                      W=1.0 if w is None else w, B=0.0 if b is None else b, eps=float(a["eps"]))  # fmt: skip
+    if name == "batch_norm":
+        x = _f64(a["input"], "input", name)
+        c = x.shape[1]
+        moved_shape = (c, x.shape[0], *x.shape[2:])
+        X = np.ascontiguousarray(np.moveaxis(x, 1, 0)).reshape(c, -1)
+        w, b = _f64(a.get("weight"), "weight", name), _f64(a.get("bias"), "bias", name)
+        given = None
+        if not a.get("training", False):
+            given = (_f64(a["running_mean"], "running_mean", name), _f64(a["running_var"], "running_var", name))
+        return Layout("norm", X, X.shape[1],
+                      back=lambda r: np.moveaxis(np.asarray(r).reshape(moved_shape), 0, 1),
+                      rows=lambda r: np.ascontiguousarray(np.moveaxis(np.asarray(r, np.float64), 1, 0)).reshape(c, -1),
+                      W=1.0 if w is None else w.reshape(c, 1), B=0.0 if b is None else b.reshape(c, 1),
+                      eps=float(a["eps"]), given=given)  # fmt: skip
+    if name.startswith("max_pool"):
+        return Layout("max", None, 1, back=lambda b: b)
+    if name.startswith("avg_pool") or name.startswith("adaptive_avg_pool"):
+        import refkern
+
+        fn = getattr(refkern, name)
+        x = _f64(next(iter(a.values())), "input", name)
+        rest = {k: v for k, v in list(a.items())[1:]}
+        absmean = np.asarray(fn(np.abs(x), **rest), np.float64)
+        if name.startswith("adaptive"):
+            size = x.shape[-1] if name.endswith("1d") else x.shape[-2] * x.shape[-1]
+            outs = rest["output_size"]
+            outs = (outs,) if isinstance(outs, int) else tuple(outs)
+            k = int(np.prod([-(-s // max(o or s, 1)) + 1 for s, o in zip(x.shape[-len(outs) :], outs)]))
+            n = min(k, size)
+        else:
+            ks = rest["kernel_size"]
+            n = int(np.prod((ks,) * (1 if name.endswith("1d") else 2) if isinstance(ks, int) else ks))
+        return Layout("mean", absmean.reshape(1, -1), n, back=lambda r: np.asarray(r).reshape(shape),
+                      rows=lambda r: np.asarray(r).reshape(-1), divisor=1.0, absmean=absmean.reshape(-1))  # fmt: skip
+    raise ValueError(f"compare: no envelope for op {name!r}")

@@ -1,0 +1,204 @@
+"""Worst-case error envelopes of any correct implementation of the reductions, norms and pools.
+
+For these ops a backend's result is not one rounded sum: a mean is a sum then a division, a
+layer_norm a mean, a variance, a reciprocal square root and an affine step. The hypotheses
+are therefore envelopes: per output element, a bound ``B`` on ``|computed - exact|`` that holds
+for EVERY correct implementation in a working precision ``u`` (unit roundoff) whose result is
+stored with ``u_o``, derived to first order from the standard model ``fl(a op b) = (a op b)(1 + d)``,
+``|d| <= u`` (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002), with
+``gamma_k = k u / (1 - k u)``:
+
+* sum of n terms, any order: ``gamma_{n-1} sum|x|`` (Higham (4.4)); cumsum element i: ``gamma_i``
+  times the prefix's ``sum|x|``; mean and avg_pool: the sum's bound over the divisor, plus
+  ``u |mean|`` for the division;
+* M2 = sum (x - mean)^2 by the two-pass or the updating (Welford) algorithm, any order:
+  ``gamma_{n+3} ||x||_2 sqrt(M2) + n (gamma_n A)^2``, A the mean of |x|: Chan, Golub and
+  LeVeque (1983) bound the two-pass error by ``(n + 3) u M2 + n^2 kappa^2 u^2 M2`` and the updating
+  one by ``n kappa u M2``, with ``kappa = ||x||_2 / sqrt(M2) >= 1``; the first term covers both to
+  first order, the second the shift by a mean that is itself ``gamma_n A`` off (which is also
+  what remains of M2 when every x is equal);
+* var = M2 / D adds ``u var``; std and ``1 / sqrt(var + eps)`` are bounded by propagating the
+  interval ``[w - e, w + e]`` through the square root exactly, plus ``2u`` relative for the sqrt
+  and the division (or an rsqrt within 2 ulp);
+* the affine step of a norm, in either of the forms torch uses, ``(x - mean) r w + b`` or
+  ``x (r w) + (b - mean r w)`` (the CPU kernels fold the statistics into a scale and a shift):
+  ``|w| (e_d r + |d| e_r + e_d e_r) + 3u (|x| + |mean|) r |w| + 2u |b| + 2u |y|``, where
+  ``e_d = dmu + u (|d| + dmu)`` is the error of ``x - mean``, ``dmu`` the mean's and ``e_r`` r's.
+* every result is stored with ``u_o |y|`` plus half the format's smallest subnormal.
+
+torch's CPU kernels for float16/bfloat16 results compute in float32 but round some
+intermediates to the result dtype (batch_norm's batch statistics, the stages of log_softmax):
+for such results the mean and r carry an extra ``u_o`` relative error (``u_m`` below).
+
+The first-order terms are multiplied by ``SLACK = 1 + 4 n u`` (the second-order remainder of
+each gamma is below ``(n u)^2 / (1 - n u)``, which this covers while ``n u <= 1/8``; beyond it
+the envelope is infinite: nothing is claimed). Reduced precisions are the same envelopes with
+``u`` = 2**-8 (bf16), 2**-11 (fp16) or 2**-24 (fp32, for float64 results). The one-pass variance
+``E[x^2] - E[x]^2`` is the envelope with ``e_M2 = 3 gamma_n sum x^2`` instead: its cancellation is
+what a correct implementation never shows, so a result that only it explains is a mismatch
+with that name.
+"""
+
+import numpy as np
+
+from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Format
+
+__all__ = ["OPS", "envelopes", "working_unit"]
+
+OPS = ("sum", "mean", "var", "std", "cumsum", "layer_norm", "rms_norm", "group_norm", "batch_norm", "avg_pool1d",
+       "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d")  # fmt: skip
+ONE_PASS = "one-pass variance"
+
+
+def working_unit(out: Format) -> float:
+    """The unit of a correct implementation: float32 arithmetic for fp32/fp16/bf16 results (torch's
+    opmath type), float64 for float64 results."""
+    return FLOAT64.u if out is FLOAT64 else FLOAT32.u
+
+
+def _gamma(k, u):
+    k = np.asarray(k, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = np.where(k * u <= 0.125, k * u / (1.0 - k * u) * (1.0 + 4.0 * k * u), np.inf)
+    return g
+
+
+def _store(y, u_o, out: Format):
+    return u_o * np.abs(y) + 0.5 * 2.0 ** (out.emin - out.prec + 1)
+
+
+def _candidates(out: Format):
+    """(key, precision name, input format or None) for the rounding hypothesis and the reduced ones:
+    inputs rounded to fp16/bf16 (and to fp32 under a float64 result), then computed correctly in
+    float32 arithmetic (torch's opmath for half inputs)."""
+    c = [("rounding", None, None)]
+    if out is FLOAT64:
+        c.append(("fp32", "fp32", FLOAT32))
+    if out.prec > FLOAT16.prec:
+        c.append(("fp16", "fp16", FLOAT16))
+    if out.prec > BFLOAT16.prec:
+        c.append(("bf16", "bf16", BFLOAT16))
+    return c
+
+
+def _rounded_args(args: dict, fmt: Format) -> dict:
+    """The call's floating-point operands rounded (to nearest even) to ``fmt``, as float64 arrays."""
+    from refkern._arrays import is_tensor, operand
+    from refkern.accumulate.formats import round_array
+
+    out = {}
+    for k, v in args.items():
+        if is_tensor(v) or isinstance(v, np.ndarray):
+            a = np.ascontiguousarray(operand(v, k, "compare").values, np.float64)
+            out[k] = round_array(a, *fmt.params)
+        else:
+            out[k] = v
+    if "dtype" in out:
+        out["dtype"] = None
+    return out
+
+
+def _sqrt_interval(w, e):
+    """(lo, hi) of sqrt over [w - e, w + e] (lo = 0 where the interval reaches 0)."""
+    return np.sqrt(np.maximum(w - e, 0.0)), np.sqrt(w + e)
+
+
+def _row_stats(X, center):
+    """Per row of the float64 (R, n) array: mean, M2 (or sum x^2), A = mean |x|, ||x||_2, sum x^2."""
+    with np.errstate(all="ignore"):
+        mean = X.mean(axis=1) if center else np.zeros(X.shape[0])
+        d = X - mean[:, None]
+        m2 = (d * d).sum(axis=1)
+        q = (X * X).sum(axis=1)
+        return mean, m2, np.abs(X).mean(axis=1), np.sqrt(q), q
+
+
+def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out):
+    """Envelope of a norm over rows of X (R, n) with weight/bias broadcast to X's shape."""
+    R, n = X.shape
+    with np.errstate(all="ignore"):
+        if given is not None:
+            mean, var = given
+            dmu = np.zeros(R)
+            e_v = np.zeros(R)
+        else:
+            mean, m2, A, norm2, q = _row_stats(X, center)
+            dmu = _gamma(n, u) * A + u_m * np.abs(mean)
+            if one_pass:
+                e_m2 = 3.0 * _gamma(n, u) * q
+            else:
+                e_m2 = _gamma(n + 3, u) * norm2 * np.sqrt(m2) + n * (_gamma(n, u) * A) ** 2
+            var = m2 / n
+            e_v = e_m2 / n + u * var
+        w = var + eps
+        e_w = e_v + u * w
+        s_lo, s_hi = _sqrt_interval(w, e_w)
+        r = 1.0 / np.sqrt(w)
+        e_r = np.maximum(1.0 / s_lo - r, r - 1.0 / s_hi) + (2.0 * u + u_m) * r
+        mean_b, r_b = mean[:, None], r[:, None]
+        e_r_b, dmu_b = e_r[:, None], dmu[:, None]
+        d = np.abs(X - mean_b)
+        e_d = dmu_b + u * (d + dmu_b)
+        aw = np.abs(W)
+        bound = aw * (e_d * r_b + d * e_r_b + e_d * e_r_b) + 3.0 * u * (np.abs(X) + np.abs(mean_b)) * r_b * aw
+        bound = bound + 2.0 * u * np.abs(B) + 2.0 * u * np.abs(ref)
+    return np.where(np.isnan(bound), np.inf, bound)
+
+
+def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list, int]:
+    """The hypotheses for one call, as ``[(key, precision, centre, bound)]`` (float64 arrays of
+    ref's shape), and the number of terms per element:
+
+    * "rounding": centre the correctly rounded reference, bound the envelope in the working unit
+      (plus ``u_m`` for the intermediates torch rounds to a half result dtype);
+    * each reduced precision p: centre the exact op on the inputs rounded to p, bound the float32
+      envelope: a sharp hypothesis (inputs converted to p, then computed correctly), never a
+      loose "computed somehow in p" that a bug could hide in;
+    * for variance-based ops the one-pass variance, centred on the reference with its own envelope
+      (used only to name a mismatch).
+    Every bound includes the store to the result format."""
+    import refkern
+    from refkern.analysis._envelope_ops import layout
+
+    lay = layout(name, args, ref.shape)
+    u, u_m = working_unit(out), (out.u if out.prec < FLOAT32.prec else 0.0)
+    store = _store(ref, out.u, out)
+    hyps = [("rounding", None, ref, _one(lay, u, u_m, False, ref, out) + store)]
+    for key, prec, fmt in _candidates(out)[1:]:
+        res = getattr(refkern, name)(**_rounded_args(args, fmt))
+        res = res[0] if isinstance(res, tuple) else res
+        centre = np.asarray(res, np.float64).reshape(ref.shape)
+        hyps.append((key, prec, centre, _one(lay, FLOAT32.u, 0.0, False, centre, out) + store))
+    if lay.kind in ("norm", "var", "std"):
+        hyps.append((ONE_PASS, None, ref, _one(lay, u, u_m, True, ref, out) + store))
+    return hyps, lay.n
+
+
+def _one(lay, u, u_m, one_pass, ref, out):
+    kind, X, n = lay.kind, lay.X, lay.n
+    if kind == "max":
+        return np.zeros(ref.shape)
+    with np.errstate(all="ignore"):
+        if kind == "sum":
+            return lay.back(_gamma(max(n - 1, 0), u) * np.abs(X).sum(axis=1))
+        if kind == "mean":
+            return lay.back(_gamma(max(n - 1, 0), u) * lay.absmean + (u + u_m) * np.abs(lay.rows(ref)))
+        if kind == "cumsum":
+            pre = np.cumsum(np.abs(X), axis=1)
+            b = _gamma(np.arange(X.shape[1])[None, :], u) * pre
+            return lay.back(b)
+        if kind in ("var", "std"):
+            mean, m2, A, norm2, q = _row_stats(X, True)
+            e_m2 = 3.0 * _gamma(n, u) * q if one_pass else _gamma(n + 3, u) * norm2 * np.sqrt(m2) + n * (
+                _gamma(n, u) * A) ** 2  # fmt: skip
+            D = lay.divisor
+            v = np.where(D > 0, m2 / D, np.inf)
+            e_v = e_m2 / D + u * v
+            if kind == "var":
+                return lay.back(np.where(np.isfinite(e_v), e_v, np.inf))
+            lo, hi = _sqrt_interval(v, e_v)
+            s = np.sqrt(v)
+            return lay.back(np.maximum(s - lo, hi - s) + 2.0 * u * s)
+        # norms
+        b = _norm_envelope(X, lay.W, lay.B, lay.center, lay.eps, lay.given, u, u_m, one_pass, lay.ref_rows(ref), out)
+        return lay.back(b)

@@ -441,7 +441,7 @@ def cumsum(x, dim, *, dtype=None):
         return _finish(np.array(_out(_sum([float(values)]), fmt)), fmt, a.torch)
     (d,) = _dims(op, dim, values.ndim, single=True)
     moved = np.moveaxis(values, d, -1)
-    rows = moved.reshape(-1, moved.shape[-1])
+    rows = moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1])
     out = np.empty(rows.shape)
     for i, row in enumerate(rows.tolist()):
         for j in range(len(row)):

@@ -648,7 +648,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     m = _eps(op, momentum, "momentum")
     rm, rv = _per_element(ops["running_mean"], c), _per_element(ops["running_var"], c)
     ws, bs = _per_element(ops["weight"], c), _per_element(ops["bias"], c)
-    chans = np.moveaxis(_f64(x).reshape(n, c, -1), 1, 0).reshape(c, -1)
+    spatial = math.prod(x.shape[2:])
+    chans = np.moveaxis(_f64(x).reshape(n, c, spatial), 1, 0).reshape(c, n * spatial)
     count = chans.shape[1]
     out = np.empty(chans.shape)
     new_rm, new_rv = [], []
@@ -674,7 +675,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             out[j] = [_normalized(_add(_ext(v), minus), cj, ws[j], bs[j], x.fmt) for v in vals]
         new_rm = _f64(ops["running_mean"]).tolist()
         new_rv = _f64(ops["running_var"]).tolist()
-    y = _finish(np.moveaxis(out.reshape(c, n, -1), 0, 1).reshape(x.shape), x.fmt, tensor)
+    y = _finish(np.moveaxis(out.reshape(c, n, spatial), 0, 1).reshape(x.shape), x.fmt, tensor)
     if not return_running_stats:
         return y
     stats = []

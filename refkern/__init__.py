@@ -11,6 +11,7 @@ from refkern.analysis.report import Report
 from refkern.kernels.conv import conv1d, conv2d, conv3d
 from refkern.kernels.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from refkern.kernels.gemm import linear, matmul
+from refkern.kernels.norm import batch_norm, group_norm, layer_norm, rms_norm
 from refkern.kernels.reduction import cumsum, mean, std, sum, var  # noqa: A004
 from refkern.reduce import METHODS, dot
 
@@ -20,6 +21,7 @@ __all__ = [
     "Explanation",
     "Report",
     "assert_matches_reference",
+    "batch_norm",
     "compare",
     "conv1d",
     "conv2d",
@@ -30,9 +32,12 @@ __all__ = [
     "cumsum",
     "dot",
     "explain",
+    "group_norm",
+    "layer_norm",
     "linear",
     "matmul",
     "mean",
+    "rms_norm",
     "std",
     "sum",
     "torch",

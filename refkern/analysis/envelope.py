@@ -27,8 +27,10 @@ stored with ``u_o``, derived to first order from the standard model ``fl(a op b)
 * every result is stored with ``u_o |y|`` plus half the format's smallest subnormal.
 
 torch's CPU kernels for float16/bfloat16 results compute in float32 but round some
-intermediates to the result dtype (batch_norm's batch statistics, the stages of log_softmax):
-for such results the mean and r carry an extra ``u_o`` relative error (``u_m`` below).
+intermediates to the result dtype (batch_norm's batch statistics, the stages of log_softmax;
+F.rms_norm is composed of half-precision ops, cumsum carries its running sum in the result):
+for such results every operation, the additions of the sums included, is charged ``u + u_m``
+with ``u_m = u_o`` (and the statistics of a norm ``u_m`` once more).
 
 The first-order terms are multiplied by ``SLACK = 1 + 4 n u`` (the second-order remainder of
 each gamma is below ``(n u)^2 / (1 - n u)``, which this covers while ``n u <= 1/8``; beyond it
@@ -116,6 +118,7 @@ def _row_stats(X, center):
 def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out):
     """Envelope of a norm over rows of X (R, n) with weight/bias broadcast to X's shape."""
     R, n = X.shape
+    ua = u + u_m  # every step of the affine part may also be stored in the result dtype (half results)
     with np.errstate(all="ignore"):
         if given is not None:
             mean, var = given
@@ -129,19 +132,19 @@ def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out):
             else:
                 e_m2 = _gamma(n + 3, u) * norm2 * np.sqrt(m2) + n * (_gamma(n, u) * A) ** 2
             var = m2 / n
-            e_v = e_m2 / n + u * var
+            e_v = e_m2 / n + ua * var
         w = var + eps
-        e_w = e_v + u * w
+        e_w = e_v + ua * w
         s_lo, s_hi = _sqrt_interval(w, e_w)
         r = 1.0 / np.sqrt(w)
         e_r = np.maximum(1.0 / s_lo - r, r - 1.0 / s_hi) + (2.0 * u + u_m) * r
         mean_b, r_b = mean[:, None], r[:, None]
         e_r_b, dmu_b = e_r[:, None], dmu[:, None]
         d = np.abs(X - mean_b)
-        e_d = dmu_b + u * (d + dmu_b)
+        e_d = dmu_b + ua * (d + dmu_b)
         aw = np.abs(W)
-        bound = aw * (e_d * r_b + d * e_r_b + e_d * e_r_b) + 3.0 * u * (np.abs(X) + np.abs(mean_b)) * r_b * aw
-        bound = bound + 2.0 * u * np.abs(B) + 2.0 * u * np.abs(ref)
+        bound = aw * (e_d * r_b + d * e_r_b + e_d * e_r_b) + 3.0 * ua * (np.abs(X) + np.abs(mean_b)) * r_b * aw
+        bound = bound + 2.0 * ua * np.abs(B) + 2.0 * ua * np.abs(ref)
     return np.where(np.isnan(bound), np.inf, bound)
 
 
@@ -163,14 +166,14 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list
     lay = layout(name, args, ref.shape)
     u, u_m = working_unit(out), (out.u if out.prec < FLOAT32.prec else 0.0)
     store = _store(ref, out.u, out)
-    hyps = [("rounding", None, ref, _one(lay, u, u_m, False, ref, out) + store)]
+    hyps = [("rounding", None, ref, _one(lay, u + u_m, u_m, False, ref, out) + store)]
     for key, prec, fmt in _candidates(out)[1:]:
         res = getattr(refkern, name)(**_rounded_args(args, fmt))
         res = res[0] if isinstance(res, tuple) else res
         centre = np.asarray(res, np.float64).reshape(ref.shape)
         hyps.append((key, prec, centre, _one(lay, FLOAT32.u, 0.0, False, centre, out) + store))
     if lay.kind in ("norm", "var", "std"):
-        hyps.append((ONE_PASS, None, ref, _one(lay, u, u_m, True, ref, out) + store))
+        hyps.append((ONE_PASS, None, ref, _one(lay, u + u_m, u_m, True, ref, out) + store))
     return hyps, lay.n
 
 

@@ -179,11 +179,19 @@ def _exact_row(x, cols, w, b, center, eps, stats, fmt):
         mean, m2 = exact_moments(x, center)
         var = m2 / len(x)
     z = var + Fraction(eps)
+    mean_neg = stats is not None and math.copysign(1.0, stats[0]) < 0
+    if stats is None:
+        mean_neg = center and len(x) > 0 and bool(np.all((x == 0) & np.signbit(x)))
     res = []
     for j in cols:
-        wj = Fraction(float(w[j if w.size > 1 else 0])) if w is not None else Fraction(1)
-        bj = Fraction(float(b[j if b.size > 1 else 0])) if b is not None else Fraction(0)
-        a = (Fraction(float(x[j])) - mean) * wj
+        xj = float(x[j])
+        wf = float(w[j if w.size > 1 else 0]) if w is not None else 1.0
+        bf = float(b[j if b.size > 1 else 0]) if b is not None else None
+        wj, bj = Fraction(wf), Fraction(bf) if bf is not None else Fraction(0)
+        a = (Fraction(xj) - mean) * wj
+        if z > 0 and (a == 0 and bj == 0 or (a != 0 and bj != 0 and (a > 0) != (bj > 0) and a * a == bj * bj * z)):
+            res.append(_zero_sign(xj, mean == 0 and mean_neg, center or stats is not None, wf, bf, a == 0))
+            continue
         if z <= 0:  # var + eps == 0: 0/0 or a/0, as IEEE arithmetic on the formula gives
             with np.errstate(all="ignore"):
                 res.append(float(np.float64(float(a)) / np.float64(0.0) + float(bj)))
@@ -191,6 +199,22 @@ def _exact_row(x, cols, w, b, center, eps, stats, fmt):
         res.append(round_quotient_sqrt(bj, a, z, fmt))
     out = np.array(res, np.float64)
     return round_array(out, *fmt.params) if out.size else out
+
+
+def _zero_sign(x, mean_neg, centred, w, b, product_zero):
+    """The signed zero of an exact zero result, as IEEE arithmetic along
+    ``((x - mean) / sqrt(var + eps)) * w + b`` gives it: ``x - mean`` is -0 only for ``-0 - (+0)``, a
+    product's zero has the sign of its factors, ``-0 + -0 = -0``, and an exact cancellation of
+    nonzero values is +0 (the convention of :mod:`refkern.truth.reductions`)."""
+    if not product_zero:
+        return 0.0
+    d_neg = (math.copysign(1.0, x) < 0 and not mean_neg) if centred else math.copysign(1.0, x) < 0
+    if centred and x != 0:
+        d_neg = False  # x == mean != 0: an exact zero difference is +0
+    q_neg = d_neg != (math.copysign(1.0, w) < 0)
+    if b is None:
+        return -0.0 if q_neg else 0.0
+    return -0.0 if q_neg and math.copysign(1.0, b) < 0 else 0.0
 
 
 def _eps(eps, op):

@@ -12,6 +12,14 @@ from refkern.kernels.conv import conv1d, conv2d, conv3d
 from refkern.kernels.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from refkern.kernels.gemm import linear, matmul
 from refkern.kernels.norm import batch_norm, group_norm, layer_norm, rms_norm
+from refkern.kernels.pool import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    avg_pool1d,
+    avg_pool2d,
+    max_pool1d,
+    max_pool2d,
+)
 from refkern.kernels.reduction import cumsum, mean, std, sum, var  # noqa: A004
 from refkern.reduce import METHODS, dot
 
@@ -20,7 +28,11 @@ __all__ = [
     "METHODS",
     "Explanation",
     "Report",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
     "assert_matches_reference",
+    "avg_pool1d",
+    "avg_pool2d",
     "batch_norm",
     "compare",
     "conv1d",
@@ -36,6 +48,8 @@ __all__ = [
     "layer_norm",
     "linear",
     "matmul",
+    "max_pool1d",
+    "max_pool2d",
     "mean",
     "rms_norm",
     "std",

@@ -248,12 +248,21 @@ def test_midpoints_are_decided_exactly():
 
 
 def test_each_tier_is_exercised():
-    """The exact path takes the ties and cancellations, the rational path float64's extremes."""
+    """Ties take the exact double-word path; windows whose sum is no double-word, or holds inf,
+    the superaccumulator (ties included); float64's extremes the rationals."""
     before = pool.PATHS.copy()
     avg_pool2d(data("ties", (2, 4, 8, 8), torch.float64).abs(), 2)  # a quarter of the averages are midpoints
-    avg_pool2d(data("cancel", (2, 4, 8, 8), torch.float32), 3, 1, 1)
+    assert pool.PATHS["exact"] - before["exact"] > 20
+    for dtype in (
+        torch.float32,
+        torch.float64,
+    ):  # ties 2**24 + 1, 2**53 + 1; terms 2**-60, 2**-120 spoil the double-word
+        top, tiny = 2.0 ** PARAMS[dtype][0], [2.0**-60, 2.0**-120, -(2.0**-60), -(2.0**-120)]
+        x = torch.tensor([[[top, 1.0, *tiny, math.inf, 1, 1, 1, 1, 1]]], dtype=dtype)
+        mid = pool.PATHS.copy()
+        assert avg_pool2d(x, (1, 6), divisor_override=1).tolist() == [[[top, math.inf]]]
+        assert pool.PATHS["superacc"] - mid["superacc"] == 2
     mid = pool.PATHS.copy()
-    assert mid["exact"] - before["exact"] > 20
     x = torch.tensor([[1.5e308, 1.7e308, 1e-310, 3e-310]], dtype=torch.float64)
     assert avg_pool1d(x, 2).tolist() == [[float(Fraction(1.5e308) / 2 + Fraction(1.7e308) / 2), 2e-310]]
     assert pool.PATHS["rational"] - mid["rational"] == 2

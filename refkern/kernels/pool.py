@@ -7,21 +7,25 @@ Names, signatures, output sizes, divisors and argument checks are torch.nn.funct
   overflow to inf only when the real quotient rounds beyond the largest finite number).
 * A maximum is a selection of an input element: bit-exact by definition.
 
-How an average is rounded (Ziv's strategy, three tiers, every one exact in what it returns):
+How an average is rounded (Ziv's strategy; every tier exact in what it returns):
 
 1. Fast: the window is summed in float64 with TwoSum (Sum2 of Ogita, Rump and Oishi, "Accurate
    sum and dot product", SIAM J. Sci. Comput. 26(6), 2005, doi:10.1137/030601818): the pair
    ``(s, c)`` satisfies ``|s + c - S| <= gamma_{n-1}**2 * sum|x|`` (Prop. 4.5's proof), with
-   ``gamma_n = n u / (1 - n u)``, ``u = 2**-53``. The double-word quotient by the divisor
-   (:func:`refkern.accumulate.dd.dd_div_fp`, relative error <= 3 u**2) and that bound bracket the
-   real value; when the bracket rounds to one format value, that value is the answer.
-2. Exact: otherwise (cancellation, NaN/inf in the window, or a quotient within the bracket of a
-   midpoint between two format values) the window is summed exactly in the superaccumulator and
-   the bracket is rebuilt from the exact sum; an exact tie, which no bracket can separate, is
-   decided by the sign of ``S - m * divisor`` for the midpoint ``m``, computed exactly in the
-   same accumulator. Midpoints are common: an average of 2 or 4 float64 values of one binade is
-   a midpoint half or a quarter of the time.
-3. Rational: a float64 window whose exact sum lies outside ``[2**-900, 2**900]``, where the
+   ``gamma_n = n u / (1 - n u)``, ``u = 2**-53``. The quotient by the divisor (for float64 results
+   the double-word :func:`refkern.accumulate.dd.dd_div_fp`, relative error <= 3 u**2; for narrower
+   ones one float64 division, <= 2 u) and that bound bracket the real value; when the bracket
+   rounds to one format value, that value is the answer.
+2. Exact: otherwise (cancellation, or a quotient on or near a midpoint between two format values)
+   the window is summed again with TwoSum on the running sum and on its error; when every error
+   of the error vanishes, ``S = s + c`` exactly, the bracket is rebuilt from it, and a midpoint
+   ``m`` inside it is decided by the sign of ``S - m * divisor``, which one FMA and one comparison
+   give exactly (:func:`_side_dw`). Midpoints are common: the average of 2 or 4 values of one
+   binade is a midpoint half or a quarter of the time; of 9 float32 values, a few in a hundred.
+3. Superaccumulator: windows whose exact sum is not a double-word (exponents more than ~100 bits
+   apart), or that hold NaN or inf, are summed exactly in the superaccumulator; a tie is decided
+   by the sign of ``S - m * divisor`` accumulated there.
+4. Rational: a float64 window whose exact sum lies outside ``[2**-900, 2**900]``, where the
    double-word error bounds stop holding, is rounded from Python Fractions.
 
 :data:`PATHS` counts the elements each tier decided since import (a diagnostic).
@@ -41,7 +45,7 @@ from numba import prange
 
 from refkern._arrays import operand
 from refkern._jit import jit
-from refkern.accumulate._bits import bits, pow2
+from refkern.accumulate._bits import bits, fma, pow2
 from refkern.accumulate.dd import EPS, SAFE_HI, SAFE_LO, dd_div_fp
 from refkern.accumulate.eft import two_sum
 from refkern.accumulate.formats import round_to
@@ -59,9 +63,9 @@ __all__ = [
     "PATHS",
 ]
 
-PATHS = Counter()  #: elements decided by each tier of the averages: "fast", "exact", "rational"
+PATHS = Counter()  #: elements decided by each tier of the averages: "fast", "exact", "superacc", "rational"
 
-FAST, EXACT, RATIONAL = 0, 1, 2  # per-element path codes written by the kernel
+FAST, EXACT, SUPERACC, RATIONAL = 0, 1, 2, 3  # per-element path codes written by the kernel
 
 # --- the kernels --------------------------------------------------------------------------------------------------
 
@@ -90,28 +94,23 @@ def _bracket(yh, yl, err, prec, emin, emax):
 
 
 @jit(inline="always")
-def _resolve_tie(acc, a, b, ad, prec, emin, emax):
-    """RN(S / ad) for adjacent format values a < b that bracket it, S the exact sum in ``acc``.
+def _midpoint(a, b, prec, emax):
+    """The midpoint of adjacent format values a < b as a double-word (m, ml): for float64 results
+    ``a + ulp / 2`` (each part exact: one ulp of a normal float64, halved); for narrower formats one
+    float64 (``(a + b) / 2`` is exact, a and b having <= 24 bits; ``max + ulp / 2`` where b is the
+    overflow to inf) and ml = 0."""
+    if prec >= 53:
+        return a, 0.5 * (b - a)
+    if b == np.inf:
+        return a + pow2(emax - prec), 0.0
+    if a == -np.inf:
+        return b - pow2(emax - prec), 0.0
+    return 0.5 * (a + b), 0.0
 
-    The midpoint ``m`` of a and b (a double-word ``m + ml`` for float64 results; for narrower
-    formats a float64, and ``max + ulp / 2`` where b is the overflow to inf) is compared with
-    ``S / ad`` through the sign of ``S - m ad``, accumulated exactly. ``acc`` is consumed.
-    """
-    ml = 0.0
-    if prec < 53:
-        if b == np.inf:
-            m = a + pow2(emax - prec)
-        elif a == -np.inf:
-            m = b - pow2(emax - prec)
-        else:
-            m = 0.5 * (a + b)  # exact: a and b have <= 24 bits and float64's range
-    else:
-        m = a
-        ml = 0.5 * (b - a)  # exact: one ulp of a normal float64, halved
-    acc_add_product(acc, -m, ad)
-    if ml != 0.0:
-        acc_add_product(acc, -ml, ad)
-    side = acc_round(acc, 53, -1022, 1023)  # nonzero unless S / ad == m: S - m ad is a multiple of 2**-1074
+
+@jit(inline="always")
+def _pick(side, a, b, m, prec, emin, emax):
+    """RN of a value on ``side`` (the sign of value - midpoint) of the midpoint m of a < b."""
     if side > 0.0:
         return b
     if side < 0.0:
@@ -122,9 +121,40 @@ def _resolve_tie(acc, a, b, ad, prec, emin, emax):
 
 
 @jit(inline="always")
+def _side_dw(sh, sl, a, b, ad, prec, emax):
+    """sign(S - M ad) for S = sh + sl exactly and the midpoint M of the adjacent format values
+    a < b of a narrow bracket of S / ad (``ad <= 2**40``, ``|sh|`` within the double-word bounds).
+
+    With ``M = m + ml`` (:func:`_midpoint`), ``y = sh - m ad`` is a multiple of
+    ``G = min(ulp(sh), quantum of m)`` and ``|y| <= ad |S / ad - m| + |sl|``, where both S / ad and
+    m lie in the bracket (width <= 2**-48 |S / ad| for narrow formats, <= ulp(m) for float64): so
+    ``|y| / G <= max(64, ad 2**(prec - 45))`` (narrow formats) or ``<= max(4, 32 ad)`` (float64),
+    both below 2**53, and the FMA computes y exactly; ``y - ml ad`` (``ml ad``: a power of two times
+    an integer) is exact likewise. The sign of ``y - ml ad + sl`` is then one float comparison.
+    """
+    m, ml = _midpoint(a, b, prec, emax)
+    z = fma(-m, ad, sh)
+    if ml != 0.0:
+        z -= ml * ad
+    return np.float64((z > -sl) - (z < -sl)), m
+
+
+@jit(inline="always")
+def _resolve_tie(acc, a, b, ad, prec, emin, emax):
+    """RN(S / ad) for adjacent format values a < b that bracket it, S the exact sum in ``acc``:
+    the sign of ``S - M ad`` for their midpoint M, accumulated exactly. ``acc`` is consumed."""
+    m, ml = _midpoint(a, b, prec, emax)
+    acc_add_product(acc, -m, ad)
+    if ml != 0.0:
+        acc_add_product(acc, -ml, ad)
+    side = acc_round(acc, 53, -1022, 1023)  # nonzero unless S / ad == M: S - M ad is a multiple of 2**-1074
+    return _pick(side, a, b, m, prec, emin, emax)
+
+
+@jit(inline="always")
 def _window_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp):
-    """(RN(sum X[p, h0:h1, w0:w1] / d), path): the window average rounded once; path is FAST or
-    EXACT when decided here, RATIONAL (value NaN) when the caller must round it from Fractions."""
+    """(RN(sum X[p, h0:h1, w0:w1] / d), path): the window average rounded once; path is FAST, EXACT
+    or SUPERACC when decided here, RATIONAL (value NaN) when the caller must round it from Fractions."""
     ad = abs(d)
     s = 0.0
     c = 0.0
@@ -132,33 +162,65 @@ def _window_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp):
     for h in range(h0, h1):
         for w in range(w0, w1):
             x = X[p, h, w]
-            t = s + x  # TwoSum: c collects every rounding error of the running sum exactly
+            t = s + x  # TwoSum: c collects every rounding error of the running sum
             z = t - s
             c += (s - (t - z)) + (x - z)
             s = t
             a += abs(x)
     if a == 0.0:
         return 0.0, FAST  # every term is +-0: an exact zero sum is +0 (torch's sum starts at +0)
-    if a < np.inf:  # every term finite and no overflow
-        sh, sl = two_sum(s, c)
-        if SAFE_LO <= abs(sh) <= SAFE_HI:
-            n = np.float64((h1 - h0) * (w1 - w0) + 1)
-            bound = a * (n * n * 2.0**-106 * (1.0 + 2.0**-20))  # gamma_n**2 sum|x|, sum|x| <= a (1 + gamma_n)
+    if not a < np.inf:  # a NaN or inf term, or an overflow
+        return _superacc_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp)
+    sh, sl = two_sum(s, c)
+    if SAFE_LO <= abs(sh) <= SAFE_HI:
+        n = np.float64((h1 - h0) * (w1 - w0) + 1)
+        bound = a * (n * n * 2.0**-106 * (1.0 + 2.0**-20))  # gamma_n**2 sum|x|, sum|x| <= a (1 + gamma_n)
+        if prec < 53:  # one division: |qh - (sh + sl) / ad| <= u |sh| / ad + |sl| / ad <= 2**-51 |qh|
+            qh = sh / ad
+            ql = 0.0
+            err = bound / ad * (1.0 + 2.0**-50) + 2.0**-51 * abs(qh)
+        else:
             qh, ql = dd_div_fp(sh, sl, ad)
             err = bound / ad * (1.0 + 2.0**-50) + 2.0 * EPS * abs(qh)
-            lo, hi, _ = _bracket(qh, ql, err, prec, emin, emax)
-            if lo == hi:
-                return (lo if d > 0 else -lo), FAST
-    # exact: the window in the superaccumulator
+        lo, hi, _ = _bracket(qh, ql, err, prec, emin, emax)
+        if lo == hi:
+            return (lo if d > 0 else -lo), FAST
+    # exact: the sum as a double-word, exact when the errors of the errors all vanish
+    s = 0.0
+    c = 0.0
+    lost = 0.0
+    for h in range(h0, h1):
+        for w in range(w0, w1):
+            s, e = two_sum(s, X[p, h, w])
+            c, f = two_sum(c, e)
+            lost += abs(f)  # S = s + c + (the f's)
+    sh, sl = two_sum(s, c)
+    if lost == 0.0 and sh == 0.0:
+        return 0.0, EXACT  # an exact cancellation: +0
+    if lost == 0.0 and ad <= 2.0**40 and SAFE_LO <= abs(sh) <= SAFE_HI:
+        qh, ql = dd_div_fp(sh, sl, ad)
+        lo, hi, narrow = _bracket(qh, ql, 2.0 * EPS * abs(qh), prec, emin, emax)
+        if lo == hi or narrow:
+            if lo != hi:
+                side, m = _side_dw(sh, sl, lo, hi, ad, prec, emax)
+                lo = _pick(side, lo, hi, m, prec, emin, emax)
+            return (lo if d > 0 else -lo), EXACT
+    return _superacc_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp)
+
+
+@jit(inline="always")
+def _superacc_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp):
+    """As :func:`_window_mean`, from the window's exact sum in the superaccumulator."""
+    ad = abs(d)
     acc_init(acc)
     for h in range(h0, h1):
         for w in range(w0, w1):
             acc_add_float(acc, X[p, h, w])
     if acc[NNAN] + acc[NPINF] + acc[NNINF] > 0:
-        return acc_round(acc, prec, emin, emax) / d, EXACT  # NaN or +-inf, as IEEE division gives
+        return acc_round(acc, prec, emin, emax) / d, SUPERACC  # NaN or +-inf, as IEEE division gives
     sh, sl = acc_dd(acc, tmp)  # |S - sh - sl| <= 2**-106 |sh| (+ 2**-1075 for a subnormal sl)
     if sh == 0.0:
-        return 0.0, EXACT  # an exact cancellation: +0
+        return 0.0, SUPERACC  # an exact cancellation: +0
     if not SAFE_LO <= abs(sh) <= SAFE_HI:
         return np.nan, RATIONAL
     qh, ql = dd_div_fp(sh, sl, ad)
@@ -168,7 +230,7 @@ def _window_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp):
         if not narrow:
             return np.nan, RATIONAL
         lo = _resolve_tie(acc, lo, hi, ad, prec, emin, emax)
-    return (lo if d > 0 else -lo), EXACT
+    return (lo if d > 0 else -lo), SUPERACC
 
 
 @jit(parallel=True)
@@ -315,12 +377,12 @@ def _averages(X, fmt, spans, dconst):
         _window_means(X, h0, h1, w0, w1, dh, dw, float(dconst), *fmt.params, out, path)
     if not exact_divisor:  # a divisor_override beyond float64's integers: every element from Fractions
         path[...] = RATIONAL
-    for p, i, j in zip(*np.nonzero(path == RATIONAL)):
+    counts = [int(np.count_nonzero(path == code)) for code in range(4)]
+    PATHS.update(dict(zip(("fast", "exact", "superacc", "rational"), counts)))
+    for p, i, j in zip(*np.nonzero(path == RATIONAL)) if counts[RATIONAL] else ():
         total = sum(map(Fraction, X[p, h0[i] : h1[i], w0[j] : w1[j]].ravel().tolist()), Fraction(0))
         d = dconst or int(dh[i] * dw[j])
         out[p, i, j] = round_fraction(total / d, fmt) if total != 0 else 0.0
-    counts = np.bincount(path.ravel(), minlength=3)
-    PATHS.update({"fast": int(counts[FAST]), "exact": int(counts[EXACT]), "rational": int(counts[RATIONAL])})
     return out
 
 

@@ -247,6 +247,44 @@ def test_midpoints_are_decided_exactly():
     assert avg_pool2d(f, 2, divisor_override=3).item() == 2.0**24  # the tie 2**24 + 1 goes to even
 
 
+def _pieces(q: Fraction, dtype) -> list:
+    """Values of dtype that sum to q exactly (greedy: each the rounding of what is left)."""
+    out = []
+    while q != 0 and len(out) < 8:
+        out.append(_rn(q, dtype))
+        q -= Fraction(out[-1])
+    assert q == 0
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_constructed_midpoints_and_their_neighbours(dtype):
+    """Windows whose sum is exactly ``M * d`` for a midpoint M of dtype and a divisor up to 2**40
+    (fp16: up to 30; bf16: 2**32), and the same plus a tiny term (the least subnormal, which puts
+    a float64 window beyond a double-word), minus about 2**-30 or plus about 2**-100 of the sum: the
+    rounding goes to even on the midpoint and to the side of the offset next to it."""
+    prec, emin, emax = PARAMS[dtype]
+    g = np.random.default_rng(11)
+    rows, divisors = [], []
+    for _ in range(40):
+        a = Fraction(int(g.integers(2 ** (prec - 1), 2**prec)), 2 ** (prec - 1))  # a format value in [1, 2)
+        m = a + Fraction(1, 2**prec)
+        d = int(g.integers(1, 31)) if dtype == torch.float16 else int(g.integers(1, 2 ** min(40, 4 * prec)))
+        near, nearer = (Fraction(2) ** max(emin - prec + 1, _log2_floor(m * d) - k) for k in (30, 100))
+        for offset in (Fraction(0), Fraction(2) ** (emin - prec + 1), -near, nearer):
+            for sign in (1, -1):
+                terms = _pieces(sign * (m * d + offset), dtype)
+                rows.append(terms + [0.0] * (6 - len(terms)))
+                divisors.append(d)
+    for d in sorted(set(divisors)):
+        batch = [r for r, e in zip(rows, divisors) if e == d]
+        x = torch.tensor(batch, dtype=torch.float64)[:, None, None, :].to(dtype)
+        assert x.double()[:, 0, 0].tolist() == batch  # the pieces are exact in dtype
+        got = avg_pool2d(x, (1, 6), divisor_override=d)
+        want = [[[[_average(r, d, dtype, plus_zero=True)]]] for r in batch]
+        assert_bits(got, want)
+
+
 def test_each_tier_is_exercised():
     """Ties take the exact double-word path; windows whose sum is no double-word, or holds inf,
     the superaccumulator (ties included); float64's extremes the rationals."""

@@ -21,6 +21,7 @@ from refkern.kernels.pool import (
     max_pool2d,
 )
 from refkern.kernels.reduction import cumsum, mean, std, sum, var  # noqa: A004
+from refkern.kernels.softmax import log_softmax, softmax
 from refkern.reduce import METHODS, dot
 
 __all__ = [
@@ -47,11 +48,13 @@ __all__ = [
     "group_norm",
     "layer_norm",
     "linear",
+    "log_softmax",
     "matmul",
     "max_pool1d",
     "max_pool2d",
     "mean",
     "rms_norm",
+    "softmax",
     "std",
     "sum",
     "torch",

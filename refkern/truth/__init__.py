@@ -11,5 +11,7 @@ from refkern.truth.products import *  # noqa: F403
 from refkern.truth.products import __all__ as _products
 from refkern.truth.reductions import *  # noqa: F403 (after products: its sum replaces products' sum)
 from refkern.truth.reductions import __all__ as _reductions
+from refkern.truth.softmax import *  # noqa: F403
+from refkern.truth.softmax import __all__ as _softmax
 
-__all__ = [*_products, *(n for n in _reductions if n not in _products)]
+__all__ = [*_products, *(n for n in _reductions if n not in _products), *_softmax]

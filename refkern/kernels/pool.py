@@ -16,12 +16,14 @@ How an average is rounded (Ziv's strategy; every tier exact in what it returns):
    the double-word :func:`refkern.accumulate.dd.dd_div_fp`, relative error <= 3 u**2; for narrower
    ones one float64 division, <= 2 u) and that bound bracket the real value; when the bracket
    rounds to one format value, that value is the answer.
-2. Exact: otherwise (cancellation, or a quotient on or near a midpoint between two format values)
-   the window is summed again with TwoSum on the running sum and on its error; when every error
-   of the error vanishes, ``S = s + c`` exactly, the bracket is rebuilt from it, and a midpoint
-   ``m`` inside it is decided by the sign of ``S - m * divisor``, which one FMA and one comparison
-   give exactly (:func:`_side_dw`). Midpoints are common: the average of 2 or 4 values of one
-   binade is a midpoint half or a quarter of the time; of 9 float32 values, a few in a hundred.
+2. Exact: a midpoint ``m`` inside a narrow bracket is decided by the sign of ``S - m * divisor``,
+   which one FMA and one comparison give exactly (:func:`_side_dw`) when S is known exactly as a
+   double-word: at once when every TwoSum error of the first pass was zero (``S = s``, the usual
+   case for narrow inputs); otherwise (cancellation, or a float64 sum that is not exact) the window
+   is summed again with TwoSum on the running sum and on its error, and when every error of the
+   error vanishes, ``S = s + c`` exactly and the bracket is rebuilt from it. Midpoints are common:
+   the average of 2 or 4 values of one binade is a midpoint half or a quarter of the time; of 9
+   float32 values, one or two in a hundred.
 3. Superaccumulator: windows whose exact sum is not a double-word (exponents more than ~100 bits
    apart), or that hold NaN or inf, are summed exactly in the superaccumulator; a tie is decided
    by the sign of ``S - m * divisor`` accumulated there.
@@ -123,14 +125,18 @@ def _pick(side, a, b, m, prec, emin, emax):
 @jit(inline="always")
 def _side_dw(sh, sl, a, b, ad, prec, emax):
     """sign(S - M ad) for S = sh + sl exactly and the midpoint M of the adjacent format values
-    a < b of a narrow bracket of S / ad (``ad <= 2**40``, ``|sh|`` within the double-word bounds).
+    a < b of a narrow bracket of S / ad (:func:`_bracket`), with ``ad <= 2**40`` and ``|sh|`` inside
+    the double-word bounds.
 
-    With ``M = m + ml`` (:func:`_midpoint`), ``y = sh - m ad`` is a multiple of
-    ``G = min(ulp(sh), quantum of m)`` and ``|y| <= ad |S / ad - m| + |sl|``, where both S / ad and
-    m lie in the bracket (width <= 2**-48 |S / ad| for narrow formats, <= ulp(m) for float64): so
-    ``|y| / G <= max(64, ad 2**(prec - 45))`` (narrow formats) or ``<= max(4, 32 ad)`` (float64),
-    both below 2**53, and the FMA computes y exactly; ``y - ml ad`` (``ml ad``: a power of two times
-    an integer) is exact likewise. The sign of ``y - ml ad + sl`` is then one float comparison.
+    With ``M = m + ml`` (:func:`_midpoint`) and ``sh`` in ``[2**E, 2**(E + 1))``: ``y = sh - m ad``
+    is a multiple of ``G = min(ulp(sh), the quantum of m)`` (m is a multiple of half the format's
+    quantum there, or for float64 of one ulp), and ``|y| <= ad |S / ad - m| + |sl|``, where S / ad
+    and m both lie in the bracket (at most ``2**-(prec + 2) |S / ad|`` wide), so
+    ``|y| <= 2**(E - prec - 1) + 2**(E - 53)`` (float64: ``<= 2**(E - 51)``, m being one ulp from
+    S / ad at most). Since ``|m| >= 2**(E - 1) / ad``, ``|y| / G <= max(2**(52 - prec), 4 ad)``
+    (float64: ``<= 64 ad``), below 2**53: the FMA computes y exactly. ``y - ml ad`` (``ml ad`` a power
+    of two times an integer, a multiple of G / 2) is exact likewise, and the sign of
+    ``y - ml ad + sl`` is one float comparison.
     """
     m, ml = _midpoint(a, b, prec, emax)
     z = fma(-m, ad, sh)
@@ -152,25 +158,28 @@ def _resolve_tie(acc, a, b, ad, prec, emin, emax):
 
 
 @jit(inline="always")
-def _window_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp):
+def _window_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax):
     """(RN(sum X[p, h0:h1, w0:w1] / d), path): the window average rounded once; path is FAST, EXACT
     or SUPERACC when decided here, RATIONAL (value NaN) when the caller must round it from Fractions."""
     ad = abs(d)
     s = 0.0
     c = 0.0
     a = 0.0
+    lost = 0.0
     for h in range(h0, h1):
         for w in range(w0, w1):
             x = X[p, h, w]
             t = s + x  # TwoSum: c collects every rounding error of the running sum
             z = t - s
-            c += (s - (t - z)) + (x - z)
+            e = (s - (t - z)) + (x - z)
+            c += e
+            lost += abs(e)  # zero when the float64 sum s is exact (most windows of narrow inputs)
             s = t
             a += abs(x)
     if a == 0.0:
         return 0.0, FAST  # every term is +-0: an exact zero sum is +0 (torch's sum starts at +0)
     if not a < np.inf:  # a NaN or inf term, or an overflow
-        return _superacc_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp)
+        return _superacc_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax)
     sh, sl = two_sum(s, c)
     if SAFE_LO <= abs(sh) <= SAFE_HI:
         n = np.float64((h1 - h0) * (w1 - w0) + 1)
@@ -182,9 +191,13 @@ def _window_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp):
         else:
             qh, ql = dd_div_fp(sh, sl, ad)
             err = bound / ad * (1.0 + 2.0**-50) + 2.0 * EPS * abs(qh)
-        lo, hi, _ = _bracket(qh, ql, err, prec, emin, emax)
+        lo, hi, narrow = _bracket(qh, ql, err, prec, emin, emax)
         if lo == hi:
             return (lo if d > 0 else -lo), FAST
+        if lost == 0.0 and narrow and ad <= 2.0**40:  # S == s exactly: a midpoint decided at once
+            side, m = _side_dw(s, 0.0, lo, hi, ad, prec, emax)
+            lo = _pick(side, lo, hi, m, prec, emin, emax)
+            return (lo if d > 0 else -lo), EXACT
     # exact: the sum as a double-word, exact when the errors of the errors all vanish
     s = 0.0
     c = 0.0
@@ -205,13 +218,16 @@ def _window_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp):
                 side, m = _side_dw(sh, sl, lo, hi, ad, prec, emax)
                 lo = _pick(side, lo, hi, m, prec, emin, emax)
             return (lo if d > 0 else -lo), EXACT
-    return _superacc_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp)
+    return _superacc_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax)
 
 
-@jit(inline="always")
-def _superacc_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax, acc, tmp):
-    """As :func:`_window_mean`, from the window's exact sum in the superaccumulator."""
+@jit
+def _superacc_mean(X, p, h0, h1, w0, w1, d, prec, emin, emax):
+    """As :func:`_window_mean`, from the window's exact sum in the superaccumulator (allocated here:
+    few windows come this far)."""
     ad = abs(d)
+    acc = np.empty(SIZE, np.int64)
+    tmp = np.empty(SIZE, np.int64)
     acc_init(acc)
     for h in range(h0, h1):
         for w in range(w0, w1):
@@ -242,11 +258,9 @@ def _window_means(X, h0, h1, w0, w1, dh, dw, dconst, prec, emin, emax, out, path
     for t in prange(X.shape[0] * nh):
         p = t // nh
         i = t - p * nh
-        acc = np.empty(SIZE, np.int64)
-        tmp = np.empty(SIZE, np.int64)
         for j in range(nw):
             d = dconst if dconst != 0.0 else np.float64(dh[i] * dw[j])
-            v, k = _window_mean(X, p, h0[i], h1[i], w0[j], w1[j], d, prec, emin, emax, acc, tmp)
+            v, k = _window_mean(X, p, h0[i], h1[i], w0[j], w1[j], d, prec, emin, emax)
             out[p, i, j] = v
             path[p, i, j] = k
 

@@ -45,7 +45,7 @@ from fractions import Fraction
 import numpy as np
 from numba import prange
 
-from refkern._arrays import operand
+from refkern._arrays import is_tensor, operand
 from refkern._jit import jit
 from refkern.accumulate._bits import bits, fma, pow2
 from refkern.accumulate.dd import EPS, SAFE_HI, SAFE_LO, dd_div_fp
@@ -526,6 +526,9 @@ def _max_pool(op, nd, input, kernel_size, stride, padding, dilation, ceil_mode, 
     if out.size:
         _window_max(X, k[0], k[1], s[0], s[1], p[0], p[1], dl[0], dl[1], out, idx)
     values = deliver(_shaped(out, lead, nd), x.fmt, x.torch)
+    nan = np.isnan(out)
+    if nan.any():
+        _own_nans(values, input, idx, nan)
     if not return_indices:
         return values
     idx = _shaped(idx, lead, nd)
@@ -534,6 +537,24 @@ def _max_pool(op, nd, input, kernel_size, stride, padding, dilation, ceil_mode, 
 
         idx = torch.from_numpy(np.ascontiguousarray(idx))
     return values, idx
+
+
+def _own_nans(values, input, idx, nan):  # noqa: A002
+    """Where the maximum is NaN, the input's own NaN (sign and payload, which the way through float64
+    loses for float16 and bfloat16): the element at the index chosen."""
+    planes = idx.shape[0]
+    mask = nan.reshape(planes, -1)
+    if is_tensor(values):
+        import torch
+
+        src = input.detach().cpu().reshape(planes, -1)
+        at = torch.from_numpy(np.minimum(idx.reshape(planes, -1), src.shape[1] - 1))  # NaN's indices are inside
+        m = torch.from_numpy(mask)
+        values.view(planes, -1)[m] = src.gather(1, at)[m]
+    else:
+        src = np.asarray(input).reshape(planes, -1)
+        at = np.minimum(idx.reshape(planes, -1), src.shape[1] - 1)
+        values.reshape(planes, -1)[mask] = np.take_along_axis(src, at, 1)[mask]
 
 
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,  # noqa: A002
@@ -547,7 +568,9 @@ def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     of equal maxima the first in scan order is kept (-0 before +0 stays -0), a window with no tap
     inside the input gives -inf. ``return_indices``: also the int64 index of the chosen element
     along L (the last NaN's for a NaN; the window's first tap inside the input when none is chosen).
-    NaN payloads are not kept: a NaN result is the dtype's default NaN.
+    A NaN result is the input's own NaN, sign and payload (the element at the returned index), as
+    torch gives for float32 and float64; its float16/bfloat16 kernels pass the NaN through float,
+    which changes its bits in ways that differ between code paths.
     """
     return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 

@@ -8,6 +8,7 @@ from refkern._version import __version__
 from refkern.analysis.compare import assert_matches_reference, compare
 from refkern.analysis.explain import Explanation, explain
 from refkern.analysis.report import Report
+from refkern.kernels.attention import scaled_dot_product_attention
 from refkern.kernels.conv import conv1d, conv2d, conv3d
 from refkern.kernels.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from refkern.kernels.gemm import linear, matmul
@@ -54,6 +55,7 @@ __all__ = [
     "max_pool2d",
     "mean",
     "rms_norm",
+    "scaled_dot_product_attention",
     "softmax",
     "std",
     "sum",

@@ -24,7 +24,7 @@ from refkern._arrays import format_of, operand
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.truth.products import round_exact
 
-__all__ = ["softmax", "log_softmax"]
+__all__ = ["softmax", "log_softmax", "scaled_dot_product_attention"]
 
 iv = mpmath.iv
 
@@ -159,3 +159,102 @@ def softmax(input, dim: int, dtype=None, *, precision: int = 64):  # noqa: A002
 def log_softmax(input, dim: int, dtype=None, *, precision: int = 64):  # noqa: A002
     """Ground truth of :func:`refkern.log_softmax`."""
     return _softmax("truth.log_softmax", input, dim, dtype, True, precision)
+
+
+def _logit(q: list, k: list, m: float, s: float):
+    """One logit ``s (q . k) + m`` by the definition: a Fraction, or the float NaN / +-inf that IEEE
+    arithmetic on the exact dot product gives (E = 0: the mask alone)."""
+    if not q:
+        return Fraction(m) if math.isfinite(m) else m
+    specials = set()
+    tot = Fraction(0)
+    for a, b in zip(q, k):
+        if math.isfinite(a) and math.isfinite(b):
+            tot += Fraction(a) * Fraction(b)
+        elif a != a or b != b or a == 0 or b == 0:
+            specials.add("nan")
+        else:
+            specials.add(1 if (a > 0) == (b > 0) else -1)
+    if "nan" in specials or specials == {1, -1}:
+        return math.nan
+    if specials:
+        x = s * math.inf * specials.pop()
+    elif not math.isfinite(s):
+        x = s if tot > 0 else (-s if tot < 0 else s * 0.0)
+    elif math.isfinite(m):
+        return Fraction(s) * tot + Fraction(m)
+    else:
+        x = 0.0  # a finite real plus an infinite mask value
+    return x + m
+
+
+def _attention_row(q, K, V, mrow, s, fmt: Format, start: int) -> list:
+    S, Ev = V.shape
+    z = [_logit(q, K[j].tolist(), float(mrow[j]), s) for j in range(S)]
+    if any(isinstance(t, float) and (t != t or t == math.inf) for t in z):
+        return [math.nan] * Ev
+    fin = [j for j in range(S) if isinstance(z[j], Fraction)]
+    cols = V.T.tolist()
+    if not fin:  # fully masked: sum_j 0 * v_jc
+        return [math.nan if any(not math.isfinite(v) for v in col) else 0.0 for col in cols]
+    M = max(z[j] for j in fin)
+    d = {j: z[j] - M for j in fin}
+    out = []
+    for col in cols:
+        if any(v != v for v in col) or any(math.isinf(col[j]) for j in range(S) if j not in d):
+            out.append(math.nan)
+            continue
+        infs = {col[j] for j in fin if math.isinf(col[j])}
+        if infs:
+            out.append(math.nan if len(infs) == 2 else infs.pop())
+            continue
+        groups = {}
+        for j in fin:
+            groups.setdefault(d[j], []).append(Fraction(col[j]))
+        means = {sum(g, Fraction(0)) / len(g) for g in groups.values()}
+        if len(means) == 1:
+            r = means.pop()
+            out.append(_decide(fmt, lambda r=r: _ivq(r), start))
+            continue
+
+        def make(col=col):
+            N = iv.mpf(0)
+            D = iv.mpf(0)
+            for j in fin:
+                p = iv.exp(_ivq(d[j])) if d[j] != 0 else iv.mpf(1)
+                D += p
+                if col[j] != 0:
+                    N += p * iv.mpf(col[j])
+            return N / D
+
+        out.append(_decide(fmt, make, start))
+    return out
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, precision: int = 64):  # fmt: skip
+    """Ground truth of :func:`refkern.scaled_dot_product_attention`: exact logits (Fractions), then
+    mpmath intervals from ``precision`` bits, doubled until each element is decided. The layout
+    (broadcasting, GQA, the mask's shape) comes from the kernel's validation; the numbers do not."""
+    from refkern.kernels._common import deliver
+    from refkern.kernels.attention import attention_operands
+
+    a = attention_operands(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                           op="truth.scaled_dot_product_attention")  # fmt: skip
+    B = a.iq.size
+    L, S, Ev = a.Q.shape[1], a.K.shape[1], a.V.shape[2]
+    out = np.zeros((B, L, Ev))
+    for b in range(B):
+        for i in range(L):
+            if S == 0:
+                continue
+            if a.causal:
+                mrow = [(-math.inf if j > i else 0.0) for j in range(S)]
+            elif a.has_mask:
+                m = a.mask[a.im[b], i if a.mask.shape[1] > 1 else 0]
+                mrow = [float(m[j if m.size > 1 else 0]) for j in range(S)]
+            else:
+                mrow = [0.0] * S
+            out[b, i] = _attention_row(a.Q[a.iq[b], i].tolist(), a.K[a.ik[b]], a.V[a.iv[b]], mrow, a.scale, a.fmt,
+                                       precision)  # fmt: skip
+    return deliver(out.reshape(a.out_shape), a.fmt, a.tensor)

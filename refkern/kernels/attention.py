@@ -1,0 +1,762 @@
+"""``refkern.scaled_dot_product_attention``: torch's definition, real-valued, rounded once.
+
+For each query row i (of every batch and head) and value column c:
+
+    z_j = s * (q_i . k_j) + m_ij,   p_j = e**(z_j - max z),   out_ic = sum_j p_j v_jc / sum_j p_j,
+
+with the dot products exact (sums of exact products of the inputs), ``s`` the float64 scale,
+``m`` the additive mask (a boolean mask is 0 where True and -inf where False; ``is_causal``
+masks ``j > i``, top-left aligned, as torch), every operation real, and one rounding to the
+query's dtype. ``scale=None`` is ``1 / sqrt(E)`` as torch's math backend evaluates it in
+float64: ``fl(1 / fl(sqrt(E)))`` (E = 64 gives 0.125 exactly, E = 5 gives 0.4472135954999579).
+
+Specials follow IEEE 754 on the definition, as torch's math backend (CPU) does: a logit
+that is NaN or +inf (a NaN or inf input, a +inf or NaN mask value, inf - inf) makes the row
+NaN; a -inf logit gives the weight 0 exactly; a row whose logits are all -inf (fully masked)
+gives 0 -- torch's CPU math backend returns zeros there since torch 2.5 -- and in every row a
+value column holding NaN, or +-inf where the weight is 0 (0 * inf), gives NaN, and +-inf
+where the weight is positive gives +-inf (NaN if both signs). ``E = 0``: the logits are the
+mask (torch's math backend scales q and k, whose empty product is 0). ``S = 0``: zeros.
+
+Layouts, as torch: query (..., L, E), key (..., S, E), value (..., S, Ev), at least 2-D, one
+dtype; batch dimensions broadcast as in ``matmul``; ``enable_gqa`` repeats each key/value head
+(dim -3) ``Hq / Hk`` times (``repeat_interleave``) when Hq is a multiple of Hk; the mask
+(bool, float32 or the query's dtype) broadcasts to (batch of q k^T, L, S) without growing it.
+``dropout_p > 0`` is refused: no reference exists for a random mask the caller cannot pass in.
+
+Method (Ziv's strategy). float16/bfloat16/float32 inputs: ``q k^T`` in float64 by BLAS (the
+products are exact; any summation order errs by at most ``gamma_E sum |q_l k_l| <= gamma_E
+||q|| ||k||``), exp by :func:`~refkern.kernels._transcendental.exp_fast` with its bound, the
+row sum with its bound, ``P v`` by BLAS (error ``gamma_S sum_j P_j |v_jc|``, bounded by
+``min(||P|| ||v_c||, D max|v_c|)``); each element is bracketed and both ends rounded with
+:func:`~refkern.accumulate.formats.round_to`. Undecided rows, rows with non-finite inputs and
+every row of a float64 result take a double-word pass (Dot2 logits, exp_dd, double-word sums,
+:func:`~refkern.kernels._transcendental.decide_scaled`); the elements still undecided (an
+output that is exactly a midpoint, e.g. the mean of two values when all logits are equal, or
+extreme ranges) are decided by exact integer intervals (:func:`exact_row`), which finds the
+rational outputs first: by Lindemann-Weierstrass the output is rational exactly when every
+group of equal logits has the same mean of ``v_c``, and is then that mean.
+"""
+
+import math
+import sys
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+from numba import prange
+
+from refkern._arrays import is_tensor, operand
+from refkern._jit import jit
+from refkern.accumulate.dd import EPS, dd_add, dd_add_fp, dd_div, dd_mul_fp
+from refkern.accumulate.eft import two_product, two_sum
+from refkern.accumulate.formats import FLOAT32, Format
+from refkern.accumulate.ziv import round_fraction
+from refkern.kernels import _exact_real as xr
+from refkern.kernels._common import deliver
+from refkern.kernels._transcendental import EXP_DD_REL, EXP_FAST_REL, X_MIN, U, bracket, decide_scaled, exp_dd, exp_fast
+
+__all__ = ["scaled_dot_product_attention", "Attention", "attention_operands", "attention_rows", "AttnCounts",
+           "exact_row", "default_scale"]  # fmt: skip
+
+OP = "scaled_dot_product_attention"
+_TINY = 2.0**-1074
+
+
+def default_scale(E: int) -> float:
+    """torch's ``scale=None``: ``1.0 / sqrt(E)`` in float64 (both operations correctly rounded)."""
+    return 1.0 / math.sqrt(E) if E > 0 else math.inf
+
+
+@dataclass
+class Attention:
+    """A validated call: operands as float64 3-D stacks and index maps from the output batch."""
+
+    Q: np.ndarray  # (Bq, L, E)
+    K: np.ndarray  # (Bk, S, E)
+    V: np.ndarray  # (Bv, S, Ev)
+    iq: np.ndarray  # (B,) int64: output batch -> row of Q (likewise K, V, the mask)
+    ik: np.ndarray
+    iv: np.ndarray
+    mask: np.ndarray  # (Bm, Lm, Sm) additive float64 mask; Lm in {1, L}, Sm in {1, S}
+    im: np.ndarray
+    has_mask: bool
+    causal: bool
+    scale: float
+    fmt: Format
+    out_shape: tuple
+    tensor: bool
+
+
+def _batch_map(shape: tuple, out: tuple, repeat: int = 1) -> np.ndarray:
+    """Index into the flattened batch of an operand of batch shape ``shape`` for every element of the
+    output batch ``out`` (broadcast; the last batch axis repeated ``repeat`` times, as
+    repeat_interleave on dim -3)."""
+    idx = np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    if repeat > 1:
+        idx = np.repeat(idx, repeat, axis=-1)
+    return np.ascontiguousarray(np.broadcast_to(idx, out).reshape(-1), dtype=np.int64)
+
+
+def _gqa_factor(hq: int, hk: int, name: str) -> int:
+    r = hq // hk if hk else 0
+    if not hk or hq % hk:
+        raise ValueError(
+            f"{OP}: with enable_gqa=True the query heads must be a multiple of the {name} heads (dim -3); got "
+            f"{hq} query heads and {hk} {name} heads."
+        )
+    return max(r, 1)
+
+
+def attention_operands(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                       enable_gqa=False, op: str = OP) -> Attention:  # fmt: skip
+    """Validate and normalise a call exactly as torch's math backend does (module docstring)."""
+    q, k, v = (operand(x, n, op) for x, n in ((query, "query"), (key, "key"), (value, "value")))
+    if not (q.fmt == k.fmt == v.fmt):
+        raise TypeError(
+            f"{op}: query, key and value must have the same dtype, as torch requires; got query.dtype="
+            f"{q.fmt.name}, key.dtype={k.fmt.name} and value.dtype={v.fmt.name}."
+        )
+    if min(len(q.shape), len(k.shape), len(v.shape)) < 2:
+        raise ValueError(
+            f"{op}: query, key and value must be at least 2-D (..., L, E), (..., S, E), (..., S, Ev); got "
+            f"query.shape={q.shape}, key.shape={k.shape} and value.shape={v.shape}."
+        )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: dropout_p must be a number; got {dropout_p!r}.")
+    if dropout_p != 0:
+        raise ValueError(
+            f"{op}: dropout_p must be 0; got dropout_p={dropout_p}. No reference exists for a random dropout mask "
+            "the caller cannot pass in: compare with dropout off (dropout_p=0.0, or model.eval())."
+        )
+    if is_causal and attn_mask is not None:
+        raise ValueError(f"{op}: attn_mask must be None when is_causal=True, as torch requires; got both.")
+    E, L = q.shape[-1], q.shape[-2]
+    S = k.shape[-2]
+    if k.shape[-1] != E:
+        raise ValueError(f"{op}: query and key must have the same last dimension E; got query.shape={q.shape} and "
+                         f"key.shape={k.shape}.")  # fmt: skip
+    if v.shape[-2] != S:
+        raise ValueError(f"{op}: key and value must have the same number of positions S (dim -2); got "
+                         f"key.shape={k.shape} and value.shape={v.shape}.")  # fmt: skip
+    if scale is None:
+        s = default_scale(E)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: scale must be a float or None; got {scale!r}.")
+    else:
+        s = float(scale)
+    qb, kb, vb = q.shape[:-2], k.shape[:-2], v.shape[:-2]
+    rk = rv = 1
+    if enable_gqa:
+        if len(q.shape) < 3 or len(k.shape) < 3 or len(v.shape) < 3:
+            raise ValueError(f"{op}: enable_gqa=True needs a head dimension (dim -3) in query, key and value; got "
+                             f"query.shape={q.shape}, key.shape={k.shape} and value.shape={v.shape}.")  # fmt: skip
+        rk = _gqa_factor(qb[-1], kb[-1], "key")
+        rv = _gqa_factor(qb[-1], vb[-1], "value")
+        kb = kb[:-1] + (kb[-1] * rk,)
+        vb = vb[:-1] + (vb[-1] * rv,)
+    try:
+        bqk = np.broadcast_shapes(qb, kb)
+        out_b = np.broadcast_shapes(bqk, vb)
+    except ValueError:
+        raise ValueError(f"{op}: the batch dimensions of query, key and value do not broadcast; got query.shape="
+                         f"{q.shape}, key.shape={k.shape} and value.shape={v.shape}.") from None  # fmt: skip
+    if attn_mask is None:
+        M3 = np.zeros((1, 1, 1))
+        mb = ()
+    else:
+        M3, mb = _mask(attn_mask, q.fmt, bqk, L, S, op)
+    iq = _batch_map(qb, out_b)
+    ik = _batch_map(k.shape[:-2], out_b, rk)
+    iv = _batch_map(v.shape[:-2], out_b, rv)
+    im = _batch_map(mb, out_b)
+    Q, K, V = (np.ascontiguousarray(np.asarray(x.values, np.float64).reshape(math.prod(x.shape[:-2]), *x.shape[-2:]))
+               for x in (q, k, v))  # fmt: skip
+    return Attention(Q, K, V, iq, ik, iv, M3, im, attn_mask is not None, bool(is_causal), s, q.fmt,
+                     tuple(out_b) + (L, v.shape[-1]), q.torch or k.torch or v.torch)  # fmt: skip
+
+
+def _mask(attn_mask, qfmt: Format, bqk: tuple, L: int, S: int, op: str):
+    """The mask as an additive float64 (Bm, Lm, Sm) array and its batch shape."""
+    if is_tensor(attn_mask):
+        is_bool = str(attn_mask.dtype) == "torch.bool"
+        arr = attn_mask.detach().cpu().numpy() if is_bool else None
+    else:
+        a = np.asarray(attn_mask)
+        is_bool = a.dtype == np.bool_
+        arr = a if is_bool else None
+    if is_bool:
+        m = np.where(arr, 0.0, -np.inf)
+    else:
+        o = operand(attn_mask, "attn_mask", op)
+        if o.fmt.name not in ("float32", qfmt.name):
+            raise TypeError(
+                f"{op}: attn_mask must be bool, float32 or the query's dtype ({qfmt.name}), as torch requires; got "
+                f"attn_mask.dtype={o.fmt.name}."
+            )
+        m = np.asarray(o.values, np.float64)
+    if m.ndim < 2:
+        m = m.reshape((1,) * (2 - m.ndim) + m.shape)
+    try:
+        ok = np.broadcast_shapes(m.shape, bqk + (L, S)) == bqk + (L, S)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{op}: attn_mask must broadcast to the attention weights' shape {bqk + (L, S)} (batch of query @ key^T, "
+            f"L, S) without growing it; got attn_mask.shape={tuple(m.shape)}."
+        )
+    mb = m.shape[:-2]
+    return np.ascontiguousarray(m.reshape((-1,) + m.shape[-2:]), dtype=np.float64), mb
+
+
+# ------------------------------------------------------------------ the float64 pass (narrow formats)
+
+
+@jit(inline="always")
+def _mask_value(M3, b_m, i, j, causal, has_mask):
+    if causal:
+        return -np.inf if j > i else 0.0
+    if has_mask:
+        mi = i if M3.shape[1] > 1 else 0
+        mj = j if M3.shape[2] > 1 else 0
+        return M3[b_m, mi, mj]
+    return 0.0
+
+
+@jit(parallel=True)
+def _fast_weights(Z, nq, nk, iq, ik, scale, G, M3, im, has_mask, causal, P, D, ED, eps, pn, status):
+    """Per row (b, i): unnormalised weights P[b, i, :] (float64), their sum D with its error ED,
+    the largest relative error eps of a weight, ``pn >= ||P row||``, and status: 0 fine, 1 for the
+    double-word pass, 2 NaN row, 3 fully masked. Z = q k^T by BLAS, within ``G ||q|| ||k||``."""
+    B, L, S = Z.shape
+    for t in prange(B * L):
+        b = t // L
+        i = t % L
+        z = np.empty(S)
+        ez = np.empty(S)
+        st = 0
+        M = -np.inf
+        eM = 0.0
+        for j in range(S):
+            m = _mask_value(M3, im[b], i, j, causal, has_mask)
+            if m != m or m == np.inf:
+                st = 2
+                break
+            if m == -np.inf:
+                z[j] = -np.inf
+                continue
+            sz = scale * Z[b, i, j]
+            zj = sz + m
+            z[j] = zj
+            ez[j] = (abs(scale) * G * nq[iq[b], i] * nk[ik[b], j] + U * (abs(sz) + abs(zj))) * (1.0 + 2.0**-50)
+            ez[j] += 2.0 * _TINY
+            if zj > M:
+                M = zj
+                eM = ez[j]
+        if st == 0 and M == -np.inf:
+            st = 3
+        if st != 0:
+            status[b, i] = st
+            for j in range(S):
+                P[b, i, j] = 0.0
+            continue
+        d_sum = 0.0
+        e_sum = 0.0
+        e_max = 0.0
+        sq = 0.0
+        cnt = 0
+        for j in range(S):
+            if z[j] == -np.inf:
+                P[b, i, j] = 0.0
+                continue
+            d, dd = two_sum(z[j], -M)
+            ed = abs(dd) + ez[j] + eM
+            if ed > 2.0**-20:
+                st = 1
+                break
+            if d < X_MIN:
+                P[b, i, j] = 0.0  # e**d < 2**-2885: inside the slack
+                continue
+            a, k = exp_fast(d)
+            pj = math.ldexp(a, k)
+            P[b, i, j] = pj
+            ej = EXP_FAST_REL + 1.02 * ed
+            d_sum += pj
+            e_sum += ej * pj
+            e_max = max(e_max, ej)
+            sq += pj * pj
+            cnt += 1
+        status[b, i] = st
+        D[b, i] = d_sum
+        ED[b, i] = (e_sum + max(cnt - 1, 0) * U * d_sum) * 1.01 + S * _TINY
+        eps[b, i] = e_max
+        pn[b, i] = math.sqrt(sq) * (1.0 + (S + 4) * U) + S * _TINY
+
+
+@jit(parallel=True)
+def _fast_decide(N, D, ED, eps, pn, vn, vmax, iv, gS, prec, emin, emax, status, out, pending):
+    """out[b, i, c] = RN(N / D) when the bound decides it, else pending[b, i, c] (every column of a
+    status-1 row). N = P v by BLAS: within ``gS sum_j P_j |v_jc| + S 2**-1075`` of the product of
+    the computed weights, and those within ``eps`` (relative) of the exact ones."""
+    B, L, Ev = N.shape
+    for t in prange(B * L):
+        b = t // L
+        i = t % L
+        st = status[b, i]
+        if st == 2:
+            out[b, i, :] = np.nan
+            continue
+        if st == 3:
+            out[b, i, :] = 0.0  # fully masked: zeros, as torch's math backend
+            continue
+        d = D[b, i]
+        rho = ED[b, i] / d
+        if st == 1 or not rho < 2.0**-20:
+            pending[b, i, :] = True
+            continue
+        for c in range(Ev):
+            nv = N[b, i, c]
+            A = min(pn[b, i] * vn[iv[b], c], d * (1.0 + 2.0 * gS) * vmax[iv[b], c]) * (1.0 + 2.0**-40)
+            eN = (gS + eps[b, i] * 1.01) * A * 1.01 + 2.0**-1000 * (1.0 + vmax[iv[b], c])  # underflows: S 2**-1075
+            y = nv / d
+            e = ((eN + (abs(nv) + eN) * rho) / (d * (1.0 - rho)) + U * abs(y)) * 1.0001
+            val, ok = bracket(np.nextafter(y - e, -np.inf), np.nextafter(y + e, np.inf), prec, emin, emax)
+            out[b, i, c] = val
+            pending[b, i, c] = not ok
+
+
+# ------------------------------------------------------------------ the double-word pass (any format)
+
+
+@jit(inline="always")
+def _dot_dd(q, k):
+    """(dh, dl, err, special): q . k as a double-word within err (Dot2: exact products by FMA, two-sums,
+    errors summed in float64: within ``2 gamma_2E**2 sum |q_l k_l|``, plus ``2**-1073`` per product whose
+    error term underflowed), or special = 1 NaN, 2 +inf, 3 -inf (the exact IEEE sum of the products),
+    4 a product overflowed float64 (the exact path takes the row)."""
+    E = q.size
+    sh = 0.0
+    c = 0.0
+    ab = 0.0
+    nan = False
+    pinf = False
+    ninf = False
+    over = False
+    for l in range(E):
+        a = q[l]
+        b = k[l]
+        if a - a != 0.0 or b - b != 0.0:  # NaN or inf factor
+            if a != a or b != b or a == 0.0 or b == 0.0:
+                nan = True
+            elif (a > 0) == (b > 0):
+                pinf = True
+            else:
+                ninf = True
+            continue
+        p, e = two_product(a, b)
+        if p - p != 0.0:
+            over = True
+            continue
+        sh, t = two_sum(sh, p)
+        c += t + e
+        ab += abs(p)
+    if nan or (pinf and ninf):
+        return np.nan, 0.0, 0.0, 1
+    if pinf:
+        return np.inf, 0.0, 0.0, 2
+    if ninf:
+        return -np.inf, 0.0, 0.0, 3
+    if over:
+        return 0.0, 0.0, 0.0, 4
+    g = 2.0 * E * U / (1.0 - 2.0 * E * U)
+    dh, dl = two_sum(sh, c)
+    return dh, dl, 2.0 * g * g * ab * 1.01 + E * 2.0**-1073, 0
+
+
+@jit(parallel=True)
+def _dd_rows(Q, K, V, iq, ik, iv, M3, im, has_mask, causal, scale, rb, ri, want, prec, emin, emax, out, undecided):
+    """Double-word pass on the rows (rb[t], ri[t]), columns c with want[b, i, c]: out[b, i, c]
+    decided, or undecided[b, i, c]."""
+    E = Q.shape[2]
+    S, Ev = V.shape[1], V.shape[2]
+    for t in prange(rb.size):
+        b = rb[t]
+        i = ri[t]
+        q = Q[iq[b], i]
+        Kb = K[ik[b]]
+        Vb = V[iv[b]]
+        zh = np.empty(S)
+        zl = np.empty(S)
+        ez = np.empty(S)
+        row = 0  # 0 fine, 1 NaN row, 2 exact path
+        Mh, Ml, eM = -np.inf, 0.0, 0.0
+        for j in range(S):
+            m = _mask_value(M3, im[b], i, j, causal, has_mask)
+            if E == 0:
+                dh, dl, edot, sp = 0.0, 0.0, 0.0, 0
+            else:
+                dh, dl, edot, sp = _dot_dd(q, Kb[j])
+            if sp == 4:
+                row = 2
+                break
+            if sp != 0 or scale - scale != 0.0:  # a non-finite dot or scale: IEEE on s * dot + m
+                v = (scale * dh if E > 0 else 0.0) + m  # dh = 0 exactly when the dot is 0 (inf * 0 = NaN)
+                zh[j], zl[j], ez[j] = v, 0.0, 0.0
+                if v != v or v == np.inf:
+                    row = 1
+                    break
+                if v == -np.inf:
+                    continue
+                row = 2  # a finite logit here would be a bug: leave it to the exact path
+                break
+            if m != m or m == np.inf:
+                row = 1
+                break
+            if m == -np.inf:
+                zh[j], zl[j], ez[j] = -np.inf, 0.0, 0.0
+                continue
+            if E == 0 or dh == 0.0:
+                ph, pl, ep = 0.0, 0.0, abs(scale) * edot
+            else:
+                ph, pl = dd_mul_fp(dh, dl, scale)
+                ep = abs(scale) * edot * (1.0 + EPS) + EPS * abs(ph) * 1.01 + 2.0**-1060
+            a, c2 = dd_add_fp(ph, pl, m)
+            zh[j], zl[j] = a, c2
+            ez[j] = ep + EPS * abs(a) * 1.01 + 2.0**-1060
+            if not abs(a) <= 2.0**1000:
+                row = 2
+                break
+            if a > Mh or (a == Mh and c2 > Ml):
+                Mh, Ml, eM = a, c2, ez[j]
+        if row == 1:
+            out[b, i, :] = np.nan
+            continue
+        if row == 2:
+            undecided[b, i, :] = want[b, i, :]
+            continue
+        if Mh == -np.inf:  # fully masked: sum_j 0 * v_jc
+            for c in range(Ev):
+                bad = False
+                for j in range(S):
+                    if Vb[j, c] - Vb[j, c] != 0.0:
+                        bad = True
+                out[b, i, c] = np.nan if bad else 0.0
+            continue
+        ph = np.zeros(S)
+        pl = np.zeros(S)
+        ep = np.zeros(S)
+        pos = np.zeros(S, np.bool_)  # the weight is a positive real
+        Dh, Dl = 0.0, 0.0
+        eD = 0.0
+        slack = 0.0
+        cnt = 0
+        for j in range(S):
+            if zh[j] == -np.inf:
+                continue
+            pos[j] = True
+            dh, dl = dd_add(zh[j], zl[j], -Mh, -Ml)
+            ed = ez[j] + eM + EPS * abs(dh) * 1.01
+            if ed > 2.0**-30:
+                row = 2
+                break
+            if dh < X_MIN:
+                slack += 2.0**-2800  # e**d < e**-2000
+                continue
+            a, c2, k = exp_dd(dh, dl)
+            ph[j] = math.ldexp(a, k)  # each may lose 2**-1075 to underflow
+            pl[j] = math.ldexp(c2, k)
+            ep[j] = EXP_DD_REL + 1.01 * ed
+            Dh, Dl = dd_add(Dh, Dl, ph[j], pl[j])
+            eD += ep[j] * ph[j]
+            slack += 2.0 * _TINY
+            cnt += 1
+        if row == 2:
+            undecided[b, i, :] = want[b, i, :]
+            continue
+        eD = (eD + cnt * EPS * Dh) * 1.01 + slack  # D >= 1 (the max term is e**0 = 1)
+        rho = eD / Dh
+        for c in range(Ev):
+            if not want[b, i, c]:
+                continue
+            nan = False
+            pinf = False
+            ninf = False
+            for j in range(S):
+                v = Vb[j, c]
+                if v - v != 0.0:
+                    if v != v or not pos[j]:
+                        nan = True
+                    elif v > 0:
+                        pinf = True
+                    else:
+                        ninf = True
+            if nan or (pinf and ninf):
+                out[b, i, c] = np.nan
+                continue
+            if pinf or ninf:
+                out[b, i, c] = np.inf if pinf else -np.inf
+                continue
+            Nh, Nl = 0.0, 0.0
+            A = 0.0
+            emax_ = 0.0
+            vs = 0.0
+            for j in range(S):
+                v = Vb[j, c]
+                vs += abs(v)
+                if ph[j] == 0.0 or v == 0.0:
+                    continue
+                th, tl = dd_mul_fp(ph[j], pl[j], v)
+                Nh, Nl = dd_add(Nh, Nl, th, tl)
+                A += abs(th)
+                emax_ = max(emax_, ep[j])
+            eN = A * (emax_ + (cnt + 2) * EPS) * 1.02 + (slack + S * 2.0**-1060) * (vs + 1.0)
+            if Nh == 0.0:
+                if eN == 0.0:
+                    out[b, i, c] = 0.0
+                else:
+                    undecided[b, i, c] = True
+                continue
+            yh, yl = dd_div(Nh, Nl, Dh, Dl)
+            e = ((eN + (abs(Nh) + eN) * rho) / (Dh * (1.0 - rho)) + EPS * abs(yh)) * 1.01
+            val, ok = decide_scaled(yh, yl, e, 0, prec, emin, emax)
+            out[b, i, c] = val
+            undecided[b, i, c] = not ok
+
+
+# ------------------------------------------------------------------ the exact path (Python integers)
+
+
+def _exact_logits(q, K, mrow, s):
+    """The logits of one row: a list of ("nan" | "+inf" | "-inf" | Fraction) (module docstring's rules)."""
+    sF = Fraction(s) if math.isfinite(s) else None
+    out = []
+    for j in range(K.shape[0]):
+        m = float(mrow[j])
+        nan = pinf = ninf = False
+        tot = Fraction(0)
+        for a, b in zip(q.tolist(), K[j].tolist()):
+            if not (math.isfinite(a) and math.isfinite(b)):
+                if a != a or b != b or a == 0 or b == 0:
+                    nan = True
+                elif (a > 0) == (b > 0):
+                    pinf = True
+                else:
+                    ninf = True
+            else:
+                tot += Fraction(a) * Fraction(b)
+        if q.size == 0:
+            x = 0.0  # E = 0: the logit is the mask
+        elif nan or (pinf and ninf):
+            x = math.nan
+        elif pinf or ninf:
+            x = (math.inf if pinf else -math.inf) * s
+        elif sF is None:
+            x = s * (0.0 if tot == 0 else (1.0 if tot > 0 else -1.0))  # inf * 0 is NaN
+        else:
+            x = None
+        if x is not None:
+            v = x + m
+            out.append("nan" if v != v else ("+inf" if v == math.inf else ("-inf" if v == -math.inf else Fraction(v))))
+        elif m != m or m == math.inf:
+            out.append("nan" if m != m else "+inf")
+        elif m == -math.inf:
+            out.append("-inf")
+        else:
+            out.append(sF * tot + Fraction(m))
+    return out
+
+
+def exact_row(q, K, V, mrow, s: float, cols, fmt: Format) -> dict:
+    """The exact path for one query row: {c: RN(out_c)} for c in cols. q (E,), K (S, E), V (S, Ev)
+    float64, mrow (S,) the additive mask of the row (causal included)."""
+    z = _exact_logits(q, K, mrow, s)
+    res = {}
+    if any(t in ("nan", "+inf") for t in z):
+        return {c: math.nan for c in cols}
+    fin = [j for j, t in enumerate(z) if not isinstance(t, str)]
+    Vl = V.tolist()
+    if not fin:
+        return {c: (math.nan if any(not math.isfinite(Vl[j][c]) for j in range(len(z))) else 0.0) for c in cols}
+    M = max(z[j] for j in fin)
+    d = {j: z[j] - M for j in fin}
+    groups = {}
+    for j in fin:
+        groups.setdefault(d[j], []).append(j)
+    todo = []
+    for c in cols:
+        col = [Vl[j][c] for j in range(len(z))]
+        if any(v != v for v in col) or any(math.isinf(col[j]) and j not in d for j in range(len(z))):
+            res[c] = math.nan
+            continue
+        infs = {math.copysign(1.0, col[j]) for j in fin if math.isinf(col[j])}
+        if infs:
+            res[c] = math.nan if len(infs) == 2 else math.copysign(math.inf, infs.pop())
+            continue
+        means = {sum((Fraction(col[j]) for j in g), Fraction(0)) / len(g) for g in groups.values()}
+        if len(means) == 1:  # rational: every group of equal logits has this mean
+            res[c] = round_fraction(means.pop(), fmt)
+            continue
+        todo.append(c)
+    P = 64
+    dy = {j: xr.dyadic(d[j]) for j in fin}
+    nb = len(z).bit_length() + 4
+    while todo:
+        W = P + 16 + nb
+        ints = {}
+        for j in fin:
+            n, e = dy[j]
+            if n == 0:
+                ints[j] = (1 << W, 1 << W, -W)
+            elif xr.approx(n, e) < -(W + 8) * 0.6931:
+                ints[j] = (0, 1, -W)
+            else:
+                ints[j] = xr.exp_interval(n, e, W)
+        d_lo, d_hi = xr.add_intervals(ints.values(), -W)
+        left = []
+        for c in todo:
+            terms = []
+            emin_v = 0
+            for j in fin:
+                v = Vl[j][c]
+                if v != 0:
+                    nv, ev = xr.dyadic(v)
+                    lo, hi, sh = ints[j]
+                    a, b = (lo * nv, hi * nv) if nv > 0 else (hi * nv, lo * nv)
+                    terms.append((a, b, sh + ev))
+                    emin_v = min(emin_v, ev)
+            sN = -W - nb + emin_v
+            n_lo, n_hi = xr.add_intervals(terms, sN)
+            F = P + 16 + max(0, d_hi.bit_length() - max(abs(n_lo), abs(n_hi), 1).bit_length())  # P + 16 bits
+            lo = (n_lo << F) // (d_hi if n_lo >= 0 else d_lo)
+            hi = -((-(n_hi << F)) // (d_lo if n_hi >= 0 else d_hi))
+            v = xr.round_interval(lo, hi, sN + W - F, *fmt.params)
+            if v is None:
+                left.append(c)
+            else:
+                res[c] = v
+        todo = left
+        P *= 2
+        if P > 1 << 20:
+            raise RuntimeError(f"{OP}: the exact path did not converge (a bug: please report the input)")
+    return res
+
+
+# ------------------------------------------------------------------ driver
+
+
+@dataclass
+class AttnCounts:
+    """How many rows and elements each path decided (for tests and benchmarks)."""
+
+    rows: int = 0
+    elements: int = 0
+    fast_rows: int = 0  #: rows decided entirely by the float64 pass
+    dd_rows: int = 0  #: rows that went through the double-word pass (for their undecided columns)
+    exact_elements: int = 0  #: elements decided by the exact integer path
+    exact_where: list = field(default_factory=list)  #: (batch, row, column) of those elements
+
+
+def _mask_row(a: Attention, b: int, i: int) -> np.ndarray:
+    S = a.K.shape[1]
+    if a.causal:
+        return np.where(np.arange(S) > i, -np.inf, 0.0)
+    if not a.has_mask:
+        return np.zeros(S)
+    m = a.mask[a.im[b], i if a.mask.shape[1] > 1 else 0]
+    return np.broadcast_to(m, (S,))
+
+
+def _norms(X: np.ndarray) -> np.ndarray:
+    """Upper bounds on the 2-norms of the last axis (float64 sum of exact squares of narrow values:
+    within gamma_n; the square root within u)."""
+    n = X.shape[-1]
+    return np.sqrt(np.einsum("...k,...k->...", X, X)) * (1.0 + (n + 4) * U) * (1.0 + 2.0**-50)
+
+
+def attention_rows(a: Attention, force: str | None = None):
+    """(out (B, L, Ev) float64, AttnCounts). force = "dd" skips the float64 pass, "exact" sends every
+    element to the exact integer path."""
+    B = a.iq.size
+    L, E = a.Q.shape[1], a.Q.shape[2]
+    S, Ev = a.V.shape[1], a.V.shape[2]
+    out = np.zeros((B, L, Ev))
+    counts = AttnCounts(rows=B * L, elements=B * L * Ev)
+    if B * L * Ev == 0:
+        return out, counts
+    if S == 0:
+        return out, counts  # no key: zeros, as torch
+    und = np.zeros((B, L, Ev), np.bool_)
+    if force == "exact":
+        und[:] = True
+    else:
+        pending = np.ones((B, L, Ev), np.bool_)
+        finite = all(np.isfinite(x).all() for x in (a.Q, a.K, a.V)) and math.isfinite(a.scale)
+        if force is None and a.fmt.prec <= FLOAT32.prec and finite and E > 0:
+            _fast(a, out, pending)
+        rb, ri = np.nonzero(pending.any(axis=2))
+        counts.fast_rows = B * L - rb.size
+        counts.dd_rows = rb.size
+        if rb.size:
+            _dd_rows(a.Q, a.K, a.V, a.iq, a.ik, a.iv, a.mask, a.im, a.has_mask, a.causal, a.scale,
+                     rb.astype(np.int64), ri.astype(np.int64), pending, *a.fmt.params, out, und)  # fmt: skip
+    for b, i in zip(*np.nonzero(und.any(axis=2))):
+        cols = np.flatnonzero(und[b, i]).tolist()
+        vals = exact_row(a.Q[a.iq[b], i], a.K[a.ik[b]], a.V[a.iv[b]], _mask_row(a, b, i), a.scale, cols, a.fmt)
+        for c, v in vals.items():
+            out[b, i, c] = v
+        counts.exact_elements += len(cols)
+        counts.exact_where.extend((int(b), int(i), c) for c in cols)
+    return out, counts
+
+
+def _bmm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """A @ B (float64 stacks) by a BLAS: torch's (MKL) when torch is loaded, else numpy's. Either sums each
+    dot product in some order, so its error is within gamma_K sum |a_l b_l| (the bound the pass charges)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.matmul(torch.from_numpy(A), torch.from_numpy(B)).numpy()
+    return np.matmul(A, B)
+
+
+def _fast(a: Attention, out: np.ndarray, pending: np.ndarray) -> None:
+    """The float64 pass: decides out, and marks in pending (B, L, Ev) what is left for the double-word pass."""
+    B = a.iq.size
+    L, E = a.Q.shape[1], a.Q.shape[2]
+    S = a.K.shape[1]
+    same_q = a.Q.shape[0] == B and np.array_equal(a.iq, np.arange(B))
+    same_k = a.K.shape[0] == B and np.array_equal(a.ik, np.arange(B))
+    Qg = a.Q if same_q else a.Q[a.iq]
+    Kg = a.K if same_k else a.K[a.ik]
+    Z = _bmm(Qg, Kg.transpose(0, 2, 1))  # exact products, rounded sums: within gamma_E ||q|| ||k||
+    gE = E * U / (1.0 - E * U) * (1.0 + 2.0**-40)
+    nq, nk = _norms(a.Q), _norms(a.K)
+    P = np.empty((B, L, S))
+    D, ED, eps, pn = (np.empty((B, L)) for _ in range(4))
+    status = np.zeros((B, L), np.int64)
+    _fast_weights(Z, nq, nk, a.iq, a.ik, a.scale, gE, a.mask, a.im, a.has_mask, a.causal, P, D, ED, eps, pn, status)
+    same_v = a.V.shape[0] == B and np.array_equal(a.iv, np.arange(B))
+    N = _bmm(P, a.V if same_v else a.V[a.iv])
+    gS = S * U / (1.0 - S * U) * (1.0 + 2.0**-40)
+    vn = _norms(np.ascontiguousarray(a.V.transpose(0, 2, 1)))
+    vmax = np.abs(a.V).max(axis=1)
+    _fast_decide(N, D, ED, eps, pn, vn, vmax, a.iv, gS, *a.fmt.params, status, out, pending)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):  # fmt: skip
+    """Reference ``torch.nn.functional.scaled_dot_product_attention``, correctly rounded.
+
+    Every output element is ``sum_j p_j v_jc / sum_j p_j`` with ``p_j = e**(z_j - max z)`` and
+    ``z_j = scale * (q . k_j) + mask_j``: exact dot products, real exp and division, one rounding
+    to the query's dtype (nearest, ties to even). ``scale=None`` is torch's float64
+    ``1 / sqrt(E)``; a boolean mask adds 0 (True: takes part) or -inf (False), a float mask (float32
+    or the query's dtype) adds its exact values; ``is_causal`` masks keys after the query
+    (top-left aligned); ``enable_gqa`` repeats key/value heads. A fully masked row gives zeros
+    (torch's CPU math backend), NaN/inf follow IEEE 754 on the definition (module docstring).
+    ``dropout_p`` must be 0: a ValueError says why. numpy arrays or torch tensors in; the same
+    kind out, shape (..., L, Ev) with the broadcast batch dimensions.
+    """
+    a = attention_operands(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    out, _ = attention_rows(a)
+    return deliver(out.reshape(a.out_shape), a.fmt, a.tensor)

@@ -51,7 +51,7 @@ from refkern.accumulate.formats import round_to
 from refkern.kernels import _exact_real as xr
 
 __all__ = ["EPS", "EXP_FAST_REL", "EXP_DD_REL", "U", "exp_fast", "exp_dd", "log_fast", "log_dd", "decide_scaled",
-           "bracket", "X_MIN"]  # fmt: skip
+           "bracket", "bracket_around", "X_MIN"]  # fmt: skip
 
 U = 2.0**-53
 EXP_FAST_REL = 2.0 * U
@@ -214,6 +214,20 @@ def bracket(lo, hi, prec, emin, emax):
     if a == b and np.signbit(a) == np.signbit(b):
         return a, True
     return np.nan, False
+
+
+@jit(inline="always")
+def bracket_around(y, e, nonneg, prec, emin, emax):
+    """:func:`bracket` on every real within ``e`` of the float64 ``y`` (clipped at 0 when ``nonneg``).
+
+    The ends ``fl(y -+ f)``, ``f = (e + 2u|y|)(1 + 2u) + 2**-1073``, enclose ``[y - e, y + e]``: a
+    float64 subtraction moves its exact result by at most ``u`` of it (or 2**-1075 below the normal
+    range), which the ``2u|y|``, ``2u`` and ``2**-1073`` terms absorb on either sign of ``y - f``."""
+    f = (e + 2.0 * U * abs(y)) * (1.0 + 2.0 * U) + 2.0**-1073
+    lo = y - f
+    if nonneg and lo < 0.0:
+        lo = 0.0
+    return bracket(lo, y + f, prec, emin, emax)
 
 
 @jit(inline="always")

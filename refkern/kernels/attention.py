@@ -54,7 +54,16 @@ from refkern.accumulate.formats import FLOAT32, Format
 from refkern.accumulate.ziv import round_fraction
 from refkern.kernels import _exact_real as xr
 from refkern.kernels._common import deliver
-from refkern.kernels._transcendental import EXP_DD_REL, EXP_FAST_REL, X_MIN, U, bracket, decide_scaled, exp_dd, exp_fast
+from refkern.kernels._transcendental import (
+    EXP_DD_REL,
+    EXP_FAST_REL,
+    X_MIN,
+    U,
+    bracket_around,
+    decide_scaled,
+    exp_dd,
+    exp_fast,
+)
 
 __all__ = ["scaled_dot_product_attention", "Attention", "attention_operands", "attention_rows", "AttnCounts",
            "exact_row", "default_scale"]  # fmt: skip
@@ -321,7 +330,7 @@ def _fast_decide(N, D, ED, eps, pn, vn, vmax, iv, gS, prec, emin, emax, status, 
             eN = (gS + eps[b, i] * 1.01) * A * 1.01 + 2.0**-1000 * (1.0 + vmax[iv[b], c])  # underflows: S 2**-1075
             y = nv / d
             e = ((eN + (abs(nv) + eN) * rho) / (d * (1.0 - rho)) + U * abs(y)) * 1.0001
-            val, ok = bracket(np.nextafter(y - e, -np.inf), np.nextafter(y + e, np.inf), prec, emin, emax)
+            val, ok = bracket_around(y, e, False, prec, emin, emax)
             out[b, i, c] = val
             pending[b, i, c] = not ok
 

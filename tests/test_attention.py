@@ -118,6 +118,16 @@ def test_hard_cases_match_truth():
         _assert_same(SDPA(q64, k64, v64, **kw64), truth.scaled_dot_product_attention(q64, k64, v64, **kw64), "f64")
 
 
+def test_float64_extremes_match_truth():
+    """Logits near 1e300 apart, values near the overflow threshold and subnormal values: the double-word
+    pass leaves its range to the exact path, which still matches the truth."""
+    q = torch.tensor([[1e150, 1.0], [1e-160, 2.0]], dtype=torch.float64)
+    k = torch.tensor([[1e150, 0.0], [2e150, 1.0], [1.0, 1e-300]], dtype=torch.float64)
+    for v in ([[1e308, -1e308], [1.7e308, 1.0], [3.0, 5e-324]], [[1e-320, -1e-310], [2e-320, 1.0], [3.0, 5e-324]]):
+        v = torch.tensor(v, dtype=torch.float64)
+        _assert_same(SDPA(q, k, v), truth.scaled_dot_product_attention(q, k, v))
+
+
 def test_specials_match_truth_and_torch():
     """NaN/inf inputs and masks follow IEEE on the definition, as torch's math backend."""
     inf, nan = math.inf, math.nan

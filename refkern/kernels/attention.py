@@ -520,6 +520,9 @@ def _dd_rows(Q, K, V, iq, ik, iv, M3, im, has_mask, causal, scale, rb, ri, want,
                 A += abs(th)
                 emax_ = max(emax_, ep[j])
             eN = A * (emax_ + (cnt + 2) * EPS) * 1.02 + (slack + S * 2.0**-1060) * (vs + 1.0)
+            if not (A <= 2.0**1000 and (Nh == 0.0 or abs(Nh) >= 2.0**-900)):
+                undecided[b, i, c] = True  # outside the range where the double-word bounds hold
+                continue
             if Nh == 0.0:
                 if eN == 0.0:
                     out[b, i, c] = 0.0

@@ -55,6 +55,29 @@ def _figures(a, ref, mag, n, u_acc, u_out, arrays, err, bound0, r0, scale, prob,
         cond[i] = 1.0 if m == 0.0 else m / abs(y)
 
 
+def _worst(eligible, key, shape):
+    """The (at most) ten eligible elements with the largest ``key``, worst first: flat indices and
+    multi-indices."""
+    k = np.where(eligible, np.nan_to_num(key.reshape(-1), nan=np.inf), -1.0)
+    n_top = min(10, int(eligible.sum()))
+    top = np.argpartition(-k, n_top - 1)[:n_top] if n_top else np.zeros(0, np.int64)
+    top = top[np.argsort(-k[top], kind="stable")]
+    worst = [tuple(int(i) for i in np.unravel_index(f, shape)) for f in top] if shape else [()] * len(top)
+    return top, worst
+
+
+def _tolerance(err, ref, classes, rtol, atol):
+    """With rtol/atol: how many elements fail ``err <= atol + rtol |ref|``, and how many of those the
+    rounding hypothesis explains anyway (None without a tolerance)."""
+    if rtol is None and atol is None:
+        return None
+    rt, at = float(rtol or 0.0), float(atol or 0.0)
+    with np.errstate(invalid="ignore"):
+        failing = ~(err <= at + rt * np.abs(ref))
+    return {"rtol": rt, "atol": at, "failing": int(failing.sum()),
+            "failing_explained_by_rounding": int((failing & (classes == 1)).sum())}  # fmt: skip
+
+
 def compare(actual, op, *args, rtol: float | None = None, atol: float | None = None, **kwargs) -> Report:
     """Analyse a backend's output against the exact reference of the same call.
 
@@ -102,11 +125,7 @@ def _analyse(actual, op, args, kwargs, rtol, atol, arrays=False):
     unexplained = d.unexplained
     eligible = (unexplained if d.verdict == "mismatch" else err > 0).reshape(-1)
     key = d.z if d.verdict == "mismatch" else prob
-    k = np.where(eligible, np.nan_to_num(key.reshape(-1), nan=np.inf), -1.0)
-    n_top = min(10, int(eligible.sum()))
-    top = np.argpartition(-k, n_top - 1)[:n_top] if n_top else np.zeros(0, np.int64)
-    top = top[np.argsort(-k[top], kind="stable")]  # the ten worst, worst first
-    worst = [tuple(int(i) for i in np.unravel_index(f, ref.shape)) for f in top] if ref.shape else [()] * len(top)
+    top, worst = _worst(eligible, key, ref.shape)
     lam = d.thresholds["element"]
     details = [
         {
@@ -123,13 +142,7 @@ def _analyse(actual, op, args, kwargs, rtol, atol, arrays=False):
     where = {}
     if d.verdict == "mismatch" and ref.ndim:
         where = where_summary(np.argwhere(unexplained), ref.shape, pr.axes)
-    tol = None
-    if rtol is not None or atol is not None:
-        rt, at = float(rtol or 0.0), float(atol or 0.0)
-        with np.errstate(invalid="ignore"):
-            failing = ~(err <= at + rt * np.abs(ref))
-        tol = {"rtol": rt, "atol": at, "failing": int(failing.sum()),
-               "failing_explained_by_rounding": int((failing & (d.classes == 1)).sum())}  # fmt: skip
+    tol = _tolerance(err, ref, d.classes, rtol, atol)
     notes = [f["text"] for f in d.structure]
     if d.verdict == "mismatch" and d.model is not None and not d.model.rounding:
         notes.append(f"measured against {d.model.kind}, which explains every other element")
@@ -219,24 +232,14 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
     r0 = d.fits[0].ratio
     counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
     eligible = (d.unexplained if d.verdict == "mismatch" else err > 0).reshape(-1)
-    k = np.where(eligible, np.nan_to_num(r0.reshape(-1), nan=np.inf), -1.0)
-    n_top = min(10, int(eligible.sum()))
-    top = np.argpartition(-k, n_top - 1)[:n_top] if n_top else np.zeros(0, np.int64)
-    top = top[np.argsort(-k[top], kind="stable")]
-    worst = [tuple(int(i) for i in np.unravel_index(f, ref.shape)) for f in top] if ref.shape else [()] * len(top)
+    top, worst = _worst(eligible, r0, ref.shape)
     details = [{"index": list(w), "actual": float(act.reshape(-1)[f]), "reference": float(ref.reshape(-1)[f]),
                 "ulp": float(ulps.reshape(-1)[f]), "bound_ratio": float(r0.reshape(-1)[f]),
                 "test_ratio": float(r0.reshape(-1)[f]), "condition": 1.0} for w, f in zip(worst, top)]  # fmt: skip
     where = {}
     if d.verdict == "mismatch" and ref.ndim:
         where = where_summary(np.argwhere(d.unexplained), ref.shape, tuple(f"dim{i}" for i in range(ref.ndim)))
-    tol = None
-    if rtol is not None or atol is not None:
-        rt, at = float(rtol or 0.0), float(atol or 0.0)
-        with np.errstate(invalid="ignore"):
-            failing = ~(err <= at + rt * np.abs(ref))
-        tol = {"rtol": rt, "atol": at, "failing": int(failing.sum()),
-               "failing_explained_by_rounding": int((failing & (d.classes == 1)).sum())}  # fmt: skip
+    tol = _tolerance(err, ref, d.classes, rtol, atol)
     notes = [f["text"] for f in d.structure]
     det = d.detectable["element"]
     notes.append(f"judged by worst-case envelopes (no statistical test for {name} yet): an error below the "

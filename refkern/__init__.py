@@ -8,6 +8,7 @@ from refkern._version import __version__
 from refkern.analysis.compare import assert_matches_reference, compare
 from refkern.analysis.explain import Explanation, explain
 from refkern.analysis.report import Report
+from refkern.gradients import backward, compare_backward
 from refkern.kernels.attention import scaled_dot_product_attention
 from refkern.kernels.conv import conv1d, conv2d, conv3d
 from refkern.kernels.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
@@ -35,8 +36,10 @@ __all__ = [
     "assert_matches_reference",
     "avg_pool1d",
     "avg_pool2d",
+    "backward",
     "batch_norm",
     "compare",
+    "compare_backward",
     "conv1d",
     "conv2d",
     "conv3d",

@@ -1,0 +1,502 @@
+"""``refkern.backward`` and ``refkern.compare_backward``: the exact gradients of the products and
+convolutions, each one *adjoint call* of an exact forward kernel.
+
+The gradient of a sum of products with respect to one of its factors is again a sum of
+products: every forward term ``l * r`` that reaches output element I puts the term
+``grad_output[I] * r`` into the gradient of l's element. Each gradient element is therefore
+an exact sum of products, and computing it as one forward call of an exact refkern kernel (on
+rearranged operands) gives it correctly rounded, rounded once, in the argument's dtype (as torch
+returns it). The adjoint calls:
+
+* ``linear(x, W, b)``: grad_x = ``matmul(grad_output, W)``; grad_W = ``matmul(g2.T, x2)`` with the
+  leading dimensions flattened (g2: (M, out), x2: (M, in)); grad_b = ``sum(g2, dim=0)``.
+* ``matmul(a, b)`` (torch.matmul semantics): grad_a = ``matmul(G, B^T)`` and grad_b =
+  ``matmul(A^T, G)`` per batch element; the batch dimensions over which an operand was broadcast
+  are moved into the reduction dimension K, so a broadcast operand's gradient is still one
+  exact sum, rounded once (torch sums rounded per-batch products).
+* ``conv{n}d(x, W, b, stride s, padding (lo, hi), dilation d, groups)``: grad_x =
+  ``conv_transpose{n}d(grad_output, W, stride=s, padding=lo, output_padding=lo - hi + rem,
+  dilation=d, groups)`` (rem: the positions past the last window); grad_W = ``conv{n}d(X'', G'',
+  stride=d, dilation=s, groups)`` with X'' the padded input as (C_in / groups, groups * N, ...)
+  (batch and channels swapped) and G'' grad_output as (C_out, N, ...); grad_b = ``sum`` over the
+  batch and spatial dimensions.
+* ``conv_transpose{n}d(input, W, b, stride s, padding p, output_padding a, groups, dilation d)``:
+  grad_input = ``conv{n}d(G_p, W, stride=s, dilation=d, groups)`` with G_p grad_output padded by
+  (p, p - a) zeros; grad_W = ``conv{n}d(G_p'', X'', stride=d, dilation=s, groups)``; grad_b = ``sum``.
+
+:func:`compare_backward` judges a backend's gradient by :func:`refkern.compare` on the same adjoint
+call, so the bounds, emulated precisions and structure tests of the forward op apply unchanged;
+its Reports index the adjoint call's output (the gradient itself, or its transpose for grad_W
+of a convolution).
+"""
+
+import difflib
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from refkern._arrays import is_tensor, operand
+
+__all__ = ["backward", "compare_backward", "adjoints", "Adjoint", "OPS"]
+
+_PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+def _identity(a):
+    return a
+
+
+@dataclass
+class Adjoint:
+    """The forward call whose exact result is one gradient: ``getattr(refkern, op)(*args, **kwargs)``,
+    mapped to the gradient's layout by ``to_grad`` (and a gradient to the call's layout by
+    ``from_grad``). ``judge``: None, or a function giving another exact formulation of the same
+    gradient that :func:`compare_backward` analyses instead: where this call computes more elements
+    than the gradient has (a crop), or where another form lets the analysis model how backends
+    accumulate it."""
+
+    name: str  # the argument whose gradient this is
+    op: str
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    to_grad: Callable = _identity
+    from_grad: Callable = _identity
+    judge: "Callable[[], Adjoint] | None" = None
+
+    def run(self):
+        import refkern
+
+        return self.to_grad(getattr(refkern, self.op)(*self.args, **self.kwargs))
+
+
+# ---------------------------------------------------------------- arrays or tensors, in their own dtype
+
+
+def _shape(a) -> tuple:
+    return tuple(a.shape) if hasattr(a, "shape") else np.shape(a)
+
+
+def _perm(a, axes):
+    return a.permute(*axes) if is_tensor(a) else np.transpose(a, axes)
+
+
+def _flip(a, axes):
+    return a.flip(tuple(axes)) if is_tensor(a) else np.flip(a, tuple(axes))
+
+
+def _bcast(a, shape):
+    return a.expand(*shape) if is_tensor(a) else np.broadcast_to(a, shape)
+
+
+def _pad(a, pads, mode="zeros"):
+    """``a`` with its last ``len(pads)`` dimensions padded by ``(lo, hi)`` each (``mode`` as
+    torch's padding_mode); a negative amount crops instead."""
+    lead = a.ndim - len(pads)
+    if any(lo < 0 or hi < 0 for lo, hi in pads):
+        sl = tuple(slice(max(-lo, 0), s - max(-hi, 0)) for (lo, hi), s in zip(pads, _shape(a)[lead:]))
+        a = a[(slice(None),) * lead + sl]
+        pads = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
+    if not any(lo or hi for lo, hi in pads):
+        return a
+    if mode == "zeros":
+        shape = _shape(a)[:lead] + tuple(s + lo + hi for (lo, hi), s in zip(pads, _shape(a)[lead:]))
+        out = a.new_zeros(shape) if is_tensor(a) else np.zeros(shape, a.dtype)
+        out[(slice(None),) * lead + tuple(slice(lo, lo + s) for (lo, _), s in zip(pads, _shape(a)[lead:]))] = a
+        return out
+    for i, (lo, hi) in enumerate(pads):  # reflect / replicate / circular: gather along each axis
+        idx = np.pad(np.arange(_shape(a)[lead + i]), (lo, hi), mode=_PAD_MODES[mode])
+        if is_tensor(a):
+            import torch
+
+            a = a.index_select(lead + i, torch.as_tensor(idx, device=a.device))
+        else:
+            a = np.take(a, idx, axis=lead + i)
+    return a
+
+
+# ---------------------------------------------------------------- binding the call
+
+
+def _bind(op, args, kwargs, who):
+    import refkern
+
+    fn = getattr(refkern, op)
+    sig = inspect.signature(fn)
+    names = [p for p, v in sig.parameters.items() if v.kind is not inspect.Parameter.KEYWORD_ONLY]
+    for k in kwargs:
+        if k not in names:
+            near = difflib.get_close_matches(k, names, n=1)
+            hint = f" Did you mean {near[0]}=?" if near else f" It takes {', '.join(names)}."
+            raise TypeError(f"{who}: {op} has no argument {k!r}.{hint}")
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{who}: {op} takes ({', '.join(names)}); {exc}.") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _check_grad(op, g, want_shape, like, like_name, who):
+    og, ol = operand(g, "grad_output", who), operand(like, like_name, who)
+    if og.fmt.name != ol.fmt.name:
+        raise TypeError(
+            f"{who}: grad_output must have the dtype of the output of {op}, {ol.fmt.name}; "
+            f"got grad_output.dtype={og.fmt.name}."
+        )
+    if tuple(og.shape) != tuple(want_shape):
+        raise ValueError(
+            f"{who}: grad_output must have the shape of the output of {op}, {tuple(want_shape)}; "
+            f"got grad_output.shape={tuple(og.shape)}."
+        )
+
+
+# ---------------------------------------------------------------- linear and matmul
+
+
+def _linear(op, g, a, wrt, who):
+    from refkern.kernels._common import plan
+    from refkern.kernels.gemm import linear_operands
+
+    x, w, b = a["x"], a["weight"], a["bias"]
+    _, _, _, shape = linear_operands(plan(op, {"x": x, "weight": w, "bias": b}, ("x", "weight"), "exact", None))
+    _check_grad(op, g, shape, x, "x", who)
+    sx, sw = _shape(x), _shape(w)
+    lead, n_in = sx[:-1], sx[-1]
+    m = math.prod(lead)
+    out = {}
+    if "x" in wrt:
+        if len(sw) == 2:
+            out["x"] = Adjoint("x", "matmul", (g, w))
+        else:  # y[...] = sum_k x[..., k] w[k]: grad_x[..., k] = g[...] w[k], one term
+            out["x"] = Adjoint("x", "matmul", (g.reshape(lead + (1,) if lead else (1,)), w.reshape((1, n_in))))
+    if "weight" in wrt:
+        x2 = x.reshape((m, n_in))
+        if len(sw) == 2:
+            out["weight"] = Adjoint("weight", "matmul", (_perm(g.reshape((m, sw[0])), (1, 0)), x2))
+        else:
+            out["weight"] = Adjoint("weight", "matmul", (g.reshape((m,)), x2))
+    if "bias" in wrt:
+        if _shape(b) == () or len(sw) == 1:
+            out["bias"] = Adjoint("bias", "sum", (g,))
+        else:
+            out["bias"] = Adjoint("bias", "sum", (g.reshape((m, sw[0])),), {"dim": 0})
+    return out
+
+
+def _split_batch(batch, own):
+    """Batch axes (of the broadcast ``batch``) an operand with batch shape ``own`` keeps, and those
+    it was broadcast over (to be summed)."""
+    lead = len(batch) - len(own)
+    padded = (1,) * lead + tuple(own)
+    kept = [i for i in range(len(batch)) if i >= lead and padded[i] == batch[i]]
+    return kept, [i for i in range(len(batch)) if i not in kept]
+
+
+def _matmul(op, g, a, wrt, who):
+    from refkern.kernels._common import plan
+    from refkern.kernels.gemm import matmul_operands
+
+    A, B = a["a"], a["b"]
+    _, _, _, _, shape = matmul_operands(plan(op, {"a": A, "b": B}, ("a", "b"), "exact", None))
+    _check_grad(op, g, shape, A, "a", who)
+    sa, sb = _shape(A), _shape(B)
+    A2 = A.reshape((1,) + sa) if len(sa) == 1 else A
+    B2 = B.reshape(sb + (1,)) if len(sb) == 1 else B
+    (m, k), n = _shape(A2)[-2:], _shape(B2)[-1]
+    ba, bb = _shape(A2)[:-2], _shape(B2)[:-2]
+    batch = tuple(np.broadcast_shapes(ba, bb))
+    nb = len(batch)
+    G = g.reshape(batch + (m, n))
+    out = {}
+    if "a" in wrt:  # grad_a[.., i, p] = sum over (broadcast axes, j) of G[.., i, j] B[.., p, j]
+        kept, red = _split_batch(batch, ba)
+        r = math.prod(batch[i] for i in red)
+        L = _perm(G, kept + [nb] + red + [nb + 1]).reshape(ba + (m, r * n))
+        R = _perm(_bcast(B2, batch + (k, n)), kept + red + [nb + 1, nb]).reshape(ba + (r * n, k))
+        if len(sa) == 1:  # a row: the product is 1-D
+            L = L.reshape((r * n,))
+        out["a"] = Adjoint("a", "matmul", (L, R))
+    if "b" in wrt:  # grad_b[.., p, j] = sum over (broadcast axes, i) of A[.., i, p] G[.., i, j]
+        kept, red = _split_batch(batch, bb)
+        r = math.prod(batch[i] for i in red)
+        L = _perm(_bcast(A2, batch + (m, k)), kept + [nb + 1] + red + [nb]).reshape(bb + (k, r * m))
+        R = _perm(G, kept + red + [nb, nb + 1]).reshape(bb + (r * m, n))
+        if len(sb) == 1:  # a column: the product is 1-D
+            R = R.reshape((r * m,))
+        out["b"] = Adjoint("b", "matmul", (L, R))
+    return out
+
+
+# ---------------------------------------------------------------- convolutions
+
+
+def _conv_pads(op, nd, padding, dilation, ksize):
+    from refkern.kernels.conv import _pair
+
+    if isinstance(padding, str):
+        if padding == "valid":
+            return [(0, 0)] * nd
+        return [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for d, k in zip(dilation, ksize)]
+    return [(q, q) for q in _pair(padding, "padding", op, nd, 0)]
+
+
+def _bias_sum(g, unbatched):
+    """grad_bias of a convolution: the sum of grad_output over every axis but the channels'."""
+    ch = 0 if unbatched else 1
+    return Adjoint("bias", "sum", (g,), {"dim": tuple(i for i in range(g.ndim) if i != ch)})
+
+
+def _swap01(a):
+    return _perm(a, (1, 0, *range(2, a.ndim)))
+
+
+def _conv(nd, op, g, a, wrt, who):
+    from refkern.kernels._common import plan
+    from refkern.kernels.conv import conv_padded
+
+    x, w, b = a["x"], a["weight"], a["bias"]
+    mode = a["padding_mode"]
+    p = plan(op, {"x": x, "weight": w, "bias": b}, ("x", "weight"), "exact", None)
+    _, _, _, groups, stride, dilation, unbatched = conv_padded(p, nd, a["stride"], a["padding"], a["dilation"],
+                                                               a["groups"], mode)  # fmt: skip
+    sx, sw = _shape(x), _shape(w)
+    ksize, in_size = sw[2:], sx[-nd:]
+    pads = _conv_pads(op, nd, a["padding"], dilation, ksize)
+    span = [s + lo + hi - dl * (k - 1) - 1 for s, (lo, hi), dl, k in zip(in_size, pads, dilation, ksize)]
+    o_size = tuple(q // st + 1 for q, st in zip(span, stride))
+    rem = [q % st for q, st in zip(span, stride)]  # padded positions past the last window
+    c_out, cin_g = sw[0], sw[1]
+    n = 1 if unbatched else sx[0]
+    _check_grad(op, g, ((c_out,) if unbatched else (n, c_out)) + o_size, x, "x", who)
+    gb = g.reshape((1,) + _shape(g)) if unbatched else g
+    spatial = tuple(range(2, 2 + nd))
+    out = {}
+    if "x" in wrt:
+        if mode != "zeros":
+            raise NotImplementedError(
+                f"{who}: the gradient of x of {op} with padding_mode={mode!r} is not implemented (the padded border "
+                f"folds back onto x, which needs one exact sum per border element); wrt=('weight', 'bias') is exact."
+            )
+        outpad = [lo - hi + r for (lo, hi), r in zip(pads, rem)]
+        crop = [max(-q, 0) for q in outpad]  # "same" with an odd total: the transposed conv is one longer
+        kw = dict(stride=stride, padding=tuple(lo for lo, _ in pads), output_padding=tuple(max(q, 0) for q in outpad),
+                  groups=groups, dilation=dilation)  # fmt: skip
+        lead = 1 if unbatched else 2
+        to_grad = _identity
+        judge = None
+        if any(crop):
+
+            def to_grad(v, crop=crop, lead=lead):  # noqa: E306
+                return v[(slice(None),) * lead + tuple(slice(0, s - c) for s, c in zip(_shape(v)[lead:], crop))]
+
+            def judge(nd=nd, g=g, w=w, kw=kw, crop=crop, dilation=dilation):  # noqa: E306
+                return _same_judge(nd, g, w, kw, crop, dilation)
+
+        out["x"] = Adjoint("x", f"conv_transpose{nd}d", (g, w), kw, to_grad=to_grad, judge=judge)
+    if "weight" in wrt:
+        xb = x.reshape((1,) + sx) if unbatched else x
+        xp = _pad(_pad(xb, pads, mode), [(0, -r) for r in rem])  # drop what no window reaches
+        sp = _shape(xp)[2:]
+        xs = _perm(xp.reshape((n, groups, cin_g) + sp), (2, 1, 0, *spatial[1:], 2 + nd)).reshape((cin_g, groups * n)
+                                                                                                  + sp)  # fmt: skip
+        out["weight"] = Adjoint("weight", f"conv{nd}d", (xs, _swap01(gb)),
+                                dict(stride=dilation, dilation=stride, groups=groups), to_grad=_swap01,
+                                from_grad=_swap01, judge=lambda: _weight_judge(xp, gb, ksize, o_size, stride,
+                                                                               dilation, groups))  # fmt: skip
+    if "bias" in wrt:
+        out["bias"] = _bias_sum(g, unbatched)
+    return out
+
+
+def _same_judge(nd, g, w, kw, crop, dilation):
+    """grad_x of a "same" convolution with an odd total padding, as a transposed convolution of exactly
+    the input's shape: where the transposed convolution would be one longer, a zero tap is put in
+    front of the filters (tap 0), the padding grows by d and output_padding is d - 1 (< d: valid).
+    The added products are ``0 * grad_output``: zeros, which change no finite value."""
+    ext = [(1, 0) if c else (0, 0) for c in crop]
+    wz = _pad(w, ext)
+    kz = dict(kw)
+    kz["padding"] = tuple(p + (d if c else 0) for p, d, c in zip(kw["padding"], dilation, crop))
+    kz["output_padding"] = tuple((d - 1) if c else a for a, d, c in zip(kw["output_padding"], dilation, crop))
+    return Adjoint("x", f"conv_transpose{nd}d", (g, wz), kz)
+
+
+def _take2(a, idx, axis):
+    """``a`` indexed along ``axis`` by the 2-D integer array ``idx`` (two axes in its place)."""
+    if is_tensor(a):
+        import torch
+
+        return a[(slice(None),) * axis + (torch.as_tensor(idx, device=a.device),)]
+    return np.take(a, idx, axis=axis)
+
+
+def _weight_judge(xp, gb, ksize, o_size, stride, dilation, groups):
+    """grad_weight of a convolution as one transposed convolution whose *taps are the images*:
+    grad_W[co, ci, t] = sum_n (sum_o grad_output[n, co, o] x_p[n, ci, o s + t d]). The input holds
+    the patches of image n at positions (N - 1 - n) D + (ci, t) (D = C_in / groups * taps), channel o;
+    the filter of channel o, output co, tap n is grad_output[n, co, o]; padding (N - 1) D and
+    dilation D make every tap valid at every output position (ci, t). Its analysis then knows the
+    per-tap roundings of torch's CPU kernels, which accumulate grad_weight image by image (a GEMM
+    per image, added into the result's dtype)."""
+    nd = len(ksize)
+    n, c_in = _shape(xp)[:2]
+    c_out = _shape(gb)[1]
+    cin_g, cout_g = c_in // groups, c_out // groups
+    a = xp
+    for i in range(nd):  # patches: (N, C_in, o0, t0, o1, t1, ...)
+        idx = np.arange(o_size[i])[:, None] * stride[i] + np.arange(ksize[i])[None, :] * dilation[i]
+        a = _take2(a, idx, 2 + 2 * i)
+    a = _perm(a, (0, 1, *(2 + 2 * i for i in range(nd)), *(3 + 2 * i for i in range(nd))))
+    o, t = math.prod(o_size), math.prod(ksize)
+    d = cin_g * t
+    a = a.reshape((n, groups, cin_g, o, t))
+    xc = _flip(_perm(a, (1, 3, 0, 2, 4)), (2,)).reshape((1, groups * o, n * d))
+    wc = _perm(gb.reshape((n, groups, cout_g, o)), (1, 3, 2, 0)).reshape((groups * o, cout_g, n))
+    return Adjoint("weight", "conv_transpose1d", (xc, wc), dict(padding=(n - 1) * d, dilation=d, groups=groups),
+                   to_grad=lambda v: v.reshape((c_out, cin_g) + tuple(ksize)),
+                   from_grad=lambda v: v.reshape((1, c_out, d)))  # fmt: skip
+
+
+def _conv_transpose(nd, op, g, a, wrt, who):
+    from refkern.kernels._common import plan
+    from refkern.kernels.conv_transpose import convt_operands
+
+    x, w, b = a["input"], a["weight"], a["bias"]
+    p = plan(op, {"input": x, "weight": w, "bias": b}, ("input", "weight"), "exact", None)
+    c = convt_operands(p, nd, a["stride"], a["padding"], a["output_padding"], a["groups"], a["dilation"])
+    stride, padding, dilation = c.stride[3 - nd :], c.padding[3 - nd :], c.dilation[3 - nd :]
+    groups, unbatched = c.groups, c.unbatched
+    out_shape = c.out_shape[:2] + c.out_shape[5 - nd :]
+    _check_grad(op, g, out_shape[1:] if unbatched else out_shape, x, "input", who)
+    sx, sw = _shape(x), _shape(w)
+    in_size, ksize = sx[-nd:], sw[2:]
+    n = 1 if unbatched else sx[0]
+    cout_g = sw[1]
+    gb = g.reshape((1,) + _shape(g)) if unbatched else g
+    # grad_output padded by (p, p - a): length (L - 1) s + d (k - 1) + 1, every window in it is an input position
+    full = [(q - 1) * st + dl * (k - 1) + 1 for q, st, dl, k in zip(in_size, stride, dilation, ksize)]
+    gp = _pad(gb, [(pq, f - o - pq) for pq, f, o in zip(padding, full, out_shape[2:])])
+    spatial = tuple(range(2, 2 + nd))
+    out = {}
+    if "input" in wrt:
+        unb = (lambda v: v[0]) if unbatched else _identity
+        to_b = (lambda v: v.reshape((1,) + _shape(v))) if unbatched else _identity
+        out["input"] = Adjoint("input", f"conv{nd}d", (gp, w), dict(stride=stride, dilation=dilation, groups=groups),
+                               to_grad=unb, from_grad=to_b)  # fmt: skip
+    if "weight" in wrt:
+        sp = _shape(gp)[2:]
+        gs = _perm(gp.reshape((n, groups, cout_g) + sp), (2, 1, 0, *spatial[1:], 2 + nd)).reshape((cout_g, groups * n)
+                                                                                                  + sp)  # fmt: skip
+        xb = x.reshape((1,) + sx) if unbatched else x
+        out["weight"] = Adjoint("weight", f"conv{nd}d", (gs, _swap01(xb)),
+                                dict(stride=dilation, dilation=stride, groups=groups), to_grad=_swap01,
+                                from_grad=_swap01)  # fmt: skip
+    if "bias" in wrt:
+        out["bias"] = _bias_sum(g, unbatched)
+    return out
+
+
+def _bind_nd(fn, nd):
+    return lambda op, g, a, wrt, who: fn(nd, op, g, a, wrt, who)
+
+
+_BUILDERS = {
+    "linear": (_linear, ("x", "weight", "bias")),
+    "matmul": (_matmul, ("a", "b")),
+    **{f"conv{d}d": (_bind_nd(_conv, d), ("x", "weight", "bias")) for d in (1, 2, 3)},
+    **{f"conv_transpose{d}d": (_bind_nd(_conv_transpose, d), ("input", "weight", "bias")) for d in (1, 2, 3)},
+}
+OPS = tuple(_BUILDERS)
+
+
+def _op_name(op, who) -> str:
+    import refkern
+
+    if isinstance(op, str) and op in _BUILDERS:
+        return op
+    for name in _BUILDERS:
+        if op is getattr(refkern, name):
+            return name
+    choices = ", ".join(repr(o) for o in _BUILDERS)
+    raise ValueError(f"{who}: unknown op={op!r}; choose one of {choices} (or the refkern function itself).")
+
+
+def adjoints(op, grad_output, *args, wrt=None, who="backward", **kwargs) -> dict:
+    """The :class:`Adjoint` call of every gradient asked for (all differentiable arguments given,
+    without ``wrt``), validated as torch validates the forward call."""
+    name = _op_name(op, who)
+    build, diff = _BUILDERS[name]
+    for bad in ("accumulate", "accum_dtype", "engine"):
+        if bad in kwargs:
+            raise ValueError(f"{who}: {bad}= is not an argument of the op: the gradients are always exact.")
+    a = _bind(name, args, kwargs, who)
+    given = tuple(k for k in diff if a.get(k) is not None)
+    if wrt is None:
+        wrt = given
+    elif isinstance(wrt, str):
+        wrt = (wrt,)
+    for k in wrt:
+        if k not in diff:
+            raise ValueError(f"{who}: {name} has no differentiable argument {k!r}; choose among {', '.join(diff)}.")
+        if a.get(k) is None:
+            raise ValueError(f"{who}: wrt names {k!r}, but {name} was called without it.")
+    return build(name, grad_output, a, tuple(wrt), who)
+
+
+def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
+    """Exact gradients of ``op(*args, **kwargs)`` for ``grad_output``: ``{argument name: gradient}``.
+
+    ``op``: "linear", "matmul", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d" (or the refkern function); the arguments are exactly the op's (same names:
+    ``x``/``weight``/``bias``, ``a``/``b``, ``input``/``weight``/``bias``), and ``grad_output`` has the
+    op's output shape and dtype. ``wrt``: the argument names whose gradients to compute (default:
+    every differentiable argument given); only those are computed.
+
+    **Guarantee.** Every element of every gradient is the exact sum of its products (each forward
+    term ``l * r`` reaching output I contributes ``grad_output[I] * r`` to l's gradient), summed
+    over the whole batch and every broadcast dimension, rounded once, to nearest even, to the
+    argument's dtype, as torch returns it. Each gradient is one *adjoint call* of an exact refkern
+    kernel (:mod:`refkern.gradients`), so the guarantee is the forward kernels' own.
+
+    Not implemented: the gradient of ``x`` of a convolution whose ``padding_mode`` is not "zeros"
+    (raises NotImplementedError; its weight and bias gradients are exact).
+
+    Returns numpy arrays, or CPU tensors when any input is a tensor.
+    """
+    return {k: adj.run() for k, adj in adjoints(op, grad_output, *args, wrt=wrt, **kwargs).items()}
+
+
+def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol=None, **kwargs) -> dict:
+    """Judge a backend's gradients: ``{argument name: Report}``, one per entry of ``actual_grads``.
+
+    ``actual_grads`` maps argument names (``"x"``, ``"weight"``, ``"bias"``, ``"a"``, ``"b"``,
+    ``"input"``) to the backend's gradients (e.g. ``{"weight": conv.weight.grad}``); ``op``,
+    ``grad_output`` and the arguments are those of :func:`backward`. Each gradient is judged by
+    :func:`refkern.compare` on its adjoint call (the forward call whose exact result it is), so the
+    verdicts (``exact``, ``rounding``, ``reduced-precision`` with the precision, ``mismatch``), the
+    bounds, the emulated precisions and the structure tests are those of that forward op. A
+    Report indexes the adjoint call's output: the gradient itself, except grad_weight of a
+    convolution, which is judged as (C_in / groups, C_out, ...) (its first two axes swapped).
+    """
+    from refkern.analysis.compare import compare
+
+    if not isinstance(actual_grads, dict):
+        raise TypeError(
+            f"compare_backward: actual_grads must be a dict of argument name to gradient; got "
+            f"{type(actual_grads).__name__}."
+        )
+    adj = adjoints(op, grad_output, *args, wrt=tuple(actual_grads), who="compare_backward", **kwargs)
+    bound = _bind(_op_name(op, "compare_backward"), args, kwargs, "compare_backward")
+    out = {}
+    for k, got in actual_grads.items():
+        want = _shape(bound[k])
+        if _shape(got) != want:
+            raise ValueError(
+                f"compare_backward: the gradient of {k} must have the shape of {k}, {want}; got shape {_shape(got)}."
+            )
+        a = adj[k].judge() if adj[k].judge is not None else adj[k]
+        out[k] = compare(a.from_grad(got), a.op, *a.args, rtol=rtol, atol=atol, **a.kwargs)
+    return out

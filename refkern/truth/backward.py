@@ -1,0 +1,214 @@
+"""Ground truth of :func:`refkern.backward`: the gradients from the forward definition, summed with
+mpmath exactly, rounded once.
+
+Nothing here goes through the adjoint calls of :mod:`refkern.gradients`. Each op walks its own
+forward definition, term by term: a term ``l * r`` of output element I (l an element of one
+argument, r of another, or r = 1 for a bias) puts the pair ``(grad_output[I], r)`` into the term
+list of l's gradient element (and ``(grad_output[I], l)`` into r's). Every list is then summed
+exactly by :func:`refkern.truth.products._exact_sum_of_products` (mpmath at a derived exact
+precision) and rounded once to the argument's format. Small sizes only: Python loops.
+"""
+
+import itertools
+
+import numpy as np
+
+from refkern._arrays import operand
+from refkern.truth.products import _exact_sum_of_products
+
+__all__ = ["backward"]
+
+_DIFF = {"linear": ("x", "weight", "bias"), "matmul": ("a", "b"),
+         **{f"conv{d}d": ("x", "weight", "bias") for d in (1, 2, 3)},
+         **{f"conv_transpose{d}d": ("input", "weight", "bias") for d in (1, 2, 3)}}  # fmt: skip
+
+
+def _values(v, name, op):
+    o = operand(v, name, op)
+    return np.asarray(o.values, np.float64).reshape(o.shape), o
+
+
+class _Grads:
+    """Term lists of every gradient element, keyed by argument name and index."""
+
+    def __init__(self, shapes: dict, wrt):
+        self.terms = {k: {} for k in wrt}
+        self.shapes = shapes
+
+    def add(self, name, idx, g, r):
+        t = self.terms.get(name)
+        if t is not None:
+            t.setdefault(idx, []).append((float(g), float(r)))
+
+    def finish(self, fmt, as_tensor, precision):
+        from refkern.kernels._common import deliver
+
+        out = {}
+        for k, terms in self.terms.items():
+            shape = self.shapes[k]
+            v = np.empty(shape)
+            for idx in np.ndindex(*shape):
+                v[idx] = _exact_sum_of_products(terms.get(idx, []), fmt, precision)
+            out[k] = deliver(v, fmt, as_tensor)
+        return out
+
+
+def _linear(op, G, a, grads):
+    x, w = a["x"], a["weight"]
+    lead, n_in = x.shape[:-1], x.shape[-1]
+    w2 = w if w.ndim == 2 else w[None, :]
+    bias = a.get("bias")
+    for m in np.ndindex(*lead):
+        for o in range(w2.shape[0]):  # y[m, o] = bias[o] + sum_k x[m, k] w[o, k]
+            oi = m + ((o,) if w.ndim == 2 else ())
+            g = G[oi]
+            for k in range(n_in):
+                grads.add("x", m + (k,), g, w2[o, k])
+                grads.add("weight", (o, k) if w.ndim == 2 else (k,), g, x[m + (k,)])
+            if bias is not None:
+                grads.add("bias", (o,) if bias.ndim == 1 else (), g, 1.0)
+
+
+def _matmul(op, G, a, grads):
+    A, B = a["a"], a["b"]
+    A2 = A[None, :] if A.ndim == 1 else A
+    B2 = B[:, None] if B.ndim == 1 else B
+    batch = np.broadcast_shapes(A2.shape[:-2], B2.shape[:-2])
+    (m, k), n = A2.shape[-2:], B2.shape[-1]
+    G2 = G.reshape(batch + (m, n))
+
+    def own(idx, shape):  # the element of a (broadcast) operand that batch index idx reads
+        lead = len(idx) - len(shape)
+        return tuple(0 if s == 1 else i for i, s in zip(idx[lead:], shape))
+
+    for t in np.ndindex(*batch):
+        ta, tb = own(t, A2.shape[:-2]), own(t, B2.shape[:-2])
+        for i, j, p in itertools.product(range(m), range(n), range(k)):  # C[t, i, j] = sum_p A[t, i, p] B[t, p, j]
+            g = G2[t + (i, j)]
+            grads.add("a", (ta + (i, p)) if A.ndim > 1 else (p,), g, B2[tb + (p, j)])
+            grads.add("b", (tb + (p, j)) if B.ndim > 1 else (p,), g, A2[ta + (i, p)])
+
+
+def _conv_geometry(op, nd, a, xshape, wshape):
+    from refkern.kernels.conv import _pair
+
+    stride = _pair(a["stride"], "stride", op, nd, 1)
+    dilation = _pair(a["dilation"], "dilation", op, nd, 1)
+    ksize = wshape[2:]
+    p = a["padding"]
+    if p == "valid":
+        pads = [(0, 0)] * nd
+    elif p == "same":
+        pads = [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for d, k in zip(dilation, ksize)]
+    else:
+        pads = [(q, q) for q in _pair(p, "padding", op, nd, 0)]
+    return stride, dilation, pads
+
+
+def _source(j, lo, size, mode):
+    """The input position that padded position j (padding lo on the left) holds, None for a zero."""
+    i = j - lo
+    if 0 <= i < size:
+        return i
+    if mode == "zeros":
+        return None
+    if mode == "replicate":
+        return min(max(i, 0), size - 1)
+    if mode == "circular":
+        return i % size
+    return -i if i < 0 else 2 * (size - 1) - i  # reflect
+
+
+def _conv(nd, op, G, a, grads):
+    x, w = a["x"], a["weight"]
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x, G = x[None], G[None]
+    stride, dilation, pads = _conv_geometry(op, nd, a, x.shape, w.shape)
+    mode = a["padding_mode"]
+    groups = a["groups"]
+    n_img, c_in = x.shape[:2]
+    c_out, cin_g = w.shape[:2]
+    cout_g = c_out // groups
+    lift = (lambda idx: idx[1:]) if unbatched else (lambda idx: idx)
+    bias = a.get("bias")
+    for n, co in itertools.product(range(n_img), range(c_out)):
+        gr = co // cout_g
+        for o in np.ndindex(*G.shape[2:]):  # y[n, co, o] = bias[co] + sum_{ci, t} w[co, ci, t] x_p[n, ci', o s + t d]
+            g = G[(n, co) + o]
+            if bias is not None:
+                grads.add("bias", (co,), g, 1.0)
+            for ci in range(cin_g):
+                cc = gr * cin_g + ci
+                for t in np.ndindex(*w.shape[2:]):
+                    src = [_source(o[i] * stride[i] + t[i] * dilation[i], pads[i][0], x.shape[2 + i], mode)
+                           for i in range(nd)]  # fmt: skip
+                    if any(s is None for s in src):  # a padded zero: a 0 term of grad_weight, none of grad_x
+                        grads.add("weight", (co, ci) + t, g, 0.0)
+                        continue
+                    xi = (n, cc) + tuple(src)
+                    grads.add("weight", (co, ci) + t, g, x[xi])
+                    grads.add("x", lift(xi), g, w[(co, ci) + t])
+
+
+def _conv_transpose(nd, op, G, a, grads):
+    from refkern.kernels.conv import _pair
+
+    x, w = a["input"], a["weight"]
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x, G = x[None], G[None]
+    stride = _pair(a["stride"], "stride", op, nd, 1)
+    dilation = _pair(a["dilation"], "dilation", op, nd, 1)
+    padding = _pair(a["padding"], "padding", op, nd, 0)
+    groups = a["groups"]
+    n_img, c_in = x.shape[:2]
+    cout_g = w.shape[1]
+    cin_g = c_in // groups
+    osz = G.shape[2:]
+    lift = (lambda idx: idx[1:]) if unbatched else (lambda idx: idx)
+    for n, ci in itertools.product(range(n_img), range(c_in)):  # torch's scatter definition
+        gr = ci // cin_g
+        for i in np.ndindex(*x.shape[2:]):
+            for t in np.ndindex(*w.shape[2:]):
+                o = tuple(i[q] * stride[q] - padding[q] + t[q] * dilation[q] for q in range(nd))
+                if not all(0 <= o[q] < osz[q] for q in range(nd)):
+                    continue
+                for co in range(cout_g):
+                    g = G[(n, gr * cout_g + co) + o]
+                    grads.add("input", lift((n, ci) + i), g, w[(ci, co) + t])
+                    grads.add("weight", (ci, co) + t, g, x[(n, ci) + i])
+    if a.get("bias") is not None:
+        for idx in np.ndindex(*G.shape):
+            grads.add("bias", (idx[1],), G[idx], 1.0)
+
+
+def _nd(fn, nd):
+    return lambda *z: fn(nd, *z)
+
+
+_OPS = {"linear": _linear, "matmul": _matmul, **{f"conv{d}d": _nd(_conv, d) for d in (1, 2, 3)},
+        **{f"conv_transpose{d}d": _nd(_conv_transpose, d) for d in (1, 2, 3)}}  # fmt: skip
+
+
+def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **kwargs) -> dict:
+    """Ground truth of :func:`refkern.backward`: ``{argument name: gradient}``, each element the exact
+    sum (mpmath, exact precision derived from its terms) of its terms from the forward definition,
+    rounded once to the argument's dtype. Same arguments as :func:`refkern.backward`; the inputs are
+    validated by the fast path's normalisers (shapes, dtypes) before the loops."""
+    from refkern.gradients import _bind, _op_name, adjoints
+
+    name = _op_name(op, "truth.backward")
+    adjoints(name, grad_output, *args, wrt=wrt, who="truth.backward", **kwargs)  # validation only: no kernel runs
+    a = _bind(name, args, kwargs, "truth.backward")
+    ops = {k: _values(v, k, "truth.backward") for k, v in a.items() if k in _DIFF[name] and v is not None}
+    vals = {**a, **{k: v for k, (v, _) in ops.items()}}
+    G, og = _values(grad_output, "grad_output", "truth.backward")
+    if wrt is None:
+        wrt = tuple(ops)
+    elif isinstance(wrt, str):
+        wrt = (wrt,)
+    grads = _Grads({k: tuple(ops[k][1].shape) for k in ops}, wrt)
+    _OPS[name](name, G, vals, grads)
+    as_tensor = og.torch or any(o.torch for _, o in ops.values())
+    return grads.finish(og.fmt, as_tensor, precision)

@@ -3,7 +3,7 @@
     refkern demo                      the classic questions, answered live
     refkern check OP --shape ...      one op on random (or given) data, on every backend
     refkern sweep OP --k A:B:S        error against reduction length, with the bounds drawn
-    refkern audit MODULE:FACTORY ...  every conv/linear/matmul call of a model
+    refkern audit MODULE:FACTORY ...  every call of a model refkern has a reference for
     refkern doctor                    versions, threads, caches, devices and their flags
     refkern bench                     the benchmarks
 
@@ -23,13 +23,15 @@ import platform
 import subprocess
 import sys
 
+from refkern._operands import OPERANDS, POSITIONAL, REQUIRED
 from refkern._version import __version__
 
 JSON_VERSION = 1
-OPERANDS = {"dot": ("x", "y"), "matmul": ("a", "b"), "linear": ("x", "weight", "bias"),
-            "conv1d": ("x", "weight", "bias"), "conv2d": ("x", "weight", "bias"), "conv3d": ("x", "weight", "bias"),
-            "conv_transpose1d": ("input", "weight", "bias"), "conv_transpose2d": ("input", "weight", "bias"),
-            "conv_transpose3d": ("input", "weight", "bias")}  # fmt: skip
+# Arguments without which the op cannot run from a command line, with an example each.
+NEEDS = {"cumsum": "dim=-1", "layer_norm": "normalized_shape=(768,)", "rms_norm": "normalized_shape=(768,)",
+         "group_norm": "num_groups=4", "avg_pool1d": "kernel_size=3", "avg_pool2d": "kernel_size=3",
+         "max_pool1d": "kernel_size=3", "max_pool2d": "kernel_size=3", "adaptive_avg_pool1d": "output_size=4",
+         "adaptive_avg_pool2d": "output_size=(4,4)", "softmax": "dim=-1", "log_softmax": "dim=-1"}  # fmt: skip
 
 
 OUTPUT_OPTIONS = ("json", "plot", "png", "csv")
@@ -283,30 +285,31 @@ def _load_input(path, torch, names):
 
 
 def _inputs(a, torch, op):
-    names = OPERANDS[op]
+    names, need = OPERANDS[op], REQUIRED.get(op, 1)
     if a.input:
         if a.shape:
             raise UsageError(f"--input {a.input!r} and --shape both give the operands; keep one of them")
         tensors = _load_input(a.input, torch, names)
-        if not 2 <= len(tensors) <= len(names):
-            raise UsageError(
-                f"--input {a.input!r} must hold {', '.join(names)} (or the first two); got {len(tensors)} arrays"
-            )
+        if not need <= len(tensors) <= len(names):
+            first = f" (or the first {need})" if need < len(names) else ""
+            raise UsageError(f"--input {a.input!r} must hold {', '.join(names)}{first}; got {len(tensors)} arrays")
         if a.dtype:  # converted on request, as --dtype says; the file's own dtype otherwise
             dt = _dtype(torch, a.dtype)
             tensors = [t.to(dt) for t in tensors]
         return tensors
     if not a.shape:
-        raise UsageError(
-            f"give --shape for {', '.join(names[:2])}" + (" [and bias]" if len(names) == 3 else "") + " or --input FILE"
-        )
-    if not 2 <= len(a.shape) <= len(names):
-        raise UsageError(
-            f"{op} takes {len(names) if len(names) == 2 else '2 or 3'} shapes ({', '.join(names)}); got {len(a.shape)}"
-        )
+        rest = f" [and {', '.join(names[need:])}]" if need < len(names) else ""
+        raise UsageError(f"give --shape for {', '.join(names[:need])}{rest} or --input FILE")
+    if not need <= len(a.shape) <= len(names):
+        count = str(need) if need == len(names) else f"{need} {'or' if len(names) == need + 1 else 'to'} {len(names)}"
+        raise UsageError(f"{op} takes {count} shapes ({', '.join(names)}); got {len(a.shape)}")
     g = torch.Generator().manual_seed(a.seed)
     dt = _dtype(torch, a.dtype or "float32")
-    return [torch.randn(*s, generator=g, dtype=torch.float32).to(dt) for s in a.shape]
+    out = []
+    for name, s in zip(names, a.shape):
+        t = torch.randn(*s, generator=g, dtype=torch.float32)
+        out.append((t.exp() if name == "running_var" else t).to(dt))  # a variance is positive: lognormal
+    return out
 
 
 def cmd_check(a):
@@ -318,7 +321,15 @@ def cmd_check(a):
     op = a.op
     fn = _torch_fn(op)
     kw = _kwargs(a.kw, op)
+    if op in NEEDS and NEEDS[op].split("=")[0] not in kw:
+        example = NEEDS[op]
+        if op in ("layer_norm", "rms_norm") and a.shape:  # the input's last dimension
+            example = f"normalized_shape=({a.shape[0][-1]},)"
+        raise UsageError(f"{op} needs {NEEDS[op].split('=')[0]}: add --kw {example}")
     tensors = _inputs(a, torch, op)
+    if op not in POSITIONAL:  # torch.nn.functional's signature: the tensors after the first by name
+        kw.update(zip(OPERANDS[op][1:], tensors[1:]))
+        tensors = tensors[:1]
     backends = _backends(a.device)
     try:
         res = rkt.check(fn, *tensors, devices=backends, compile=a.compile, op=op, **kw)
@@ -339,7 +350,9 @@ def cmd_check(a):
             raise UsageError("--plot: no backend could run the op, so there is nothing to plot")
         dev = next(b.device for b in backends if b.name == row.backend.split("+")[0])
         with torch.no_grad():  # the plotted output comes from the first backend that ran the op
-            out = fn(*(t.to(dev) for t in tensors), **kw)
+            moved = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+            out = fn(*(t.to(dev) for t in tensors), **moved)
+            out = out[0] if isinstance(out, tuple) else out  # max_pool's (values, indices)
         arrays = elements(out, op, *tensors, **kw)
         with _Writing("--plot", a.plot):
             error_plots(arrays, f"{op} on {row.backend}: {row.report.verdict}", a.plot)
@@ -612,8 +625,8 @@ def _parser() -> argparse.ArgumentParser:
         "--shape", nargs="+", type=_shape, metavar="S", help="operand shapes in order, e.g. 8,3,32,32 16,3,3,3 16"
     )
     c.add_argument("--kw", nargs="+", metavar="K=V", help="op arguments, e.g. padding=1 stride=(2,1) padding=same")
-    c.add_argument("--input", metavar="FILE", help=".npz or .pt file with the operands (x, weight, bias / a, b), "
-                   "instead of --shape")  # fmt: skip
+    c.add_argument("--input", metavar="FILE", help=".npz or .pt file with the operands (x, weight, bias / a, b / "
+                   "query, key, value, ...: the op's tensors, by name or in order), instead of --shape")  # fmt: skip
     c.add_argument("--device", nargs="+", metavar="D", help="backends (default: all here): cpu cuda cuda:1 mps "
                    "xpu dml; one this machine lacks is an error")  # fmt: skip
     c.add_argument("--dtype", help="float16, bfloat16, float32 (default for --shape) or float64; with --input the "
@@ -638,7 +651,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", metavar="FILE")
     s.set_defaults(run=cmd_sweep)
 
-    au = sub.add_parser("audit", help="every conv/linear/matmul call of a model, per layer")
+    au = sub.add_parser("audit", help="every call of a model refkern has a reference for (products, convolutions, "
+                        "reductions, norms, pools, softmax, attention), per layer")  # fmt: skip
     au.add_argument("target", metavar="MODULE:FACTORY", help="a function returning an nn.Module: an import path "
                     "(mypkg.models:make, from the current directory) or a file (./model.py:make)")  # fmt: skip
     au.add_argument("--input-shape", required=True, type=_shape, metavar="S", help="e.g. 1,3,32,32")

@@ -9,9 +9,12 @@ __all__ = ["Report", "where_summary", "VERDICTS", "COLUMNS_NOTE"]
 
 VERDICTS = ("exact", "rounding", "reduced-precision", "mismatch")
 #: one line under every table that shows ulps: what the columns mean, scale first
-COLUMNS_NOTE = ("error/noise: the largest error over the rounding noise scale sqrt(n) u M (a correct result stays "
-                "near or below 1); bound ratio: over the worst-case bound; max ulp is large where outputs are near "
-                "zero (the terms cancel) and means little there")
+COLUMNS_NOTE = (
+    "error/noise: the largest error over the rounding noise scale sqrt(n) u M (a correct result stays "
+    "near or below 1); bound ratio: over the worst-case bound (for reductions, norms, pools, softmax and "
+    "attention both are over the worst-case envelope, at most 1 for any correct implementation); max ulp "
+    "is large where outputs are near zero (the terms cancel) and means little there"
+)
 
 
 def where_summary(idx: np.ndarray, shape: tuple, axes: tuple) -> dict:
@@ -108,8 +111,10 @@ class Report:
             f"{_num(self.max_bound_ratio)}x the worst-case bound; {_num(self.max_ulp)} ulp; {self.n_terms} terms"
         )
         if self.max_ulp > 64 and self.verdict in ("exact", "rounding"):
-            lines.append("  (many ulps are normal where outputs are near zero: the terms cancel, and an ulp of the "
-                         "small result is tiny next to the rounding of the large terms)")
+            lines.append(
+                "  (many ulps are normal where outputs are near zero: the terms cancel, and an ulp of the "
+                "small result is tiny next to the rounding of the large terms)"
+            )
         lines.append(f"  condition number: median {_num(self.condition['median'])}, max {_num(self.condition['max'])}")
         ratios = ", ".join(
             f"{k} {_num(v['worst_case'])}/{_num(v['probabilistic'])}" for k, v in self.bound_ratios.items()

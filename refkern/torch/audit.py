@@ -1,4 +1,5 @@
-"""``refkern.torch.audit``: every conv/linear/matmul call of a model, against its exact reference."""
+"""``refkern.torch.audit``: every call of a model that refkern has an exact reference for (products,
+convolutions, reductions, norms, pools, softmax, attention), against that reference."""
 
 from dataclasses import dataclass
 
@@ -7,7 +8,7 @@ from torch.overrides import TorchFunctionMode
 
 from refkern.analysis.compare import compare
 from refkern.analysis.report import COLUMNS_NOTE
-from refkern.torch.ops import from_call
+from refkern.torch.ops import COMPOSITES, composite_body, from_call
 
 __all__ = ["audit", "Audit", "AuditCall"]
 
@@ -46,16 +47,28 @@ class _Mode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        if func in COMPOSITES:  # made of audited calls: record each of them
+            with _Mode(self.owner):
+                return composite_body(func)(*args, **kwargs)
         spec = from_call(func, args, kwargs)
-        if spec is not None and isinstance(out, torch.Tensor):
-            self.owner._record(spec, out)
+        if spec is not None and spec.op == "batch_norm":  # it writes into its running statistics: keep the inputs
+            spec.args, spec.kwargs = spec.on_cpu(copy=True)
+        out = func(*args, **kwargs)
+        value = out[0] if isinstance(out, tuple) and out and spec is not None else out  # max_pool's (values, indices)
+        if spec is not None and isinstance(value, torch.Tensor):
+            self.owner._record(spec, value)
         return out
 
 
 class Audit:
-    """Context manager: records and analyses every conv1d/2d/3d, conv_transpose1d/2d/3d, linear,
-    matmul / @, mm, bmm, addmm and baddbmm call made inside it, on whatever device the model runs.
+    """Context manager: records and analyses every call made inside it that refkern has a
+    reference for (:data:`refkern.torch.ops.FUNCTIONS`: conv1d/2d/3d, conv_transpose1d/2d/3d, linear,
+    matmul / @, mm, bmm, addmm, baddbmm, sum, mean, var, std, cumsum, layer_norm, rms_norm,
+    group_norm, batch_norm, the pools, softmax, log_softmax, scaled_dot_product_attention; inside
+    nn.MultiheadAttention, each projection and the attention), on whatever device the model runs.
+    torch turns its fused fast paths off while a function mode is active (the
+    TransformerEncoderLayer and MultiheadAttention inference kernels): under audit a model runs
+    the composed ops those kernels stand for, and those are what is judged.
 
     Each call is analysed as it happens, from its own inputs, and only the Report is kept, so
     the audit holds no activation alive. ``calls``: one AuditCall per call; ``first_failure``:

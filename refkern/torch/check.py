@@ -8,13 +8,17 @@ import torch
 import torch.nn.functional as F
 
 from refkern.analysis.compare import elements
-from refkern.analysis.evaluate import OPS, evaluate
+from refkern.analysis.envelope import OPS as ENVELOPE_OPS
+from refkern.analysis.evaluate import OPS as PRODUCT_OPS
+from refkern.analysis.evaluate import evaluate
 from refkern.analysis.explain import explain_arrays
 from refkern.analysis.report import COLUMNS_NOTE
 from refkern.torch.devices import Backend, resolve
 from refkern.torch.ops import FUNCTIONS, OpCall, check_keywords, from_call, from_module
 
 __all__ = ["check", "CheckResult", "CheckRow"]
+
+OPS = PRODUCT_OPS + ENVELOPE_OPS
 
 
 @dataclass
@@ -104,6 +108,8 @@ def _spec(fn, args, kwargs, op):
     spec = from_call(fn, args, kwargs)
     if spec is not None and spec.op is not None and (spec.op == "linear" or spec.op.startswith("conv")):
         check_keywords(spec.op, [k for k in kwargs if k not in ("input", "weight", "bias")], "check")
+    elif spec is not None and spec.op is not None and not spec.unsupported:
+        check_keywords(spec.op, spec.kwargs, "check")
     if spec is None:
         known = sorted({f"{getattr(f, '__module__', '') or 'torch.Tensor'}.{f.__name__}" for f in FUNCTIONS})
         raise ValueError(f"check: cannot tell what {getattr(fn, '__name__', fn)!r} computes; pass op= "
@@ -114,7 +120,9 @@ def _spec(fn, args, kwargs, op):
 
 
 def _to(a, device):
-    return a.to(device) if isinstance(a, torch.Tensor) else a
+    """A copy on ``device``, never the caller's tensor itself: an op that writes into an argument
+    (batch_norm's running statistics in training) leaves the caller's untouched."""
+    return a.to(device, copy=True) if isinstance(a, torch.Tensor) else a
 
 
 def _run(fn, args, kwargs, backend: Backend, compiled: bool):
@@ -147,7 +155,12 @@ def check(fn, *args, devices=None, compile: bool = False, op: str | None = None,
     """
     spec = _spec(fn, args, kwargs, op)
     ref_args, ref_kwargs = spec.on_cpu()
-    evaluate(spec.op, ref_args, ref_kwargs)  # bad shapes or arguments fail here, in refkern's words
+    if spec.op in ENVELOPE_OPS:  # bad shapes or arguments fail here, in refkern's words
+        import refkern
+
+        getattr(refkern, spec.op)(*ref_args, **ref_kwargs)
+    else:
+        evaluate(spec.op, ref_args, ref_kwargs)
     tensors = [t for t in spec.tensors()]
     dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
     rows, ran = [], []
@@ -169,6 +182,8 @@ def check(fn, *args, devices=None, compile: bool = False, op: str | None = None,
                 rows.append(CheckRow(name, None, f"failed: {type(exc).__name__}: {first[:160]}",
                                      f"{type(exc).__name__}: {msg}"))  # fmt: skip
                 continue
+            if isinstance(out, tuple):  # max_pool's (values, indices): the values are judged
+                out = out[0]
             e = elements(out, spec.op, *ref_args, **ref_kwargs)
             rows.append(CheckRow(name, e["report"], b.note()))
             ran.append((name, {k: e[k] for k in ("actual", "bound", "report")}))

@@ -1,4 +1,4 @@
-"""``reference_mode``: a model's output with every conv/linear/matmul computed exactly, and
+"""``reference_mode``: a model's output with every op refkern has a reference for computed exactly, and
 ``compare_outputs``: judge a candidate (compiled, other device) against it end to end."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import refkern
-from refkern.torch.ops import from_call
+from refkern.torch.ops import COMPOSITES, composite_body, from_call
 
 __all__ = ["reference_mode", "compare_outputs", "OutputComparison"]
 
@@ -21,6 +21,9 @@ class _Reference(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in COMPOSITES:  # made of calls refkern replaces: replace each of them
+            with _Nested(self):
+                return composite_body(func)(*args, **kwargs)
         spec = from_call(func, args, kwargs)
         if spec is None:
             return func(*args, **kwargs)
@@ -31,17 +34,42 @@ class _Reference(TorchFunctionMode):
             self.passed_through.append(spec.unsupported)
             return func(*args, **kwargs)
         cpu_args, cpu_kwargs = spec.on_cpu()
-        out = getattr(refkern, spec.op)(*cpu_args, **cpu_kwargs)  # exact, rounded once, CPU tensor
-        self.replaced += 1
         dev = next(t.device for t in spec.tensors())
+        if spec.op == "batch_norm" and cpu_kwargs.get("training"):  # torch updates the running statistics
+            out, mean, var = refkern.batch_norm(*cpu_args, **cpu_kwargs, return_running_stats=True)
+            for key, new in (("running_mean", mean), ("running_var", var)):
+                given = spec.kwargs.get(key)  # the model's own buffer, on its device
+                if given is not None:
+                    with torch.no_grad():
+                        given.copy_(new)
+            self.replaced += 1
+            return out.to(dev)
+        out = getattr(refkern, spec.op)(*cpu_args, **cpu_kwargs)  # exact, rounded once, CPU tensor(s)
+        self.replaced += 1
+        if isinstance(out, tuple):  # max_pool's (values, indices)
+            return tuple(t.to(dev) for t in out)
         return out.to(dev)
 
 
+class _Nested(TorchFunctionMode):
+    """The replacing mode again, inside a composite call, counting into the outer one."""
+
+    def __init__(self, outer):
+        super().__init__()
+        self.outer = outer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.outer.__torch_function__(func, types, args, kwargs)
+
+
 def reference_mode():
-    """Context manager: inside it every conv1d/2d/3d, conv_transpose1d/2d/3d, linear, matmul, mm, bmm,
-    addmm and baddbmm a model calls is computed by refkern's exact kernel (correctly rounded to the result dtype) on the
-    CPU, and moved back to the input's device. Everything else runs as usual. The mode
-    object counts ``replaced`` calls and lists those ``passed_through`` (not expressible exactly)."""
+    """Context manager: inside it every call a model makes that refkern has a reference for
+    (:data:`refkern.torch.ops.FUNCTIONS`: the products and convolutions, sum/mean/var/std/cumsum, the
+    norms, the pools, softmax, log_softmax, scaled_dot_product_attention, and those inside
+    nn.MultiheadAttention) is computed by refkern's kernel (correctly rounded to the result dtype)
+    on the CPU, and moved back to the input's device; batch_norm in training also writes the
+    running statistics torch would store. Everything else runs as usual. The mode object counts
+    ``replaced`` calls and lists those ``passed_through`` (not expressible exactly)."""
     return _Reference()
 
 

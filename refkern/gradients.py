@@ -186,6 +186,10 @@ def _linear(op, g, a, wrt, who):
     return out
 
 
+def _swap_last(a):
+    return _perm(a, (*range(a.ndim - 2), a.ndim - 1, a.ndim - 2))
+
+
 def _split_batch(batch, own):
     """Batch axes (of the broadcast ``batch``) an operand with batch shape ``own`` keeps, and those
     it was broadcast over (to be summed)."""
@@ -218,7 +222,22 @@ def _matmul(op, g, a, wrt, who):
         R = _perm(_bcast(B2, batch + (k, n)), kept + red + [nb + 1, nb]).reshape(ba + (r * n, k))
         if len(sa) == 1:  # a row: the product is 1-D
             L = L.reshape((r * n,))
-        out["a"] = Adjoint("a", "matmul", (L, R))
+        judge = None
+        if r > 1:  # broadcast: torch sums the per-batch products; judge as taps (one per broadcast element)
+
+            def judge(kept=kept, red=red, r=r):
+                q = math.prod(ba)
+                lt = _perm(G, kept + red + [nb, nb + 1]).reshape((q, r, m, n))
+                rt = _perm(_bcast(B2, batch + (k, n)), kept + red + [nb + 1, nb]).reshape((q, r, n, k))
+                return _tap_judge(
+                    "a",
+                    lt,
+                    rt,
+                    lambda v: _swap_last(v.reshape((q, k, m))).reshape(sa),
+                    lambda v: _swap_last(v.reshape((q, m, k))).reshape((1, q * k, m)),
+                )
+
+        out["a"] = Adjoint("a", "matmul", (L, R), judge=judge)
     if "b" in wrt:  # grad_b[.., p, j] = sum over (broadcast axes, i) of A[.., i, p] G[.., i, j]
         kept, red = _split_batch(batch, bb)
         r = math.prod(batch[i] for i in red)
@@ -226,7 +245,22 @@ def _matmul(op, g, a, wrt, who):
         R = _perm(G, kept + red + [nb, nb + 1]).reshape(bb + (r * m, n))
         if len(sb) == 1:  # a column: the product is 1-D
             R = R.reshape((r * m,))
-        out["b"] = Adjoint("b", "matmul", (L, R))
+        judge = None
+        if r > 1:
+
+            def judge(kept=kept, red=red, r=r):
+                q = math.prod(bb)
+                lt = _perm(_bcast(A2, batch + (m, k)), kept + red + [nb + 1, nb]).reshape((q, r, k, m))
+                rt = _perm(G, kept + red + [nb, nb + 1]).reshape((q, r, m, n))
+                return _tap_judge(
+                    "b",
+                    lt,
+                    rt,
+                    lambda v: _swap_last(v.reshape((q, n, k))).reshape(sb),
+                    lambda v: _swap_last(v.reshape((q, k, n))).reshape((1, q * n, k)),
+                )
+
+        out["b"] = Adjoint("b", "matmul", (L, R), judge=judge)
     return out
 
 
@@ -333,31 +367,60 @@ def _take2(a, idx, axis):
     return np.take(a, idx, axis=axis)
 
 
-def _weight_judge(xp, gb, ksize, o_size, stride, dilation, groups):
-    """grad_weight of a convolution as one transposed convolution whose *taps are the images*:
-    grad_W[co, ci, t] = sum_n (sum_o grad_output[n, co, o] x_p[n, ci, o s + t d]). The input holds
-    the patches of image n at positions (N - 1 - n) D + (ci, t) (D = C_in / groups * taps), channel o;
-    the filter of channel o, output co, tap n is grad_output[n, co, o]; padding (N - 1) D and
-    dilation D make every tap valid at every output position (ci, t). Its analysis then knows the
-    per-tap roundings of torch's CPU kernels, which accumulate grad_weight image by image (a GEMM
-    per image, added into the result's dtype)."""
+def _patches(a, o_size, ksize, stride, dilation):
+    """(N, C, *spatial) -> (N, C, O, T): the window of every output position o (O of them, flattened)
+    at every tap t (T of them): ``a[n, c, o s + t d]``."""
     nd = len(ksize)
-    n, c_in = _shape(xp)[:2]
-    c_out = _shape(gb)[1]
-    cin_g, cout_g = c_in // groups, c_out // groups
-    a = xp
-    for i in range(nd):  # patches: (N, C_in, o0, t0, o1, t1, ...)
+    n, c = _shape(a)[:2]
+    for i in range(nd):  # (N, C, o0, t0, o1, t1, ...)
         idx = np.arange(o_size[i])[:, None] * stride[i] + np.arange(ksize[i])[None, :] * dilation[i]
         a = _take2(a, idx, 2 + 2 * i)
     a = _perm(a, (0, 1, *(2 + 2 * i for i in range(nd)), *(3 + 2 * i for i in range(nd))))
+    return a.reshape((n, c, math.prod(o_size), math.prod(ksize)))
+
+
+def _tap_judge(name, lt, rt, to_grad, from_grad):
+    """``out[g, q, pos] = sum_t (sum_c lt[g, t, pos, c] rt[g, t, c, q])`` as one transposed convolution
+    whose *taps are the t*: input channel (g, c) holds lt[g, t, :, c] at positions (T - 1 - t) P + pos,
+    filter (g, c) -> q at tap t is rt[g, t, c, q]; padding (T - 1) P and dilation P make every tap
+    valid at every output position. Its analysis then knows the per-tap roundings of torch's CPU
+    kernels, which form such gradients one GEMM per image (or broadcast batch element) and add
+    them in the result's dtype. Output: (1, G * Q, P)."""
+    gr, t, p, c = _shape(lt)
+    q = _shape(rt)[3]
+    xc = _flip(_perm(lt, (0, 3, 1, 2)), (2,)).reshape((1, gr * c, t * p))
+    wc = _perm(rt, (0, 2, 3, 1)).reshape((gr * c, q, t))
+    return Adjoint(name, "conv_transpose1d", (xc, wc), dict(padding=(t - 1) * p, dilation=p, groups=gr),
+                   to_grad=to_grad, from_grad=from_grad)  # fmt: skip
+
+
+def _weight_judge(xp, gb, ksize, o_size, stride, dilation, groups):
+    """grad_weight of a convolution, grad_W[co, ci, t] = sum_n (sum_o grad_output[n, co, o]
+    x_p[n, ci, o s + t d]), as a :func:`_tap_judge` whose taps are the images."""
+    n, c_in = _shape(xp)[:2]
+    c_out = _shape(gb)[1]
+    cin_g, cout_g = c_in // groups, c_out // groups
     o, t = math.prod(o_size), math.prod(ksize)
-    d = cin_g * t
-    a = a.reshape((n, groups, cin_g, o, t))
-    xc = _flip(_perm(a, (1, 3, 0, 2, 4)), (2,)).reshape((1, groups * o, n * d))
-    wc = _perm(gb.reshape((n, groups, cout_g, o)), (1, 3, 2, 0)).reshape((groups * o, cout_g, n))
-    return Adjoint("weight", "conv_transpose1d", (xc, wc), dict(padding=(n - 1) * d, dilation=d, groups=groups),
-                   to_grad=lambda v: v.reshape((c_out, cin_g) + tuple(ksize)),
-                   from_grad=lambda v: v.reshape((1, c_out, d)))  # fmt: skip
+    lt = _perm(_patches(xp, o_size, ksize, stride, dilation).reshape((n, groups, cin_g, o, t)), (1, 0, 2, 4, 3))
+    rt = _perm(gb.reshape((n, groups, cout_g, o)), (1, 0, 3, 2))
+    shape = (c_out, cin_g) + tuple(ksize)
+    return _tap_judge("weight", lt.reshape((groups, n, cin_g * t, o)), rt, lambda v: v.reshape(shape),
+                      lambda v: v.reshape((1, c_out, cin_g * t)))  # fmt: skip
+
+
+def _convt_weight_judge(x, gp, ksize, stride, dilation, groups):
+    """grad_weight of a transposed convolution, grad_W[ci, co, t] = sum_n (sum_i x[n, ci, i]
+    grad_output_p[n, co, i s + t d]), as a :func:`_tap_judge` whose taps are the images."""
+    n, c_in = _shape(x)[:2]
+    in_size = _shape(x)[2:]
+    c_out = _shape(gp)[1]
+    cin_g, cout_g = c_in // groups, c_out // groups
+    i, t = math.prod(in_size), math.prod(ksize)
+    lt = _perm(_patches(gp, in_size, ksize, stride, dilation).reshape((n, groups, cout_g, i, t)), (1, 0, 2, 4, 3))
+    rt = _perm(x.reshape((n, groups, cin_g, i)), (1, 0, 3, 2))
+    shape = (c_in, cout_g) + tuple(ksize)
+    return _tap_judge("weight", lt.reshape((groups, n, cout_g * t, i)), rt, lambda v: v.reshape(shape),
+                      lambda v: v.reshape((1, c_in, cout_g * t)))  # fmt: skip
 
 
 def _conv_transpose(nd, op, g, a, wrt, who):
@@ -393,7 +456,8 @@ def _conv_transpose(nd, op, g, a, wrt, who):
         xb = x.reshape((1,) + sx) if unbatched else x
         out["weight"] = Adjoint("weight", f"conv{nd}d", (gs, _swap01(xb)),
                                 dict(stride=dilation, dilation=stride, groups=groups), to_grad=_swap01,
-                                from_grad=_swap01)  # fmt: skip
+                                from_grad=_swap01, judge=lambda: _convt_weight_judge(xb, gp, ksize, stride, dilation,
+                                                                                     groups))  # fmt: skip
     if "bias" in wrt:
         out["bias"] = _bias_sum(g, unbatched)
     return out

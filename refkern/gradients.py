@@ -180,9 +180,10 @@ def _linear(op, g, a, wrt, who):
             out["weight"] = Adjoint("weight", "matmul", (g.reshape((m,)), x2))
     if "bias" in wrt:
         if _shape(b) == () or len(sw) == 1:
-            out["bias"] = Adjoint("bias", "sum", (g,))
+            out["bias"] = Adjoint("bias", "sum", (g,), judge=lambda: _ones_judge(g.reshape((math.prod(_shape(g)),))))
         else:
-            out["bias"] = Adjoint("bias", "sum", (g.reshape((m, sw[0])),), {"dim": 0})
+            g2 = g.reshape((m, sw[0]))
+            out["bias"] = Adjoint("bias", "sum", (g2,), {"dim": 0}, judge=lambda: _ones_judge(g2))
     return out
 
 
@@ -280,7 +281,18 @@ def _conv_pads(op, nd, padding, dilation, ksize):
 def _bias_sum(g, unbatched):
     """grad_bias of a convolution: the sum of grad_output over every axis but the channels'."""
     ch = 0 if unbatched else 1
-    return Adjoint("bias", "sum", (g,), {"dim": tuple(i for i in range(g.ndim) if i != ch)})
+    dims = tuple(i for i in range(g.ndim) if i != ch)
+    g2 = _perm(g, (*dims, ch)).reshape((-1, _shape(g)[ch]))
+    return Adjoint("bias", "sum", (g,), {"dim": dims}, judge=lambda: _ones_judge(g2))
+
+
+def _ones_judge(g2):
+    """A sum over the rows of ``g2`` (R, C) (or all of a 1-D ``g2``) as ``matmul(ones(R), g2)``: the
+    products by one are exact, so its value is the sum's, and the analysis is that of a reduction of
+    length R (statistical, with the emulated accumulators), not the envelope of any summation."""
+    r = _shape(g2)[0]
+    ones = g2.new_ones((r,)) if is_tensor(g2) else np.ones(r, g2.dtype)
+    return Adjoint("bias", "matmul", (ones, g2))
 
 
 def _swap01(a):

@@ -1,0 +1,243 @@
+"""refkern.backward and compare_backward: bit for bit against truth.backward (which walks the forward
+definitions, not the adjoint calls), within torch float64 autograd's error, no false alarm on torch's
+CPU gradients, gradient bugs caught."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import refkern as rk
+from refkern.gradients import adjoints
+
+torch = pytest.importorskip("torch")
+from torchdata import seeded  # noqa: E402
+
+F = torch.nn.functional
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# (op, argument shapes (None: absent), kwargs): every argument combination of the forward ops
+CASES = [
+    ("linear", ((2, 3, 4), (5, 4), (5,)), {}),
+    ("linear", ((4,), (3, 4), None), {}),
+    ("linear", ((4,), (4,), ()), {}),
+    ("matmul", ((3, 4), (4, 2)), {}),
+    ("matmul", ((4,), (4, 3)), {}),
+    ("matmul", ((3, 4), (4,)), {}),
+    ("matmul", ((4,), (4,)), {}),
+    ("matmul", ((2, 1, 3, 4), (3, 4, 2)), {}),  # both broadcast
+    ("matmul", ((4,), (2, 4, 3)), {}),  # a 1-D row against a batch
+    ("matmul", ((2, 3, 4), (4,)), {}),
+    ("conv1d", ((2, 4, 9), (4, 2, 3), (4,)), {"stride": 2, "padding": 1, "groups": 2}),
+    ("conv1d", ((2, 3, 8), (2, 3, 2), (2,)), {"padding": "same"}),  # odd total padding
+    ("conv1d", ((3, 9), (2, 3, 3), None), {"padding": "valid", "dilation": 3}),  # unbatched
+    ("conv1d", ((2, 3, 10), (2, 3, 3), (2,)), {"stride": 3, "padding": 2}),  # positions past the last window
+    ("conv2d", ((2, 4, 5, 5), (4, 2, 2, 3), (4,)), {"stride": (2, 1), "padding": 1, "dilation": (1, 2), "groups": 2}),
+    ("conv2d", ((1, 2, 5, 6), (3, 2, 2, 2), None), {"padding": "same", "dilation": (3, 1)}),
+    ("conv3d", ((1, 2, 3, 4, 3), (2, 2, 2, 2, 2), (2,)), {"stride": (1, 2, 1), "padding": (1, 0, 1)}),
+    ("conv_transpose1d", ((2, 4, 4), (4, 3, 3), (6,)), {"stride": 3, "padding": 2, "output_padding": 2, "groups": 2}),
+    ("conv_transpose1d", ((4, 5), (4, 2, 2), None), {"dilation": 3, "output_padding": 1, "stride": 2}),
+    (
+        "conv_transpose2d",
+        ((2, 4, 3, 3), (4, 1, 3, 2), (2,)),
+        {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2},
+    ),  # fmt: skip
+    ("conv_transpose3d", ((1, 2, 2, 3, 2), (2, 2, 2, 2, 2), (2,)), {"stride": (2, 1, 1), "padding": (0, 1, 0)}),
+]
+MODES = [("conv1d", ((2, 3, 7), (2, 3, 3), (2,)), {"padding": 2, "padding_mode": m})
+         for m in ("reflect", "replicate", "circular")]  # fmt: skip
+
+
+def _hard(shape, dtype, key):
+    """Values spread over many binades of ``dtype`` (huge and tiny exponents), as a tensor."""
+    if shape is None:
+        return None
+    span = {torch.float16: 5, torch.bfloat16: 40, torch.float32: 40, torch.float64: 300}[dtype]
+    g = seeded("hard", shape, str(dtype), key)
+    v = g(*shape) if shape else g(1)[0]
+    e = (g(*shape) * span / 2).round().clamp(-span, span) if shape else torch.tensor(0.0)
+    return (v.double() * torch.pow(2.0, e.double())).to(dtype)
+
+
+def _cancelling(g):
+    """grad_output whose second half of the batch negates the first (plus a tiny change): every
+    gradient summed over the batch cancels almost entirely."""
+    if g.ndim < 2 or g.shape[0] < 2:
+        return g
+    h = g.clone()
+    h[1::2] = -g[0::2][: h[1::2].shape[0]]
+    h.view(-1)[0] = h.view(-1)[0] * 1.5
+    return h
+
+
+def _bits(t):
+    a = t.double().numpy()
+    return a.shape, a.view(np.int64).tolist()
+
+
+def _call(op, shapes, kw, dtype, key):
+    args = [_hard(s, dtype, (key, i)) for i, s in enumerate(shapes)]
+    y = getattr(rk, op)(*args, **kw)
+    g = _hard(tuple(y.shape), dtype, (key, "g"))
+    return args, g
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("case", range(len(CASES) + len(MODES)))
+def test_bit_identical_to_truth(case, dtype):
+    op, shapes, kw = (CASES + MODES)[case]
+    args, g = _call(op, shapes, kw, dtype, case)
+    wrt = ("weight", "bias") if kw.get("padding_mode", "zeros") != "zeros" else None
+    for grad in (g, _cancelling(g)):
+        fast = rk.backward(op, grad, *args, wrt=wrt, **kw)
+        truth = rk.truth.backward(op, grad, *args, wrt=wrt, **kw)
+        assert set(fast) == set(truth) and fast
+        for k in fast:
+            assert fast[k].dtype == dtype and tuple(fast[k].shape) == tuple(args[_names(op).index(k)].shape)
+            assert _bits(fast[k]) == _bits(truth[k]), (op, k)
+
+
+def _names(op):
+    return {"linear": ("x", "weight", "bias"), "matmul": ("a", "b")}.get(
+        op, ("input", "weight", "bias") if op.startswith("conv_transpose") else ("x", "weight", "bias")
+    )
+
+
+def test_specials_and_signed_zeros_match_the_truth():
+    """inf, NaN and -0 in the operands: the same IEEE results as the definition's sums."""
+    x = torch.tensor([[1.0, -0.0, 3.0], [2.0, -0.0, float("inf")]])
+    w = torch.tensor([[-0.0, 1.0, 2.0], [0.5, -0.0, 1.0]])
+    g = torch.tensor([[-0.0, 1.0], [2.0, float("nan")]])
+    fast, truth = rk.backward("linear", g, x, w), rk.truth.backward("linear", g, x, w)
+    for k in fast:
+        assert _bits(fast[k]) == _bits(truth[k]), k
+
+
+def test_only_the_gradients_asked_for():
+    x, w, b = (torch.randn(s) for s in ((2, 3, 6), (4, 3, 3), (4,)))
+    g = torch.randn(2, 4, 4)
+    assert set(rk.backward("conv1d", g, x, w, b, wrt=("weight",))) == {"weight"}
+    assert set(rk.backward(rk.conv1d, g, x, w, b)) == {"x", "weight", "bias"}
+    assert set(rk.backward("conv1d", g, x, w)) == {"x", "weight"}
+
+
+def test_errors_read_as_the_house_style():
+    x, w = torch.randn(2, 3, 6), torch.randn(4, 3, 3)
+    with pytest.raises(ValueError, match=r"^backward: grad_output must have the shape of the output of conv1d"):
+        rk.backward("conv1d", torch.randn(2, 4, 5), x, w)
+    with pytest.raises(TypeError, match=r"^backward: grad_output must have the dtype"):
+        rk.backward("conv1d", torch.randn(2, 4, 4).double(), x, w)
+    with pytest.raises(ValueError, match=r"^backward: conv1d has no differentiable argument 'input'"):
+        rk.backward("conv1d", torch.randn(2, 4, 4), x, w, wrt=("input",))
+    with pytest.raises(ValueError, match=r"^backward: wrt names 'bias'"):
+        rk.backward("conv1d", torch.randn(2, 4, 4), x, w, wrt=("bias",))
+    with pytest.raises(ValueError, match=r"^backward: unknown op='relu'"):
+        rk.backward("relu", x, x)
+    with pytest.raises(
+        NotImplementedError, match=r"^backward: the gradient of x of conv1d with padding_mode='reflect'"
+    ):
+        rk.backward("conv1d", torch.randn(2, 4, 6), x, w, padding=1, padding_mode="reflect")
+    with pytest.raises(ValueError, match=r"^compare_backward: the gradient of weight must have the shape"):
+        rk.compare_backward({"weight": torch.randn(4, 3)}, "conv1d", torch.randn(2, 4, 4), x, w)
+
+
+def test_judges_are_the_same_gradient():
+    """compare_backward's other formulations (taps = batch elements, a zero tap for odd 'same')
+    compute exactly what backward computes, and judge it exact."""
+    for case in (5, 7, 11, 14, 15, 17, 19):
+        op, shapes, kw = CASES[case]
+        args, g = _call(op, shapes, kw, torch.float32, case)
+        for k, a in adjoints(op, g, *args, **kw).items():
+            if a.judge is not None:
+                j = a.judge()
+                ref = a.run()
+                assert _bits(j.run()) == _bits(ref), (op, k)
+                assert rk.compare(j.from_grad(ref), j.op, *j.args, **j.kwargs).verdict == "exact"
+
+
+# ---------------------------------------------------------------- torch autograd
+
+
+def _randn(r, shape):
+    return r(*shape) if shape else r(1)[0]
+
+
+def _autograd(op, shapes, kw, dtype, key):
+    fn = {"linear": F.linear, "matmul": torch.matmul}.get(op) or getattr(F, op)
+    if "padding_mode" in kw:  # as nn.Conv1d does it
+
+        def fn(x, w, b, padding, padding_mode):
+            return F.conv1d(F.pad(x, (padding, padding), mode=padding_mode), w, b)
+
+    r = seeded("autograd", op, key)
+    args = [None if s is None else _randn(r, s).to(dtype).requires_grad_() for s in shapes]
+    y = fn(*args, **kw)
+    g = _randn(r, tuple(y.shape)).to(dtype)
+    y.backward(g)
+    grads = {k: a.grad for k, a in zip(_names(op), args) if a is not None}
+    return grads, g, [None if a is None else a.detach() for a in args]
+
+
+@pytest.mark.parametrize("case", range(len(CASES) + len(MODES)))
+def test_within_torch_float64_error(case):
+    """torch's float64 gradients differ from the exact ones by at most gamma_n * sum|terms| (n terms
+    per element, at most grad_output.numel()), and compare_backward calls them rounding."""
+    op, shapes, kw = (CASES + MODES)[case]
+    grads, g, args = _autograd(op, shapes, kw, torch.float64, case)
+    if kw.get("padding_mode", "zeros") != "zeros":
+        grads.pop("x")
+    ref = rk.backward(op, g, *args, wrt=tuple(grads), **kw)
+    mag = rk.backward(op, g.abs(), *(None if a is None else a.abs() for a in args), wrt=tuple(grads), **kw)
+    n = g.numel()
+    gamma = n * 2.0**-53 / (1 - n * 2.0**-53)
+    for k, got in grads.items():
+        assert ((got - ref[k]).abs() <= gamma * mag[k] * (1 + 1e-12) + 1e-300).all(), (op, k)
+    for k, rep in rk.compare_backward(grads, op, g, *args, **kw).items():
+        assert rep.verdict in ("exact", "rounding"), (op, k, str(rep))
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16), ids=lambda d: str(d)[6:])
+def test_no_false_alarms_on_torch_cpu_gradients(dtype):
+    """torch's own CPU backward in fp32, fp16 and bf16 (which add per-image GEMMs in the result dtype:
+    judged as such) on larger cases of every kind: exact or rounding, never anything else."""
+    cases = [
+        ("linear", ((3, 7, 64), (9, 64), (9,)), {}),
+        ("matmul", ((4, 2, 5, 16), (2, 16, 9)), {}),
+        ("matmul", ((5, 32), (3, 32, 6)), {}),
+        ("conv2d", ((4, 6, 9, 9), (8, 6, 3, 3), (8,)), {"padding": 1}),
+        ("conv2d", ((4, 6, 9, 9), (8, 3, 3, 3), (8,)), {"stride": 2, "dilation": 2, "groups": 2}),
+        ("conv2d", ((4, 6, 9, 9), (8, 6, 2, 2), (8,)), {"padding": "same"}),
+        ("conv1d", ((4, 6, 30), (8, 6, 5), (8,)), {"stride": 3, "padding": 2}),
+        ("conv_transpose2d", ((4, 6, 5, 5), (6, 4, 3, 3), (4,)), {"stride": 2, "padding": 1, "output_padding": 1}),
+    ]
+    bad = []
+    for i, (op, shapes, kw) in enumerate(cases):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch: 'same' with an even kernel copies the input
+            grads, g, args = _autograd(op, shapes, kw, dtype, i)
+        for k, rep in rk.compare_backward(grads, op, g, *args, **kw).items():
+            if rep.verdict not in ("exact", "rounding"):
+                bad.append((op, k, str(rep)))
+    assert not bad, bad[:2]
+
+
+# ---------------------------------------------------------------- bugs
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=lambda d: str(d)[6:])
+def test_gradient_bugs_are_caught(dtype):
+    """A grad_weight that drops one image of the batch, a grad_weight and a grad_bias averaged over
+    the batch instead of summed, a matmul gradient that drops one broadcast batch element: mismatch."""
+    op, shapes, kw = "conv2d", ((4, 6, 9, 9), (8, 6, 3, 3), (8,)), {"padding": 1}
+    grads, g, (x, w, b) = _autograd(op, shapes, kw, dtype, "bug")
+    dropped = rk.backward(op, g[1:], x[1:], w, b, wrt=("weight",), **kw)["weight"]
+    mean_w = (grads["weight"].double() / 4).to(dtype)
+    mean_b = (grads["bias"].double() / (4 * 81)).to(dtype)
+    reps = rk.compare_backward({"weight": dropped}, op, g, x, w, b, **kw)
+    assert reps["weight"].verdict == "mismatch", str(reps["weight"])
+    reps = rk.compare_backward({"weight": mean_w, "bias": mean_b}, op, g, x, w, b, **kw)
+    assert reps["weight"].verdict == "mismatch" and reps["bias"].verdict == "mismatch"
+    grads, g, (a, bm) = _autograd("matmul", ((5, 32), (3, 32, 6)), {}, dtype, "bug")
+    partial = rk.backward("matmul", g[1:], a, bm[1:], wrt=("a",))["a"]
+    assert rk.compare_backward({"a": partial}, "matmul", g, a, bm)["a"].verdict == "mismatch"
+    assert rk.compare_backward({"a": grads["a"]}, "matmul", g, a, bm)["a"].verdict in ("exact", "rounding")

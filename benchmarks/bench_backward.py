@@ -1,0 +1,102 @@
+"""Exact conv gradients against torch's float64 backward in the same run.
+
+    python benchmarks/bench_backward.py [--quick] [--json FILE]
+
+Issue 13's target: the exact grad_weight and grad_input of the ResNet conv (8, 64, 56, 56) x
+(64, 64, 3, 3), padding 1, float32, within 3x torch's float64 backward of the same conv
+(``torch.ops.aten.convolution_backward`` with both outputs, as autograd calls it). Each side is
+timed in blocks of consecutive calls, the sides taking turns, after a warm-up call (which
+compiles); the best block per side is reported. Without --quick also each gradient alone, and a
+linear layer's (4096 x 1024 x 1024) gradients against torch float64 matmuls.
+"""
+
+import argparse
+import json
+import os
+import time
+from functools import partial
+
+import torch
+
+import refkern as rk
+
+TARGETS = {"conv_8x64x56x56_3x3_f32_grads_vs_torch_f64_backward": 3.0}
+
+
+def per_call(sides, blocks):
+    """{name: (fn, calls)} -> {name: best seconds per call}: a warm-up call each, then ``blocks``
+    rounds in which every side runs ``calls`` consecutive calls (as benchmarks/bench_attention.py)."""
+    for fn, _ in sides.values():
+        fn()
+    out = dict.fromkeys(sides, float("inf"))
+    for _ in range(blocks):
+        for name, (fn, calls) in sides.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out[name] = min(out[name], (time.perf_counter() - t0) / calls)
+    return out
+
+
+def _torch_conv_backward(g, x, w, mask):
+    return torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
+
+
+def bench_conv(wrt, blocks):
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 64, 56, 56), torch.randn(64, 64, 3, 3) * 0.05
+    g = torch.randn(8, 64, 56, 56)
+    x64, w64, g64 = x.double(), w.double(), g.double()
+    mask = ["x" in wrt, "weight" in wrt, False]
+    t = per_call({"exact": (partial(rk.backward, "conv2d", g, x, w, padding=1, wrt=wrt), 1),
+                  "torch_f64": (partial(_torch_conv_backward, g64, x64, w64, mask), 3),
+                  "torch_f32": (partial(_torch_conv_backward, g, x, w, mask), 6)}, blocks)  # fmt: skip
+    return dict(op="conv2d backward", case="(8,64,56,56)x(64,64,3,3) p1", wrt="+".join(wrt), dtype="float32",
+                exact_s=t["exact"], torch_f64_s=t["torch_f64"], torch_f32_s=t["torch_f32"],
+                vs_torch_f64=t["exact"] / t["torch_f64"], vs_torch_f32=t["exact"] / t["torch_f32"])  # fmt: skip
+
+
+def bench_linear(blocks):
+    torch.manual_seed(0)
+    x, w, g = torch.randn(4096, 1024), torch.randn(1024, 1024), torch.randn(4096, 1024)
+    x64, w64, g64 = x.double(), w.double(), g.double()
+    t = per_call({"exact": (partial(rk.backward, "linear", g, x, w), 1),
+                  "torch_f64": (lambda: (g64 @ w64, g64.t() @ x64), 3),
+                  "torch_f32": (lambda: (g @ w, g.t() @ x), 6)}, blocks)  # fmt: skip
+    return dict(op="linear backward", case="(4096,1024)x(1024,1024)", wrt="x+weight", dtype="float32",
+                exact_s=t["exact"], torch_f64_s=t["torch_f64"], torch_f32_s=t["torch_f32"],
+                vs_torch_f64=t["exact"] / t["torch_f64"], vs_torch_f32=t["exact"] / t["torch_f32"])  # fmt: skip
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the target case only, two blocks")
+    p.add_argument("--blocks", type=int, default=3)
+    p.add_argument("--json", default=None, help="write the rows and targets to this file")
+    a = p.parse_args(argv)
+    torch.set_num_threads(os.cpu_count() or 1)
+    blocks = 2 if a.quick else a.blocks
+    rows = [bench_conv(("x", "weight"), blocks)]
+    if not a.quick:
+        rows.append(bench_conv(("weight",), blocks))
+        rows.append(bench_conv(("x",), blocks))
+        rows.append(bench_linear(blocks))
+    print(f"{'op':<16} {'case':<30} {'wrt':<9} {'exact':>9} {'torch f64':>10} {'ratio':>7} {'vs f32':>7}")
+    for r in rows:
+        times = f"{r['exact_s'] * 1e3:7.0f}ms {r['torch_f64_s'] * 1e3:8.1f}ms"
+        print(
+            f"{r['op']:<16} {r['case']:<30} {r['wrt']:<9} {times} {r['vs_torch_f64']:6.2f}x {r['vs_torch_f32']:6.1f}x"
+        )
+    got = rows[0]["vs_torch_f64"]
+    target = TARGETS["conv_8x64x56x56_3x3_f32_grads_vs_torch_f64_backward"]
+    print(f"target: exact grad_x + grad_weight of the ResNet conv vs torch float64 backward: {got:.2f}x "
+          f"(<= {target}) {'met' if got <= target else 'MISSED'}")  # fmt: skip
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump({"targets": TARGETS, "rows": rows, "threads": torch.get_num_threads()}, f, indent=1)
+        print(f"JSON: {a.json}")
+
+
+if __name__ == "__main__":
+    main()

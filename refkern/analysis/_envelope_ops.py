@@ -13,7 +13,7 @@ __all__ = ["Layout", "layout"]
 
 @dataclass
 class Layout:
-    kind: str  # "sum", "mean", "cumsum", "var", "std", "norm", "max"
+    kind: str  # "sum", "mean", "cumsum", "var", "std", "norm", "max", "softmax", "log_softmax", "attention"
     X: np.ndarray | None  # float64 (R, n): the values each row of outputs reduces
     n: int  # terms per output element
     back: Callable  # (R, ...) row-layout array -> the output's shape
@@ -125,4 +125,22 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
             n = int(np.prod((ks,) * (1 if name.endswith("1d") else 2) if isinstance(ks, int) else ks))
         return Layout("mean", absmean.reshape(1, -1), n, back=lambda r: np.asarray(r).reshape(shape),
                       rows=lambda r: np.asarray(r).reshape(-1), divisor=1.0, absmean=absmean.reshape(-1))  # fmt: skip
+    if name in ("softmax", "log_softmax"):
+        from refkern.kernels.softmax import _axis, convert_input
+
+        _, _, v = convert_input(a["input"], name, a.get("dtype"))
+        axis = _axis(a["dim"], v.ndim, name) if v.ndim else 0
+        moved = np.moveaxis(v.reshape(v.shape or (1,)), axis, -1)
+        X = np.ascontiguousarray(moved, np.float64).reshape(int(np.prod(moved.shape[:-1])), moved.shape[-1])
+        return Layout(name, X, X.shape[1],
+                      back=lambda r: np.moveaxis(np.asarray(r).reshape(moved.shape), -1, axis).reshape(shape),
+                      rows=lambda r: np.ascontiguousarray(np.moveaxis(np.asarray(r, np.float64).reshape(
+                          v.shape or (1,)), axis, -1)).reshape(X.shape))  # fmt: skip
+    if name == "scaled_dot_product_attention":
+        from refkern.kernels.attention import attention_operands
+
+        att = attention_operands(**a)
+        rows_shape = (att.iq.size, att.Q.shape[1], att.V.shape[2])
+        return Layout("attention", None, att.K.shape[1], back=lambda r: np.asarray(r).reshape(shape),
+                      rows=lambda r: np.asarray(r, np.float64).reshape(rows_shape), extra={"a": att})  # fmt: skip
     raise ValueError(f"compare: no envelope for op {name!r}")

@@ -1,4 +1,4 @@
-"""Worst-case error envelopes of any correct implementation of the reductions, norms and pools.
+"""Worst-case error envelopes of any correct implementation of the reductions, norms, pools, softmax and attention.
 
 For these ops a backend's result is not one rounded sum: a mean is a sum then a division, a
 layer_norm a mean, a variance, a reciprocal square root and an affine step. The hypotheses
@@ -39,6 +39,99 @@ the envelope is infinite: nothing is claimed). Reduced precisions are the same e
 ``E[x^2] - E[x]^2`` is the envelope with ``e_M2 = 3 gamma_n sum x^2`` instead: its cancellation is
 what a correct implementation never shows, so a result that only it explains is a mismatch
 with that name.
+
+**softmax, log_softmax, scaled_dot_product_attention.** A row has logits ``z_j`` (the input; for
+attention ``z_j = s q.k_j + mask_j``), ``M = max z``, ``t_j = e**(z_j - M)`` (the largest is 1, so
+``D = sum t_j >= 1``) and weights ``w_j = t_j / D``: softmax_i is ``w_i``, attention's ``o_c`` is
+``sum_j w_j v_jc``, log_softmax_i is ``z_i - M - log D``. The envelope holds for every implementation
+of this class (torch's CPU and CUDA kernels, the online normaliser of Milakov and Gimelshein (2018)
+and FlashAttention's tiles are in it):
+
+* (A1) the logits are formed in the working precision, in any order: ``fl(sqrt(s))`` applied to q
+  and to k (torch's math backend) or ``s`` applied once (the fused kernels), a float mask converted
+  and added;
+* (A2) ``exp((z^_j - m) c)`` is taken against a reference ``m``, the maximum of the computed logits
+  of the row or of the keys seen so far (``c`` = 1, or log2(e) for exp2, possibly with the scale
+  folded in); when the reference rises from ``m`` to ``m'``, every partial sum formed so far is
+  multiplied by ``exp((m - m') c)``;
+* (A3) exp is within ``EXP_ULPS = 20`` ulps of the working format (torch's ``exp_u20``, the coarsest
+  exp its CPU kernels use, documented as 20 ulps; its float32 emulation errs by under 6 here),
+  ``exp(0) = 1`` exactly, and a result below the normal range may be flushed to 0; log is within
+  ``LOG_ULPS = 4`` ulps (glibc, Sleef's u10 functions and CUDA's logf are within 1); a division is a
+  reciprocal and a product (two roundings) or correctly rounded;
+* (A4) every other operation obeys the standard model with the unit ``u_a`` (u, or ``u + u_m`` for
+  half results) and, where it underflows, errs by at most ``eta`` more: the working format's
+  smallest normal (a flush to zero included), or half the smallest subnormal of the half format
+  holding the intermediates.
+
+Relative errors are carried as growth factors: a product of factors ``(1 + d_i)**(+-1)`` with
+``sum |d_i| <= S`` lies within ``e**(+-L(S))``, ``L(S) = -log(1 - S)`` (Higham's Lemma 3.1 with mixed
+units; S >= 1 claims nothing: an infinite envelope), and a factor ``e**(+-lam)`` moves ``t`` by at most
+``t (e**lam - 1)``. Exponentials, not first-order terms: no SLACK is needed. Per term j:
+
+* the logit errs by ``Delta_j = gamma_{E+6} s sum_l |q_l k_jl| + (E + 6) eta`` (E - 1 additions, the
+  product, q and k scaled, ``fl(sqrt(s))`` twice with two roundings each: E + 6 roundings, each may
+  underflow), plus ``2 u_a (1 + 2 u_a) (|z_j| + (1 + gamma) s sum|q k|)`` for a nonzero float mask
+  (converted, ``|mask| <= |z| + s sum|q k|``, and added); softmax's logits are its input: 0;
+* the exp argument: the subtraction, ``c``'s rounding and the product err by ``3 u_a |z^_j - m|``;
+  along a chain of references ``m_0 <= m_1 <= ... <= M^`` these telescope to ``3 u_a (M^ - z^_j) <=
+  3 u_a (max_k (z_k + Delta_k) - z_j + Delta_j)`` (``ARG_ROUNDINGS``; the roundings of ``m c`` itself are a
+  shift common to the row, which cancels in softmax and attention and costs log_softmax ``u_a |M|``);
+  ``theta_j`` = ``Delta_j`` plus that;
+* rescales: a partial sum is rescaled only when the reference rises strictly, to a larger computed
+  logit (``exp(0) = 1`` and a product by 1 are exact), so one that holds term j is rescaled at most
+  ``R_j <= #{k: z^_k > z^_j} <= #{k: z_k + Delta_k > z_j - Delta_j}`` times (its rank), each time by one
+  exp (``eps_e = 2 EXP_ULPS u + u_m``: within EXP_ULPS ulps, then stored) and one product (``u_a``);
+* the denominator's term is ``t_j (1 + a_j)``, ``|log(1 + a_j)| <= lam_j = theta_j + L((1 + R_j) eps_e +
+  (R_j + n - 1) u_a)`` (its exp, its rescales, the n - 1 additions of any order or tiling);
+* attention's numerator term is ``t_j v_jc (1 + b_j)``, ``lam'_j = theta_j + L((1 + R_j) eps_e + (R_j + n
+  + 2) u_a)``: also the product ``p v`` and the division's two roundings, which are a factor on every
+  term whether the weights are normalised first (the math backend) or the sum at the end (the fused
+  kernels); softmax's numerator is the output's own exp, taken against the final maximum or rescaled
+  once from a partial one (rescaling stored outputs at every rise of the maximum would take n^2
+  products, which no implementation does): ``lam'_i = theta_i + L((1 + R'_i) eps_e + (R'_i + 2) u_a)``,
+  ``R'_i = min(R_i, 1)``;
+* each of the ``UNDERFLOW_OPS = 6`` operations per term (exp, its store, the division, the product,
+  the addition, the rescale) may underflow: ``a = 6 n eta e**(2 lam_max) D`` on either side, in units
+  of the largest term (``eta`` in the units of the weights, after the division, is ``eta D^`` there, and
+  later operations grow it by ``e**lam_max`` at most).
+
+With ``e_j = t_j (e**lam_j - 1)``, ``e'_j`` likewise and ``E_D = sum e_j``, ``N^/D^ - o = ((N^ - N) - o (D^
+- D)) / D^`` gives
+
+    ``|o^ - o| <= (sum_j e'_j |v_jc| + |o| E_D + a max(1, max_j |v_jc|) + |o| a) / (D - E_D - a)``
+
+(softmax: ``v`` the unit vector, ``o = w_i``). log_softmax: ``D^ = D (1 + zeta)``, ``|zeta| <= (E_D +
+a) / D``, so ``|log D^ - log D| <= ell = L((E_D + a) / D)``; the log adds ``eps_l (log D + ell) + eta``,
+``eps_l = 2 LOG_ULPS u + u_m``, the reference's shift ``u_a |M|``; together ``err_L``; then ``(z_i - M) -
+L^`` or ``z_i - (M + L^)`` (either order) adds ``c = u_a max(M - z_i, |M| + log D + err_L)`` and ``u_a (|y|
++ err_L + c)``. ``|o|`` and ``|y|`` are bounded by ``(|ref| + half a subnormal) / (1 - u_o)``.
+
+The envelope is evaluated in float64 from float64 logits ``z'``, within ``Delta64 = 2**-52 ((E + 2) s
+sum|q k| + |z'| + (M - z') + 1)`` of the exact ones (the float64 products, sums, mask and exp): it is
+added to every ``Delta_j``, so that the envelope bounds the distance to the exact op at ``z'``; that op's
+distance to the exact one at ``z``, at most ``2 (e**(2 Delta64) - 1)`` times ``max_j |v_jc|`` (softmax:
+``|o|``; log_softmax: ``3 Delta64``), is added; the float64 sums of the formula are covered by the
+factor ``1 + (n + E + 64) 2**-50``.
+
+Reduced precisions are sharp as above: the inputs (and a float mask) rounded to p, the op computed
+correctly: centre refkern's op on the rounded inputs, bound the float32 envelope of that call, with
+its own weights. Not emulated: "P rounded to fp16/bf16 before P @ V". Where the weights are rounded
+depends on the algorithm, normalised (the math backend: softmax, then P @ V) or unnormalised against
+a running maximum (torch's CPU flash kernel rounds ``exp(z - m_tile)`` to the input dtype, as
+FlashAttention on GPUs does), so the centre differs between two correct such backends by as much as
+the effect itself, and a window wide enough for both would not be a sharp hypothesis. For half
+results the rounding envelope charges that rounding (``u_m`` on each weight); for float32 results such
+a backend is a mismatch.
+
+Named bugs, only to name a mismatch, never to excuse an element: refkern's op on modified
+arguments, with its own rounding envelope, explaining every element (scale 1/E, 1 or the default
+1/sqrt(E) instead of the one given; the causal diagonal shifted by +-1 or aligned bottom-right; the
+mask ignored; a boolean mask inverted; ``q @ k`` instead of ``q @ k^T`` when S == E; softmax over
+another dim of the same size); a missing max subtraction: inf/NaN exactly where the reference is
+finite, in rows whose exp overflows (or all underflow) without it, in the working or the result
+format; and log_softmax as log(softmax): -inf exactly where the reference is finite and below the log
+of the smallest normal.
 """
 
 import numpy as np
@@ -48,7 +141,9 @@ from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Form
 __all__ = ["OPS", "envelopes", "working_unit"]
 
 OPS = ("sum", "mean", "var", "std", "cumsum", "layer_norm", "rms_norm", "group_norm", "batch_norm", "avg_pool1d",
-       "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d")  # fmt: skip
+       "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "softmax",
+       "log_softmax", "scaled_dot_product_attention")  # fmt: skip
+_SOFTMAX_KINDS = ("softmax", "log_softmax", "attention")
 ONE_PASS = "one-pass variance"
 
 
@@ -90,7 +185,9 @@ def _rounded_args(args: dict, fmt: Format) -> dict:
 
     out = {}
     for k, v in args.items():
-        if is_tensor(v) or isinstance(v, np.ndarray):
+        if (is_tensor(v) and str(v.dtype) == "torch.bool") or (isinstance(v, np.ndarray) and v.dtype == np.bool_):
+            out[k] = v  # a boolean mask has nothing to round
+        elif is_tensor(v) or isinstance(v, np.ndarray):
             a = np.ascontiguousarray(operand(v, k, "compare").values, np.float64)
             out[k] = round_array(a, *fmt.params)
         else:
@@ -158,7 +255,9 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list
       envelope: a sharp hypothesis (inputs converted to p, then computed correctly), never a
       loose "computed somehow in p" that a bug could hide in;
     * for variance-based ops the one-pass variance, centred on the reference with its own envelope
-      (used only to name a mismatch).
+      (used only to name a mismatch);
+    * for softmax, log_softmax and attention the named bugs, as ``(key, text, fn, None)`` (module
+      docstring), which :func:`~refkern.analysis.verdict.decide_envelope` evaluates only to name a mismatch.
     Every bound includes the store to the result format."""
     import refkern
     from refkern.analysis._envelope_ops import layout
@@ -168,12 +267,18 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list
     store = _store(ref, out.u, out)
     hyps = [("rounding", None, ref, _one(lay, u + u_m, u_m, False, ref, out) + store)]
     for key, prec, fmt in _candidates(out)[1:]:
-        res = getattr(refkern, name)(**_rounded_args(args, fmt))
+        rounded = _rounded_args(args, fmt)
+        res = getattr(refkern, name)(**rounded)
         res = res[0] if isinstance(res, tuple) else res
         centre = np.asarray(res, np.float64).reshape(ref.shape)
-        hyps.append((key, prec, centre, _one(lay, FLOAT32.u, 0.0, False, centre, out) + store))
+        lay_p = layout(name, rounded, ref.shape) if lay.kind in _SOFTMAX_KINDS else lay  # its own weights
+        hyps.append((key, prec, centre, _one(lay_p, FLOAT32.u, 0.0, False, centre, out) + store))
     if lay.kind in ("norm", "var", "std"):
         hyps.append((ONE_PASS, None, ref, _one(lay, u + u_m, u_m, True, ref, out) + store))
+    if lay.kind in _SOFTMAX_KINDS:
+        from refkern.analysis._envelope_softmax import named_bugs
+
+        hyps += [(key, text, fn, None) for key, text, fn in named_bugs(name, args, lay, out)]
     return hyps, lay.n
 
 
@@ -181,6 +286,10 @@ def _one(lay, u, u_m, one_pass, ref, out):
     kind, X, n = lay.kind, lay.X, lay.n
     if kind == "max":
         return np.zeros(ref.shape)
+    if kind in _SOFTMAX_KINDS:
+        from refkern.analysis._envelope_softmax import bound
+
+        return bound(lay, u, u_m, ref, out)
     with np.errstate(all="ignore"):
         if kind == "sum":
             return lay.back(_gamma(max(n - 1, 0), u) * np.abs(X).sum(axis=1))

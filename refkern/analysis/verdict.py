@@ -331,15 +331,18 @@ class _EnvelopeFit:
 def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     """The verdict for ops judged by worst-case envelopes (:mod:`refkern.analysis.envelope`).
 
-    ``envs``: ``[(key, precision, centre, bound)]``. An element is explained by a hypothesis when
-    ``|actual - centre| <= B`` (equal specials
+    ``envs``: ``[(key, precision, centre, bound)]``, and ``(key, text, fn, None)`` for a named bug
+    (:func:`refkern.analysis._envelope_softmax.named_bugs`): ``fn(actual, unexplained, ref)`` is called
+    only once the verdict is "mismatch", to name it (``text``), never to excuse an element. An element
+    is explained by a hypothesis when ``|actual - centre| <= B`` (equal specials
     count as exact; a NaN or inf that differs never fits). The envelopes bound every correct
     implementation, so "rounding" is never refused to a correct result (no false alarm, at any
     rate: the test is deterministic), and the threshold is 1 by construction, not a tuned
     constant. Verdict: "exact" when every element equals the reference; "rounding" when the
     rounding envelope holds everywhere; else "reduced-precision" with the finest precision whose
     envelope holds everywhere; else "mismatch", measured against the rounding envelope, with a
-    note when the one-pass variance (a known wrong algorithm) explains what rounding does not.
+    note when the one-pass variance (a known wrong algorithm) or a named bug explains what rounding
+    does not.
     A bug that moves an element by less than its rounding envelope cannot be seen: ``detectable``
     reports that size (median and largest, in units of the result format's ulp at the reference).
     """
@@ -351,7 +354,8 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
         err = np.where(same, 0.0, np.abs(actual - ref))
         err = np.where(np.isnan(err), np.inf, err)
     fits = []
-    for key, prec, mid, bound in envs:
+    named = [e for e in envs if callable(e[2])]
+    for key, prec, mid, bound in (e for e in envs if not callable(e[2])):
         fmt = FORMATS.get({"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(prec, ""), out)
         kind = (f"a correct implementation in {'float64' if out.prec == 53 else 'float32'} arithmetic"
                 if key == "rounding" else ONE_PASS + " E[x^2] - E[x]^2" if key == ONE_PASS
@@ -388,4 +392,7 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     if one and one[0].explains:
         found.append({"kind": "algorithm", "text": "fits a one-pass variance E[x^2] - E[x]^2, whose cancellation "
                       "no correct (two-pass or Welford) implementation shows"})  # fmt: skip
+    for _, text, fn, _ in named:
+        if fn(actual, bad, ref):
+            found.append({"kind": "pattern", "text": text})
     return Decision("mismatch", None, r0.model, cls, fits, z, [], found, det, thresholds)

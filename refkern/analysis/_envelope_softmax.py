@@ -1,0 +1,338 @@
+"""The envelopes of softmax, log_softmax and scaled_dot_product_attention, and the named bugs of
+attention; the derivation and every constant are in :mod:`refkern.analysis.envelope`'s docstring."""
+
+import numpy as np
+
+from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
+
+__all__ = ["EXP_ULPS", "LOG_ULPS", "ARG_ROUNDINGS", "LOGIT_ROUNDINGS", "UNDERFLOW_OPS", "bound", "named_bugs"]
+
+EXP_ULPS = 20  #: exp within 20 ulps of the working format (torch's exp_u20 on AVX2/AVX-512), exp(0) = 1 exactly
+LOG_ULPS = 4  #: log within 4 ulps (glibc, Sleef u10 and CUDA's logf are within 1)
+ARG_ROUNDINGS = 3  #: the exp argument (z - m) c: the subtraction, c's own rounding, the product
+LOGIT_ROUNDINGS = 6  #: a logit's roundings beyond its E - 1 additions: fl(sqrt(s)) twice (2 each), q sqrt(s),
+#: k sqrt(s) (torch's math backend; the fused kernels round fewer), the product
+UNDERFLOW_OPS = 6  #: operations per term that may underflow: exp, its store, division, product, addition, rescale
+_DIV_ROUNDINGS = 2  # a reciprocal and a product (or one correctly rounded division)
+_SOFTMAX_RESCALES = 1  # a softmax output's exp, rescaled once from a partial maximum to the final one
+
+
+def _lg(s):
+    """-log(1 - s): the log of the largest growth ``prod (1 + d_i)^{+-1}`` with ``sum |d_i| <= s`` (inf from 1)."""
+    s = np.asarray(s, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(s < 1.0, -np.log1p(-np.minimum(s, 1.0)), np.inf)
+
+
+def _eta(u, u_m, out: Format) -> float:
+    """The absolute error an underflowing operation may add: the working format's smallest normal (a flush to
+    zero included), or half the smallest subnormal of the result format where intermediates are stored in it."""
+    work = FLOAT64 if u - u_m <= FLOAT64.u else FLOAT32
+    eta = 2.0**work.emin
+    if u_m > 0:
+        eta = max(eta, 2.0 ** (out.emin - out.prec))
+    return eta
+
+
+def _ranks(c, thr):
+    """Per row: how many entries of ``c`` are >= each entry of ``thr`` (both (R, n)), by one stable sort."""
+    R, n = c.shape
+    vals = np.concatenate([thr, c], axis=1)  # a threshold sorts before the equal c values: ties count as >=
+    order = np.argsort(vals, axis=1, kind="stable")
+    is_c = order >= n
+    below = np.cumsum(is_c, axis=1)
+    pick = ~is_c
+    cnt = np.empty((R, n), np.int64)
+    np.put_along_axis(cnt, order[pick].reshape(R, n), below[pick].reshape(R, n), axis=1)
+    return n - cnt
+
+
+class _Rows:
+    """The denominator side of rows of logits ``z`` (R, n) (-inf: masked) with logit errors ``dl``."""
+
+    def __init__(self, z, dl, d64, u, u_m, out, num_ops, num_rescales=None):
+        R, n = z.shape
+        self.n = n
+        with np.errstate(all="ignore"):
+            bad = (np.isnan(z) | (z == np.inf)).any(axis=1)
+            live = np.isfinite(z) & ~bad[:, None]
+            zf = np.where(live, z, -np.inf)
+            M = zf.max(axis=1, initial=-np.inf)
+            gap = np.where(live, M[:, None] - z, 0.0)
+            d64 = np.where(live, d64 + 2.0**-52 * (gap + 1.0), 0.0)  # + the float64 exp of the envelope's weights
+            dl = np.where(live, dl + d64, 0.0)
+            top = np.where(live, z + dl, -np.inf).max(axis=1, initial=-np.inf)  # >= the computed maximum
+            theta = dl + ARG_ROUNDINGS * u * np.where(live, top[:, None] - z + dl, 0.0)
+            rank = np.maximum(_ranks(np.where(live, z + 2 * dl, -np.inf), np.where(live, z - 2 * dl, np.inf)) - 1, 0)
+            eps_e = 2 * EXP_ULPS * (u - u_m) + u_m  # exp within EXP_ULPS ulps, stored with u_m
+            lam_d = theta + _lg((1 + rank) * eps_e + (rank + n - 1) * u)
+            r_n = rank if num_rescales is None else np.minimum(rank, num_rescales)
+            lam_n = theta + _lg((1 + r_n) * eps_e + (r_n + num_ops) * u)
+            t = np.where(live, np.exp(-gap), 0.0)
+            self.e_d = self._grow(t, gap, lam_d, live)
+            self.e_n = self._grow(t, gap, lam_n, live)
+            lmax = np.maximum(np.where(live, lam_d, 0.0).max(axis=1, initial=0.0),
+                              np.where(live, lam_n, 0.0).max(axis=1, initial=0.0))  # fmt: skip
+            self.D = t.sum(axis=1)
+            self.a = UNDERFLOW_OPS * n * _eta(u, u_m, out) * np.exp(2 * lmax) * self.D
+            self.ED = self.e_d.sum(axis=1)
+        self.M, self.gap, self.live, self.bad = M, gap, live, bad
+        self.empty = ~bad & ~live.any(axis=1)
+        self.d64max = d64.max(axis=1, initial=0.0)
+
+    @staticmethod
+    def _grow(t, gap, lam, live):
+        """t (e**lam - 1): how far a term within a factor e**+-lam of t may be (no 0 * inf where t underflows)."""
+        return np.where(live, np.where(lam < 1.0, t * np.expm1(np.minimum(lam, 1.0)), np.exp(lam - gap)), 0.0)
+
+    def ratio_bound(self, num, o_abs, vmax, slack, wv):
+        """|computed - exact| of sum_j t_j v_j (1 + b_j) / sum_j t_j (1 + a_j) (module docstring), per row and
+        column: ``num`` = sum_j e_n,j |v_j|, ``o_abs`` >= |exact|, ``vmax`` = max_j |v_j|, ``wv`` >= sum_j w_j |v_j|
+        (row, column arrays)."""
+        col = (slice(None),) + (None,) * (np.ndim(num) - 1)
+        with np.errstate(all="ignore"):
+            den = (self.D - self.ED - self.a)[col]
+            a = self.a[col]
+            b = (num + o_abs * self.ED[col] + a * np.maximum(vmax, 1.0) + o_abs * a) / den
+            b = np.where(den > 0, b * slack, np.inf)
+            b = b + 2.0 * np.expm1(2 * self.d64max)[col] * wv  # the float64 logits' distance to the exact ones
+            b = np.where(self.empty[col], 0.0, np.where(self.bad[col], np.inf, b))
+        return np.where(np.isnan(b), np.inf, b)
+
+
+def _exact_abs(ref, out: Format):
+    """An upper bound on |exact| from its rounding ``ref`` to ``out``."""
+    with np.errstate(all="ignore"):
+        return (np.abs(ref) + 2.0 ** (out.emin - out.prec)) / (1.0 - out.u)
+
+
+def _slack(n, E):
+    """The envelope's own float64 evaluation (module docstring)."""
+    return 1.0 + (n + E + 64) * 2.0**-50
+
+
+def _softmax(lay, u, u_m, ref, out, log):
+    X = lay.X
+    R, n = X.shape
+    rows = _Rows(X, np.zeros_like(X), np.zeros_like(X), u, u_m, out, _DIV_ROUNDINGS, _SOFTMAX_RESCALES)
+    o_abs = _exact_abs(lay.rows(ref), out)
+    if not log:
+        b = rows.ratio_bound(rows.e_n, o_abs, np.ones((R, n)), _slack(n, 0), o_abs)
+        return np.where(rows.live | rows.bad[:, None], b, 0.0)  # a -inf entry is exactly 0
+    u_w = u - u_m
+    eps_l = 2 * LOG_ULPS * u_w + u_m
+    eta = _eta(u, u_m, out)
+    with np.errstate(all="ignore"):
+        ell = _lg((rows.ED + rows.a) / rows.D)
+        logd = np.log(rows.D)
+        err_l = ell + eps_l * (logd + ell) + eta + u * np.abs(rows.M)  # the log; a rounded reference m c
+        c = u * np.maximum(rows.gap, (np.abs(rows.M) + logd + err_l)[:, None])
+        b = (err_l[:, None] + c + u * (o_abs + err_l[:, None] + c)) * _slack(n, 0) + 3 * rows.d64max[:, None]
+        b = np.where(rows.live, b, np.where(rows.bad[:, None], np.inf, 0.0))
+    return np.where(np.isnan(b), np.inf, b)
+
+
+def _logits(a):
+    """Per output batch: (z (L, S) float64 logits with the mask, s sum_l |q_l k_l| (L, S), mask (L, S))."""
+    L, E = a.Q.shape[1], a.Q.shape[2]
+    S = a.K.shape[1]
+    s = abs(a.scale)
+    for b in range(a.iq.size):
+        q, k = a.Q[a.iq[b]], a.K[a.ik[b]]
+        with np.errstate(all="ignore"):
+            z = a.scale * (q @ k.T) if E else np.zeros((L, S))
+            mag = s * (np.abs(q) @ np.abs(k).T) if E else np.zeros((L, S))
+        if a.causal:
+            m = np.where(np.arange(S)[None, :] > np.arange(L)[:, None], -np.inf, 0.0)
+        elif a.has_mask:
+            m = np.broadcast_to(a.mask[a.im[b]], (L, S))
+        else:
+            m = np.zeros((L, S))
+        yield b, z + m, mag, m
+
+
+def _attention(lay, u, u_m, ref, out):
+    a = lay.extra["a"]
+    L, E = a.Q.shape[1], a.Q.shape[2]
+    S, Ev = a.V.shape[1], a.V.shape[2]
+    rref = lay.rows(ref)
+    res = np.zeros(rref.shape)
+    if S == 0 or L == 0 or Ev == 0:
+        return res
+    kk = (E + LOGIT_ROUNDINGS) * u
+    G = kk / (1.0 - kk) if kk < 1.0 else np.inf
+    eta = _eta(u, u_m, out)
+    for b, z, mag, m in _logits(a):
+        with np.errstate(all="ignore"):
+            dl = G * mag + (E + LOGIT_ROUNDINGS) * eta
+            madd = np.isfinite(m) & (m != 0)  # a float mask: converted and added (two roundings)
+            dl = dl + np.where(madd, 2 * u * (1 + 2 * u) * (np.abs(z) + (1 + G) * mag), 0.0)
+            d64 = 2.0**-52 * ((E + 2) * mag + np.abs(z))
+        rows = _Rows(z, np.where(np.isnan(dl), np.inf, dl), d64, u, u_m, out, _DIV_ROUNDINGS + 1 + S - 1)
+        v = a.V[a.iv[b]]
+        with np.errstate(all="ignore"):
+            num = rows.e_n @ np.abs(v)
+        vmax = np.broadcast_to(np.abs(v).max(axis=0, initial=0.0), (L, Ev))
+        res[b] = rows.ratio_bound(num, _exact_abs(rref[b], out), vmax, _slack(S, E), vmax)
+    return res
+
+
+def bound(lay, u, u_m, ref, out):
+    """The envelope of one hypothesis (per-op unit ``u``, result-dtype intermediates ``u_m``), ref's shape."""
+    if lay.kind == "attention":
+        return lay.back(_attention(lay, u, u_m, ref, out))
+    return lay.back(_softmax(lay, u, u_m, ref, out, lay.kind == "log_softmax"))
+
+
+# ------------------------------------------------------------------ named bugs (used only to name a mismatch)
+
+
+def _log_max(fmt: Format) -> float:
+    """log of the format's largest finite value: exp overflows beyond it."""
+    return float(np.log(2.0 - 2.0 ** (1 - fmt.prec)) + (fmt.emax) * np.log(2.0))
+
+
+def _log_min(fmt: Format) -> float:
+    """log of the format's smallest subnormal: a sum of exps all below it is 0."""
+    return float((fmt.emin - fmt.prec + 1) * np.log(2.0))
+
+
+def _no_max_subtraction(row_max, out: Format):
+    """Rows whose exp, taken without subtracting the maximum, overflows (or all underflow) in the working
+    format or the result's: the rows where that bug shows."""
+    fmts = {FLOAT64 if out is FLOAT64 else FLOAT32, out}
+    with np.errstate(invalid="ignore"):
+        return np.any([(row_max > _log_max(f) - 0.01) | (row_max < _log_min(f)) for f in fmts], axis=0)
+
+
+def _overflow_namer(flagged):
+    """Explains the mismatch when every element beyond the rounding envelope is inf or NaN (the reference
+    finite there) and lies in a row where exp without the max subtraction overflows (``flagged()``: those
+    elements, computed only when asked)."""
+
+    def fn(actual, unexplained, ref):
+        bad = unexplained & np.isfinite(ref)
+        if not bad.any() or np.isfinite(actual[bad]).any() or (unexplained & ~bad).any():
+            return False
+        return bool(flagged()[bad].all())
+
+    return fn
+
+
+def _centre_namer(name, alt, out):
+    """Explains the mismatch when refkern's op on the modified arguments ``alt``, with its own rounding
+    envelope, explains every element."""
+
+    def fn(actual, unexplained, ref):
+        import refkern
+        from refkern.analysis._envelope_ops import layout
+        from refkern.analysis.envelope import _one, _store, working_unit
+
+        res = getattr(refkern, name)(**alt)
+        c = _as_f64(res).reshape(ref.shape)
+        u, u_m = working_unit(out), (out.u if out.prec < FLOAT32.prec else 0.0)
+        b = _one(layout(name, alt, ref.shape), u + u_m, u_m, False, c, out) + _store(c, out.u, out)
+        with np.errstate(all="ignore"):
+            same = (actual == c) | (np.isnan(actual) & np.isnan(c))
+            return bool(np.all(same | (np.abs(actual - c) <= b)))
+
+    return fn
+
+
+def _as_f64(x):
+    from refkern._arrays import operand
+
+    return np.asarray(operand(x, "reference", "compare").values, np.float64)
+
+
+def _swap(x, i, j):
+    from refkern._arrays import is_tensor
+
+    return x.transpose(i, j) if is_tensor(x) else np.swapaxes(np.asarray(x), i, j)
+
+
+def _is_bool(m):
+    from refkern._arrays import is_tensor
+
+    return m is not None and (str(m.dtype) == "torch.bool" if is_tensor(m) else np.asarray(m).dtype == np.bool_)
+
+
+_NO_MAX = (
+    "inf/NaN where the reference is finite, in rows whose exp overflows without the row maximum "
+    "subtracted: the maximum was not subtracted before exp"
+)
+
+
+_LOG_OF_SOFTMAX = (
+    "-inf where the reference is finite and below the log of the smallest normal: log(softmax(x)), taken "
+    "after the softmax underflowed, instead of x - max - log(sum)"
+)
+
+
+def _log_of_softmax_namer(out):
+    """Explains the mismatch when every element beyond the envelope is -inf where the reference is finite
+    and so small that its softmax underflows (flushed below the normal range) in the working or result format."""
+
+    def fn(actual, unexplained, ref):
+        floor = max(FLOAT32.emin if out is not FLOAT64 else FLOAT64.emin, out.emin) * np.log(2.0)
+        return bool(unexplained.any() and np.all(actual[unexplained] == -np.inf) and np.all(ref[unexplained] < floor))
+
+    return fn
+
+
+def named_bugs(name, args, lay, out):
+    """``[(key, text, fn)]``: patterns a mismatch may be named by, each ``fn(actual, unexplained, ref) -> bool``
+    evaluated only when the verdict is already "mismatch" (a hypothesis that names, never one that excuses)."""
+    if name in ("softmax", "log_softmax"):
+
+        def flagged():
+            rmax = np.max(np.where(np.isfinite(lay.X), lay.X, -np.inf), axis=1, initial=-np.inf)
+            return lay.back(np.broadcast_to(_no_max_subtraction(rmax, out)[:, None], lay.X.shape))
+
+        found = [("no max", _NO_MAX, _overflow_namer(flagged))]
+        if name == "log_softmax":
+            found.append(("log of softmax", _LOG_OF_SOFTMAX, _log_of_softmax_namer(out)))
+        shape = np.shape(args["input"])
+        if shape:
+            dim = int(args["dim"]) % len(shape)
+            for d in range(len(shape)):
+                if d != dim and shape[d] == shape[dim]:
+                    text = f"fits {name} over dim={d} instead of dim={dim}"
+                    found.append((f"dim {d}", text, _centre_namer(name, {**args, "dim": d}, out)))
+        return found
+    a = lay.extra["a"]
+    E, S, L = a.Q.shape[2], a.K.shape[1], a.Q.shape[1]
+
+    def flagged():
+        rmax = [np.max(np.where(np.isnan(z), np.inf, z), axis=1, initial=-np.inf) for _, z, _, _ in _logits(a)]
+        rows = _no_max_subtraction(np.stack(rmax), out)
+        return lay.back(np.broadcast_to(rows[:, :, None], (a.iq.size, L, a.V.shape[2])))
+
+    found = [("no max", _NO_MAX, _overflow_namer(flagged))]
+    alts = []
+    if E:
+        from refkern.kernels.attention import default_scale
+
+        for label, s in (("1/E", 1.0 / E), ("none: 1", 1.0), ("1/sqrt(E), the default", default_scale(E))):
+            if s != a.scale:
+                text = f"fits scale={s:.6g} ({label}) instead of {a.scale:.6g}: the logits are scaled wrongly"
+                alts.append((f"scale {label}", text, {"scale": s}))
+    offset = np.arange(S)[None, :] - np.arange(L)[:, None]
+    if a.causal:
+        shifts = [(1, "shifted by +1: each query also sees the next key"),
+                  (-1, "shifted by -1: each query misses its own key")]  # fmt: skip
+        if S != L:
+            shifts.append((S - L, f"aligned bottom-right (diagonal offset S - L = {S - L}); torch aligns it top-left"))
+        for k, what in shifts:
+            alt = {"is_causal": False, "attn_mask": offset <= k}
+            alts.append((f"causal {k:+d}", f"fits a causal mask {what}", alt))
+    if a.causal or a.has_mask:
+        text = "fits attention without the mask: attn_mask / is_causal was ignored"
+        alts.append(("no mask", text, {"is_causal": False, "attn_mask": None}))
+    if _is_bool(args.get("attn_mask")):
+        text = "fits the boolean mask inverted (True taken as masked out)"
+        alts.append(("inverted mask", text, {"attn_mask": ~args["attn_mask"]}))
+    if S == E and S:
+        text = "fits q @ k instead of q @ k^T: the key was used untransposed (possible here because S == E)"
+        alts.append(("key untransposed", text, {"key": _swap(args["key"], -2, -1)}))
+    return found + [(key, text, _centre_namer(name, {**args, **alt}, out)) for key, text, alt in alts]

@@ -1,0 +1,357 @@
+"""compare() on softmax, log_softmax and scaled_dot_product_attention: no false alarm on torch's CPU kernels
+(math and flash backends, four dtypes, masks, GQA, large logits) nor on online/tiled implementations
+written here; the classic bugs caught and named; a bug below the envelope reported as invisible; every
+constant of the envelope pinned on hand-computed cases."""
+
+import math
+
+import numpy as np
+import pytest
+
+import refkern as rk
+from refkern.accumulate.formats import FLOAT32
+from refkern.analysis.envelope import envelopes
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+SDPA = F.scaled_dot_product_attention
+SDPA_NAME = "scaled_dot_product_attention"
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+OK = ("exact", "rounding")
+
+
+def _outputs(args, kw):
+    """torch's math backend, its CPU flash kernel, and the default choice where flash does not take the call."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        yield "math", SDPA(*args, **kw)
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            yield "flash", SDPA(*args, **kw)
+    except RuntimeError:
+        yield "default", SDPA(*args, **kw)
+
+
+def _logits(kind, shape, dtype, g):
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    if kind == "large":  # logits ~ 1e3: exp without the max subtraction would overflow everywhere
+        x = x * 1e3
+    elif kind == "wide":  # spreads from 1e-3 to 1e3
+        x = x * torch.exp(torch.randn(shape, generator=g, dtype=torch.float64) * 2)
+    elif kind == "masked":  # some -inf entries, one row entirely -inf
+        x = x * 4
+        x[torch.rand(shape, generator=g) < 0.3] = -math.inf
+        x[(0,) * (len(shape) - 1)] = -math.inf
+    else:
+        x = x * 3
+    return x.clamp(-6e4, 6e4).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_no_false_alarm_softmax_torch_cpu(dtype):
+    g = torch.Generator().manual_seed(11)
+    bad = []
+    for kind in ("randn", "large", "wide", "masked"):
+        x = _logits(kind, (3, 5, 40), dtype, g)
+        xt = x.transpose(0, 2)  # not contiguous
+        for xx, dim in ((x, -1), (xt, 0), (xt, 1)):  # the last dim, a strided one, an inner one
+            for op, fn in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+                rep = rk.compare(fn(xx, dim), op, xx, dim)
+                if rep.verdict not in OK:
+                    bad.append((kind, op, dim, rep.verdict, rep.max_bound_ratio))
+    if dtype == torch.float16:  # dtype= converts first (a widening here)
+        x = _logits("randn", (4, 33), dtype, g)
+        for op, fn in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+            assert rk.compare(fn(x, -1, dtype=torch.float32), op, x, -1, dtype=torch.float32).verdict in OK
+    assert not bad
+
+
+def _qkv(B, H, L, S, E, dtype, g, scale=1.0, Hk=None, Ev=None):
+    q = torch.randn(B, H, L, E, generator=g) * scale
+    k = torch.randn(B, Hk or H, S, E, generator=g) * scale
+    v = torch.randn(B, Hk or H, S, Ev or E, generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _attention_cases(dtype, g):
+    q, k, v = _qkv(2, 2, 12, 12, 8, dtype, g)
+    yield "plain", (q, k, v), {}
+    yield "causal", (q, k, v), {"is_causal": True}
+    q2, k2, v2 = _qkv(1, 2, 6, 20, 8, dtype, g, Ev=5)
+    yield "causal L<S, Ev != E", (q2, k2, v2), {"is_causal": True}
+    m = torch.rand(12, 12, generator=g) > 0.4
+    m[3] = False  # a fully masked row: zeros
+    yield "bool mask", (q, k, v), {"attn_mask": m}
+    fm = (torch.randn(2, 1, 12, 12, generator=g) * 2).to(dtype)
+    fm[0, 0, 5] = -math.inf  # a fully masked row
+    fm[1, 0, :, 7] = -math.inf
+    yield "float mask", (q, k, v), {"attn_mask": fm}
+    hf = torch.zeros(12, 12, dtype=dtype)
+    hf[:, 9:] = torch.finfo(dtype).min  # Hugging Face's padding mask
+    yield "finfo.min mask", (q, k, v), {"attn_mask": hf}
+    qg, kg, vg = _qkv(1, 4, 10, 10, 8, dtype, g, Hk=2)
+    yield "gqa", (qg, kg, vg), {"enable_gqa": True}
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # non-contiguous
+    yield "non-contiguous", (qt, k, v), {"scale": 0.3}
+    big = 1.0 if dtype in (torch.float16, torch.bfloat16) else 3.0
+    ql, kl, vl = _qkv(1, 2, 8, 16, 16, dtype, g, scale=6.0 * big)  # logits ~ 1e2 (half) to 1e3
+    yield "large logits", (ql, kl, vl), {}
+
+
+@pytest.mark.filterwarnings("ignore:Flash attention")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_no_false_alarm_attention_torch_cpu(dtype):
+    g = torch.Generator().manual_seed(5)
+    bad, ran = [], 0
+    for case, args, kw in _attention_cases(dtype, g):
+        for be_name, out in _outputs(args, kw):
+            ran += 1
+            rep = rk.compare(out, SDPA_NAME, *args, **kw)
+            if rep.verdict not in OK:
+                bad.append((case, be_name, rep.verdict, rep.max_bound_ratio))
+    assert ran == 18 and not bad
+
+
+def _online_attention(q, k, v, scale, tile):
+    """FlashAttention's loop in numpy float32: key tiles, a running maximum, the sums rescaled."""
+    f32 = np.float32
+    L, S = q.shape[0], k.shape[0]
+    m = np.full(L, -np.inf, f32)
+    den = np.zeros(L, f32)
+    acc = np.zeros((L, v.shape[1]), f32)
+    for t in range(0, S, tile):
+        s = (q @ k[t : t + tile].T) * f32(scale)
+        m_new = np.maximum(m, s.max(axis=1))
+        alpha = np.exp(m - m_new)
+        p = np.exp(s - m_new[:, None])
+        den = den * alpha + p.sum(axis=1, dtype=f32)
+        acc = acc * alpha[:, None] + p @ v[t : t + tile]
+        m = m_new
+    return acc / den[:, None]
+
+
+def _online_softmax(x, tile, log):
+    """The online normaliser (Milakov and Gimelshein 2018) in numpy float32, over tiles of the row; the
+    numerators taken against each tile's maximum and rescaled once."""
+    f32 = np.float32
+    m = np.full(x.shape[0], -np.inf, f32)
+    den = np.zeros(x.shape[0], f32)
+    for t in range(0, x.shape[1], tile):
+        m_new = np.maximum(m, x[:, t : t + tile].max(axis=1))
+        den = den * np.exp(m - m_new) + np.exp(x[:, t : t + tile] - m_new[:, None]).sum(axis=1, dtype=f32)
+        m = m_new
+    if log:
+        return (x - m[:, None]) - np.log(den)[:, None]
+    out = np.empty_like(x)
+    for t in range(0, x.shape[1], tile):
+        xt = x[:, t : t + tile]
+        mt = xt.max(axis=1)
+        out[:, t : t + tile] = np.exp(xt - mt[:, None]) * np.exp(mt - m)[:, None] / den[:, None]
+    return out
+
+
+def test_online_and_tiled_float32_implementations_are_rounding():
+    rng = np.random.default_rng(0)
+    q = (rng.standard_normal((24, 16)) * 2).astype(np.float32)
+    k = (rng.standard_normal((200, 16)) * 2).astype(np.float32)
+    v = rng.standard_normal((200, 8)).astype(np.float32)
+    for tile in (64, 1):  # FlashAttention's tiles; one key at a time
+        rep = rk.compare(_online_attention(q, k, v, 0.25, tile), SDPA_NAME, q, k, v, scale=0.25)
+        assert rep.verdict == "rounding", (tile, rep.max_bound_ratio)
+    # keys in increasing order of their logits: the maximum rises at every key, the most rescales there are
+    order = np.argsort(q[0] @ k.T)
+    ks, vs = k[order], v[order]
+    rep = rk.compare(_online_attention(q, ks, vs, 0.25, 1), SDPA_NAME, q, ks, vs, scale=0.25)
+    assert rep.verdict == "rounding", rep.max_bound_ratio
+    x = (rng.standard_normal((16, 300)) * 4).astype(np.float32)
+    x[0] = np.sort(x[0])  # increasing: a rescale at every element
+    for log, op in ((False, "softmax"), (True, "log_softmax")):
+        for tile in (64, 1):
+            rep = rk.compare(_online_softmax(x, tile, log), op, x, -1)
+            assert rep.verdict in OK, (op, tile, rep.max_bound_ratio)
+
+
+def _naive_attention(q, k, v, dtype):
+    """softmax without the max subtraction, in dtype."""
+    z = (q.double() @ k.double().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    p = torch.exp(z.to(dtype))
+    return ((p / p.sum(-1, keepdim=True)) @ v.to(dtype)).to(q.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_attention_bugs_are_caught_and_named(dtype):
+    g = torch.Generator().manual_seed(2)
+    L = S = E = 16
+    q, k, v = _qkv(2, 2, L, S, E, dtype, g)
+    m = torch.rand(L, S, generator=g) > 0.3
+    tri = torch.ones(L, S, dtype=torch.bool)
+    cases = [
+        (SDPA(q, k, v, scale=1.0 / E), {}, "scale=0.0625 (1/E)"),
+        (SDPA(q, k, v, scale=1.0), {}, "scale=1 (none: 1)"),
+        (SDPA(q, k, v, attn_mask=tri.tril(1)), {"is_causal": True}, "causal mask shifted by +1"),
+        (SDPA(q, k, v, attn_mask=tri.tril(-1)), {"is_causal": True}, "causal mask shifted by -1"),
+        (SDPA(q, k.transpose(-2, -1), v), {}, "the key was used untransposed"),
+        (SDPA(q, k, v, attn_mask=~m), {"attn_mask": m}, "boolean mask inverted"),
+        (SDPA(q, k, v), {"attn_mask": m}, "without the mask"),
+    ]
+    ql, kl = q * 6, k * 6  # logits up to ~1e2: exp overflows float32 (and float16) without the max subtraction
+    cases.append((_naive_attention(ql, kl, v, torch.float32), {"_qk": (ql, kl)}, "maximum was not subtracted"))
+    for out, kw, name in cases:
+        qq, kk = kw.pop("_qk", (q, k))
+        rep = rk.compare(out, SDPA_NAME, qq, kk, v, **kw)
+        assert rep.verdict == "mismatch", name
+        assert any(name in n for n in rep.notes), (name, rep.notes)
+    # causal L < S aligned bottom-right instead of top-left
+    q2, k2, v2 = _qkv(1, 2, 4, 12, 8, dtype, g)
+    out = SDPA(q2, k2, v2, attn_mask=torch.ones(4, 12, dtype=torch.bool).tril(8))
+    rep = rk.compare(out, SDPA_NAME, q2, k2, v2, is_causal=True)
+    assert rep.verdict == "mismatch" and any("aligned bottom-right" in n for n in rep.notes)
+
+
+def test_softmax_bugs_are_caught_and_named():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 6, generator=g) * 3
+    for op, fn in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+        rep = rk.compare(fn(x, 0), op, x, 1)  # the wrong dim of a square input
+        assert rep.verdict == "mismatch" and any(f"{op} over dim=0 instead of dim=1" in n for n in rep.notes)
+    xl = x * 40  # logits up to ~400: exp overflows float32
+    e = torch.exp(xl)
+    for op, out in (("softmax", e / e.sum(-1, keepdim=True)), ("log_softmax", xl - torch.log(e.sum(-1, keepdim=True)))):
+        rep = rk.compare(out, op, xl, -1)
+        assert rep.verdict == "mismatch" and any("maximum was not subtracted" in n for n in rep.notes), op
+    xh = (x * 5).half()  # float16 results: exp overflows float16 from 11.1
+    eh = torch.exp(xh)
+    rep = rk.compare(eh / eh.sum(-1, keepdim=True), "softmax", xh, -1)
+    assert rep.verdict == "mismatch" and any("maximum was not subtracted" in n for n in rep.notes)
+    # log(softmax(x)) instead of x - max - log(sum): -inf where the reference is finite
+    rep = rk.compare(torch.log(F.softmax(xl, -1)), "log_softmax", xl, -1)
+    assert rep.verdict == "mismatch" and any("log(softmax(x))" in n for n in rep.notes)
+
+
+def test_bug_below_the_envelope_is_invisible_and_reported():
+    g = torch.Generator().manual_seed(8)
+    q, k, v = _qkv(1, 2, 8, 8, 8, torch.float32, g)
+    s = 1.0 / math.sqrt(8)
+    assert rk.compare(SDPA(q, k, v, scale=s * (1 + 1e-6)), SDPA_NAME, q, k, v).verdict == "rounding"  # not seen
+    assert rk.compare(SDPA(q, k, v, scale=s * (1 + 1e-2)), SDPA_NAME, q, k, v).verdict == "mismatch"  # seen
+    rep = rk.compare(SDPA(q, k, v) + 1e-6, SDPA_NAME, q, k, v)  # an offset below the envelope: not seen,
+    assert rep.verdict == "rounding"  # and the report says how large a bug must be to show (ulps at |o| ~ 1/2)
+    assert rep.detectable["element"]["median_ulps"] > 1e-6 / 2.0**-24
+    assert rk.compare(SDPA(q, k, v) + 1e-3, SDPA_NAME, q, k, v).verdict == "mismatch"
+    x = torch.randn(4, 32, generator=g)
+    y = F.softmax(x, -1)
+    rep = rk.compare(y * (1 + 2.0**-20), "softmax", x, -1)  # 8 ulps everywhere: inside the envelope
+    assert rep.verdict == "rounding" and rep.detectable["element"]["median_ulps"] > 8
+    assert rk.compare(y * (1 + 2.0**-10), "softmax", x, -1).verdict == "mismatch"
+
+
+def test_reduced_precision_inputs_are_named():
+    g = torch.Generator().manual_seed(9)
+    q, k, v = _qkv(1, 2, 8, 24, 8, torch.float32, g, scale=2.0)
+    out = SDPA(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float())
+    rep = rk.compare(out, SDPA_NAME, q, k, v)
+    assert (rep.verdict, rep.precision) == ("reduced-precision", "bf16")
+    x = torch.randn(8, 64, generator=g, dtype=torch.float64) * 4
+    rep = rk.compare(F.softmax(x.float(), -1).double(), "softmax", x, -1)
+    assert (rep.verdict, rep.precision) == ("reduced-precision", "fp32")
+    rep = rk.compare(F.log_softmax(x.half().float(), -1), "log_softmax", x.float(), -1)
+    assert (rep.verdict, rep.precision) == ("reduced-precision", "fp16")
+
+
+def test_specials_and_fully_masked_rows():
+    x = torch.tensor([[-math.inf, -math.inf], [0.0, -math.inf], [math.nan, 1.0]])
+    for op, fn in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+        assert rk.compare(fn(x, -1), op, x, -1).verdict == "exact"  # NaN rows and -inf entries as the reference
+    q = torch.randn(1, 3, 4)
+    m = torch.ones(3, 3, dtype=torch.bool)
+    m[1] = False
+    out = SDPA(q, q, q, attn_mask=m)
+    assert rk.compare(out, SDPA_NAME, q, q, q, attn_mask=m).verdict in OK
+    bad = out.clone()
+    bad[0, 1] = math.nan  # a fully masked row must be zeros (torch's definition), not NaN
+    assert rk.compare(bad, SDPA_NAME, q, q, q, attn_mask=m).verdict == "mismatch"
+    bad[0, 1] = 1e-3  # nor anything else: the envelope of an empty row is 0
+    assert rk.compare(bad, SDPA_NAME, q, q, q, attn_mask=m).verdict == "mismatch"
+
+
+# ------------------------------------------------------------------ the constants, by hand
+
+U = 2.0**-24
+ETA = 2.0**-126  # float32's smallest normal: an underflowing operation may flush to zero
+
+
+def _lg(s):
+    return -math.log1p(-s)
+
+
+def _env(name, args, ref):
+    hyps, _ = envelopes(name, args, np.asarray(ref, np.float64), FLOAT32)
+    return hyps[0][3]
+
+
+def test_softmax_envelope_pinned_by_hand():
+    # softmax of [0, 0] in float32: t = [1, 1], D = 2, o = 1/2; each entry ranks below the other (ties count),
+    # so R = 1: the denominator's term carries its exp and one rescale (2 x 40u: exp within 20 ulps), one
+    # rescale product and one addition: 82u; the numerator its exp, one rescale, the rescale product and the
+    # division's two roundings: 83u. theta: the float64 exp of the weights (2**-52) and 3u on the argument.
+    d64 = 2.0**-52
+    theta = d64 + 3 * U * (2 * d64)  # 3u (max(z + dl) - z + dl)
+    lam_d, lam_n = theta + _lg(82 * U), theta + _lg(83 * U)
+    e_d, e_n = math.expm1(lam_d), math.expm1(lam_n)
+    a = 6 * 2 * ETA * math.exp(2 * lam_n) * 2
+    o = (0.5 + 2.0**-150) / (1 - U)
+    want = (e_n + o * 2 * e_d + a + o * a) / (2 - 2 * e_d - a) * (1 + 66 * 2.0**-50) + 2 * math.expm1(2 * d64) * o
+    want += U * 0.5 + 2.0**-150  # the store
+    got = _env("softmax", {"input": np.zeros(2, np.float32), "dim": 0, "dtype": None}, [0.5, 0.5])
+    assert got == pytest.approx([want, want], rel=1e-12)
+    assert want == pytest.approx((83 + 82) / 2 * U + 0.5 * U, rel=1e-4)  # first order: 83u/2 + 82u/2 + store
+
+    # log_softmax of [0, 0]: y = -log 2; |log D^ - log D| <= ell = L(e_d); the log within 4 ulps (8u); the
+    # two subtractions in either order: c = u max(0, 0 + log 2 + err_L), then u (|y| + err_L + c)
+    ell = _lg((2 * e_d + a) / 2)
+    err_l = ell + 8 * U * (math.log(2) + ell) + ETA
+    c = U * (math.log(2) + err_l)
+    y = (math.log(2) + 2.0**-150) / (1 - U)
+    want = (err_l + c + U * (y + err_l + c)) * (1 + 66 * 2.0**-50) + 3 * d64
+    want += U * math.log(2) + 2.0**-150
+    got = _env("log_softmax", {"input": np.zeros(2, np.float32), "dim": 0, "dtype": None}, [-math.log(2)] * 2)
+    assert got == pytest.approx([want, want], rel=1e-12)
+    assert want == pytest.approx((82 + 8 * math.log(2) + 3 * math.log(2)) * U, rel=1e-4)
+
+
+def test_attention_envelope_pinned_by_hand():
+    # q = [1], keys [1] and [-1], values [1] and [3], scale 1, float32: logits z = [1, -1], M = 1, t = [1, e**-2].
+    # Logit error: gamma_{E+6} s sum|q k| = gamma_7 (E = 1: fl(sqrt(s)) twice, two roundings each, q and k
+    # scaled, the product) plus 7 eta; float64's own: 2**-52 ((E + 2) 1 + |z| + (M - z) + 1).
+    g7 = 7 * U / (1 - 7 * U)
+    d64 = np.array([5.0, 7.0]) * 2.0**-52
+    dl = g7 + 7 * ETA + d64
+    top = 1 + dl[0]
+    theta = dl + 3 * U * (top - np.array([1.0, -1.0]) + dl)  # the argument: 3 roundings of (z - m)
+    # ranks: nothing above the first key, the first above the second: R = [0, 1]
+    # denominator: (1 + R) 40u + (R + n - 1) u; numerator: + the product and the division (3 more), n - 1 additions
+    s_d = np.array([40 + 1, 80 + 2]) * U
+    s_n = np.array([40 + 4, 80 + 5]) * U
+    lam_d = theta + np.array([_lg(s) for s in s_d])
+    lam_n = theta + np.array([_lg(s) for s in s_n])
+    t = np.array([1.0, math.exp(-2)])
+    e_d, e_n = t * np.expm1(lam_d), t * np.expm1(lam_n)
+    D = t.sum()
+    a = 6 * 2 * ETA * math.exp(2 * max(lam_n.max(), lam_d.max())) * D
+    exact = (1 + 3 * math.exp(-2)) / (1 + math.exp(-2))
+    ref = float(np.float32(exact))
+    o = (ref + 2.0**-150) / (1 - U)
+    slack = 1 + (2 + 1 + 64) * 2.0**-50  # float64 evaluation: n + E + 64
+    want = (e_n[0] * 1 + e_n[1] * 3 + o * e_d.sum() + a * 3 + o * a) / (D - e_d.sum() - a) * slack
+    want += 2 * math.expm1(2 * d64.max()) * 3 + U * ref + 2.0**-150
+    args = {"query": np.array([[1.0]], np.float32), "key": np.array([[1.0], [-1.0]], np.float32),
+            "value": np.array([[1.0], [3.0]], np.float32), "attn_mask": None, "dropout_p": 0.0,
+            "is_causal": False, "scale": 1.0, "enable_gqa": False}  # fmt: skip
+    got = _env(SDPA_NAME, args, [[ref]])
+    assert float(got[0, 0]) == pytest.approx(want, rel=1e-12)
+    # first order: theta = 7u + 3u (M - z) = [7u, 13u] on top of the weights' own (44u, 85u) and the
+    # denominator's terms (41u, 82u): about 147u, 74 ulps of the float32 result here
+    first = ((7 + 44) + (13 + 85) * 3 * t[1] + ref * ((7 + 41) + (13 + 82) * t[1])) / D * U + U * ref
+    assert want == pytest.approx(first, rel=1e-4)

@@ -43,12 +43,55 @@ _GIVEN_MAX = 2.0**1000
 
 
 @jit(inline="always")
+def _apply_f64(dh, dl, d_h, e_d1, r_h, e_r1, w, b, has_w, has_b, prec, emin, emax):
+    """RN(((dh + dl) - delta) * r * w + b) from float64 arithmetic, or NaN when undecided.
+
+    ``|delta - d_h| <= e_d1``, ``|r - r_h| <= e_r1``. Each operation's rounding is charged
+    ``u |result|`` (``u = 2**-53``), which holds while no product underflows: every product must
+    be zero only when a factor is, and lie in the bounds' range (:func:`~refkern.accumulate.dd.safe`);
+    sums are exact when subnormal. ``dl`` is dropped and charged whole."""
+    u = 2.0**-53
+    z = dh - d_h
+    e_z = u * abs(z) + abs(dl) + e_d1
+    p = z * r_h
+    e = e_z * (abs(r_h) + e_r1) + abs(z) * e_r1 + u * abs(p)
+    if not (safe(z) and safe(p) and (p != 0.0 or z == 0.0)):
+        return np.nan
+    y = p
+    if has_w:
+        y = p * w
+        e = e * abs(w) + u * abs(y)
+        if not (safe(y) and (y != 0.0 or p == 0.0 or w == 0.0)):
+            return np.nan
+    if has_b:
+        y = y + b
+        e = e + u * abs(y)
+    return decide(y, 0.0, e * (1.0 + 2.0**-40), prec, emin, emax)
+
+
+@jit(inline="always")
 def _apply_row(xr, dh, dl, d_h, d_l, e_d, r_h, r_l, e_r, W, B, wr, has_w, has_b, prec, emin, emax, out):
-    """out = ((dh + dl) - delta) * r * w + b per element, decided or NaN; returns whether all decided."""
+    """out = ((dh + dl) - delta) * r * w + b per element, decided or NaN; returns whether all decided.
+    For a format narrower than float64 a float64 pass decides almost every element; the rest
+    (and every float64 result) take the double-word evaluation, in a loop of their own."""
     n = xr.size
     wn = W.shape[1]
+    todo = n
+    if prec < 53:
+        e_d1 = e_d + abs(d_l)  # |delta - d_h|
+        e_r1 = e_r + abs(r_l)  # |r - r_h|
+        todo = 0
+        for j in range(n):
+            jw = j if wn > 1 else 0
+            v = _apply_f64(dh[j], dl[j], d_h, e_d1, r_h, e_r1, W[wr, jw], B[wr, jw], has_w, has_b, prec, emin, emax)
+            out[j] = v
+            todo += v != v
+    if todo == 0:
+        return True
     ok = True
     for j in range(n):
+        if prec < 53 and out[j] == out[j]:
+            continue
         z_h, z_l = dd_add(dh[j], dl[j], -d_h, -d_l)
         e_z = e_d + EPS * abs(z_h)
         p_h, p_l = dd_mul(z_h, z_l, r_h, r_l)
@@ -92,15 +135,15 @@ def _normalize(X, W, B, has_w, has_b, center, given, GM, GV, eps, prec, emin, em
                 continue
             bad = False
             for j in range(n):
-                a = abs(x[j])
+                a = abs(np.float64(x[j]))
                 if not a <= _GIVEN_MAX:
                     bad = True
-                dh[j], dl[j] = two_sum(x[j], -c)
+                dh[j], dl[j] = two_sum(np.float64(x[j]), -c)
             if bad:
                 status[r] = SPECIAL
                 continue
         else:
-            st, c, d_h, d_l, e_d, m_h, m_l, e_m2, _ = moments(x, center, acc, tmp, scratch, dh, dl)
+            st, c, d_h, d_l, e_d, m_h, m_l, e_m2, _ = moments(x, center, prec, acc, tmp, scratch, dh, dl)
             if st != OK:
                 status[r] = st
                 continue
@@ -122,12 +165,51 @@ def _normalize(X, W, B, has_w, has_b, center, given, GM, GV, eps, prec, emin, em
         status[r] = 0 if ok else _UNDECIDED
 
 
+@jit(parallel=True)
+def _running_stats(Xc, RM, RV, mom, pm, em, xm, pv, ev, xv, out_m, out_v):
+    """batch_norm's new running statistics per channel (row of Xc), rounded once:
+    ``(1 - m) RM[c] + m mean`` to (pm, em, xm) and ``(1 - m) RV[c] + m M2 / (n - 1)`` to (pv, ev, xv),
+    in double-word arithmetic with an absolute error bound and :func:`decide`; NaN where undecided
+    or outside the bounds' range (a special or extreme row, an exactly zero result): the caller
+    takes the exact path there. ``1 - m`` is exact as a double-word (TwoSum)."""
+    R, n = Xc.shape
+    o_h, o_l = two_sum(1.0, -mom)
+    ok_m = safe(mom) and safe(o_h)
+    for r in prange(R):
+        out_m[r] = np.nan
+        out_v[r] = np.nan
+        acc, tmp, scratch, dh, dl = new_workspace(n)
+        st, c, d_h, d_l, e_d, m_h, m_l, e_m2, _ = moments(Xc[r], True, min(pm, pv), acc, tmp, scratch, dh, dl)
+        if st != OK or not ok_m:
+            continue
+        mean_h, mean_l = dd_add_fp(d_h, d_l, c)  # mean = c + delta
+        e_mean = e_d + EPS * abs(mean_h)
+        var_h, var_l = dd_div_fp(m_h, m_l, np.float64(n - 1))  # unbiased: M2 / (n - 1)
+        e_var = e_m2 / (n - 1) * (1.0 + 2.0**-50) + EPS * abs(var_h)
+        for k in range(2):
+            s_h, s_l, e_s, old = (mean_h, mean_l, e_mean, RM[r]) if k == 0 else (var_h, var_l, e_var, RV[r])
+            a_h, a_l = dd_mul_fp(o_h, o_l, old)  # exact (1 - m) times the stored value
+            e_a = EPS * abs(a_h)
+            b_h, b_l = dd_mul_fp(s_h, s_l, mom)
+            e_b = e_s * abs(mom) + EPS * abs(b_h)
+            y_h, y_l = dd_add(a_h, a_l, b_h, b_l)
+            e = e_a + e_b + EPS * abs(y_h)
+            if not (safe(old) and safe(s_h) and safe(a_h) and safe(b_h) and safe(y_h)):
+                continue
+            if k == 0:
+                out_m[r] = decide(y_h, y_l, e * (1.0 + 2.0**-40), pm, em, xm)
+            else:
+                out_v[r] = decide(y_h, y_l, e * (1.0 + 2.0**-40), pv, ev, xv)
+
+
 def normalize(X, W, B, center, fmt, eps, GM=None, GV=None):
-    """Every row of the float64 (R, n) array X normalised (see the module docstring): W and B are
-    (nW, n) or (nW, 1) float64 arrays or None, used by row ``r % nW``; GM/GV (R,) the given
-    statistics (batch_norm in eval mode). Returns the (R, n) float64 results, rounded to fmt."""
+    """Every row of the float32 or float64 (R, n) array X normalised (see the module docstring): W
+    and B are (nW, n) or (nW, 1) float64 arrays or None, used by row ``r % nW``; GM/GV (R,) the
+    given statistics (batch_norm in eval mode). Returns the (R, n) results rounded to fmt, as
+    float32 when fmt is narrower than float64 (every value of such a format is a float32: the
+    kernel stores them without a float64 copy to convert), else float64."""
     R, n = X.shape
-    out = np.empty((R, n))
+    out = np.empty((R, n), np.float32 if fmt.prec <= 24 else np.float64)
     if R == 0 or n == 0:
         return out
     has_w, has_b = W is not None, B is not None
@@ -156,6 +238,7 @@ def normalize(X, W, B, center, fmt, eps, GM=None, GV=None):
 def _ieee_row(x, w, b, center, eps, stats, fmt):
     """A row with NaN/inf (or given statistics outside float64's comfortable range): the formula
     in float64 IEEE arithmetic, as torch evaluates it, rounded to fmt."""
+    x = np.asarray(x, np.float64)
     with np.errstate(all="ignore"):
         if stats is not None:
             mu, var = stats
@@ -270,7 +353,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
     n = int(np.prod(shape, dtype=np.int64))
     w = _param(weight, "weight", op, shape)
     b = _param(bias, "bias", op, shape)
-    X = np.ascontiguousarray(o.values, np.float64).reshape(-1, n) if n else np.zeros((0, 0))
+    X = np.ascontiguousarray(o.values).reshape(-1, n) if n else np.zeros((0, 0))  # float32 or float64
     out = normalize(X, None if w is None else w.reshape(1, n), None if b is None else b.reshape(1, n), True, o.fmt,
                     _eps(eps, op))  # fmt: skip
     return deliver(out.reshape(o.shape), o.fmt, o.torch or _any_tensor(weight, bias))
@@ -286,7 +369,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
     n = int(np.prod(shape, dtype=np.int64))
     w = _param(weight, "weight", op, shape)
     e = 2.0 ** (1 - o.fmt.prec) if eps is None else _eps(eps, op)
-    X = np.ascontiguousarray(o.values, np.float64).reshape(-1, n) if n else np.zeros((0, 0))
+    X = np.ascontiguousarray(o.values).reshape(-1, n) if n else np.zeros((0, 0))
     out = normalize(X, None if w is None else w.reshape(1, n), None, False, o.fmt, e)
     return deliver(out.reshape(o.shape), o.fmt, o.torch or _any_tensor(weight))
 
@@ -311,7 +394,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):  # noqa: A0
     w = _param(weight, "weight", op, (c,))
     b = _param(bias, "bias", op, (c,))
     expand = lambda p: None if p is None else np.ascontiguousarray(np.repeat(p, hw).reshape(g, n))  # noqa: E731
-    X = np.ascontiguousarray(x, np.float64).reshape(nb * g, n)
+    X = np.ascontiguousarray(x).reshape(nb * g, n)
     out = normalize(X, expand(w), expand(b), True, o.fmt, _eps(eps, op))
     return deliver(out.reshape(o.shape), o.fmt, o.torch or _any_tensor(weight, bias))
 
@@ -338,7 +421,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     w = _param(weight, "weight", op, (c,))
     b = _param(bias, "bias", op, (c,))
     e = _eps(eps, op)
-    Xc = np.ascontiguousarray(np.moveaxis(np.asarray(x, np.float64), 1, 0).reshape(c, -1))
+    Xc = np.ascontiguousarray(np.moveaxis(x, 1, 0).reshape(c, -1))  # channels as rows, float32 or float64
     per = x.size // c if c else 0
     if training and per <= 1:
         raise ValueError(
@@ -361,18 +444,22 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if isinstance(momentum, bool) or not isinstance(momentum, (int, float, np.floating, np.integer)):
         raise TypeError(f"{op}: momentum must be a float; got {momentum!r}.")
     m = Fraction(float(momentum))
+    stats = [None if t is None else operand(t, name, op) for t, name in ((running_mean, "running_mean"),
+                                                                          (running_var, "running_var"))]  # fmt: skip
+    olds = [np.zeros(c) if so is None else np.ascontiguousarray(so.values, np.float64) for so in stats]
+    fmts = [o.fmt if so is None else so.fmt for so in stats]
+    fast = [np.empty(c), np.empty(c)]
+    _running_stats(Xc, *olds, float(momentum), *fmts[0].params, *fmts[1].params, *fast)
     new = []
-    for stat, name, unbiased in ((running_mean, "running_mean", False), (running_var, "running_var", True)):
-        if stat is None:
+    for so, old, vals, unbiased in zip(stats, olds, fast, (False, True)):
+        if so is None:
             new.append(None)
             continue
-        so = operand(stat, name, op)
-        vals = []
-        for ch in range(c):
+        for ch in np.flatnonzero(np.isnan(vals)):  # the exact path: undecided, special or extreme channels
             mean, m2 = exact_moments(Xc[ch])
             batch = m2 / (per - 1) if unbiased else mean
-            vals.append(round_fraction((1 - m) * Fraction(float(so.values[ch])) + m * batch, so.fmt))
-        new.append(deliver(np.array(vals, np.float64), so.fmt, tensor))
+            vals[ch] = round_fraction((1 - m) * Fraction(float(old[ch])) + m * batch, so.fmt)
+        new.append(deliver(vals, so.fmt, tensor))
     return y, new[0], new[1]
 
 

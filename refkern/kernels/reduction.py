@@ -21,7 +21,7 @@ from refkern.accumulate.dd import EPS, dd_div, dd_sqrt
 from refkern.accumulate.eft import two_sum
 from refkern.accumulate.exact import BLOCK, _sum_range
 from refkern.accumulate.formats import round_array
-from refkern.accumulate.superacc import NNAN, NNINF, NPINF, SIZE, acc_add_float, acc_init, acc_round
+from refkern.accumulate.superacc import NNAN, NNINF, NPINF, SIZE, acc_init, acc_round
 from refkern.accumulate.ziv import acc_copy, acc_dd, decide, round_fraction, round_quotient_sqrt
 from refkern.kernels._common import deliver
 from refkern.kernels._moments import OK, exact_moments, moments, new_workspace
@@ -137,7 +137,7 @@ def _row_var(X, corr_h, corr_l, want_std, prec, emin, emax, out, status):
     d_h, d_l = two_sum(d_h, d_l - corr_l)
     for r in prange(X.shape[0]):
         acc, tmp, scratch, dh, dl = new_workspace(n)
-        st, c, _, _, _, m_h, m_l, e_m2, _ = moments(X[r], True, acc, tmp, scratch, dh, dl)
+        st, c, _, _, _, m_h, m_l, e_m2, _ = moments(X[r], True, prec, acc, tmp, scratch, dh, dl)
         status[r] = st
         out[r] = np.nan
         if st != OK:
@@ -164,20 +164,48 @@ def _row_var(X, corr_h, corr_l, want_std, prec, emin, emax, out, status):
 
 @jit(parallel=True)
 def _cumsum_rows(X, prec, emin, emax, out):
-    """out[r, i] = sum_{j <= i} X[r, j] exactly, rounded once per element."""
+    """out[r, i] = sum_{j <= i} X[r, j] exactly, rounded once per element.
+
+    A running pair decides almost every element: ``s = fl(s + x)`` with its exact error (TwoSum)
+    added into ``t``, whose own roundings (each at most ``u |t|``, or ``2**-1074`` near underflow)
+    are summed into a bound, so that ``|S_i - (s + t)| <= bound``; :func:`decide` rounds when it
+    can. An element it cannot decide (a tie, a zero, a sum beyond its range), and every element
+    after an inf, a NaN or an overflow of ``s``, reads the exact accumulator instead: it first
+    takes in, exactly, the terms since it was last read."""
+    n = X.shape[1]
     for r in prange(X.shape[0]):
         acc = np.empty(SIZE, np.int64)
         acc_init(acc)
         tmp = np.empty(SIZE, np.int64)
+        scratch = np.empty(BLOCK)
+        x = X[r]
+        s = 0.0
+        t = 0.0
+        bound = 0.0
+        fast = True
+        synced = 0  # x[:synced] is in acc
         neg_zero = True
-        for i in range(X.shape[1]):
-            v = X[r, i]
-            acc_add_float(acc, v)
+        for i in range(n):
+            v = x[i]
             neg_zero = neg_zero and v == 0.0 and np.signbit(v)
-            acc_copy(tmp, acc)
-            y = acc_round(tmp, prec, emin, emax)
-            if y == 0.0 and neg_zero and tmp[NNAN] + tmp[NPINF] + tmp[NNINF] == 0:
-                y = -0.0
+            y = np.nan
+            if fast:
+                if (s + v) - (s + v) != 0.0:  # an inf or NaN term, or s overflows: exact from here on
+                    fast = False
+                else:
+                    s, e = two_sum(s, v)  # exact: s + e == s_old + v
+                    t = t + e
+                    bound += 2.0**-53 * abs(t) + 2.0**-1074  # this rounding of t
+                    h, lo = two_sum(s, t)
+                    # 2i roundings of the positive sum bound: a factor (1 + u)**(2i) <= 1 + 4iu
+                    y = decide(h, lo, bound * (1.0 + (i + 4) * 2.0**-50), prec, emin, emax)
+            if y != y:
+                _sum_range(x, synced, i + 1, acc, scratch)
+                synced = i + 1
+                acc_copy(tmp, acc)
+                y = acc_round(tmp, prec, emin, emax)
+                if y == 0.0 and neg_zero and tmp[NNAN] + tmp[NPINF] + tmp[NNINF] == 0:
+                    y = -0.0
             out[r, i] = y
 
 

@@ -201,7 +201,8 @@ def test_audit_small_cnn_mlp():
     assert all(c.verdict in ("exact", "rounding") for c in a.calls)
     assert a.first_failure is None
     text = a.report()
-    assert text.startswith("audit: 4 calls") and "every call is exact or rounding" in text
+    assert text.startswith("audit: 4 calls") and "every analysed call is exact or rounding" in text
+    assert text.splitlines()[1] == "not checked (no reference in refkern): relu x3"  # never 'every call is fine'
 
 
 class BuggyBackend(torch.Tensor):
@@ -240,13 +241,14 @@ def test_audit_table_is_in_call_order_unless_asked_for_worst_first():
     with rkt.audit() as a:
         net(torch.randn(2, 3, 8, 8))
     lines = a.report().splitlines()
-    assert lines[1] == "calls in call order:" and lines[2].startswith("#  module")
-    assert [ln.split()[0] for ln in lines[3:-1]] == ["0", "1", "2", "3"]
+    assert lines[1] == "not checked (no reference in refkern): relu x3"
+    assert lines[2] == "calls in call order:" and lines[3].startswith("#  module")
+    assert [ln.split()[0] for ln in lines[4:-1]] == ["0", "1", "2", "3"]
     assert lines[-1].startswith("(error/noise: ")  # what the columns mean, under the table
     worst = a.report(order="worst").splitlines()
-    assert worst[1] == "calls worst first (mismatch, then by bound ratio):"
-    assert worst[3].split()[:2] == ["1", "SmallNet.c2"]  # the mismatch leads
-    assert sorted(ln.split()[0] for ln in worst[3:-1]) == ["0", "1", "2", "3"]
+    assert worst[2] == "calls worst first (mismatch, then by bound ratio):"
+    assert worst[4].split()[:2] == ["1", "SmallNet.c2"]  # the mismatch leads
+    assert sorted(ln.split()[0] for ln in worst[4:-1]) == ["0", "1", "2", "3"]
     with pytest.raises(ValueError, match=r"^audit: unknown order='best'; choose one of 'call', 'worst'\."):
         a.report(order="best")
 

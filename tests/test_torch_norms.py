@@ -200,6 +200,31 @@ def test_audit_catches_a_layer_norm_bug_and_names_the_algorithm():
     assert a.first_failure is call
 
 
+def test_a_one_pass_variance_that_goes_negative_is_named_too():
+    ln = nn.LayerNorm(64)
+    x = _randn(8, 64) * 0.01 + 300.0  # the one-pass variance falls below -eps in some rows: NaN there
+    with _Corrupt(), rkt.audit() as a:
+        y = ln(x)
+    assert torch.isnan(y).any() and not torch.isnan(y).all()
+    (call,) = [c for c in a.calls if c.op == "layer_norm"]
+    assert call.verdict == "mismatch" and any("one-pass variance" in n for n in call.report.notes)
+
+
+def test_audit_says_what_it_did_not_check():
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Dropout(0.5), nn.Linear(8, 4), nn.LayerNorm(4))
+    x = _randn(3, 8)
+    with rkt.audit() as a:
+        h = model(x)
+        (h.view(-1)[:5] + 1.0).sum()
+    assert a.unchecked == {"gelu": 1, "dropout": 1, "add": 1}  # the view and the slice compute nothing
+    lines = a.report().splitlines()
+    assert lines[0].startswith("audit: 4 calls (") and lines[0].endswith("; every analysed call is exact or rounding")
+    assert lines[1] == "not checked (no reference in refkern): add x1, dropout x1, gelu x1"
+    with rkt.audit() as a:
+        nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))(x)
+    assert a.unchecked == {} and a.report().splitlines()[0].endswith("every call is exact or rounding")
+
+
 def test_audit_sees_inside_multihead_attention_and_the_encoder_layer():
     mha = nn.MultiheadAttention(16, 2, batch_first=True)
     q = _randn(2, 5, 16)
@@ -287,3 +312,12 @@ def test_check_command_bad_arguments_are_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_an_envelope_report_prints_and_fails_an_assertion_in_words():
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    ok = str(rk.compare(x.sum(1), "sum", x, 1))
+    assert "x the worst-case envelope of a correct implementation" in ok
+    assert "detectable: an element off by less than its envelope, median" in ok
+    with pytest.raises(AssertionError, match="sum on numpy .float32. does not match the exact reference: mismatch"):
+        rk.assert_matches_reference(x.sum(1) + 1.0, "sum", x, 1)

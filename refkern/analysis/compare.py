@@ -82,8 +82,12 @@ def compare(actual, op, *args, rtol: float | None = None, atol: float | None = N
     """Analyse a backend's output against the exact reference of the same call.
 
     ``compare(out, "conv2d", x, w, b, stride=1, padding=1)`` computes the correctly rounded
-    reference from the very inputs given (``op`` is "dot", "matmul", "linear", "conv1d",
-    "conv2d" or the refkern function itself; the arguments are exactly the op's). ``actual`` is a
+    reference from the very inputs given (``op`` names a refkern op, "dot", "matmul", "linear",
+    the convolutions, the reductions, norms and pools, "softmax", "log_softmax",
+    "scaled_dot_product_attention", or is the refkern function itself; the arguments are exactly
+    the op's). Products and convolutions are judged by the statistical test of
+    :mod:`refkern.analysis.verdict`, the other ops by worst-case envelopes
+    (:mod:`refkern.analysis.envelope`). ``actual`` is a
     numpy array or a torch tensor on any device, in the dtype the backend returned (the
     reference is rounded once to that dtype). With ``rtol``/``atol`` the report also says how
     many elements fail that tolerance, and how many of those are ordinary rounding anyway.

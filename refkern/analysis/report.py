@@ -106,20 +106,30 @@ class Report:
             f"  elements: {n}; exact {c['exact']}, within rounding {c['rounding']}, "
             f"reduced precision {c['reduced-precision']}, unexplained {c['mismatch']}"
         )
-        lines.append(
-            f"  max error {_num(self.max_prob_ratio)}x the rounding noise scale sqrt(n) u M, "
-            f"{_num(self.max_bound_ratio)}x the worst-case bound; {_num(self.max_ulp)} ulp; {self.n_terms} terms"
-        )
+        if (self.detectable or {}).get("test") == "worst-case envelope":
+            lines.append(
+                f"  max error {_num(self.max_bound_ratio)}x the worst-case envelope of a correct implementation; "
+                f"{_num(self.max_ulp)} ulp; {self.n_terms} terms"
+            )
+        else:
+            lines.append(
+                f"  max error {_num(self.max_prob_ratio)}x the rounding noise scale sqrt(n) u M, "
+                f"{_num(self.max_bound_ratio)}x the worst-case bound; {_num(self.max_ulp)} ulp; {self.n_terms} terms"
+            )
         if self.max_ulp > 64 and self.verdict in ("exact", "rounding"):
             lines.append(
                 "  (many ulps are normal where outputs are near zero: the terms cancel, and an ulp of the "
                 "small result is tiny next to the rounding of the large terms)"
             )
         lines.append(f"  condition number: median {_num(self.condition['median'])}, max {_num(self.condition['max'])}")
-        ratios = ", ".join(
-            f"{k} {_num(v['worst_case'])}/{_num(v['probabilistic'])}" for k, v in self.bound_ratios.items()
-        )
-        lines.append(f"  max error / bound (worst case/probabilistic): {ratios}")
+        if all("probabilistic" in v for v in self.bound_ratios.values()):
+            ratios = ", ".join(
+                f"{k} {_num(v['worst_case'])}/{_num(v['probabilistic'])}" for k, v in self.bound_ratios.items()
+            )
+            lines.append(f"  max error / bound (worst case/probabilistic): {ratios}")
+        else:  # the ops judged by worst-case envelopes have no probabilistic scale
+            ratios = ", ".join(f"{k} {_num(v['worst_case'])}" for k, v in self.bound_ratios.items())
+            lines.append(f"  max error / worst-case envelope: {ratios}")
         if self.model and self.verdict != "mismatch":
             lines.append(f"  explained by: {self.model}")
         elif self.model:
@@ -141,7 +151,13 @@ class Report:
             )
         lines += [f"  note: {m}" for m in self.notes]
         det = self.detectable
-        if det and self.verdict != "exact":
+        if det and self.verdict != "exact" and det.get("test") == "worst-case envelope":
+            e = det["element"]
+            lines.append(
+                f"  detectable: an element off by less than its envelope, median {_num(e['median_ulps'])} ulp "
+                f"(largest {_num(e['max_ulps'])}), cannot be told from rounding"
+            )
+        elif det and self.verdict != "exact":
             groups = ", ".join(f"a whole {k} {_num(v)}" for k, v in det.get("groups", {}).items())
             lines.append(
                 f"  detectable (median): one element off by {_num(det['element'])} "

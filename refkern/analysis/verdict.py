@@ -365,6 +365,8 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
             same_c = (actual == mid) | (np.isnan(actual) & np.isnan(mid))
             e_c = np.where(same_c, 0.0, np.abs(actual - mid))
             ratio = np.where(e_c == 0, 0.0, e_c / bound)
+            if key == ONE_PASS:  # E[x^2] - E[x]^2 + eps can fall below 0: its square root is NaN where
+                ratio = np.where(np.isnan(actual) & np.isinf(bound), 0.0, ratio)  # the envelope reaches 0
         fits.append(_EnvelopeFit(m, bound, np.where(np.isnan(ratio), np.inf, ratio)))
     r0 = fits[0]
     expo = np.frexp(np.where(np.isfinite(ref), ref, 0.0))[1] - 1  # floor(log2 |ref|) (-1 for 0)

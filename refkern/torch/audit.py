@@ -57,7 +57,36 @@ class _Mode(TorchFunctionMode):
         value = out[0] if isinstance(out, tuple) and out and spec is not None else out  # max_pool's (values, indices)
         if spec is not None and isinstance(value, torch.Tensor):
             self.owner._record(spec, value)
+        elif spec is None:
+            self.owner._skip(func, out)
         return out
+
+
+# Calls that only move, select or restate values (views, copies, concatenation, constants, random
+# draws): nothing is computed from an input, so nothing can be rounded or wrong in arithmetic. Any other call that
+# returns a floating-point tensor and has no reference in refkern is counted as not checked.
+_MOVES = frozenset(
+    "view view_as reshape reshape_as flatten unflatten permute transpose t T mT contiguous expand expand_as squeeze "
+    "unsqueeze clone detach __getitem__ chunk split unbind narrow select cat concat concatenate stack index_select "
+    "gather to type float half bfloat16 double cpu cuda zeros_like ones_like empty_like full_like new_zeros "
+    "new_ones new_empty new_full zeros ones empty full arange tensor as_tensor requires_grad_ __get__ "
+    "repeat tile roll flip movedim swapaxes pad randn rand randint randn_like rand_like randint_like normal_ "
+    "uniform_ bernoulli_".split()
+)  # fmt: skip
+
+
+def _call_name(func) -> str:
+    """'add' for torch.add, Tensor.add, Tensor.__add__, __radd__ and __iadd__; 'relu' for F.relu."""
+    name = getattr(func, "__name__", None) or str(func)
+    if name.startswith("__") and name.endswith("__") and name not in ("__getitem__", "__get__"):
+        name = name[2:-2]
+        name = name[1:] if name[:1] in "ri" and name[1:] in _DUNDER_OPS else name
+    return name
+
+
+# In-place writes of constants or random draws (parameter initialisation, buffers reset).
+_WRITES = frozenset("fill_ zero_ copy_ uniform_ normal_ bernoulli_ exponential_ random_ set_ resize_".split())
+_DUNDER_OPS = frozenset("add sub mul truediv floordiv matmul pow mod neg and or xor lshift rshift".split())
 
 
 class Audit:
@@ -79,6 +108,7 @@ class Audit:
     def __init__(self, allow=("exact", "rounding")):
         self.allow = tuple(allow)
         self.calls: list[AuditCall] = []
+        self.unchecked: dict[str, int] = {}
         self._stack = []
         self._names = {}
         self._hooks = []
@@ -94,6 +124,18 @@ class Audit:
     def _post(self, module, inputs, output):
         if self._stack and self._stack[-1] is module:
             self._stack.pop()
+
+    def _skip(self, func, out):
+        """Count a call with no reference in refkern that computed floating-point values."""
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if not any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in outs):
+            return
+        name = _call_name(func)
+        if name in _MOVES or name.endswith("_") and name[:-1] in _MOVES or name in _WRITES:
+            return
+        if getattr(func, "__module__", "") == "torch.nn.init":  # a module's parameters being initialised
+            return
+        self.unchecked[name] = self.unchecked.get(name, 0) + 1
 
     def _record(self, spec, out):
         name = self._names.get(id(self._stack[-1]), type(self._stack[-1]).__name__) if self._stack else spec.torch_name
@@ -161,16 +203,25 @@ class Audit:
             counts[c.verdict or "not analysed"] = counts.get(c.verdict or "not analysed", 0) + 1
         summary = ", ".join(f"{v} {k}" for k, v in counts.items())
         skipped = len(self.not_analysed)
+        partial = skipped or self.unchecked
         if f is None:
-            first = ("every analysed call is " if skipped else "every call is ") + " or ".join(self.allow)
+            first = ("every analysed call is " if partial else "every call is ") + " or ".join(self.allow)
             if skipped:
                 first += f"; {skipped} not analysed (see note)"
         else:
             prec = f" ({f.report.precision})" if f.report.precision else ""
             first = f"first call beyond {'/'.join(self.allow)}: #{f.index} {f.name} ({f.op}): {f.verdict}{prec}"
         listed = "calls in call order" if order == "call" else "calls worst first (mismatch, then by bound ratio)"
-        return "\n".join([f"audit: {len(self.calls)} calls ({summary}); {first}", f"{listed}:", *lines,
-                          f"({COLUMNS_NOTE})"])  # fmt: skip
+        out = [f"audit: {len(self.calls)} calls ({summary}); {first}"]
+        if self.unchecked:
+            out.append(f"not checked (no reference in refkern): {self.unchecked_summary()}")
+        return "\n".join([*out, f"{listed}:", *lines, f"({COLUMNS_NOTE})"])
+
+    def unchecked_summary(self) -> str:
+        """'relu x4, add x2, gelu x1': the calls that computed values refkern has no reference
+        for, most frequent first ('' when there are none)."""
+        items = sorted(self.unchecked.items(), key=lambda kv: (-kv[1], kv[0]))
+        return ", ".join(f"{k} x{v}" for k, v in items)
 
     def __str__(self):
         return self.report()

@@ -14,11 +14,11 @@ integer path.
 import argparse
 import json
 import os
-import time
 from functools import partial
 
 import torch
 import torch.nn.functional as F
+from _timing import per_call  # benchmarks/_timing.py, beside this script
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import refkern as rk
@@ -26,21 +26,6 @@ from refkern.kernels.attention import attention_operands, attention_rows
 from refkern.kernels.softmax import softmax_rows
 
 TARGETS = {"sdpa_2x8x512x64_f32_vs_torch_math_f64": 10.0}
-
-
-def per_call(sides, blocks):
-    """{name: (fn, calls)} -> {name: best seconds per call}: a warm-up call each, then ``blocks``
-    rounds in which every side runs ``calls`` consecutive calls (as benchmarks/bench_kernels.py)."""
-    for fn, _ in sides.values():
-        fn()
-    out = dict.fromkeys(sides, float("inf"))
-    for _ in range(blocks):
-        for name, (fn, calls) in sides.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out[name] = min(out[name], (time.perf_counter() - t0) / calls)
-    return out
 
 
 def _math_sdpa(q, k, v, **kw):

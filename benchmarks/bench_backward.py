@@ -13,29 +13,14 @@ linear layer's (4096 x 1024 x 1024) gradients against torch float64 matmuls.
 import argparse
 import json
 import os
-import time
 from functools import partial
 
 import torch
+from _timing import per_call  # benchmarks/_timing.py, beside this script
 
 import refkern as rk
 
 TARGETS = {"conv_8x64x56x56_3x3_f32_grads_vs_torch_f64_backward": 3.0}
-
-
-def per_call(sides, blocks):
-    """{name: (fn, calls)} -> {name: best seconds per call}: a warm-up call each, then ``blocks``
-    rounds in which every side runs ``calls`` consecutive calls (as benchmarks/bench_attention.py)."""
-    for fn, _ in sides.values():
-        fn()
-    out = dict.fromkeys(sides, float("inf"))
-    for _ in range(blocks):
-        for name, (fn, calls) in sides.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out[name] = min(out[name], (time.perf_counter() - t0) / calls)
-    return out
 
 
 def _torch_conv_backward(g, x, w, mask):

@@ -23,6 +23,7 @@ from functools import partial
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _timing import per_call  # benchmarks/_timing.py, beside this script
 
 import refkern as rk
 
@@ -86,21 +87,6 @@ def bench_conv(names):
             rows.append(dict(op="conv2d", case=name, dtype=dtype, exact_s=t, torch_f32_s=t32, torch_f64_s=t64,
                              vs_torch_f64=t / t64, vs_torch_f32=t / t32))  # fmt: skip
     return rows
-
-
-def per_call(sides, blocks):
-    """{name: (fn, calls)} -> {name: best seconds per call}: a warm-up call each, then ``blocks``
-    rounds in which every side runs ``calls`` consecutive calls (as benchmarks/bench_engines.py)."""
-    for fn, _ in sides.values():
-        fn()
-    out = dict.fromkeys(sides, float("inf"))
-    for _ in range(blocks):
-        for name, (fn, calls) in sides.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out[name] = min(out[name], (time.perf_counter() - t0) / calls)
-    return out
 
 
 def bench_conv_transpose(names, blocks=3):

@@ -15,11 +15,11 @@ rounding decided (refkern.kernels.pool.PATHS).
 import argparse
 import json
 import os
-import time
 from functools import partial
 
 import torch
 import torch.nn.functional as F
+from _timing import per_call  # benchmarks/_timing.py, beside this script
 
 import refkern as rk
 from refkern.kernels import pool
@@ -30,21 +30,6 @@ CASES = {
     "avg 2x2/2": (rk.avg_pool2d, F.avg_pool2d, (16, 64, 112, 112), dict(kernel_size=2)),
     "adaptive 7x7->1": (rk.adaptive_avg_pool2d, F.adaptive_avg_pool2d, (32, 2048, 7, 7), dict(output_size=1)),
 }
-
-
-def per_call(sides, blocks):
-    """{name: (fn, calls)} -> {name: best seconds per call}: a warm-up call each, then ``blocks``
-    rounds in which every side runs ``calls`` consecutive calls."""
-    for fn, _ in sides.values():
-        fn()
-    out = dict.fromkeys(sides, float("inf"))
-    for _ in range(blocks):
-        for name, (fn, calls) in sides.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out[name] = min(out[name], (time.perf_counter() - t0) / calls)
-    return out
 
 
 def bench(names, blocks, scale):

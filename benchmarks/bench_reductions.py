@@ -25,12 +25,12 @@ flatters refkern: compare with ``--threads 1`` there.
 import argparse
 import json
 import os
-import time
 from functools import partial
 
 import numba
 import torch
 import torch.nn.functional as F
+from _timing import per_call  # benchmarks/_timing.py, beside this script
 
 import refkern as rk
 
@@ -40,21 +40,6 @@ TARGETS = {
     "layer_norm_32x512x768_f32_vs_torch_f64": 5.0,
     "compare_layer_norm_vs_reference": 3.0,
 }
-
-
-def per_call(sides, blocks):
-    """{name: (fn, calls)} -> {name: best seconds per call}: a warm-up call each, then ``blocks``
-    rounds in which every side runs ``calls`` consecutive calls (as benchmarks/bench_kernels.py)."""
-    for fn, _ in sides.values():
-        fn()
-    out = dict.fromkeys(sides, float("inf"))
-    for _ in range(blocks):
-        for name, (fn, calls) in sides.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out[name] = min(out[name], (time.perf_counter() - t0) / calls)
-    return out
 
 
 def row(op, case, t, base="torch_f64", target=None, **extra):

@@ -321,3 +321,13 @@ def test_an_envelope_report_prints_and_fails_an_assertion_in_words():
     assert "detectable: an element off by less than its envelope, median" in ok
     with pytest.raises(AssertionError, match="sum on numpy .float32. does not match the exact reference: mismatch"):
         rk.assert_matches_reference(x.sum(1) + 1.0, "sum", x, 1)
+
+
+def test_an_envelope_that_claims_nothing_says_so():
+    q, k, v = (_randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
+    rep = rk.compare(F.scaled_dot_product_attention(q, k, v), "scaled_dot_product_attention", q, k, v)
+    assert rep.detectable["element"]["median_ulps"] == float("inf")
+    assert any(n.startswith(f"no envelope holds for {rep.n_elements} of {rep.n_elements} elements") for n in rep.notes)
+    x = _randn(4, 64)
+    rep = rk.compare(x.sum(1), "sum", x, 1)
+    assert not any(n.startswith("no envelope holds") for n in rep.notes)

@@ -248,6 +248,10 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
     det = d.detectable["element"]
     notes.append(f"judged by worst-case envelopes (no statistical test for {name} yet): an error below the "
                  f"envelope, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding")  # fmt: skip
+    blind = int(np.count_nonzero(~np.isfinite(d.fits[0].bound)))
+    if blind:  # n u > 1/8 in the working precision, or an interval that reaches a pole: no bound is claimed
+        notes.append(f"no envelope holds for {blind} of {ref.size} elements (too many operations for the working "
+                     "precision to bound): any value there passes, so a bug there cannot be seen")  # fmt: skip
     rep = Report(
         op=name, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=int(n), verdict=d.verdict,
         precision=d.precision, max_ulp=float(ulps.max()) if ulps.size else 0.0,

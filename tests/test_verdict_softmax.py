@@ -221,6 +221,10 @@ def test_softmax_bugs_are_caught_and_named():
     for op, out in (("softmax", e / e.sum(-1, keepdim=True)), ("log_softmax", xl - torch.log(e.sum(-1, keepdim=True)))):
         rep = rk.compare(out, op, xl, -1)
         assert rep.verdict == "mismatch" and any("maximum was not subtracted" in n for n in rep.notes), op
+    wide = torch.randn(8, 1000, generator=g) * 30  # only some terms overflow: the others come out 0 = exp(x) / inf
+    e = torch.exp(wide)
+    rep = rk.compare(e / e.sum(-1, keepdim=True), "softmax", wide, -1)
+    assert rep.verdict == "mismatch" and any("maximum was not subtracted" in n for n in rep.notes)
     xh = (x * 5).half()  # float16 results: exp overflows float16 from 11.1
     eh = torch.exp(xh)
     rep = rk.compare(eh / eh.sum(-1, keepdim=True), "softmax", xh, -1)

@@ -206,13 +206,15 @@ def _no_max_subtraction(row_max, out: Format):
 
 
 def _overflow_namer(flagged):
-    """Explains the mismatch when every element beyond the rounding envelope is inf or NaN (the reference
-    finite there) and lies in a row where exp without the max subtraction overflows (``flagged()``: those
-    elements, computed only when asked)."""
+    """Explains the mismatch when every element beyond the rounding envelope lies in a row where exp
+    without the max subtraction overflows (``flagged()``: those elements, computed only when asked), the
+    reference is finite there, and some of them are inf or NaN: the overflow's signature (the other
+    elements of such a row come out as exp(x) / inf = 0, or as a wrong finite value when the sum alone
+    overflowed in a wider format)."""
 
     def fn(actual, unexplained, ref):
         bad = unexplained & np.isfinite(ref)
-        if not bad.any() or np.isfinite(actual[bad]).any() or (unexplained & ~bad).any():
+        if not bad.any() or np.isfinite(actual[bad]).all() or (unexplained & ~bad).any():
             return False
         return bool(flagged()[bad].all())
 

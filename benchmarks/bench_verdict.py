@@ -1,8 +1,10 @@
 """Calibration of the verdict: a confusion matrix over ops, reduction lengths, data and truths.
 
-    python benchmarks/bench_verdict.py [--quick] [--json FILE] [--seeds N]
+    python benchmarks/bench_verdict.py [--quick] [--family all|gemm|envelope] [--json FILE] [--seeds N]
 
-Every case is an output whose truth is known, judged by ``refkern.compare``:
+Every case is an output whose truth is known, judged by ``refkern.compare``. Two families:
+
+**gemm** (matmul, linear, conv2d; the statistical test):
 
 * correct results: torch's own CPU kernels (fp32, and fp16/bf16 with 3-D inputs and
   non-contiguous operands), left-to-right and pairwise fp32 sums, split-K blocks summed in fp32,
@@ -20,6 +22,35 @@ Every case is an output whose truth is known, judged by ``refkern.compare``:
 
 It prints the false-alarm rate, the detection rate of bugs >= 10x the scale, by K, the share
 of reduced precisions named right, and writes JSON.
+
+**envelope** (sum, mean, var, std, cumsum, layer/rms/group norm, batch_norm in training and
+eval, avg/max/adaptive pools, and softmax, log_softmax, attention when
+``refkern.analysis.envelope.OPS`` lists them; a deterministic test against worst-case
+envelopes): reduction lengths 1 to 10^5; data randn, offset (mean 1e4, std 1), positive,
+signed lognormal (14 decades), constant, tiny (around the dtype's smallest normal); fp32, fp16,
+bf16, fp64; contiguous, transposed and strided inputs; every dim choice, keepdim and ``dtype=``.
+
+* correct: torch's CPU kernels, torch in float64 (and float32 for half results) rounded,
+  the two-pass norm in torch ops, and float32 algorithms in numpy: left-to-right, reversed,
+  tree, blocked and Kahan sums; sum / n and sum times fl(1/n); two-pass, Welford and blocked
+  Welford (Chan's merge) variances; blocked and Kahan scans; norms in direct, folded
+  (x (r w) + (b - m r w)) and divided forms; softmax by division and by a reciprocal. Never
+  ``mismatch`` nor ``reduced-precision``. (float32 variance algorithms on tiny data, whose
+  squares underflow, are counted apart: the standard model leaves underflow out.)
+* reduced: inputs rounded to bf16 / fp16 then computed by torch in fp32; fp32 computation
+  handed over as float64. Named right, named another precision, mismatch, or below the
+  rounding envelope (indistinguishable: not a naming error).
+* bugs: one-pass variance, eps 1e-3, eps outside the sqrt, biased/unbiased swapped, weight or
+  bias dropped, wrong divisor, count_include_pad flipped, a pool window missing a tap or
+  shifted, padding read as 0, floor-ended adaptive windows, a cumsum restarting per block, an
+  exclusive scan, a dropped term, batch vs running statistics, a shifted output, one element
+  moved by s x its envelope (s = 0.5 .. 10), 1% of elements by 3x, one element by 1e-3
+  relative, noise of relative size 1e-6 .. 1e-2. Size = max |error| / envelope (the verdict's
+  own ratio): >= 2 must be caught (the test is deterministic), below 1 cannot be.
+
+It prints false alarms per op and dtype, the largest error / envelope any correct result used,
+precision naming, power by bug kind, by terms per output and by dtype, the envelope's width in
+ulps, and writes JSON (key ``envelope``).
 """
 
 import argparse
@@ -106,11 +137,11 @@ def _split_k(op, args, kw, block, dtype):
     out = None
     for s in range(0, k, block):
         if op == "conv2d":
-            part = F.conv2d(x[:, s:s + block], w[:, s:s + block], None, **kw)
+            part = F.conv2d(x[:, s : s + block], w[:, s : s + block], None, **kw)
         elif op == "linear":
-            part = F.linear(x[..., s:s + block], w[..., s:s + block])
+            part = F.linear(x[..., s : s + block], w[..., s : s + block])
         else:
-            part = torch.matmul(x[..., s:s + block], w[s:s + block])
+            part = torch.matmul(x[..., s : s + block], w[s : s + block])
         part = part.to(dtype)
         out = part if out is None else (out + part)
     if b is not None:
@@ -181,11 +212,11 @@ def _split_k_rk(op, args, kw, block, acc):
     out = None
     for s in range(0, k, block):
         if op == "conv2d":
-            part = rk.conv2d(x[:, s:s + block], w[:, s:s + block], None, **kw, accumulate="naive", accum_dtype=acc)
+            part = rk.conv2d(x[:, s : s + block], w[:, s : s + block], None, **kw, accumulate="naive", accum_dtype=acc)
         elif op == "linear":
-            part = rk.linear(x[..., s:s + block], w[..., s:s + block], accumulate="naive", accum_dtype=acc)
+            part = rk.linear(x[..., s : s + block], w[..., s : s + block], accumulate="naive", accum_dtype=acc)
         else:
-            part = rk.matmul(x[..., s:s + block], w[s:s + block], accumulate="naive", accum_dtype=acc)
+            part = rk.matmul(x[..., s : s + block], w[s : s + block], accumulate="naive", accum_dtype=acc)
         out = part if out is None else _round(out + part, fmt, 0)
     if b is not None:
         out = _round(out + (b[:, None, None] if op == "conv2d" else b), fmt, 0)
@@ -234,11 +265,11 @@ def bugs(op, args, kw, good, scale, seed):
     tail = max(1, kk // 16)
     if kk > 1:
         if op == "conv2d":
-            out.append(("last K/16 channels dropped", fn(x[:, :kk - tail], w[:, :kk - tail], b, **kw)))
+            out.append(("last K/16 channels dropped", fn(x[:, : kk - tail], w[:, : kk - tail], b, **kw)))
         elif op == "linear":
-            out.append(("last K/16 terms dropped", fn(x[..., :kk - tail], w[..., :kk - tail], b)))
+            out.append(("last K/16 terms dropped", fn(x[..., : kk - tail], w[..., : kk - tail], b)))
         else:
-            out.append(("last K/16 terms dropped", fn(x[..., :kk - tail], w[:kk - tail])))
+            out.append(("last K/16 terms dropped", fn(x[..., : kk - tail], w[: kk - tail])))
     flat = good.reshape(-1)
     sc = scale.reshape(-1)
     one = flat.clone()
@@ -307,20 +338,53 @@ def run(quick=False, seeds=1, ks=KS, ops=OPS, data=DATA, log=print):
                     scale, ref = scale_of(op, args, kw)
                     for name, out in correct_outputs(op, args, kw):
                         rep, s = judge(op, args, kw, out)
-                        rows.append(dict(op=op, k=k, data=d, truth="correct", name=name, verdict=rep.verdict,
-                                         precision=rep.precision, alternatives=rep.alternatives, seconds=s))
+                        rows.append(
+                            dict(
+                                op=op,
+                                k=k,
+                                data=d,
+                                truth="correct",
+                                name=name,
+                                verdict=rep.verdict,
+                                precision=rep.precision,
+                                alternatives=rep.alternatives,
+                                seconds=s,
+                            )
+                        )
                     if d == "randn":
                         for name, out, a2, kw2 in half_cases(op, k, seed):
                             rep, s = judge(op, a2, kw2, out)
-                            rows.append(dict(op=op, k=k, data=d, truth="correct", name=name, verdict=rep.verdict,
-                                             precision=rep.precision, alternatives=rep.alternatives, seconds=s))
+                            rows.append(
+                                dict(
+                                    op=op,
+                                    k=k,
+                                    data=d,
+                                    truth="correct",
+                                    name=name,
+                                    verdict=rep.verdict,
+                                    precision=rep.precision,
+                                    alternatives=rep.alternatives,
+                                    seconds=s,
+                                )
+                            )
                     for prec, name, out in reduced_outputs(op, args, kw, d):
                         a2 = args
                         if isinstance(out, tuple):
                             a2, out = out
                         rep, s = judge(op, a2, kw, out)
-                        rows.append(dict(op=op, k=k, data=d, truth=f"reduced:{prec}", name=name, verdict=rep.verdict,
-                                         precision=rep.precision, alternatives=rep.alternatives, seconds=s))
+                        rows.append(
+                            dict(
+                                op=op,
+                                k=k,
+                                data=d,
+                                truth=f"reduced:{prec}",
+                                name=name,
+                                verdict=rep.verdict,
+                                precision=rep.precision,
+                                alternatives=rep.alternatives,
+                                seconds=s,
+                            )
+                        )
                     good = _torch_fn(op)(*args, **kw)
                     bases = [("fp32", good, ref, scale, args)]
                     if not quick:
@@ -332,9 +396,20 @@ def run(quick=False, seeds=1, ks=KS, ops=OPS, data=DATA, log=print):
                         for name, out in bugs(op, bargs, kw, base, sc, seed):
                             size = _bug_size(out, bref, sc)
                             rep, s = judge(op, args, kw, out)
-                            rows.append(dict(op=op, k=k, data=d, truth=f"bug:{prec}", name=name, size=size,
-                                             verdict=rep.verdict, precision=rep.precision,
-                                             alternatives=rep.alternatives, seconds=s))
+                            rows.append(
+                                dict(
+                                    op=op,
+                                    k=k,
+                                    data=d,
+                                    truth=f"bug:{prec}",
+                                    name=name,
+                                    size=size,
+                                    verdict=rep.verdict,
+                                    precision=rep.precision,
+                                    alternatives=rep.alternatives,
+                                    seconds=s,
+                                )
+                            )
                     log(f"{op} K={k} {d}: {len(rows)} cases so far")
     return rows
 
@@ -343,14 +418,21 @@ def summarise(rows) -> dict:
     correct = [r for r in rows if r["truth"] == "correct"]
     false_alarms = [r for r in correct if r["verdict"] not in ("exact", "rounding")]
     reduced = [r for r in rows if r["truth"].startswith("reduced:")]
-    named = [r for r in reduced if r["verdict"] == "reduced-precision"
-             and (r["precision"] == r["truth"][8:] or r["truth"][8:] in r["alternatives"])]
+    named = [
+        r
+        for r in reduced
+        if r["verdict"] == "reduced-precision"
+        and (r["precision"] == r["truth"][8:] or r["truth"][8:] in r["alternatives"])
+    ]
     big = [r for r in rows if r["truth"].startswith("bug") and r["size"] >= 10]
     caught = [r for r in big if r["verdict"] == "mismatch"]
     small = [r for r in rows if r["truth"].startswith("bug") and r["size"] < 1]
     # below the noise a bug may go unseen, but it is never named a precision the computation did not use
-    small_named = [r for r in small if r["verdict"] == "reduced-precision"
-                   and r["truth"][4:] not in [r["precision"], *r["alternatives"]]]
+    small_named = [
+        r
+        for r in small
+        if r["verdict"] == "reduced-precision" and r["truth"][4:] not in [r["precision"], *r["alternatives"]]
+    ]
     mid = [r for r in rows if r["truth"].startswith("bug") and 1 <= r["size"] < 10]
     by_k = {}
     for r in big:
@@ -359,13 +441,20 @@ def summarise(rows) -> dict:
         e[1] += 1
     return {
         "cases": len(rows),
-        "false_alarms": len(false_alarms), "correct": len(correct),
+        "false_alarms": len(false_alarms),
+        "correct": len(correct),
         "false_alarm_rate": len(false_alarms) / max(len(correct), 1),
-        "named_right": len(named), "reduced": len(reduced), "named_rate": len(named) / max(len(reduced), 1),
-        "bugs_ge_10x": len(big), "caught": len(caught), "detection_rate": len(caught) / max(len(big), 1),
+        "named_right": len(named),
+        "reduced": len(reduced),
+        "named_rate": len(named) / max(len(reduced), 1),
+        "bugs_ge_10x": len(big),
+        "caught": len(caught),
+        "detection_rate": len(caught) / max(len(big), 1),
         "detection_by_k": {str(k): f"{c}/{n}" for k, (c, n) in sorted(by_k.items())},
-        "bugs_1_to_10x": len(mid), "caught_1_to_10x": sum(r["verdict"] == "mismatch" for r in mid),
-        "bugs_below_noise": len(small), "below_noise_named_a_precision": len(small_named),
+        "bugs_1_to_10x": len(mid),
+        "caught_1_to_10x": sum(r["verdict"] == "mismatch" for r in mid),
+        "bugs_below_noise": len(small),
+        "below_noise_named_a_precision": len(small_named),
         "median_seconds": float(np.median([r["seconds"] for r in rows])) if rows else 0.0,
         "false_alarm_cases": false_alarms[:20],
         "missed": [r for r in big if r["verdict"] != "mismatch"][:40],
@@ -374,31 +463,1164 @@ def summarise(rows) -> dict:
     }
 
 
+# ============================================================================ the envelope family
+#
+# sum, mean, var, std, cumsum, the norms and the pools (softmax, log_softmax and attention once
+# refkern.analysis.envelope lists them) are judged by worst-case envelopes: per element, a bound
+# on |computed - exact| that holds for every correct implementation. The test is deterministic
+# (threshold 1): a correct result must never leave the envelope, and a bug whose largest error is
+# above it must be a mismatch unless a reduced precision's own (sharp) envelope explains it.
+
+ENV_LENGTHS = (1, 2, 3, 7, 64, 1000, 10_000, 100_000)
+ENV_LENGTHS_QUICK = (1, 7, 1000, 100_000)
+ENV_DATA = ("randn", "offset", "positive", "lognormal", "constant", "tiny")
+ENV_DATA_QUICK = ("randn", "offset", "lognormal", "constant", "tiny")
+ENV_DTYPES = ("float32", "float16", "bfloat16", "float64")
+ENV_LAYOUTS = ("contiguous", "transposed", "strided")
+ENV_ROW_OPS = (
+    "sum",
+    "mean",
+    "var",
+    "std",
+    "cumsum",
+    "layer_norm",
+    "rms_norm",
+    "group_norm",
+    "batch_norm[train]",
+    "batch_norm[eval]",
+)
+ENV_LATE_OPS = ("softmax", "log_softmax", "scaled_dot_product_attention")  # judged once envelope.OPS lists them
+ENV_SCALES = (0.5, 0.9, 1.1, 1.5, 2.0, 3.0, 10.0)  # one element moved by s x its envelope
+ENV_SCALES_QUICK = (0.5, 1.5, 3.0)
+QUICK_SKIP = {
+    "reversed fp32",
+    "blocks of 128 fp32",
+    "tree fp32 / n",
+    "two-pass left-to-right fp32",
+    "Welford fp32",
+    "two-pass left-to-right, divide fp32",
+    "given, divide fp32",
+}
+CAP = 1 << 16  # elements per input (at least one row)
+DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+F32 = np.float32
+NORMS = ("layer_norm", "rms_norm", "group_norm", "batch_norm[train]", "batch_norm[eval]")
+UNDERFLOWS = ("var", "std", "layer_norm", "rms_norm", "group_norm", "batch_norm")
+
+# pools: (op, input shape, kwargs); the terms per output come from the report
+POOLS = (
+    ("avg_pool1d", (2, 3, 50), dict(kernel_size=1)),
+    ("avg_pool1d", (2, 3, 50), dict(kernel_size=2)),
+    ("avg_pool1d", (2, 3, 50), dict(kernel_size=3, stride=2, padding=1)),
+    ("avg_pool1d", (2, 3, 50), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+    ("avg_pool1d", (2, 3, 50), dict(kernel_size=5, stride=3, padding=2, ceil_mode=True)),
+    ("avg_pool1d", (2, 3, 50), dict(kernel_size=5, stride=3, padding=2, ceil_mode=True, count_include_pad=False)),
+    ("avg_pool1d", (1, 2, 4096), dict(kernel_size=1024, stride=512)),
+    ("avg_pool2d", (2, 3, 12, 17), dict(kernel_size=2)),
+    ("avg_pool2d", (2, 3, 12, 17), dict(kernel_size=3, stride=2, padding=1)),
+    ("avg_pool2d", (2, 3, 12, 17), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+    ("avg_pool2d", (2, 3, 12, 17), dict(kernel_size=(3, 5), stride=(1, 2), padding=(1, 2), ceil_mode=True)),
+    ("avg_pool2d", (2, 3, 12, 17), dict(kernel_size=3, padding=1, divisor_override=5)),
+    ("avg_pool2d", (1, 4, 56, 56), dict(kernel_size=56)),
+    ("max_pool1d", (2, 3, 50), dict(kernel_size=2)),
+    ("max_pool1d", (2, 3, 50), dict(kernel_size=3, stride=2, padding=1)),
+    ("max_pool1d", (2, 3, 50), dict(kernel_size=3, stride=1, padding=1, dilation=2)),
+    ("max_pool1d", (2, 3, 50), dict(kernel_size=4, stride=3, ceil_mode=True)),
+    ("max_pool2d", (2, 3, 12, 17), dict(kernel_size=2)),
+    ("max_pool2d", (2, 3, 12, 17), dict(kernel_size=3, stride=2, padding=1)),
+    ("max_pool2d", (2, 3, 12, 17), dict(kernel_size=(2, 3), stride=(2, 1), padding=1, dilation=(1, 2), ceil_mode=True)),
+    ("adaptive_avg_pool1d", (2, 3, 50), dict(output_size=7)),
+    ("adaptive_avg_pool1d", (2, 3, 50), dict(output_size=1)),
+    ("adaptive_avg_pool1d", (1, 2, 10_000), dict(output_size=3)),
+    ("adaptive_avg_pool2d", (2, 3, 12, 17), dict(output_size=(5, 7))),
+    ("adaptive_avg_pool2d", (1, 8, 7, 7), dict(output_size=1)),
+)
+POOLS_QUICK = (2, 5, 6, 9, 10, 12, 14, 16, 19, 20, 22, 23)
+
+
+def env_ops():
+    """The row ops, and softmax, log_softmax and attention if refkern judges them by envelopes."""
+    from refkern.analysis.envelope import OPS as env_ops_listed
+
+    return ENV_ROW_OPS + tuple(o for o in ENV_LATE_OPS if o in env_ops_listed)
+
+
+def _rk_name(op):
+    return op.split("[")[0]
+
+
+def _values(shape, data, dt, g):
+    """A data regime's values, drawn in float64 and converted to ``dt``."""
+    t = torch.randn(shape, generator=g, dtype=torch.float64)
+    if data == "offset":  # mean 1e4, std 1: the cancellation a one-pass variance loses
+        t = t + 1e4
+    elif data == "positive":
+        t = t.abs()
+    elif data == "lognormal":  # signed, |x| = e^(s N(0, 1)): 7 decades either side at 4 sigma (fp16: 3.5)
+        s = 2.0 if dt == torch.float16 else 4.0
+        t = torch.sign(t) * torch.exp(s * torch.randn(shape, generator=g, dtype=torch.float64))
+    elif data == "constant":  # zero variance (0.3 is inexact: the mean itself rounds)
+        t = torch.full(shape, 0.3, dtype=torch.float64)
+    elif data == "tiny":  # around the smallest normal of the dtype: most of them subnormal
+        t = t * torch.finfo(dt).tiny
+    return t.to(dt)
+
+
+def _tensor(shape, layout, data, dt, g):
+    """An input of ``shape``: contiguous, transposed (every axis reversed in memory) or strided (every other)."""
+    if layout == "transposed" and len(shape) > 1:
+        return _values(shape[::-1], data, dt, g).permute(*range(len(shape) - 1, -1, -1))
+    if layout == "strided":
+        return _values((*shape[:-1], 2 * shape[-1]), data, dt, g)[..., ::2]
+    return _values(shape, data, dt, g)
+
+
+def env_call(op, n, data, dtype, layout, seed):
+    """(args, kwargs) of one call of ``op`` whose outputs each reduce ``n`` values, or None."""
+    dt = DT[dtype]
+    g = _gen("env", op, n, data, dtype, layout, seed)
+    rows = max(1, min(16, CAP // n))
+
+    def vec(k):
+        return _values((k,), "randn", dt, g)
+
+    if op in ("sum", "mean", "var", "std", "cumsum", "softmax", "log_softmax"):
+        x = _tensor((rows, n), layout, data, dt, g)
+        kw = {"correction": 1 if op == "var" else 0} if op in ("var", "std") else {}
+        return (x, -1), kw
+    if op == "layer_norm":
+        return (_tensor((rows, n), layout, data, dt, g), (n,), vec(n), vec(n)), {}
+    if op == "rms_norm":
+        return (_tensor((rows, n), layout, data, dt, g), (n,), vec(n)), {}
+    if op == "group_norm":  # 4 channels in 2 groups: a group holds 2 L values
+        ln = max(1, n // 2)
+        return (_tensor((max(1, min(4, CAP // (4 * ln))), 4, ln), layout, data, dt, g), 2, vec(4), vec(4)), {}
+    if op.startswith("batch_norm"):
+        train = op == "batch_norm[train]"
+        if train and n < 2:
+            return None
+        nb, ln = (1, n) if n < 64 else (2, n // 2)
+        c = max(1, min(3, CAP // n))
+        x = _tensor((nb, c, ln), layout, data, dt, g)
+        xd = x.double()
+        rm = (xd.mean((0, 2)) + 0.1 * torch.randn(c, generator=g, dtype=torch.float64)).to(dt)
+        rv = (xd.var((0, 2), correction=0) * (0.9 + 0.2 * torch.rand(c, generator=g, dtype=torch.float64))).to(dt)
+        return (x, rm, rv, vec(c), vec(c)), {"training": train}
+    if op == "scaled_dot_product_attention":
+        if n > 10_000 or data not in ("randn", "positive", "constant"):
+            return None
+        q = _tensor((1, 2, 8, 16), layout, data, dt, g)
+        return (q, _tensor((1, 2, n, 16), layout, data, dt, g), _tensor((1, 2, n, 16), layout, data, dt, g)), {}
+    raise ValueError(op)
+
+
+def pool_call(i, data, dtype, layout, seed):
+    op, shape, kw = POOLS[i]
+    g = _gen("pool", i, data, dtype, layout, seed)
+    return op, (_tensor(shape, layout, data, DT[dtype], g),), dict(kw)
+
+
+def _bn(x, rm, rv, w=None, b=None, training=False, momentum=0.1, eps=1e-5):
+    """F.batch_norm on copies of the running statistics (training mode updates them)."""
+    return F.batch_norm(x, rm.clone(), rv.clone(), w, b, training, momentum, eps)
+
+
+def _env_fn(op):
+    op = _rk_name(op)
+    if op == "batch_norm":
+        return _bn
+    return getattr(torch, op) if op in ("sum", "mean", "var", "std", "cumsum") else getattr(F, op)
+
+
+def _cast(args, dt):
+    return tuple(a.to(dt) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+# ---------------------------------------------------------------- correct algorithms in numpy fp32
+
+
+def _lr(X):
+    """Left-to-right float32 sums of the rows."""
+    return np.cumsum(X, axis=1, dtype=F32)[:, -1] if X.shape[1] else np.zeros(X.shape[0], F32)
+
+
+def _tree(X):
+    """Pairwise float32 sums of the rows, halves added elementwise (the pairing GPU tree reductions use)."""
+    n = X.shape[1]
+    Y = np.zeros((X.shape[0], 1 << max(0, (n - 1).bit_length())), F32)
+    Y[:, :n] = X
+    while Y.shape[1] > 1:
+        h = Y.shape[1] // 2
+        Y = Y[:, :h] + Y[:, h:]
+    return Y[:, 0]
+
+
+def _blocked(X, b=128):
+    """Left to right in blocks of ``b``, the block sums left to right (float32)."""
+    r, n = X.shape
+    nb = max(1, -(-n // b))
+    Y = np.zeros((r, nb * b), F32)
+    Y[:, :n] = X
+    part = np.cumsum(Y.reshape(r, nb, b), axis=2, dtype=F32)[:, :, -1]
+    return np.cumsum(part, axis=1, dtype=F32)[:, -1]
+
+
+_JIT = {}
+
+
+def _jit():
+    """Kahan prefix sums and Welford (sequential, or in blocks merged by Chan's formula), float32."""
+    if _JIT:
+        return _JIT
+    from numba import njit
+
+    @njit(fastmath=False)
+    def kahan_cum(X):
+        r, n = X.shape
+        out = np.empty((r, n), np.float32)
+        for i in range(r):
+            s = np.float32(0.0)
+            c = np.float32(0.0)
+            for j in range(n):
+                y = X[i, j] - c
+                t = s + y
+                c = (t - s) - y
+                s = t
+                out[i, j] = s
+        return out
+
+    @njit(fastmath=False)
+    def welford(X, block):
+        r, n = X.shape
+        mean = np.zeros(r, np.float32)
+        m2 = np.zeros(r, np.float32)
+        bs = block if block > 0 else max(n, 1)
+        for i in range(r):
+            cm = np.float32(0.0)
+            cq = np.float32(0.0)
+            cn = np.float32(0.0)
+            for s in range(0, n, bs):
+                m = np.float32(0.0)
+                q = np.float32(0.0)
+                k = 0
+                for j in range(s, min(s + bs, n)):
+                    k += 1
+                    x = X[i, j]
+                    d = x - m
+                    m = m + d / np.float32(k)
+                    q = q + d * (x - m)
+                kf = np.float32(k)
+                if cn == 0:
+                    cm, cq, cn = m, q, kf
+                else:
+                    tot = cn + kf
+                    d = m - cm
+                    cm = cm + d * (kf / tot)
+                    cq = cq + q + d * d * (cn * kf / tot)
+                    cn = tot
+            mean[i] = cm
+            m2[i] = cq
+        return mean, m2
+
+    _JIT.update(kahan_cum=kahan_cum, welford=welford)
+    return _JIT
+
+
+def _sums(X, how):
+    if how == "left-to-right":
+        return _lr(X)
+    if how == "reversed":
+        return _lr(X[:, ::-1])
+    if how == "tree":
+        return _tree(X)
+    if how == "blocks of 128":
+        return _blocked(X)
+    return _jit()["kahan_cum"](X)[:, -1] if X.shape[1] else np.zeros(X.shape[0], F32)
+
+
+def _moments(X, how):
+    """(mean, M2) of the rows in float32: two-pass (with ``how``'s sums), Welford, Welford blocks of 64."""
+    n = X.shape[1]
+    if how.startswith("Welford"):
+        return _jit()["welford"](X, 64 if "blocks" in how else 0)
+    s = _tree if "tree" in how else _lr
+    m = s(X) / F32(n)
+    d = X - m[:, None]
+    return m, s(d * d)
+
+
+def _np_norm(X, W, B, eps, center, given, stats, form):
+    """A norm over the float32 rows X: statistics by ``stats``, then ``form``: (x - m) r w + b (direct),
+    x (r w) + (b - m r w) (folded, as torch's CPU kernels), or (x - m) / sqrt(v + eps) w + b (divide)."""
+    n = X.shape[1]
+    e = F32(eps)
+    if given is not None:
+        m, v = given
+    elif not center:
+        m = F32(0.0)
+        v = ((_tree if "tree" in stats else _lr)(X * X) / F32(n))[:, None]
+    else:
+        mm, q = _moments(X, stats)
+        m, v = mm[:, None], (q / F32(n))[:, None]
+    if form == "divide":
+        return (X - m) / np.sqrt(v + e) * W + B
+    r = F32(1.0) / np.sqrt(v + e)
+    if form == "folded":
+        sc = r * W
+        return X * sc + (B - m * sc)
+    return (X - m) * r * W + B
+
+
+def _norm_rows(op, args, kw):
+    """A norm call as rows: (X, W, B, eps, center, given statistics, back to the output's shape), torch."""
+    x = args[0]
+    name = _rk_name(op)
+    if name in ("layer_norm", "rms_norm"):
+        n = int(np.prod(args[1]))
+        w = args[2] if len(args) > 2 else None
+        b = args[3] if name == "layer_norm" and len(args) > 3 else None
+        eps = kw.get("eps", 1e-5) if name == "layer_norm" else _rms_eps(kw, x.dtype)
+        w, b = (None if t is None else t.reshape(1, n) for t in (w, b))
+        return x.reshape(-1, n), w, b, eps, name == "layer_norm", None, lambda y: y.reshape(x.shape)
+    if name == "group_norm":
+        nb, c = x.shape[:2]
+        grp = args[1]
+        hw = int(np.prod(x.shape[2:]))
+
+        def per_row(t):
+            return None if t is None else t.reshape(grp, c // grp).repeat_interleave(hw, 1).repeat(nb, 1)
+
+        w, b = (args[2] if len(args) > 2 else None), (args[3] if len(args) > 3 else None)
+        return (
+            x.reshape(nb * grp, -1),
+            per_row(w),
+            per_row(b),
+            kw.get("eps", 1e-5),
+            True,
+            None,
+            lambda y: y.reshape(x.shape),
+        )
+    c = x.shape[1]
+    rm, rv, w, b = args[1], args[2], args[3], args[4]
+    given = None if kw.get("training", False) else (rm[:, None], rv[:, None])
+    back_shape = (c, x.shape[0], *x.shape[2:])
+    return (
+        x.movedim(1, 0).reshape(c, -1),
+        w[:, None],
+        b[:, None],
+        kw.get("eps", 1e-5),
+        True,
+        given,
+        lambda y: y.reshape(back_shape).movedim(0, 1),
+    )
+
+
+def _f32(t):
+    return None if t is None else np.ascontiguousarray(t.float().numpy())
+
+
+def _windows(shape_in, shape_out, kw, op):
+    """Per spatial axis: (taps (Lo, k) of positions, divisor per output position) of a pool (torch's rules)."""
+    d = 1 if op.endswith("1d") else 2
+
+    def tup(v, default):
+        v = default if v is None else v
+        return (v,) * d if isinstance(v, int) else tuple(v)
+
+    ks = tup(kw["kernel_size"], None)
+    st = tup(kw.get("stride"), ks)
+    pd = tup(kw.get("padding", 0), 0)
+    dl = tup(kw.get("dilation", 1), 1)
+    out = []
+    for a in range(d):
+        L, lo = shape_in[-d + a], shape_out[-d + a]
+        start = np.arange(lo) * st[a] - pd[a]
+        taps = start[:, None] + np.arange(ks[a])[None, :] * dl[a]
+        end = np.minimum(start + ks[a], L + pd[a])
+        inside = np.minimum(end, L) - np.maximum(start, 0)
+        out.append((taps, end - start if kw.get("count_include_pad", True) else inside))
+    return out
+
+
+def _gather(x, wins, fill):
+    """The windows' values: (..., Lo[, Wo], k) (float64 numpy), ``fill`` outside the input."""
+    d = len(wins)
+    sp = x.shape[-d:]
+    lo = [int(-min(0, t.min())) for t, _ in wins]
+    hi = [int(max(0, t.max() + 1 - s)) for (t, _), s in zip(wins, sp)]
+    xp = np.pad(x, [(0, 0)] * (x.ndim - d) + list(zip(lo, hi)), constant_values=fill)
+    if d == 1:
+        return xp[..., wins[0][0] + lo[0]]
+    th, tw = wins[0][0] + lo[0], wins[1][0] + lo[1]
+    v = xp[..., th[:, None, :, None], tw[None, :, None, :]]
+    return v.reshape(*v.shape[:-2], -1)
+
+
+def _divisor(wins, kw):
+    if kw.get("divisor_override"):
+        return np.array(float(kw["divisor_override"]))
+    if len(wins) == 1:
+        return wins[0][1].astype(np.float64)
+    return np.outer(wins[0][1], wins[1][1]).astype(np.float64)
+
+
+def _adaptive(x, sizes, floor_end=False):
+    """adaptive average pooling in float64 (numpy): windows [floor(i L / O), ceil((i + 1) L / O));
+    ``floor_end``: the bug that ends them at floor((i + 1) L / O)."""
+    d = len(sizes)
+    out = x
+    for a in range(d):
+        ax = x.ndim - d + a
+        L, o = x.shape[ax], sizes[a]
+        parts = []
+        for i in range(o):
+            s, e = (i * L) // o, -(-((i + 1) * L) // o)
+            if floor_end:
+                e = max(s + 1, ((i + 1) * L) // o)
+            parts.append(np.take(out, range(s, e), axis=ax).mean(axis=ax, keepdims=True))
+        out = np.concatenate(parts, axis=ax)
+    return out
+
+
+def _rows(a):
+    return a.reshape(-1, a.shape[-1])
+
+
+def alternatives(op, args, kw, good):
+    """(name, output): correct float32 algorithms (numpy, float32 arithmetic throughout) for a float32 call."""
+    name = _rk_name(op)
+    out = []
+    if name in ("sum", "mean", "var", "std", "cumsum", "softmax", "log_softmax"):
+        X = _f32(args[0])
+        n = X.shape[1]
+        if name == "sum":
+            for how in ("left-to-right", "reversed", "tree", "blocks of 128", "Kahan"):
+                out.append((f"{how} fp32", _sums(X, how)))
+        elif name == "mean":
+            for how in ("left-to-right", "tree", "Kahan"):
+                out.append((f"{how} fp32 / n", _sums(X, how) / F32(n)))
+            out.append(("tree fp32 times fl(1/n)", _tree(X) * (F32(1.0) / F32(n))))
+        elif name in ("var", "std"):
+            c = F32(kw.get("correction", 1))
+            for how in ("two-pass tree", "two-pass left-to-right", "Welford", "Welford blocks of 64, Chan merge"):
+                with np.errstate(all="ignore"):
+                    v = _moments(X, how)[1] / (F32(n) - c)
+                    out.append((f"{how} fp32", v if name == "var" else np.sqrt(v)))
+        elif name == "cumsum":
+            out.append(("left-to-right fp32", np.cumsum(X, axis=1, dtype=F32)))
+            b = 64
+            nb = max(1, -(-n // b))
+            Y = np.zeros((X.shape[0], nb * b), F32)
+            Y[:, :n] = X
+            loc = np.cumsum(Y.reshape(-1, nb, b), axis=2, dtype=F32)
+            carry = np.concatenate([np.zeros((X.shape[0], 1), F32), np.cumsum(loc[:, :-1, -1], axis=1, dtype=F32)], 1)
+            out.append(("blocked scan (64) fp32", (loc + carry[:, :, None]).reshape(X.shape[0], -1)[:, :n]))
+            out.append(("Kahan fp32", _jit()["kahan_cum"](X)))
+        else:
+            m = X.max(axis=1, keepdims=True)
+            with np.errstate(all="ignore"):
+                e = np.exp(X - m)
+                if name == "softmax":
+                    out.append(("exp(x - max) / tree sum fp32", e / _tree(e)[:, None]))
+                    out.append(("exp(x - max) times 1 / sum fp32", e * (F32(1.0) / _lr(e))[:, None]))
+                else:
+                    out.append(("x - max - log(tree sum) fp32", X - m - np.log(_tree(e))[:, None]))
+        return [(k, torch.from_numpy(np.ascontiguousarray(v, F32)).reshape(good.shape)) for k, v in out]
+    if op in NORMS:
+        X, W, B, eps, center, given, back = _norm_rows(op, args, kw)
+        Xn = _f32(X)
+        Wn = F32(1.0) if W is None else _f32(W)
+        Bn = F32(0.0) if B is None else _f32(B)
+        gv = None if given is None else (_f32(given[0]), _f32(given[1]))
+        if center or given is not None:
+            combos = (
+                ("two-pass tree", "direct"),
+                ("Welford", "folded"),
+                ("two-pass left-to-right", "divide"),
+                ("Welford blocks of 64, Chan merge", "direct"),
+            )
+        else:
+            combos = (("tree", "direct"), ("left-to-right", "divide"))
+        if given is not None:
+            combos = (("given", "direct"), ("given", "folded"), ("given", "divide"))
+        for stats, form in combos:
+            with np.errstate(all="ignore"):
+                y = _np_norm(Xn, Wn, Bn, eps, center, gv, stats, form)
+            out.append((f"{stats}, {form} fp32", back(torch.from_numpy(np.ascontiguousarray(y, F32)))))
+        return out
+    if name.startswith("avg_pool"):
+        x = args[0].double().numpy()
+        wins = _windows(x.shape, tuple(good.shape), kw, name)
+        v = _gather(x, wins, 0.0).astype(F32)
+        div = _divisor(wins, kw).astype(F32)
+        s_lr = _lr(_rows(v)).reshape(v.shape[:-1])
+        s_tr = _tree(_rows(v)).reshape(v.shape[:-1])
+        out.append(("left-to-right fp32 / divisor", torch.from_numpy(np.ascontiguousarray(s_lr / div, F32))))
+        out.append(
+            ("tree fp32 times fl(1/divisor)", torch.from_numpy(np.ascontiguousarray(s_tr * (F32(1) / div), F32)))
+        )
+    return out
+
+
+def _rms_eps(kw, dt):
+    """rms_norm's eps: given, or torch's default, the epsilon of the opmath type (float32 for fp16/bf16
+    inputs, not the input dtype's)."""
+    eps = kw.get("eps")
+    return torch.finfo(torch.float64 if dt == torch.float64 else torch.float32).eps if eps is None else eps
+
+
+def _fixed(op, kw, dtype):
+    """The call's kwargs for computing the same op in another dtype (rms_norm's default eps made explicit)."""
+    return dict(kw, eps=_rms_eps(kw, DT[dtype])) if op == "rms_norm" else kw
+
+
+def correct_env(op, args, kw, dtype, good):
+    """(name, output): other correct results of the call (besides torch's own, judged first)."""
+    fn = _env_fn(op)
+    dt = DT[dtype]
+    out = []
+    kw = _fixed(op, kw, dtype)
+    if dtype != "float64":
+        out.append(("torch fp64, rounded", fn(*_cast(args, torch.float64), **kw).to(dt)))
+    if dtype in ("float16", "bfloat16"):
+        out.append(("torch fp32 (opmath), rounded", fn(*_cast(args, torch.float32), **kw).to(dt)))
+    if op in NORMS:  # the textbook two-pass norm in the opmath type, torch ops
+        X, W, B, eps, center, given, back = _norm_rows(op, args, kw)
+        out.append(("two-pass norm in opmath, torch", back(_manual_norm(X, W, B, eps, center, given)).to(dt)))
+    if dtype == "float32":
+        out += alternatives(op, args, kw, good)
+    return out
+
+
+def reduced_env(op, args, kw, dtype):
+    """(precision, name, output) of computations in a reduced precision, where it changes the inputs."""
+    fn = _env_fn(op)
+    out = []
+    kw = _fixed(op, kw, dtype)
+    if dtype == "float32":
+        for p, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+            ra = tuple(a.to(dt).float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+            if all(not isinstance(a, torch.Tensor) or torch.equal(a, b) for a, b in zip(args, ra)):
+                continue  # every input is a bf16 (fp16) number already: nothing reduced
+            out.append((p, f"{p} inputs, torch fp32", fn(*ra, **kw)))
+    elif dtype == "float64":
+        out.append(("fp32", "torch fp32, as float64", fn(*_cast(args, torch.float32), **kw).double()))
+    return out
+
+
+# ---------------------------------------------------------------- bugs
+
+
+def _manual_norm(X, W, B, eps, center, given, var="biased", eps_out=False, no_w=False, no_b=False):
+    """A norm over the rows X in the opmath type (torch ops), with the bugs as switches."""
+    acc = torch.float64 if X.dtype == torch.float64 else torch.float32
+    X = X.to(acc)
+    if given is not None:
+        m, v = given[0].to(acc), given[1].to(acc)
+    elif center:
+        m = X.mean(1, keepdim=True)
+        if var == "one-pass":
+            v = (X * X).mean(1, keepdim=True) - m * m
+        else:
+            v = X.var(1, keepdim=True, correction=1 if var == "unbiased" else 0)
+    else:
+        m = torch.zeros((), dtype=acc)
+        v = (X * X).mean(1, keepdim=True)
+    y = (X - m) / (v.sqrt() + eps) if eps_out else (X - m) * torch.rsqrt(v + eps)
+    if W is not None and not no_w:
+        y = y * W.to(acc)
+    if B is not None and not no_b:
+        y = y + B.to(acc)
+    return y
+
+
+def _restart(x, b):
+    """cumsum along the last axis that restarts every ``b`` terms."""
+    n = x.shape[-1]
+    nb = -(-n // b)
+    y = torch.zeros((*x.shape[:-1], nb * b), dtype=x.dtype)
+    y[..., :n] = x
+    return y.reshape(*x.shape[:-1], nb, b).cumsum(-1).reshape(*x.shape[:-1], nb * b)[..., :n]
+
+
+def natural_bugs(op, args, kw, good):
+    """(kind, output): bugs of the op's own kind, at their natural size."""
+    name = _rk_name(op)
+    x = args[0]
+    dt = good.dtype
+    acc = torch.float64 if dt == torch.float64 else torch.float32
+    out = []
+    if name in ("sum", "mean", "var", "std", "cumsum", "softmax", "log_softmax"):
+        n = x.shape[-1]
+        xa = x.to(acc)
+        if name == "sum" and n > 1:
+            out.append(("last term dropped", x[..., :-1].sum(-1)))
+        if name == "mean" and n > 1:
+            out.append(("divides by n - 1", (xa.sum(-1) / (n - 1)).to(dt)))
+            out.append(("last term dropped", (xa[..., :-1].sum(-1) / n).to(dt)))
+        if name in ("var", "std") and n > 1:
+            c = kw.get("correction", 1)
+            m = xa.mean(-1)
+            v = ((xa * xa).mean(-1) - m * m) * (n / (n - c))
+            out.append(("one-pass variance", (v if name == "var" else v.sqrt()).to(dt)))
+            out.append(("correction swapped (biased <-> unbiased)", getattr(torch, name)(x, -1, correction=1 - c)))
+            if n > 2:
+                out.append(("last term dropped", getattr(torch, name)(x[..., :-1], -1, correction=c)))
+        if name == "cumsum" and n > 2:
+            b = 64 if n > 128 else 2
+            out.append(("cumsum restarts per block", _restart(xa, b).to(dt)))
+            out.append(("exclusive scan", torch.cat([torch.zeros_like(good[..., :1]), good[..., :-1]], -1)))
+        if name in ("softmax", "log_softmax") and n > 1:
+            m = xa.amax(-1, keepdim=True)
+            e = (xa - m).exp()
+            s = e[..., :-1].sum(-1, keepdim=True)
+            out.append(("normaliser misses the last term", (e / s if name == "softmax" else xa - m - s.log()).to(dt)))
+        if name == "scaled_dot_product_attention":
+            q, k, v = args[:3]
+            out.append(("scale missing", F.scaled_dot_product_attention(q, k, v, scale=1.0)))
+            if k.shape[-2] > 1:
+                out.append(("last key dropped", F.scaled_dot_product_attention(q, k[..., :-1, :], v[..., :-1, :])))
+        return out
+    if op in NORMS:
+        X, W, B, eps, center, given, back = _norm_rows(op, args, kw)
+
+        def bad(**o):
+            return back(_manual_norm(X, W, B, o.pop("eps", eps), o.pop("center", center), given, **o)).to(dt)
+
+        if center and given is None:
+            out.append(("one-pass variance", bad(var="one-pass")))
+            out.append(("unbiased variance", bad(var="unbiased")))
+        out.append(("eps 1e-3 (not the default)", bad(eps=1e-3)))
+        out.append(("eps outside the sqrt", bad(eps_out=True)))
+        if W is not None:
+            out.append(("weight dropped", bad(no_w=True)))
+        if B is not None:
+            out.append(("bias dropped", bad(no_b=True)))
+        if name == "rms_norm":
+            out.append(("mean subtracted (a layer_norm)", bad(center=True)))
+        if name == "group_norm":
+            out.append(("a group per channel", F.group_norm(x, x.shape[1], *args[2:], **kw)))
+        if op == "batch_norm[train]":
+            out.append(("running statistics used", _bn(*args, training=False)))
+        if op == "batch_norm[eval]" and x.numel() // x.shape[1] > 1:
+            out.append(("batch statistics used", _bn(*args, training=True)))
+        return out
+    xd = x.double().numpy()
+    if name.startswith("avg_pool"):
+        if kw.get("padding", 0) or kw.get("ceil_mode", False):
+            flip = dict(kw, count_include_pad=not kw.get("count_include_pad", True))
+            out.append(("count_include_pad flipped", _env_fn(name)(x, **flip)))
+        wins = _windows(xd.shape, tuple(good.shape), kw, name)
+        v = _gather(xd, wins, 0.0)
+        div = _divisor(wins, kw)
+        out.append(("divisor one too large", torch.from_numpy(v.sum(-1) / (div + 1)).to(dt)))
+        if v.shape[-1] > 1:
+            out.append(("window misses its last tap", torch.from_numpy(v[..., :-1].sum(-1) / div).to(dt)))
+    if name.startswith("max_pool"):
+        wins = _windows(xd.shape, tuple(good.shape), kw, name)
+        v = _gather(xd, wins, -np.inf)
+        if v.shape[-1] > 1:
+            out.append(("window misses its last tap", torch.from_numpy(v[..., :-1].max(-1)).to(dt)))
+        shifted = [(t + 1, dv) for t, dv in wins[:1]] + wins[1:]
+        out.append(("window shifted by one", torch.from_numpy(_gather(xd, shifted, -np.inf).max(-1)).to(dt)))
+        if kw.get("padding", 0) or kw.get("ceil_mode", False):
+            out.append(("padding read as 0", torch.from_numpy(_gather(xd, wins, 0.0).max(-1)).to(dt)))
+    if name.startswith("adaptive_avg_pool"):
+        sizes = kw["output_size"]
+        sizes = (sizes,) * (1 if name.endswith("1d") else 2) if isinstance(sizes, int) else tuple(sizes)
+        out.append(("window ends at floor((i + 1) L / O)", torch.from_numpy(_adaptive(xd, sizes, True)).to(dt)))
+    return out
+
+
+def generic_bugs(good, ref, bound, g, quick):
+    """(kind, output): bugs of any op: a shift, elements moved by a multiple of their envelope, noise."""
+    dt = good.dtype
+    out = []
+    if good.ndim and good.shape[-1] > 1:
+        out.append(("output shifted by one", torch.roll(good, 1, -1)))
+    flat_ref, flat_b = ref.reshape(-1), bound.reshape(-1)
+    ok = np.flatnonzero(np.isfinite(flat_ref) & np.isfinite(flat_b) & (flat_b > 0))
+    if len(ok):
+        i = int(ok[int(torch.randint(0, len(ok), (1,), generator=g))])
+        sgn = 1.0 if int(torch.randint(0, 2, (1,), generator=g)) else -1.0
+        for s in ENV_SCALES_QUICK if quick else ENV_SCALES:
+            y = good.clone().reshape(-1)
+            y[i] = torch.tensor(flat_ref[i] + sgn * s * flat_b[i], dtype=torch.float64).to(dt)
+            out.append((f"one element off by {s:g}x its envelope", y.reshape(good.shape)))
+        idx = ok[torch.randperm(len(ok), generator=g)[: max(1, len(ok) // 100)].numpy()]
+        y = good.clone().reshape(-1).double()
+        y[idx] = torch.from_numpy(flat_ref[idx] + 3.0 * flat_b[idx])
+        out.append(("1% of elements off by 3x their envelope", y.to(dt).reshape(good.shape)))
+        y = good.clone().reshape(-1).double()
+        y[i] = y[i] * (1 + 1e-3) if y[i] != 0 else torch.tensor(1e-3, dtype=torch.float64)
+        out.append(("one element off by 1e-3 relative", y.to(dt).reshape(good.shape)))
+    for s in (1e-4,) if quick else (1e-6, 1e-4, 1e-2):
+        z = torch.randn(good.shape, generator=g, dtype=torch.float64)
+        out.append((f"noise of relative size {s:g} on every element", (good.double() * (1 + s * z)).to(dt)))
+    return out
+
+
+def _ratio(y, ref, bound):
+    """max over elements of |y - ref| / bound, as the verdict measures it (NaN/inf that differ: inf)."""
+    a = y.double().numpy() if isinstance(y, torch.Tensor) else np.asarray(y, np.float64)
+    with np.errstate(all="ignore"):
+        same = (a == ref) | (np.isnan(a) & np.isnan(ref))
+        e = np.where(same, 0.0, np.abs(a - ref))
+        e = np.where(np.isnan(e), np.inf, e)
+        r = np.where(e == 0, 0.0, e / bound)
+    r = np.where(np.isnan(r), np.inf, r)
+    return float(r.max(initial=0.0))
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _env_row(op, rep, seconds, **kv):
+    det = rep.detectable["element"]["median_ulps"] if rep.detectable else 0.0
+    one = any("one-pass variance" in t for t in rep.notes)
+    return dict(
+        op=op,
+        n=int(rep.n_terms),
+        verdict=rep.verdict,
+        precision=rep.precision,
+        ratio=float(rep.max_bound_ratio),
+        det_ulps=float(det),
+        one_pass=one,
+        seconds=seconds,
+        **kv,
+    )
+
+
+def _judge_env(op, args, kw, out):
+    t = time.perf_counter()
+    rep = rk.compare(out, _rk_name(op), *args, **kw)
+    return rep, time.perf_counter() - t
+
+
+def env_case(op, args, kw, dtype, meta, extras, bugs_on, quick, log_err):
+    """The truths for one call: torch's output; with ``extras`` other correct ones and reduced
+    precisions; with ``bugs_on`` the bugs."""
+    rows = []
+    fn = _env_fn(op)
+    try:
+        good = fn(*args, **kw)
+    except (RuntimeError, NotImplementedError) as e:  # no torch CPU kernel for this dtype
+        log_err(f"{op} {dtype}: torch has no kernel ({str(e).splitlines()[0][:80]})")
+        return rows
+    t = time.perf_counter()
+    el = rk.analysis.compare.elements(good, _rk_name(op), *args, **kw)
+    rep, ref, bound = el["report"], el["reference"], el["bound"]
+    rows.append(_env_row(op, rep, time.perf_counter() - t, truth="correct", name="torch", **meta))
+    for name, out in correct_env(op, args, kw, dtype, good) if extras else ():
+        if quick and name in QUICK_SKIP:
+            continue
+        r, s = _judge_env(op, args, kw, out)
+        # float32 variance algorithms on values near the smallest normal: their squares underflow, which
+        # the standard model (and every envelope built on it) leaves out; counted apart, not as false alarms
+        under = meta["data"] == "tiny" and not name.startswith("torch") and _rk_name(op) in UNDERFLOWS
+        rows.append(_env_row(op, r, s, truth="correct-underflow" if under else "correct", name=name, **meta))
+    for prec, name, out in reduced_env(op, args, kw, dtype) if extras else ():
+        r, s = _judge_env(op, args, kw, out)
+        rows.append(_env_row(op, r, s, truth=f"reduced:{prec}", name=name, **meta))
+    if bugs_on:
+        g = _gen("envbug", op, repr(meta))
+        for kind, out in natural_bugs(op, args, kw, good) + generic_bugs(good, ref, bound, g, quick):
+            if out.shape != good.shape or _same(out, good):
+                continue  # not a bug on this call (e.g. count_include_pad without padding)
+            r, s = _judge_env(op, args, kw, out)
+            rows.append(
+                _env_row(
+                    op,
+                    r,
+                    s,
+                    truth="bug",
+                    name=kind,
+                    size=_ratio(out, ref, bound),
+                    injected=_ratio(out, good.double().numpy(), bound),
+                    **meta,
+                )
+            )
+    return rows
+
+
+def _same(a, b):
+    a, b = a.double(), b.double()
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _pick(options, *key):
+    return options[zlib.crc32(repr(key).encode()) % len(options)]
+
+
+def run_envelope(quick=False, seeds=1, ops=None, lengths=None, data=None, dtypes=ENV_DTYPES, pools=None, log=print):
+    """The envelope family's confusion matrix; rows of dicts (see summarise_envelope).
+
+    Full: every length, regime, dtype and layout; the other correct algorithms, the reduced
+    precisions and the bugs on the contiguous layout, bugs on fp32 results of every regime and on
+    fp16/bf16/fp64 results of randn data. Offset, constant and tiny data send var and the norms
+    to refkern's exact fallback (seconds per call at 10^5 terms): there, 10^4 terms on the
+    contiguous layout only, and 10^5 terms torch's fp32 and fp64 results only. Quick: randn (fp32:
+    and offset) and one other regime per (op, length, dtype), rotating; one layout per case,
+    rotating; fewer other algorithms; bugs on fp32 results of randn data (and offset data for
+    var, std and the norms); 10^5 terms on randn data only. Softmax and attention skip the
+    lognormal regime."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*degrees of freedom is <= 0.*")
+    ops = env_ops() if ops is None else ops
+    lengths = (ENV_LENGTHS_QUICK if quick else ENV_LENGTHS) if lengths is None else lengths
+    data = (ENV_DATA_QUICK if quick else ENV_DATA) if data is None else data
+    pools = (POOLS_QUICK if quick else range(len(POOLS))) if pools is None else pools
+    rows = []
+    errs = []
+
+    def plan(key, n, d, dtype):
+        """[(layout, everything?, bugs?)] for one case."""
+        if key[0] in ("softmax", "log_softmax", "scaled_dot_product_attention") and d == "lognormal":
+            return []  # logits up to 1e7: refkern's exact log_softmax takes minutes there (see the report)
+        if quick:  # randn (fp32: and offset) and one other regime per (op, n, dtype), rotating
+            if n is not None and n >= 10_000 and d != "randn":
+                return []
+            fixed = ("randn", "offset") if dtype == "float32" else ("randn",)
+            if d not in fixed and d != _pick([e for e in data if e not in fixed] or ["randn"], *key):
+                return []
+            bugs = dtype == "float32" and (d == "randn" or d == "offset" and _rk_name(key[0]) in UNDERFLOWS)
+            return [(_pick(ENV_LAYOUTS, *key, d), True, bugs)]
+        if n is not None and n >= 10_000 and d in ("offset", "constant", "tiny"):  # slow references
+            if n > 10_000:
+                return [("contiguous", False, False)] if dtype in ("float32", "float64") else []
+            return [("contiguous", True, dtype == "float32")]
+        bugs = dtype == "float32" or d == "randn"
+        return [(lay, lay == "contiguous", lay == "contiguous" and bugs) for lay in ENV_LAYOUTS]
+
+    for seed in range(seeds):
+        for op in ops:
+            t0 = time.perf_counter()
+            for n in lengths:
+                for d in data:
+                    for dtype in dtypes:
+                        for lay, extras, bugs in plan((op, n, dtype, seed), n, d, dtype):
+                            call = env_call(op, n, d, dtype, lay, seed)
+                            if call is None:
+                                continue
+                            meta = dict(
+                                length=n, data=d, dtype=dtype, layout=lay, seed=seed, case=[op, n, d, dtype, lay, seed]
+                            )
+                            rows += env_case(op, *call, dtype, meta, extras, bugs, quick, errs.append)
+            log(f"envelope {op}: {len(rows)} cases so far ({time.perf_counter() - t0:.0f} s)")
+        t0 = time.perf_counter()
+        for i in pools:
+            for d in data:
+                for dtype in dtypes:
+                    for lay, extras, bugs in plan(("pool", i, dtype, seed), None, d, dtype):
+                        op, args, kw = pool_call(i, d, dtype, lay, seed)
+                        meta = dict(
+                            length=None,
+                            data=d,
+                            dtype=dtype,
+                            layout=lay,
+                            seed=seed,
+                            case=["pool", i, d, dtype, lay, seed],
+                        )
+                        rows += env_case(op, args, kw, dtype, meta, extras, bugs, quick, errs.append)
+        log(f"envelope pools: {len(rows)} cases so far ({time.perf_counter() - t0:.0f} s)")
+        t0 = time.perf_counter()
+        rows += run_dims(quick, seed)
+        log(f"envelope dims: {len(rows)} cases so far ({time.perf_counter() - t0:.0f} s)")
+    for e in sorted(set(errs)):
+        log("  skipped: " + e)
+    return rows
+
+
+def run_dims(quick, seed):
+    """Every dim choice of sum/mean/var/std/cumsum on a 3-D input (contiguous and permuted), every dtype,
+    with keepdim and with a wider result dtype (sum/mean ``dtype=``)."""
+    rows = []
+    dims = [None, 0, 1, -1, (0, 2), (1, 2), (0, 1, 2)]
+    if quick:
+        dims = [None, 0, -1, (0, 2)]
+    for d in ("randn", "offset") if quick else ("randn", "offset", "lognormal", "constant"):
+        for dtype in ENV_DTYPES:
+            dt = DT[dtype]
+            for lay in ("contiguous", "transposed"):
+                g = _gen("dims", d, dtype, lay, seed)
+                x = _tensor((4, 6, 10), lay, d, dt, g)
+                calls = []
+                for op in ("sum", "mean", "var", "std"):
+                    kw = {"correction": 0} if op == "std" else {}
+                    calls += [(op, (x, dim), kw) for dim in dims]
+                    calls.append((op, (x, 1), dict(kw, keepdim=True)))
+                    calls.append((op, (x, None), dict(kw, keepdim=True)))
+                for op in ("sum", "mean"):
+                    wide = torch.float64 if dtype == "float32" else (torch.float32 if dtype != "float64" else None)
+                    if wide is not None:
+                        calls.append((op, (x, (0, 2)), {"dtype": wide}))
+                calls += [("cumsum", (x, dim), {}) for dim in ((0, -1) if quick else (0, 1, 2, -1))]
+                for op, args, kw in calls:
+                    good = _env_fn(op)(*args, **kw)
+                    rep, s = _judge_env(op, args, kw, good)
+                    rows.append(
+                        _env_row(
+                            op,
+                            rep,
+                            s,
+                            truth="correct",
+                            name=f"torch dim={args[1]} {kw}",
+                            length=None,
+                            data=d,
+                            dtype=dtype,
+                            layout=lay,
+                            seed=seed,
+                            case=["dims", op, d, dtype, lay],
+                        )
+                    )
+    return rows
+
+
+def _nbin(n):
+    for hi, lab in ((1, "1"), (9, "2-9"), (99, "10-99"), (999, "100-999"), (9999, "1e3-1e4"), (10**9, ">=1e4")):
+        if n <= hi:
+            return lab
+    return ">=1e4"
+
+
+NBINS = ("1", "2-9", "10-99", "100-999", "1e3-1e4", ">=1e4")
+SBINS = (("<1x", 0, 1), ("1-2x", 1, 2), ("2-10x", 2, 10), (">=10x", 10, np.inf))
+
+
+def _frac(rows, pred):
+    return f"{sum(map(pred, rows))}/{len(rows)}"
+
+
+def summarise_envelope(rows) -> dict:
+    correct = [r for r in rows if r["truth"] == "correct"]
+    fa = [r for r in correct if r["verdict"] not in ("exact", "rounding")]
+    under = [r for r in rows if r["truth"] == "correct-underflow"]
+    ops = sorted({r["op"] for r in rows}, key=lambda o: (o.startswith(("avg", "max", "adaptive")), o))
+    by_op_dtype = {}
+    for r in correct:
+        e = by_op_dtype.setdefault(r["op"], {}).setdefault(r["dtype"], [0, 0])
+        e[0] += r in fa
+        e[1] += 1
+    slack = {}
+    for r in correct:  # the largest error / envelope a correct result used (1 = the edge)
+        if np.isfinite(r["ratio"]):
+            slack[r["op"]] = max(slack.get(r["op"], 0.0), r["ratio"])
+    reduced = [r for r in rows if r["truth"].startswith("reduced:")]
+    outcome = {}
+    for r in reduced:
+        p = r["truth"][8:]
+        k = (
+            "named right"
+            if r["verdict"] == "reduced-precision" and r["precision"] == p
+            else "named another precision"
+            if r["verdict"] == "reduced-precision"
+            else "mismatch"
+            if r["verdict"] == "mismatch"
+            else "below the envelope (rounding)"
+        )
+        r["outcome"] = k
+        e = outcome.setdefault(p, {})
+        e[k] = e.get(k, 0) + 1
+    decided = [r for r in reduced if r["outcome"] != "below the envelope (rounding)"]
+    bugs = [r for r in rows if r["truth"] == "bug"]
+    for r in bugs:
+        r["caught"] = r["verdict"] == "mismatch"
+        r["kind"] = r["name"]
+    big = [r for r in bugs if r["size"] >= 2]
+    by_kind = {}
+    for r in bugs:
+        e = by_kind.setdefault(r["kind"], {"n": 0})
+        e["n"] += 1
+        for lab, lo, hi in SBINS:
+            if lo <= r["size"] < hi or (hi == np.inf and r["size"] == np.inf):
+                c = e.setdefault(lab, [0, 0])
+                c[0] += r["caught"]
+                c[1] += 1
+        e["named a precision"] = e.get("named a precision", 0) + (r["verdict"] == "reduced-precision")
+    by_n = {}
+    for r in bugs:
+        e = by_n.setdefault(_nbin(r["n"]), {"bugs": 0, "ge2": 0, "caught_ge2": 0, "caught": 0, "inf_env": 0})
+        e["bugs"] += 1
+        e["ge2"] += r["size"] >= 2
+        e["caught_ge2"] += r["size"] >= 2 and r["caught"]
+        e["caught"] += r["caught"]
+        e["inf_env"] += r["det_ulps"] == np.inf
+    by_dtype = {}
+    for r in bugs:
+        e = by_dtype.setdefault(r["dtype"], {"bugs": 0, "ge2": 0, "caught_ge2": 0, "caught": 0, "inf_env": 0})
+        e["bugs"] += 1
+        e["ge2"] += r["size"] >= 2
+        e["caught_ge2"] += r["size"] >= 2 and r["caught"]
+        e["caught"] += r["caught"]
+        e["inf_env"] += r["det_ulps"] == np.inf
+    width = {}  # the envelope in ulps (median over elements), torch's own results, per op, dtype and length
+    for r in correct:
+        if (
+            r["name"] == "torch"
+            and r["length"] is not None
+            and (r["data"] == "randn" or r["dtype"] == "float32" and r["data"] == "offset")
+        ):
+            key = f"{r['op']} {r['dtype']}" + (" offset" if r["data"] == "offset" else "")
+            width.setdefault(key, {}).setdefault(_nbin(r["n"]), []).append(r["det_ulps"])
+    width = {
+        k: {b: float(np.median(v)) for b, v in sorted(d.items(), key=lambda t: NBINS.index(t[0]))}
+        for k, d in width.items()
+    }
+    one = [r for r in bugs if r["kind"] == "one-pass variance" and r["caught"]]
+    return {
+        "cases": len(rows),
+        "correct": len(correct),
+        "false_alarms": len(fa),
+        "false_alarm_rate": len(fa) / max(len(correct), 1),
+        "false_alarms_by_op_dtype": {o: {d: f"{a}/{b}" for d, (a, b) in v.items()} for o, v in by_op_dtype.items()},
+        "false_alarms_by_source": {
+            k: _frac([r for r in correct if r["name"].split(" dim=")[0] == k], lambda r: r in fa)
+            for k in sorted({r["name"].split(" dim=")[0] for r in correct})
+        },
+        "largest_ratio_on_correct": slack,
+        "underflowing_fp32_algorithms": _frac(under, lambda r: r["verdict"] not in ("exact", "rounding")),
+        "reduced": len(reduced),
+        "reduced_outcomes": outcome,
+        "named_right": sum(r["outcome"] == "named right" for r in reduced),
+        "named_rate_where_sharp": sum(r["outcome"] == "named right" for r in decided) / max(len(decided), 1),
+        "bugs": len(bugs),
+        "bugs_ge_2x": len(big),
+        "caught_ge_2x": sum(r["caught"] for r in big),
+        "bugs_1_to_2x": sum(1 <= r["size"] < 2 for r in bugs),
+        "caught_1_to_2x": sum(1 <= r["size"] < 2 and r["caught"] for r in bugs),
+        "bugs_below_1x": sum(r["size"] < 1 for r in bugs),
+        "caught_below_1x": sum(r["size"] < 1 and r["caught"] for r in bugs),
+        "bugs_named_a_precision": sum(r["verdict"] == "reduced-precision" for r in bugs),
+        "one_pass_caught_and_named": f"{sum(r['one_pass'] for r in one)}/{len(one)}",
+        "power_by_kind": by_kind,
+        "power_by_length": by_n,
+        "power_by_dtype": by_dtype,
+        "envelope_ulps": width,
+        "ops": ops,
+        "median_seconds": float(np.median([r["seconds"] for r in rows])) if rows else 0.0,
+        "false_alarm_cases": fa[:40],
+        "missed_ge_2x": [r for r in big if not r["caught"]][:40],
+        "misnamed": [r for r in reduced if r["outcome"] in ("named another precision", "mismatch")][:40],
+    }
+
+
+def print_envelope(s, log=print):
+    log(f"\n== envelope family: {s['cases']} cases (median {s['median_seconds']:.3f} s per compare)")
+    log(f"false alarms on correct results: {s['false_alarms']} / {s['correct']} ({100 * s['false_alarm_rate']:.2f}%)")
+    dts = ENV_DTYPES
+    log(f"  {'op':24s}" + "".join(f"{d:>12s}" for d in dts) + f"{'max err/env':>13s}")
+    for op in s["ops"]:
+        v = s["false_alarms_by_op_dtype"].get(op, {})
+        log(
+            f"  {op:24s}"
+            + "".join(f"{v.get(d, '-'):>12s}" for d in dts)
+            + f"{s['largest_ratio_on_correct'].get(op, 0.0):>13.3g}"
+        )
+    log("  by source: " + ", ".join(f"{k} {v}" for k, v in s["false_alarms_by_source"].items()))
+    log(
+        f"  not counted: fp32 variance algorithms on tiny data (squares underflow, outside the model) flagged "
+        f"{s['underflowing_fp32_algorithms']}"
+    )
+    log(
+        f"reduced precisions named right: {s['named_right']} / {s['reduced']}; where the hypothesis is sharp "
+        f"(not below the rounding envelope): {100 * s['named_rate_where_sharp']:.1f}%"
+    )
+    for p, v in s["reduced_outcomes"].items():
+        log(f"  {p}: " + ", ".join(f"{k} {c}" for k, c in sorted(v.items())))
+    log(
+        f"bugs >= 2x the envelope caught: {s['caught_ge_2x']} / {s['bugs_ge_2x']}; 1-2x: {s['caught_1_to_2x']} / "
+        f"{s['bugs_1_to_2x']}; below 1x: {s['caught_below_1x']} / {s['bugs_below_1x']} (all {s['bugs']}); "
+        f"named a precision: {s['bugs_named_a_precision']}; one-pass variance named: {s['one_pass_caught_and_named']}"
+    )
+    log(f"  {'bug kind':46s}{'n':>6s}" + "".join(f"{lab:>12s}" for lab, _, _ in SBINS) + f"{'precision':>10s}")
+    for k, v in sorted(s["power_by_kind"].items()):
+        log(
+            f"  {k[:46]:46s}{v['n']:>6d}"
+            + "".join(f"{'{}/{}'.format(*v[lab]) if lab in v else '-':>12s}" for lab, _, _ in SBINS)
+            + f"{v['named a precision']:>10d}"
+        )
+    log("  caught / bugs by terms per output (>= 2x: caught/n; share of bugs >= 2x; infinite envelope):")
+    for b in NBINS:
+        if b in s["power_by_length"]:
+            e = s["power_by_length"][b]
+            log(
+                f"    n {b:>8s}: all {e['caught']}/{e['bugs']}, >= 2x {e['caught_ge2']}/{e['ge2']} "
+                f"({100 * e['ge2'] / max(e['bugs'], 1):.0f}% of bugs), infinite envelope {e['inf_env']}"
+            )
+    for d, e in s["power_by_dtype"].items():
+        log(
+            f"    {d:>10s}: all {e['caught']}/{e['bugs']}, >= 2x {e['caught_ge2']}/{e['ge2']}, "
+            f"infinite envelope {e['inf_env']}"
+        )
+    log("  envelope width, median ulps of torch's own results on randn data (fp32: and offset), by terms per output:")
+    for k, v in sorted(s["envelope_ulps"].items()):
+        log(f"    {k:30s} " + "  ".join(f"{b}: {u:.3g}" for b, u in v.items()))
+    for key in ("false_alarm_cases", "missed_ge_2x", "misnamed"):
+        for r in s[key][:15]:
+            log(
+                f"  {key}: {r['case']} {r['truth']} {r['name']}: {r['verdict']} {r['precision'] or ''} "
+                f"ratio {r['ratio']:.3g} size {r.get('size', '')}"
+            )
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer K, no bugs on top of reduced precisions")
+    ap.add_argument("--quick", action="store_true", help="fewer K, lengths and regimes; bugs on fp32 results only")
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument(
+        "--family",
+        choices=("all", "gemm", "envelope"),
+        default="all",
+        help="gemm: matmul/linear/conv2d (statistical test); envelope: reductions, norms, pools",
+    )
     ap.add_argument("--json", help="write rows and summary here")
     a = ap.parse_args(argv)
     torch.set_num_threads(2)
-    t = time.time()
-    rows = run(quick=a.quick, seeds=a.seeds, ks=(9, 72, 1152) if a.quick else KS)
-    s = summarise(rows)
-    print(f"\n{s['cases']} cases in {time.time() - t:.0f} s")
-    print(f"false alarms on correct results: {s['false_alarms']} / {s['correct']} ({100 * s['false_alarm_rate']:.2f}%)")
-    print(f"bugs >= 10x the fp32 scale caught: {s['caught']} / {s['bugs_ge_10x']} "
-          f"({100 * s['detection_rate']:.1f}%); by K: {s['detection_by_k']}")
-    print(f"bugs 1-10x the scale caught: {s['caught_1_to_10x']} / {s['bugs_1_to_10x']}")
-    print(f"bugs below the noise named a precision: {s['below_noise_named_a_precision']} / {s['bugs_below_noise']}")
-    print(f"reduced precisions named right: {s['named_right']} / {s['reduced']} ({100 * s['named_rate']:.1f}%)")
-    for key in ("false_alarm_cases", "missed", "misnamed", "below_noise_named"):
-        for r in s[key][:12]:
-            print(f"  {key}: {r['op']} K={r['k']} {r['data']} {r['truth']} {r['name']}: {r['verdict']} "
-                  f"{r['precision'] or ''} {r.get('size', '')}")
+    result = {}
+    if a.family in ("all", "gemm"):
+        t = time.time()
+        rows = run(quick=a.quick, seeds=a.seeds, ks=(9, 72, 1152) if a.quick else KS)
+        s = summarise(rows)
+        print(f"\n== gemm family: {s['cases']} cases in {time.time() - t:.0f} s")
+        print(
+            f"false alarms on correct results: {s['false_alarms']} / {s['correct']} "
+            f"({100 * s['false_alarm_rate']:.2f}%)"
+        )
+        print(
+            f"bugs >= 10x the fp32 scale caught: {s['caught']} / {s['bugs_ge_10x']} "
+            f"({100 * s['detection_rate']:.1f}%); by K: {s['detection_by_k']}"
+        )
+        print(f"bugs 1-10x the scale caught: {s['caught_1_to_10x']} / {s['bugs_1_to_10x']}")
+        print(f"bugs below the noise named a precision: {s['below_noise_named_a_precision']} / {s['bugs_below_noise']}")
+        print(f"reduced precisions named right: {s['named_right']} / {s['reduced']} ({100 * s['named_rate']:.1f}%)")
+        for key in ("false_alarm_cases", "missed", "misnamed", "below_noise_named"):
+            for r in s[key][:12]:
+                print(
+                    f"  {key}: {r['op']} K={r['k']} {r['data']} {r['truth']} {r['name']}: {r['verdict']} "
+                    f"{r['precision'] or ''} {r.get('size', '')}"
+                )
+        result.update(summary={k: v for k, v in s.items() if not isinstance(v, list)}, rows=rows)
+    if a.family in ("all", "envelope"):
+        t = time.time()
+        rows = run_envelope(quick=a.quick, seeds=a.seeds)
+        s = summarise_envelope(rows)
+        print_envelope(s)
+        print(f"envelope family: {time.time() - t:.0f} s")
+        result["envelope"] = {
+            "summary": {k: v for k, v in s.items() if not isinstance(v, list) or k == "ops"},
+            "rows": rows,
+        }
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"summary": {k: v for k, v in s.items() if not isinstance(v, list)}, "rows": rows}, f, indent=1)
+            json.dump(result, f, indent=1, default=_jsonable)
     return 0
+
+
+def _jsonable(v):
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    return str(v)
 
 
 if __name__ == "__main__":

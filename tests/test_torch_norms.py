@@ -331,3 +331,17 @@ def test_an_envelope_that_claims_nothing_says_so():
     x = _randn(4, 64)
     rep = rk.compare(x.sum(1), "sum", x, 1)
     assert not any(n.startswith("no envelope holds") for n in rep.notes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_rms_norm_default_eps_is_torchs_opmath_epsilon(dtype):
+    """torch's kernels take the epsilon of the type they compute in (float32 for half inputs)."""
+    x = torch.tensor([[0.05], [0.1], [1.0], [1e-4]], dtype=dtype)
+    ref = rk.rms_norm(x, (1,)).double()
+    want = x.double() / torch.sqrt(x.double() ** 2 + (2.0**-52 if dtype == torch.float64 else 2.0**-23))
+    assert torch.allclose(ref, want, rtol=2 * torch.finfo(dtype).eps, atol=0)  # a finfo(dtype) eps is far off
+    assert rk.compare(F.rms_norm(x, (1,)), "rms_norm", x, (1,)).verdict in ("exact", "rounding")
+    if dtype == torch.float32:  # the bf16-input hypothesis keeps float32's default eps (not float64's)
+        x = torch.tensor([[0.01], [0.003], [1.0]])
+        rep = rk.compare(F.rms_norm(x.bfloat16().float(), (1,)), "rms_norm", x, (1,))
+        assert rep.verdict == "reduced-precision" and rep.precision == "bf16"

@@ -70,8 +70,8 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
         w = _f64(a.get("weight"), "weight", name)
         b = _f64(a.get("bias"), "bias", name) if name == "layer_norm" else None
         eps = a.get("eps")
-        if eps is None:
-            eps = 2.0 ** (1 - operand(a["input"], "input", name).fmt.prec)
+        if eps is None:  # F.rms_norm's default: the epsilon of torch's opmath type
+            eps = 2.0**-52 if operand(a["input"], "input", name).fmt.prec == 53 else 2.0**-23
         return Layout("norm", X, n, back=lambda r: np.asarray(r).reshape(shape),
                       rows=lambda r: np.asarray(r, np.float64).reshape(-1, n),
                       W=1.0 if w is None else w.reshape(1, n), B=0.0 if b is None else b.reshape(1, n),

@@ -361,14 +361,15 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
     """Reference ``F.rms_norm``: ``x / sqrt(mean(x^2) + eps) * weight``, real-valued, rounded once.
-    ``eps=None`` is torch's default, ``torch.finfo(input.dtype).eps`` (2**-10, 2**-7, 2**-23 or
-    2**-52 for float16, bfloat16, float32, float64)."""
+    ``eps=None`` is torch's default: the epsilon of the type torch computes in, float32's 2**-23 for
+    float16, bfloat16 and float32 inputs (their opmath type), 2**-52 for float64 (torch's kernels
+    take ``numeric_limits<opmath_t>::epsilon()``, not ``torch.finfo(input.dtype).eps`` as its docs say)."""
     op = "rms_norm"
     o = operand(input, "input", op)
     shape = _trailing(op, o.values, normalized_shape)
     n = int(np.prod(shape, dtype=np.int64))
     w = _param(weight, "weight", op, shape)
-    e = 2.0 ** (1 - o.fmt.prec) if eps is None else _eps(eps, op)
+    e = (2.0**-52 if o.fmt.prec == 53 else 2.0**-23) if eps is None else _eps(eps, op)
     X = np.ascontiguousarray(o.values).reshape(-1, n) if n else np.zeros((0, 0))
     out = normalize(X, None if w is None else w.reshape(1, n), None, False, o.fmt, e)
     return deliver(out.reshape(o.shape), o.fmt, o.torch or _any_tensor(weight))

@@ -560,14 +560,15 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     return _finish(out.reshape(x.shape), x.fmt, tensor)
 
 
-_FINFO_EPS = {name: Fraction(2) ** (1 - f.prec) for name, f in FORMATS.items()}  # torch.finfo(dtype).eps
+# eps=None of F.rms_norm: the epsilon of torch's opmath type (float32 for half inputs), per input dtype
+_FINFO_EPS = {name: Fraction(2) ** (1 - max(f.prec, 24)) for name, f in FORMATS.items()}
 
 
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):  # noqa: A002
     """Ground truth of ``F.rms_norm``: ``y = x / sqrt(mean(x**2) + eps) * weight``, rounded once.
 
-    ``mean(x**2)`` exact over the last ``len(normalized_shape)`` dims; ``eps`` None means
-    ``torch.finfo(input.dtype).eps`` (fp16 2**-10, bf16 2**-7, fp32 2**-23, fp64 2**-52). A NaN in
+    ``mean(x**2)`` exact over the last ``len(normalized_shape)`` dims; ``eps`` None means the
+    epsilon of torch's opmath type, as its kernels take it (fp16, bf16, fp32: 2**-23; fp64: 2**-52). A NaN in
     the row: every element NaN; an inf (and no NaN): ``mean(x**2) = inf``, so the inf elements are
     NaN (``inf * 0``) and the finite ones +-0, as IEEE and torch give.
     """

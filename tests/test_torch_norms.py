@@ -345,3 +345,16 @@ def test_rms_norm_default_eps_is_torchs_opmath_epsilon(dtype):
         x = torch.tensor([[0.01], [0.003], [1.0]])
         rep = rk.compare(F.rms_norm(x.bfloat16().float(), (1,)), "rms_norm", x, (1,))
         assert rep.verdict == "reduced-precision" and rep.precision == "bf16"
+
+
+def test_squares_that_underflow_are_in_the_variance_envelope():
+    from refkern.accumulate.formats import FLOAT32, FLOAT64
+    from refkern.analysis.envelope import _underflow
+
+    assert _underflow(1000, FLOAT64.u) == 1000 * 2.0**-1074  # 2 n eta, eta = half of 2**-1074
+    assert _underflow(10, FLOAT32.u) == 10 * 2.0**-149
+    assert _underflow(10, 2.0**-8) == 10 * 2.0**-149  # bf16 and fp16 hypotheses compute in float32
+    g = torch.Generator().manual_seed(0)
+    for scale in (2.2250738585072014e-308, 1e-160):  # torch's float64 std: 0.0, then 1.3e-5 relative off
+        x = torch.randn(4, 1000, generator=g, dtype=torch.float64) * scale
+        assert rk.compare(x.std(-1, correction=0), "std", x, -1, correction=0).verdict in ("exact", "rounding")

@@ -24,7 +24,8 @@ stored with ``u_o``, derived to first order from the standard model ``fl(a op b)
   ``x (r w) + (b - mean r w)`` (the CPU kernels fold the statistics into a scale and a shift):
   ``|w| (e_d r + |d| e_r + e_d e_r) + 3u (|x| + |mean|) r |w| + 2u |b| + 2u |y|``, where
   ``e_d = dmu + u (|d| + dmu)`` is the error of ``x - mean``, ``dmu`` the mean's and ``e_r`` r's.
-* every result is stored with ``u_o |y|`` plus half the format's smallest subnormal.
+* every result is stored with ``u_o |y|`` plus half the format's smallest subnormal; M2 also carries
+  ``2 n eta`` for squares that underflow (eta half the working format's smallest subnormal).
 
 torch's CPU kernels for float16/bfloat16 results compute in float32 but round some
 intermediates to the result dtype (batch_norm's batch statistics, the stages of log_softmax;
@@ -160,6 +161,15 @@ def _gamma(k, u):
     return g
 
 
+def _underflow(n, u):
+    """What underflow adds to M2 = sum (x - mean)^2: each of the n squares may lose up to eta, half the
+    smallest subnormal of the working format (float32 when ``u`` is float32's or coarser, else float64),
+    the absolute term of the standard model with underflow, ``fl(a b) = a b (1 + d) + e, |e| <= eta``
+    (Higham 2002, section 2.1); twice that for the rounding of the sum's own subnormal terms."""
+    fmt = FLOAT32 if u >= FLOAT32.u else FLOAT64
+    return 2.0 * n * 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1)
+
+
 def _store(y, u_o, out: Format):
     return u_o * np.abs(y) + 0.5 * 2.0 ** (out.emin - out.prec + 1)
 
@@ -228,6 +238,7 @@ def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out):
                 e_m2 = 3.0 * _gamma(n, u) * q
             else:
                 e_m2 = _gamma(n + 3, u) * norm2 * np.sqrt(m2) + n * (_gamma(n, u) * A) ** 2
+            e_m2 = e_m2 + _underflow(n, u)
             var = m2 / n
             e_v = e_m2 / n + ua * var
         w = var + eps
@@ -307,6 +318,7 @@ def _one(lay, u, u_m, one_pass, ref, out):
             mean, m2, A, norm2, q = _row_stats(X, True)
             e_m2 = 3.0 * _gamma(n, u) * q if one_pass else _gamma(n + 3, u) * norm2 * np.sqrt(m2) + n * (
                 _gamma(n, u) * A) ** 2  # fmt: skip
+            e_m2 = e_m2 + _underflow(n, u)
             D = lay.divisor
             v = np.where(D > 0, m2 / D, np.inf)
             e_v = e_m2 / D + u * v

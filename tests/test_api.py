@@ -22,14 +22,29 @@ def test_public_api():
     assert rk.METHODS == ("dot2", "exact", "kahan", "naive", "neumaier", "pairwise")
 
 
-def test_kernels_are_cached_on_the_whole_package():
-    from refkern._jit import CACHE
+def test_kernels_are_cached_on_their_import_closure():
+    import os
+
+    from refkern._jit import _PKG, CACHE, closure
     from refkern.accumulate.exact import _exact_dot_serial
 
     assert CACHE
     rk.dot(np.ones(3, np.float32), np.ones(3, np.float32))
     locator = _exact_dot_serial._cache._impl.locator
     assert type(locator).__name__.startswith("Refkern")
+    assert locator._refkern_file == os.path.join(_PKG, "accumulate", "exact.py")
+
+    def names(mod):
+        return {os.path.relpath(f, _PKG) for f in closure(os.path.join(_PKG, *mod.split("/")))}
+
+    # what a kernel calls or reads, at any depth, stamps it; the adapter and the verdict do not
+    assert {"accumulate/exact.py", "accumulate/superacc.py", "accumulate/formats.py", "_jit.py"} <= names(
+        "accumulate/exact.py"
+    )
+    attention = names("kernels/attention.py")
+    assert {"kernels/_transcendental.py", "kernels/_exact_real.py", "accumulate/formats.py"} <= attention
+    assert not attention & {"torch/audit.py", "analysis/envelope.py", "analysis/verdict.py", "cli.py"}
+    assert names("accumulate/formats.py") == {"accumulate/formats.py", "accumulate/_bits.py", "_jit.py"}
 
 
 @pytest.mark.parametrize("dtype,want", [("float16", np.float16), ("float32", np.float32), ("float64", np.float64)])

@@ -40,7 +40,7 @@ import numpy as np
 
 from refkern._arrays import is_tensor, operand
 
-__all__ = ["backward", "compare_backward", "adjoints", "Adjoint", "OPS"]
+__all__ = ["backward", "compare_backward", "adjoints", "differentiable", "Adjoint", "OPS"]
 
 _PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
 
@@ -498,6 +498,14 @@ def _op_name(op, who) -> str:
             return name
     choices = ", ".join(repr(o) for o in _BUILDERS)
     raise ValueError(f"{who}: unknown op={op!r}; choose one of {choices} (or the refkern function itself).")
+
+
+def differentiable(op, args, kwargs, who="backward") -> dict:
+    """``{name: value}`` of the differentiable arguments of ``op(*args, **kwargs)`` that were given
+    (not None), bound by the op's signature."""
+    name = _op_name(op, who)
+    a = _bind(name, args, kwargs, who)
+    return {k: a[k] for k in _BUILDERS[name][1] if a.get(k) is not None}
 
 
 def adjoints(op, grad_output, *args, wrt=None, who="backward", **kwargs) -> dict:

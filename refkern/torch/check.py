@@ -1,4 +1,5 @@
-"""``refkern.torch.check``: one op on every backend, each result against the exact reference."""
+"""``refkern.torch.check``: one op on every backend, each result against the exact reference; with
+``backward=True`` also each gradient against the exact gradient (:mod:`refkern.gradients`)."""
 
 import copy
 import html
@@ -16,7 +17,7 @@ from refkern.analysis.report import COLUMNS_NOTE
 from refkern.torch.devices import Backend, resolve
 from refkern.torch.ops import FUNCTIONS, OpCall, check_keywords, from_call, from_module
 
-__all__ = ["check", "CheckResult", "CheckRow"]
+__all__ = ["check", "CheckResult", "CheckRow", "GradRow"]
 
 OPS = PRODUCT_OPS + ENVELOPE_OPS
 
@@ -38,17 +39,43 @@ class CheckRow:
 
 
 @dataclass
+class GradRow:
+    """One gradient on one backend: ``argument`` is the op's argument name (``x``, ``weight``,
+    ``bias``, ``a``, ``b``, ``input``), or, for a tensor with no backward reference, the caller's
+    name for it (``args[1]``, a keyword, a module parameter's name); ``report`` is the Report of
+    :func:`refkern.compare_backward`, or None with ``note`` saying why there is none."""
+
+    backend: str
+    argument: str
+    report: object
+    note: str
+
+    def cells(self):
+        r = self.report
+        if r is None:
+            return [self.backend, self.argument, "-", "", "", "", "", self.note]
+        ratios = [f"{r.max_prob_ratio:.3g}", f"{r.max_bound_ratio:.3g}", f"{r.max_ulp:.3g}"]
+        return [self.backend, self.argument, r.verdict, r.precision or "", *ratios, self.note]
+
+
+@dataclass
 class CheckResult:
     """``rows``: one CheckRow per backend; ``pairs``: each backend that ran the op against the
-    first one, as (name, first name, Explanation): why their outputs differ, in one sentence."""
+    first one, as (name, first name, Explanation): why their outputs differ, in one sentence.
+    With ``backward=True``: ``grads``, one GradRow per backend and gradient (rows without a
+    report say why: a backend that failed, a gradient refkern has no reference for);
+    ``grad_output``: how the gradient fed to every backend was made."""
 
     op: str
     shapes: list
     dtype: str
     rows: list
     pairs: list = field(default_factory=list)
+    grads: list = field(default_factory=list)
+    grad_output: str = ""
 
     HEAD = ["backend", "verdict", "precision", "error/noise", "bound ratio", "max ulp", "note"]
+    GRAD_HEAD = ["backend", "gradient", "verdict", "precision", "error/noise", "bound ratio", "max ulp", "note"]
 
     def __str__(self) -> str:
         table = [self.HEAD] + [row.cells() for row in self.rows]
@@ -60,6 +87,12 @@ class CheckResult:
             lines.append(f"  ({COLUMNS_NOTE})")
         for name, first, e in self.pairs:
             lines.append(f"  {name} against {first}: {e.sentence}")
+        if self.grad_output:
+            lines.append(f"backward ({self.grad_output})")
+            table = [self.GRAD_HEAD] + [row.cells() for row in self.grads]
+            widths = [max(len(str(r[i])) for r in table) for i in range(len(self.GRAD_HEAD) - 1)]
+            for r in table:
+                lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + str(r[-1]))
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -68,7 +101,10 @@ class CheckResult:
                           "report": r.report.to_dict() if r.report else None} for r in self.rows],
                 "pairs": [{"backend": name, "against": first, "within": e.within, "differ": e.differ,
                            "max_pair_ratio": e.max_pair_ratio, "sentence": e.sentence}
-                          for name, first, e in self.pairs]}  # fmt: skip
+                          for name, first, e in self.pairs],
+                "grad_output": self.grad_output,
+                "grads": [{"backend": r.backend, "argument": r.argument, "note": r.note,
+                           "report": r.report.to_dict() if r.report else None} for r in self.grads]}  # fmt: skip
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{h}</th>" for h in self.HEAD)
@@ -136,7 +172,152 @@ def _run(fn, args, kwargs, backend: Backend, compiled: bool):
         return target(*[_to(a, backend.device) for a in args], **{k: _to(v, backend.device) for k, v in kwargs.items()})
 
 
-def check(fn, *args, devices=None, compile: bool = False, op: str | None = None, **kwargs) -> CheckResult:  # noqa: A002
+def _floating(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.is_floating_point()
+
+
+class _GradOutputError(ValueError):
+    """The caller's grad_output does not fit the output: raised by check, never a backend's failure."""
+
+
+@dataclass
+class _Target:
+    """A floating-point tensor the caller gave: ``where`` finds it in a run (("arg", i), ("kw", k) or
+    ("param", name)); ``name``: the op's argument it is, or None with ``why`` saying why it has no
+    backward reference."""
+
+    label: str
+    where: tuple
+    name: str | None
+    why: str = ""
+
+
+def _targets(fn, args, kwargs, spec) -> list:
+    """Every floating-point tensor of the call (and parameter of the module), matched by identity
+    to the op's differentiable arguments."""
+    from refkern.gradients import OPS as GRAD_OPS
+    from refkern.gradients import differentiable
+
+    found = []
+    if isinstance(fn, torch.nn.Module):
+        found.append(("input", ("arg", 0), args[0]))
+        found += [(k, ("param", k), p) for k, p in fn.named_parameters() if p.is_floating_point()]
+    else:
+        found += [(f"args[{i}]", ("arg", i), a) for i, a in enumerate(args) if _floating(a)]
+        found += [(k, ("kw", k), a) for k, a in kwargs.items() if _floating(a)]
+    seen = set()
+    found = [f for f in found if not (id(f[2]) in seen or seen.add(id(f[2])))]  # one row per tensor, first place
+    if spec.op not in GRAD_OPS:
+        why = f"no backward reference for {spec.op} (refkern has them for {', '.join(GRAD_OPS)})"
+        return [_Target(label, where, None, why) for label, where, _ in found]
+    names = differentiable(spec.op, spec.args, spec.kwargs, "check")
+    out = []
+    for label, where, a in found:
+        mine = [k for k, v in names.items() if v is a]
+        if len(mine) == 1:
+            out.append(_Target(mine[0], where, mine[0]))
+        elif mine:
+            out.append(_Target(label, where, None, f"no backward reference: it is {' and '.join(mine)} of {spec.op} "
+                               "at once (its gradient is the sum of theirs)"))  # fmt: skip
+        else:
+            out.append(_Target(label, where, None, f"no backward reference: it reaches {spec.op} transformed, not as "
+                               "one of its arguments"))  # fmt: skip
+    return out
+
+
+def _leaf(a, device):
+    t = _to(a, device)
+    return t.detach().requires_grad_(True) if _floating(t) else t
+
+
+def _run_backward(fn, args, kwargs, backend: Backend, compiled: bool, targets, grad_output):
+    """Forward with autograd on ``backend``, then ``backward(grad_output)`` (made by ``grad_output(out)``
+    from the first output): (output, grad_output used, {label: gradient or None}, the backward's
+    exception or None)."""
+    dev = backend.device
+    leaf_args = [_leaf(a, dev) for a in args]
+    leaf_kw = {k: _leaf(v, dev) for k, v in kwargs.items()}
+    if isinstance(fn, torch.nn.Module):
+        target = copy.deepcopy(fn).to(dev)
+        for p in target.parameters():
+            if p.is_floating_point():
+                p.requires_grad_(True)
+    else:
+        target = fn
+    params = dict(target.named_parameters()) if isinstance(target, torch.nn.Module) else {}
+    if compiled:
+        target = torch.compile(target)
+    with torch.enable_grad():
+        out = target(*leaf_args, **leaf_kw)
+        if isinstance(out, tuple):  # max_pool's (values, indices): the values
+            out = out[0]
+        g = grad_output(out)
+        try:
+            out.backward(g.to(dev))
+        except Exception as exc:  # the forward ran, the backward did not: the forward is still judged
+            return out.detach(), g, {}, exc
+    where = {"arg": lambda i: leaf_args[i], "kw": lambda k: leaf_kw[k], "param": lambda k: params[k]}
+    grads = {t.label: where[t.where[0]](t.where[1]).grad for t in targets if t.name is not None}
+    return out.detach(), g, grads, None
+
+
+def _grad_output_maker(given):
+    """grad_output for an output: the given tensor (checked), or standard normal values drawn from a
+    torch.Generator seeded with 0 (in float64, rounded to the output's dtype), made once."""
+    made = {}
+
+    def make(out):
+        if "g" in made:
+            return made["g"]
+        if given is None:
+            gen = torch.Generator().manual_seed(0)
+            g = torch.randn(tuple(out.shape), generator=gen, dtype=torch.float64).to(out.dtype)
+        else:
+            if tuple(given.shape) != tuple(out.shape) or given.dtype != out.dtype:
+                raise _GradOutputError(
+                    f"check: grad_output must have the output's shape and dtype, {tuple(out.shape)} "
+                    f"{str(out.dtype).removeprefix('torch.')}; got {tuple(given.shape)} "
+                    f"{str(given.dtype).removeprefix('torch.')}."
+                )
+            g = given.detach().to("cpu", copy=True)
+        made["g"] = g
+        return g
+
+    return make
+
+
+def _judge_grads(name, spec, targets, grads, g, ref_args, ref_kwargs) -> list:
+    """One GradRow per target: each gradient with a reference judged by compare_backward on its own
+    (one gradient refkern cannot compute leaves the others judged)."""
+    from refkern.gradients import compare_backward
+
+    rows = []
+    for t in targets:
+        if t.name is None:
+            continue
+        got = grads.get(t.label)
+        if got is None:
+            rows.append(GradRow(name, t.label, None, "no gradient: the output does not depend on it"))
+            continue
+        try:
+            rep = compare_backward({t.name: got}, spec.op, g, *ref_args, **ref_kwargs)[t.name]
+        except NotImplementedError as exc:
+            rows.append(GradRow(name, t.label, None, f"no backward reference: {str(exc).split(': ', 1)[-1]}"))
+            continue
+        rows.append(GradRow(name, t.label, rep, ""))
+    return rows
+
+
+def check(
+    fn,
+    *args,
+    devices=None,
+    compile: bool = False,  # noqa: A002
+    op: str | None = None,
+    backward: bool = False,
+    grad_output=None,
+    **kwargs,
+) -> CheckResult:
     """Run ``fn(*args, **kwargs)`` on each backend and compare every result with the exact reference.
 
     ``fn``: ``F.conv1d``/``conv2d``/``conv3d``, ``F.conv_transpose1d``/``2d``/``3d``, ``F.linear``,
@@ -152,6 +333,15 @@ def check(fn, *args, devices=None, compile: bool = False, op: str | None = None,
     not take raise a TypeError that names the nearest valid one. Each backend that ran is also
     judged against the first (``pairs``, via :func:`refkern.explain`): one sentence says why
     their outputs differ.
+
+    ``backward=True``: the forward pass runs with autograd, then ``out.backward(grad_output)`` on
+    each backend (``grad_output``: the given tensor, of the output's shape and dtype, or standard
+    normal values from a ``torch.Generator`` seeded with 0, rounded to the output's dtype: the same
+    on every backend). Every floating-point tensor argument (and every parameter of a module) gets
+    a row in ``grads`` per backend, its gradient judged by :func:`refkern.compare_backward` against
+    the exact gradient of the very inputs (verdicts as the forward's). A tensor without a backward
+    reference (an op refkern has no gradient for, a tensor that reaches the op transformed, as
+    addmm's ``mat2``, or a gradient refkern does not compute) gets one row saying so.
     """
     spec = _spec(fn, args, kwargs, op)
     ref_args, ref_kwargs = spec.on_cpu()
@@ -161,9 +351,16 @@ def check(fn, *args, devices=None, compile: bool = False, op: str | None = None,
         getattr(refkern, spec.op)(*ref_args, **ref_kwargs)
     else:
         evaluate(spec.op, ref_args, ref_kwargs)
+    if grad_output is not None and not backward:
+        raise TypeError("check: grad_output= is the gradient fed to the backward pass; pass backward=True with it.")
+    if grad_output is not None and not isinstance(grad_output, torch.Tensor):
+        raise TypeError(f"check: grad_output must be a tensor of the output's shape; got {type(grad_output).__name__}.")
+    targets = _targets(fn, args, kwargs, spec) if backward else []
+    run_grads = any(t.name is not None for t in targets)
+    make_g = _grad_output_maker(grad_output)
     tensors = [t for t in spec.tensors()]
     dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
-    rows, ran = [], []
+    rows, ran, grads = [], [], []
     for b in resolve(devices):
         if isinstance(b, str):
             rows.append(CheckRow(b, None, "not available on this machine"))
@@ -175,18 +372,37 @@ def check(fn, *args, devices=None, compile: bool = False, op: str | None = None,
                 rows.append(CheckRow(name, None, f"{b.kind} does not support {', '.join(missing)}"))
                 continue
             try:
-                out = _run(fn, args, kwargs, b, compiled)
+                if run_grads:
+                    out, g, got, failed = _run_backward(fn, args, kwargs, b, compiled, targets, make_g)
+                else:
+                    out = _run(fn, args, kwargs, b, compiled)
+            except _GradOutputError:
+                raise
             except Exception as exc:  # the backend could not run it: say why
-                msg = str(exc).strip()
+                out = exc
+            if isinstance(out, Exception):
+                msg = str(out).strip()
                 first = msg.splitlines()[0] if msg else ""
-                rows.append(CheckRow(name, None, f"failed: {type(exc).__name__}: {first[:160]}",
-                                     f"{type(exc).__name__}: {msg}"))  # fmt: skip
+                rows.append(CheckRow(name, None, f"failed: {type(out).__name__}: {first[:160]}",
+                                     f"{type(out).__name__}: {msg}"))  # fmt: skip
+                grads += [GradRow(name, t.label, None, "failed: the forward pass did not run")
+                          for t in targets if t.name]  # fmt: skip
                 continue
             if isinstance(out, tuple):  # max_pool's (values, indices): the values are judged
                 out = out[0]
             e = elements(out, spec.op, *ref_args, **ref_kwargs)
             rows.append(CheckRow(name, e["report"], b.note()))
             ran.append((name, {k: e[k] for k in ("actual", "bound", "report")}))
+            if run_grads and failed is not None:
+                msg = str(failed).strip().splitlines()
+                note = f"failed: backward: {type(failed).__name__}: {(msg[0] if msg else '')[:160]}"
+                grads += [GradRow(name, t.label, None, note) for t in targets if t.name]
+            elif run_grads:
+                grads += _judge_grads(name, spec, targets, got, g, ref_args, ref_kwargs)
+    grads += [GradRow("-", t.label, None, t.why) for t in targets if t.name is None]
     pairs = [(name, ran[0][0], explain_arrays(ran[0][1], e, (ran[0][0], name))) for name, e in ran[1:]]
     shapes = [tuple(t.shape) for t in tensors]
-    return CheckResult(spec.op, shapes, ", ".join(sorted(dtypes)), rows, pairs)
+    how = ""
+    if backward:
+        how = "grad_output: given" if grad_output is not None else "grad_output: standard normal, generator seed 0"
+    return CheckResult(spec.op, shapes, ", ".join(sorted(dtypes)), rows, pairs, grads, how)

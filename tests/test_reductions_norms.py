@@ -152,6 +152,37 @@ def test_bugs_are_caught_and_named():
     assert (rep.verdict, rep.precision) == ("reduced-precision", "bf16")
 
 
+def test_float64_results_are_sharp_about_float32():
+    # a float32 computation handed over as float64 lies on float32's grid: named
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(16, 7, dtype=torch.float64, generator=g)
+    rep = rk.compare(x.float().sum(-1).double(), "sum", x, -1)
+    assert (rep.verdict, rep.precision) == ("reduced-precision", "fp32")
+    rep = rk.compare(F.layer_norm(x.float(), (7,)).double(), "layer_norm", x, (7,))
+    assert (rep.verdict, rep.precision) == ("reduced-precision", "fp32")
+    # a float64 result with a bug 1e-12 relative: far above float64's rounding, far below float32's
+    # envelope; its values are off float32's grid, so the fp32 hypothesis cannot excuse it
+    y = x.sum(-1)
+    y[3] *= 1 + 1e-12
+    rep = rk.compare(y, "sum", x, -1)
+    assert rep.verdict == "mismatch"
+    y = F.layer_norm(x, (7,))
+    y[1, 2] *= 1 + 1e-9
+    assert rk.compare(y, "layer_norm", x, (7,)).verdict == "mismatch"
+    # the fp32 hypothesis of a float64 sum of [1, 2, 3]: float32 envelope, then float32's store
+    # u_32 |c| + 2**-150, then float64's u_64 |c| + 2**-1075: gamma_2(u_32) (1 + 8 u_32) 6 + (u_32 + u_64) 6
+    from refkern.analysis.envelope import envelopes, storage
+
+    assert storage(FLOAT64, "fp32") is FLOAT32 and storage(FLOAT64, None) is FLOAT64
+    assert storage(FLOAT32, "bf16") is FLOAT32 and storage(FLOAT16, "bf16") is FLOAT16
+    a = np.array([1.0, 2.0, 3.0])
+    hyps, _ = envelopes("sum", {"x": a, "dim": None, "keepdim": False, "dtype": None}, np.array(6.0), FLOAT64)
+    assert [h[0] for h in hyps] == ["rounding", "fp32", "fp16", "bf16"]
+    u = 2.0**-24
+    want = 2 * u / (1 - 2 * u) * (1 + 8 * u) * 6 + (u + 2.0**-53) * 6 + 2.0**-150 + 2.0**-1075
+    assert hyps[1][3] == pytest.approx(want, rel=1e-15)
+
+
 def test_constants_pinned_by_hand():
     # double-word: 2**-100 charged per operation (JMP 2017's largest bound is 9.8 u^2 = 9.8 * 2**-106)
     assert dd.EPS == 7.888609052210118e-31 and dd.EPS >= 9.8 * 2.0**-106

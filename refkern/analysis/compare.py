@@ -248,6 +248,9 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
     det = d.detectable["element"]
     notes.append(f"judged by worst-case envelopes (no statistical test for {name} yet): an error below the "
                  f"envelope, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding")  # fmt: skip
+    if d.alternatives:
+        notes.append(f"{' and '.join(sorted(set(d.alternatives)))} inputs fit as well: indistinguishable on these "
+                     "inputs")  # fmt: skip
     blind = int(np.count_nonzero(~np.isfinite(d.fits[0].bound)))
     if blind:  # n u > 1/8 in the working precision, or an interval that reaches a pole: no bound is claimed
         notes.append(f"no envelope holds for {blind} of {ref.size} elements (too many operations for the working "
@@ -260,7 +263,8 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
         hypotheses={f.model.key: f.summary(1.0) for f in d.fits},
         bound_ratios={f.model.key: {"worst_case": float(f.ratio.max(initial=0.0))} for f in d.fits},
         condition={"median": 1.0, "max": 1.0}, tolerance=tol, notes=notes,
-        model=d.model.kind if d.model is not None else None, alternatives=[], structure=d.structure,
+        model=d.model.kind if d.model is not None else None, alternatives=sorted(set(d.alternatives)),
+        structure=d.structure,
         detectable=d.detectable, thresholds=d.thresholds,
     )  # fmt: skip
     out = {"reference": ref, "actual": act, "error": err, "bound": d.fits[0].bound, "magnitude": np.abs(ref),

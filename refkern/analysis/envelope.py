@@ -139,19 +139,33 @@ import numpy as np
 
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Format
 
-__all__ = ["OPS", "envelopes", "working_unit"]
+__all__ = ["OPS", "envelopes", "working_unit", "storage"]
 
 OPS = ("sum", "mean", "var", "std", "cumsum", "layer_norm", "rms_norm", "group_norm", "batch_norm", "avg_pool1d",
        "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "softmax",
        "log_softmax", "scaled_dot_product_attention")  # fmt: skip
 _SOFTMAX_KINDS = ("softmax", "log_softmax", "attention")
 ONE_PASS = "one-pass variance"
+ONE_PASS_TEXT = ("fits a one-pass variance E[x^2] - E[x]^2, whose cancellation no correct (two-pass or Welford) "
+                 "implementation shows")  # fmt: skip
 
 
 def working_unit(out: Format) -> float:
     """The unit of a correct implementation: float32 arithmetic for fp32/fp16/bf16 results (torch's
     opmath type), float64 for float64 results."""
     return FLOAT64.u if out is FLOAT64 else FLOAT32.u
+
+
+def storage(out: Format, precision: str | None) -> Format:
+    """The format a hypothesis's results are stored in before the caller sees them as ``out``.
+
+    The rounding hypothesis stores in ``out``. A reduced precision computes in float32 arithmetic
+    (torch's opmath), so under a float64 result it stores in float32, then converts exactly: its
+    results lie on float32's grid, and the verdict refuses it for any value off that grid. Without
+    that, its window would not be sharp: around a centre within ``u_32 sum|x|`` of the exact result
+    (the inputs' rounding) it spans a float32 envelope, ``2**29`` times the float64 one, and a float64
+    result with a bug far above its own rounding would fit it."""
+    return FLOAT32 if out is FLOAT64 and precision is not None else out
 
 
 def _gamma(k, u):
@@ -177,7 +191,7 @@ def _store(y, u_o, out: Format):
 def _candidates(out: Format):
     """(key, precision name, input format or None) for the rounding hypothesis and the reduced ones:
     inputs rounded to fp16/bf16 (and to fp32 under a float64 result), then computed correctly in
-    float32 arithmetic (torch's opmath for half inputs)."""
+    float32 arithmetic (torch's opmath for half inputs) and stored in :func:`storage`."""
     c = [("rounding", None, None)]
     if out is FLOAT64:
         c.append(("fp32", "fp32", FLOAT32))
@@ -263,8 +277,9 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list
     * "rounding": centre the correctly rounded reference, bound the envelope in the working unit
       (plus ``u_m`` for the intermediates torch rounds to a half result dtype);
     * each reduced precision p: centre the exact op on the inputs rounded to p, bound the float32
-      envelope: a sharp hypothesis (inputs converted to p, then computed correctly), never a
-      loose "computed somehow in p" that a bug could hide in;
+      envelope and the store to :func:`storage` (float32 under a float64 result, whose grid the
+      verdict then requires): a sharp hypothesis (inputs converted to p, then computed correctly),
+      never a loose "computed somehow in p" that a bug could hide in;
     * for variance-based ops the one-pass variance, centred on the reference with its own envelope
       (used only to name a mismatch);
     * for softmax, log_softmax and attention the named bugs, as ``(key, text, fn, None)`` (module
@@ -286,15 +301,51 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list
         res = getattr(refkern, name)(**rounded)
         res = res[0] if isinstance(res, tuple) else res
         centre = np.asarray(res, np.float64).reshape(ref.shape)
-        lay_p = layout(name, rounded, ref.shape) if lay.kind in _SOFTMAX_KINDS else lay  # its own weights
-        hyps.append((key, prec, centre, _one(lay_p, FLOAT32.u, 0.0, False, centre, out) + store))
-    if lay.kind in ("norm", "var", "std"):
+        lay_p = layout(name, rounded, ref.shape)  # its own terms: bf16 rounds data near 1e4 to steps of 64
+        st = storage(out, prec)
+        store_p = store if st is out else store + _store(centre, st.u, st)  # to float32, then exactly to out
+        hyps.append((key, prec, centre, _one(lay_p, FLOAT32.u, 0.0, False, centre, out) + store_p))
+    if lay.kind in ("var", "std"):
         hyps.append((ONE_PASS, None, ref, _one(lay, u + u_m, u_m, True, ref, out) + store))
+    elif lay.kind == "norm" and lay.given is None:
+        rounding = hyps[0][3]
+        hyps.append((ONE_PASS, ONE_PASS_TEXT, lambda a, bad, r: _one_pass_norm(lay, u, a, bad, r, rounding), None))
     if lay.kind in _SOFTMAX_KINDS:
         from refkern.analysis._envelope_softmax import named_bugs
 
         hyps += [(key, text, fn, None) for key, text, fn in named_bugs(name, args, lay, out)]
     return hyps, lay.n
+
+
+def _one_pass_norm(lay, u, actual, bad, ref, rounding) -> bool:
+    """Does a norm's mismatch fit the one-pass variance? Only to name a mismatch, never to excuse.
+
+    A norm with a one-pass variance is a correct norm whose variance ``v1`` is off by up to
+    ``e1 = 3 gamma_n sum x**2 / n`` (the module docstring), so each row of its output minus the bias is
+    the reference's, ``(x - mean) r w``, rescaled by ``s = r1 / r`` with ``r1 = (v1 + eps)**-1/2``. Its
+    envelope is unbounded wherever that interval reaches ``-eps`` (the cancellation it is named for),
+    so explaining elements by it would name every bug on such data; the test is the shape instead.
+    Every row holding an unexplained element must be such a rescale: ``s`` fitted by least squares,
+    each element within the rounding envelope times ``max(1, s)`` (the affine step's errors scale with
+    r) of ``s (ref - b) + b``, ``s > 0``, and the variance it implies, ``1 / (s r)**2 - eps``, within
+    ``e1`` of the exact one; or the row is NaN where ``v + eps <= e1`` (the one-pass variance can fall
+    below ``-eps``: a square root of a negative number)."""
+    X, n = lay.X, lay.n
+    rows = np.flatnonzero(lay.rows(bad).reshape(X.shape[0], -1).any(axis=1))
+    if not rows.size:
+        return False
+    with np.errstate(all="ignore"):
+        mean, m2, _, _, q = _row_stats(X[rows], True)
+        var, e1 = m2 / n, 3.0 * _gamma(n, u)[()] * q / n + _underflow(n, u) / n
+        B = np.broadcast_to(lay.B, X.shape)[rows]
+        Y, A = lay.rows(ref)[rows] - B, lay.rows(actual)[rows] - B
+        env = lay.rows(rounding)[rows]
+        s = (A * Y).sum(axis=1) / (Y * Y).sum(axis=1)
+        fit = np.all(np.abs(A - s[:, None] * Y) <= env * np.maximum(1.0, s)[:, None], axis=1)
+        implied = 1.0 / (s * s) * (var + lay.eps) - lay.eps  # 1 / (s r)**2 - eps with r**-2 = var + eps
+        ok = fit & (s > 0) & (np.abs(implied - var) <= e1)
+        nan_rows = np.all(np.isnan(A), axis=1) & ~np.any(np.isnan(Y), axis=1) & (var + lay.eps <= e1)
+    return bool(np.all(ok | nan_rows))
 
 
 def _one(lay, u, u_m, one_pass, ref, out):

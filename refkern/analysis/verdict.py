@@ -316,6 +316,11 @@ class _EnvelopeFit:
     model: Model
     bound: np.ndarray
     ratio: np.ndarray  # |actual - reference| / bound (0 where equal, inf where a special differs)
+    # elements that differ from the centre and pass only because the bound is infinite (the envelope
+    # claims nothing there). The rounding hypothesis may pass them (no false alarm where nothing is
+    # claimed); a reduced precision may not be *named* on them: a window that holds any value is no
+    # evidence for that precision, and a bug would hide in it
+    vacuous: np.ndarray | None = None
 
     @property
     def explains(self) -> bool:
@@ -340,14 +345,18 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     rate: the test is deterministic), and the threshold is 1 by construction, not a tuned
     constant. Verdict: "exact" when every element equals the reference; "rounding" when the
     rounding envelope holds everywhere; else "reduced-precision" with the finest precision whose
-    envelope holds everywhere; else "mismatch", measured against the rounding envelope, with a
+    envelope holds everywhere, with evidence: an element that rounding does not explain and that
+    precision explains with a finite bound (a window that holds any value names nothing:
+    ``_EnvelopeFit.vacuous``; the elements explained only so are reported as blind spots), the
+    coarser ones that qualify too reported as indistinguishable; else "mismatch", measured against
+    the rounding envelope, with a
     note when the one-pass variance (a known wrong algorithm) or a named bug explains what rounding
     does not.
     A bug that moves an element by less than its rounding envelope cannot be seen: ``detectable``
     reports that size (median and largest, in units of the result format's ulp at the reference).
     """
-    from refkern.accumulate.formats import FORMATS
-    from refkern.analysis.envelope import ONE_PASS
+    from refkern.accumulate.formats import FORMATS, round_array
+    from refkern.analysis.envelope import ONE_PASS, ONE_PASS_TEXT, storage
 
     with np.errstate(all="ignore"):
         same = (actual == ref) | (np.isnan(actual) & np.isnan(ref))
@@ -357,17 +366,22 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     named = [e for e in envs if callable(e[2])]
     for key, prec, mid, bound in (e for e in envs if not callable(e[2])):
         fmt = FORMATS.get({"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(prec, ""), out)
+        st = storage(out, prec)
         kind = (f"a correct implementation in {'float64' if out.prec == 53 else 'float32'} arithmetic"
                 if key == "rounding" else ONE_PASS + " E[x^2] - E[x]^2" if key == ONE_PASS
-                else f"{fmt.name} inputs, computed correctly after the conversion")  # fmt: skip
-        m = Model(key, prec, kind, out, fmt)
+                else f"{fmt.name} inputs, computed correctly after the conversion"
+                + (f", stored in {st.name}" if st is not out else ""))  # fmt: skip
+        m = Model(key, prec, kind, st, fmt)
         with np.errstate(all="ignore"):
             same_c = (actual == mid) | (np.isnan(actual) & np.isnan(mid))
             e_c = np.where(same_c, 0.0, np.abs(actual - mid))
             ratio = np.where(e_c == 0, 0.0, e_c / bound)
+            if st is not out:  # a value off the grid of the format the hypothesis stores in
+                ratio = np.where(np.isfinite(actual) & (round_array(actual, *st.params) != actual), np.inf, ratio)
             if key == ONE_PASS:  # E[x^2] - E[x]^2 + eps can fall below 0: its square root is NaN where
                 ratio = np.where(np.isnan(actual) & np.isinf(bound), 0.0, ratio)  # the envelope reaches 0
-        fits.append(_EnvelopeFit(m, bound, np.where(np.isnan(ratio), np.inf, ratio)))
+            vacuous = (e_c > 0) & ~(bound < np.inf)
+        fits.append(_EnvelopeFit(m, bound, np.where(np.isnan(ratio), np.inf, ratio), vacuous))
     r0 = fits[0]
     expo = np.frexp(np.where(np.isfinite(ref), ref, 0.0))[1] - 1  # floor(log2 |ref|) (-1 for 0)
     ulp = np.ldexp(1.0, np.maximum(expo, out.emin) - out.prec + 1)  # the format's ulp at the reference
@@ -382,18 +396,30 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     if r0.explains:
         return Decision("rounding", None, r0.model, np.where(same, 0, 1).astype(np.int8), fits, z, [], [], det,
                         thresholds)  # fmt: skip
-    reduced = sorted((f for f in fits[1:] if f.model.precision and f.explains), key=lambda f: -f.model.acc.prec)
+    fails0 = ~(r0.ratio <= 1.0)
+    reduced = sorted((f for f in fits[1:] if f.model.precision and f.explains and (fails0 & ~f.vacuous).any()),
+                     key=lambda f: -f.model.acc.prec)  # fmt: skip
     if reduced:
-        f = reduced[0]
+        f, tie = reduced[0], [g.model.precision for g in reduced[1:]]
+        blind = int(np.count_nonzero(f.vacuous))
+        found = [{"kind": "blind", "text": f"{blind} elements fit {f.model.precision} inputs only because its envelope "
+                  "holds any value there (an ill-conditioned step, such as a variance that rounding made 0): a bug "
+                  "there cannot be seen"}] if blind else []  # fmt: skip
         return Decision("reduced-precision", f.model.precision, f.model, np.where(same, 0, 2).astype(np.int8), fits,
-                        f.ratio, [], [], det, thresholds)  # fmt: skip
+                        f.ratio, tie, found, det, thresholds)  # fmt: skip
     bad = ~(r0.ratio <= 1.0)
     cls = np.where(same, 0, np.where(bad, 3, 1)).astype(np.int8)
     found = []
     one = [f for f in fits if f.model.key == ONE_PASS]
-    if one and one[0].explains:
-        found.append({"kind": "algorithm", "text": "fits a one-pass variance E[x^2] - E[x]^2, whose cancellation "
-                      "no correct (two-pass or Welford) implementation shows"})  # fmt: skip
+    if one and one[0].explains and (bad & ~one[0].vacuous).any():  # evidence, as for a precision
+        found.append({"kind": "algorithm", "text": ONE_PASS_TEXT})
+    for f in fits[1:]:
+        if f.model.precision and f.explains and f not in reduced:
+            found.append({"kind": "blind", "text": f"{f.model.precision} inputs would explain it, but only where their "
+                          "envelope holds any value (an ill-conditioned step, such as a variance that their rounding "
+                          f"made 0: {int(np.count_nonzero(f.vacuous))} elements): if {f.model.precision} inputs were "
+                          "used, these elements say nothing"})  # fmt: skip
+            break
     for _, text, fn, _ in named:
         if fn(actual, bad, ref):
             found.append({"kind": "pattern", "text": text})

@@ -307,10 +307,11 @@ def test_softmax_envelope_pinned_by_hand():
     a = 6 * 2 * ETA * math.exp(2 * lam_n) * 2
     o = (0.5 + 2.0**-150) / (1 - U)
     want = (e_n + o * 2 * e_d + a + o * a) / (2 - 2 * e_d - a) * (1 + 66 * 2.0**-50) + 2 * math.expm1(2 * d64) * o
+    want += U * o + 2.0**-150  # the centre (the reference) is itself rounded: |exact - ref|
     want += U * 0.5 + 2.0**-150  # the store
     got = _env("softmax", {"input": np.zeros(2, np.float32), "dim": 0, "dtype": None}, [0.5, 0.5])
     assert got == pytest.approx([want, want], rel=1e-12)
-    assert want == pytest.approx((83 + 82) / 2 * U + 0.5 * U, rel=1e-4)  # first order: 83u/2 + 82u/2 + store
+    assert want == pytest.approx((83 + 82) / 2 * U + 2 * 0.5 * U, rel=1e-4)  # first order: 83u/2 + 82u/2 + 2 stores
 
     # log_softmax of [0, 0]: y = -log 2; |log D^ - log D| <= ell = L(e_d); the log within 4 ulps (8u); the
     # two subtractions in either order: c = u max(0, 0 + log 2 + err_L), then u (|y| + err_L + c)
@@ -319,10 +320,10 @@ def test_softmax_envelope_pinned_by_hand():
     c = U * (math.log(2) + err_l)
     y = (math.log(2) + 2.0**-150) / (1 - U)
     want = (err_l + c + U * (y + err_l + c)) * (1 + 66 * 2.0**-50) + 3 * d64
-    want += U * math.log(2) + 2.0**-150
+    want += U * y + 2.0**-150 + U * math.log(2) + 2.0**-150  # the centre's rounding, the store
     got = _env("log_softmax", {"input": np.zeros(2, np.float32), "dim": 0, "dtype": None}, [-math.log(2)] * 2)
     assert got == pytest.approx([want, want], rel=1e-12)
-    assert want == pytest.approx((82 + 8 * math.log(2) + 3 * math.log(2)) * U, rel=1e-4)
+    assert want == pytest.approx((82 + 8 * math.log(2) + 4 * math.log(2)) * U, rel=1e-4)
 
 
 def test_attention_envelope_pinned_by_hand():
@@ -349,7 +350,7 @@ def test_attention_envelope_pinned_by_hand():
     o = (ref + 2.0**-150) / (1 - U)
     slack = 1 + (2 + 1 + 64) * 2.0**-50  # float64 evaluation: n + E + 64
     want = (e_n[0] * 1 + e_n[1] * 3 + o * e_d.sum() + a * 3 + o * a) / (D - e_d.sum() - a) * slack
-    want += 2 * math.expm1(2 * d64.max()) * 3 + U * ref + 2.0**-150
+    want += 2 * math.expm1(2 * d64.max()) * 3 + U * o + 2.0**-150 + U * ref + 2.0**-150  # the centre, the store
     args = {"query": np.array([[1.0]], np.float32), "key": np.array([[1.0], [-1.0]], np.float32),
             "value": np.array([[1.0], [3.0]], np.float32), "attn_mask": None, "dropout_p": 0.0,
             "is_causal": False, "scale": 1.0, "enable_gqa": False}  # fmt: skip
@@ -357,5 +358,88 @@ def test_attention_envelope_pinned_by_hand():
     assert float(got[0, 0]) == pytest.approx(want, rel=1e-12)
     # first order: theta = 7u + 3u (M - z) = [7u, 13u] on top of the weights' own (44u, 85u) and the
     # denominator's terms (41u, 82u): about 147u, 74 ulps of the float32 result here
-    first = ((7 + 44) + (13 + 85) * 3 * t[1] + ref * ((7 + 41) + (13 + 82) * t[1])) / D * U + U * ref
+    first = ((7 + 44) + (13 + 85) * 3 * t[1] + ref * ((7 + 41) + (13 + 82) * t[1])) / D * U + 2 * U * ref
     assert want == pytest.approx(first, rel=1e-4)
+
+
+UM = 2.0**-11  # float16's unit: the stored intermediates of a float16 result
+ETA_H = 2.0**-25  # half float16's smallest subnormal: a stored intermediate that underflows
+
+
+def _env16(name, args, ref):
+    from refkern.accumulate.formats import FLOAT16
+
+    hyps, _ = envelopes(name, args, np.asarray(ref, np.float64), FLOAT16)
+    return hyps[0][3]
+
+
+def test_half_softmax_envelope_pinned_by_hand():
+    # softmax of [0, 0] in float16: the arithmetic is float32 (u) and each exp term is stored once in float16
+    # (u_m): the denominator's term 82u + u_m, the numerator's 83u + u_m; no addition is charged u_m, so the
+    # envelope does not grow with n in u_m. The argument, the float64 terms and the underflow as in float32.
+    d64 = 2.0**-52
+    theta = d64 + 3 * U * (2 * d64)
+    lam_d, lam_n = theta + _lg(82 * U + UM), theta + _lg(83 * U + UM)
+    e_d, e_n = math.expm1(lam_d), math.expm1(lam_n)
+    a = 6 * 2 * ETA * math.exp(2 * lam_n) * 2  # no stored term below float16's normal range (t = 1)
+    o = (0.5 + ETA_H) / (1 - UM)
+    want = (e_n + o * 2 * e_d + a + o * a) / (2 - 2 * e_d - a) * (1 + 66 * 2.0**-50) + 2 * math.expm1(2 * d64) * o
+    want += UM * o + ETA_H + UM * 0.5 + ETA_H  # the centre's rounding, the store
+    x16 = np.zeros(2, np.float16)
+    got = _env16("softmax", {"input": x16, "dim": 0, "dtype": None}, [0.5, 0.5])
+    assert got == pytest.approx([want, want], rel=1e-12)
+    assert want == pytest.approx(UM + (83 + 82) / 2 * U + 2 * 0.5 * UM, rel=1e-3)  # u_m per side, 2 stores
+    # n = 4096 equal logits: each ranks below the 4095 others (ties count), so 4096 exps and 8190 operations in
+    # float32 on the denominator's side, 2 exps and 3 operations on the numerator's, still u_m once per side
+    # and two stores (the envelope charging u + u_m on every operation and exp was infinite here: 4096 u_m > 1)
+    n = 4096
+    got = _env16("softmax", {"input": np.zeros(n, np.float16), "dim": 0, "dtype": None}, np.full(n, 1 / n))
+    first = ((4096 * 40 + 8190) * U + UM) + (2 * 40 * U + 3 * U + UM) + 2 * UM
+    assert float(got[0]) == pytest.approx(first / n, rel=5e-2)  # to first order (second: 2 x 1.1%)
+
+    # log_softmax of [0, 0]: the sum stored (L(u_m)), the log within 4 ulps of float32 and stored (8u + u_m),
+    # the two subtractions in float32, the centre's rounding and the store in float16
+    ell = _lg((2 * e_d + a) / 2) + _lg(UM)
+    err_l = ell + (8 * U + UM) * (math.log(2) + ell) + ETA_H
+    c = U * (math.log(2) + err_l)
+    y = (math.log(2) + ETA_H) / (1 - UM)
+    want = (err_l + c + U * (y + err_l + c)) * (1 + 66 * 2.0**-50) + 3 * d64
+    want += UM * y + ETA_H + UM * math.log(2) + ETA_H
+    got = _env16("log_softmax", {"input": x16, "dim": 0, "dtype": None}, [-math.log(2)] * 2)
+    assert got == pytest.approx([want, want], rel=1e-12)
+    # first order: the sum's terms (u_m) and its store (u_m), the log's store (u_m log 2), two stores of y
+    assert want == pytest.approx(UM * (2 + 3 * math.log(2)) + 82 * U, rel=2e-3)
+
+
+def test_half_attention_envelope_pinned_by_hand():
+    # the float32 case of test_attention_envelope_pinned_by_hand in float16: q and k (scaled) stored, a factor
+    # (1 + u_m)**2 on the product, a stored one that underflows (eta_h times sum|q| + sum|k| = 2), the scores
+    # stored (u_m (|s q.k| + dl) + eta_h); the exp terms stored once (u_m on each side)
+    g7 = 7 * U / (1 - 7 * U)
+    g_h = (1 + g7) * (1 + UM) ** 2 - 1
+    dl = g_h + 7 * ETA
+    dl = dl + (1 + g_h) * ETA_H * 2 + ETA_H**2
+    dl = dl + UM * (1 + dl) + ETA_H
+    d64 = np.array([5.0, 7.0]) * 2.0**-52
+    dl = dl + d64
+    theta = dl + 3 * U * (1 + dl[0] - np.array([1.0, -1.0]) + dl)
+    lam_d = theta + np.array([_lg(s) for s in np.array([41, 82]) * U + UM])
+    lam_n = theta + np.array([_lg(s) for s in np.array([44, 85]) * U + UM])
+    t = np.array([1.0, math.exp(-2)])
+    e_d, e_n = t * np.expm1(lam_d), t * np.expm1(lam_n)
+    D = t.sum()
+    a = 6 * 2 * ETA * math.exp(2 * max(lam_n.max(), lam_d.max())) * D
+    exact = (1 + 3 * math.exp(-2)) / (1 + math.exp(-2))
+    ref = float(np.float16(exact))
+    o = (ref + ETA_H) / (1 - UM)
+    slack = 1 + (2 + 1 + 64) * 2.0**-50
+    want = (e_n[0] * 1 + e_n[1] * 3 + o * e_d.sum() + a * 3 + o * a) / (D - e_d.sum() - a) * slack
+    want += 2 * math.expm1(2 * d64.max()) * 3 + UM * o + ETA_H + UM * ref + ETA_H
+    args = {"query": np.array([[1.0]], np.float16), "key": np.array([[1.0], [-1.0]], np.float16),
+            "value": np.array([[1.0], [3.0]], np.float16), "attn_mask": None, "dropout_p": 0.0,
+            "is_causal": False, "scale": 1.0, "enable_gqa": False}  # fmt: skip
+    got = _env16(SDPA_NAME, args, [[ref]])
+    assert float(got[0, 0]) == pytest.approx(want, rel=1e-12)
+    # first order in u_m: the logits 3 u_m (q and k, the scores), the exp terms u_m on each side, two stores
+    first = (3 * UM * (1 + 3 * t[1]) + UM * (1 + 3 * t[1]) + ref * (3 * UM * D + UM * D)) / D + 2 * UM * ref
+    assert want == pytest.approx(first, rel=2e-2)

@@ -1,5 +1,45 @@
 """The envelopes of softmax, log_softmax and scaled_dot_product_attention, and the named bugs of
-attention; the derivation and every constant are in :mod:`refkern.analysis.envelope`'s docstring."""
+attention; the derivation and every constant are in :mod:`refkern.analysis.envelope`'s docstring, the
+terms of the tensors stored in a half result format (its A5) here.
+
+**Half-precision results (A5).** For a float16/bfloat16 result the arithmetic is float32 (unit ``u``)
+and only some tensors are stored in the result format (unit ``u_m``, and ``eta_h``, half its smallest
+subnormal, where a stored value underflows). What torch's CPU kernels store (read from their sources
+and checked bit for bit against float32 emulations on torch 2.13):
+
+* softmax over the last dim: nothing (float32 throughout, the output rounded once); over another dim:
+  each ``exp(x - max)`` (the sum is of the float32 exps);
+* log_softmax over the last dim: the sum ``D`` and ``log D``; over another dim: nothing;
+* scaled_dot_product_attention, math backend: nothing by default (it upcasts to float32); with
+  ``torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)``: q and k scaled by ``fl(sqrt(s))``,
+  the scores ``q k^T`` (and the scores plus a float mask), the softmax output ``P``; the CPU flash
+  kernel: each tile's ``exp(z - m_tile)`` (the sum is of the float32 exps; the running sums, their
+  rescales and ``P @ V`` stay float32); FlashAttention on GPUs likewise rounds its P tiles.
+
+The class covered: any subset of (S1) q and k scaled (``sqrt(s)`` on each, or ``s`` on q), (S2) the
+scores before and after a float mask is added, (S3) each exp term or each weight, once, before it
+enters the numerator and/or the denominator, (S4) log_softmax's sum and its log, and the output. Per
+stored element, from ``fl_m(y) = y (1 + d) + e``, ``|d| <= u_m``, ``|e| <= eta_h``:
+
+* (S1) each product ``q'_l k'_l`` gains a factor ``(1 + u_m)**2`` on top of the float32 logit's:
+  ``gamma`` becomes ``G_h = (1 + gamma_{E+6}) (1 + u_m)**2 - 1``; a stored value that underflows adds
+  ``eta_h`` times the other factor: ``(1 + G_h) eta_h max(s, sqrt(s)) (sum|q| + sum|k|) + E eta_h**2``;
+* (S2) the scores, within ``d1`` (the above) of ``s q.k``: ``u_m (s sum|q k| + d1) + eta_h``; a float
+  mask converted, added and stored: ``(2 u + u_m) (1 + 2 u + u_m) (|z| + s sum|q k| + Delta) + eta_h``;
+* (S3) one factor ``(1 + u_m)`` on the term in ``lam_j`` and in ``lam'_j`` (both, whether the
+  denominator sums the stored terms or the float32 ones); a stored value below the normal range
+  (term against a tile maximum ``m_tile <= M``: ``>= t_j e**-lam_j``; weight ``t^_j / D^``, ``D^ <= 2 D
+  e**lam_max``) adds ``eta_h 2 D^`` in units of t, grown by ``e**lam_max``: ``a`` gains ``eta_h 2 D
+  e**(2 lam_max)`` per term with ``t_j e**-lam_j < 2**emin 2 D e**lam_max``;
+* (S4) ``D^`` stored: ``ell`` gains ``L(u_m)``; ``log D^`` stored: ``eps_l = 2 LOG_ULPS u + u_m``.
+
+The rescale factors, the running sums, ``P @ V`` and the division are float32 (``u``) in every kernel
+listed, so nothing grows with n in ``u_m``: the envelope is about ``(lam_n + lam_d + 2) u_m`` relative
+(two stores: the result's and the reference's, see :func:`_centre_rounding`) where the previous
+"``u + u_m`` on every operation" reached ``L(S) = inf`` beyond 2**8 / (2 + R) bf16 terms. A sum
+accumulated in the result format (a half-precision reduction) is not in the class: it is a
+reduced-precision computation, not a rounding of a correct one.
+"""
 
 import numpy as np
 
@@ -24,14 +64,16 @@ def _lg(s):
         return np.where(s < 1.0, -np.log1p(-np.minimum(s, 1.0)), np.inf)
 
 
-def _eta(u, u_m, out: Format) -> float:
-    """The absolute error an underflowing operation may add: the working format's smallest normal (a flush to
-    zero included), or half the smallest subnormal of the result format where intermediates are stored in it."""
-    work = FLOAT64 if u - u_m <= FLOAT64.u else FLOAT32
-    eta = 2.0**work.emin
-    if u_m > 0:
-        eta = max(eta, 2.0 ** (out.emin - out.prec))
-    return eta
+def _eta(u) -> float:
+    """The absolute error an underflowing operation of the working format (unit ``u``) may add: its smallest
+    normal (a flush to zero included)."""
+    return 2.0 ** (FLOAT64 if u <= FLOAT64.u else FLOAT32).emin
+
+
+def _eta_h(u_m, out: Format) -> float:
+    """Half the smallest subnormal of the result format: what a store of an intermediate in it may add
+    where it underflows (0 when nothing is stored there: float32 and float64 results)."""
+    return 2.0 ** (out.emin - out.prec) if u_m > 0 else 0.0
 
 
 def _ranks(c, thr):
@@ -48,7 +90,8 @@ def _ranks(c, thr):
 
 
 class _Rows:
-    """The denominator side of rows of logits ``z`` (R, n) (-inf: masked) with logit errors ``dl``."""
+    """The denominator side of rows of logits ``z`` (R, n) (-inf: masked) with logit errors ``dl``, in float32
+    (or float64) arithmetic of unit ``u`` with each exp term stored once with ``u_m`` (module docstring)."""
 
     def __init__(self, z, dl, d64, u, u_m, out, num_ops, num_rescales=None):
         R, n = z.shape
@@ -64,17 +107,23 @@ class _Rows:
             top = np.where(live, z + dl, -np.inf).max(axis=1, initial=-np.inf)  # >= the computed maximum
             theta = dl + ARG_ROUNDINGS * u * np.where(live, top[:, None] - z + dl, 0.0)
             rank = np.maximum(_ranks(np.where(live, z + 2 * dl, -np.inf), np.where(live, z - 2 * dl, np.inf)) - 1, 0)
-            eps_e = 2 * EXP_ULPS * (u - u_m) + u_m  # exp within EXP_ULPS ulps, stored with u_m
-            lam_d = theta + _lg((1 + rank) * eps_e + (rank + n - 1) * u)
+            eps_e = 2 * EXP_ULPS * u  # exp within EXP_ULPS ulps of the working format
+            lam_d = theta + _lg((1 + rank) * eps_e + (rank + n - 1) * u + u_m)  # + the term's one store
             r_n = rank if num_rescales is None else np.minimum(rank, num_rescales)
-            lam_n = theta + _lg((1 + r_n) * eps_e + (r_n + num_ops) * u)
+            lam_n = theta + _lg((1 + r_n) * eps_e + (r_n + num_ops) * u + u_m)
             t = np.where(live, np.exp(-gap), 0.0)
             self.e_d = self._grow(t, gap, lam_d, live)
             self.e_n = self._grow(t, gap, lam_n, live)
             lmax = np.maximum(np.where(live, lam_d, 0.0).max(axis=1, initial=0.0),
                               np.where(live, lam_n, 0.0).max(axis=1, initial=0.0))  # fmt: skip
             self.D = t.sum(axis=1)
-            self.a = UNDERFLOW_OPS * n * _eta(u, u_m, out) * np.exp(2 * lmax) * self.D
+            self.a = UNDERFLOW_OPS * n * _eta(u) * np.exp(2 * lmax) * self.D
+            eta_h = _eta_h(u_m, out)
+            if eta_h:  # stored terms that may fall below the result format's normal range, eta_h 2 D e**lmax each
+                thr = 2.0**out.emin * 2 * self.D * np.exp(lmax)
+                lam = np.maximum(lam_d, lam_n)
+                n_u = (live & (t * np.exp(-np.where(live, lam, 0.0)) < thr[:, None])).sum(axis=1)
+                self.a = self.a + eta_h * n_u * 2 * self.D * np.exp(2 * lmax)
             self.ED = self.e_d.sum(axis=1)
         self.M, self.gap, self.live, self.bad = M, gap, live, bad
         self.empty = ~bad & ~live.any(axis=1)
@@ -106,6 +155,14 @@ def _exact_abs(ref, out: Format):
         return (np.abs(ref) + 2.0 ** (out.emin - out.prec)) / (1.0 - out.u)
 
 
+def _centre_rounding(ref, out: Format):
+    """|exact - ref|: the centre is itself rounded to the result format, and a computed value within the envelope
+    of the exact one may round to the neighbour of ``ref`` (module docstring); 0 where ``ref`` is not finite."""
+    with np.errstate(all="ignore"):
+        c = out.u * _exact_abs(ref, out) + 2.0 ** (out.emin - out.prec)
+    return np.where(np.isfinite(ref), c, 0.0)
+
+
 def _slack(n, E):
     """The envelope's own float64 evaluation (module docstring)."""
     return 1.0 + (n + E + 64) * 2.0**-50
@@ -119,11 +176,10 @@ def _softmax(lay, u, u_m, ref, out, log):
     if not log:
         b = rows.ratio_bound(rows.e_n, o_abs, np.ones((R, n)), _slack(n, 0), o_abs)
         return np.where(rows.live | rows.bad[:, None], b, 0.0)  # a -inf entry is exactly 0
-    u_w = u - u_m
-    eps_l = 2 * LOG_ULPS * u_w + u_m
-    eta = _eta(u, u_m, out)
+    eps_l = 2 * LOG_ULPS * u + u_m  # the log within LOG_ULPS ulps, stored with u_m
+    eta = max(_eta(u), _eta_h(u_m, out))
     with np.errstate(all="ignore"):
-        ell = _lg((rows.ED + rows.a) / rows.D)
+        ell = _lg((rows.ED + rows.a) / rows.D) + _lg(u_m)  # the sum, and its store
         logd = np.log(rows.D)
         err_l = ell + eps_l * (logd + ell) + eta + u * np.abs(rows.M)  # the log; a rounded reference m c
         c = u * np.maximum(rows.gap, (np.abs(rows.M) + logd + err_l)[:, None])
@@ -133,7 +189,8 @@ def _softmax(lay, u, u_m, ref, out, log):
 
 
 def _logits(a):
-    """Per output batch: (z (L, S) float64 logits with the mask, s sum_l |q_l k_l| (L, S), mask (L, S))."""
+    """Per output batch: (z (L, S) float64 logits with the mask, s sum_l |q_l k_l| (L, S), mask (L, S),
+    sum_l |q_l| + sum_l |k_l| (L, S))."""
     L, E = a.Q.shape[1], a.Q.shape[2]
     S = a.K.shape[1]
     s = abs(a.scale)
@@ -142,13 +199,14 @@ def _logits(a):
         with np.errstate(all="ignore"):
             z = a.scale * (q @ k.T) if E else np.zeros((L, S))
             mag = s * (np.abs(q) @ np.abs(k).T) if E else np.zeros((L, S))
+            l1 = np.abs(q).sum(axis=1)[:, None] + np.abs(k).sum(axis=1)[None, :]
         if a.causal:
             m = np.where(np.arange(S)[None, :] > np.arange(L)[:, None], -np.inf, 0.0)
         elif a.has_mask:
             m = np.broadcast_to(a.mask[a.im[b]], (L, S))
         else:
             m = np.zeros((L, S))
-        yield b, z + m, mag, m
+        yield b, z + m, mag, m, l1
 
 
 def _attention(lay, u, u_m, ref, out):
@@ -161,12 +219,17 @@ def _attention(lay, u, u_m, ref, out):
         return res
     kk = (E + LOGIT_ROUNDINGS) * u
     G = kk / (1.0 - kk) if kk < 1.0 else np.inf
-    eta = _eta(u, u_m, out)
-    for b, z, mag, m in _logits(a):
+    G_h = (1 + G) * (1 + u_m) ** 2 - 1  # q and k (scaled) stored with u_m: a factor (1 + u_m)**2 on each product
+    eta, eta_h = _eta(u), _eta_h(u_m, out)
+    s = abs(a.scale)
+    for b, z, mag, m, l1 in _logits(a):
         with np.errstate(all="ignore"):
-            dl = G * mag + (E + LOGIT_ROUNDINGS) * eta
-            madd = np.isfinite(m) & (m != 0)  # a float mask: converted and added (two roundings)
-            dl = dl + np.where(madd, 2 * u * (1 + 2 * u) * (np.abs(z) + (1 + G) * mag), 0.0)
+            dl = G_h * mag + (E + LOGIT_ROUNDINGS) * eta
+            if u_m:  # a stored q or k that underflows, then the stored scores
+                dl = dl + (1 + G_h) * eta_h * max(s, np.sqrt(s)) * l1 + E * eta_h**2
+                dl = dl + u_m * (mag + dl) + eta_h
+            madd = np.isfinite(m) & (m != 0)  # a float mask: converted and added (two roundings), stored
+            dl = dl + np.where(madd, (2 * u + u_m) * (1 + 2 * u + u_m) * (np.abs(z) + mag + dl) + eta_h, 0.0)
             d64 = 2.0**-52 * ((E + 2) * mag + np.abs(z))
         rows = _Rows(z, np.where(np.isnan(dl), np.inf, dl), d64, u, u_m, out, _DIV_ROUNDINGS + 1 + S - 1)
         v = a.V[a.iv[b]]
@@ -178,10 +241,15 @@ def _attention(lay, u, u_m, ref, out):
 
 
 def bound(lay, u, u_m, ref, out):
-    """The envelope of one hypothesis (per-op unit ``u``, result-dtype intermediates ``u_m``), ref's shape."""
+    """The envelope of one hypothesis (``u``: the working unit plus ``u_m``, the unit of the result format
+    where intermediates are stored in it, as :func:`refkern.analysis.envelope.envelopes` passes them), ref's
+    shape. Only the stored tensors of the module docstring are charged ``u_m``; every operation ``u - u_m``."""
+    u_w = u - u_m  # exact: float32's unit plus a half format's unit is a float64 number
     if lay.kind == "attention":
-        return lay.back(_attention(lay, u, u_m, ref, out))
-    return lay.back(_softmax(lay, u, u_m, ref, out, lay.kind == "log_softmax"))
+        b = _attention(lay, u_w, u_m, ref, out)
+    else:
+        b = _softmax(lay, u_w, u_m, ref, out, lay.kind == "log_softmax")
+    return lay.back(b + _centre_rounding(lay.rows(ref), out))
 
 
 # ------------------------------------------------------------------ named bugs (used only to name a mismatch)
@@ -306,7 +374,7 @@ def named_bugs(name, args, lay, out):
     E, S, L = a.Q.shape[2], a.K.shape[1], a.Q.shape[1]
 
     def flagged():
-        rmax = [np.max(np.where(np.isnan(z), np.inf, z), axis=1, initial=-np.inf) for _, z, _, _ in _logits(a)]
+        rmax = [np.max(np.where(np.isnan(z), np.inf, z), axis=1, initial=-np.inf) for _, z, _, _, _ in _logits(a)]
         rows = _no_max_subtraction(np.stack(rmax), out)
         return lay.back(np.broadcast_to(rows[:, :, None], (a.iq.size, L, a.V.shape[2])))
 

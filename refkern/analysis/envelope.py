@@ -60,10 +60,17 @@ and FlashAttention's tiles are in it):
   ``exp(0) = 1`` exactly, and a result below the normal range may be flushed to 0; log is within
   ``LOG_ULPS = 4`` ulps (glibc, Sleef's u10 functions and CUDA's logf are within 1); a division is a
   reciprocal and a product (two roundings) or correctly rounded;
-* (A4) every other operation obeys the standard model with the unit ``u_a`` (u, or ``u + u_m`` for
-  half results) and, where it underflows, errs by at most ``eta`` more: the working format's
-  smallest normal (a flush to zero included), or half the smallest subnormal of the half format
-  holding the intermediates.
+* (A4) every other operation obeys the standard model with the working unit ``u_a = u`` (float32's
+  for fp16/bf16/fp32 results, torch's opmath; float64's for float64 results) and, where it
+  underflows, errs by at most ``eta`` more: the working format's smallest normal (a flush to zero
+  included);
+* (A5) for fp16/bf16 results only these tensors are stored in the result format, each element once,
+  with its unit ``u_m`` and, below its normal range, half its smallest subnormal ``eta_h``: q and k
+  scaled (or q by s), the scores before and after a float mask is added, each exp term or each weight
+  (before it enters the numerator or the denominator), log_softmax's sum and its log
+  (:mod:`refkern.analysis._envelope_softmax` derives their terms and lists which torch kernel stores
+  which); ``u_m = eta_h = 0`` for float32 and float64 results. No sum is accumulated in the result
+  format, so no term grows with n in ``u_m``.
 
 Relative errors are carried as growth factors: a product of factors ``(1 + d_i)**(+-1)`` with
 ``sum |d_i| <= S`` lies within ``e**(+-L(S))``, ``L(S) = -log(1 - S)`` (Higham's Lemma 3.1 with mixed
@@ -82,20 +89,21 @@ units; S >= 1 claims nothing: an infinite envelope), and a factor ``e**(+-lam)``
 * rescales: a partial sum is rescaled only when the reference rises strictly, to a larger computed
   logit (``exp(0) = 1`` and a product by 1 are exact), so one that holds term j is rescaled at most
   ``R_j <= #{k: z^_k > z^_j} <= #{k: z_k + Delta_k > z_j - Delta_j}`` times (its rank), each time by one
-  exp (``eps_e = 2 EXP_ULPS u + u_m``: within EXP_ULPS ulps, then stored) and one product (``u_a``);
+  exp (``eps_e = 2 EXP_ULPS u``: within EXP_ULPS ulps) and one product (``u_a``);
 * the denominator's term is ``t_j (1 + a_j)``, ``|log(1 + a_j)| <= lam_j = theta_j + L((1 + R_j) eps_e +
-  (R_j + n - 1) u_a)`` (its exp, its rescales, the n - 1 additions of any order or tiling);
+  (R_j + n - 1) u_a + u_m)`` (its exp, its rescales, the n - 1 additions of any order or tiling, its store);
 * attention's numerator term is ``t_j v_jc (1 + b_j)``, ``lam'_j = theta_j + L((1 + R_j) eps_e + (R_j + n
-  + 2) u_a)``: also the product ``p v`` and the division's two roundings, which are a factor on every
+  + 2) u_a + u_m)``: also the product ``p v`` and the division's two roundings, which are a factor on every
   term whether the weights are normalised first (the math backend) or the sum at the end (the fused
   kernels); softmax's numerator is the output's own exp, taken against the final maximum or rescaled
   once from a partial one (rescaling stored outputs at every rise of the maximum would take n^2
-  products, which no implementation does): ``lam'_i = theta_i + L((1 + R'_i) eps_e + (R'_i + 2) u_a)``,
+  products, which no implementation does): ``lam'_i = theta_i + L((1 + R'_i) eps_e + (R'_i + 2) u_a + u_m)``,
   ``R'_i = min(R_i, 1)``;
 * each of the ``UNDERFLOW_OPS = 6`` operations per term (exp, its store, the division, the product,
   the addition, the rescale) may underflow: ``a = 6 n eta e**(2 lam_max) D`` on either side, in units
   of the largest term (``eta`` in the units of the weights, after the division, is ``eta D^`` there, and
-  later operations grow it by ``e**lam_max`` at most).
+  later operations grow it by ``e**lam_max`` at most); a stored term or weight below the result
+  format's normal range adds ``eta_h 2 D e**(2 lam_max)`` (A5).
 
 With ``e_j = t_j (e**lam_j - 1)``, ``e'_j`` likewise and ``E_D = sum e_j``, ``N^/D^ - o = ((N^ - N) - o (D^
 - D)) / D^`` gives
@@ -103,10 +111,12 @@ With ``e_j = t_j (e**lam_j - 1)``, ``e'_j`` likewise and ``E_D = sum e_j``, ``N^
     ``|o^ - o| <= (sum_j e'_j |v_jc| + |o| E_D + a max(1, max_j |v_jc|) + |o| a) / (D - E_D - a)``
 
 (softmax: ``v`` the unit vector, ``o = w_i``). log_softmax: ``D^ = D (1 + zeta)``, ``|zeta| <= (E_D +
-a) / D``, so ``|log D^ - log D| <= ell = L((E_D + a) / D)``; the log adds ``eps_l (log D + ell) + eta``,
+a) / D``, so ``|log D^ - log D| <= ell = L((E_D + a) / D) + L(u_m)`` (the sum stored, A5); the log adds ``eps_l (log D + ell) + eta``,
 ``eps_l = 2 LOG_ULPS u + u_m``, the reference's shift ``u_a |M|``; together ``err_L``; then ``(z_i - M) -
 L^`` or ``z_i - (M + L^)`` (either order) adds ``c = u_a max(M - z_i, |M| + log D + err_L)`` and ``u_a (|y|
-+ err_L + c)``. ``|o|`` and ``|y|`` are bounded by ``(|ref| + half a subnormal) / (1 - u_o)``.
++ err_L + c)``. ``|o|`` and ``|y|`` are bounded by ``(|ref| + half a subnormal) / (1 - u_o)``. The
+centre, the correctly rounded reference, is itself up to ``u_o |o| + half a subnormal`` from the exact
+value, and a computed value within the envelope may round to its neighbour: that distance is added too.
 
 The envelope is evaluated in float64 from float64 logits ``z'``, within ``Delta64 = 2**-52 ((E + 2) s
 sum|q k| + |z'| + (M - z') + 1)`` of the exact ones (the float64 products, sums, mask and exp): it is

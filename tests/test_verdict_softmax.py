@@ -443,3 +443,93 @@ def test_half_attention_envelope_pinned_by_hand():
     # first order in u_m: the logits 3 u_m (q and k, the scores), the exp terms u_m on each side, two stores
     first = (3 * UM * (1 + 3 * t[1]) + UM * (1 + 3 * t[1]) + ref * (3 * UM * D + UM * D)) / D + 2 * UM * ref
     assert want == pytest.approx(first, rel=2e-2)
+
+
+# ------------------------------------------------------------------ reduced-precision P @ V and stored outputs
+
+
+def _p_rounded(q, k, v, dtype):
+    """float32 attention with the weights rounded to dtype before P @ V: normalised (the math backend's
+    order), and flash tiles against the row maximum divided by the float32 sum of the unrounded terms."""
+    z = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    p = torch.softmax(z, -1)
+    t = torch.exp(z - z.max(-1, keepdim=True).values)
+    return {"norm": p.to(dtype).float() @ v, "flash": (t.to(dtype).float() @ v) / t.sum(-1, keepdim=True)}
+
+
+def test_rounded_p_is_named_and_sharp():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, n, 16, generator=g) for n in (8, 24, 24))
+    ref = np.asarray(rk.scaled_dot_product_attention(q, k, v), np.float64)
+    hyps, _ = envelopes(SDPA_NAME, {"query": q, "key": k, "value": v}, ref, FLOAT32)
+    hyps = {h[0]: h for h in hyps if not callable(h[2])}
+    for p, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        for kind, out in _p_rounded(q, k, v, dtype).items():
+            key = f"{p} P@V" + (" (flash)" if kind == "flash" else "")
+            o = out.double().numpy()
+            fits = {name: bool(np.all(np.abs(o - h[2]) <= h[3])) for name, h in hyps.items()}
+            assert fits == {name: name == key for name in hyps}, (key, fits)  # its own hypothesis only
+            rep = rk.compare(out, SDPA_NAME, q, k, v)
+            assert (rep.verdict, rep.precision) == ("reduced-precision", p), key
+    # a bug of the size of the effect is not excused by them: a scale 1% off stays a mismatch
+    out = _p_rounded(q * 1.01, k, v, torch.bfloat16)["norm"]
+    assert rk.compare(out, SDPA_NAME, q, k, v).verdict == "mismatch"
+
+
+def test_stored_output_is_named():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(8, 300, generator=g) * 4
+    for op, fn in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+        for p, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+            rep = rk.compare(fn(x, -1).to(dtype).float(), op, x, -1)
+            assert (rep.verdict, rep.precision) == ("reduced-precision", p), (op, p)
+        out = fn(x, -1).bfloat16().float()
+        out[3, 7] = out[3, 7] * (1 + 2**-6)  # one element a bf16 ulp or more off: no precision explains it
+        assert rk.compare(out, op, x, -1).verdict == "mismatch", op
+
+
+def test_rounded_p_bounds_pinned_by_hand():
+    from refkern.analysis._envelope_softmax import reduced_hypotheses
+
+    # q = [0], keys [0] and [0], values [1] and [3], float32: w = [1/2, 1/2], t = [1, 1], o = 2; every weight's
+    # envelope stays inside its fp16/bf16 rounding cell (0.5 and 1 are powers of 2), so fl_p(w) = w, no term
+    # is ambiguous and what remains is P @ V in float32 (gamma_2 sum |p v|), the float64 centre
+    # (gamma_{S+4} of float64) and the float32 store.
+    args = {"query": np.zeros((1, 1), np.float32), "key": np.zeros((2, 1), np.float32),
+            "value": np.array([[1.0], [3.0]], np.float32), "attn_mask": None, "dropout_p": 0.0,
+            "is_causal": False, "scale": 1.0, "enable_gqa": False}  # fmt: skip
+    from refkern.analysis._envelope_ops import layout
+
+    lay = layout(SDPA_NAME, args, (1, 1))
+    ref = np.array([[2.0]])
+    hyps = {h[0]: h[3]() for h in reduced_hypotheses(SDPA_NAME, lay, ref, FLOAT32, np.zeros((1, 1)))}
+    g2, g64 = 2 * U / (1 - 2 * U), 6 * 2.0**-53 / (1 - 6 * 2.0**-53)
+    e = g2 * (0.5 * 1 + 0.5 * 3) + g64 * 2
+    want = e + U * (2 + e) / (1 - U) + 2.0**-150
+    for p in ("fp16", "bf16"):
+        centre, bnd = hyps[f"{p} P@V"]
+        assert float(centre[0, 0]) == 2.0 and float(bnd[0, 0]) == pytest.approx(want, rel=1e-12)
+    # flash: t = [1, 1] within e**+-lt, lt = theta + L(40u) (the exp against the row maximum); P' @ V in
+    # float32 (gamma_2 (1 + 3)); the float32 sum within E_D + a of D = 2, its terms' lam_d = theta + L(82u) as in
+    # test_softmax_envelope_pinned_by_hand (ties: rank 1), lam_n = theta + L(85u) (a product, the division,
+    # one addition); then the reciprocal and the product (2u), float64's gamma_{S+4}, the store.
+    dl = 7 * ETA + 2.0**-52  # 7 roundings that may underflow; float64's exp of the weight
+    theta = dl + 3 * U * (2 * dl)
+    lam_d, lam_n = theta + _lg(82 * U), theta + _lg(85 * U)
+    ED = 2 * math.expm1(lam_d)
+    a = 6 * 2 * ETA * math.exp(2 * lam_n) * 2
+    err_n = g2 * 4 + g64 * 4
+    e = (err_n + 2 * (ED + a)) / (2 - ED - a)
+    e = e + 2 * U * (2 + e) * (1 + 4 * U) + g64 * 2
+    want = e + U * (2 + e) / (1 - U) + 2.0**-150
+    for p in ("fp16", "bf16"):
+        centre, bnd = hyps[f"{p} P@V (flash)"]
+        assert float(centre[0, 0]) == 2.0 and float(bnd[0, 0]) == pytest.approx(want, rel=1e-12)
+    # a stored softmax output: fl_p is monotone, the result lies in [fl_p(ref - B), fl_p(ref + B)]
+    from refkern.accumulate.formats import BFLOAT16
+    from refkern.analysis._envelope_softmax import _stored_output
+
+    r = np.array([1.0, 1.0 + 2**-8, 0.3])
+    c, d = _stored_output(r, np.array([2.0**-20, 2.0**-20, 2.0**-30]), BFLOAT16)
+    assert c.tolist() == [1.0, 1.0, float(torch.tensor(0.3).bfloat16())]  # 1 + 2**-8: a tie, to even
+    assert d.tolist() == [0.0, 2.0**-7, 0.0]  # the second straddles the midpoint: either neighbour

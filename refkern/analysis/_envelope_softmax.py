@@ -39,13 +39,47 @@ listed, so nothing grows with n in ``u_m``: the envelope is about ``(lam_n + lam
 "``u + u_m`` on every operation" reached ``L(S) = inf`` beyond 2**8 / (2 + R) bf16 terms. A sum
 accumulated in the result format (a half-precision reduction) is not in the class: it is a
 reduced-precision computation, not a rounding of a correct one.
+
+**Reduced-precision P and stored outputs** (float32 results, :func:`reduced_hypotheses`). Rounding to a
+format is monotone: a value computed anywhere in ``[lo, hi]`` rounds into ``[fl_p(lo), fl_p(hi)]`` (``lo``
+taken to 0 where it is below float32's normal range: a flushed value). Around the centre ``fl_p(c)`` the
+distance ``delta = max(fl_p(hi) - fl_p(c), fl_p(c) - fl_p(lo))`` is 0 unless the interval straddles a
+rounding boundary of p, a fraction about ``(hi - lo) / ulp_p`` of the terms: the hypotheses are sharp.
+
+* P normalised: the float32 weight is within ``e_w,j`` of ``w_j`` (softmax's envelope of that weight, with
+  the logits' errors, plus the float64 weight's own distance ``w (e**(2 Delta64 + (S + 4) 2**-52) - 1)``);
+  centre ``sum_j fl_p(w_j) v_j``, bound ``sum_j delta_j |v_j| + gamma_S sum_j max|P'_j| |v_j|`` (P' @ V in
+  float32, S roundings) ``+ gamma_{S+4}(2**-53) sum_j |fl_p(w_j) v_j|`` (the centre in float64) + the store
+  ``u (|c| + B) / (1 - u) + 2**-150``.
+* P as flash terms against the row's computed maximum: ``t^_j`` within ``e**(+-lt_j)``, ``lt_j = theta_j +
+  L(2 EXP_ULPS u)``, of ``t_j``; ``N' = sum_j fl_p(t^_j) v_j`` in float32 is within ``sum_j delta_j |v_j| +
+  gamma_S sum max|P'_j| |v_j|`` of ``Nc = sum_j fl_p(t_j) v_j``; the float32 sum of the unrounded terms
+  within ``E_D + a`` of D (the attention envelope's); ``|N'/D^ - Nc/D| <= (|N' - Nc| + |c| (E_D + a)) / (D -
+  E_D - a)``; then the reciprocal and the product, ``2u (|c| + e) (1 + 4u)``, the centre's float64
+  evaluation ``gamma_{S+4}(2**-53) (sum |fl_p(t) v| + |c|)``, the store.
+* a stored softmax or log_softmax output: the rounding hypothesis's bound B holds ``|computed - ref| <= B``
+  (its float32 store included, so a float32 result converted to p is covered too): the interval
+  ``[fl_p(ref - B), fl_p(ref + B)]`` around ``fl_p(ref)``.
+
+The hypotheses are named by the verdict as reduced precisions "fp16"/"bf16" (keys "fp16 P@V", "fp16 P@V
+(flash)", "fp16 output", ...); a bug of the effect's size is not excused by them: their bound is the
+float32 envelope plus one p-ulp only on the terms whose interval straddles a rounding boundary.
 """
 
 import numpy as np
 
-from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
+from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Format, round_array
 
-__all__ = ["EXP_ULPS", "LOG_ULPS", "ARG_ROUNDINGS", "LOGIT_ROUNDINGS", "UNDERFLOW_OPS", "bound", "named_bugs"]
+__all__ = [
+    "EXP_ULPS",
+    "LOG_ULPS",
+    "ARG_ROUNDINGS",
+    "LOGIT_ROUNDINGS",
+    "UNDERFLOW_OPS",
+    "bound",
+    "named_bugs",
+    "reduced_hypotheses",
+]
 
 EXP_ULPS = 20  #: exp within 20 ulps of the working format (torch's exp_u20 on AVX2/AVX-512), exp(0) = 1 exactly
 LOG_ULPS = 4  #: log within 4 ulps (glibc, Sleef u10 and CUDA's logf are within 1)
@@ -125,7 +159,7 @@ class _Rows:
                 n_u = (live & (t * np.exp(-np.where(live, lam, 0.0)) < thr[:, None])).sum(axis=1)
                 self.a = self.a + eta_h * n_u * 2 * self.D * np.exp(2 * lmax)
             self.ED = self.e_d.sum(axis=1)
-        self.M, self.gap, self.live, self.bad = M, gap, live, bad
+        self.M, self.gap, self.live, self.bad, self.t, self.theta = M, gap, live, bad, t, theta
         self.empty = ~bad & ~live.any(axis=1)
         self.d64max = d64.max(axis=1, initial=0.0)
 
@@ -209,14 +243,10 @@ def _logits(a):
         yield b, z + m, mag, m, l1
 
 
-def _attention(lay, u, u_m, ref, out):
-    a = lay.extra["a"]
-    L, E = a.Q.shape[1], a.Q.shape[2]
-    S, Ev = a.V.shape[1], a.V.shape[2]
-    rref = lay.rows(ref)
-    res = np.zeros(rref.shape)
-    if S == 0 or L == 0 or Ev == 0:
-        return res
+def _logit_errors(a, u, u_m, out):
+    """Per output batch: (b, z, Delta, Delta64): the logits, their errors in the working precision with the
+    half-format stores (S1, S2), and the float64 logits' own (module docstrings)."""
+    E = a.Q.shape[2]
     kk = (E + LOGIT_ROUNDINGS) * u
     G = kk / (1.0 - kk) if kk < 1.0 else np.inf
     G_h = (1 + G) * (1 + u_m) ** 2 - 1  # q and k (scaled) stored with u_m: a factor (1 + u_m)**2 on each product
@@ -231,7 +261,19 @@ def _attention(lay, u, u_m, ref, out):
             madd = np.isfinite(m) & (m != 0)  # a float mask: converted and added (two roundings), stored
             dl = dl + np.where(madd, (2 * u + u_m) * (1 + 2 * u + u_m) * (np.abs(z) + mag + dl) + eta_h, 0.0)
             d64 = 2.0**-52 * ((E + 2) * mag + np.abs(z))
-        rows = _Rows(z, np.where(np.isnan(dl), np.inf, dl), d64, u, u_m, out, _DIV_ROUNDINGS + 1 + S - 1)
+        yield b, z, np.where(np.isnan(dl), np.inf, dl), d64
+
+
+def _attention(lay, u, u_m, ref, out):
+    a = lay.extra["a"]
+    L, E = a.Q.shape[1], a.Q.shape[2]
+    S, Ev = a.V.shape[1], a.V.shape[2]
+    rref = lay.rows(ref)
+    res = np.zeros(rref.shape)
+    if S == 0 or L == 0 or Ev == 0:
+        return res
+    for b, z, dl, d64 in _logit_errors(a, u, u_m, out):
+        rows = _Rows(z, dl, d64, u, u_m, out, _DIV_ROUNDINGS + 1 + S - 1)
         v = a.V[a.iv[b]]
         with np.errstate(all="ignore"):
             num = rows.e_n @ np.abs(v)
@@ -250,6 +292,113 @@ def bound(lay, u, u_m, ref, out):
     else:
         b = _softmax(lay, u_w, u_m, ref, out, lay.kind == "log_softmax")
     return lay.back(b + _centre_rounding(lay.rows(ref), out))
+
+
+# ------------------------------------------------------------------ reduced-precision P and outputs
+
+_P_FORMATS = (("fp16", FLOAT16), ("bf16", BFLOAT16))
+
+
+def _fl(x, fmt: Format):
+    return round_array(x, *fmt.params)
+
+
+def _outward(lo, hi):
+    """[lo, hi] widened by the float64 rounding of their own evaluation (one ulp each way)."""
+    return lo - 2.0**-52 * np.abs(lo), hi + 2.0**-52 * np.abs(hi)
+
+
+def _rounded_between(c, lo, hi, fmt: Format, ftz_below=None):
+    """(fl(c), the largest distance from fl(c) to fl(y) for y in [lo, hi]): rounding is monotone, so fl(y)
+    lies in [fl(lo), fl(hi)]; ``lo`` is taken to 0 where it is below ``ftz_below`` (a flushed float32 value)."""
+    lo, hi = _outward(lo, hi)
+    if ftz_below is not None:
+        lo = np.where(lo < ftz_below, np.minimum(lo, 0.0), lo)
+    fc, flo, fhi = _fl(c, fmt), _fl(lo, fmt), _fl(hi, fmt)
+    with np.errstate(invalid="ignore"):
+        d = np.maximum(fhi - fc, fc - flo)
+    return fc, np.where(np.isnan(d), np.inf, d), np.maximum(np.abs(flo), np.abs(fhi))
+
+
+def _store32(c, rest, out: Format):
+    """The float32 result's own rounding, around a centre ``c`` with the rest of the bound ``rest``."""
+    with np.errstate(all="ignore"):
+        return out.u * (np.abs(c) + rest) / (1 - out.u) + 2.0 ** (out.emin - out.prec)
+
+
+def _gamma(k, u):
+    return k * u / (1 - k * u) if k * u < 0.5 else np.inf
+
+
+def _pv(lay, out, fmt: Format, flash: bool):
+    """(centre, bound) of attention with the weights rounded to ``fmt`` before ``P @ V`` (module docstring):
+    normalised weights ``fl_p(w_j)`` (``flash=False``) or the exp terms against the row's maximum
+    ``fl_p(t_j)`` divided by the float32 sum of the unrounded ones (``flash=True``)."""
+    a = lay.extra["a"]
+    L, S, Ev = a.Q.shape[1], a.V.shape[1], a.V.shape[2]
+    u = FLOAT32.u
+    shape = (a.iq.size, L, Ev)
+    centre, bnd = np.zeros(shape), np.zeros(shape)
+    g_s, g64 = _gamma(S, u), _gamma(S + 4, FLOAT64.u)
+    for b, z, dl, d64 in _logit_errors(a, u, 0.0, out):
+        v = a.V[a.iv[b]]
+        av = np.abs(v)
+        with np.errstate(all="ignore"):
+            if flash:
+                rows = _Rows(z, dl, d64, u, 0.0, out, _DIV_ROUNDINGS + 1 + S - 1)
+                t = rows.t
+                lt = rows.theta + _lg(2 * EXP_ULPS * u)  # the exp term against the row's computed maximum
+                lo = np.where(rows.live, t * np.exp(-lt), 0.0)
+                hi = np.where(rows.live, t * np.exp(lt), 0.0)
+                p, dp, pmax = _rounded_between(t, lo, hi, fmt, 2.0**FLOAT32.emin)
+                num = p @ v
+                c = num / rows.D[:, None]
+                err_n = dp @ av + g_s * (pmax @ av) + g64 * (np.abs(p) @ av)  # P' @ V in float32; float64's own
+                den = (rows.D - rows.ED - rows.a)[:, None]
+                e = (err_n + np.abs(c) * (rows.ED + rows.a)[:, None]) / den
+                e = np.where(den > 0, e, np.inf) + 2 * u * (np.abs(c) + e) * (1 + 4 * u)  # reciprocal and product
+                e = e + g64 * np.abs(c)
+            else:
+                rows = _Rows(z, dl, d64, u, 0.0, out, _DIV_ROUNDINGS, _SOFTMAX_RESCALES)
+                w = np.where(rows.live, rows.t / rows.D[:, None], 0.0)
+                slack = np.expm1(2 * rows.d64max[:, None] + (S + 4) * 2.0**-52)  # float64 w to the exact weight
+                w_abs = w * (1 + slack)
+                e_w = rows.ratio_bound(rows.e_n, w_abs, np.ones_like(w), _slack(S, 0), w_abs) + w * slack
+                lo, hi = np.where(rows.live, w - e_w, 0.0), np.where(rows.live, w + e_w, 0.0)
+                p, dp, pmax = _rounded_between(w, lo, hi, fmt, 2.0**FLOAT32.emin)
+                c = p @ v
+                e = dp @ av + g_s * (pmax @ av) + g64 * (np.abs(p) @ av)
+            e = np.where(rows.bad[:, None], np.inf, np.where(rows.empty[:, None], 0.0, e))
+            e = np.where(np.isnan(e), np.inf, e)
+        c = np.where(rows.empty[:, None], 0.0, c)
+        centre[b], bnd[b] = c, e + _store32(c, e, out)
+    return lay.back(centre), lay.back(bnd)
+
+
+def _stored_output(ref, rounding, fmt: Format):
+    """(centre, bound) of a softmax or log_softmax computed in float32 (within ``rounding`` of ``ref``, the
+    rounding hypothesis's bound) and stored in ``fmt``: fl_p is monotone, so the result lies in
+    [fl_p(ref - B), fl_p(ref + B)]; the centre is fl_p(ref)."""
+    with np.errstate(all="ignore"):
+        c, d, _ = _rounded_between(ref, ref - rounding, ref + rounding, fmt)
+    fin = np.isfinite(ref)
+    return np.where(fin, c, ref), np.where(fin, d, 0.0)
+
+
+def reduced_hypotheses(name, lay, ref, out: Format, rounding):
+    """Reduced-precision hypotheses beyond the inputs' (module docstring): for float32 results of attention,
+    the weights rounded to fp16 or bf16 before ``P @ V``, normalised or as flash tiles against the row
+    maximum; of softmax and log_softmax, the output stored in fp16 or bf16. ``(key, precision, None, thunk)``,
+    each ``thunk() -> (centre, bound)`` run only when the rounding hypothesis does not explain the output."""
+    if out is not FLOAT32:
+        return []
+    if lay.kind == "attention":
+        a = lay.extra["a"]
+        if not (a.Q.shape[1] and a.V.shape[1] and a.V.shape[2]):
+            return []
+        return [(f"{p} P@V" + (" (flash)" if flash else ""), p, None, lambda f=fmt, fl=flash: _pv(lay, out, f, fl))
+                for p, fmt in _P_FORMATS for flash in (False, True)]  # fmt: skip
+    return [(f"{p} output", p, None, lambda f=fmt: _stored_output(ref, rounding, f)) for p, fmt in _P_FORMATS]
 
 
 # ------------------------------------------------------------------ named bugs (used only to name a mismatch)

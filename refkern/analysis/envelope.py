@@ -111,12 +111,13 @@ With ``e_j = t_j (e**lam_j - 1)``, ``e'_j`` likewise and ``E_D = sum e_j``, ``N^
     ``|o^ - o| <= (sum_j e'_j |v_jc| + |o| E_D + a max(1, max_j |v_jc|) + |o| a) / (D - E_D - a)``
 
 (softmax: ``v`` the unit vector, ``o = w_i``). log_softmax: ``D^ = D (1 + zeta)``, ``|zeta| <= (E_D +
-a) / D``, so ``|log D^ - log D| <= ell = L((E_D + a) / D) + L(u_m)`` (the sum stored, A5); the log adds ``eps_l (log D + ell) + eta``,
-``eps_l = 2 LOG_ULPS u + u_m``, the reference's shift ``u_a |M|``; together ``err_L``; then ``(z_i - M) -
-L^`` or ``z_i - (M + L^)`` (either order) adds ``c = u_a max(M - z_i, |M| + log D + err_L)`` and ``u_a (|y|
-+ err_L + c)``. ``|o|`` and ``|y|`` are bounded by ``(|ref| + half a subnormal) / (1 - u_o)``. The
-centre, the correctly rounded reference, is itself up to ``u_o |o| + half a subnormal`` from the exact
-value, and a computed value within the envelope may round to its neighbour: that distance is added too.
+a) / D``, so ``|log D^ - log D| <= ell = L((E_D + a) / D) + L(u_m)`` (the sum stored, A5); the log
+adds ``eps_l (log D + ell) + eta``, ``eps_l = 2 LOG_ULPS u + u_m``, the reference's shift ``u_a |M|``;
+together ``err_L``; then ``(z_i - M) - L^`` or ``z_i - (M + L^)`` (either order) adds ``c = u_a max(M -
+z_i, |M| + log D + err_L)`` and ``u_a (|y| + err_L + c)``. ``|o|`` and ``|y|`` are bounded by ``(|ref| +
+half a subnormal) / (1 - u_o)``. The centre, the correctly rounded reference, is itself up to ``u_o |o|
++ half a subnormal`` from the exact value, and a computed value within the envelope may round to its
+neighbour: that distance is added too.
 
 The envelope is evaluated in float64 from float64 logits ``z'``, within ``Delta64 = 2**-52 ((E + 2) s
 sum|q k| + |z'| + (M - z') + 1)`` of the exact ones (the float64 products, sums, mask and exp): it is
@@ -127,13 +128,17 @@ factor ``1 + (n + E + 64) 2**-50``.
 
 Reduced precisions are sharp as above: the inputs (and a float mask) rounded to p, the op computed
 correctly: centre refkern's op on the rounded inputs, bound the float32 envelope of that call, with
-its own weights. Not emulated: "P rounded to fp16/bf16 before P @ V". Where the weights are rounded
-depends on the algorithm, normalised (the math backend: softmax, then P @ V) or unnormalised against
-a running maximum (torch's CPU flash kernel rounds ``exp(z - m_tile)`` to the input dtype, as
-FlashAttention on GPUs does), so the centre differs between two correct such backends by as much as
-the effect itself, and a window wide enough for both would not be a sharp hypothesis. For half
-results the rounding envelope charges that rounding (``u_m`` on each weight); for float32 results such
-a backend is a mismatch.
+its own weights. For float32 results also "P rounded to fp16/bf16 before P @ V" and a softmax or
+log_softmax output stored in fp16/bf16 (:func:`refkern.analysis._envelope_softmax.reduced_hypotheses`).
+Where the weights are rounded depends on the algorithm, so there are two centres, each with the
+float32 envelope of its own computation: the normalised weights ``fl_p(w_j)`` (the math backend:
+softmax, then P @ V), and the terms ``fl_p(t_j)`` against the row maximum over the float32 sum of the
+unrounded terms (torch's CPU flash kernel with one key tile, or FlashAttention when the first tile
+holds the maximum). A flash kernel whose running maximum rises across tiles rounds ``exp(z -
+m_tile)`` against ``m_tile < M``, a scale ``e**(M - m_tile)`` that is no power of 2: its rounded
+terms depend on the tiling, not on the inputs alone, so no sharp centre exists for it and it is not
+emulated (its output is a mismatch, or rounding where the effect is below the envelope). For half
+results the rounding envelope charges those roundings (A5).
 
 Named bugs, only to name a mismatch, never to excuse an element: refkern's op on modified
 arguments, with its own rounding envelope, explaining every element (scale 1/E, 1 or the default
@@ -321,8 +326,9 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list
         rounding = hyps[0][3]
         hyps.append((ONE_PASS, ONE_PASS_TEXT, lambda a, bad, r: _one_pass_norm(lay, u, a, bad, r, rounding), None))
     if lay.kind in _SOFTMAX_KINDS:
-        from refkern.analysis._envelope_softmax import named_bugs
+        from refkern.analysis._envelope_softmax import named_bugs, reduced_hypotheses
 
+        hyps += reduced_hypotheses(name, lay, ref, out, rounding)
         hyps += [(key, text, fn, None) for key, text, fn in named_bugs(name, args, lay, out)]
     return hyps, lay.n
 

@@ -21,23 +21,83 @@ from refkern._arrays import is_tensor
 from refkern._jit import jit
 from refkern.accumulate._bits import bits
 from refkern.accumulate.exact import BLOCK
+from refkern.accumulate.formats import round_to
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
 from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
-__all__ = ["conv1d", "conv2d", "conv3d", "conv_operands", "ConvOperands", "run_conv"]
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_operands", "ConvOperands", "run_conv", "element", "fast_bound"]
 
 _ABS = np.int64(0x7FFFFFFFFFFFFFFF)
 _INF_BITS = np.int64(0x7FF0000000000000)
 _PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+_CHUNK_BYTES = 3 << 18  # 768 KiB of gathered patches per task: with one filter, within a 1 MiB L2 cache
+
+
+@jit(fastmath={"reassoc", "contract"})
+def _dot_mag(a, b, n):
+    """(sum_k a[k] b[k], sum_k |a[k] b[k]|), k < n, in float64, in any order: reassociation (and
+    contraction) is allowed here and only here, because :func:`element`'s bound holds for every
+    order of the additions. A separate function, so that the flag stays on its own code."""
+    s = 0.0
+    m = 0.0
+    for k in range(n):
+        p = a[k] * b[k]
+        s += p
+        m += abs(p)
+    return s, m
+
+
+@jit(inline="always")
+def fast_bound(terms, m):
+    """err of :func:`element`'s fast path for ``terms`` terms of computed magnitude ``m``:
+    fl(4 N u m), u = 2**-53 (derived there)."""
+    return (4.0 * terms * 2.0**-53) * m
+
+
+@jit(inline="always")
+def element(a, b, bias, has_bias, method, narrow, mxa, mna, mxb, mnb, prec, emin, emax, acc, scratch):
+    """:func:`~refkern.kernels._element.reduce_element`, with a float64 fast path first for
+    ``exact`` on float32-or-narrower factors and a result format of at most 26 bits (Ziv's
+    strategy: a cheap evaluation with a rigorous error bound, the exact path when it cannot decide).
+
+    The N = n + 1 terms t (n products, exact in float64 since their factors have <= 24 bits, and
+    the bias) are summed in float64 in any order: |s - S| <= gamma_{N-1} sum|t| (Higham, Accuracy
+    and Stability, 2nd ed., eq. (4.4); an addition never underflows inexactly, and the products are
+    exact, so the model holds without an underflow term). The magnitude m, computed the same way,
+    is >= (1 - gamma_{N-1}) sum|t|, so |s - S| <= gamma_{N-1} / (1 - gamma_{N-1}) m <= 2 (N - 1) u m
+    (u = 2**-53, N u <= 2**-8: arrays of fewer than 2**45 elements), and |s| <= (1 + gamma) /
+    (1 - gamma) m <= 1.01 m. err = fl(4 N u m) (:func:`fast_bound`) >= 4 N u m (1 - u) covers that
+    error and the rounding of s -+ err, at most u (|s| + err) <= u (1.01 m + err):
+    2 (N - 1) u m + 1.01 u m + u err <= 2 N u m + u err <= err / (2 (1 - u)) + u err < err. So S
+    lies in [fl(s - err), fl(s + err)]. Rounding is monotonic: when both ends round to the same
+    value, so does S, and that value is the correctly rounded result. Guards: m in [2**-960,
+    2**1000] (err does not underflow, s does not overflow), |s| > err (else the exact path decides,
+    and knows the sign of a zero), finite factors (the row statistics) and bias."""
+    if method == EXACT and narrow and prec <= 26 and mxa < _INF_BITS and mxb < _INF_BITS and abs(bias) < np.inf:
+        n = a.size
+        s, m = _dot_mag(a, b, n)
+        if has_bias:
+            s += bias
+            m += abs(bias)
+        if 2.0**-960 <= m <= 2.0**1000:
+            err = fast_bound(n + 1, m)
+            if abs(s) > err:
+                lo = round_to(s - err, prec, emin, emax)
+                if lo == round_to(s + err, prec, emin, emax):
+                    return lo
+    return reduce_element(a, b, bias, has_bias, method, narrow, mxa, mna, mxb, mnb, prec, emin, emax, acc, scratch)
 
 
 @jit(parallel=True)
-def _conv2d_kernel(
-    X, W2, bias, has_bias, out, mag, want_mag, groups, kh, kw, sh, sw, dh, dw, method, narrow, prec, emin, emax, stw
-):
+def _conv2d_kernel(X, W2, bias, has_bias, out, mag, want_mag, groups, kh, kw, sh, sw, dh, dw, method, narrow, prec,
+                   emin, emax, stw, cw):  # fmt: skip
     """out[n, co, y, x] = bias[co] + sum_{ci, ky, kx} W[co, ci, ky, kx] X[n, g cin + ci, y sh + ky dh, x sw + kx dw]
-    with X already padded; W2 = W reshaped (C_out, K); stw: (max, min nonzero) |bits| per filter."""
+    with X already padded; W2 = W reshaped (C_out, K); stw: (max, min nonzero) |bits| per filter.
+    A task is one output row of one (image, group); it gathers the patches of ``cw`` consecutive
+    output columns, then reduces every filter against all of them, so that a filter is read once
+    per chunk of columns rather than once per column (a long filter, as grad_weight's adjoint
+    call has, stays in cache for the chunk instead of streaming from memory per element)."""
     nn, c, _, _ = X.shape
     cout, k = W2.shape
     _, _, ho, wo = out.shape
@@ -47,33 +107,42 @@ def _conv2d_kernel(
         n = task // (groups * ho)
         g = (task // ho) % groups
         oy = task % ho
-        buf = np.empty(k)
+        bufs = np.empty((cw, k))
+        mxs = np.empty(cw, np.int64)
+        mns = np.empty(cw, np.int64)
         acc = np.empty(SIZE, np.int64)
         acc_init(acc)
         scratch = np.empty(BLOCK)
-        for ox in range(wo):
-            q = 0
-            mx = np.int64(0)
-            mn = _INF_BITS
-            for ci in range(cin_g):
-                for ky in range(kh):
-                    row = X[n, g * cin_g + ci, oy * sh + ky * dh]
-                    for kx in range(kw):
-                        v = row[ox * sw + kx * dw]
-                        buf[q] = v
-                        q += 1
-                        x = bits(v) & _ABS
-                        mx = x if x > mx else mx
-                        xn = x if x != 0 else _INF_BITS
-                        mn = xn if xn < mn else mn
+        for x0 in range(0, wo, cw):
+            m = min(cw, wo - x0)
+            for j in range(m):
+                ox = x0 + j
+                buf = bufs[j]
+                q = 0
+                mx = np.int64(0)
+                mn = _INF_BITS
+                for ci in range(cin_g):
+                    for ky in range(kh):
+                        row = X[n, g * cin_g + ci, oy * sh + ky * dh]
+                        for kx in range(kw):
+                            v = row[ox * sw + kx * dw]
+                            buf[q] = v
+                            q += 1
+                            x = bits(v) & _ABS
+                            mx = x if x > mx else mx
+                            xn = x if x != 0 else _INF_BITS
+                            mn = xn if xn < mn else mn
+                mxs[j] = mx
+                mns[j] = mn
             for co in range(g * cout_g, (g + 1) * cout_g):
                 bc = bias[co] if has_bias else 0.0
-                out[n, co, oy, ox] = reduce_element(
-                    W2[co], buf, bc, has_bias, method, narrow,
-                    stw[co, 0], stw[co, 1], mx, mn, prec, emin, emax, acc, scratch,
-                )  # fmt: skip
-                if want_mag:
-                    mag[n, co, oy, ox] = abs_sum(W2[co], buf, bc)
+                for j in range(m):
+                    out[n, co, oy, x0 + j] = element(
+                        W2[co], bufs[j], bc, has_bias, method, narrow,
+                        stw[co, 0], stw[co, 1], mxs[j], mns[j], prec, emin, emax, acc, scratch,
+                    )  # fmt: skip
+                    if want_mag:
+                        mag[n, co, oy, x0 + j] = abs_sum(W2[co], bufs[j], bc)
 
 
 def _is_int(v):
@@ -157,8 +226,10 @@ def run_conv(p, c, want_mag=False):
     has_bias = c.bias is not None
     b = c.bias if has_bias else np.zeros(1)
     kh, kw = c.W.shape[2], c.W.shape[3]
+    wo = c.out_shape[3]
+    cw = max(1, min(wo, _CHUNK_BYTES // (8 * max(1, W2.shape[1]))))  # columns whose patches share a filter read
     _conv2d_kernel(
-        c.X, W2, b, has_bias, out, mag, want_mag, c.groups, kh, kw, *c.stride, *c.dilation, *p.kernel_args, stw
+        c.X, W2, b, has_bias, out, mag, want_mag, c.groups, kh, kw, *c.stride, *c.dilation, *p.kernel_args, stw, cw
     )
     return c.result(out), (c.result(mag) if want_mag else None)
 

@@ -36,8 +36,8 @@ from refkern.accumulate._bits import bits
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
-from refkern.kernels._element import abs_sum, reduce_element
-from refkern.kernels.conv import _KERNEL, _SPATIAL, _is_int, _pair, _tuple_of
+from refkern.kernels._element import abs_sum
+from refkern.kernels.conv import _KERNEL, _SPATIAL, _is_int, _pair, _tuple_of, element
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "ConvTOperands", "convt_operands",
            "run_conv_transpose", "valid_taps"]  # fmt: skip
@@ -138,7 +138,7 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
                 for co in range(cout_g):
                     oc = g * cout_g + co
                     bc = bias[oc] if has_bias else 0.0
-                    out[n, oc, oz, oy, ox] = reduce_element(
+                    out[n, oc, oz, oy, ox] = element(
                         wbuf[cx, co, :k], buf[:k], bc, has_bias, method, narrow, stw[cx, co, 0], stw[cx, co, 1], mx, mn,
                         prec, emin, emax, acc, scratch,
                     )  # fmt: skip
@@ -185,8 +185,6 @@ class ConvTOperands:
         return np.ascontiguousarray(out)
 
 
-
-
 def convt_operands(p, nd, stride, padding, output_padding, groups, dilation) -> ConvTOperands:
     """Validate and normalise a conv_transpose{nd}d call exactly as torch does."""
     op = p.op
@@ -196,9 +194,7 @@ def convt_operands(p, nd, stride, padding, output_padding, groups, dilation) -> 
         fix = " Add batch and channel axes: input[None, None]." if len(sx) == nd else ""
         raise ValueError(f"{op}: input must have shape (N, C_in, {spatial}) or (C_in, {spatial}); got shape {sx}.{fix}")
     if len(sw) != nd + 2:
-        raise ValueError(
-            f"{op}: weight must have shape (C_in, C_out / groups, {_KERNEL[nd]}); got weight.shape={sw}."
-        )
+        raise ValueError(f"{op}: weight must have shape (C_in, C_out / groups, {_KERNEL[nd]}); got weight.shape={sw}.")
     if not _is_int(groups) or groups < 1:
         raise ValueError(f"{op}: groups must be a positive int; got groups={groups!r}.")
     unbatched = len(sx) == nd + 1

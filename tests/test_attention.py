@@ -185,6 +185,15 @@ GRID = [
     dict(sq=(2, 4, 5, 8), sk=(2, 1, 7, 8), sv=(2, 4, 7, 4), enable_gqa=True, scale=0.3),
     dict(sq=(3, 5, 8), sk=(1, 7, 8), sv=(7, 2), scale=2.0),
     dict(sq=(1, 2, 1, 5, 8), sk=(1, 2, 3, 7, 8), sv=(1, 2, 3, 7, 4)),
+    dict(sq=(2, 3, 5, 8), sk=(2, 3, 7, 8), sv=(2, 3, 7, 4), mask=(5, 7)),  # a 2-D float mask
+    dict(sq=(2, 3, 5, 8), sk=(2, 3, 7, 8), sv=(2, 3, 7, 4), mask=(3, 5, 7), bool_mask=True),  # 3-D, broadcast
+    dict(sq=(2, 3, 5, 8), sk=(2, 3, 7, 8), sv=(2, 3, 7, 4), mask=(5, 1), bool_mask=True),  # whole rows masked
+    dict(sq=(2, 3, 5, 8), sk=(2, 3, 7, 8), sv=(2, 3, 7, 4), mask=(1, 7)),  # one bias per key
+    dict(sq=(2, 4, 7, 8), sk=(2, 2, 5, 8), sv=(2, 2, 5, 6), enable_gqa=True, is_causal=True),  # L > S
+    dict(sq=(2, 4, 5, 8), sk=(2, 2, 7, 8), sv=(2, 2, 7, 4), enable_gqa=True, mask=(2, 4, 5, 7)),
+    dict(sq=(2, 1, 8), sk=(2, 1, 8), sv=(2, 1, 3)),  # L = S = 1
+    dict(sq=(2, 5, 1), sk=(2, 7, 1), sv=(2, 7, 4), scale=-0.5),  # E = 1, a negative scale
+    dict(sq=(2, 3, 5, 8), sk=(2, 3, 7, 8), sv=(2, 3, 7, 4), strided=True, is_causal=True),  # (B, L, H, E) views
 ]
 
 
@@ -194,6 +203,9 @@ def test_agrees_with_torch_math_float64(case, fmt):
     """Within torch's float64 error (2**-40 of max |v|) plus one unit of the result format."""
     c = dict(GRID[case])
     q, k, v = _qkv(case, c.pop("sq"), c.pop("sk"), c.pop("sv"), fmt, spread=1.5)
+    if c.pop("strided", False):  # the layout of a (B, L, H, E) projection viewed as (B, H, L, E): not contiguous
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        assert not q.is_contiguous()
     if "mask" in c:
         g = torch.Generator().manual_seed(case)
         shape = c.pop("mask")

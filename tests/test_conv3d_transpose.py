@@ -159,6 +159,7 @@ def test_task_shape_and_filter_cache_do_not_change_the_result(rows, slots):
 
 # ---------------------------------------------------------------------------- torch semantics
 
+
 def _close_to_torch_f64(got, want, absterms, k):
     """|exact - torch float64| <= gamma_k * sum|terms| + u|exact| (torch's own float64 rounding)."""
     u = 2.0**-53
@@ -189,7 +190,7 @@ def _transposed_grid():
 def test_conv_transpose_matches_torch(nd, kw, unbatched):
     rng = _rng("ctt", nd, kw, unbatched)
     g = kw["groups"] if "groups" in kw else 1
-    sx = (2, 4, *(5, 4, 6)[:nd])[int(unbatched):]
+    sx = (2, 4, *(5, 4, 6)[:nd])[int(unbatched) :]
     ksize = (3, 2, 3)[:nd]
     x = torch.from_numpy(_data(rng, sx, "float64", "adversarial"))
     w = torch.from_numpy(_data(rng, (4, 6 // g, *ksize), "float64", "normal"))
@@ -199,6 +200,29 @@ def test_conv_transpose_matches_torch(nd, kw, unbatched):
     assert got.shape == want.shape and got.dtype == torch.float64
     absterms = f(x.abs(), w.abs(), b.abs(), **kw).numpy()
     _close_to_torch_f64(got.numpy(), want.numpy(), absterms, 4 // g * math.prod(ksize) + 1)
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_transpose_narrow_inputs_match_torch_float64(nd, dtype, bias):
+    """float32/float16/bfloat16 inputs, with and without bias: the result (in the input's dtype) within one
+    unit of that format, at torch's float64 value of the widened inputs, plus torch's float64 error."""
+    rng = _rng("ctn", nd, dtype, bias)
+    kw = dict(stride=2, padding=1, output_padding=1, dilation=1, groups=2)
+    x = torch.as_tensor(_data(rng, (2, 4, *(5, 4, 3)[:nd]), dtype, "normal"))
+    w = torch.as_tensor(_data(rng, (4, 3, *(3, 2, 3)[:nd]), dtype, "normal"))
+    b = torch.as_tensor(_data(rng, (6,), dtype, "normal")) if bias else None
+    f = getattr(F, f"conv_transpose{nd}d")
+    got = getattr(rk, f"conv_transpose{nd}d")(x, w, b, **kw)
+    want = f(x.double(), w.double(), None if b is None else b.double(), **kw).numpy()
+    assert got.dtype == x.dtype and tuple(got.shape) == want.shape
+    absterms = f(x.double().abs(), w.double().abs(), None if b is None else b.double().abs(), **kw).numpy()
+    prec, emin, _ = {"float32": (24, -126, 0), "float16": (11, -14, 0), "bfloat16": (8, -126, 0)}[dtype]
+    ulp = np.ldexp(1.0, np.maximum(np.frexp(want)[1] - 1, emin) - prec + 1)
+    k = 4 // 2 * math.prod((3, 2, 3)[:nd]) + 1
+    tol = (k * 2.0**-53 / (1 - k * 2.0**-53)) * absterms + ulp
+    assert (np.abs(got.double().numpy() - want) <= tol).all()
 
 
 CONV3D_GRID = [
@@ -289,6 +313,7 @@ def test_naive_sums_the_reaching_products_in_ci_tap_order_bias_last():
 
 
 # ---------------------------------------------------------------------------- errors
+
 
 def _t(*shape):
     return torch.zeros(*shape)
@@ -436,6 +461,7 @@ def test_compare_terms_and_axes():
 
 # ---------------------------------------------------------------------------- adapter
 
+
 def test_audit_and_check_see_conv3d_and_transposed_modules():
     import refkern.torch as rkt
 
@@ -443,9 +469,11 @@ def test_audit_and_check_see_conv3d_and_transposed_modules():
     m = torch.nn.Sequential(torch.nn.Conv3d(3, 4, 3, padding=1, padding_mode="replicate"), torch.nn.ReLU(),
                             torch.nn.ConvTranspose3d(4, 2, 2, stride=2), torch.nn.Flatten(1, 2),
                             torch.nn.ConvTranspose2d(16, 3, 3, stride=2, padding=1, output_padding=1))  # fmt: skip
+    x = torch.randn(1, 3, 4, 4, 5)
     with rkt.audit() as a:
-        m(torch.randn(1, 3, 4, 4, 5))
-    assert [c.op for c in a.calls] == ["conv3d", "conv_transpose3d", "conv_transpose2d"]
+        m(x)
+    # the replicate padding is a move (nn.Conv3d pads first), the ReLU is checked bit for bit
+    assert [c.op for c in a.calls] == ["conv3d", "relu", "conv_transpose3d", "conv_transpose2d"]
     assert all(c.verdict in ("exact", "rounding") for c in a.calls), a.report()
     r = rkt.check(torch.nn.ConvTranspose1d(4, 6, 3, stride=2, groups=2, output_padding=1), torch.randn(2, 4, 7),
                   devices=["cpu"])  # fmt: skip

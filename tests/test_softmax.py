@@ -261,6 +261,19 @@ def test_agrees_with_torch_float64(op, shape, dim, fmt, dtype):
     assert isinstance(np_got, np.ndarray) and np_got.dtype == np.float64
 
 
+@pytest.mark.parametrize("fmt", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_strided_inputs_as_contiguous(op, fmt):
+    """A transposed (non-contiguous) input and a negative dim give the contiguous call's bits, at every dim."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(3, 5, 6, generator=g, dtype=torch.float64) * 4).to(getattr(torch, fmt))
+    xt = x.permute(2, 0, 1)
+    assert not xt.is_contiguous()
+    for dim in (0, 1, 2, -1, -2):
+        got, want = getattr(rk, op)(xt, dim), getattr(rk, op)(xt.contiguous(), dim)
+        assert got.shape == xt.shape and torch.equal(got, want)
+
+
 def test_dtype_converts_through_float32_as_torch():
     """float64 -> float16 in torch rounds through float32: 1 + 2**-11 + 2**-40 becomes 1.0 (not 1 + 2**-10)."""
     v = 1 + 2.0**-11 + 2.0**-40

@@ -3,7 +3,7 @@
     refkern demo                      the classic questions, answered live
     refkern check OP --shape ...      one op on random (or given) data, on every backend
     refkern sweep OP --k A:B:S        error against reduction length, with the bounds drawn
-    refkern audit MODULE:FACTORY ...  every call of a model refkern has a reference for
+    refkern audit MODULE:FACTORY ...  every op a model runs: judged, or listed as not checked
     refkern doctor                    versions, threads, caches, devices and their flags
     refkern bench                     the benchmarks
 
@@ -495,7 +495,7 @@ def cmd_audit(a):
     shape = tuple(a.input_shape)
     x = torch.randn(*shape, generator=g).to(device=backend.device, dtype=dt)
     try:
-        with torch.no_grad(), rkt.audit() as au:
+        with torch.no_grad(), rkt.audit(sample=a.sample, progress=False if a.no_progress else None) as au:
             model(x)
     except Exception as exc:  # the model's own error (the audit never raises): the input does not fit it
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -505,12 +505,7 @@ def cmd_audit(a):
         ) from None
     print(au.report(order="worst" if a.worst_first else "call"))
     if a.json:
-        calls = [{"index": c.index, "name": c.name, "op": c.op, "device": c.device, "dtype": c.dtype,
-                  "shapes": [list(s) for s in c.shapes], "note": c.note,
-                  "report": c.report.to_dict() if c.report else None} for c in au.calls]  # fmt: skip
-        f = au.first_failure
-        _write_json(a.json, {"command": "audit", "target": a.target, "calls": calls,
-                             "first_failure": f.index if f else None})  # fmt: skip
+        _write_json(a.json, {"command": "audit", "target": a.target, **au.to_dict()})
     return 1 if a.strict and (au.first_failure is not None or au.not_analysed) else 0
 
 
@@ -651,8 +646,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", metavar="FILE")
     s.set_defaults(run=cmd_sweep)
 
-    au = sub.add_parser("audit", help="every call of a model refkern has a reference for (products, convolutions, "
-                        "reductions, norms, pools, softmax, attention), per layer")  # fmt: skip
+    au = sub.add_parser("audit", help="every op a model runs (torch's dispatcher): judged against refkern's "
+                        "references or bit for bit, or listed as not checked with the reason, per layer")  # fmt: skip
     au.add_argument("target", metavar="MODULE:FACTORY", help="a function returning an nn.Module: an import path "
                     "(mypkg.models:make, from the current directory) or a file (./model.py:make)")  # fmt: skip
     au.add_argument("--input-shape", required=True, type=_shape, metavar="S", help="e.g. 1,3,32,32")
@@ -661,7 +656,13 @@ def _parser() -> argparse.ArgumentParser:
                     "is an error")  # fmt: skip
     au.add_argument("--worst-first", action="store_true", help="list the calls worst first (default: call order)")
     au.add_argument("--seed", type=_seed, default=0)
-    au.add_argument("--strict", action="store_true", help="exit 1 if a call is neither exact nor rounding")
+    au.add_argument("--strict", action="store_true", help="exit 1 if an op is neither exact nor rounding, or maps to "
+                    "a refkern op in a form that could not be analysed")  # fmt: skip
+    au.add_argument("--sample", type=_positive("elements per op"), default=None, metavar="N",
+                    help="judge at most N output elements of each large op (a deterministic sub-grid; default: "
+                    "every element)")  # fmt: skip
+    au.add_argument("--no-progress", action="store_true", help="no live progress line on stderr (it shows only on a "
+                    "terminal anyway)")  # fmt: skip
     au.add_argument("--json", metavar="FILE")
     au.set_defaults(run=cmd_audit)
 

@@ -264,17 +264,26 @@ def good():
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
 
-class _Buggy(torch.Tensor):
+class _Buggy(torch.Tensor):  # a backend (below the dispatcher) whose addmm kernel drops a feature
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if func is F.linear:
-            args = (args[0][:, :-1], args[1][:, :-1], *args[2:])  # a kernel that drops a feature
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*[a.as_subclass(torch.Tensor) if isinstance(a, torch.Tensor) else a for a in args], **(kwargs or {}))
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args = [a.elem if isinstance(a, cls) else a for a in args]
+        if func is torch.ops.aten.addmm.default:
+            args = (args[0], args[1][:, :-1], args[2][:-1], *args[3:])
+        return func(*args, **(kwargs or {}))
 
 class BuggyLinear(nn.Linear):
     def forward(self, x):
-        return F.linear(x.as_subclass(_Buggy), self.weight, self.bias)
+        return F.linear(_Buggy(x), self.weight, self.bias)
 
 def buggy():
     torch.manual_seed(0)  # no ReLU before the buggy layer: the feature it drops is never zero
@@ -286,10 +295,13 @@ def test_audit_command(tmp_path):
     (tmp_path / "models.py").write_text(MODELS)
     r = _run("audit", "models:good", "--input-shape", "2,3,6,6", "--json", tmp_path / "a.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("audit: 2 calls") and "Sequential.0" in r.stdout and "Sequential.3" in r.stdout
+    head = r.stdout.splitlines()[0]
+    assert head.startswith("audit: 3 of 3 ops checked (") and head.endswith("; every op is exact or rounding")
+    assert "Sequential.0" in r.stdout and "Sequential.3" in r.stdout
     d = json.loads((tmp_path / "a.json").read_text())
     assert d["version"] == 1 and d["command"] == "audit" and d["first_failure"] is None
-    assert [c["name"] for c in d["calls"]] == ["Sequential.0", "Sequential.3"]
+    assert [c["name"] for c in d["calls"]] == ["Sequential.0", "Sequential.1", "Sequential.3"]
+    assert [c["op"] for c in d["calls"]] == ["conv2d", "relu", "linear"] and (d["ops"], d["checked"]) == (3, 3)
     r = _run("audit", "models:buggy", "--input-shape", "2,4,3,3", "--strict", cwd=tmp_path)
     assert r.returncode == 1
     assert "first call beyond exact/rounding: #1 Sequential.2 (linear): mismatch" in r.stdout
@@ -301,7 +313,7 @@ def test_audit_by_path_and_a_rejected_input(tmp_path):
     for target in ("./sub/mymodel.py:good", "sub/mymodel.py:good", str(tmp_path / "sub" / "mymodel.py") + ":good"):
         r = _run("audit", target, "--input-shape", "2,3,6,6", cwd=tmp_path)
         assert r.returncode == 0, (target, r.stderr)
-        assert r.stdout.startswith("audit: 2 calls")
+        assert r.stdout.startswith("audit: 3 of 3 ops checked")
     r = _run("audit", "./sub/mymodel.py:good", "--input-shape", "1,3,16,16", cwd=tmp_path)
     _usage_error(r, "refkern audit: error: the model rejected an input of shape (1, 3, 16, 16) (float32 on cpu): "
                  "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x2048 and 288x10). "

@@ -4,7 +4,7 @@ Imported only when used (``refkern.torch``); it needs torch. It holds no numeric
 are converted and dispatched to :mod:`refkern`'s kernels and analysis.
 """
 
-from refkern.torch.audit import Audit, AuditCall, audit
+from refkern.torch.audit import Audit, AuditCall, BitReport, audit
 from refkern.torch.check import CheckResult, CheckRow, check
 from refkern.torch.devices import Backend, devices
 from refkern.torch.ops import torch_function
@@ -14,6 +14,7 @@ __all__ = [
     "Audit",
     "AuditCall",
     "Backend",
+    "BitReport",
     "CheckResult",
     "CheckRow",
     "OutputComparison",

@@ -1,120 +1,216 @@
-"""``refkern.torch.audit``: every call of a model that refkern has an exact reference for (products,
-convolutions, reductions, norms, pools, softmax, attention), against that reference."""
+"""``refkern.torch.audit``: every op a model runs, as torch's dispatcher runs it, against refkern's
+references; and what was not checked, with the reason.
 
-from dataclasses import dataclass
+The audit records at torch's dispatch level (a ``TorchDispatchMode``): every aten op that executes
+is seen, whether it came from a module, a functional call, the inside of
+``F.multi_head_attention_forward``, a decomposition or a fused fast path, and nothing the model
+runs is changed by the audit (a function-level mode would turn torch's fused fast paths off; a
+dispatch mode does not). Each op is named by the innermost module whose forward ran it (global
+module forward pre/post hooks keep a stack). See :mod:`refkern.torch.dispatch` for what each op is.
+"""
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from refkern.analysis.compare import compare
 from refkern.analysis.report import COLUMNS_NOTE
-from refkern.torch.ops import COMPOSITES, composite_body, from_call
+from refkern.torch import dispatch as dsp
+from refkern.torch.sample import restrict
 
-__all__ = ["audit", "Audit", "AuditCall"]
+__all__ = ["audit", "Audit", "AuditCall", "BitReport"]
 
 _SEVERITY = {"mismatch": 0, "reduced-precision": 1, "rounding": 2, "exact": 3, None: -1}
 
 
+class BitReport:
+    """The verdict of an op whose result is defined to the bit (IEEE 754 add, mul, div, sqrt,
+    comparisons, selections, integer arithmetic): recomputed on the CPU in the same dtype, from the
+    same inputs; ``exact`` when every element is the same (NaN matching NaN), else ``mismatch``."""
+
+    precision = None
+    notes = ()
+
+    def __init__(self, n, n_diff, max_ulp, first=None):
+        self.n = n
+        self.n_diff = n_diff
+        self.max_ulp = max_ulp
+        self.first = first  # index of the first differing element
+        self.verdict = "exact" if n_diff == 0 else "mismatch"
+        self.max_bound_ratio = math.inf if n_diff else 0.0
+        self.max_prob_ratio = math.inf if n_diff else 0.0
+
+    def to_dict(self):
+        return {"verdict": self.verdict, "kind": "bitwise", "n": self.n, "n_diff": self.n_diff,
+                "max_ulp": self.max_ulp, "first": self.first}  # fmt: skip
+
+    def __str__(self):
+        if not self.n_diff:
+            return f"exact: all {self.n} elements equal the CPU's IEEE result"
+        return (f"mismatch: {self.n_diff} of {self.n} elements differ from the CPU's IEEE result (first at index "
+                f"{self.first}, up to {self.max_ulp:.3g} ulp)")  # fmt: skip
+
+
 @dataclass
 class AuditCall:
-    index: int  # call order
-    name: str  # module path ("features.0"), or the op where no module made the call
-    op: str  # the torch function ("conv2d", "linear", "matmul", "addmm", ...)
+    index: int  # order among the judged calls
+    name: str  # module path ("ResNet.layer1.0.conv1"), or "-" where no module ran the op
+    op: str  # the refkern op it was judged as ("conv2d", "linear"), or the aten op's name ("relu", "add")
     device: str
     dtype: str
     shapes: list
-    report: object  # Report, or None when the call could not be analysed
+    report: object  # Report or BitReport; None when the call could not be analysed
     note: str = ""
+    aten: str = ""  # "aten.convolution.default"
+    parts: dict = field(default_factory=dict)  # extra outputs: label -> Report, or the reason it is not judged
+    sampled: int = 0  # with a sample: how many output elements were judged (0: all)
 
     @property
     def verdict(self):
-        return self.report.verdict if self.report is not None else None
+        if self.report is None:
+            return None
+        worst = self.report.verdict
+        for r in self.parts.values():
+            if not isinstance(r, str) and _SEVERITY[r.verdict] < _SEVERITY[worst]:
+                worst = r.verdict
+        return worst
 
     def cells(self):
         r = self.report
         shapes = " x ".join(str(tuple(s)) for s in self.shapes)
+        head = [str(self.index), self.name, self.op, shapes, self.device, self.dtype]
+        note = self.note
+        extra = [f"{k}: {v.verdict}" if not isinstance(v, str) else f"{k} not judged" for k, v in self.parts.items()]
+        if extra:
+            note = "; ".join([*([note] if note else []), *extra])
+        if self.sampled:
+            note = "; ".join([*([note] if note else []), f"{self.sampled} sampled elements"])
         if r is None:
-            return [str(self.index), self.name, self.op, shapes, self.device, self.dtype, "-", "", "", "", self.note]
-        prec = f" ({r.precision})" if r.precision else ""
-        return [str(self.index), self.name, self.op, shapes, self.device, self.dtype, r.verdict + prec,
-                f"{r.max_prob_ratio:.3g}", f"{r.max_bound_ratio:.3g}", f"{r.max_ulp:.3g}", self.note]  # fmt: skip
+            return [*head, "-", "", "", "", note]
+        if isinstance(r, BitReport):
+            return [*head, r.verdict + " (bitwise)", "", "", f"{r.max_ulp:.3g}" if r.n_diff else "0", note]
+        verdict = self.verdict
+        prec = f" ({r.precision})" if r.precision and verdict == r.verdict else ""
+        return [*head, verdict + prec, f"{r.max_prob_ratio:.3g}", f"{r.max_bound_ratio:.3g}", f"{r.max_ulp:.3g}", note]
 
 
-class _Mode(TorchFunctionMode):
+def _tensors(x):
+    return dsp._tensors(x)
+
+
+def _cpu(a, copy=False):
+    """``a`` with every tensor detached, on the CPU, as a plain torch.Tensor (lossless)."""
+    if isinstance(a, torch.Tensor):
+        t = a.detach().to("cpu", copy=copy)
+        return t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
+    if isinstance(a, (list, tuple)):
+        return type(a)(_cpu(v, copy) for v in a)
+    if isinstance(a, torch.device):
+        return torch.device("cpu")
+    return a
+
+
+def _same_bits(actual, expected):
+    """(number of elements, number that differ, max ulp among them, first differing flat index)."""
+    a, e = actual.reshape(-1), expected.reshape(-1)
+    n = a.numel()
+    if a.shape != e.shape:
+        return n, n, math.inf, 0
+    if a.is_floating_point():
+        same = (a == e) & (torch.signbit(a) == torch.signbit(e)) | (torch.isnan(a) & torch.isnan(e))
+    else:
+        same = a == e
+    bad = (~same).nonzero()
+    if not bad.numel():
+        return n, 0, 0.0, None
+    ulp = math.inf
+    if a.is_floating_point():
+        ad, ed = a.double(), e.double()
+        spacing = torch.finfo(a.dtype).eps * torch.maximum(ed.abs(), torch.tensor(torch.finfo(a.dtype).tiny)).double()
+        with torch.no_grad():
+            d = ((ad - ed).abs() / spacing)[~same]
+        d = d[torch.isfinite(d)]
+        ulp = float(d.max()) if d.numel() else math.inf
+    return n, int(bad.numel()), ulp, int(bad[0, 0])
+
+
+class _Mode(TorchDispatchMode):
     def __init__(self, owner):
         super().__init__()
         self.owner = owner
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in COMPOSITES:  # made of audited calls: record each of them
-            with _Mode(self.owner):
-                return composite_body(func)(*args, **kwargs)
-        spec = from_call(func, args, kwargs)
-        if spec is not None and spec.op == "batch_norm":  # it writes into its running statistics: keep the inputs
-            spec.args, spec.kwargs = spec.on_cpu(copy=True)
+        name = dsp.op_name(func)
+        before = None
+        if (name in dsp._DEFINED or name in dsp._REFERENCED) and dsp.mutated(func):
+            # it writes into an argument (relu_, add_, a batch norm's running statistics): keep what it read
+            b = dsp.bind(func, args, kwargs)
+            before = {k: _cpu(b[k], copy=True) for k in dsp.mutated(func) if isinstance(b.get(k), torch.Tensor)}
         out = func(*args, **kwargs)
-        value = out[0] if isinstance(out, tuple) and out and spec is not None else out  # max_pool's (values, indices)
-        if spec is not None and isinstance(value, torch.Tensor):
-            self.owner._record(spec, value)
-        elif spec is None:
-            self.owner._skip(func, out)
+        try:
+            self.owner._observe(func, args, kwargs, out, before)
+        except Exception as exc:  # the audit must never break the model
+            self.owner._failed(func, exc)
         return out
 
 
-# Calls that only move, select or restate values (views, copies, concatenation, constants, random
-# draws): nothing is computed from an input, so nothing can be rounded or wrong in arithmetic. Any other call that
-# returns a floating-point tensor and has no reference in refkern is counted as not checked.
-_MOVES = frozenset(
-    "view view_as reshape reshape_as flatten unflatten permute transpose t T mT contiguous expand expand_as squeeze "
-    "unsqueeze clone detach __getitem__ chunk split unbind narrow select cat concat concatenate stack index_select "
-    "gather to type float half bfloat16 double cpu cuda zeros_like ones_like empty_like full_like new_zeros "
-    "new_ones new_empty new_full zeros ones empty full arange tensor as_tensor requires_grad_ __get__ "
-    "repeat tile roll flip movedim swapaxes pad randn rand randint randn_like rand_like randint_like normal_ "
-    "uniform_ bernoulli_".split()
-)  # fmt: skip
-
-
-def _call_name(func) -> str:
-    """'add' for torch.add, Tensor.add, Tensor.__add__, __radd__ and __iadd__; 'relu' for F.relu."""
-    name = getattr(func, "__name__", None) or str(func)
-    if name.startswith("__") and name.endswith("__") and name not in ("__getitem__", "__get__"):
-        name = name[2:-2]
-        name = name[1:] if name[:1] in "ri" and name[1:] in _DUNDER_OPS else name
-    return name
-
-
-# In-place writes of constants or random draws (parameter initialisation, buffers reset).
-_WRITES = frozenset("fill_ zero_ copy_ uniform_ normal_ bernoulli_ exponential_ random_ set_ resize_".split())
-_DUNDER_OPS = frozenset("add sub mul truediv floordiv matmul pow mod neg and or xor lshift rshift".split())
-
-
 class Audit:
-    """Context manager: records and analyses every call made inside it that refkern has a
-    reference for (:data:`refkern.torch.ops.FUNCTIONS`: conv1d/2d/3d, conv_transpose1d/2d/3d, linear,
-    matmul / @, mm, bmm, addmm, baddbmm, sum, mean, var, std, cumsum, layer_norm, rms_norm,
-    group_norm, batch_norm, the pools, softmax, log_softmax, scaled_dot_product_attention; inside
-    nn.MultiheadAttention, each projection and the attention), on whatever device the model runs.
-    torch turns its fused fast paths off while a function mode is active (the
-    TransformerEncoderLayer and MultiheadAttention inference kernels): under audit a model runs
-    the composed ops those kernels stand for, and those are what is judged.
+    """Context manager: every op the code inside it runs (at torch's dispatch level), judged:
 
-    Each call is analysed as it happens, from its own inputs, and only the Report is kept, so
-    the audit holds no activation alive. ``calls``: one AuditCall per call; ``first_failure``:
-    the first call whose verdict is neither exact nor rounding; ``report()``: a table in call order
-    (``report(order="worst")``: worst first).
+    - ops that compute a refkern op (convolutions, transposed too; mm, bmm, addmm, baddbmm, mv, dot;
+      sum, mean, var, std, cumsum; softmax, log_softmax; layer/group/batch/rms norm, with their
+      extra outputs such as the mean; avg/max/adaptive pools; scaled-dot-product attention, every
+      backend kernel of it) against the exact reference of their own inputs: a verdict;
+    - ops whose IEEE result is defined to the bit (add, sub, mul, div, sqrt, relu, neg, where,
+      comparisons, selections, conversions to a narrower float, integer arithmetic) recomputed on
+      the CPU in the same dtype and compared bit for bit (exact, or mismatch). On the CPU itself this
+      re-runs the same kernel: it checks what ran on another device, under a tensor subclass, a
+      mode or a compiler, not the CPU's own kernel;
+    - everything else is listed as not checked, with the reason: no reference (gelu, exp, tanh:
+      results that libm and each backend round their own way), a random draw (dropout's mask), or a
+      fused kernel (``_transformer_encoder_layer_fwd`` under ``torch.no_grad()``), not looked inside.
+      Views, copies, concatenation and constants compute nothing and are not counted.
+
+    Each op is analysed as it runs, from its own inputs, and only the verdict is kept: no
+    activation stays alive. ``calls``: one AuditCall per judged op (and per op that could not be
+    analysed, with a note); ``counts``: per op name, [checked, not checked]; ``unchecked``: op name ->
+    number of ops not checked; ``first_failure``; ``report()``.
+
+    Options: ``allow`` the verdicts (and precisions, e.g. "tf32") that pass; ``sample``: judge at most
+    this many output elements of each large op, a deterministic sub-grid (exact for those elements;
+    the verdict's statistics are those of the sample); ``progress``: a live line on stderr (default:
+    when stderr is a terminal). A ``torch.compile``d module called inside the audit is audited layer
+    by layer (:mod:`refkern.torch.compiled`): ``compiled`` holds those results.
     """
 
-    def __init__(self, allow=("exact", "rounding")):
+    def __init__(self, allow=("exact", "rounding"), *, sample=None, progress=None):
+        if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
+            raise ValueError(f"audit: sample must be a positive number of elements or None; got sample={sample!r}.")
+        if progress not in (None, True, False):
+            raise ValueError(f"audit: progress must be True, False or None (on a terminal); got {progress!r}.")
         self.allow = tuple(allow)
+        self.sample = sample
+        self.progress = progress
         self.calls: list[AuditCall] = []
+        self.counts: dict[str, list] = {}
         self.unchecked: dict[str, int] = {}
+        self.reasons: dict[str, str] = {}
+        self.compiled = []  # CompiledAudit, one per compiled module called inside
+        self.lowered: dict[tuple, int] = {}  # (module, from dtype, to dtype) -> conversions to a narrower float
         self._stack = []
         self._names = {}
         self._hooks = []
         self._mode = None
+        self._live = None
+        self._shown = 0.0
+        self._patch = None
 
-    # module names: the innermost module in forward when a call is made
+    # module names: the innermost module in forward when an op runs
     def _pre(self, module, inputs):
         if not self._stack and id(module) not in self._names:
             root = type(module).__name__
@@ -125,54 +221,194 @@ class Audit:
         if self._stack and self._stack[-1] is module:
             self._stack.pop()
 
-    def _skip(self, func, out):
-        """Count a call with no reference in refkern that computed floating-point values."""
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        if not any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in outs):
-            return
-        name = _call_name(func)
-        if name in _MOVES or name.endswith("_") and name[:-1] in _MOVES or name in _WRITES:
-            return
-        if getattr(func, "__module__", "") == "torch.nn.init":  # a module's parameters being initialised
-            return
-        self.unchecked[name] = self.unchecked.get(name, 0) + 1
+    def _where(self):
+        if not self._stack:
+            return "-"
+        return self._names.get(id(self._stack[-1]), type(self._stack[-1]).__name__)
 
-    def _record(self, spec, out):
-        name = self._names.get(id(self._stack[-1]), type(self._stack[-1]).__name__) if self._stack else spec.torch_name
-        shapes = [tuple(t.shape) for t in spec.tensors()] if not spec.unsupported else []
-        call = AuditCall(len(self.calls), name, spec.torch_name, str(out.device), str(out.dtype).removeprefix("torch."),
-                         shapes, None)  # fmt: skip
-        if spec.unsupported:
-            call.note = spec.unsupported
-        else:
-            try:
-                args, kwargs = spec.on_cpu()
-                call.report = compare(out.detach(), spec.op, *args, **kwargs)
-            except Exception as exc:  # analysis must never break the model
-                call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    def _count(self, name, checked, why=None):
+        c = self.counts.setdefault(name, [0, 0])
+        c[0 if checked else 1] += 1
+        if not checked:
+            self.unchecked[name] = self.unchecked.get(name, 0) + 1
+            if why and name not in self.reasons:
+                self.reasons[name] = why
+
+    def _failed(self, func, exc):
+        name = dsp.op_name(func)
+        why = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        self.calls.append(AuditCall(len(self.calls), self._where(), name, "-", "-", [], None, why, str(func)))
+        self._count(name, False, why)
+
+    def _observe(self, func, args, kwargs, out, before):
+        kind = dsp.classify(func, args, kwargs, out)
+        if kind == "move":
+            return
+        name = dsp.op_name(func)
+        if kind == "random" and not self._stack and func.overloadpacket.__name__.endswith("_"):
+            return  # an in-place draw outside any forward: parameters being initialised, a constant
+        if kind in ("random", "fused", "unchecked"):
+            self._count(name, False, dsp.reason(kind, func))
+            self._show(name)
+            return
+        with _disable_current_modes(), torch.no_grad():  # the analysis runs no op through any mode
+            if kind == "defined":
+                self._defined(func, args, kwargs, out, before)
+            else:
+                self._reference(func, args, kwargs, out, before)
+        self._show(name)
+
+    def _new_call(self, func, op, out, shapes):
+        t = _tensors(out)[0]
+        return AuditCall(len(self.calls), self._where(), op, str(t.device), str(t.dtype).removeprefix("torch."),
+                         shapes, None, aten=str(func))  # fmt: skip
+
+    def _defined(self, func, args, kwargs, out, before):
+        name = dsp.op_name(func)
+        cargs, ckw = _cpu(args), _cpu(kwargs)
+        if before:  # the op wrote into these: recompute from what it read
+            b = dsp.bind(func, args, kwargs)
+            for k, v in before.items():
+                pos = [a.name for a in func._schema.arguments].index(k)
+                if pos < len(cargs):
+                    cargs = (*cargs[:pos], v, *cargs[pos + 1 :])
+                else:
+                    ckw[k] = v
+            del b
+        if "device" in ckw:
+            ckw["device"] = torch.device("cpu")
+        expect = func(*cargs, **ckw)
+        got, want = _tensors(out), _tensors(expect)
+        shapes = [tuple(t.shape) for t in _tensors(args)]
+        call = self._new_call(func, name, out, shapes)
+        n = nd = 0
+        ulp, first = 0.0, None
+        for g, w in zip(got, want):
+            gn, gd, gu, gf = _same_bits(_cpu(g), w)
+            if gd and first is None:
+                first = gf
+            n, nd, ulp = n + gn, nd + gd, max(ulp, gu)
+        call.report = BitReport(n, nd, ulp, first)
+        src = next((t for t in _tensors(args)), None)
+        if name == "_to_copy" and src is not None and src.is_floating_point() and got[0].is_floating_point():
+            key = (call.name, str(src.dtype).removeprefix("torch."), call.dtype)
+            self.lowered[key] = self.lowered.get(key, 0) + 1
         self.calls.append(call)
+        self._count(name, True)
+
+    def _reference(self, func, args, kwargs, out, before):
+        name = dsp.op_name(func)
+        cargs, ckw = _cpu(args), _cpu(kwargs)
+        b = dsp.bind(func, cargs, ckw)
+        if before:
+            b.update(before)
+        parts = dsp.references(func, b, out)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        main = parts[0]
+        spec = main.call
+        shapes = [tuple(t.shape) for t in spec.tensors()] if spec is not None and not spec.unsupported else []
+        op = spec.op if spec is not None and spec.op else name
+        call = self._new_call(func, op, out, shapes)
+        if spec is None or spec.unsupported:
+            call.note = spec.unsupported if spec is not None else main.why
+            self.calls.append(call)
+            self._count(name, False, f"a form refkern does not reproduce ({call.note})")
+            return
+        try:
+            call.report, call.sampled = self._judge(spec, _cpu(outs[main.index]))
+        except Exception as exc:  # analysis must never break the model
+            call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            self.calls.append(call)
+            self._count(name, False, call.note)
+            return
+        for p in parts[1:]:
+            if p.call is None:
+                call.parts[p.label] = p.why
+                continue
+            actual = outs[p.index] if p.index is not None and p.index < len(outs) else None
+            if not isinstance(actual, torch.Tensor) or actual.numel() == 0:
+                continue
+            try:
+                ref_shape = None
+                rep, _ = self._judge(p.call, _cpu(actual), reshape=ref_shape)
+                call.parts[p.label] = rep
+            except Exception as exc:
+                call.parts[p.label] = f"not analysed ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})"
+        self.calls.append(call)
+        self._count(name, True)
+
+    def _judge(self, spec, actual, reshape=None):
+        args, kwargs = spec.args, spec.kwargs
+        sampled = 0
+        if self.sample is not None and actual.numel() > self.sample:
+            got = restrict(spec.op, actual, args, kwargs, self.sample)
+            if got is not None:
+                actual, args, kwargs = got
+                sampled = actual.numel()
+        if spec.op in ("mean",) and actual.dim() != _mean_dims(args[0], kwargs):
+            actual = actual.reshape(_mean_shape(args[0], kwargs))
+        return compare(actual, spec.op, *args, **kwargs), sampled
+
+    # progress on stderr
+    def _show(self, op):
+        if self._live is None:
+            return
+        now = time.monotonic()
+        if now - self._shown < 0.1:
+            return
+        self._shown = now
+        checked = sum(c[0] for c in self.counts.values())
+        total = checked + sum(c[1] for c in self.counts.values())
+        from rich.text import Text
+
+        self._live.update(Text(f"audit: {total} ops, {checked} checked; {self._where()} ({op})", overflow="ellipsis"))
 
     def __enter__(self):
         reg = torch.nn.modules.module
-        self._hooks = [reg.register_module_forward_pre_hook(self._pre), reg.register_module_forward_hook(self._post)]
+        self._hooks = [reg.register_module_forward_pre_hook(self._pre),
+                       reg.register_module_forward_hook(self._post, always_call=True)]  # fmt: skip
+        show = self.progress if self.progress is not None else sys.stderr.isatty()
+        if show:
+            from rich.console import Console
+            from rich.live import Live
+            from rich.text import Text
+
+            self._live = Live(Text("audit: starting"), console=Console(file=sys.stderr), transient=True,
+                              auto_refresh=True, refresh_per_second=8)  # fmt: skip
+            self._live.__enter__()
+        from refkern.torch import compiled
+
+        self._patch = compiled.intercept(self)
         self._mode = _Mode(self)
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
         self._mode.__exit__(*exc)
+        if self._patch is not None:
+            self._patch()
+            self._patch = None
         for h in self._hooks:
             h.remove()
         self._stack.clear()
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+            self._live = None
         return False
+
+    # while a compiled module runs for real (dynamo does not compile under a dispatch mode), and
+    # while its layers are compiled and run on their own, the audit steps aside
+    def _suspended(self):
+        return _Suspend(self)
 
     def _allowed(self, c):
         r = c.report
-        return r.verdict in self.allow or (r.verdict == "reduced-precision" and r.precision in self.allow)
+        v = c.verdict
+        return v in self.allow or (v == "reduced-precision" and r.precision in self.allow)
 
     @property
     def first_failure(self):
-        """The first analysed call whose verdict is not in ``allow`` (default: exact, rounding; a
+        """The first judged op whose verdict is not in ``allow`` (default: exact, rounding; a
         precision such as "tf32" admits that reduced precision), or None."""
         for c in self.calls:
             if c.report is not None and not self._allowed(c):
@@ -181,12 +417,41 @@ class Audit:
 
     @property
     def not_analysed(self):
-        """Calls that could not be analysed (an unsupported form, or an error in the analysis)."""
+        """Ops that map to a refkern op but could not be analysed (an unsupported form, an error)."""
         return [c for c in self.calls if c.report is None]
 
+    @property
+    def n_ops(self) -> int:
+        """Every op that computed something (views, copies and constants are not counted)."""
+        return sum(a + b for a, b in self.counts.values())
+
+    @property
+    def n_checked(self) -> int:
+        return sum(a for a, _ in self.counts.values())
+
+    def summary(self) -> str:
+        """'37 of 52 ops checked (30 rounding, 7 exact); first call beyond ...' or '...; every checked op
+        is exact or rounding'."""
+        verdicts = {}
+        for c in self.calls:
+            if c.report is not None:
+                verdicts[c.verdict] = verdicts.get(c.verdict, 0) + 1
+        order = sorted(verdicts, key=lambda v: (-verdicts[v], v))
+        how = ", ".join(f"{verdicts[v]} {v}" for v in order)
+        head = f"{self.n_checked} of {self.n_ops} ops checked" + (f" ({how})" if how else "")
+        f = self.first_failure
+        if f is not None:
+            prec = f" ({f.report.precision})" if f.report.precision and f.verdict == f.report.verdict else ""
+            return f"{head}; first call beyond {'/'.join(self.allow)}: #{f.index} {f.name} ({f.op}): {f.verdict}{prec}"
+        if self.n_checked == 0:
+            return f"{head}; nothing was judged"
+        if self.n_checked == self.n_ops:
+            return f"{head}; every op is {' or '.join(self.allow)}"
+        return f"{head}; every checked op is {' or '.join(self.allow)}"
+
     def report(self, order: str = "call") -> str:
-        """A table with a row per call, in call order (``order="worst"``: worst first, as the
-        header then says), under a line that names the first failing call."""
+        """The summary, what was not checked and why, then a table with a row per judged op, in call
+        order (``order="worst"``: worst first, as the header then says)."""
         if order not in ("call", "worst"):
             raise ValueError(f"audit: unknown order={order!r}; choose one of 'call', 'worst'.")
         head = ["#", "module", "op", "shapes", "device", "dtype", "verdict", "error/noise", "bound ratio", "max ulp",
@@ -197,36 +462,95 @@ class Audit:
         table = [head] + [c.cells() for c in rows]
         widths = [max(len(r[i]) for r in table) for i in range(len(head) - 1)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table]
-        f = self.first_failure
-        counts = {}
-        for c in self.calls:
-            counts[c.verdict or "not analysed"] = counts.get(c.verdict or "not analysed", 0) + 1
-        summary = ", ".join(f"{v} {k}" for k, v in counts.items())
-        skipped = len(self.not_analysed)
-        partial = skipped or self.unchecked
-        if f is None:
-            first = ("every analysed call is " if partial else "every call is ") + " or ".join(self.allow)
-            if skipped:
-                first += f"; {skipped} not analysed (see note)"
-        else:
-            prec = f" ({f.report.precision})" if f.report.precision else ""
-            first = f"first call beyond {'/'.join(self.allow)}: #{f.index} {f.name} ({f.op}): {f.verdict}{prec}"
-        listed = "calls in call order" if order == "call" else "calls worst first (mismatch, then by bound ratio)"
-        out = [f"audit: {len(self.calls)} calls ({summary}); {first}"]
+        out = [f"audit: {self.summary()}"]
         if self.unchecked:
-            out.append(f"not checked (no reference in refkern): {self.unchecked_summary()}")
+            out.append(f"not checked: {self.unchecked_summary()}")
+            why = {}
+            for k, _ in sorted(self.unchecked.items(), key=lambda kv: (-kv[1], kv[0])):
+                why.setdefault(self.reasons.get(k, "no reference"), []).append(k)
+            out += [f"  {', '.join(names)}: {r}" for r, names in why.items()]
+        if self.lowered:
+            low = [f"{m} {a} -> {b} x{n}" for (m, a, b), n in self.lowered.items()]
+            out.append(f"precision lowered: {', '.join(low)}")
+        for comp in self.compiled:
+            out += comp.lines()
+        listed = "calls in call order" if order == "call" else "calls worst first (mismatch, then by bound ratio)"
         return "\n".join([*out, f"{listed}:", *lines, f"({COLUMNS_NOTE})"])
 
     def unchecked_summary(self) -> str:
-        """'relu x4, add x2, gelu x1': the calls that computed values refkern has no reference
-        for, most frequent first ('' when there are none)."""
+        """'gelu x4, bernoulli x2': the ops not checked, most frequent first ('' when there are none)."""
         items = sorted(self.unchecked.items(), key=lambda kv: (-kv[1], kv[0]))
         return ", ".join(f"{k} x{v}" for k, v in items)
+
+    def to_dict(self) -> dict:
+        f = self.first_failure
+        calls = [{"index": c.index, "name": c.name, "op": c.op, "aten": c.aten, "device": c.device, "dtype": c.dtype,
+                  "shapes": [list(s) for s in c.shapes], "note": c.note, "sampled": c.sampled,
+                  "verdict": c.verdict, "report": c.report.to_dict() if c.report else None,
+                  "parts": {k: (v if isinstance(v, str) else v.to_dict()) for k, v in c.parts.items()}}
+                 for c in self.calls]  # fmt: skip
+        return {"ops": self.n_ops, "checked": self.n_checked, "summary": self.summary(),
+                "counts": {k: {"checked": v[0], "not_checked": v[1]} for k, v in self.counts.items()},
+                "not_checked": {k: {"count": v, "reason": self.reasons.get(k, "")} for k, v in self.unchecked.items()},
+                "calls": calls, "first_failure": f.index if f else None,
+                "compiled": [c.to_dict() for c in self.compiled]}  # fmt: skip
 
     def __str__(self):
         return self.report()
 
 
-def audit(allow=("exact", "rounding")) -> Audit:
-    """``with refkern.torch.audit() as a: model(x)`` then ``print(a.report())``."""
-    return Audit(allow)
+def _mean_dims(x, kw):
+    dim = kw.get("dim")
+    if dim is None:
+        return 0 if not kw.get("keepdim") else x.dim()
+    n = len(dim) if isinstance(dim, (tuple, list)) else 1
+    return x.dim() if kw.get("keepdim") else x.dim() - n
+
+
+def _mean_shape(x, kw):
+    dim = kw.get("dim")
+    dims = range(x.dim()) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
+    dims = {d % x.dim() for d in dims}
+    if kw.get("keepdim"):
+        return tuple(1 if i in dims else s for i, s in enumerate(x.shape))
+    return tuple(s for i, s in enumerate(x.shape) if i not in dims)
+
+
+class _Suspend:
+    """The audit's mode and hooks off for a while (a compiled module running for real)."""
+
+    def __init__(self, owner):
+        self.owner = owner
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import _pop_mode_temporarily
+
+        o = self.owner
+        self._stack = list(o._stack)
+        for h in o._hooks:
+            h.remove()
+        self._pop = _pop_mode_temporarily() if _top_is(o._mode) else None
+        if self._pop is not None:
+            self._pop.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        o = self.owner
+        if self._pop is not None:
+            self._pop.__exit__(*exc)
+        reg = torch.nn.modules.module
+        o._hooks = [reg.register_module_forward_pre_hook(o._pre),
+                    reg.register_module_forward_hook(o._post, always_call=True)]  # fmt: skip
+        o._stack[:] = self._stack
+        return False
+
+
+def _top_is(mode):
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is mode
+
+
+def audit(allow=("exact", "rounding"), *, sample=None, progress=None) -> Audit:
+    """``with refkern.torch.audit() as a: model(x)`` then ``print(a.report())`` (see :class:`Audit`)."""
+    return Audit(allow, sample=sample, progress=progress)

@@ -1,0 +1,256 @@
+"""The audit of a ``torch.compile``d module, layer by layer.
+
+Compiled code is not made of aten ops the dispatcher shows one by one: inductor fuses them into
+kernels of its own, and dynamo does not compile at all while a dispatch mode is active (it runs the
+frame eagerly: an audit that watched ``compiled(x)`` through its mode would judge the eager model
+and call it compiled). So, when a compiled module is called inside an audit:
+
+1. the compiled module runs for real, the audit stepped aside (its mode and hooks off): its output
+   is what the caller gets;
+2. the original module runs eagerly under the audit, every op judged as usual; at each leaf module
+   (one with no children: a Conv2d, a Linear, a LayerNorm, a ReLU...) the inputs it received are
+   kept until it returns, and the leaf, compiled on its own with the same backend and options
+   (``mode="max-autotune"`` included), runs on those very inputs. Its output is judged against the
+   exact reference of the leaf's op (:func:`refkern.torch.ops.from_module`), or, for a leaf refkern
+   has no reference for (GELU, Dropout, a custom module), compared with the eager output bit for bit;
+3. end to end, the compiled output is judged against the model's output under
+   :func:`refkern.torch.reference_mode` with eager as the baseline (:func:`compare_outputs`).
+
+The first leaf whose compiled verdict is beyond the audit's ``allow`` while its eager ops are
+within it is where eager and compiled diverge beyond rounding. The functional code between the
+leaves (``torch.relu(x)`` or ``x + identity`` in a container's forward) is compiled and judged with
+the whole model, end to end; per layer it is judged in eager form only.
+"""
+
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from refkern.analysis.compare import compare
+from refkern.torch.ops import from_module
+
+__all__ = ["CompiledAudit", "LayerVerdict", "intercept"]
+
+_SEVERITY = {"mismatch": 0, "reduced-precision": 1, "rounding": 2, "exact": 3, None: -1}
+
+
+@dataclass
+class LayerVerdict:
+    name: str  # "ConvLinearModel.conv1"
+    module: str  # "Conv2d"
+    op: str  # refkern op ("conv2d"), or "" where there is none
+    eager: str | None  # worst verdict of the eager ops inside the leaf (None: none judged)
+    compiled: object  # Report of the compiled leaf against the exact reference, or None
+    same_as_eager: bool | None  # bitwise, for leaves with no reference
+    note: str = ""
+
+    @property
+    def verdict(self):
+        if self.compiled is not None:
+            return self.compiled.verdict
+        if self.same_as_eager is None:
+            return None
+        return "exact" if self.same_as_eager else None
+
+    def to_dict(self):
+        return {"name": self.name, "module": self.module, "op": self.op, "eager": self.eager,
+                "compiled": self.compiled.to_dict() if self.compiled is not None else None,
+                "same_as_eager": self.same_as_eager, "note": self.note}  # fmt: skip
+
+
+@dataclass
+class CompiledAudit:
+    model: str
+    backend: str
+    layers: list = field(default_factory=list)
+    end_to_end: object = None  # OutputComparison
+    note: str = ""
+    allow: tuple = ("exact", "rounding")
+
+    def _ok(self, v, prec=None):
+        return v in self.allow or (v == "reduced-precision" and prec in self.allow)
+
+    @property
+    def first_divergence(self):
+        """The first leaf where compiled is beyond ``allow`` while eager is within it (or has no reference
+        and differs from eager), or None."""
+        for layer in self.layers:
+            c = layer.compiled
+            eager_ok = layer.eager is None or self._ok(layer.eager)
+            if c is not None and not self._ok(c.verdict, c.precision) and eager_ok:
+                return layer
+        return None
+
+    def lines(self):
+        out = [f"compiled {self.model} ({self.backend}), layer by layer:"]
+        for layer in self.layers:
+            c = layer.compiled
+            if c is not None:
+                prec = f" ({c.precision})" if c.precision else ""
+                what = f"compiled {c.verdict}{prec}, max {c.max_ulp:.3g} ulp"
+            elif layer.same_as_eager is not None:
+                what = "compiled output " + ("equal to eager, bit for bit" if layer.same_as_eager else "differs from "
+                                             "eager (no reference: not judged)")  # fmt: skip
+            else:
+                what = "not judged"
+            note = f"; {layer.note}" if layer.note else ""
+            out.append(f"  {layer.name} ({layer.op or layer.module}): eager {layer.eager or '-'}, {what}{note}")
+        d = self.first_divergence
+        out.append("  first divergence beyond " + "/".join(self.allow) + ": "
+                   + (f"{d.name} ({d.op or d.module})" if d else "none"))  # fmt: skip
+        if self.end_to_end is not None:
+            out.append(f"  end to end against the exact-reference model: {self.end_to_end}")
+        if self.note:
+            out.append(f"  {self.note}")
+        return out
+
+    def to_dict(self):
+        d = self.first_divergence
+        return {"model": self.model, "backend": self.backend, "layers": [x.to_dict() for x in self.layers],
+                "first_divergence": d.name if d else None,
+                "end_to_end": vars(self.end_to_end) if self.end_to_end is not None else None}  # fmt: skip
+
+
+def _backend(cm):
+    """The backend ``cm`` was compiled with (inductor with its mode's options, or another), unwrapped."""
+    b = cm.dynamo_ctx.callback
+    while hasattr(b, "_torchdynamo_orig_backend"):
+        b = b._torchdynamo_orig_backend
+    return b
+
+
+def _backend_name(b):
+    cfg = getattr(b, "config", None)
+    name = getattr(b, "compiler_name", None) or getattr(b, "__name__", None) or type(b).__name__
+    if type(b).__name__ == "_TorchCompileInductorWrapper":
+        name = "inductor"
+    on = sorted(k for k, v in (cfg or {}).items() if v is True)
+    return name + (f" {', '.join(on)}" if on else "")
+
+
+def intercept(audit):
+    """Route calls of compiled modules inside ``audit`` to :func:`run`; returns the undo, or None when
+    torch._dynamo was never imported (then nothing compiled exists to be called)."""
+    ev = sys.modules.get("torch._dynamo.eval_frame")
+    if ev is None:
+        return None
+    cls = ev.OptimizedModule
+    original = cls.__call__
+
+    def call(self, *args, **kwargs):
+        return run(audit, self, original, args, kwargs)
+
+    cls.__call__ = call
+
+    def undo():
+        cls.__call__ = original
+
+    return undo
+
+
+class _Leaves:
+    """Forward pre/post hooks on the leaves of the eager run: compile each on its own and judge it."""
+
+    def __init__(self, audit, result, backend, original_call):
+        self.audit = audit
+        self.result = result
+        self.backend = backend
+        self.call = original_call
+        self.pending = {}
+        self.compiled = {}
+        self.handles = []
+
+    def attach(self, model):
+        for m in model.modules():
+            if next(m.children(), None) is None:
+                self.handles.append(m.register_forward_pre_hook(self.pre))
+                self.handles.append(m.register_forward_hook(self.post, always_call=True))
+
+    def detach(self):
+        for h in self.handles:
+            h.remove()
+
+    def pre(self, module, inputs):
+        with self.audit._suspended(), torch.no_grad():
+            kept = tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+        self.pending[id(module)] = (kept, len(self.audit.calls))
+
+    def post(self, module, inputs, output):
+        kept, first = self.pending.pop(id(module), (None, 0))
+        if kept is None or not isinstance(output, torch.Tensor):
+            return
+        name = self.audit._names.get(id(module), type(module).__name__)
+        eager = [c.verdict for c in self.audit.calls[first:] if c.name == name and c.report is not None]
+        worst = min(eager, key=lambda v: _SEVERITY[v]) if eager else None
+        with self.audit._suspended(), torch.no_grad():
+            self.result.layers.append(self.judge(module, name, kept, output.detach(), worst))
+
+    def judge(self, module, name, inputs, eager_out, eager_worst):
+        spec = from_module(module, inputs[0]) if inputs and isinstance(inputs[0], torch.Tensor) else None
+        op = spec.op if spec is not None and spec.op else ""
+        layer = LayerVerdict(name, type(module).__name__, op, eager_worst, None, None)
+        saved = {k: b.clone() for k, b in module.named_buffers()}  # a batch norm in training updates them again
+        try:
+            fn = self.compiled.get(id(module))
+            if fn is None:  # its forward, not the module: the audit's hooks on it stay out of the graph
+                fn = self.compiled[id(module)] = torch.compile(module.forward, backend=self.backend)
+            out = fn(*inputs)
+        except Exception as exc:
+            layer.note = f"compiling it alone failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            return layer
+        finally:
+            for k, b in module.named_buffers():
+                b.copy_(saved[k])
+        if not isinstance(out, torch.Tensor):
+            layer.note = "its output is not one tensor: not judged"
+            return layer
+        if spec is not None and not spec.unsupported:
+            args, kwargs = spec.on_cpu()
+            try:
+                layer.compiled = compare(out.detach().cpu(), spec.op, *args, **kwargs)
+            except Exception as exc:
+                layer.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            return layer
+        from refkern.torch.audit import _same_bits
+
+        n, nd, ulp, _ = _same_bits(out.detach().cpu(), eager_out.cpu())
+        layer.same_as_eager = nd == 0
+        if nd:
+            layer.note = f"{nd} of {n} elements differ from eager, up to {ulp:.3g} ulp"
+        return layer
+
+
+def run(audit, cm, original_call, args, kwargs):
+    """``cm(*args, **kwargs)`` for real, then the layer-by-layer audit of it (see the module's doc)."""
+    import torch._dynamo
+
+    from refkern.torch.reference import compare_outputs, reference_mode
+
+    model = cm._orig_mod
+    backend = _backend(cm)
+    result = CompiledAudit(type(model).__name__, _backend_name(backend), allow=audit.allow)
+    limits = dict(recompile_limit=10**6, accumulated_recompile_limit=10**6)
+    with torch._dynamo.config.patch(**limits):
+        with audit._suspended():
+            out = original_call(cm, *args, **kwargs)  # the compiled model, for real: what the caller gets
+        leaves = _Leaves(audit, result, backend, original_call)
+        leaves.attach(model)
+        saved = {k: b.clone() for k, b in model.named_buffers()}
+        try:
+            eager = model(*args, **kwargs)  # under the audit: every eager op judged, every leaf compiled alone
+        finally:
+            leaves.detach()
+        with audit._suspended(), torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(saved[k])
+            with reference_mode():
+                ref = model(*args, **kwargs)
+            for k, b in model.named_buffers():
+                b.copy_(saved[k])
+            try:
+                result.end_to_end = compare_outputs(out, ref, eager)
+            except ValueError as exc:
+                result.note = f"end to end not compared: {exc}"
+    audit.compiled.append(result)
+    return out

@@ -92,6 +92,8 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
         tx, ix = np.empty(kw, np.int64), np.empty(kw, np.int64)
         nz = _taps(oz, pd[0], dl[0], st[0], dd, kd, tz, iz)
         cur_y = -1
+        orow = np.empty((cout_g, wo))  # one output row of every filter: written out contiguously per channel
+        mrow = np.empty((cout_g, wo) if want_mag else (1, 1))
         for oy in range(y0, min(y0 + rows, ho)):
             ny = _taps(oy, pd[1], dl[1], st[1], hh, kh, ty, iy)
             if ycls[oy] != cur_y:  # other y taps: every gathered filter set is stale
@@ -138,12 +140,16 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
                 for co in range(cout_g):
                     oc = g * cout_g + co
                     bc = bias[oc] if has_bias else 0.0
-                    out[n, oc, oz, oy, ox] = element(
+                    orow[co, ox] = element(
                         wbuf[cx, co, :k], buf[:k], bc, has_bias, method, narrow, stw[cx, co, 0], stw[cx, co, 1], mx, mn,
                         prec, emin, emax, acc, scratch,
                     )  # fmt: skip
                     if want_mag:
-                        mag[n, oc, oz, oy, ox] = abs_sum(wbuf[cx, co, :k], buf[:k], bc)
+                        mrow[co, ox] = abs_sum(wbuf[cx, co, :k], buf[:k], bc)
+            for co in range(cout_g):  # channel after channel: each a contiguous row of out, not one line per value
+                out[n, g * cout_g + co, oz, oy, :] = orow[co]
+                if want_mag:
+                    mag[n, g * cout_g + co, oz, oy, :] = mrow[co]
 
 
 def valid_taps(o, p, d, s, size, k) -> np.ndarray:

@@ -38,7 +38,8 @@ bf16, fp64; contiguous, transposed and strided inputs; every dim choice, keepdim
   ``mismatch`` nor ``reduced-precision``. (float32 variance algorithms on tiny data, whose
   squares underflow, are counted apart: the standard model leaves underflow out.)
 * reduced: inputs rounded to bf16 / fp16 then computed by torch in fp32; fp32 computation
-  handed over as float64. Named right, named another precision, mismatch, or below the
+  handed over as float64. Named right (alone, or with precisions that fit alike: indistinguishable),
+  named another precision, mismatch, or below the
   rounding envelope (indistinguishable: not a naming error).
 * bugs: one-pass variance, eps 1e-3, eps outside the sqrt, biased/unbiased swapped, weight or
   bias dropped, wrong divisor, count_include_pad flipped, a pool window missing a tap or
@@ -1183,6 +1184,7 @@ def _env_row(op, rep, seconds, **kv):
         n=int(rep.n_terms),
         verdict=rep.verdict,
         precision=rep.precision,
+        alternatives=list(rep.alternatives),
         ratio=float(rep.max_bound_ratio),
         det_ulps=float(det),
         one_pass=one,
@@ -1413,6 +1415,8 @@ def summarise_envelope(rows) -> dict:
         k = (
             "named right"
             if r["verdict"] == "reduced-precision" and r["precision"] == p
+            else "named right among the indistinguishable"
+            if r["verdict"] == "reduced-precision" and p in r.get("alternatives", ())
             else "named another precision"
             if r["verdict"] == "reduced-precision"
             else "mismatch"
@@ -1482,8 +1486,8 @@ def summarise_envelope(rows) -> dict:
         "underflowing_fp32_algorithms": _frac(under, lambda r: r["verdict"] not in ("exact", "rounding")),
         "reduced": len(reduced),
         "reduced_outcomes": outcome,
-        "named_right": sum(r["outcome"] == "named right" for r in reduced),
-        "named_rate_where_sharp": sum(r["outcome"] == "named right" for r in decided) / max(len(decided), 1),
+        "named_right": sum(r["outcome"].startswith("named right") for r in reduced),
+        "named_rate_where_sharp": sum(r["outcome"].startswith("named right") for r in decided) / max(len(decided), 1),
         "bugs": len(bugs),
         "bugs_ge_2x": len(big),
         "caught_ge_2x": sum(r["caught"] for r in big),

@@ -183,6 +183,42 @@ def test_float64_results_are_sharp_about_float32():
     assert hyps[1][3] == pytest.approx(want, rel=1e-15)
 
 
+def test_a_window_that_holds_anything_names_nothing():
+    # data near 1e4 with spread 1: fp16 and bf16 round every row to one value, whose variance is 0 and
+    # whose layer_norm is undetermined in float32 (any value passes the fp16 envelope there). A
+    # garbage output must stay a mismatch, named neither a precision nor the one-pass variance
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 16, 12, generator=g) + 1e4
+    garbage = torch.randn(8, 16, 12, generator=g)
+    rep = rk.compare(garbage, "layer_norm", x, (12,))
+    assert rep.verdict == "mismatch" and rep.precision is None
+    assert not any("one-pass" in n for n in rep.notes)
+    assert any(
+        n.startswith("fp16 inputs would explain it, but only where their envelope holds any value") for n in rep.notes
+    )
+    y = F.layer_norm(x, (12,))
+    y[0, 0, 0] += 0.5
+    assert rk.compare(y, "layer_norm", x, (12,)).verdict == "mismatch"
+    # where the rounded inputs leave every row constant, fp16 and bf16 give the same: both are said
+    rep = rk.compare(F.layer_norm(x.bfloat16().float(), (12,)), "layer_norm", x, (12,))
+    assert (rep.verdict, rep.precision, rep.alternatives) == ("reduced-precision", "fp16", ["bf16"])
+
+
+def test_worst_elements_in_one_pass():
+    from refkern.analysis.compare import _worst
+
+    rng = np.random.default_rng(0)
+    for n, frac in ((0, 0.5), (5, 1.0), (1000, 0.3), (100_000, 0.01)):
+        key = rng.standard_normal(n)
+        key[rng.random(n) < 0.05] = np.nan  # NaN counts as inf
+        key[: n // 3] = np.round(key[: n // 3])  # ties: the lower index first
+        eligible = rng.random(n) < frac
+        top, worst = _worst(eligible, key, (n,))
+        k = np.where(eligible, np.nan_to_num(key, nan=np.inf), -np.inf)
+        want = np.flatnonzero(eligible)[np.argsort(-k[eligible], kind="stable")][:10]
+        assert top.tolist() == want.tolist() and worst == [(int(i),) for i in want]
+
+
 def test_constants_pinned_by_hand():
     # double-word: 2**-100 charged per operation (JMP 2017's largest bound is 9.8 u^2 = 9.8 * 2**-106)
     assert dd.EPS == 7.888609052210118e-31 and dd.EPS >= 9.8 * 2.0**-106

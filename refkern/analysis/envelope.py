@@ -151,7 +151,9 @@ of the smallest normal.
 """
 
 import numpy as np
+from numba import prange
 
+from refkern._jit import jit
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Format
 
 __all__ = ["OPS", "envelopes", "working_unit", "storage"]
@@ -251,41 +253,62 @@ def _row_stats(X, center):
         return mean, m2, np.abs(X).mean(axis=1), np.sqrt(q), q
 
 
-def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out):
-    """Envelope of a norm over rows of X (R, n) with weight/bias broadcast to X's shape."""
+def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out, store=0.0):
+    """Envelope of a norm over rows of X (R, n) with weight/bias broadcast to X's shape, plus the store
+    ``store |ref| + half a subnormal`` when ``store`` (the result format's unit) is given."""
+    R, n = X.shape
+    has_given = given is not None
+    given = (np.zeros(R), np.zeros(R)) if given is None else given
+    gm, gv = (np.broadcast_to(np.asarray(g, np.float64), (R,)).copy() for g in given)
+    bound = np.empty((R, n))
+    eta = 0.5 * 2.0 ** (out.emin - out.prec + 1) if store else 0.0
+    _norm_rows(np.ascontiguousarray(X, np.float64), *(np.broadcast_to(np.asarray(v, np.float64), (R, n)) for v in
+               (W, B, ref)), bool(center), float(eps), has_given, gm, gv, u, u_m, bool(one_pass),
+               _gamma(n, u)[()], _gamma(n + 3, u)[()], _underflow(n, u), float(store), eta, bound)  # fmt: skip
+    return bound
+
+
+@jit(parallel=True, error_model="numpy")
+def _norm_rows(X, W, B, ref, center, eps, has_given, gmean, gvar, u, u_m, one_pass, g_n, g_n3, uf, su, eta, bound):
+    """The norm envelope of the module docstring, one row a thread, in float64: the row's mean, M2,
+    mean |x| (A) and sum x^2 (q) by two passes, then every element's bound; NaN becomes inf (no claim)."""
     R, n = X.shape
     ua = u + u_m  # every step of the affine part may also be stored in the result dtype (half results)
-    with np.errstate(all="ignore"):
-        if given is not None:
-            mean, var = given
-            dmu = np.zeros(R)
-            e_v = np.zeros(R)
+    for i in prange(R):
+        if has_given:
+            mean, var, dmu, e_v = gmean[i], gvar[i], 0.0, 0.0
         else:
-            mean, m2, A, norm2, q = _row_stats(X, center)
-            dmu = _gamma(n, u) * A + u_m * np.abs(mean)
-            if one_pass:
-                e_m2 = 3.0 * _gamma(n, u) * q
-            else:
-                e_m2 = _gamma(n + 3, u) * norm2 * np.sqrt(m2) + n * (_gamma(n, u) * A) ** 2
-            e_m2 = e_m2 + _underflow(n, u)
+            t = 0.0
+            for j in range(n):
+                t += X[i, j]
+            mean = t / n if center else 0.0
+            m2, q, a = 0.0, 0.0, 0.0
+            for j in range(n):
+                d = X[i, j] - mean
+                m2 += d * d
+                q += X[i, j] * X[i, j]
+                a += abs(X[i, j])
+            A = a / n
+            dmu = g_n * A + u_m * abs(mean)
+            e_m2 = 3.0 * g_n * q if one_pass else g_n3 * np.sqrt(q) * np.sqrt(m2) + n * (g_n * A) ** 2
             var = m2 / n
-            e_v = e_m2 / n + ua * var
+            e_v = (e_m2 + uf) / n + ua * var
         w = var + eps
         e_w = e_v + ua * w
-        s_lo, s_hi = _sqrt_interval(w, e_w)
+        s_lo, s_hi = np.sqrt(max(w - e_w, 0.0)), np.sqrt(w + e_w)
         r = 1.0 / np.sqrt(w)
-        e_r = np.maximum(1.0 / s_lo - r, r - 1.0 / s_hi) + (2.0 * u + u_m) * r
-        mean_b, r_b = mean[:, None], r[:, None]
-        e_r_b, dmu_b = e_r[:, None], dmu[:, None]
-        d = np.abs(X - mean_b)
-        e_d = dmu_b + ua * (d + dmu_b)
-        aw = np.abs(W)
-        bound = aw * (e_d * r_b + d * e_r_b + e_d * e_r_b) + 3.0 * ua * (np.abs(X) + np.abs(mean_b)) * r_b * aw
-        bound = bound + 2.0 * ua * np.abs(B) + 2.0 * ua * np.abs(ref)
-    return np.where(np.isnan(bound), np.inf, bound)
+        e_r = max(1.0 / s_lo - r, r - 1.0 / s_hi) + (2.0 * u + u_m) * r
+        for j in range(n):
+            x = X[i, j]
+            d = abs(x - mean)
+            e_d = dmu + ua * (d + dmu)
+            aw = abs(W[i, j])
+            b = aw * (e_d * r + d * e_r + e_d * e_r) + 3.0 * ua * (abs(x) + abs(mean)) * r * aw
+            b += 2.0 * ua * abs(B[i, j]) + 2.0 * ua * abs(ref[i, j])
+            bound[i, j] = (b if b == b else np.inf) + su * abs(ref[i, j]) + eta
 
 
-def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list, int]:
+def envelopes(name: str, args: dict, ref: np.ndarray, out: Format, lazy: bool = False) -> tuple[list, int]:
     """The hypotheses for one call, as ``[(key, precision, centre, bound)]`` (float64 arrays of
     ref's shape), and the number of terms per element:
 
@@ -295,12 +318,14 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list
       envelope and the store to :func:`storage` (float32 under a float64 result, whose grid the
       verdict then requires): a sharp hypothesis (inputs converted to p, then computed correctly),
       never a loose "computed somehow in p" that a bug could hide in;
-    * for variance-based ops the one-pass variance, centred on the reference with its own envelope
-      (used only to name a mismatch);
+    * for var and std the one-pass variance, centred on the reference with its own envelope, and for
+      the norms with batch statistics its shape test (:func:`_one_pass_norm`), used only to name a
+      mismatch;
     * for softmax, log_softmax and attention the named bugs, as ``(key, text, fn, None)`` (module
       docstring), which :func:`~refkern.analysis.verdict.decide_envelope` evaluates only to name a mismatch.
-    Every bound includes the store to the result format."""
-    import refkern
+    Every bound includes the store to the result format. With ``lazy``, every hypothesis but the
+    rounding one is ``(key, precision, None, thunk)``, ``thunk() -> (centre, bound)``: the verdict
+    runs them (an exact op on rounded inputs each) only when rounding does not explain the output."""
     from refkern.analysis._envelope_ops import layout
 
     if name == "rms_norm" and args.get("eps") is None:  # the default follows the input's dtype: fix it
@@ -309,28 +334,39 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format) -> tuple[list
         args = dict(args, eps=2.0**-52 if operand(args["input"], "input", name).fmt.prec == 53 else 2.0**-23)
     lay = layout(name, args, ref.shape)
     u, u_m = working_unit(out), (out.u if out.prec < FLOAT32.prec else 0.0)
-    store = _store(ref, out.u, out)
-    hyps = [("rounding", None, ref, _one(lay, u + u_m, u_m, False, ref, out) + store)]
+    rounding = _one(lay, u + u_m, u_m, False, ref, out, store=True)
+    hyps = [("rounding", None, ref, rounding)]
     for key, prec, fmt in _candidates(out)[1:]:
-        rounded = _rounded_args(args, fmt)
-        res = getattr(refkern, name)(**rounded)
-        res = res[0] if isinstance(res, tuple) else res
-        centre = np.asarray(res, np.float64).reshape(ref.shape)
-        lay_p = layout(name, rounded, ref.shape)  # its own terms: bf16 rounds data near 1e4 to steps of 64
-        st = storage(out, prec)
-        store_p = store if st is out else store + _store(centre, st.u, st)  # to float32, then exactly to out
-        hyps.append((key, prec, centre, _one(lay_p, FLOAT32.u, 0.0, False, centre, out) + store_p))
+        hyps.append((key, prec, None, lambda p=prec, f=fmt: _reduced(name, args, ref, out, p, f)))
     if lay.kind in ("var", "std"):
-        hyps.append((ONE_PASS, None, ref, _one(lay, u + u_m, u_m, True, ref, out) + store))
+        hyps.append((ONE_PASS, None, None, lambda: (ref, _one(lay, u + u_m, u_m, True, ref, out, store=True))))
     elif lay.kind == "norm" and lay.given is None:
-        rounding = hyps[0][3]
         hyps.append((ONE_PASS, ONE_PASS_TEXT, lambda a, bad, r: _one_pass_norm(lay, u, a, bad, r, rounding), None))
     if lay.kind in _SOFTMAX_KINDS:
         from refkern.analysis._envelope_softmax import named_bugs, reduced_hypotheses
 
         hyps += reduced_hypotheses(name, lay, ref, out, rounding)
         hyps += [(key, text, fn, None) for key, text, fn in named_bugs(name, args, lay, out)]
+    if not lazy:
+        hyps = [(k, p, *e[3]()) if e[2] is None else e for e in hyps for k, p in [e[:2]]]
     return hyps, lay.n
+
+
+def _reduced(name, args, ref, out, prec, fmt):
+    """(centre, bound) of the reduced precision ``prec``: refkern's op on the inputs rounded to ``fmt``,
+    the float32 envelope of that call from its own terms (bf16 rounds data near 1e4 to steps of 64),
+    the store to :func:`storage` and then to ``out``."""
+    import refkern
+    from refkern.analysis._envelope_ops import layout
+
+    rounded = _rounded_args(args, fmt)
+    res = getattr(refkern, name)(**rounded)
+    res = res[0] if isinstance(res, tuple) else res
+    centre = np.asarray(res, np.float64).reshape(ref.shape)
+    st = storage(out, prec)
+    store = _store(ref, out.u, out)
+    store_p = store if st is out else store + _store(centre, st.u, st)  # to float32, then exactly to out
+    return centre, _one(layout(name, rounded, ref.shape), FLOAT32.u, 0.0, False, centre, out) + store_p
 
 
 def _one_pass_norm(lay, u, actual, bad, ref, rounding) -> bool:
@@ -364,7 +400,16 @@ def _one_pass_norm(lay, u, actual, bad, ref, rounding) -> bool:
     return bool(np.all(ok | nan_rows))
 
 
-def _one(lay, u, u_m, one_pass, ref, out):
+def _one(lay, u, u_m, one_pass, ref, out, store=False):
+    """The envelope of one hypothesis (``store``: plus the store of ``ref`` to ``out``)."""
+    if lay.kind == "norm":
+        b = _norm_envelope(lay.X, lay.W, lay.B, lay.center, lay.eps, lay.given, u, u_m, one_pass,
+                           lay.ref_rows(ref), out, out.u if store else 0.0)  # fmt: skip
+        return lay.back(b)
+    return _bare(lay, u, u_m, one_pass, ref, out) + (_store(ref, out.u, out) if store else 0.0)
+
+
+def _bare(lay, u, u_m, one_pass, ref, out):
     kind, X, n = lay.kind, lay.X, lay.n
     if kind == "max":
         return np.zeros(ref.shape)
@@ -394,6 +439,4 @@ def _one(lay, u, u_m, one_pass, ref, out):
             lo, hi = _sqrt_interval(v, e_v)
             s = np.sqrt(v)
             return lay.back(np.maximum(s - lo, hi - s) + 2.0 * u * s)
-        # norms
-        b = _norm_envelope(X, lay.W, lay.B, lay.center, lay.eps, lay.given, u, u_m, one_pass, lay.ref_rows(ref), out)
-        return lay.back(b)
+        raise AssertionError(kind)  # pragma: no cover - every kind is handled above

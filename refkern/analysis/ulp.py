@@ -11,6 +11,7 @@ operands within a factor of two of each other, by Sterbenz's lemma).
 import math
 
 import numpy as np
+from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import Format
@@ -37,9 +38,9 @@ def ulp_error(approx: float, exact: float, fmt: Format) -> float:
     return (approx - exact) / ulp(exact, fmt)
 
 
-@jit
+@jit(parallel=True)
 def _ulp_errors(a, r, prec, emin, out):
-    for i in range(a.size):
+    for i in prange(a.size):
         x, y = a[i], r[i]
         if x == y or (x != x and y != y):
             out[i] = 0.0

@@ -43,6 +43,7 @@ A test can only see what stands above the noise: the decision carries the smalle
 one element, and of a whole group, that would have been flagged (``detectable``).
 """
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -315,16 +316,20 @@ class _EnvelopeFit:
 
     model: Model
     bound: np.ndarray
-    ratio: np.ndarray  # |actual - reference| / bound (0 where equal, inf where a special differs)
-    # elements that differ from the centre and pass only because the bound is infinite (the envelope
-    # claims nothing there). The rounding hypothesis may pass them (no false alarm where nothing is
-    # claimed); a reduced precision may not be *named* on them: a window that holds any value is no
-    # evidence for that precision, and a bug would hide in it
-    vacuous: np.ndarray | None = None
+    ratio: np.ndarray  # |actual - centre| / bound (0 where equal, inf where a special differs)
+    state: np.ndarray  # int8 per element: 0 equal, 1 within a finite bound, 2 vacuous, 3 beyond
 
     @property
     def explains(self) -> bool:
-        return bool(np.all(self.ratio <= 1.0))
+        return not bool(np.any(self.state == 3))
+
+    @property
+    def vacuous(self) -> np.ndarray:
+        """Elements that differ from the centre and pass only because the bound is infinite (the
+        envelope claims nothing there). The rounding hypothesis may pass them (no false alarm where
+        nothing is claimed); a reduced precision may not be *named* on them: a window that holds any
+        value is no evidence for that precision, and a bug would hide in it."""
+        return self.state == 2
 
     def summary(self, lam_el) -> dict:
         bad = int((self.ratio > 1.0).sum())
@@ -333,10 +338,73 @@ class _EnvelopeFit:
                 "test": "worst-case envelope"}  # fmt: skip
 
 
+def _run(e):
+    """A hypothesis of :func:`~refkern.analysis.envelope.envelopes`, its lazy centre and bound computed."""
+    return (*e[:2], *e[3]()) if e[2] is None else e
+
+
+def _envelope_fits(actual, out, hyps) -> list:
+    """One :class:`_EnvelopeFit` per ``(key, precision, centre, bound)``."""
+    from refkern.accumulate.formats import FORMATS
+    from refkern.analysis.envelope import ONE_PASS, storage
+
+    fits = []
+    a = np.ascontiguousarray(actual, np.float64).reshape(-1)
+    for key, prec, mid, bound in hyps:
+        fmt = FORMATS.get({"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(prec, ""), out)
+        st = storage(out, prec)
+        kind = (f"a correct implementation in {'float64' if out.prec == 53 else 'float32'} arithmetic"
+                if key == "rounding" else ONE_PASS + " E[x^2] - E[x]^2" if key == ONE_PASS
+                else f"{fmt.name} inputs, computed correctly after the conversion"
+                + (f", stored in {st.name}" if st is not out else ""))  # fmt: skip
+        m = Model(key, prec, kind, st, fmt)
+        ratio, state = np.empty(a.size), np.empty(a.size, np.int8)
+        c, b = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (mid, bound))
+        _envelope_pass(a, c, b, st is not out, *st.params, key == ONE_PASS, ratio, state)
+        shape = np.shape(actual)
+        fits.append(_EnvelopeFit(m, np.reshape(bound, shape), ratio.reshape(shape), state.reshape(shape)))
+    return fits
+
+
+@jit(parallel=True)
+def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ratio, state):
+    """Per element, in one pass: ``ratio = |a - c| / bound`` (0 where equal, NaN alike; inf where one
+    is NaN, where an infinite error meets an infinite bound, and, with ``grid``, for a value off the
+    grid of the format the hypothesis stores in) and ``state``: 0 equal, 1 within a finite bound,
+    2 within only because the bound is infinite (vacuous), 3 beyond. ``one_pass``: a NaN where the
+    bound is infinite is within (E[x^2] - E[x]^2 + eps can fall below 0: its square root is NaN where
+    the envelope reaches 0)."""
+    for i in prange(a.size):
+        x, y, b = a[i], c[i], bound[i]
+        if x == y or (x != x and y != y):
+            ratio[i] = 0.0
+            state[i] = 0
+            continue
+        r = abs(x - y) / b
+        if r != r:
+            r = np.inf
+        if grid and x == x and round_to(x, prec, emin, emax) != x:
+            r = np.inf
+        if one_pass and x != x and b == np.inf:
+            r = 0.0
+        ratio[i] = r
+        state[i] = 3 if r > 1.0 else (1 if b < np.inf else 2)
+
+
+@jit(parallel=True)
+def _in_ulps(ref, bound, prec, emin, out):
+    """The bound in ulps of the result format at the reference (inf where no bound holds)."""
+    for i in prange(ref.size):
+        y, b = ref[i], bound[i]
+        e = math.frexp(y)[1] - 1 if y - y == 0.0 and y != 0.0 else -1  # floor(log2 |y|) (-1 for 0, specials)
+        out[i] = b / math.ldexp(1.0, max(e, emin) - prec + 1) if b < np.inf else np.inf
+
+
 def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     """The verdict for ops judged by worst-case envelopes (:mod:`refkern.analysis.envelope`).
 
-    ``envs``: ``[(key, precision, centre, bound)]``, and ``(key, text, fn, None)`` for a named bug
+    ``envs``: ``[(key, precision, centre, bound)]`` (or ``(key, precision, None, thunk)``, run only
+    when the rounding envelope does not hold), and ``(key, text, fn, None)`` for a named bug
     (:func:`refkern.analysis._envelope_softmax.named_bugs`): ``fn(actual, unexplained, ref)`` is called
     only once the verdict is "mismatch", to name it (``text``), never to excuse an element. An element
     is explained by a hypothesis when ``|actual - centre| <= B`` (equal specials
@@ -355,38 +423,16 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     A bug that moves an element by less than its rounding envelope cannot be seen: ``detectable``
     reports that size (median and largest, in units of the result format's ulp at the reference).
     """
-    from refkern.accumulate.formats import FORMATS, round_array
-    from refkern.analysis.envelope import ONE_PASS, ONE_PASS_TEXT, storage
+    from refkern.analysis.envelope import ONE_PASS, ONE_PASS_TEXT
 
-    with np.errstate(all="ignore"):
-        same = (actual == ref) | (np.isnan(actual) & np.isnan(ref))
-        err = np.where(same, 0.0, np.abs(actual - ref))
-        err = np.where(np.isnan(err), np.inf, err)
-    fits = []
     named = [e for e in envs if callable(e[2])]
-    for key, prec, mid, bound in (e for e in envs if not callable(e[2])):
-        fmt = FORMATS.get({"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(prec, ""), out)
-        st = storage(out, prec)
-        kind = (f"a correct implementation in {'float64' if out.prec == 53 else 'float32'} arithmetic"
-                if key == "rounding" else ONE_PASS + " E[x^2] - E[x]^2" if key == ONE_PASS
-                else f"{fmt.name} inputs, computed correctly after the conversion"
-                + (f", stored in {st.name}" if st is not out else ""))  # fmt: skip
-        m = Model(key, prec, kind, st, fmt)
-        with np.errstate(all="ignore"):
-            same_c = (actual == mid) | (np.isnan(actual) & np.isnan(mid))
-            e_c = np.where(same_c, 0.0, np.abs(actual - mid))
-            ratio = np.where(e_c == 0, 0.0, e_c / bound)
-            if st is not out:  # a value off the grid of the format the hypothesis stores in
-                ratio = np.where(np.isfinite(actual) & (round_array(actual, *st.params) != actual), np.inf, ratio)
-            if key == ONE_PASS:  # E[x^2] - E[x]^2 + eps can fall below 0: its square root is NaN where
-                ratio = np.where(np.isnan(actual) & np.isinf(bound), 0.0, ratio)  # the envelope reaches 0
-            vacuous = (e_c > 0) & ~(bound < np.inf)
-        fits.append(_EnvelopeFit(m, bound, np.where(np.isnan(ratio), np.inf, ratio), vacuous))
+    hyps = [e for e in envs if not callable(e[2])]
+    fits = _envelope_fits(actual, out, hyps[:1])
     r0 = fits[0]
-    expo = np.frexp(np.where(np.isfinite(ref), ref, 0.0))[1] - 1  # floor(log2 |ref|) (-1 for 0)
-    ulp = np.ldexp(1.0, np.maximum(expo, out.emin) - out.prec + 1)  # the format's ulp at the reference
-    with np.errstate(all="ignore"):
-        in_ulps = np.where(np.isfinite(r0.bound), r0.bound / ulp, np.inf)
+    same = r0.state == 0
+    in_ulps = np.empty(ref.size)
+    _in_ulps(np.ascontiguousarray(ref, np.float64).reshape(-1), np.ascontiguousarray(r0.bound).reshape(-1),
+             out.prec, out.emin, in_ulps)  # fmt: skip
     det = {"element": {"median_ulps": float(np.median(in_ulps)) if in_ulps.size else 0.0,
                        "max_ulps": float(in_ulps.max(initial=0.0))}, "test": "worst-case envelope"}  # fmt: skip
     thresholds = {"element": 1.0, "test": "worst-case envelope"}
@@ -396,6 +442,7 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     if r0.explains:
         return Decision("rounding", None, r0.model, np.where(same, 0, 1).astype(np.int8), fits, z, [], [], det,
                         thresholds)  # fmt: skip
+    fits += _envelope_fits(actual, out, [_run(e) for e in hyps[1:]])
     fails0 = ~(r0.ratio <= 1.0)
     reduced = sorted((f for f in fits[1:] if f.model.precision and f.explains and (fails0 & ~f.vacuous).any()),
                      key=lambda f: -f.model.acc.prec)  # fmt: skip

@@ -83,3 +83,35 @@ def randomize_batch_norm(model, seed=0):
                 m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
                 m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
     return model
+
+
+class BrokenKernel:
+    """A backend whose kernel for one aten op is broken from its ``nth`` call on (0-based; ``count`` calls):
+    the output is scaled by (1 + 2**-8) at every 7th element, a bug far beyond rounding in float32.
+
+    A ``TorchDispatchMode`` entered *before* the audit sits below it, as a backend's kernels sit below
+    torch's dispatcher: the audit sees the op's true inputs and this kernel's output."""
+
+    def __new__(cls, op, nth=0, count=1):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class _Mode(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.seen = 0
+                self.broken = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func.overloadpacket is op.overloadpacket:
+                    if nth <= self.seen < nth + count:
+                        first = out[0] if isinstance(out, tuple) else out
+                        with torch.no_grad():
+                            flat = first.clone().reshape(-1)
+                            flat[::7] *= 1 + 2**-8
+                            first.copy_(flat.view(first.shape))
+                        self.broken.append(self.seen)
+                    self.seen += 1
+                return out
+
+        return _Mode()

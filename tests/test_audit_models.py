@@ -1,0 +1,297 @@
+"""The audit on real models, end to end: ResNet-18 (built here), nn.TransformerEncoder, and
+transformers' BertModel and ViTModel from tiny random configurations (nothing is downloaded);
+healthy, and with one broken kernel injected below the dispatcher: the first failure is named,
+everything else stays rounding or exact. Then compiled models, layer by layer."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from audit_models import BrokenKernel, randomize_batch_norm, resnet18  # noqa: E402
+
+import refkern.torch as rkt  # noqa: E402
+
+aten = torch.ops.aten
+OK = ("exact", "rounding")
+
+
+def _healthy(a):
+    assert a.first_failure is None, a.report()
+    assert all(c.verdict in OK for c in a.calls), a.report()
+    assert not a.not_analysed, a.report()
+
+
+def _broken(a, mode, op_name):
+    """The first failure is the broken op; every other judged op is still exact or rounding."""
+    f = a.first_failure
+    assert mode.broken, "the broken kernel never ran"
+    assert f is not None and f.aten.split(".")[1] == op_name and f.verdict == "mismatch", a.report()
+    assert all(c.verdict in OK for c in a.calls if c is not f), a.report()
+    return f
+
+
+# ------------------------------------------------------------------------------ ResNet-18
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    return randomize_batch_norm(resnet18(num_classes=10)).eval()
+
+
+def test_resnet18_is_audited_op_by_op(resnet):
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), rkt.audit() as a:
+        resnet(x)
+    _healthy(a)
+    assert a.unchecked == {} and a.n_checked == a.n_ops  # every op of a ResNet has a reference or is bitwise
+    ops = [c.op for c in a.calls]
+    assert ops.count("conv2d") == 20 and ops.count("batch_norm") == 20 and ops.count("linear") == 1
+    assert ops.count("relu") == 17 and ops.count("add") == 8 and ops.count("max_pool2d") == 1
+    assert "mean" in ops  # the 1x1 adaptive average pool runs as a mean
+    names = [c.name for c in a.calls if c.op == "conv2d"]
+    assert names[:3] == ["ResNet.conv1", "ResNet.layer1.0.conv1", "ResNet.layer1.0.conv2"]
+    assert "ResNet.layer2.0.downsample.0" in names
+    assert a.report().startswith(f"audit: {a.n_ops} of {a.n_ops} ops checked (")
+
+
+def test_resnet18_with_a_broken_convolution(resnet):
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), BrokenKernel(aten.convolution.default, nth=4) as bad, rkt.audit() as a:
+        resnet(x)
+    f = _broken(a, bad, "convolution")
+    assert f.name == "ResNet.layer1.1.conv2" and f.op == "conv2d"  # the 5th convolution
+    assert f"first call beyond exact/rounding: #{f.index} ResNet.layer1.1.conv2 (conv2d): mismatch" in a.report()
+
+
+# ---------------------------------------------------------------------- TransformerEncoder
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    torch.manual_seed(1)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+
+
+def test_transformer_encoder_every_op(encoder):
+    x = torch.randn(2, 5, 16)
+    with rkt.audit() as a:  # autograd on: torch runs the composed path
+        encoder(x)
+    _healthy(a)
+    assert a.unchecked == {}
+    ops = [c.op for c in a.calls]
+    assert ops.count("scaled_dot_product_attention") == 2 and ops.count("layer_norm") == 4
+    assert ops.count("linear") == 6 and ops.count("matmul") == 2  # out, ffn x2 per layer; packed in-projections
+    assert {c.name for c in a.calls if c.op == "scaled_dot_product_attention"} == {
+        "TransformerEncoder.layers.0.self_attn", "TransformerEncoder.layers.1.self_attn"}  # fmt: skip
+
+
+def test_transformer_encoder_fused_path_is_named_not_looked_inside(encoder):
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad(), rkt.audit() as a:
+        encoder(x)
+    assert a.unchecked == {"_transformer_encoder_layer_fwd": 2} and a.n_checked == 0
+    assert "fused kernel: several ops in one, not looked inside" in a.report()
+    assert "every" not in a.summary()  # never 'everything is fine' when nothing was judged
+
+
+def test_transformer_encoder_with_a_broken_attention(encoder):
+    x = torch.randn(2, 5, 16)
+    sdpa = aten._scaled_dot_product_flash_attention_for_cpu.default
+    with BrokenKernel(sdpa, nth=1) as bad, rkt.audit() as a:
+        encoder(x)
+    f = _broken(a, bad, "_scaled_dot_product_flash_attention_for_cpu")
+    assert f.name == "TransformerEncoder.layers.1.self_attn" and f.op == "scaled_dot_product_attention"
+
+
+# ------------------------------------------------------------------------------ transformers
+
+
+@pytest.fixture(scope="module")
+def bert():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(2)
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=16)  # fmt: skip
+    return transformers.BertModel(cfg).eval()
+
+
+def test_bert_every_op_judged_or_named(bert):
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), rkt.audit() as a:
+        bert(input_ids=ids)
+    _healthy(a)
+    assert a.unchecked == {"gelu": 2, "tanh": 1}  # the FFN activations and the pooler
+    assert a.reasons["gelu"] == "no reference in refkern"
+    ops = [c.op for c in a.calls]
+    assert ops.count("scaled_dot_product_attention") == 2 and ops.count("layer_norm") == 5
+    assert ops.count("linear") == 2 * 6 + 1  # q, k, v, out, ffn x2 per layer; the pooler
+    assert a.summary() == f"{a.n_ops - 3} of {a.n_ops} ops checked ({_how(a)}); every checked op is exact or rounding"
+    assert a.report().splitlines()[1] == "not checked: gelu x2, tanh x1"
+
+
+def _how(a):
+    v = {}
+    for c in a.calls:
+        v[c.verdict] = v.get(c.verdict, 0) + 1
+    return ", ".join(f"{v[k]} {k}" for k in sorted(v, key=lambda k: (-v[k], k)))
+
+
+def test_bert_with_a_broken_linear(bert):
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), BrokenKernel(aten.addmm.default, nth=4) as bad, rkt.audit() as a:
+        bert(input_ids=ids)
+    f = _broken(a, bad, "addmm")
+    assert (
+        f.name == "BertModel.encoder.layer.0.intermediate.dense" and f.op == "linear"
+    )  # after q, k, v and the attention output
+
+
+def test_vit_every_op_judged_or_named():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(3)
+    cfg = transformers.ViTConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64)  # fmt: skip
+    vit = transformers.ViTModel(cfg).eval()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad(), rkt.audit() as a:
+        vit(pixel_values=x)
+    _healthy(a)
+    assert a.unchecked == {"gelu": 1, "tanh": 1}
+    assert [c.op for c in a.calls][0] == "conv2d" and a.calls[
+        0
+    ].name == "ViTModel.embeddings.patch_embeddings.projection"
+
+
+# -------------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize(
+    "op, make",
+    [
+        ("conv2d", lambda g: ((torch.randn(3, 8, 11, 9, generator=g), torch.randn(12, 4, 3, 3, generator=g),
+                               torch.randn(12, generator=g)), dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2),
+                                                                   groups=2))),
+        ("conv1d", lambda g: ((torch.randn(2, 5, 30, generator=g), torch.randn(7, 5, 4, generator=g), None),
+                              dict(stride=3, padding=2))),
+        ("linear", lambda g: ((torch.randn(4, 6, 16, generator=g), torch.randn(9, 16, generator=g),
+                               torch.randn(9, generator=g)), {})),
+        ("matmul", lambda g: ((torch.randn(3, 10, 16, generator=g), torch.randn(3, 16, 12, generator=g)), {})),
+        ("softmax", lambda g: ((torch.randn(4, 7, 9, generator=g),), dict(dim=1))),
+        ("layer_norm", lambda g: ((torch.randn(6, 5, 8, generator=g),), dict(normalized_shape=(8,)))),
+    ],
+)  # fmt: skip
+def test_a_sample_is_the_exact_reference_of_those_elements(op, make):
+    """The smaller call's reference equals the full reference at the sampled elements, bit for bit."""
+    import refkern as rk
+    from refkern.torch.sample import restrict
+
+    args, kw = make(torch.Generator().manual_seed(5))
+    full = getattr(rk, op)(*args, **kw)
+    marked = torch.arange(full.numel(), dtype=torch.float64).reshape(full.shape)  # which element is which
+    got = restrict(op, marked, args, kw, 40)
+    assert got is not None
+    where, sub_args, sub_kw = got
+    assert 0 < where.numel() <= max(40, where.shape[-1] if op in ("softmax", "layer_norm") else 40)
+    sub = getattr(rk, op)(*sub_args, **sub_kw)
+    assert torch.equal(sub.reshape(-1), full.reshape(-1)[where.reshape(-1).long()])
+
+
+def test_audit_with_a_sample_judges_fewer_elements_and_still_finds_the_bug(resnet):
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), rkt.audit(sample=256) as a:
+        resnet(x)
+    _healthy(a)
+    convs = [c for c in a.calls if c.op == "conv2d"]
+    assert all(0 < c.sampled <= 256 for c in convs)  # every conv output here has more than 256 elements
+    assert f"{convs[0].sampled} sampled elements" in a.report()
+    with torch.no_grad(), BrokenKernel(aten.convolution.default, nth=4) as bad, rkt.audit(sample=256) as a:
+        resnet(x)
+    assert _broken(a, bad, "convolution").name == "ResNet.layer1.1.conv2"
+    with pytest.raises(ValueError, match=r"^audit: sample must be a positive number of elements or None; got "):
+        rkt.audit(sample=0)
+
+
+def test_progress_line_goes_to_stderr_only_when_asked(capsys):
+    lin = nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    with rkt.audit(progress=False) as a:
+        lin(x)
+    assert capsys.readouterr().err == ""
+    with rkt.audit(progress=True) as a:
+        lin(x)
+    out = capsys.readouterr()
+    assert out.out == "" and a.n_checked == 1
+    with pytest.raises(ValueError, match=r"^audit: progress must be True, False or None"):
+        rkt.audit(progress="yes")
+
+
+# -------------------------------------------------------------------------------- compiled
+
+
+class ConvLinearModel(nn.Module):
+    """The model of the torch.compile question in the seeds (004): conv, conv, linear, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, kernel_size=3, stride=1, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, stride=1, padding=1)
+        self.fc1 = nn.Linear(32 * 8 * 8, 512)
+        self.fc2 = nn.Linear(512, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.conv2(x))
+        x = x.view(x.size(0), -1)
+        x = torch.relu(self.fc1(x))
+        return self.fc2(x)
+
+
+def test_compiled_max_autotune_model_is_audited_layer_by_layer():
+    torch.manual_seed(42)
+    model = ConvLinearModel()
+    compiled = torch.compile(model, mode="max-autotune")
+    x = torch.randn(10, 3, 8, 8)
+    with rkt.audit() as a:
+        out = compiled(x)  # dynamo's "already tracked for mutation" crash, before
+    (comp,) = a.compiled
+    assert [layer.name for layer in comp.layers] == [f"ConvLinearModel.{n}" for n in ("conv1", "conv2", "fc1", "fc2")]
+    assert all(layer.compiled is not None and layer.compiled.verdict in OK for layer in comp.layers), comp.lines()
+    assert all(layer.eager in OK for layer in comp.layers) and comp.first_divergence is None
+    assert "max_autotune" in comp.backend and comp.end_to_end.ok
+    _healthy(a)  # the eager run of the same model, op by op
+    assert torch.allclose(out, model(x), rtol=1e-4, atol=1e-5) and not torch.nn.modules.module._has_any_global_hook()
+
+
+def _buggy_conv(x, w, b=None, *args):
+    return torch.conv2d(x[:, :-1], w[:, :-1], b, *args)  # a compiler that drops the last input channel
+
+
+def test_compiled_model_with_a_broken_compiler_names_the_first_divergent_layer():
+    graphs = []
+
+    def broken(gm, example_inputs):  # a backend: the graph as is, its convolutions miscompiled
+        graphs.append(gm)
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target is torch.conv2d:
+                n.target = _buggy_conv
+        gm.recompile()
+        return gm.forward
+
+    torch.manual_seed(43)
+    model = ConvLinearModel()
+    x = torch.randn(4, 3, 8, 8)
+    with rkt.audit() as a:
+        compiled = torch.compile(model, backend=broken)
+        compiled(x)
+    (comp,) = a.compiled
+    assert len(graphs) >= 1 + 4  # the whole model, then each leaf alone
+    d = comp.first_divergence
+    assert d is not None and d.name == "ConvLinearModel.conv1" and d.eager in OK and d.compiled.verdict == "mismatch"
+    assert [layer.compiled.verdict in OK for layer in comp.layers] == [False, False, True, True]
+    assert not comp.end_to_end.ok
+    lines = "\n".join(comp.lines())
+    assert "first divergence beyond exact/rounding: ConvLinearModel.conv1 (conv2d)" in lines
+    assert "WORSE than the baseline" in lines

@@ -6,8 +6,10 @@ Issue 13's target: the exact grad_weight and grad_input of the ResNet conv (8, 6
 (64, 64, 3, 3), padding 1, float32, within 3x torch's float64 backward of the same conv
 (``torch.ops.aten.convolution_backward`` with both outputs, as autograd calls it). Each side is
 timed in blocks of consecutive calls, the sides taking turns, after a warm-up call (which
-compiles); the best block per side is reported. Without --quick also each gradient alone, and a
-linear layer's (4096 x 1024 x 1024) gradients against torch float64 matmuls.
+compiles); the best block per side is reported. Without --quick also each gradient alone, a
+linear layer's (4096 x 1024 x 1024) gradients against torch float64 matmuls, and the correctly
+rounded softmax / log_softmax gradients of (64, 1024) float32 logits against torch's float64
+backward kernels (no target: reported).
 """
 
 import argparse
@@ -53,6 +55,23 @@ def bench_linear(blocks):
                 vs_torch_f64=t["exact"] / t["torch_f64"], vs_torch_f32=t["exact"] / t["torch_f32"])  # fmt: skip
 
 
+def bench_softmax(op, blocks):
+    """softmax / log_softmax backward of (64, 1024) float32 logits (exact, correctly rounded) against
+    torch's float64 backward kernel (``torch._softmax_backward_data`` on the stored float64 output)."""
+    torch.manual_seed(0)
+    x, g = torch.randn(64, 1024) * 4, torch.randn(64, 1024)
+    x64, g64 = x.double(), g.double()
+    fwd, bwd = {"softmax": (torch.softmax, torch._softmax_backward_data),
+                "log_softmax": (torch.log_softmax, torch._log_softmax_backward_data)}[op]  # fmt: skip
+    y64, y32 = fwd(x64, -1), fwd(x, -1)
+    t = per_call({"exact": (partial(rk.backward, op, g, x, -1), 1),
+                  "torch_f64": (partial(bwd, g64, y64, -1, torch.float64), 20),
+                  "torch_f32": (partial(bwd, g, y32, -1, torch.float32), 20)}, blocks)  # fmt: skip
+    return dict(op=f"{op} backward", case="(64,1024) dim -1", wrt="input", dtype="float32",
+                exact_s=t["exact"], torch_f64_s=t["torch_f64"], torch_f32_s=t["torch_f32"],
+                vs_torch_f64=t["exact"] / t["torch_f64"], vs_torch_f32=t["exact"] / t["torch_f32"])  # fmt: skip
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the target case only, two blocks")
@@ -66,6 +85,7 @@ def main(argv=None):
         rows.append(bench_conv(("weight",), blocks))
         rows.append(bench_conv(("x",), blocks))
         rows.append(bench_linear(blocks))
+        rows += [bench_softmax(op, blocks) for op in ("softmax", "log_softmax")]
     print(f"{'op':<16} {'case':<30} {'wrt':<9} {'exact':>9} {'torch f64':>10} {'ratio':>7} {'vs f32':>7}")
     for r in rows:
         times = f"{r['exact_s'] * 1e3:7.0f}ms {r['torch_f64_s'] * 1e3:8.1f}ms"

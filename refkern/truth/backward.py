@@ -10,6 +10,8 @@ precision) and rounded once to the argument's format. Small sizes only: Python l
 """
 
 import itertools
+import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -18,7 +20,7 @@ from refkern.truth.products import _exact_sum_of_products
 
 __all__ = ["backward"]
 
-_DIFF = {"linear": ("x", "weight", "bias"), "matmul": ("a", "b"),
+_DIFF = {"linear": ("x", "weight", "bias"), "matmul": ("a", "b"), "softmax": ("input",), "log_softmax": ("input",),
          **{f"conv{d}d": ("x", "weight", "bias") for d in (1, 2, 3)},
          **{f"conv_transpose{d}d": ("input", "weight", "bias") for d in (1, 2, 3)}}  # fmt: skip
 
@@ -183,6 +185,80 @@ def _conv_transpose(nd, op, G, a, grads):
             grads.add("bias", (idx[1],), G[idx], 1.0)
 
 
+def _softmax_backward_row(x: list, g: list, fmt, log: bool) -> list:
+    """One row of the softmax (log_softmax) gradient from the definition: ``dx_i = y_i sum_j y_j (g_i -
+    g_j)`` (``= y_i (g_i - sum_j g_j y_j)``, since the y_j sum to 1), ``dx_i = g_i - y_i sum_j g_j``, on
+    mpmath intervals (Ziv's loop of :mod:`refkern.truth.softmax`). A NaN forward or a non-finite g:
+    NaN throughout; a -inf logit: ``y_i = 0``. The rational results are decided as exact rationals:
+    equal finite logits (``y = 1/c``), a softmax gradient whose ``sum_{j: x_j = a} (g_i - g_j)`` is 0
+    for every distinct logit a (the exp terms of distinct rational logits are linearly independent
+    over the rationals, Lindemann-Weierstrass: the gradient is 0 exactly then, and irrational
+    otherwise), a log_softmax gradient with ``sum_j g_j = 0``."""
+    from refkern.truth.softmax import _decide, _ivq, iv
+
+    n = len(x)
+    if (
+        any(v != v or v == math.inf for v in x)
+        or all(v == -math.inf for v in x)
+        or not all(math.isfinite(v) for v in g)
+    ):
+        return [math.nan] * n
+    M = Fraction(max(v for v in x if v != -math.inf))
+    d = [Fraction(v) - M if v != -math.inf else None for v in x]
+    gq = [Fraction(v) for v in g]
+    fin = [j for j in range(n) if d[j] is not None]
+    total = sum(gq, Fraction(0))
+    levels = sorted({d[j] for j in fin})
+    out = []
+    for i in range(n):
+        if d[i] is None:
+            out.append(float(g[i]) if log else 0.0)
+            continue
+        if len(levels) == 1:
+            c = len(fin)
+            if log:
+                q = gq[i] - total / c
+            else:
+                q = sum((gq[i] - gq[j] for j in fin), Fraction(0)) / (c * c)
+            out.append(_decide(fmt, lambda q=q: _ivq(q)))
+            continue
+        if log and total == 0:
+            out.append(float(g[i]))
+            continue
+        if not log and all(sum((gq[i] - gq[j] for j in fin if d[j] == a), Fraction(0)) == 0 for a in levels):
+            out.append(0.0)
+            continue
+
+        def make(i=i):
+            E = {j: (iv.exp(_ivq(d[j])) if d[j] != 0 else iv.mpf(1)) for j in fin}
+            S = iv.mpf(0)
+            for j in fin:
+                S += E[j]
+            yi = E[i] / S
+            if log:
+                return _ivq(gq[i]) - _ivq(total) * yi
+            acc = iv.mpf(0)
+            for j in fin:
+                acc += E[j] * _ivq(gq[i] - gq[j])
+            return yi * acc / S
+
+        out.append(_decide(fmt, make))
+    return out
+
+
+def _softmax_backward(name, G, og, a, wrt):
+    from refkern.kernels._common import deliver
+
+    x, ox = _values(a["input"], "input", "truth.backward")
+    dim = a["dim"] % max(x.ndim, 1)
+    xs = np.moveaxis(x.reshape(x.shape or (1,)), dim, -1)
+    gs = np.moveaxis(G.reshape(x.shape or (1,)), dim, -1)
+    rows = [_softmax_backward_row(list(map(float, xr)), list(map(float, gr)), ox.fmt, name == "log_softmax")
+            for xr, gr in zip(xs.reshape(-1, xs.shape[-1]), gs.reshape(-1, gs.shape[-1]))]  # fmt: skip
+    v = np.moveaxis(np.array(rows, np.float64).reshape(xs.shape), -1, dim).reshape(x.shape)
+    return {"input": deliver(v, ox.fmt, og.torch or ox.torch)}
+
+
 def _nd(fn, nd):
     return lambda *z: fn(nd, *z)
 
@@ -201,6 +277,9 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
     name = _op_name(op, "truth.backward")
     adjoints(name, grad_output, *args, wrt=wrt, who="truth.backward", **kwargs)  # validation only: no kernel runs
     a = _bind(name, args, kwargs, "truth.backward")
+    if name in ("softmax", "log_softmax"):
+        G, og = _values(grad_output, "grad_output", "truth.backward")
+        return _softmax_backward(name, G, og, a, wrt)
     ops = {k: _values(v, k, "truth.backward") for k, v in a.items() if k in _DIFF[name] and v is not None}
     vals = {**a, **{k: v for k, (v, _) in ops.items()}}
     G, og = _values(grad_output, "grad_output", "truth.backward")

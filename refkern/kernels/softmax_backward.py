@@ -1,0 +1,326 @@
+"""The backward of softmax and log_softmax, correctly rounded: the real-valued derivative of the
+definition at the given inputs, rounded once to the input's dtype.
+
+Along ``dim``, with ``y = softmax(x)`` the exact (real) softmax and ``g`` the gradient arriving:
+
+    softmax:      dx_i = y_i (g_i - D),   D = sum_j g_j y_j
+    log_softmax:  dx_i = g_i - y_i G,     G = sum_j g_j
+
+Specials, by the definition where it has a value and as IEEE arithmetic would otherwise: a row
+whose forward is NaN (a NaN or +inf logit, or only -inf) or whose ``g`` holds a NaN or an infinity
+is NaN throughout; a -inf logit has ``y_i = 0`` exactly, so its softmax gradient is +0 and its
+log_softmax gradient is ``g_i`` itself.
+
+Method (Ziv's strategy, as the forward's :mod:`refkern.kernels.softmax`): for float16, bfloat16 and
+float32 results a float64 pass evaluates every element with a rigorous error bound
+(:func:`_fast_rows`, bounds in its docstring) and rounds both ends of the interval; an element
+whose ends round apart, and every element of a float64 result, goes to the exact path
+(:func:`exact_row`): rigorous integer intervals of the exponentials
+(:func:`refkern.kernels._exact_real.exp_interval`), combined exactly as fractions, at doubling
+precision until both ends round alike. Results that are rational are found first and computed
+exactly (the interval loop would not end on a midpoint): equal finite logits (``y = 1/c``), a
+softmax gradient that is exactly zero, a log_softmax gradient with ``G = 0``. Every other result is
+irrational (Lindemann-Weierstrass, in :func:`exact_row`), hence no midpoint, and the loop ends.
+"""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate.eft import two_sum
+from refkern.accumulate.formats import Format
+from refkern.accumulate.ziv import round_fraction
+from refkern.kernels import _exact_real as xr
+from refkern.kernels._transcendental import EXP_FAST_REL, X_MIN, U, bracket_around, exp_fast
+
+__all__ = ["softmax_backward_rows", "exact_row"]
+
+_TINY = 2.0**-1074  # a dropped or underflowed float64 quantity is below this
+
+
+@jit(parallel=True)
+def _fast_rows(X, G, log, prec, emin, emax, out, und):
+    """Float64 pass: out[r, i] decided, or und[r, i] = True (the exact path decides it).
+
+    The forward's bounds (:func:`refkern.kernels.softmax._fast_rows`): ``P_j = e**(x_j - M)`` within
+    ``eps_j = EXP_FAST_REL + 1.01 |de_j|`` relative plus 2**-1074, ``S = c0 + T`` within
+    ``ES``, and ``y^_j = P_j fl(1 / S)`` within ``ey_j = y^_j (eps_j + ES / S + 2u) 1.02 + 2**-1073``
+    (u = 2**-53). Then, with every computed sum of n terms within ``gamma_n`` of its magnitude
+    (``gamma_n <= 1.01 n u`` here) and each product, difference and store within u of its value:
+
+    * softmax: ``D^ = sum g_j y^_j`` errs from D by at most ``eD = (sum|g_j| ey_j + 2 (n + 1) u
+      sum|g_j y^_j|) 1.01 + n 2**-1074`` (the products may underflow by 2**-1075 each);
+      ``h = g_i - D^`` by ``eh = (eD + u |h|) 1.01``; ``v = y^_i h`` by
+      ``(ey_i (|h| + eh) + (y^_i + ey_i) eh + u |v| + 2**-1074) 1.01``;
+    * log_softmax: ``G^`` by ``eG = 2 n u sum|g_j| 1.01``; ``t = y^_i G^`` by
+      ``et = ey_i (|G^| + eG) + (y^_i + ey_i) eG + u |t| + 2**-1074``; ``v = g_i - t`` by
+      ``(et + u |v|) 1.01``.
+
+    :func:`~refkern.kernels._transcendental.bracket_around` widens each interval by the rounding of
+    its own ends and rounds both; they decide when they agree (signs of zero included)."""
+    n = X.shape[1]
+    for r in prange(X.shape[0]):
+        x = X[r]
+        g = G[r]
+        M = -np.inf
+        bad = False
+        for j in range(n):
+            v = x[j]
+            if v != v or v == np.inf or not abs(g[j]) < np.inf:
+                bad = True
+            elif v > M:
+                M = v
+        for j in range(n):
+            und[r, j] = False
+        if bad or M == -np.inf:  # the forward is NaN, or g is not finite: NaN throughout
+            for j in range(n):
+                out[r, j] = np.nan
+            continue
+        P = np.zeros(n)
+        eps = np.zeros(n)
+        c0 = 0.0
+        T = 0.0
+        ET = 0.0
+        m = 0
+        for j in range(n):
+            v = x[j]
+            if v == -np.inf:
+                continue
+            d, de = two_sum(v, -M)
+            if d == 0.0:  # x == M: e**0 = 1 exactly
+                c0 += 1.0
+                P[j] = 1.0
+                continue
+            if d < X_MIN:  # e**d < 2**-2885: left out, inside the slack
+                continue
+            a, k = exp_fast(d)
+            P[j] = math.ldexp(a, k)
+            eps[j] = EXP_FAST_REL + 1.01 * abs(de)
+            T += P[j]
+            ET += eps[j] * P[j]
+            m += 1
+        ET = (ET + max(m - 1, 0) * U * T) * 1.01 + n * _TINY
+        S = c0 + T
+        ES = ET + U * S
+        inv = 1.0 / S
+        rel = ES / S
+        Y = np.zeros(n)
+        EY = np.zeros(n)
+        for j in range(n):
+            if x[j] != -np.inf:
+                Y[j] = P[j] * inv
+                EY[j] = Y[j] * (eps[j] + rel + 2.0 * U) * 1.02 + 2.0 * _TINY
+        if not log:
+            D = 0.0
+            AD = 0.0
+            A = 0.0
+            for j in range(n):
+                t = g[j] * Y[j]
+                D += t
+                AD += abs(t)
+                A += abs(g[j]) * EY[j]
+            eD = (A + 2.0 * (n + 1) * U * AD) * 1.01 + n * _TINY
+            for i in range(n):
+                if x[i] == -np.inf:
+                    out[r, i] = 0.0  # y_i = 0 exactly: the real gradient is 0
+                    continue
+                h = g[i] - D
+                eh = (eD + U * abs(h)) * 1.01
+                v = Y[i] * h
+                e = (EY[i] * (abs(h) + eh) + (Y[i] + EY[i]) * eh + U * abs(v) + _TINY) * 1.01
+                val, ok = bracket_around(v, e, False, prec, emin, emax)
+                out[r, i] = val
+                und[r, i] = not ok
+        else:
+            Gs = 0.0
+            AG = 0.0
+            for j in range(n):
+                Gs += g[j]
+                AG += abs(g[j])
+            eG = 2.0 * n * U * AG * 1.01
+            for i in range(n):
+                if x[i] == -np.inf:
+                    out[r, i] = g[i]  # y_i = 0 exactly: the gradient is g_i, a value of the format
+                    continue
+                t = Y[i] * Gs
+                et = EY[i] * (abs(Gs) + eG) + (Y[i] + EY[i]) * eG + U * abs(t) + _TINY
+                v = g[i] - t
+                e = (et + U * abs(v)) * 1.01
+                val, ok = bracket_around(v, e, False, prec, emin, emax)
+                out[r, i] = val
+                und[r, i] = not ok
+
+
+# ---------------------------------------------------------------- the exact path
+
+
+def _iv_mul(a, b):
+    """The product of two intervals of Fractions."""
+    p = (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])
+    return min(p), max(p)
+
+
+def _iv_add(a, b):
+    return a[0] + b[0], a[1] + b[1]
+
+
+def _iv_scale(c: Fraction, a):
+    """c times the interval a (c exact)."""
+    return (c * a[0], c * a[1]) if c >= 0 else (c * a[1], c * a[0])
+
+
+def _iv_div_pos(a, s):
+    """a / s for an interval s > 0."""
+    q = (a[0] / s[0], a[0] / s[1], a[1] / s[0], a[1] / s[1])
+    return min(q), max(q)
+
+
+def _exp_iv(d: Fraction, w: int):
+    """[lo, hi] (Fractions) around e**d, d <= 0 exact; [0, 2**-w] where e**d < 2**-(w + 8)."""
+    n, e = xr.dyadic(d)
+    if xr.approx(n, e) < -(w + 8) * 0.6931:
+        return Fraction(0), Fraction(1, 1 << w)
+    lo, hi, sh = xr.exp_interval(n, e, w)
+    s = Fraction(2) ** sh
+    return lo * s, hi * s
+
+
+def _sums(groups, w: int, f: int):
+    """Intervals (Fractions) around ``S = sum_k c_k e**a_k`` and ``sum_k G_k e**a_k``, summed on
+    integers at the scale 2**-(w + 16) (each e**a_k floored and ceiled onto it: one unit each way)."""
+    W = w + 16
+    s_lo = s_hi = d_lo = d_hi = 0
+    for k, (c, gk) in groups.items():
+        n, e = xr.dyadic(k)
+        if xr.approx(n, e) < -(w + 8) * 0.6931:  # e**a_k < 2**-(w + 8): in [0, 1] units
+            lo, hi = 0, 1
+        else:
+            a, b, sh = xr.exp_interval(n, e, w)
+            lo = a << (sh + W) if sh + W >= 0 else a >> -(sh + W)  # floor
+            hi = b << (sh + W) if sh + W >= 0 else -((-b) >> -(sh + W))  # ceil
+        s_lo += c * lo
+        s_hi += c * hi
+        gi = int(gk * (1 << f))  # exact: G_k is a multiple of 2**-f
+        if gi >= 0:
+            d_lo += gi * lo
+            d_hi += gi * hi
+        else:
+            d_lo += gi * hi
+            d_hi += gi * lo
+    one = Fraction(1, 1 << W)
+    return (s_lo * one, s_hi * one), (d_lo * one / (1 << f), d_hi * one / (1 << f))
+
+
+def _decided(iv, fmt: Format):
+    """The rounding of every real in the interval, when they all round alike (sign of zero too)."""
+    a, b = round_fraction(iv[0], fmt), round_fraction(iv[1], fmt)
+    if a == b and math.copysign(1.0, a) == math.copysign(1.0, b):
+        return a
+    return None
+
+
+def exact_row(x, g, idx, fmt: Format, log: bool) -> dict:
+    """The exact path for one row whose forward is finite and whose g is finite: {i: RN(dx_i)}.
+
+    Group the finite logits by value: a group k has ``c_k`` entries, logit offset ``a_k = x - M``
+    and gradient sum ``G_k``. Then ``S = sum_k c_k e**a_k``, ``D = sum_k G_k e**a_k / S``, and
+
+        softmax:      dx_i = e**a_i (sum_k (g_i c_k - G_k) e**a_k) / S**2
+        log_softmax:  dx_i = g_i - G e**a_i / S          (G = sum of every g_j, -inf entries too)
+
+    One group: ``y = 1/c``, every result rational, computed exactly. Several groups (distinct
+    rational a_k): by Lindemann-Weierstrass the e**a_k are linearly independent over the algebraic
+    numbers, so a softmax numerator is zero exactly when every ``g_i c_k - G_k`` is (then dx_i = 0),
+    and otherwise dx_i is irrational: were it a rational r, ``sum_k w_k e**(a_i + a_k) - r S**2`` would
+    vanish, but ``e**(2 a_k)`` of the top group (if a_i is not the top) or of the bottom group (else)
+    appears only in ``r S**2``, with the coefficient ``r c_k**2 != 0``. Likewise ``G e**a_i / S`` is
+    irrational unless G = 0 (then dx_i = g_i). An irrational value is no midpoint: the loop ends."""
+    vals = [float(v) for v in x]
+    gs = [Fraction(float(v)) for v in g]
+    fin = [v for v in vals if v != -math.inf]
+    M = Fraction(max(fin))
+    groups = {}  # a_k -> [c_k, G_k]
+    for v, gv in zip(vals, gs):
+        if v != -math.inf:
+            k = Fraction(v) - M
+            c = groups.setdefault(k, [0, Fraction(0)])
+            c[0] += 1
+            c[1] += gv
+    g_all = sum(gs, Fraction(0))
+    res = {}
+    todo = []
+    for i in idx:
+        if vals[i] == -math.inf:
+            res[i] = 0.0 if not log else float(g[i])
+        elif len(groups) == 1:
+            ((c, gk),) = groups.values()
+            q = (gs[i] - gk / c) / c if not log else gs[i] - g_all / c
+            res[i] = round_fraction(q, fmt)
+        elif not log and all(gk == gs[i] * c for c, gk in groups.values()):
+            res[i] = 0.0
+        elif log and g_all == 0:
+            res[i] = float(g[i])
+        else:
+            todo.append(i)
+    w = 64
+    f = max(0, max(-xr.dyadic(gk)[1] for _, gk in groups.values()))  # every G_k is an integer times 2**-f
+    while todo:
+        S, Dn = _sums(groups, w, f)
+        left = []  # S >= 1: the top group's e**0 = 1 is exact
+        for i in todo:
+            a = Fraction(vals[i]) - M
+            N = _iv_add(_iv_scale(gs[i], S), (-Dn[1], -Dn[0]))  # g_i S - sum_k G_k e**a_k
+            if xr.approx(*xr.dyadic(a)) < -(1 << 20):  # y_i < e**-(2**20): far below every format's range
+                v = None
+                if log and gs[i] != 0:
+                    v = float(g[i])  # g_i moved by less than 2**-(2**20) |G|: rounds to itself
+                elif log:
+                    v = -0.0 if g_all > 0 else 0.0  # -G y_i, a nonzero real below every subnormal
+                elif N[0] > 0 or N[1] < 0:
+                    v = 0.0 if N[0] > 0 else -0.0  # y_i N / S**2 with the sign of N
+            else:
+                Ei = _exp_iv(a, w)
+                if log:
+                    iv = _iv_div_pos(_iv_scale(g_all, Ei), S)
+                    iv = (gs[i] - iv[1], gs[i] - iv[0])
+                else:
+                    iv = _iv_div_pos(_iv_mul(Ei, N), _iv_mul(S, S))
+                v = _decided(iv, fmt)
+            if v is None:
+                left.append(i)
+            else:
+                res[i] = v
+        todo = left
+        w *= 2
+        if w > 1 << 22:
+            raise RuntimeError("softmax backward: the exact path did not converge (a bug: please report the input)")
+    return res
+
+
+def softmax_backward_rows(X: np.ndarray, Gr: np.ndarray, fmt: Format, log: bool, force_exact: bool = False):
+    """dx of every row of the float64 (R, n) arrays X (logits) and Gr (grad_output), values of
+    ``fmt``, rounded to ``fmt``: (out, number of elements the exact path decided)."""
+    R, n = X.shape
+    out = np.empty((R, n))
+    if R == 0 or n == 0:
+        return out, 0
+    und = np.zeros((R, n), np.bool_)
+    if fmt.prec < 53 and not force_exact:
+        _fast_rows(np.ascontiguousarray(X), np.ascontiguousarray(Gr), log, *fmt.params, out, und)
+    else:
+        for r in range(R):
+            bad = np.isnan(X[r]).any() or (X[r] == np.inf).any() or not (X[r] > -np.inf).any()
+            if bad or not np.isfinite(Gr[r]).all():
+                out[r] = np.nan
+            else:
+                und[r] = True
+    count = 0
+    for r in np.flatnonzero(und.any(axis=1)):
+        idx = np.flatnonzero(und[r]).tolist()
+        for i, v in exact_row(X[r], Gr[r], idx, fmt, log).items():
+            out[r, i] = v
+        count += len(idx)
+    return out, count

@@ -94,7 +94,8 @@ def _conv(actual, args, kwargs, n):
     cout = w.shape[0]
     per = cout // groups
     spatial = list(actual.shape[2:])
-    counts = _shrink([x.shape[0], groups if groups > 1 else cout, *spatial], n)
+    budget = max(1, n // per) if groups > 1 else n  # a group brings all its output channels
+    counts = _shrink([x.shape[0], groups if groups > 1 else cout, *spatial], budget)
     bt = _even(x.shape[0], counts[0])
     if groups > 1:  # whole groups: each keeps its input channels
         gs = _even(groups, counts[1])

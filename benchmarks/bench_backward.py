@@ -86,11 +86,11 @@ def main(argv=None):
         rows.append(bench_conv(("x",), blocks))
         rows.append(bench_linear(blocks))
         rows += [bench_softmax(op, blocks) for op in ("softmax", "log_softmax")]
-    print(f"{'op':<16} {'case':<30} {'wrt':<9} {'exact':>9} {'torch f64':>10} {'ratio':>7} {'vs f32':>7}")
+    print(f"{'op':<21} {'case':<30} {'wrt':<9} {'exact':>9} {'torch f64':>10} {'ratio':>8} {'vs f32':>8}")
     for r in rows:
-        times = f"{r['exact_s'] * 1e3:7.0f}ms {r['torch_f64_s'] * 1e3:8.1f}ms"
+        times = f"{r['exact_s'] * 1e3:7.3g}ms {r['torch_f64_s'] * 1e3:8.3g}ms"
         print(
-            f"{r['op']:<16} {r['case']:<30} {r['wrt']:<9} {times} {r['vs_torch_f64']:6.2f}x {r['vs_torch_f32']:6.1f}x"
+            f"{r['op']:<21} {r['case']:<30} {r['wrt']:<9} {times} {r['vs_torch_f64']:7.3g}x {r['vs_torch_f32']:7.3g}x"
         )
     got = rows[0]["vs_torch_f64"]
     target = TARGETS["conv_8x64x56x56_3x3_f32_grads_vs_torch_f64_backward"]

@@ -204,6 +204,24 @@ def test_a_window_that_holds_anything_names_nothing():
     assert (rep.verdict, rep.precision, rep.alternatives) == ("reduced-precision", "fp16", ["bf16"])
 
 
+def test_running_stats_with_inf_and_nan_follow_torch():
+    g = torch.Generator().manual_seed(2)
+    for special, old in ((np.inf, 0.0), (-np.inf, 0.0), (np.nan, 0.0), (None, np.inf), ("both", 0.0)):
+        x = torch.randn(4, 3, 5, generator=g)
+        if special == "both":
+            x[0, 1, 2], x[1, 1, 0] = np.inf, -np.inf
+        elif special is not None:
+            x[0, 1, 2] = special
+        rm, rv = torch.zeros(3), torch.ones(3)
+        rm[1] = old
+        _, m, v = rk.batch_norm(x, rm, rv, training=True, return_running_stats=True)
+        F.batch_norm(x, rm, rv, training=True)  # torch updates rm, rv in place
+        assert torch.equal(m.isnan(), rm.isnan()) and torch.equal(v.isnan(), rv.isnan())
+        assert m[1].item() == rm[1].item() or m[1].isnan()
+        assert v[1].item() == rv[1].item() or v[1].isnan()
+        assert torch.allclose(m[[0, 2]], rm[[0, 2]]) and torch.allclose(v[[0, 2]], rv[[0, 2]])
+
+
 def test_worst_elements_in_one_pass():
     from refkern.analysis.compare import _worst
 
@@ -255,8 +273,10 @@ def test_constants_pinned_by_hand():
     # a float16 result: torch's working unit stays float32; the store is float16's
     xh = x.astype(np.float16)
     hyps, _ = envelopes("sum", {"x": xh, "dim": None, "keepdim": False, "dtype": None}, np.array(6.0), FLOAT16)
-    uh = u + 2.0**-11  # half results: each addition may also be stored in float16
-    assert hyps[0][3] == pytest.approx(2 * uh / (1 - 2 * uh) * (1 + 8 * uh) * 6 + 2.0**-11 * 6 + 2.0**-25, rel=1e-12)
+    uh = u + 2.0**-11  # half results: each addition may also be stored in float16; the result stored in
+    # float16 and the reference rounded to it: two terms 2**-11 * 6 + 2**-25
+    want = 2 * uh / (1 - 2 * uh) * (1 + 8 * uh) * 6 + 2 * (2.0**-11 * 6 + 2.0**-25)
+    assert hyps[0][3] == pytest.approx(want, rel=1e-12)
     assert [h[0] for h in hyps] == ["rounding", "bf16"]
     assert BFLOAT16.prec == 8
 

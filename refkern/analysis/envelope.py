@@ -24,7 +24,10 @@ stored with ``u_o``, derived to first order from the standard model ``fl(a op b)
   ``x (r w) + (b - mean r w)`` (the CPU kernels fold the statistics into a scale and a shift):
   ``|w| (e_d r + |d| e_r + e_d e_r) + 3u (|x| + |mean|) r |w| + 2u |b| + 2u |y|``, where
   ``e_d = dmu + u (|d| + dmu)`` is the error of ``x - mean``, ``dmu`` the mean's and ``e_r`` r's.
-* every result is stored with ``u_o |y|`` plus half the format's smallest subnormal; M2 also carries
+* every result is stored with ``u_o |y|`` plus half the format's smallest subnormal, and the centre
+  (the reference, itself rounded to the result format) is one such term from the exact value: one
+  term for float32 and float64 results (computed in their own format), two for half results
+  (computed in float32, then stored); M2 also carries
   ``2 n eta`` for squares that underflow (eta half the working format's smallest subnormal).
 
 torch's CPU kernels for float16/bfloat16 results compute in float32 but round some
@@ -205,6 +208,15 @@ def _store(y, u_o, out: Format):
     return u_o * np.abs(y) + 0.5 * 2.0 ** (out.emin - out.prec + 1)
 
 
+def _stores(out: Format) -> int:
+    """Roundings to the result format between a correct result and a centre that is itself rounded to
+    it: the centre's own (to nearest: ``u_o |y|`` plus half a subnormal) and, for a half result computed
+    in float32, the backend's store of its float32 value, another such term. A float32 or float64 result
+    is computed in its own format: its last operation's rounding is inside the envelope, and the one
+    term covers the centre's rounding."""
+    return 2 if out.prec < FLOAT32.prec else 1
+
+
 def _candidates(out: Format):
     """(key, precision name, input format or None) for the rounding hypothesis and the reduced ones:
     inputs rounded to fp16/bf16 (and to fp32 under a float64 result), then computed correctly in
@@ -253,18 +265,18 @@ def _row_stats(X, center):
         return mean, m2, np.abs(X).mean(axis=1), np.sqrt(q), q
 
 
-def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out, store=0.0):
-    """Envelope of a norm over rows of X (R, n) with weight/bias broadcast to X's shape, plus the store
-    ``store |ref| + half a subnormal`` when ``store`` (the result format's unit) is given."""
+def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out, stores=0):
+    """Envelope of a norm over rows of X (R, n) with weight/bias broadcast to X's shape, plus ``stores``
+    times the store ``u_o |ref| + half a subnormal`` (:func:`_stores`)."""
     R, n = X.shape
     has_given = given is not None
     given = (np.zeros(R), np.zeros(R)) if given is None else given
     gm, gv = (np.broadcast_to(np.asarray(g, np.float64), (R,)).copy() for g in given)
     bound = np.empty((R, n))
-    eta = 0.5 * 2.0 ** (out.emin - out.prec + 1) if store else 0.0
+    eta = stores * 0.5 * 2.0 ** (out.emin - out.prec + 1)
     _norm_rows(np.ascontiguousarray(X, np.float64), *(np.broadcast_to(np.asarray(v, np.float64), (R, n)) for v in
                (W, B, ref)), bool(center), float(eps), has_given, gm, gv, u, u_m, bool(one_pass),
-               _gamma(n, u)[()], _gamma(n + 3, u)[()], _underflow(n, u), float(store), eta, bound)  # fmt: skip
+               _gamma(n, u)[()], _gamma(n + 3, u)[()], _underflow(n, u), stores * out.u, eta, bound)  # fmt: skip
     return bound
 
 
@@ -364,9 +376,10 @@ def _reduced(name, args, ref, out, prec, fmt):
     res = res[0] if isinstance(res, tuple) else res
     centre = np.asarray(res, np.float64).reshape(ref.shape)
     st = storage(out, prec)
-    store = _store(ref, out.u, out)
+    store = _stores(out) * _store(ref, out.u, out)
     store_p = store if st is out else store + _store(centre, st.u, st)  # to float32, then exactly to out
-    return centre, _one(layout(name, rounded, ref.shape), FLOAT32.u, 0.0, False, centre, out) + store_p
+    u_m = out.u if out.prec < FLOAT32.prec else 0.0  # a half result: intermediates stored in it, as for rounding
+    return centre, _one(layout(name, rounded, ref.shape), FLOAT32.u + u_m, u_m, False, centre, out) + store_p
 
 
 def _one_pass_norm(lay, u, actual, bad, ref, rounding) -> bool:
@@ -404,9 +417,10 @@ def _one(lay, u, u_m, one_pass, ref, out, store=False):
     """The envelope of one hypothesis (``store``: plus the store of ``ref`` to ``out``)."""
     if lay.kind == "norm":
         b = _norm_envelope(lay.X, lay.W, lay.B, lay.center, lay.eps, lay.given, u, u_m, one_pass,
-                           lay.ref_rows(ref), out, out.u if store else 0.0)  # fmt: skip
+                           lay.ref_rows(ref), out, _stores(out) if store else 0)  # fmt: skip
         return lay.back(b)
-    return _bare(lay, u, u_m, one_pass, ref, out) + (_store(ref, out.u, out) if store else 0.0)
+    k = 1 if lay.kind in _SOFTMAX_KINDS else _stores(out)  # softmax's bound carries its centre's rounding itself
+    return _bare(lay, u, u_m, one_pass, ref, out) + (k * _store(ref, out.u, out) if store else 0.0)
 
 
 def _bare(lay, u, u_m, one_pass, ref, out):

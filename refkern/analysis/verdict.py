@@ -356,7 +356,8 @@ def _envelope_fits(actual, out, hyps) -> list:
         kind = (f"a correct implementation in {'float64' if out.prec == 53 else 'float32'} arithmetic"
                 if key == "rounding" else ONE_PASS + " E[x^2] - E[x]^2" if key == ONE_PASS
                 else f"{fmt.name} inputs, computed correctly after the conversion"
-                + (f", stored in {st.name}" if st is not out else ""))  # fmt: skip
+                + (f", stored in {st.name}" if st is not out else "") if key == prec
+                else f"{key}: otherwise a correct float32 computation")  # fmt: skip
         m = Model(key, prec, kind, st, fmt)
         ratio, state = np.empty(a.size), np.empty(a.size, np.int8)
         c, b = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (mid, bound))

@@ -457,11 +457,27 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             new.append(None)
             continue
         for ch in np.flatnonzero(np.isnan(vals)):  # the exact path: undecided, special or extreme channels
+            if not (np.isfinite(Xc[ch]).all() and np.isfinite(old[ch])):
+                vals[ch] = _special_running(Xc[ch], float(old[ch]), float(momentum), unbiased)
+                continue
             mean, m2 = exact_moments(Xc[ch])
             batch = m2 / (per - 1) if unbiased else mean
             vals[ch] = round_fraction((1 - m) * Fraction(float(old[ch])) + m * batch, so.fmt)
         new.append(deliver(vals, so.fmt, tensor))
     return y, new[0], new[1]
+
+
+def _special_running(x, old, m, unbiased):
+    """The running statistic where a value or the old statistic is inf or NaN, as IEEE arithmetic
+    defines it (torch's): the batch mean is NaN with a NaN or with both infinities, else the infinity;
+    the batch variance is NaN with any of them (inf - inf); then ``(1 - m) old + m batch``."""
+    with np.errstate(all="ignore"):
+        if not np.isfinite(x).all():
+            pos, neg = bool((x == np.inf).any()), bool((x == -np.inf).any())
+            batch = np.nan if unbiased or np.isnan(x).any() or (pos and neg) else (np.inf if pos else -np.inf)
+        else:
+            batch = 0.0  # finite data, special old statistic: the batch's finite value cannot change that
+        return (1.0 - m) * old + m * batch
 
 
 def _any_tensor(*ts):

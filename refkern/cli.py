@@ -494,6 +494,8 @@ def cmd_audit(a):
     g = torch.Generator().manual_seed(a.seed)
     shape = tuple(a.input_shape)
     x = torch.randn(*shape, generator=g).to(device=backend.device, dtype=dt)
+    if a.compile:  # audited layer by layer (refkern.torch.compiled), and end to end
+        model = torch.compile(model, mode=None if a.compile == "default" else a.compile)
     try:
         with torch.no_grad(), rkt.audit(sample=a.sample, progress=False if a.no_progress else None) as au:
             model(x)
@@ -661,6 +663,9 @@ def _parser() -> argparse.ArgumentParser:
     au.add_argument("--sample", type=_positive("elements per op"), default=None, metavar="N",
                     help="judge at most N output elements of each large op (a deterministic sub-grid; default: "
                     "every element)")  # fmt: skip
+    au.add_argument("--compile", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+                    help="audit the model torch.compile'd in this mode: each leaf compiled alone and judged, the first "
+                    "layer where compiled diverges from eager named, and the output judged end to end")  # fmt: skip
     au.add_argument("--no-progress", action="store_true", help="no live progress line on stderr (it shows only on a "
                     "terminal anyway)")  # fmt: skip
     au.add_argument("--json", metavar="FILE")

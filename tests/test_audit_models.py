@@ -181,6 +181,9 @@ def test_vit_every_op_judged_or_named():
         ("matmul", lambda g: ((torch.randn(3, 10, 16, generator=g), torch.randn(3, 16, 12, generator=g)), {})),
         ("softmax", lambda g: ((torch.randn(4, 7, 9, generator=g),), dict(dim=1))),
         ("layer_norm", lambda g: ((torch.randn(6, 5, 8, generator=g),), dict(normalized_shape=(8,)))),
+        ("batch_norm", lambda g: ((torch.randn(3, 6, 7, 5, generator=g), torch.randn(6, generator=g),
+                                   torch.rand(6, generator=g) + 0.5), dict(weight=torch.randn(6, generator=g),
+                                                                          bias=torch.randn(6, generator=g)))),
     ],
 )  # fmt: skip
 def test_a_sample_is_the_exact_reference_of_those_elements(op, make):
@@ -206,6 +209,7 @@ def test_audit_with_a_sample_judges_fewer_elements_and_still_finds_the_bug(resne
     _healthy(a)
     convs = [c for c in a.calls if c.op == "conv2d"]
     assert all(0 < c.sampled <= 256 for c in convs)  # every conv output here has more than 256 elements
+    assert all(0 < c.sampled <= 256 for c in a.calls if c.op == "batch_norm")  # eval: elementwise per channel
     assert f"{convs[0].sampled} sampled elements" in a.report()
     with torch.no_grad(), BrokenKernel(aten.convolution.default, nth=4) as bad, rkt.audit(sample=256) as a:
         resnet(x)

@@ -242,8 +242,8 @@ class Audit:
 
     def _observe(self, func, args, kwargs, out, before):
         kind = dsp.classify(func, args, kwargs, out)
-        if kind == "move":
-            return
+        if kind == "move" or any(t.device.type == "meta" for t in _tensors(out)):
+            return  # nothing computed (a meta tensor has shapes, no values)
         name = dsp.op_name(func)
         if kind == "random" and not self._stack and func.overloadpacket.__name__.endswith("_"):
             return  # an in-place draw outside any forward: parameters being initialised, a constant

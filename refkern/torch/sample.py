@@ -11,8 +11,10 @@ strided positions, and pads with zeros where the op pads with zeros.
 - conv1d/2d/3d: batch entries, output channels (whole groups when ``groups > 1``) and, along each
   spatial axis, every ``step``-th output position (the same convolution with ``stride * step`` on the
   zero-padded input);
-- softmax, log_softmax, layer_norm, rms_norm: a subset of the rows (every element of a chosen row).
-Other ops (transposed convolutions, attention, batch norm, pools, reductions) are judged whole.
+- softmax, log_softmax, layer_norm, rms_norm: a subset of the rows (every element of a chosen row);
+- batch_norm in eval mode (elementwise per channel): batch entries, channels and strided positions.
+Other ops (transposed convolutions, attention, batch norm in training, pools, reductions) are judged
+whole.
 """
 
 import math
@@ -117,6 +119,25 @@ def _conv(actual, args, kwargs, n):
     return sub, (xs, w[ocs], b), kw
 
 
+def _batch_norm(actual, args, kwargs, n):
+    """In eval mode a batch norm is elementwise per channel: batch entries, channels and strided positions."""
+    if kwargs.get("training"):
+        return None  # its statistics come from every element
+    x, rm, rv = args
+    if x.dim() < 2:
+        return None
+    spatial = list(x.shape[2:])
+    counts = _shrink([x.shape[0], x.shape[1], *spatial], n)
+    bt, ch = _even(x.shape[0], counts[0]), _even(x.shape[1], counts[1])
+    sel = (slice(None), slice(None)) + tuple(slice(None, None, -(-o // c)) for o, c in zip(spatial, counts[2:]))
+    xs, sub = x[bt][:, ch][sel], actual[bt][:, ch][sel]
+    kw = dict(kwargs)
+    for k in ("weight", "bias"):
+        if isinstance(kw.get(k), torch.Tensor):
+            kw[k] = kw[k][ch]
+    return sub, (xs, rm[ch], rv[ch]), kw
+
+
 def _rows(actual, args, kwargs, n, op):
     x = args[0]
     if op in ("softmax", "log_softmax"):
@@ -143,4 +164,5 @@ _RESTRICT = {
     "log_softmax": lambda a, args, kw, n: _rows(a, args, kw, n, "log_softmax"),
     "layer_norm": lambda a, args, kw, n: _rows(a, args, kw, n, "layer_norm"),
     "rms_norm": lambda a, args, kw, n: _rows(a, args, kw, n, "rms_norm"),
+    "batch_norm": _batch_norm,
 }

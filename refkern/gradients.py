@@ -776,9 +776,7 @@ def _softmax(op, g, a, wrt, who):
 def _envelope_report(op, got, g, a, who):
     """compare_backward's Report for a gradient judged by :mod:`refkern.analysis._envelope_backward`."""
     from refkern.analysis._envelope_backward import bound
-    from refkern.analysis.compare import _actual, _ulps, _worst
-    from refkern.analysis.report import VERDICTS, Report
-    from refkern.analysis.verdict import decide_envelope
+    from refkern.analysis.compare import _actual
 
     xr, gr, back, fmt, _ = _softmax_call(op, g, a, who)
     act, afmt, device = _actual(got)
@@ -790,7 +788,15 @@ def _envelope_report(op, got, g, a, who):
     b_rows = bound(op, xr, gr, ref_rows, fmt)
     ref = np.asarray(back(ref_rows), np.float64)
     b = np.asarray(back(b_rows), np.float64)
-    act = act.reshape(ref.shape)
+    return _envelope_finish(f"{op} backward", act.reshape(ref.shape), ref, b, fmt, device, int(xr.shape[1]), op)
+
+
+def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op):
+    """The Report of a gradient ``act`` judged against the reference ``ref`` by the envelope ``b``."""
+    from refkern.analysis.compare import _ulps, _worst
+    from refkern.analysis.report import VERDICTS, Report
+    from refkern.analysis.verdict import decide_envelope
+
     d = decide_envelope(act, ref, [("rounding", None, ref, b)], fmt)
     ulps = _ulps(act, ref, fmt)
     r0 = d.fits[0].ratio
@@ -801,10 +807,10 @@ def _envelope_report(op, got, g, a, who):
                 "ulp": float(ulps.reshape(-1)[f]), "bound_ratio": float(r0.reshape(-1)[f]),
                 "test_ratio": float(r0.reshape(-1)[f]), "condition": 1.0} for w, f in zip(worst, top)]  # fmt: skip
     det = d.detectable["element"]
-    notes = [f"the gradient of {op} judged by its worst-case envelope (refkern.analysis._envelope_backward): an "
+    notes = [f"the gradient of {label} judged by its worst-case envelope (refkern.analysis._envelope_backward): an "
              f"error below it, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding"]  # fmt: skip
     return Report(
-        op=f"{op} backward", device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=int(xr.shape[1]),
+        op=label, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=n_terms,
         verdict=d.verdict, precision=d.precision, max_ulp=float(ulps.max()) if ulps.size else 0.0,
         max_bound_ratio=float(r0.max()) if r0.size else 0.0, max_prob_ratio=float(r0.max()) if r0.size else 0.0,
         worst=worst, worst_details=details, counts=counts, where={},
@@ -814,6 +820,86 @@ def _envelope_report(op, got, g, a, who):
         model=d.model.kind if d.model is not None else None, alternatives=[], structure=d.structure,
         detectable=d.detectable, thresholds=d.thresholds,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------- layer_norm and rms_norm
+
+
+@dataclass
+class _NormCall:
+    """A validated layer_norm / rms_norm backward call: rows (R, n) of input and grad_output (float64),
+    the weight (n,) or None, eps, the formats and shapes of the arguments, and whether to return tensors."""
+
+    X: np.ndarray
+    G: np.ndarray
+    W: "np.ndarray | None"
+    center: bool
+    eps: float
+    fmts: dict
+    shapes: dict
+    as_tensor: bool
+
+
+def _norm_call(op, g, a, who) -> _NormCall:
+    from refkern.kernels.norm import _eps, _param, _trailing
+
+    o = operand(a["input"], "input", who)
+    shape = _trailing(who, o.values, a["normalized_shape"])
+    n = math.prod(shape)
+    w = _param(a["weight"], "weight", who, shape)
+    _param(a.get("bias"), "bias", who, shape)  # validation: its shape
+    _check_grad(op, g, o.shape, a["input"], "input", who)
+    og = operand(g, "grad_output", who)
+    if op == "rms_norm" and a["eps"] is None:  # torch's opmath epsilon (refkern.kernels.norm.rms_norm)
+        eps = 2.0**-52 if o.fmt.prec == 53 else 2.0**-23
+    else:
+        eps = _eps(a["eps"], who)
+    fmts = {"input": o.fmt}
+    shapes = {"input": tuple(o.shape)}
+    for k in ("weight", "bias"):
+        if a.get(k) is not None:
+            fmts[k] = operand(a[k], k, who).fmt
+            shapes[k] = tuple(shape)
+    rows = (-1, n) if n else (0, 0)
+    X = np.ascontiguousarray(np.asarray(o.values, np.float64).reshape(rows))
+    G = np.ascontiguousarray(np.asarray(og.values, np.float64).reshape(rows))
+    tensor = o.torch or og.torch or any(is_tensor(a.get(k)) for k in ("weight", "bias"))
+    return _NormCall(X, G, None if w is None else w.reshape(-1), op == "layer_norm", eps, fmts, shapes, tensor)
+
+
+def _norm(op, g, a, wrt, who):
+    from refkern.kernels._common import deliver
+    from refkern.kernels.norm_backward import norm_backward_rows
+
+    c = _norm_call(op, g, a, who)
+    memo = {}
+
+    def grads():  # every gradient asked for from one pass over the rows
+        if not memo:
+            got = norm_backward_rows(c.X, c.G, c.W, c.center, c.eps, c.fmts, wrt)
+            memo.update({k: deliver(v.reshape(c.shapes[k]), c.fmts[k], c.as_tensor) for k, v in got.items()})
+        return memo
+
+    return {k: Adjoint(k, op, (), compute=lambda k=k: grads()[k]) for k in wrt}
+
+
+def _norm_report(op, name, got, g, a, who):
+    """compare_backward's Report for one gradient of layer_norm / rms_norm, judged by its envelope."""
+    from refkern.analysis._envelope_backward import norm_bound
+    from refkern.analysis.compare import _actual
+    from refkern.kernels.norm_backward import norm_backward_rows
+
+    c = _norm_call(op, g, a, who)
+    act, afmt, device = _actual(got)
+    fmt = c.fmts[name]
+    if afmt.name != fmt.name:
+        raise TypeError(f"{who}: the gradient of {name} must have the dtype of {name}, {fmt.name}; got {afmt.name}.")
+    ref = norm_backward_rows(c.X, c.G, c.W, c.center, c.eps, c.fmts, (name,))[name]
+    b = norm_bound(op, name, c.X, c.G, c.W, c.eps, ref, c.fmts)
+    shape = c.shapes[name]
+    n_terms = c.X.shape[1] if name == "input" else c.X.shape[0]
+    return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(shape), ref.reshape(shape),
+                            b.reshape(shape), fmt, device, int(n_terms), op)  # fmt: skip
 
 
 def _bind_nd(fn, nd):
@@ -827,8 +913,11 @@ _BUILDERS = {
     **{f"conv_transpose{d}d": (_bind_nd(_conv_transpose, d), ("input", "weight", "bias")) for d in (1, 2, 3)},
     "softmax": (_softmax, ("input",)),
     "log_softmax": (_softmax, ("input",)),
+    "layer_norm": (_norm, ("input", "weight", "bias")),
+    "rms_norm": (_norm, ("input", "weight")),
 }
 ENVELOPE_OPS = ("softmax", "log_softmax")  # judged by worst-case envelopes (refkern.analysis._envelope_backward)
+NORM_OPS = ("layer_norm", "rms_norm")  # judged by the norm gradients' envelopes (same module)
 _RANK = {"exact": 0, "rounding": 1, "reduced-precision": 2, "mismatch": 3}  # a better fit ranks lower
 OPS = tuple(_BUILDERS)
 
@@ -934,6 +1023,9 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
             raise ValueError(
                 f"compare_backward: the gradient of {k} must have the shape of {k}, {want}; got shape {_shape(got)}."
             )
+        if adj[k].op in NORM_OPS:
+            out[k] = _norm_report(adj[k].op, k, got, grad_output, bound, "compare_backward")
+            continue
         if adj[k].op in ENVELOPE_OPS:
             out[k] = _envelope_report(adj[k].op, got, grad_output, bound, "compare_backward")
             continue

@@ -52,6 +52,68 @@ rounding is charged to the quantity it rounds):
    ``2**-52 |y_j| + 2**-1074``, ``e_D`` and ``e_G`` by ``F64_SUM (n + 2) 2**-53`` of their magnitudes,
    F64_SUM = 2), and the final float64 evaluation (a few dozen roundings of ``2**-53``) by the factor
    ``EVAL_SLACK = 1 + 2**-40``.
+
+**layer_norm and rms_norm** (:func:`norm_bound`). A row of n elements (the normalised dimensions),
+``mu`` the mean (0 for rms_norm), ``d_j = x_j - mu``, ``z = var + eps``, ``r = z**(-1/2)``, ``gw = g w``,
+``S = sum_k gw_k``, ``Ad = S / n`` (0 for rms_norm) and ``Cn = sum_k gw_k d_k``; the exact gradient is
+
+    grad_input_j = r (gw_j - Ad) - r**3 d_j Cn / n,   grad_weight = sum_rows g xhat,   grad_bias = sum_rows g.
+
+What a correct backward computes: torch's CPU layer_norm kernel keeps the forward's ``mean^`` and
+``rstd^`` and forms ``ds = sum gw x`` and ``db = sum gw`` from the *raw* x, then
+``b = (db mean^ - ds) rstd^**3 / n``, ``c = -b mean^ - db rstd^ / n``, ``dx = rstd^ gw + b x + c``, and
+``grad_weight += g (x rstd^ - mean^ rstd^)``; its F.rms_norm is composed of float32 ops (the half input
+upcast first, the result cast back), whose autograd gives ``gw r - x r**3 sum(gw x) / n`` with
+``r = rsqrt(mean(x**2) + eps)`` recomputed. The class covered: either form (centred or raw x), any order
+of each sum, fused or unfused products, in the working precision ``u`` (float32, torch's opmath, for
+float16/bfloat16/float32 inputs; float64 for float64), with, for half inputs, the stored statistics
+charged ``u_m`` (the input format's unit) once more: torch's CPU layer_norm returns ``mean^`` and
+``rstd^`` in the input's dtype unless the weight is float32 (``torch.native_layer_norm`` on bfloat16
+input and weight gives bfloat16 statistics), and the backward reads them so. Its sums (ds, db, the
+grad_weight and grad_bias buffers) and every product are float32 (opmath), as are the composite
+rms_norm's (the input is upcast first); only each result is stored in the half format (step 6).
+``ua = u`` below; ``eta_w`` (the working format's smallest normal) for each product that underflows.
+
+1. The statistics, as the forward envelope (:func:`refkern.analysis.envelope._norm_rows`) bounds them:
+   ``|mean^ - mu| <= dmu = gamma_n A + u_m |mu|`` (A the mean of |x|; 0 for rms_norm) and
+   ``|rstd^ - r| <= e_r``: ``e_M2 = gamma_{n+3} ||x||_2 sqrt(M2) + n (gamma_n A)^2`` plus the squares'
+   underflow, ``e_v = e_M2 / n + ua var``, ``e_w = e_v + ua z``, the interval through the square root,
+   plus ``(2u + u_m) r`` (the rsqrt and the store).
+2. The sums: ``|db^ - S| <= e_S = gamma_n(ua) sum|gw|`` (n products by w and n - 1 additions) and,
+   for ``Cn`` formed either as ``sum gw (x - mean^)`` or as ``db mean^ - ds``, against the ``Cn`` of the
+   stored mean, ``e_C = gamma_{n+2}(ua) (sum|gw x| + |mu| sum|gw|)``; the stored mean moves Cn by
+   ``dmu |S|`` more. Bounds on magnitudes are inflated by their own errors (``R1 = r + e_r``,
+   ``D_j = |d_j| + dmu``, ``Cm = |Cn| + e_C + dmu |S|``, ``Am = |Ad| + e_S / n``), so that every cross
+   term of a perturbed product is covered: ``|a'b' - ab| <= e_a |b'| + |a| e_b`` with ``|b'|`` inflated,
+   and ``|r'**3 - r**3| <= 3 e_r R1**2``.
+3. grad_input, before the store:
+   ``E_j = e_r (|gw_j| + Am) + R1 e_S / n + (3 e_r R1**2 D_j Cm + r**3 dmu Cm + r**3 |d_j| (e_C + dmu |S|)) / n
+   + INPUT_ROUNDINGS ua (R1 (|gw_j| + Am) + R1**3 (|x_j| + |mu| + dmu) Cm / n)
+   + (n + INPUT_ROUNDINGS) eta_w (R1 + R1**3 (|x_j| + |mu| + dmu))``.
+   INPUT_ROUNDINGS = 8: torch's form rounds ``rstd^ gw_j`` twice (the product g w, the product by
+   rstd), ``b`` up to five times on the path to ``b x`` (``db mean^ - ds`` is in e_C; rstd**3 two, the
+   product, the division, the product by x), ``c`` up to seven on ``|b mean^| + |db rstd^ / n|`` (b's
+   five, the product by mean^, the subtraction), and the two additions of ``dx`` one each on the
+   whole: at most seven compound on any term, and the uncentred ``b x + c`` is charged on
+   ``|x_j| + |mu|`` instead of ``|d_j|``; the composite rms_norm has fewer (g w, * r, r**3 as
+   rsqrt's cube: two, * sum, / n, * 2x, the branches' addition).
+4. grad_weight_k and grad_bias_k sum over the rows in the result's buffer: torch's CPU layer_norm kernel
+   for half inputs rounds the running sums to the half format (measured: float32 sums give bfloat16
+   grad_bias errors of hundreds of ulp the float32 model does not explain), so every addition of
+   these two sums, and the product ``g xhat^``, is charged ``uc = u + u_m``. Per row: the stored
+   ``xhat^ = (x - mean^) rstd^`` (or ``x rstd^ - mean^ rstd^``) is within
+   ``e_xh = e_r D + r dmu + XHAT_ROUNDINGS ua R1 (|x| + |mu| + dmu)`` of xhat, XHAT_ROUNDINGS = 3
+   (two products and a difference); ``g xhat^`` adds ``uc |g| (|xhat| + e_xh)`` and the sum over the R
+   rows ``gamma_R(uc) sum|g| (|xhat| + e_xh)`` (one more for the product: gamma_R covers R - 1
+   additions and it) and ``R eta_w``: ``E = sum_rows |g| e_xh + gamma_R(uc) sum_rows |g| (|xhat| + e_xh)
+   + R eta_w``.
+5. grad_bias_k: ``E = gamma_{R-1}(uc) sum_rows |g|``.
+6. The store and the centre, as for softmax (step 5): ``|actual - reference| <= E (1 + NORM_SECOND_ORDER
+   ua) + u_o (2 |ref| (1 + 2 u_o) + E) + 2 eta_o`` (``|dx| <= |ref| (1 + 2 u_o)`` away from
+   subnormals, where eta_o covers it), NORM_SECOND_ORDER = 8 (at most eight roundings compound on one
+   path). The bound is evaluated in float64 from float64 values of the exact quantities (each within
+   a few units of 2**-53 of its magnitude, ``2**-40`` of the bound at most): ``EVAL_SLACK``. Rows with a
+   NaN or an infinity get 0 (the reference follows IEEE arithmetic there: only the same value fits).
 """
 
 import numpy as np
@@ -59,13 +121,27 @@ import numpy as np
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.analysis._envelope_softmax import EXP_ULPS
 
-__all__ = ["bound", "PRODUCT_ROUNDINGS", "LOG_ROUNDINGS", "SECOND_ORDER", "F64_SUM", "EVAL_SLACK"]
+__all__ = [
+    "bound",
+    "norm_bound",
+    "PRODUCT_ROUNDINGS",
+    "LOG_ROUNDINGS",
+    "SECOND_ORDER",
+    "F64_SUM",
+    "EVAL_SLACK",
+    "INPUT_ROUNDINGS",
+    "XHAT_ROUNDINGS",
+    "NORM_SECOND_ORDER",
+]
 
 PRODUCT_ROUNDINGS = 3  #: softmax: g_i - D^, the product by y^_i, and the expanded form's second product
 LOG_ROUNDINGS = 2  #: log_softmax: the product exp(l^_i) G^ and the difference g_i - t
 SECOND_ORDER = 4  #: at most four roundings compound on one path: (1 + 4u) covers their products
 F64_SUM = 2  #: float64 sums of the bound's own quantities: 2 (n + 2) 2**-53 of their magnitudes
 EVAL_SLACK = 1.0 + 2.0**-40  #: the bound's own float64 evaluation
+INPUT_ROUNDINGS = 8  #: norm grad_input: at most seven roundings compound on one term of torch's form, plus one
+XHAT_ROUNDINGS = 3  #: norm xhat^: the products x rstd^ and mean^ rstd^ (or x - mean^ and the product), the difference
+NORM_SECOND_ORDER = 8  #: norms: at most eight roundings compound on one path: (1 + 8 ua) covers their products
 
 
 def _gamma(k, u):
@@ -136,3 +212,75 @@ def bound(op: str, x: np.ndarray, g: np.ndarray, ref: np.ndarray, out: Format) -
         B = np.where(np.isnan(B), np.inf, B)
         bad = ~np.isfinite(ref) | ~np.isfinite(g).all(axis=1, keepdims=True)
         return np.where(bad, 0.0, B)
+
+
+def norm_bound(op: str, name: str, X: np.ndarray, G: np.ndarray, W, eps: float, ref: np.ndarray,
+               fmts: dict) -> np.ndarray:  # fmt: skip
+    """The envelope (module docstring, layer_norm and rms_norm) of the gradient ``name`` ("input",
+    "weight", "bias") of ``op`` over the rows of the float64 (R, n) arrays X and G, weight W (n,) or
+    None, around ``ref`` (the correctly rounded gradient: (R, n) for input, (n,) otherwise), for
+    results in ``fmts[name]``; the working precision follows the input's format ``fmts["input"]``."""
+    from refkern.analysis.envelope import _gamma, _underflow
+
+    fin = fmts["input"]
+    out = fmts[name]
+    R, n = X.shape
+    u = FLOAT64.u if fin is FLOAT64 else FLOAT32.u
+    u_m = fin.u if fin.prec < FLOAT32.prec else 0.0
+    ua = u  # the backward's own operations are in the working format (module docstring)
+    eta_w = 2.0 ** (FLOAT64 if fin is FLOAT64 else FLOAT32).emin
+    u_o, eta_o = out.u, 2.0 ** (out.emin - out.prec)
+    center = op == "layer_norm"
+    w = np.ones(n) if W is None else np.asarray(W, np.float64)
+    with np.errstate(all="ignore"):
+        mu = X.mean(axis=1, keepdims=True) if center else np.zeros((R, 1))
+        d = X - mu
+        m2 = (d * d).sum(axis=1, keepdims=True)
+        q = (X * X).sum(axis=1, keepdims=True)
+        A = np.abs(X).mean(axis=1, keepdims=True)
+        g_n = _gamma(n, ua)[()]
+        dmu = (g_n * A + u_m * np.abs(mu)) if center else np.zeros((R, 1))
+        e_m2 = _gamma(n + 3, ua)[()] * np.sqrt(q) * np.sqrt(m2) + n * (g_n * A) ** 2 + _underflow(n, u)
+        var = m2 / n
+        e_v = e_m2 / n + ua * var
+        z = var + eps
+        e_w = e_v + ua * z
+        r = 1.0 / np.sqrt(z)
+        s_lo, s_hi = np.sqrt(np.maximum(z - e_w, 0.0)), np.sqrt(z + e_w)
+        e_r = np.maximum(1.0 / s_lo - r, r - 1.0 / s_hi) + (2.0 * u + u_m) * r
+        R1 = r + e_r
+        D = np.abs(d) + dmu
+        xm = np.abs(X) + np.abs(mu) + dmu  # the uncentred forms' magnitude
+        if name == "input":
+            gw = G * w
+            S = gw.sum(axis=1, keepdims=True)
+            Sa = np.abs(gw).sum(axis=1, keepdims=True)
+            e_S = g_n * Sa
+            Ad = S / n if center else np.zeros((R, 1))
+            e_A = e_S / n if center else np.zeros((R, 1))
+            Cn = (gw * d).sum(axis=1, keepdims=True)
+            e_C = _gamma(n + 2, ua)[()] * ((np.abs(gw) * np.abs(X)).sum(axis=1, keepdims=True) + np.abs(mu) * Sa)
+            e_C = e_C + n * 2.0**-52 * (np.abs(gw) * np.abs(d)).sum(axis=1, keepdims=True)  # Cn's float64 sum
+            Cm = np.abs(Cn) + e_C + dmu * np.abs(S)
+            Am = np.abs(Ad) + e_A
+            E = (e_r * (np.abs(gw) + Am) + R1 * e_A
+                 + (3.0 * e_r * R1**2 * D * Cm + r**3 * dmu * Cm + r**3 * np.abs(d) * (e_C + dmu * np.abs(S))) / n
+                 + INPUT_ROUNDINGS * ua * (R1 * (np.abs(gw) + Am) + R1**3 * xm * Cm / n)
+                 + (n + INPUT_ROUNDINGS) * eta_w * (R1 + R1**3 * xm))  # fmt: skip
+            refm = np.abs(ref).reshape(R, n)
+            bad = ~(np.isfinite(X).all(axis=1, keepdims=True) & np.isfinite(G).all(axis=1, keepdims=True))
+            bad = bad & np.ones((1, n), bool)
+        else:
+            if name == "weight":
+                xh = np.abs(d) * r
+                e_xh = e_r * D + r * dmu + XHAT_ROUNDINGS * ua * R1 * xm
+                ag = np.abs(G)
+                E = (ag * e_xh).sum(axis=0) + _gamma(R, u + u_m)[()] * (ag * (xh + e_xh)).sum(axis=0) + R * eta_w
+            else:
+                E = _gamma(max(R - 1, 0), u + u_m)[()] * np.abs(G).sum(axis=0)
+            refm = np.abs(ref).reshape(n)
+            bad = ~(np.isfinite(X).all(axis=0) & np.isfinite(G).all(axis=0)) | ~np.isfinite(refm)
+        B = E * (1.0 + NORM_SECOND_ORDER * ua) + u_o * (2.0 * refm * (1.0 + 2.0 * u_o) + E) + 2.0 * eta_o
+        B = B * EVAL_SLACK
+        B = np.where(np.isnan(B), np.inf, B)
+        return np.where(bad | ~np.isfinite(refm), 0.0, B)

@@ -21,6 +21,7 @@ from refkern.truth.products import _exact_sum_of_products
 __all__ = ["backward"]
 
 _DIFF = {"linear": ("x", "weight", "bias"), "matmul": ("a", "b"), "softmax": ("input",), "log_softmax": ("input",),
+         "layer_norm": ("input", "weight", "bias"), "rms_norm": ("input", "weight"),
          **{f"conv{d}d": ("x", "weight", "bias") for d in (1, 2, 3)},
          **{f"conv_transpose{d}d": ("input", "weight", "bias") for d in (1, 2, 3)}}  # fmt: skip
 
@@ -259,6 +260,147 @@ def _softmax_backward(name, G, og, a, wrt):
     return {"input": deliver(v, ox.fmt, og.torch or ox.torch)}
 
 
+def _norm_backward(name, G, og, a, wrt):
+    """layer_norm / rms_norm gradients from the autograd formula on mpmath intervals, with mpmath's own
+    square root: per row ``r = 1 / sqrt(var + eps)``, ``xhat = (x - mean) r``, ``gw = g w``,
+    ``grad_input = r (gw - mean(gw) - xhat mean(gw xhat))`` (no ``mean(gw)`` for rms_norm),
+    ``grad_weight = sum_rows g xhat``, ``grad_bias = sum_rows g``; Ziv's loop rounds once. Rational
+    results are found first with Fractions (the loop would not end on a midpoint): a zero numerator,
+    ``var + eps`` the square of a rational, a grad_weight whose rows of each equal ``var + eps`` cancel.
+    A row with a NaN or an infinity (or ``var + eps = 0``): float64 IEEE arithmetic on the same formula."""
+    from refkern.kernels._common import deliver
+    from refkern.kernels.norm import _eps, _shape_arg
+    from refkern.truth.softmax import _decide, _ivq, iv
+
+    x, ox = _values(a["input"], "input", "truth.backward")
+    shape = _shape_arg(a["normalized_shape"], "truth.backward")
+    n = math.prod(shape)
+    center = name == "layer_norm"
+    if name == "rms_norm" and a["eps"] is None:
+        eps = 2.0**-52 if ox.fmt.prec == 53 else 2.0**-23
+    else:
+        eps = _eps(a["eps"], "truth.backward")
+    X = x.reshape(-1, n)
+    Gr = G.reshape(-1, n)
+    R = X.shape[0]
+    wv = a.get("weight")
+    W = np.ones(n) if wv is None else _values(wv, "weight", "truth.backward")[0].reshape(n)
+    fmts = {"input": ox.fmt}
+    for k in ("weight", "bias"):
+        if a.get(k) is not None:
+            fmts[k] = _values(a[k], k, "truth.backward")[1].fmt
+    wrt = tuple(k for k in ("input", "weight", "bias") if a.get(k) is not None) if wrt is None else wrt
+    wrt = (wrt,) if isinstance(wrt, str) else wrt
+    Q = lambda v: Fraction(float(v))  # noqa: E731
+    stats = []  # per row: None (IEEE row) or (xs - mean, z)
+    for r in range(R):
+        if not (np.isfinite(X[r]).all() and np.isfinite(Gr[r]).all() and np.isfinite(W).all()):
+            stats.append(None)
+            continue
+        xs = [Q(v) for v in X[r]]
+        mu = sum(xs, Fraction(0)) / n if center else Fraction(0)
+        d = [v - mu for v in xs]
+        z = sum((t * t for t in d), Fraction(0)) / n + Q(eps)
+        stats.append((d, z) if z > 0 else None)
+    ieee = None
+    if any(s is None for s in stats):
+        with np.errstate(all="ignore"):
+            mu = X.mean(axis=1, keepdims=True) if center else 0.0
+            rr = 1.0 / np.sqrt(((X - mu) ** 2).mean(axis=1, keepdims=True) + eps)
+            xh = (X - mu) * rr
+            gw = Gr * W
+            m1 = gw.mean(axis=1, keepdims=True) if center else 0.0
+            ieee = (rr * (gw - m1 - xh * (gw * xh).mean(axis=1, keepdims=True)), xh)
+
+    def square(q):
+        p, t = math.isqrt(q.numerator), math.isqrt(q.denominator)
+        return p * p == q.numerator and t * t == q.denominator
+
+    def isqrt_iv(z):
+        return 1 / iv.sqrt(_ivq(z))
+
+    out = {}
+    if "input" in wrt:
+        v = np.empty((R, n))
+        for r in range(R):
+            if stats[r] is None:
+                v[r] = [_round_float_to(t, ox.fmt) for t in ieee[0][r]]
+                continue
+            d, z = stats[r]
+            gw = [Q(Gr[r, j]) * Q(W[j]) for j in range(n)]
+            A = sum(gw, Fraction(0)) / n if center else Fraction(0)
+            C = sum((p * q for p, q in zip(gw, d)), Fraction(0)) / n
+            for j in range(n):
+                P = gw[j] - A - d[j] * C / z
+                if P == 0:
+                    v[r, j] = 0.0
+                    continue
+                if square(z):
+                    q = P / Fraction(math.isqrt(z.numerator), math.isqrt(z.denominator))
+                    v[r, j] = _decide(ox.fmt, lambda q=q: _ivq(q))
+                    continue
+
+                def make(r=r, j=j, d=d, z=z, gw=gw):
+                    rr = isqrt_iv(z)
+                    xh = [_ivq(t) * rr for t in d]
+                    gi = [_ivq(t) for t in gw]
+                    m1 = iv.mpf(0)
+                    m2 = iv.mpf(0)
+                    for k in range(n):
+                        m1 += gi[k]
+                        m2 += gi[k] * xh[k]
+                    m1 = m1 / n if center else iv.mpf(0)
+                    return rr * (gi[j] - m1 - xh[j] * (m2 / n))
+
+                v[r, j] = _decide(ox.fmt, make, 256)
+        out["input"] = deliver(v.reshape(x.shape), ox.fmt, og.torch or ox.torch)
+    for k in ("weight", "bias"):
+        if k not in wrt:
+            continue
+        fmt = fmts[k]
+        v = np.empty(n)
+        for c in range(n):
+            if ieee is not None:
+                with np.errstate(all="ignore"):
+                    t = (Gr[:, c] * ieee[1][:, c]).sum() if k == "weight" else Gr[:, c].sum()
+                v[c] = _round_float_to(float(t), fmt)
+                continue
+            if k == "bias":
+                q = sum((Q(t) for t in Gr[:, c]), Fraction(0))
+                v[c] = _decide(fmt, lambda q=q: _ivq(q))
+                continue
+            terms = [(Q(Gr[r, c]) * stats[r][0][c], stats[r][1]) for r in range(R)]
+            by_z = {}
+            for t, z in terms:
+                by_z[z] = by_z.get(z, Fraction(0)) + t
+            by_z = {z: t for z, t in by_z.items() if t != 0}
+            if not by_z:
+                v[c] = 0.0
+                continue
+            if all(square(z) for z in by_z):
+                q = sum((t / Fraction(math.isqrt(z.numerator), math.isqrt(z.denominator)) for z, t in by_z.items()),
+                        Fraction(0))  # fmt: skip
+                v[c] = 0.0 if q == 0 else _decide(fmt, lambda q=q: _ivq(q))
+                continue
+
+            def make(by_z=by_z):
+                acc = iv.mpf(0)
+                for z, t in by_z.items():
+                    acc += _ivq(t) * isqrt_iv(z)
+                return acc
+
+            v[c] = _decide(fmt, make, 256)
+        out[k] = deliver(v.reshape(shape), fmt, og.torch or ox.torch)
+    return out
+
+
+def _round_float_to(t: float, fmt) -> float:
+    """A float64 value (NaN and infinities included) rounded once to fmt."""
+    from refkern.truth.softmax import _round_float
+
+    return _round_float(float(t), fmt)
+
+
 def _nd(fn, nd):
     return lambda *z: fn(nd, *z)
 
@@ -280,6 +422,9 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
     if name in ("softmax", "log_softmax"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _softmax_backward(name, G, og, a, wrt)
+    if name in ("layer_norm", "rms_norm"):
+        G, og = _values(grad_output, "grad_output", "truth.backward")
+        return _norm_backward(name, G, og, a, wrt)
     ops = {k: _values(v, k, "truth.backward") for k, v in a.items() if k in _DIFF[name] and v is not None}
     vals = {**a, **{k: v for k, (v, _) in ops.items()}}
     G, og = _values(grad_output, "grad_output", "truth.backward")

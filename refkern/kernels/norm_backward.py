@@ -1,0 +1,318 @@
+"""The backward of layer_norm and rms_norm, correctly rounded: the real-valued derivative of the
+definition at the given inputs, rounded once to each argument's dtype.
+
+A row ``x`` of n elements (the normalised dimensions flattened), ``g`` its grad_output, ``w`` the
+weight (1 without one), ``mu`` the exact mean (0 for rms_norm), ``M2 = sum (x - mu)^2`` exact,
+``z = M2 / n + eps``, ``r = z**(-1/2)``, ``xhat = (x - mu) r``, ``gw = g w``:
+
+    grad_input_j  = r (gw_j - A - xhat_j B),   A = mean(gw) (0 for rms_norm),  B = mean(gw xhat)
+                  = (P_j) / sqrt(z),           P_j = gw_j - A - (x_j - mu) C / z,  C = mean(gw (x - mu))
+    grad_weight_k = sum over rows of g_k xhat_k = sum_rows g_k (x_k - mu) / sqrt(z_row)
+    grad_bias_k   = sum over rows of g_k                                    (layer_norm only)
+
+Method (Ziv's strategy). For float16, bfloat16 and float32 inputs a float64 pass
+(:func:`_fast_rows`) evaluates every element with a rigorous absolute error bound on top of the
+forward's exact moments (:func:`refkern.kernels._moments.moments`) and its double-word ``r`` with
+its bound (as :func:`refkern.kernels.norm._normalize` forms them), and
+:func:`~refkern.accumulate.ziv.decide` rounds when the bound allows. The rest, and every float64
+result, take the exact path: ``P_j`` is a rational, so grad_input is
+:func:`~refkern.accumulate.ziv.round_quotient_sqrt` ``(0, P_j, z)`` (the forward's "comparing squares"
+machinery); a grad_weight element is a sum of ``a_r / sqrt(z_r)`` over rows, grouped into classes of
+rows whose ``z`` differ by a rational square factor (:func:`sum_over_sqrt`): one class is again
+``A / sqrt(z_c)``, several are irrational (square roots of distinct square-free integers are linearly
+independent over the rationals, Besicovitch 1940) and an interval loop on integer square roots ends.
+grad_bias is a float64 sum with a bound, or an exact Fraction sum.
+
+Rows holding a NaN or an infinity (in x, g or w), or with ``var + eps == 0``, have no real-valued
+answer: they follow IEEE float64 arithmetic on the formula, as torch does.
+"""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate.dd import EPS, dd_add_fp, dd_div, dd_div_fp, dd_sqrt, safe
+from refkern.accumulate.formats import Format, round_array
+from refkern.accumulate.ziv import decide, round_fraction, round_quotient_sqrt
+from refkern.kernels._moments import OK, exact_moments, moments, new_workspace
+
+__all__ = ["norm_backward_rows", "sum_over_sqrt", "U", "TINY"]
+
+U = 2.0**-53  #: float64's unit roundoff: every float64 operation of the fast pass is charged U |result|
+TINY = 2.0**-1074  #: a product that underflows loses at most this: charged once per product
+_FAST, _EXACT, _SPECIAL = 0, 1, 2  # row status
+
+
+@jit(parallel=True)
+def _fast_rows(X, G, W, center, eps, prec, emin, emax, gin, xh, exh, status):
+    """Float64 pass over the rows of X (R, n) with grad_output G (R, n) and weight W (n,) (ones when
+    absent): gin[r, j] = RN(grad_input) or NaN (undecided), xh/exh = xhat and its error bound (for
+    grad_weight), status[r] = 0 (fast), 1 (exact path for the row), 2 (IEEE path).
+
+    Bounds (``u = 2**-53``, every float64 operation charged ``u |result|``, every product also TINY
+    for underflow): ``r`` and ``delta = mean - c`` as in the forward (``e_r``, ``e_d``, each low part
+    dropped and charged whole); ``z_j = dh_j - delta`` within ``u|z_j| + |dl_j| + e_d``; ``xhat_j =
+    z_j r`` within ``e_z (r + e_r) + |z_j| e_r + u|xhat_j| + TINY``; ``gw_j`` within ``u|gw_j| + TINY``;
+    a float64 sum of n terms (each within ``e_k``) within ``sum e_k + 1.01 n u sum|terms|`` (gamma_n,
+    n u < 2**-30 here); A and B divide by n (one more ``u``); then ``t = gw_j - A``, ``q = xhat_j B``,
+    ``s = t - q`` and ``s r`` propagate as ``e(ab) = e(a)(|b| + e(b)) + |a| e(b) + u|ab|`` and
+    ``e(a +- b) = e(a) + e(b) + u|a +- b|``; ``decide`` gets the bound times ``1 + 2**-40`` (the bound's
+    own float64 evaluation)."""
+    R, n = X.shape
+    for i in prange(R):
+        x = X[i]
+        g = G[i]
+        bad = False
+        for j in range(n):
+            if not (abs(x[j]) < np.inf and abs(g[j]) < np.inf and abs(W[j]) < np.inf):
+                bad = True
+        for j in range(n):
+            gin[i, j] = np.nan
+        if bad:
+            status[i] = _SPECIAL
+            continue
+        acc, tmp, scratch, dh, dl = new_workspace(n)
+        st, c, d_h, d_l, e_d, m_h, m_l, e_m2, _ = moments(x, center, prec, acc, tmp, scratch, dh, dl)
+        if st != OK:
+            status[i] = _EXACT
+            continue
+        v_h, v_l = dd_div_fp(m_h, m_l, np.float64(n))
+        e_v = e_m2 / n * (1.0 + 2.0**-50) + EPS * abs(v_h)
+        w_h, w_l = dd_add_fp(v_h, v_l, eps)
+        e_w = e_v + EPS * abs(w_h)
+        if not (w_h > 0.0 and e_w < 0.25 * w_h and safe(w_h)):
+            status[i] = _EXACT
+            continue
+        s_h, s_l = dd_sqrt(w_h, w_l)
+        e_s = e_w / s_h * (1.0 + 2.0**-40) + EPS * s_h
+        r_h, r_l = dd_div(1.0, 0.0, s_h, s_l)
+        e_r = e_s / (s_h * (s_h - e_s)) + EPS * abs(r_h)
+        if not safe(r_h):
+            status[i] = _EXACT
+            continue
+        r = r_h
+        er = e_r + abs(r_l)  # |r - r_h|
+        ed = e_d + abs(d_l)  # |delta - d_h|
+        S = 0.0  # sum gw
+        eS = 0.0
+        aS = 0.0
+        Bs = 0.0  # sum gw xhat
+        eB = 0.0
+        aB = 0.0
+        for j in range(n):
+            z = dh[j] - d_h
+            ez = U * abs(z) + abs(dl[j]) + ed
+            p = z * r
+            xh[i, j] = p
+            exh[i, j] = ez * (r + er) + abs(z) * er + U * abs(p) + TINY
+            gw = g[j] * W[j]
+            egw = U * abs(gw) + TINY
+            S += gw
+            eS += egw
+            aS += abs(gw)
+            t = gw * p
+            Bs += t
+            eB += egw * (abs(p) + exh[i, j]) + abs(gw) * exh[i, j] + U * abs(t) + TINY
+            aB += abs(t)
+        gam = 1.01 * n * U
+        A = S / n if center else 0.0
+        eA = ((eS + gam * aS) / n + U * abs(A)) if center else 0.0
+        B = Bs / n
+        eBn = (eB + gam * aB) / n + U * abs(B)
+        for j in range(n):
+            gw = g[j] * W[j]
+            egw = U * abs(gw) + TINY
+            t = gw - A
+            et = egw + eA + U * abs(t)
+            p = xh[i, j]
+            q = p * B
+            eq = exh[i, j] * (abs(B) + eBn) + abs(p) * eBn + U * abs(q) + TINY
+            s = t - q
+            es = et + eq + U * abs(s)
+            y = s * r
+            e = es * (r + er) + abs(s) * er + U * abs(y) + TINY
+            gin[i, j] = decide(y, 0.0, e * (1.0 + 2.0**-40), prec, emin, emax)
+        status[i] = _FAST
+
+
+@jit(parallel=True)
+def _fast_cols(G, xh, exh, use_xhat, prec, emin, emax, out):
+    """out[k] = RN(sum_r G[r, k] xh[r, k]) (or RN(sum_r G[r, k]) without ``use_xhat``) or NaN: each term
+    within ``|g| exh + u|term| + TINY``, the sum within those plus ``1.01 R u sum|terms|``."""
+    R, n = G.shape
+    gam = 1.01 * R * U
+    for k in prange(n):
+        s = 0.0
+        e = 0.0
+        a = 0.0
+        for r in range(R):
+            if use_xhat:
+                t = G[r, k] * xh[r, k]
+                e += abs(G[r, k]) * exh[r, k] + U * abs(t) + TINY
+            else:
+                t = G[r, k]
+            s += t
+            a += abs(t)
+        out[k] = decide(s, 0.0, (e + gam * a) * (1.0 + 2.0**-40), prec, emin, emax)
+
+
+# ---------------------------------------------------------------- the exact path
+
+
+def _is_square(q: Fraction):
+    """sqrt(q) as a Fraction when q >= 0 is the square of a rational, else None."""
+    a, b = math.isqrt(q.numerator), math.isqrt(q.denominator)
+    return Fraction(a, b) if a * a == q.numerator and b * b == q.denominator else None
+
+
+def sum_over_sqrt(terms, fmt: Format) -> float:
+    """RN(sum_k a_k / sqrt(z_k)) to ``fmt`` for pairs of Fractions (a_k, z_k), z_k > 0 (module docstring).
+
+    Rows are grouped into classes of ``z`` that differ by the square of a rational (then
+    ``a / sqrt(z) = (a / sqrt(z / z_c)) / sqrt(z_c)``, a rational multiple of ``1 / sqrt(z_c)``). One
+    class with a nonzero coefficient: :func:`round_quotient_sqrt`. Several: ``1 / sqrt(z_c)`` is a
+    rational times ``sqrt(s_c)``, ``s_c`` the square-free part of ``num(z_c) den(z_c)``, distinct between
+    classes, so the value is irrational (Besicovitch) and no midpoint: the interval of integer square
+    roots at doubling precision ends."""
+    classes = []  # [z_c, A_c]
+    for a, z in terms:
+        if a == 0:
+            continue
+        for c in classes:
+            s = _is_square(z / c[0])
+            if s is not None:
+                c[1] += a / s
+                break
+        else:
+            classes.append([z, a])
+    classes = [c for c in classes if c[1] != 0]
+    if not classes:
+        return 0.0
+    if len(classes) == 1:
+        return round_quotient_sqrt(Fraction(0), classes[0][1], classes[0][0], fmt)
+    w = 64
+    while True:
+        lo = hi = Fraction(0)
+        for z, a in classes:  # 1/sqrt(z) = sqrt(zn zd) / zn in [k, k + 1] / (zn 2**w)
+            k = math.isqrt(z.numerator * z.denominator << (2 * w))
+            den = z.numerator << w
+            v0, v1 = a * Fraction(k, den), a * Fraction(k + 1, den)
+            lo += min(v0, v1)
+            hi += max(v0, v1)
+        a, b = round_fraction(lo, fmt), round_fraction(hi, fmt)
+        if a == b and math.copysign(1.0, a) == math.copysign(1.0, b):
+            return a
+        w *= 2
+        if w > 1 << 22:
+            raise RuntimeError("norm backward: the exact path did not converge (a bug: please report the input)")
+
+
+class _ExactRow:
+    """The exact statistics of one finite row: mean, z = M2 / n + eps (Fractions)."""
+
+    def __init__(self, x, center, eps):
+        self.x = [Fraction(v) for v in np.asarray(x, np.float64).tolist()]
+        mean, m2 = exact_moments(x, center)
+        self.mean = mean
+        self.z = m2 / len(self.x) + Fraction(eps)
+
+
+def _exact_input_row(st: _ExactRow, g, w, cols, center, fmt):
+    """RN(grad_input_j) for j in cols: ``P_j / sqrt(z)`` (module docstring), z > 0."""
+    n = len(st.x)
+    gw = [Fraction(float(a)) * Fraction(float(b)) for a, b in zip(g, w)]
+    A = sum(gw, Fraction(0)) / n if center else Fraction(0)
+    C = sum((q * (v - st.mean) for q, v in zip(gw, st.x)), Fraction(0)) / n
+    out = []
+    for j in cols:
+        P = gw[j] - A - (st.x[j] - st.mean) * C / st.z
+        out.append(0.0 if P == 0 else round_quotient_sqrt(Fraction(0), P, st.z, fmt))
+    return out
+
+
+def _ieee_rows(X, G, W, center, eps, fmt, need_in):
+    """Rows without a real-valued answer: the formula in IEEE float64 arithmetic, as torch evaluates
+    it: (grad_input rounded to fmt or None, xhat in float64)."""
+    with np.errstate(all="ignore"):
+        mu = X.mean(axis=1, keepdims=True) if center else 0.0
+        var = ((X - mu) ** 2).mean(axis=1, keepdims=True)
+        r = 1.0 / np.sqrt(var + eps)
+        xh = (X - mu) * r
+        gw = G * W[None, :]
+        A = gw.mean(axis=1, keepdims=True) if center else 0.0
+        B = (gw * xh).mean(axis=1, keepdims=True)
+        gi = r * (gw - A - xh * B)
+    gi = round_array(np.ascontiguousarray(gi), *fmt.params) if need_in else None
+    return gi, xh
+
+
+def norm_backward_rows(X, G, W, center: bool, eps: float, fmts: dict, wrt, force_exact: bool = False) -> dict:
+    """The gradients asked for (``wrt`` among "input", "weight", "bias") of a norm over the rows of
+    the float64 (R, n) arrays X (input) and G (grad_output), with W (n,) float64 or None, each a
+    float64 array of values of ``fmts[name]``: {"input": (R, n), "weight": (n,), "bias": (n,)}."""
+    R, n = X.shape
+    out = {}
+    Wk = np.ones(n) if W is None else np.ascontiguousarray(W, np.float64)
+    X = np.ascontiguousarray(X, np.float64)
+    G = np.ascontiguousarray(G, np.float64)
+    if R == 0 or n == 0:
+        for k in wrt:
+            out[k] = np.zeros((R, n) if k == "input" else (n,))
+        return out
+    fin = fmts["input"]
+    gin = np.full((R, n), np.nan)
+    xh = np.zeros((R, n))
+    exh = np.full((R, n), np.inf)
+    status = np.full(R, _EXACT, np.int64)
+    if not force_exact:
+        _fast_rows(X, G, Wk, center, float(eps), *fin.params, gin, xh, exh, status)
+    else:
+        bad = ~(np.isfinite(X).all(axis=1) & np.isfinite(G).all(axis=1) & np.isfinite(Wk).all())
+        status[bad] = _SPECIAL
+    rows = {}
+
+    def exact(r):
+        if r not in rows:
+            rows[r] = _ExactRow(X[r], center, eps)
+        return rows[r]
+
+    for r in np.flatnonzero(status == _EXACT):  # z == 0 (eps = 0, constant row): no real value either
+        if exact(r).z <= 0:
+            status[r] = _SPECIAL
+    special = np.flatnonzero(status == _SPECIAL)
+    if special.size:
+        gi_s, xh_s = _ieee_rows(X[special], G[special], Wk, center, eps, fin, "input" in wrt)
+    if "input" in wrt:
+        if special.size:
+            gin[special] = gi_s
+        for r in range(R):
+            if status[r] == _SPECIAL:
+                continue
+            cols = np.flatnonzero(np.isnan(gin[r]))
+            if cols.size:
+                gin[r, cols] = _exact_input_row(exact(r), G[r], Wk, cols.tolist(), center, fin)
+        out["input"] = gin
+    for k in ("weight", "bias"):
+        if k not in wrt:
+            continue
+        fmt = fmts[k]
+        col = np.full(n, np.nan)
+        if not force_exact and not (status != _FAST).any():
+            _fast_cols(G, xh, exh, k == "weight", *fmt.params, col)
+        if special.size:  # a row without a real value: the column sums in IEEE float64 arithmetic
+            _, xh_all = _ieee_rows(X, G, Wk, center, eps, fin, False)
+            with np.errstate(all="ignore"):
+                terms = G * xh_all if k == "weight" else G
+                col = round_array(np.ascontiguousarray(terms.sum(axis=0)), *fmt.params)
+        else:
+            for c in np.flatnonzero(np.isnan(col)):
+                if k == "bias":
+                    col[c] = round_fraction(sum((Fraction(float(v)) for v in G[:, c]), Fraction(0)), fmt)
+                else:
+                    terms = [(Fraction(float(G[r, c])) * (exact(r).x[c] - exact(r).mean), exact(r).z) for r in range(R)]
+                    col[c] = sum_over_sqrt(terms, fmt)
+        out[k] = col
+    return out

@@ -968,9 +968,10 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     """Exact gradients of ``op(*args, **kwargs)`` for ``grad_output``: ``{argument name: gradient}``.
 
     ``op``: "linear", "matmul", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "softmax", "log_softmax" (or the refkern function); the arguments are exactly
-    the op's (same names: ``x``/``weight``/``bias``, ``a``/``b``, ``input``/``weight``/``bias``,
-    ``input``/``dim``), and ``grad_output`` has the op's output shape and dtype. ``wrt``: the argument
+    "conv_transpose3d", "softmax", "log_softmax", "layer_norm", "rms_norm" (or the refkern function); the
+    arguments are exactly the op's (same names: ``x``/``weight``/``bias``, ``a``/``b``,
+    ``input``/``weight``/``bias``, ``input``/``dim``, ``input``/``normalized_shape``/``weight``/``bias``/``eps``), and
+    ``grad_output`` has the op's output shape and dtype. ``wrt``: the argument
     names whose gradients to compute (default: every differentiable argument given); only those are
     computed.
 
@@ -981,7 +982,12 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     kernel (:mod:`refkern.gradients`), so the guarantee is the forward kernels' own. softmax and
     log_softmax: the real-valued derivative of the definition at the given inputs, ``y_i (g_i -
     sum_j g_j y_j)`` and ``g_i - y_i sum_j g_j`` with ``y`` the exact softmax, rounded once
-    (:mod:`refkern.kernels.softmax_backward`; ``dtype=`` is refused).
+    (:mod:`refkern.kernels.softmax_backward`; ``dtype=`` is refused). layer_norm and rms_norm: with
+    ``r = (var + eps)**(-1/2)`` (exact mean, biased variance; rms_norm: ``mean(x**2)``, no centring),
+    ``xhat = (x - mean) r`` and ``gw = grad_output * weight``, ``grad_input = r (gw - mean(gw) - xhat
+    mean(gw xhat))`` (no ``mean(gw)`` for rms_norm), ``grad_weight`` and ``grad_bias`` the sums over
+    the rows of ``grad_output * xhat`` and ``grad_output``, each real-valued and rounded once to its
+    argument's dtype (:mod:`refkern.kernels.norm_backward`).
 
     A convolution with ``padding_mode`` "reflect", "replicate" or "circular": the gradient of ``x``
     folds the padded border back onto the input, each element one exact sum of every product that
@@ -1005,7 +1011,8 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
     convolution, which is judged as (C_in / groups, C_out, ...) (its first two axes swapped).
     softmax and log_softmax gradients are judged by the worst-case envelope of a correct float32
     (float64) implementation that differentiates from its own stored forward
-    (:mod:`refkern.analysis._envelope_backward`): ``exact``, ``rounding`` or ``mismatch``.
+    (:mod:`refkern.analysis._envelope_backward`): ``exact``, ``rounding`` or ``mismatch``; so are the
+    layer_norm and rms_norm gradients (the envelope of torch's CPU kernels' forms, same module).
     """
     from refkern.analysis.compare import compare
 

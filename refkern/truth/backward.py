@@ -266,7 +266,8 @@ def _norm_backward(name, G, og, a, wrt):
     ``grad_input = r (gw - mean(gw) - xhat mean(gw xhat))`` (no ``mean(gw)`` for rms_norm),
     ``grad_weight = sum_rows g xhat``, ``grad_bias = sum_rows g``; Ziv's loop rounds once. Rational
     results are found first with Fractions (the loop would not end on a midpoint): a zero numerator,
-    ``var + eps`` the square of a rational, a grad_weight whose rows of each equal ``var + eps`` cancel.
+    ``var + eps`` the square of a rational, a grad_weight whose rows cancel within each group of
+    ``var + eps`` equal up to a rational square factor (distinct groups: independent square roots).
     A row with a NaN or an infinity (or ``var + eps = 0``): float64 IEEE arithmetic on the same formula."""
     from refkern.kernels._common import deliver
     from refkern.kernels.norm import _eps, _shape_arg
@@ -370,9 +371,15 @@ def _norm_backward(name, G, og, a, wrt):
                 v[c] = _decide(fmt, lambda q=q: _ivq(q))
                 continue
             terms = [(Q(Gr[r, c]) * stats[r][0][c], stats[r][1]) for r in range(R)]
-            by_z = {}
+            by_z = {}  # rows whose var + eps differ by a rational square share one 1/sqrt: their sum may cancel
             for t, z in terms:
-                by_z[z] = by_z.get(z, Fraction(0)) + t
+                for z0 in by_z:
+                    if square(z / z0):
+                        q = z / z0
+                        by_z[z0] += t / Fraction(math.isqrt(q.numerator), math.isqrt(q.denominator))
+                        break
+                else:
+                    by_z[z] = t
             by_z = {z: t for z, t in by_z.items() if t != 0}
             if not by_z:
                 v[c] = 0.0

@@ -299,3 +299,26 @@ def test_compiled_model_with_a_broken_compiler_names_the_first_divergent_layer()
     lines = "\n".join(comp.lines())
     assert "first divergence beyond exact/rounding: ConvLinearModel.conv1 (conv2d)" in lines
     assert "WORSE than the baseline" in lines
+
+
+def test_a_module_compiled_inside_the_audit_in_a_fresh_process_is_routed_too():
+    """Before torch._dynamo is imported the audit wraps torch.compile, so that a module compiled inside
+    it is audited as compiled (dynamo would otherwise run it eagerly under the audit's mode)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, torch.nn as nn\n"
+        "import refkern.torch as rkt\n"
+        "assert 'torch._dynamo.eval_frame' not in sys.modules\n"
+        "m = nn.Sequential(nn.Linear(4, 3))\n"
+        "with rkt.audit() as a:\n"
+        "    c = torch.compile(m, backend=lambda gm, ex: gm.forward)\n"
+        "    c(torch.randn(2, 4))\n"
+        "assert torch.compile.__name__ == 'compile' and 'compile_then_route' not in repr(torch.compile)\n"
+        "print(len(a.compiled), [layer.compiled.verdict for layer in a.compiled[0].layers])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    n, verdicts = r.stdout.split(" ", 1)
+    assert n == "1" and verdicts.strip() in ("['rounding']", "['exact']")

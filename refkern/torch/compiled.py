@@ -130,23 +130,46 @@ def _backend_name(b):
 
 
 def intercept(audit):
-    """Route calls of compiled modules inside ``audit`` to :func:`run`; returns the undo, or None when
-    torch._dynamo was never imported (then nothing compiled exists to be called)."""
+    """Route calls of compiled modules inside ``audit`` to :func:`run`; returns the undo.
+
+    While torch._dynamo has not been imported nothing compiled exists yet: ``torch.compile`` is
+    wrapped for the audit's duration instead, and the first module compiled inside installs the
+    route (importing dynamo on every audit would cost seconds)."""
+    undo = []
+    routed = []
+
+    def install(ev):
+        cls = ev.OptimizedModule
+        original = cls.__call__
+
+        def call(self, *args, **kwargs):
+            return run(audit, self, original, args, kwargs)
+
+        cls.__call__ = call
+        routed.append(cls)
+        undo.append(lambda: setattr(cls, "__call__", original))
+
     ev = sys.modules.get("torch._dynamo.eval_frame")
-    if ev is None:
-        return None
-    cls = ev.OptimizedModule
-    original = cls.__call__
+    if ev is not None:
+        install(ev)
+    else:
+        real = torch.compile
 
-    def call(self, *args, **kwargs):
-        return run(audit, self, original, args, kwargs)
+        def compile_then_route(*args, **kwargs):
+            out = real(*args, **kwargs)
+            if not routed:
+                install(sys.modules["torch._dynamo.eval_frame"])
+            return out
 
-    cls.__call__ = call
+        compile_then_route.__wrapped__ = real
+        torch.compile = compile_then_route
+        undo.append(lambda: setattr(torch, "compile", real))
 
-    def undo():
-        cls.__call__ = original
+    def restore():
+        for u in reversed(undo):
+            u()
 
-    return undo
+    return restore
 
 
 class _Leaves:

@@ -11,7 +11,7 @@ from refkern.analysis.envelope import OPS as ENVELOPE_OPS
 from refkern.analysis.envelope import envelopes
 from refkern.analysis.evaluate import _bind, op_name, problem
 from refkern.analysis.report import VERDICTS, Report, where_summary
-from refkern.analysis.ulp import ulp_errors
+from refkern.analysis.ulp import max_ulp_error, ulp_errors
 from refkern.analysis.verdict import decide, decide_envelope
 
 __all__ = ["compare", "assert_matches_reference", "elements"]
@@ -148,7 +148,7 @@ def _analyse(actual, op, args, kwargs, rtol, atol, arrays=False):
     bound0, scale = (np.empty(ref.shape if arrays else 0) for _ in range(2))
     flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (act, ref, mag))
     _figures(*flat, pr.n_terms, u_acc, u_out, arrays, *(v.reshape(-1) for v in (err, bound0, r0, scale, prob, cond)))
-    counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
+    counts = {v: int(np.count_nonzero(d.classes == k)) for k, v in enumerate(VERDICTS)}
     unexplained = d.unexplained
     eligible = (unexplained if d.verdict == "mismatch" else err > 0).reshape(-1)
     key = d.z if d.verdict == "mismatch" else prob
@@ -251,14 +251,15 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
         )
     envs, n = envelopes(name, bound, ref, fmt, lazy=True)
     d = decide_envelope(act, ref, envs, fmt)
-    ulps = _ulps(act, ref, fmt)
+    ulps = _ulps(act, ref, fmt) if arrays else None  # else only the max and the worst elements' (no array)
     r0 = d.fits[0].ratio
-    counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
+    counts = {v: int(np.count_nonzero(d.classes == k)) for k, v in enumerate(VERDICTS)}
     eligible = d.unexplained if d.verdict == "mismatch" else d.fits[0].state != 0  # unequal to the reference
     top, worst = _worst(eligible, r0, ref.shape)
+    top_ulps = ulp_errors(act.reshape(-1)[top], ref.reshape(-1)[top], fmt)
     details = [{"index": list(w), "actual": float(act.reshape(-1)[f]), "reference": float(ref.reshape(-1)[f]),
-                "ulp": float(ulps.reshape(-1)[f]), "bound_ratio": float(r0.reshape(-1)[f]),
-                "test_ratio": float(r0.reshape(-1)[f]), "condition": 1.0} for w, f in zip(worst, top)]  # fmt: skip
+                "ulp": float(e), "bound_ratio": float(r0.reshape(-1)[f]), "test_ratio": float(r0.reshape(-1)[f]),
+                "condition": 1.0} for w, f, e in zip(worst, top, top_ulps)]  # fmt: skip
     where = {}
     if d.verdict == "mismatch" and ref.ndim:
         where = where_summary(np.argwhere(d.unexplained), ref.shape, tuple(f"dim{i}" for i in range(ref.ndim)))
@@ -281,7 +282,7 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
                      "precision to bound): any value there passes, so a bug there cannot be seen")  # fmt: skip
     rep = Report(
         op=name, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=int(n), verdict=d.verdict,
-        precision=d.precision, max_ulp=float(ulps.max()) if ulps.size else 0.0,
+        precision=d.precision, max_ulp=max_ulp_error(act, ref, fmt),
         max_bound_ratio=float(r0.max()) if r0.size else 0.0, max_prob_ratio=float(r0.max()) if r0.size else 0.0,
         worst=worst, worst_details=details, counts=counts, where=where,
         hypotheses={f.model.key: f.summary(1.0) for f in d.fits},

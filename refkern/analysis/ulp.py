@@ -16,7 +16,7 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import Format
 
-__all__ = ["ulp", "ulp_error", "ulp_errors"]
+__all__ = ["ulp", "ulp_error", "ulp_errors", "max_ulp_error"]
 
 
 def ulp(x: float, fmt: Format) -> float:
@@ -38,24 +38,44 @@ def ulp_error(approx: float, exact: float, fmt: Format) -> float:
     return (approx - exact) / ulp(exact, fmt)
 
 
+@jit
+def _ulp_one(x, y, prec, emin):
+    """|x - y| in ulps of the format (prec, emin) at y: 0 for equal specials, inf for one special."""
+    if x == y or (x != x and y != y):
+        return 0.0
+    if x != x or y != y or x - x != 0.0 or y - y != 0.0:
+        return np.inf  # one special and not the other, or two different ones
+    e = math.frexp(y)[1] - 1 if y != 0.0 else emin
+    return abs(x - y) / math.ldexp(1.0, max(e, emin) - prec + 1)
+
+
 @jit(parallel=True)
 def _ulp_errors(a, r, prec, emin, out):
     for i in prange(a.size):
-        x, y = a[i], r[i]
-        if x == y or (x != x and y != y):
-            out[i] = 0.0
-        elif x != x or y != y or x - x != 0.0 or y - y != 0.0:
-            out[i] = np.inf  # one special and not the other, or two different ones
-        else:
-            e = math.frexp(y)[1] - 1 if y != 0.0 else emin
-            out[i] = abs(x - y) / math.ldexp(1.0, max(e, emin) - prec + 1)
+        out[i] = _ulp_one(a[i], r[i], prec, emin)
+
+
+@jit
+def _ulp_max(a, r, prec, emin):
+    m = 0.0
+    for i in range(a.size):
+        m = max(m, _ulp_one(a[i], r[i], prec, emin))
+    return m
+
+
+def _flat(v):
+    return np.ascontiguousarray(v, np.float64).reshape(-1)
 
 
 def ulp_errors(actual, ref, fmt: Format) -> np.ndarray:
     """|actual - ref| in ulps of ``fmt`` at the correctly rounded ``ref``, elementwise (0 for equal
     specials, inf where only one is finite or the two differ)."""
-    a = np.ascontiguousarray(actual, np.float64).reshape(-1)
-    r = np.ascontiguousarray(ref, np.float64).reshape(-1)
+    a, r = _flat(actual), _flat(ref)
     out = np.empty(a.size)
     _ulp_errors(a, r, fmt.prec, fmt.emin, out)
     return out.reshape(np.shape(ref))
+
+
+def max_ulp_error(actual, ref, fmt: Format) -> float:
+    """The largest of :func:`ulp_errors`, without the array (0 for no elements)."""
+    return float(_ulp_max(_flat(actual), _flat(ref), fmt.prec, fmt.emin))

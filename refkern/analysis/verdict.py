@@ -131,6 +131,13 @@ class Decision:
         return self.classes == 3
 
 
+def _classes(exact, k):
+    """int8 per element: 0 where ``exact``, else ``k`` (no int64 temporary: outputs can be large)."""
+    cls = np.full(np.shape(exact), np.int8(k))
+    cls[exact] = 0
+    return cls
+
+
 def _zscore(a, c, var, grid=None):
     """|a - c| / sqrt(var) elementwise (0 where equal, NaN alike; inf where undefined, and, with
     ``grid``, for values off the grid of the format the model stores in): :func:`_element_test`'s z."""
@@ -289,11 +296,11 @@ def decide(actual, pr, ref, mag) -> Decision:
             t.full(f)
         if f.explains:
             if f.model.rounding:
-                cls = np.where(exact, 0, 1).astype(np.int8)
+                cls = _classes(exact, 1)
                 return Decision("rounding", None, f.model, cls, fits, f.z, [], [], det, thresholds)
             tie = sorted({g.model.precision for g in first + rest if not g.model.rounding
                           and g.model.precision != f.model.precision and g.score <= f.score + band})  # fmt: skip
-            cls = np.where(exact, 0, 2).astype(np.int8)
+            cls = _classes(exact, 2)
             return Decision("reduced-precision", f.model.precision, f.model, cls, fits, f.z, tie, [], det, thresholds)
     # nothing explains: measure against the rounding family when it fits as well as the best, else
     # against the best fit (a bug on top of a tf32 result is measured against tf32)
@@ -392,6 +399,20 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ratio, state):
         state[i] = 3 if r > 1.0 else (1 if b < np.inf else 2)
 
 
+def _median_in_place(v: np.ndarray) -> float:
+    """np.median of the float64 vector ``v`` (no NaN), reordering ``v`` instead of copying it: a copy of
+    a large output costs more than the partition."""
+    n = v.size
+    if not n:
+        return 0.0
+    k = n // 2
+    if n % 2:
+        v.partition(k)
+        return float(v[k])
+    v.partition((k - 1, k))
+    return float(np.mean(v[k - 1 : k + 1]))  # as np.median takes it
+
+
 @jit(parallel=True)
 def _in_ulps(ref, bound, prec, emin, out):
     """The bound in ulps of the result format at the reference (inf where no bound holds)."""
@@ -434,14 +455,14 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     in_ulps = np.empty(ref.size)
     _in_ulps(np.ascontiguousarray(ref, np.float64).reshape(-1), np.ascontiguousarray(r0.bound).reshape(-1),
              out.prec, out.emin, in_ulps)  # fmt: skip
-    det = {"element": {"median_ulps": float(np.median(in_ulps)) if in_ulps.size else 0.0,
-                       "max_ulps": float(in_ulps.max(initial=0.0))}, "test": "worst-case envelope"}  # fmt: skip
+    top = float(in_ulps.max(initial=0.0))
+    det = {"element": {"median_ulps": _median_in_place(in_ulps), "max_ulps": top}, "test": "worst-case envelope"}
     thresholds = {"element": 1.0, "test": "worst-case envelope"}
     z = r0.ratio
     if same.all():
         return Decision("exact", None, None, np.zeros(ref.shape, np.int8), fits[:1], z, [], [], det, thresholds)
     if r0.explains:
-        return Decision("rounding", None, r0.model, np.where(same, 0, 1).astype(np.int8), fits, z, [], [], det,
+        return Decision("rounding", None, r0.model, _classes(same, 1), fits, z, [], [], det,
                         thresholds)  # fmt: skip
     fits += _envelope_fits(actual, out, [_run(e) for e in hyps[1:]])
     fails0 = ~(r0.ratio <= 1.0)
@@ -453,10 +474,11 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
         found = [{"kind": "blind", "text": f"{blind} elements fit {f.model.precision} inputs only because its envelope "
                   "holds any value there (an ill-conditioned step, such as a variance that rounding made 0): a bug "
                   "there cannot be seen"}] if blind else []  # fmt: skip
-        return Decision("reduced-precision", f.model.precision, f.model, np.where(same, 0, 2).astype(np.int8), fits,
+        return Decision("reduced-precision", f.model.precision, f.model, _classes(same, 2), fits,
                         f.ratio, tie, found, det, thresholds)  # fmt: skip
     bad = ~(r0.ratio <= 1.0)
-    cls = np.where(same, 0, np.where(bad, 3, 1)).astype(np.int8)
+    cls = _classes(same, 1)
+    cls[bad & ~same] = 3
     found = []
     one = [f for f in fits if f.model.key == ONE_PASS]
     if one and one[0].explains and (bad & ~one[0].vacuous).any():  # evidence, as for a precision

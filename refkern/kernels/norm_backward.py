@@ -21,7 +21,9 @@ machinery); a grad_weight element is a sum of ``a_r / sqrt(z_r)`` over rows, gro
 rows whose ``z`` differ by a rational square factor (:func:`sum_over_sqrt`): one class is again
 ``A / sqrt(z_c)``, several are irrational (square roots of distinct square-free integers are linearly
 independent over the rationals, Besicovitch 1940) and an interval loop on integer square roots ends.
-grad_bias is a float64 sum with a bound, or an exact Fraction sum.
+grad_bias is a float64 sum with a bound, or an exact Fraction sum. A row the float64 pass leaves to the
+exact path (extreme magnitudes) still joins the float64 column sums, with its ``xhat`` correctly
+rounded to float64 (within ``2**-53 |xhat|``).
 
 Rows holding a NaN or an infinity (in x, g or w), or with ``var + eps == 0``, have no real-valued
 answer: they follow IEEE float64 arithmetic on the formula, as torch does.
@@ -35,9 +37,10 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.dd import EPS, dd_add_fp, dd_div, dd_div_fp, dd_sqrt, safe
-from refkern.accumulate.formats import Format, round_array
+from refkern.accumulate.eft import two_sum
+from refkern.accumulate.formats import FLOAT64, Format, round_array
 from refkern.accumulate.ziv import decide, round_fraction, round_quotient_sqrt
-from refkern.kernels._moments import OK, exact_moments, moments, new_workspace
+from refkern.kernels._moments import OK, moments, new_workspace
 
 __all__ = ["norm_backward_rows", "sum_over_sqrt", "U", "TINY"]
 
@@ -141,11 +144,15 @@ def _fast_rows(X, G, W, center, eps, prec, emin, emax, gin, xh, exh, status):
 @jit(parallel=True)
 def _fast_cols(G, xh, exh, use_xhat, prec, emin, emax, out):
     """out[k] = RN(sum_r G[r, k] xh[r, k]) (or RN(sum_r G[r, k]) without ``use_xhat``) or NaN: each term
-    within ``|g| exh + u|term| + TINY``, the sum within those plus ``1.01 R u sum|terms|``."""
+    within ``e_t = |g| exh + u|term| + TINY``; the cascaded sum (Sum2 of Ogita, Rump and Oishi 2005,
+    Proposition 4.5: within ``u |result| + gamma_{R-1}**2 sum|terms|`` of the exact sum of the computed
+    terms, gamma <= 1.01 R u here) within that plus ``sum e_t`` (and ``gamma sum e_t``, their own sum's
+    rounding)."""
     R, n = G.shape
     gam = 1.01 * R * U
     for k in prange(n):
         s = 0.0
+        c = 0.0
         e = 0.0
         a = 0.0
         for r in range(R):
@@ -154,9 +161,11 @@ def _fast_cols(G, xh, exh, use_xhat, prec, emin, emax, out):
                 e += abs(G[r, k]) * exh[r, k] + U * abs(t) + TINY
             else:
                 t = G[r, k]
-            s += t
+            s, q = two_sum(s, t)
+            c += q  # the cascaded sum (Sum2): s + c is within u |s + c| + gamma_R**2 sum|t| of the sum
             a += abs(t)
-        out[k] = decide(s, 0.0, (e + gam * a) * (1.0 + 2.0**-40), prec, emin, emax)
+        y = s + c
+        out[k] = decide(y, 0.0, (e + U * abs(y) + gam * gam * a + gam * e) * (1.0 + 2.0**-40), prec, emin, emax)
 
 
 # ---------------------------------------------------------------- the exact path
@@ -177,6 +186,13 @@ def sum_over_sqrt(terms, fmt: Format) -> float:
     rational times ``sqrt(s_c)``, ``s_c`` the square-free part of ``num(z_c) den(z_c)``, distinct between
     classes, so the value is irrational (Besicovitch) and no midpoint: the interval of integer square
     roots at doubling precision ends."""
+    terms = [(a, z) for a, z in terms if a != 0]
+    if not terms:
+        return 0.0
+    for w in (64, 160):  # an irrational sum decides here almost always, before the classes are formed
+        v = _interval_round([(z, a) for a, z in terms], w, fmt)
+        if v is not None:
+            return v
     classes = []  # [z_c, A_c]
     for a, z in terms:
         if a == 0:
@@ -195,40 +211,68 @@ def sum_over_sqrt(terms, fmt: Format) -> float:
         return round_quotient_sqrt(Fraction(0), classes[0][1], classes[0][0], fmt)
     w = 64
     while True:
-        lo = hi = Fraction(0)
-        for z, a in classes:  # 1/sqrt(z) = sqrt(zn zd) / zn in [k, k + 1] / (zn 2**w)
-            k = math.isqrt(z.numerator * z.denominator << (2 * w))
-            den = z.numerator << w
-            v0, v1 = a * Fraction(k, den), a * Fraction(k + 1, den)
-            lo += min(v0, v1)
-            hi += max(v0, v1)
-        a, b = round_fraction(lo, fmt), round_fraction(hi, fmt)
-        if a == b and math.copysign(1.0, a) == math.copysign(1.0, b):
-            return a
+        v = _interval_round(classes, w, fmt)
+        if v is not None:
+            return v
         w *= 2
         if w > 1 << 22:
             raise RuntimeError("norm backward: the exact path did not converge (a bug: please report the input)")
 
 
+def _interval_round(pairs, w: int, fmt: Format):
+    """The rounding of every real in an interval around ``sum a / sqrt(z)`` over the pairs (z, a), each
+    ``1/sqrt(z) = sqrt(zn zd) / zn`` within ``[k, k + 1] / (zn 2**w)`` (k an integer square root), summed
+    on integers on a grid 2**-(w + 8) times the largest term (floored and ceiled there); None when the
+    ends round apart."""
+    bits = lambda q: q.numerator.bit_length() - q.denominator.bit_length()  # noqa: E731
+    top = max(bits(a) - bits(z) // 2 for z, a in pairs)
+    W = w + 8 - (top - 2)  # 2**(top + 2) exceeds every |a / sqrt(z)|: the grid is 2**-(w + 8) relative to it
+    lo = hi = 0
+    for z, a in pairs:
+        k = math.isqrt(z.numerator * z.denominator << (2 * w))
+        den = z.numerator << w
+        v0, v1 = a * Fraction(k, den), a * Fraction(k + 1, den)
+        if v0 > v1:
+            v0, v1 = v1, v0
+        lo += (v0.numerator << W) // v0.denominator  # floor(v0 2**W)
+        hi += -((-v1.numerator << W) // v1.denominator)  # ceil(v1 2**W)
+    a, b = round_fraction(Fraction(lo, 1 << W), fmt), round_fraction(Fraction(hi, 1 << W), fmt)
+    if a == b and math.copysign(1.0, a) == math.copysign(1.0, b):
+        return a
+    return None
+
+
 class _ExactRow:
-    """The exact statistics of one finite row: mean, z = M2 / n + eps (Fractions)."""
+    """The exact statistics of one finite row: mean, z = M2 / n + eps (Fractions), and ``d(k)``."""
 
     def __init__(self, x, center, eps):
-        self.x = [Fraction(v) for v in np.asarray(x, np.float64).tolist()]
-        mean, m2 = exact_moments(x, center)
-        self.mean = mean
-        self.z = m2 / len(self.x) + Fraction(eps)
+        vals = np.asarray(x, np.float64).tolist()
+        # on integers: x_k = m_k / L with L the largest power-of-two denominator; the same values as
+        # refkern.kernels._moments.exact_moments, without a Fraction per term
+        ratios = [v.as_integer_ratio() for v in vals]
+        L = max(q for _, q in ratios)
+        m = [p * (L // q) for p, q in ratios]
+        n = len(m)
+        s1, s2 = sum(m), sum(k * k for k in m)
+        self.mean = Fraction(s1, n * L) if center else Fraction(0)
+        m2 = Fraction(n * s2 - s1 * s1, n * L * L) if center else Fraction(s2, L * L)
+        self.z = m2 / n + Fraction(eps)
+        self._m, self._c, self._den = m, (s1 if center else 0), n * L
+
+    def d(self, k: int) -> Fraction:
+        """x_k - mean, exactly: (n m_k - S1) / (n L)."""
+        return Fraction(len(self._m) * self._m[k] - self._c, self._den)
 
 
 def _exact_input_row(st: _ExactRow, g, w, cols, center, fmt):
     """RN(grad_input_j) for j in cols: ``P_j / sqrt(z)`` (module docstring), z > 0."""
-    n = len(st.x)
+    n = len(g)
     gw = [Fraction(float(a)) * Fraction(float(b)) for a, b in zip(g, w)]
     A = sum(gw, Fraction(0)) / n if center else Fraction(0)
-    C = sum((q * (v - st.mean) for q, v in zip(gw, st.x)), Fraction(0)) / n
+    C = sum((q * st.d(k) for k, q in enumerate(gw) if q != 0), Fraction(0)) / n
     out = []
     for j in cols:
-        P = gw[j] - A - (st.x[j] - st.mean) * C / st.z
+        P = gw[j] - A - st.d(j) * C / st.z
         out.append(0.0 if P == 0 else round_quotient_sqrt(Fraction(0), P, st.z, fmt))
     return out
 
@@ -300,7 +344,12 @@ def norm_backward_rows(X, G, W, center: bool, eps: float, fmts: dict, wrt, force
             continue
         fmt = fmts[k]
         col = np.full(n, np.nan)
-        if not force_exact and not (status != _FAST).any():
+        if not force_exact and not special.size:
+            for r in np.flatnonzero(status == _EXACT):  # xhat correctly rounded to float64: within u |xhat|
+                st = exact(r)
+                xh[r] = [round_quotient_sqrt(Fraction(0), st.d(k), st.z, FLOAT64) for k in range(n)]
+                exh[r] = U * np.abs(xh[r]) + TINY
+                status[r] = _FAST
             _fast_cols(G, xh, exh, k == "weight", *fmt.params, col)
         if special.size:  # a row without a real value: the column sums in IEEE float64 arithmetic
             _, xh_all = _ieee_rows(X, G, Wk, center, eps, fin, False)
@@ -312,7 +361,7 @@ def norm_backward_rows(X, G, W, center: bool, eps: float, fmts: dict, wrt, force
                 if k == "bias":
                     col[c] = round_fraction(sum((Fraction(float(v)) for v in G[:, c]), Fraction(0)), fmt)
                 else:
-                    terms = [(Fraction(float(G[r, c])) * (exact(r).x[c] - exact(r).mean), exact(r).z) for r in range(R)]
+                    terms = [(Fraction(float(G[r, c])) * exact(r).d(c), exact(r).z) for r in range(R) if G[r, c] != 0]
                     col[c] = sum_over_sqrt(terms, fmt)
         out[k] = col
     return out

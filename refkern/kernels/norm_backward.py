@@ -267,12 +267,17 @@ class _ExactRow:
 def _exact_input_row(st: _ExactRow, g, w, cols, center, fmt):
     """RN(grad_input_j) for j in cols: ``P_j / sqrt(z)`` (module docstring), z > 0."""
     n = len(g)
-    gw = [Fraction(float(a)) * Fraction(float(b)) for a, b in zip(g, w)]
-    A = sum(gw, Fraction(0)) / n if center else Fraction(0)
-    C = sum((q * st.d(k) for k, q in enumerate(gw) if q != 0), Fraction(0)) / n
+    # on integers: gw_k = gn_k / LG (g w is exact: a dyadic rational), d_k = (n m_k - S1) / (n L)
+    pr = [(p1 * p2, q1 * q2) for (p1, q1), (p2, q2) in
+          zip((float(a).as_integer_ratio() for a in g), (float(b).as_integer_ratio() for b in w))]  # fmt: skip
+    LG = max(q for _, q in pr)
+    gn = [p * (LG // q) for p, q in pr]
+    A = Fraction(sum(gn), LG * n) if center else Fraction(0)
+    m, c = st._m, st._c
+    C = Fraction(sum(a * (n * b - c) for a, b in zip(gn, m) if a), LG * st._den * n)
     out = []
     for j in cols:
-        P = gw[j] - A - st.d(j) * C / st.z
+        P = Fraction(gn[j], LG) - A - st.d(j) * C / st.z
         out.append(0.0 if P == 0 else round_quotient_sqrt(Fraction(0), P, st.z, fmt))
     return out
 

@@ -17,6 +17,9 @@ from refkern.kernels import reduction
 __all__ = ["run", "run_sums", "cases", "model"]
 
 
+_SEVERITY = {"mismatch": 0, "reduced-precision": 1, "rounding": 2, "exact": 3, None: -1}
+
+
 def _v(rep):
     return rep.verdict + (f" ({rep.precision})" if rep.precision else "")
 
@@ -103,7 +106,15 @@ def _compile_question(torch, F, rk, rkt):
     differ = int((~torch.isclose(compiled, eager, rtol=1e-5, atol=1e-8)).sum())
     with rkt.audit() as a, torch.no_grad():
         net(x)
-    verdicts = {f"eager {c.name.split('.')[-1]}": _v(c.report) if c.report else "not analysed" for c in a.calls}
+    # the layers' own calls, then the ops the model's forward runs between them (relu), worst first
+    verdicts = {f"eager {c.name.split('.')[-1]}": _v(c.report) if c.report else "not analysed" for c in a.calls
+                if "." in c.name}  # fmt: skip
+    own = [c for c in a.calls if "." not in c.name]
+    for op in dict.fromkeys(c.op for c in own):
+        cs = [c for c in own if c.op == op]
+        worst = min(cs, key=lambda c: _SEVERITY[c.verdict])
+        key = f"eager {op} x{len(cs)} (in the model's forward)"
+        verdicts[key] = _v(worst.report) if worst.report else "not analysed"
     # end to end there is no single op: within dynamo's rule (at most 2x eager's error against the
     # exact-accumulation model) it is rounding, beyond it nothing explains it: mismatch
     end_to_end = "rounding" if res.ok else "mismatch"

@@ -79,7 +79,9 @@ def test_demo_answers_the_six_questions(tmp_path):
             assert re.match(pattern, v), (case["id"], label, v)
             assert f"    {label}" in r.stdout
     assert list(by_id["compile"]["verdicts"]) == ["eager conv1", "eager conv2", "eager fc1", "eager fc2",
+                                                  "eager relu x3 (in the model's forward)",
                                                   "compiled vs exact (end to end)"]  # fmt: skip
+    assert by_id["compile"]["verdicts"]["eager relu x3 (in the model's forward)"] == "exact"  # bit for bit
 
 
 def test_demo_sums():

@@ -194,7 +194,7 @@ def test_a_window_that_holds_anything_names_nothing():
     assert rep.verdict == "mismatch" and rep.precision is None
     assert not any("one-pass" in n for n in rep.notes)
     assert any(
-        n.startswith("fp16 inputs would explain it, but only where their envelope holds any value") for n in rep.notes
+        n.startswith("fp16 inputs would explain it, but only through windows that hold rounding") for n in rep.notes
     )
     y = F.layer_norm(x, (12,))
     y[0, 0, 0] += 0.5

@@ -325,6 +325,7 @@ class _EnvelopeFit:
     bound: np.ndarray
     ratio: np.ndarray  # |actual - centre| / bound (0 where equal, inf where a special differs)
     state: np.ndarray  # int8 per element: 0 equal, 1 within a finite bound, 2 vacuous, 3 beyond
+    centre: np.ndarray | None = None
 
     @property
     def explains(self) -> bool:
@@ -370,7 +371,8 @@ def _envelope_fits(actual, out, hyps) -> list:
         c, b = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (mid, bound))
         _envelope_pass(a, c, b, st is not out, *st.params, key == ONE_PASS, ratio, state)
         shape = np.shape(actual)
-        fits.append(_EnvelopeFit(m, np.reshape(bound, shape), ratio.reshape(shape), state.reshape(shape)))
+        fits.append(_EnvelopeFit(m, np.reshape(bound, shape), ratio.reshape(shape), state.reshape(shape),
+                                 np.reshape(mid, shape)))  # fmt: skip
     return fits
 
 
@@ -422,6 +424,29 @@ def _in_ulps(ref, bound, prec, emin, out):
         out[i] = b / math.ldexp(1.0, max(e, emin) - prec + 1) if b < np.inf else np.inf
 
 
+def _swallowed(f: _EnvelopeFit, r0: _EnvelopeFit, ref, fails0) -> int:
+    """How many of the elements rounding does not explain (flat indices ``fails0``) the hypothesis ``f``
+    explains only with a window that holds the rounding window whole, ``B_f >= |c_f - ref| + B_0``
+    (an infinite bound included). Such an element is no evidence for ``f``: any output that a bug of
+    that size next to a correct result gives is inside ``f``'s window too. Two things make an element
+    evidence whatever the width: equality with ``f``'s centre, and, for a hypothesis that stores in a
+    coarser format than the result (float32 behind float64), a value on that grid with a finite bound
+    (a bug next to a correct float64 result is off float32's grid). A precision is named only when
+    every element that rounding does not explain is evidence (0 here). The softmax and attention
+    hypotheses that round P or the output to p (:mod:`refkern.analysis._envelope_softmax`) are sharp by
+    construction (their windows are one p-ulp where a term straddles a rounding boundary): for them only
+    an infinite bound disqualifies an element."""
+    if f.model.key != f.model.precision:  # P rounded before P @ V, an output stored in p: values on p's grid,
+        return int(np.count_nonzero(f.vacuous.reshape(-1)[fails0]))  # sharp by their own construction
+    b, c = f.bound.reshape(-1)[fails0], f.centre.reshape(-1)[fails0]
+    with np.errstate(invalid="ignore"):
+        informative = b < np.abs(c - ref.reshape(-1)[fails0]) + r0.bound.reshape(-1)[fails0]
+    informative |= f.state.reshape(-1)[fails0] == 0  # equal to the centre: no bug lands there by chance
+    if f.model.storage is not r0.model.storage:  # a coarser grid (float32 behind a float64 result): a bug next
+        informative |= b < np.inf  # to a correct result is off that grid, outside the window whatever its width
+    return int(fails0.size - np.count_nonzero(informative))
+
+
 def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     """The verdict for ops judged by worst-case envelopes (:mod:`refkern.analysis.envelope`).
 
@@ -435,9 +460,10 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     rate: the test is deterministic), and the threshold is 1 by construction, not a tuned
     constant. Verdict: "exact" when every element equals the reference; "rounding" when the
     rounding envelope holds everywhere; else "reduced-precision" with the finest precision whose
-    envelope holds everywhere, with evidence: an element that rounding does not explain and that
-    precision explains with a finite bound (a window that holds any value names nothing:
-    ``_EnvelopeFit.vacuous``; the elements explained only so are reported as blind spots), the
+    envelope holds everywhere and explains every element that rounding does not with a window that
+    does not hold rounding's own (:func:`_swallowed`: a window that holds any value, or every value
+    a bug next to a correct result could take, names nothing; elements of the output passed only
+    by an infinite bound are reported as blind spots), the
     coarser ones that qualify too reported as indistinguishable; else "mismatch", measured against
     the rounding envelope, with a
     note when the one-pass variance (a known wrong algorithm) or a named bug explains what rounding
@@ -465,8 +491,9 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
         return Decision("rounding", None, r0.model, _classes(same, 1), fits, z, [], [], det,
                         thresholds)  # fmt: skip
     fits += _envelope_fits(actual, out, [_run(e) for e in hyps[1:]])
-    fails0 = ~(r0.ratio <= 1.0)
-    reduced = sorted((f for f in fits[1:] if f.model.precision and f.explains and (fails0 & ~f.vacuous).any()),
+    fails0 = np.flatnonzero(~(r0.ratio <= 1.0))
+    swallowed = {id(f): _swallowed(f, r0, ref, fails0) for f in fits[1:] if f.model.precision and f.explains}
+    reduced = sorted((f for f in fits[1:] if id(f) in swallowed and not swallowed[id(f)]),
                      key=lambda f: -f.model.acc.prec)  # fmt: skip
     if reduced:
         f, tie = reduced[0], [g.model.precision for g in reduced[1:]]
@@ -484,11 +511,11 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     if one and one[0].explains and (bad & ~one[0].vacuous).any():  # evidence, as for a precision
         found.append({"kind": "algorithm", "text": ONE_PASS_TEXT})
     for f in fits[1:]:
-        if f.model.precision and f.explains and f not in reduced:
-            found.append({"kind": "blind", "text": f"{f.model.precision} inputs would explain it, but only where their "
-                          "envelope holds any value (an ill-conditioned step, such as a variance that their rounding "
-                          f"made 0: {int(np.count_nonzero(f.vacuous))} elements): if {f.model.precision} inputs were "
-                          "used, these elements say nothing"})  # fmt: skip
+        if swallowed.get(id(f)):
+            found.append({"kind": "blind", "text": f"{f.model.precision} inputs would explain it, but only through "
+                          "windows that hold rounding's own (an ill-conditioned step, such as a variance that their "
+                          f"rounding made small or 0: {swallowed[id(f)]} of the elements rounding does not explain): "
+                          f"there a bug and {f.model.precision} inputs cannot be told apart"})  # fmt: skip
             break
     for _, text, fn, _ in named:
         if fn(actual, bad, ref):

@@ -2,6 +2,8 @@
 refkern op, check on functions and modules, audit of models that use them (the attention inside
 nn.MultiheadAttention included), reference_mode, and the command line."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -230,7 +232,10 @@ def test_audit_says_what_it_did_not_check():
     assert a.unchecked == {"gelu": 1, "bernoulli": 1}
     assert a.counts["div"] == a.counts["mul"] == a.counts["add"] == [1, 0]
     lines = a.report().splitlines()
-    assert lines[0] == "audit: 7 of 9 ops checked (4 exact, 3 rounding); every checked op is exact or rounding"
+    # how many of the 7 come out exact rather than rounding depends on the random inputs
+    head = re.fullmatch(r"audit: 7 of 9 ops checked \((\d+) (exact|rounding), (\d+) (exact|rounding)\); every checked "
+                        r"op is exact or rounding", lines[0])  # fmt: skip
+    assert head and int(head[1]) + int(head[3]) == 7 and {head[2], head[4]} == {"exact", "rounding"}, lines[0]
     assert lines[1] == "not checked: bernoulli x1, gelu x1"
     assert lines[2:4] == ["  bernoulli: random draw: no reference can reproduce it", "  gelu: no reference in refkern"]
     with rkt.audit() as a:

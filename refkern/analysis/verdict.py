@@ -491,7 +491,8 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
         return Decision("rounding", None, r0.model, _classes(same, 1), fits, z, [], [], det,
                         thresholds)  # fmt: skip
     fits += _envelope_fits(actual, out, [_run(e) for e in hyps[1:]])
-    fails0 = np.flatnonzero(~(r0.ratio <= 1.0))
+    bad = r0.state == 3  # beyond the rounding envelope
+    fails0 = np.flatnonzero(bad)
     swallowed = {id(f): _swallowed(f, r0, ref, fails0) for f in fits[1:] if f.model.precision and f.explains}
     reduced = sorted((f for f in fits[1:] if id(f) in swallowed and not swallowed[id(f)]),
                      key=lambda f: -f.model.acc.prec)  # fmt: skip
@@ -503,9 +504,8 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
                   "there cannot be seen"}] if blind else []  # fmt: skip
         return Decision("reduced-precision", f.model.precision, f.model, _classes(same, 2), fits,
                         f.ratio, tie, found, det, thresholds)  # fmt: skip
-    bad = ~(r0.ratio <= 1.0)
     cls = _classes(same, 1)
-    cls[bad & ~same] = 3
+    cls[bad] = 3
     found = []
     one = [f for f in fits if f.model.key == ONE_PASS]
     if one and one[0].explains and (bad & ~one[0].vacuous).any():  # evidence, as for a precision

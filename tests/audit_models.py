@@ -87,12 +87,13 @@ def randomize_batch_norm(model, seed=0):
 
 class BrokenKernel:
     """A backend whose kernel for one aten op is broken from its ``nth`` call on (0-based; ``count`` calls):
-    the output is scaled by (1 + 2**-8) at every 7th element, a bug far beyond rounding in float32.
+    the output (``output``: which one, for an op with several, e.g. 1 for convolution_backward's
+    grad_weight) is scaled by (1 + 2**-8) at every 7th element, a bug far beyond rounding in float32.
 
     A ``TorchDispatchMode`` entered *before* the audit sits below it, as a backend's kernels sit below
     torch's dispatcher: the audit sees the op's true inputs and this kernel's output."""
 
-    def __new__(cls, op, nth=0, count=1):
+    def __new__(cls, op, nth=0, count=1, output=0):
         from torch.utils._python_dispatch import TorchDispatchMode
 
         class _Mode(TorchDispatchMode):
@@ -105,7 +106,7 @@ class BrokenKernel:
                 out = func(*args, **(kwargs or {}))
                 if func.overloadpacket is op.overloadpacket:
                     if nth <= self.seen < nth + count:
-                        first = out[0] if isinstance(out, tuple) else out
+                        first = out[output] if isinstance(out, (tuple, list)) else out
                         with torch.no_grad():
                             flat = first.clone().reshape(-1)
                             flat[::7] *= 1 + 2**-8

@@ -9,9 +9,11 @@ dispatch mode does not). Each op is named by the innermost module whose forward 
 module forward pre/post hooks keep a stack). See :mod:`refkern.torch.dispatch` for what each op is.
 """
 
+import bisect
 import math
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from refkern.analysis.compare import compare
 from refkern.analysis.report import COLUMNS_NOTE
+from refkern.gradients import compare_backward
 from refkern.torch import dispatch as dsp
 from refkern.torch.sample import restrict
 
@@ -68,6 +71,8 @@ class AuditCall:
     aten: str = ""  # "aten.convolution.default"
     parts: dict = field(default_factory=dict)  # extra outputs: label -> Report, or the reason it is not judged
     sampled: int = 0  # with a sample: how many output elements were judged (0: all)
+    phase: str = "forward"  # "backward": an op run by autograd's backward pass (loss.backward() inside the audit)
+    group: int = -1  # the index of the first call of the same op (a backward kernel: one call per gradient)
 
     @property
     def verdict(self):
@@ -145,6 +150,8 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.owner._pending:  # the previous op's autograd node exists now: attach what its backward needs
+            self.owner._attach()
         name = dsp.op_name(func)
         before = None
         if (name in dsp._DEFINED or name in dsp._REFERENCED) and dsp.mutated(func):
@@ -209,26 +216,101 @@ class Audit:
         self._live = None
         self._shown = 0.0
         self._patch = None
+        self.phases: dict[str, list] = {}  # "forward" / "backward" -> [checked, not checked]
+        self._phase = "forward"
+        self._here = None  # the name of the backward op being observed (module hooks do not run in backward)
+        self._names_out = []  # with it, the name of each of its outputs' gradients
+        self._params = {}  # id(parameter) -> (module path, attribute name)
+        self._pending = []  # (weakref to a forward op's output, what its backward will need): see _attach
+        # module forward calls as intervals of autograd's sequence numbers (a node created while a module ran
+        # belongs to it): starts, ends (None while running), parent interval, module name
+        self._starts, self._ends, self._parents, self._inames, self._istack = [], [], [], [], []
 
     # module names: the innermost module in forward when an op runs
     def _pre(self, module, inputs):
         if not self._stack and id(module) not in self._names:
             root = type(module).__name__
-            self._names.update({id(m): (f"{root}.{n}" if n else root) for n, m in module.named_modules()})
+            for n, m in module.named_modules():
+                path = f"{root}.{n}" if n else root
+                self._names[id(m)] = path
+                for pn, p in m.named_parameters(recurse=False):
+                    self._params.setdefault(id(p), (path, pn))
         self._stack.append(module)
+        self._starts.append(torch.autograd._get_sequence_nr())
+        self._ends.append(None)
+        self._parents.append(self._istack[-1] if self._istack else -1)
+        self._inames.append(self._names.get(id(module), type(module).__name__))
+        self._istack.append(len(self._starts) - 1)
 
     def _post(self, module, inputs, output):
         if self._stack and self._stack[-1] is module:
             self._stack.pop()
+            if self._istack:
+                self._ends[self._istack.pop()] = torch.autograd._get_sequence_nr()
 
     def _where(self):
+        if self._here is not None:
+            return self._here
         if not self._stack:
             return "-"
         return self._names.get(id(self._stack[-1]), type(self._stack[-1]).__name__)
 
+    # the backward pass: autograd's nodes, their modules and the parameters whose gradients they produce
+    def _node_module(self, node):
+        """The innermost module whose forward created autograd ``node`` (by its sequence number), or "-"."""
+        s = node._sequence_nr()
+        i = bisect.bisect_right(self._starts, s) - 1
+        while i >= 0:
+            end = self._ends[i]
+            if end is None or end > s:
+                return self._inames[i]
+            i = self._parents[i]  # this call ended before the node was made: an enclosing call may hold it
+        return "-"
+
+    def _backward_names(self, node, func, args, outs):
+        """'ResNet.layer1.0.conv1 (backward: grad_weight)' for each output of a backward op: the module whose
+        parameter the gradient is for, or the module whose forward made the node and the node's input."""
+        module = self._node_module(node)
+
+        def label(where, what):
+            return f"{where} (backward: {what})" if where != "-" else f"(backward: {what})"
+
+        names = []
+        for e in dsp.op_edges(node, func, args, outs):
+            if e is None or e >= len(node.next_functions):
+                names.append(label(module, node.name()))
+                continue
+            p = dsp.leaf(node.next_functions[e][0])
+            if p is not None and id(p) in self._params:
+                owner, attr = self._params[id(p)]
+                names.append(label(owner, f"grad_{attr}"))
+            else:
+                names.append(label(module, f"grad_{dsp.edge_name(node, e)}"))
+        return names
+
+    def _memo(self, func, args, kwargs, out):
+        """Keep, for the backward of this forward op, what it will not receive (a norm's eps, a softmax's input):
+        attached to its autograd node as soon as the node exists (the next op), so that it lives as long as
+        the graph does."""
+        if not any(t.requires_grad for t in _tensors(args) if isinstance(t, torch.Tensor)):
+            return
+        memo = dsp.forward_memo(func, dsp.bind(func, args, kwargs))
+        outs = _tensors(out)
+        if memo is not None and outs:
+            self._pending.append((weakref.ref(outs[0]), memo))
+
+    def _attach(self):
+        pending, self._pending = self._pending, []
+        for ref, memo in pending:
+            t = ref()
+            fn = t.grad_fn if t is not None else None
+            if fn is not None:
+                fn.metadata["refkern"] = memo
+
     def _count(self, name, checked, why=None):
         c = self.counts.setdefault(name, [0, 0])
         c[0 if checked else 1] += 1
+        self.phases.setdefault(self._phase, [0, 0])[0 if checked else 1] += 1
         if not checked:
             self.unchecked[name] = self.unchecked.get(name, 0) + 1
             if why and name not in self.reasons:
@@ -237,15 +319,25 @@ class Audit:
     def _failed(self, func, exc):
         name = dsp.op_name(func)
         why = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-        self.calls.append(AuditCall(len(self.calls), self._where(), name, "-", "-", [], None, why, str(func)))
+        self.calls.append(AuditCall(len(self.calls), self._where(), name, "-", "-", [], None, why, str(func),
+                                    phase=self._phase))  # fmt: skip
         self._count(name, False, why)
 
     def _observe(self, func, args, kwargs, out, before):
+        self._here, self._phase = None, "forward"
         kind = dsp.classify(func, args, kwargs, out)
         if kind == "move" or any(t.device.type == "meta" for t in _tensors(out)):
             return  # nothing computed (a meta tensor has shapes, no values)
         name = dsp.op_name(func)
-        if kind == "random" and not self._stack and func.overloadpacket.__name__.endswith("_"):
+        node = torch._C._current_autograd_node()  # not None: autograd's engine runs this op in a backward pass
+        if node is not None:
+            self._phase = "backward"
+            self._names_out = self._backward_names(node, func, args, list(out) if isinstance(out, (tuple, list))
+                                                   else [out])  # fmt: skip
+            self._here = self._names_out[0]
+        elif name in dsp.MEMO and torch.is_grad_enabled():
+            self._memo(func, args, kwargs, out)
+        if kind == "random" and not self._stack and node is None and func.overloadpacket.__name__.endswith("_"):
             return  # an in-place draw outside any forward: parameters being initialised, a constant
         if kind in ("random", "fused", "unchecked"):
             self._count(name, False, dsp.reason(kind, func))
@@ -254,6 +346,8 @@ class Audit:
         with _disable_current_modes(), torch.no_grad():  # the analysis runs no op through any mode
             if kind == "defined":
                 self._defined(func, args, kwargs, out, before)
+            elif kind == "backward":
+                self._backward(func, args, kwargs, out, node)
             else:
                 self._reference(func, args, kwargs, out, before)
         self._show(name)
@@ -261,7 +355,43 @@ class Audit:
     def _new_call(self, func, op, out, shapes):
         t = _tensors(out)[0]
         return AuditCall(len(self.calls), self._where(), op, str(t.device), str(t.dtype).removeprefix("torch."),
-                         shapes, None, aten=str(func))  # fmt: skip
+                         shapes, None, aten=str(func), phase=self._phase)  # fmt: skip
+
+    def _backward(self, func, args, kwargs, out, node):
+        """A backward kernel (convolution_backward, native_layer_norm_backward...): each gradient it returns
+        judged by :func:`refkern.compare_backward` against the exact gradient of the tensors it received."""
+        name = dsp.op_name(func)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        memo = node.metadata.get("refkern") if node is not None else None
+        b = dsp.bind(func, _cpu(args), _cpu(kwargs))
+        spec = dsp.backward_call(func, b, memo, lambda i: i < len(outs) and isinstance(outs[i], torch.Tensor))
+        group = len(self.calls)
+        if spec.unsupported:
+            call = self._new_call(func, name, out, [tuple(t.shape) for t in _tensors(args)])
+            call.note, call.group = spec.unsupported, group
+            self.calls.append(call)
+            self._count(name, False, spec.unsupported)
+            return
+        if not spec.grads:
+            return  # no gradient asked for: nothing computed
+        shapes = [tuple(t.shape) for t in spec.tensors()]
+        why = None
+        for i, arg in spec.grads:
+            got = outs[i]
+            where = self._names_out[i] if i < len(self._names_out) else self._where()
+            call = AuditCall(len(self.calls), where, f"{spec.op} backward", str(got.device),
+                             str(got.dtype).removeprefix("torch."), shapes, None, aten=str(func), phase="backward",
+                             group=group)  # fmt: skip
+            try:
+                call.report = compare_backward({arg: _cpu(got)}, spec.op, spec.grad_output, *spec.args,
+                                               **spec.kwargs)[arg]  # fmt: skip
+            except Exception as exc:  # analysis must never break the model
+                call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                why = why or call.note
+            self.calls.append(call)
+        if memo is not None and memo.get("input") is not None:  # the softmax's input: released once used
+            memo["input"], memo["released"] = None, True
+        self._count(name, why is None, why)
 
     def _defined(self, func, args, kwargs, out, before):
         name = dsp.op_name(func)
@@ -391,6 +521,9 @@ class Audit:
         for h in self._hooks:
             h.remove()
         self._stack.clear()
+        self._istack.clear()
+        self._pending.clear()
+        self._here = None
         if self._live is not None:
             self._live.__exit__(None, None, None)
             self._live = None
@@ -429,16 +562,32 @@ class Audit:
     def n_checked(self) -> int:
         return sum(a for a, _ in self.counts.values())
 
+    def _verdicts(self) -> dict:
+        """verdict -> number of ops judged so (a backward kernel's gradients count once: its worst verdict;
+        an op with a gradient that could not be analysed is not checked, and not counted here)."""
+        worst = {}
+        for c in self.calls:
+            k = c.group if c.group >= 0 else c.index
+            if c.report is None:
+                worst[k] = False
+            elif k not in worst or (worst[k] is not False and _SEVERITY[c.verdict] < _SEVERITY[worst[k]]):
+                worst[k] = c.verdict if worst.get(k) is not False else False
+        verdicts = {}
+        for v in worst.values():
+            if v is not False:
+                verdicts[v] = verdicts.get(v, 0) + 1
+        return verdicts
+
     def summary(self) -> str:
         """'37 of 52 ops checked (30 rounding, 7 exact); first call beyond ...' or '...; every checked op
-        is exact or rounding'."""
-        verdicts = {}
-        for c in self.calls:
-            if c.report is not None:
-                verdicts[c.verdict] = verdicts.get(c.verdict, 0) + 1
+        is exact or rounding'; with a backward pass audited, '52 of 70 ops checked, 20 of 31 in the backward
+        pass (...)'."""
+        verdicts = self._verdicts()
         order = sorted(verdicts, key=lambda v: (-verdicts[v], v))
         how = ", ".join(f"{verdicts[v]} {v}" for v in order)
-        head = f"{self.n_checked} of {self.n_ops} ops checked" + (f" ({how})" if how else "")
+        bw = self.phases.get("backward")
+        back = f", {bw[0]} of {sum(bw)} in the backward pass" if bw else ""
+        head = f"{self.n_checked} of {self.n_ops} ops checked{back}" + (f" ({how})" if how else "")
         f = self.first_failure
         if f is not None:
             prec = f" ({f.report.precision})" if f.report.precision and f.verdict == f.report.verdict else ""
@@ -486,13 +635,15 @@ class Audit:
         f = self.first_failure
         calls = [{"index": c.index, "name": c.name, "op": c.op, "aten": c.aten, "device": c.device, "dtype": c.dtype,
                   "shapes": [list(s) for s in c.shapes], "note": c.note, "sampled": c.sampled,
-                  "verdict": c.verdict, "report": c.report.to_dict() if c.report else None,
+                  "verdict": c.verdict, "report": c.report.to_dict() if c.report else None, "phase": c.phase,
+                  "group": c.group if c.group >= 0 else c.index,
                   "parts": {k: (v if isinstance(v, str) else v.to_dict()) for k, v in c.parts.items()}}
                  for c in self.calls]  # fmt: skip
         return {"ops": self.n_ops, "checked": self.n_checked, "summary": self.summary(),
                 "counts": {k: {"checked": v[0], "not_checked": v[1]} for k, v in self.counts.items()},
                 "not_checked": {k: {"count": v, "reason": self.reasons.get(k, "")} for k, v in self.unchecked.items()},
                 "calls": calls, "first_failure": f.index if f else None,
+                "phases": {k: {"checked": v[0], "not_checked": v[1]} for k, v in self.phases.items()},
                 "compiled": [c.to_dict() for c in self.compiled]}  # fmt: skip
 
     def __str__(self):
@@ -526,7 +677,7 @@ class _Suspend:
         from torch.utils._python_dispatch import _pop_mode_temporarily
 
         o = self.owner
-        self._stack = list(o._stack)
+        self._stack, self._istack = list(o._stack), list(o._istack)
         for h in o._hooks:
             h.remove()
         self._pop = _pop_mode_temporarily() if _top_is(o._mode) else None
@@ -542,6 +693,7 @@ class _Suspend:
         o._hooks = [reg.register_module_forward_pre_hook(o._pre),
                     reg.register_module_forward_hook(o._post, always_call=True)]  # fmt: skip
         o._stack[:] = self._stack
+        o._istack[:] = self._istack
         return False
 
 

@@ -12,6 +12,9 @@ fast path. :func:`classify` says what the audit does with one:
   selections, integer arithmetic): recomputed on the CPU in the same dtype and compared bit for bit;
 - ``"move"``: it only moves, selects or restates values (views, copies, concatenation, padding,
   constants): nothing is computed, nothing is counted;
+- ``"backward"``: the backward kernel of a refkern op (``convolution_backward``,
+  ``native_layer_norm_backward``, ``_softmax_backward_data``...): :func:`backward_call` gives the
+  :func:`refkern.compare_backward` call that judges each gradient it returns;
 - ``"random"``, ``"fused"``, ``"unchecked"``: not checked, with the reason (:func:`reason`).
 """
 
@@ -19,7 +22,7 @@ import torch
 
 from refkern.torch.ops import OpCall, from_call
 
-__all__ = ["classify", "reason", "bind", "references", "Part", "op_name"]
+__all__ = ["classify", "reason", "bind", "references", "Part", "op_name", "backward_call", "BackwardCall"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -35,7 +38,8 @@ _MOVES = frozenset(
     "squeeze_copy _reshape_copy clone_ unfold_copy im2col col2im pixel_shuffle pixel_unshuffle "
     "channel_shuffle native_channel_shuffle _pin_memory scatter index_copy index_fill masked_scatter "
     "masked_select nonzero _assert_async _assert_tensor_metadata _functional_assert_async "
-    "_fused_sdp_choice is_same_size equal _has_compatible_shallow_copy_type record_stream".split()
+    "_fused_sdp_choice is_same_size equal _has_compatible_shallow_copy_type record_stream select_backward "
+    "slice_backward diagonal_backward".split()
 )  # fmt: skip
 
 # Ops whose result is defined to the bit: IEEE 754's correctly rounded arithmetic (+ - * / sqrt, fma is
@@ -46,8 +50,11 @@ _DEFINED = frozenset(
     "threshold leaky_relu sqrt reciprocal floor ceil trunc round sign sgn signbit fmod remainder copysign "
     "eq ne lt le gt ge logical_not logical_and logical_or logical_xor bitwise_not bitwise_and bitwise_or "
     "bitwise_xor masked_fill max min amax amin argmax argmin sort topk isnan isinf isfinite isneginf isposinf "
-    "nan_to_num square floor_divide relu6 hardshrink softshrink any all heaviside".split()
+    "nan_to_num square floor_divide relu6 hardshrink softshrink any all heaviside threshold_backward "
+    "hardtanh_backward leaky_relu_backward native_dropout_backward".split()
 )  # fmt: skip
+# (the backward of relu, hardtanh and dropout selects grad_output or zero, or multiplies it by one constant:
+# one IEEE operation per element, as the forward ops above)
 
 # Fused kernels: several ops in one, whose inside the dispatcher does not show.
 _FUSED = frozenset(
@@ -99,6 +106,8 @@ def classify(func, args, kwargs, out) -> str:
         if name == "_to_copy" and _rounds(args, out):  # a conversion to a narrower float rounds: IEEE defines it
             return "defined"
         return "move"
+    if name in _BACKWARD:
+        return "backward"
     if name in _REFERENCED:
         ins = [t for t in _tensors(args) + _tensors(list((kwargs or {}).values()))]
         if ins and all(not (t.is_floating_point() or t.is_complex()) for t in ins):  # an integer sum: exact
@@ -131,6 +140,9 @@ def reason(kind, func) -> str:
         return "fused kernel: several ops in one, not looked inside"
     if kind == "random":
         return "random draw: no reference can reproduce it"
+    name = op_name(func)
+    if name.endswith(("_backward", "_backward_data")) or "_backward_" in name:
+        return "no backward reference in refkern"
     return "no reference in refkern"
 
 
@@ -364,3 +376,218 @@ _MAP = {"convolution": _conv, "_convolution": _conv, "mm": _mm, "bmm": _mm, "mv"
         "adaptive_avg_pool1d": _pool, "_scaled_dot_product_flash_attention_for_cpu": _attention,
         "_scaled_dot_product_efficient_attention": _attention, "_scaled_dot_product_flash_attention": _attention,
         "_scaled_dot_product_cudnn_attention": _attention, "scaled_dot_product_attention": _attention}  # fmt: skip
+
+
+# ---------------------------------------------------------------- backward kernels
+
+# The backward kernels of refkern's ops, and what each needs from its forward that it does not
+# receive (``eps`` of a norm; the input of a softmax, whose backward receives its output).
+_BACKWARD = frozenset(
+    "convolution_backward native_layer_norm_backward native_group_norm_backward native_batch_norm_backward "
+    "_fused_rms_norm_backward _softmax_backward_data _log_softmax_backward_data".split()
+)  # fmt: skip
+
+# forward aten op -> what its backward needs kept from the forward (see :func:`forward_memo`)
+MEMO = {"native_layer_norm": "eps", "native_group_norm": "eps", "_fused_rms_norm": "eps", "_softmax": "input",
+        "_log_softmax": "input"}  # fmt: skip
+
+
+class BackwardCall:
+    """The :func:`refkern.compare_backward` call that judges a backward kernel's gradients:
+    ``compare_backward({name: got}, op, grad_output, *args, **kwargs)`` for each ``(index, name)`` in
+    ``grads`` (``index``: which output of the kernel is the gradient of refkern's argument ``name``);
+    or ``unsupported``, why none is."""
+
+    def __init__(self, op=None, grad_output=None, args=(), kwargs=None, grads=(), unsupported=None):
+        self.op = op
+        self.grad_output = grad_output
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+        self.grads = list(grads)
+        self.unsupported = unsupported
+
+    def tensors(self):
+        return [self.grad_output, *(a for a in (*self.args, *self.kwargs.values()) if isinstance(a, torch.Tensor))]
+
+
+def forward_memo(func, b):
+    """What the backward of forward op ``func`` (bound arguments ``b``) will need and not receive, or
+    None: ``{"eps": eps}`` for a norm, ``{"input": x, "version": x._version}`` for a softmax (its backward
+    receives the softmax's output, refkern's gradient is defined at its input)."""
+    need = MEMO.get(op_name(func))
+    if need == "eps":
+        return {"eps": b.get("eps")}
+    if need == "input":
+        x = b.get("self")
+        return {"input": x, "version": x._version, "half_to_float": bool(b.get("half_to_float"))}
+    return None
+
+
+def _masked(mask, pairs):
+    mask = list(mask) if mask is not None else [True] * len(pairs)
+    return [(i, n) for (i, n), m in zip(pairs, mask) if m and n is not None]
+
+
+def _zeros_like_bias(sizes, like):
+    return torch.zeros(tuple(sizes), dtype=like.dtype) if sizes is not None else None
+
+
+def backward_call(func, b, memo, present) -> BackwardCall:
+    """The :class:`BackwardCall` for backward kernel ``func`` with bound arguments ``b`` (CPU copies),
+    ``memo`` (:func:`forward_memo` of its forward, or None where the forward ran outside the audit) and
+    ``present(i)`` whether output ``i`` was computed."""
+    from refkern.gradients import OPS
+
+    name = op_name(func)
+
+    def need(op):
+        return None if op in OPS else f"{name}: no backward reference for {op} in refkern"
+
+    if name == "convolution_backward":
+        x, w = b["input"], b["weight"]
+        nd = w.dim() - 2
+        transposed = bool(b["transposed"])
+        op = f"conv_transpose{nd}d" if transposed else f"conv{nd}d"
+        if nd not in (1, 2, 3) or need(op):
+            return BackwardCall(unsupported=need(op) or f"{name}: a {nd}-d convolution")
+        mask = b["output_mask"]
+        bias = _zeros_like_bias(b["bias_sizes"], w) if mask[2] else None  # grad_bias needs only its shape
+        kw = dict(stride=_tup(b["stride"]), padding=_tup(b["padding"]), dilation=_tup(b["dilation"]),
+                  groups=b["groups"])  # fmt: skip
+        if transposed:
+            kw["output_padding"] = _tup(b["output_padding"])
+        first = "input" if transposed else "x"
+        grads = _masked(mask, [(0, first), (1, "weight"), (2, "bias")])
+        return BackwardCall(op, b["grad_output"], (x, w, bias), kw, [(i, n) for i, n in grads if present(i)])
+    if name in ("_softmax_backward_data", "_log_softmax_backward_data"):
+        op = "log_softmax" if name.startswith("_log") else "softmax"
+        if need(op):
+            return BackwardCall(unsupported=need(op))
+        if memo is not None and memo.get("released"):
+            return BackwardCall(unsupported=f"{op}'s input, kept for the first backward through this graph, was "
+                                "released after it")  # fmt: skip
+        if memo is None or memo.get("input") is None:
+            return BackwardCall(unsupported=f"{op}'s input: its backward receives the {op}'s output, and the forward "
+                                "ran outside the audit")  # fmt: skip
+        x = memo["input"]
+        if x._version != memo["version"]:
+            return BackwardCall(unsupported=f"{op}'s input was modified in place after the forward")
+        g = b["grad_output"]
+        if memo["half_to_float"] or b["input_dtype"] != g.dtype:
+            return BackwardCall(unsupported=f"{op} computed in another dtype than its input's (half_to_float)")
+        x = x.detach().to("cpu")
+        return BackwardCall(op, g, (x,), {"dim": b["dim"]}, [(0, "input")])
+    eps = memo.get("eps") if memo else None
+    if name == "native_batch_norm_backward":
+        eps = b["eps"]
+    if eps is None and name != "_fused_rms_norm_backward":
+        return BackwardCall(unsupported=f"{name}: eps (not an argument of the backward) is known only when the "
+                            "forward ran inside the audit")  # fmt: skip
+    if name == "native_layer_norm_backward":
+        if need("layer_norm"):
+            return BackwardCall(unsupported=need("layer_norm"))
+        kw = dict(normalized_shape=tuple(b["normalized_shape"]), weight=b["weight"], bias=b["bias"], eps=eps)
+        grads = _masked(b["output_mask"], [(0, "input"), (1, "weight" if b["weight"] is not None else None),
+                                           (2, "bias" if b["bias"] is not None else None)])  # fmt: skip
+        return BackwardCall("layer_norm", b["grad_out"], (b["input"],), kw, [(i, n) for i, n in grads if present(i)])
+    if name == "_fused_rms_norm_backward":
+        if need("rms_norm"):
+            return BackwardCall(unsupported=need("rms_norm"))
+        if memo is None:
+            return BackwardCall(unsupported=f"{name}: eps (not an argument of the backward) is known only when the "
+                                "forward ran inside the audit")  # fmt: skip
+        kw = dict(normalized_shape=tuple(b["normalized_shape"]), weight=b["weight"], eps=eps)
+        grads = _masked(b["output_mask"], [(0, "input"), (1, "weight" if b["weight"] is not None else None)])
+        return BackwardCall("rms_norm", b["grad_out"], (b["input"],), kw, [(i, n) for i, n in grads if present(i)])
+    if name == "native_group_norm_backward":
+        if need("group_norm"):
+            return BackwardCall(unsupported=need("group_norm"))
+        w, mask = b["weight"], b["output_mask"]
+        bias = torch.zeros(b["C"], dtype=b["input"].dtype if w is None else w.dtype) if mask[2] else None
+        kw = dict(num_groups=b["group"], weight=w, bias=bias, eps=eps)
+        grads = _masked(mask, [(0, "input"), (1, "weight" if w is not None else None), (2, "bias")])
+        return BackwardCall("group_norm", b["grad_out"], (b["input"],), kw, [(i, n) for i, n in grads if present(i)])
+    if name == "native_batch_norm_backward":
+        if need("batch_norm"):
+            return BackwardCall(unsupported=need("batch_norm"))
+        x, w, mask = b["input"], b["weight"], b["output_mask"]
+        train = bool(b["train"])
+        if not train and (b["running_mean"] is None or b["running_var"] is None):
+            return BackwardCall(unsupported=f"{name} in eval mode without running statistics")
+        bias = torch.zeros(x.shape[1], dtype=x.dtype if w is None else w.dtype) if mask[2] else None
+        kw = dict(weight=w, bias=bias, training=train, eps=eps)
+        grads = _masked(mask, [(0, "input"), (1, "weight" if w is not None else None), (2, "bias")])
+        return BackwardCall("batch_norm", b["grad_out"], (x, b["running_mean"], b["running_var"]), kw,
+                            [(i, n) for i, n in grads if present(i)])  # fmt: skip
+    return BackwardCall(unsupported=f"{name}: no backward reference in refkern")
+
+
+# ---------------------------------------------------------------- which gradient an op computes
+
+# The inputs of an autograd node, in its order (its next_functions): the forward op's arguments.
+_EDGES = {"ConvolutionBackward0": ("input", "weight", "bias"), "AddmmBackward0": ("bias", "input", "weight"),
+          "MmBackward0": ("input", "mat2"), "BmmBackward0": ("input", "mat2"),
+          "NativeLayerNormBackward0": ("input", "weight", "bias"),
+          "NativeGroupNormBackward0": ("input", "weight", "bias"),
+          "NativeBatchNormBackward0": ("input", "weight", "bias"), "FusedRmsNormBackward0": ("input", "weight"),
+          "SoftmaxBackward0": ("input",), "LogSoftmaxBackward0": ("input",)}  # fmt: skip
+# nodes whose backward only moves or restates the gradient: a parameter's gradient passes through
+_PASS = frozenset("TBackward0 TransposeBackward0 PermuteBackward0 ViewBackward0 UnsafeViewBackward0 "
+                  "ReshapeAliasBackward0 UnsqueezeBackward0 SqueezeBackward0 SqueezeBackward1 AliasBackward0 "
+                  "CloneBackward0 ToCopyBackward0".split())  # fmt: skip
+# (node, which saved operand, the edge of the *other* operand): an mm/bmm reading that saved operand computes
+# the other operand's gradient (grad_mat1 = grad @ mat2^T reads mat2, grad_mat2 = mat1^T @ grad reads mat1)
+_MM_SAVED = {"AddmmBackward0": (("_saved_mat1", 2), ("_saved_mat2", 1)),
+             "MmBackward0": (("_saved_self", 1), ("_saved_mat2", 0)),
+             "BmmBackward0": (("_saved_self", 1), ("_saved_mat2", 0))}  # fmt: skip
+
+
+def leaf(fn, depth=8):
+    """The leaf tensor (a parameter) whose gradient an edge of the autograd graph accumulates into,
+    through nodes that only move or restate it; None when the edge leads elsewhere."""
+    while fn is not None and depth:
+        n = fn.name()
+        if n == "torch::autograd::AccumulateGrad" or n.endswith("AccumulateGrad"):
+            return fn.variable
+        if n not in _PASS or not fn.next_functions:
+            return None
+        fn = fn.next_functions[0][0]
+        depth -= 1
+    return None
+
+
+def edge_name(node, i) -> str:
+    """The name of input ``i`` of autograd ``node`` ("weight" of a convolution), or "input i"."""
+    names = _EDGES.get(node.name())
+    return names[i] if names and i < len(names) else f"input {i}"
+
+
+def _storage(t):
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # a tensor without storage (a subclass, meta): no match
+        return None
+
+
+def op_edges(node, func, args, outs) -> list:
+    """Which input of autograd ``node`` each output of backward op ``func`` is the gradient of (an index
+    into ``node.next_functions``, or None where that is not known)."""
+    name, kind = node.name(), op_name(func)
+    if kind in _BACKWARD:  # the backward kernel of the node's op: its outputs in the node's input order
+        return list(range(len(outs)))
+    if kind in ("mm", "bmm") and name in _MM_SAVED:
+        found = set()
+        ptrs = {_storage(a) for a in args if isinstance(a, torch.Tensor)}
+        for attr, edge in _MM_SAVED[name]:
+            try:
+                saved = getattr(node, attr)
+            except Exception:  # not saved (its gradient is not needed), or released
+                continue
+            if isinstance(saved, torch.Tensor) and _storage(saved) in ptrs:
+                found.add(edge)
+        return [found.pop() if len(found) == 1 else None] + [None] * (len(outs) - 1)
+    if kind == "sum" and outs and isinstance(outs[0], torch.Tensor):  # a bias's gradient: the parameter of its size
+        hits = [i for i, (fn, _) in enumerate(node.next_functions) if (p := leaf(fn)) is not None
+                and p.numel() == outs[0].numel()]  # fmt: skip
+        return [hits[0] if len(hits) == 1 else None] + [None] * (len(outs) - 1)
+    return [None] * len(outs)

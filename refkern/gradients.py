@@ -822,13 +822,17 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op):
     )  # fmt: skip
 
 
-# ---------------------------------------------------------------- layer_norm and rms_norm
+# ---------------------------------------------------------------- layer_norm, rms_norm, group_norm, batch_norm
 
 
 @dataclass
 class _NormCall:
-    """A validated layer_norm / rms_norm backward call: rows (R, n) of input and grad_output (float64),
-    the weight (n,) or None, eps, the formats and shapes of the arguments, and whether to return tensors."""
+    """A validated norm backward call: rows (R, n) of input and grad_output (float64), the weight (n,),
+    (P, n) (row r uses ``W[r % P]``) or None, eps, the formats and shapes of the arguments, whether to
+    return tensors; ``regroup`` ((R, n) -> (T, C): the terms of each parameter element as a column,
+    None for layer_norm's columns), ``back`` (rows to the input's shape), and the envelope's keywords
+    (:func:`refkern.analysis._envelope_backward.norm_bound`). ``given``: batch_norm in eval mode,
+    (running_mean, running_var) per row (the rows are channels)."""
 
     X: np.ndarray
     G: np.ndarray
@@ -838,9 +842,21 @@ class _NormCall:
     fmts: dict
     shapes: dict
     as_tensor: bool
+    regroup: "Callable | None" = None
+    back: "Callable | None" = None
+    bound_kw: dict = field(default_factory=dict)
+    given: "tuple | None" = None
 
 
-def _norm_call(op, g, a, who) -> _NormCall:
+def _norm_fmts(a, o, names, who):
+    fmts = {"input": o.fmt}
+    for k in names:
+        if a.get(k) is not None:
+            fmts[k] = operand(a[k], k, who).fmt
+    return fmts
+
+
+def _layer_norm_call(op, g, a, who) -> _NormCall:
     from refkern.kernels.norm import _eps, _param, _trailing
 
     o = operand(a["input"], "input", who)
@@ -854,12 +870,8 @@ def _norm_call(op, g, a, who) -> _NormCall:
         eps = 2.0**-52 if o.fmt.prec == 53 else 2.0**-23
     else:
         eps = _eps(a["eps"], who)
-    fmts = {"input": o.fmt}
-    shapes = {"input": tuple(o.shape)}
-    for k in ("weight", "bias"):
-        if a.get(k) is not None:
-            fmts[k] = operand(a[k], k, who).fmt
-            shapes[k] = tuple(shape)
+    fmts = _norm_fmts(a, o, ("weight", "bias"), who)
+    shapes = {"input": tuple(o.shape), **{k: tuple(shape) for k in fmts if k != "input"}}
     rows = (-1, n) if n else (0, 0)
     X = np.ascontiguousarray(np.asarray(o.values, np.float64).reshape(rows))
     G = np.ascontiguousarray(np.asarray(og.values, np.float64).reshape(rows))
@@ -867,37 +879,160 @@ def _norm_call(op, g, a, who) -> _NormCall:
     return _NormCall(X, G, None if w is None else w.reshape(-1), op == "layer_norm", eps, fmts, shapes, tensor)
 
 
+def _group_norm_call(op, g, a, who) -> _NormCall:
+    """group_norm: a layer_norm over each group's (C / G, spatial) elements (rows (N G, n)), its
+    per-channel weight repeated over the spatial positions (row r: group r % G); grad_weight and
+    grad_bias sum over (N, spatial) per channel, formed per block of spatial positions by torch."""
+    from refkern.kernels.norm import _eps, _param
+
+    o = operand(a["input"], "input", who)
+    x = o.values
+    if x.ndim < 2:
+        raise ValueError(f"{who}: group_norm expects input of shape (N, C, *); got input.shape={tuple(x.shape)}.")
+    nb, c = x.shape[:2]
+    ng = a["num_groups"]
+    if isinstance(ng, bool) or not isinstance(ng, (int, np.integer)) or ng <= 0:
+        raise ValueError(f"{who}: num_groups must be a positive int; got {ng!r}.")
+    if c % ng:
+        raise ValueError(f"{who}: the {c} channels of input must divide into num_groups={ng} groups.")
+    ng = int(ng)
+    hw = math.prod(x.shape[2:])
+    n = (c // ng) * hw
+    w = _param(a["weight"], "weight", who, (c,))
+    _param(a["bias"], "bias", who, (c,))
+    _check_grad(op, g, o.shape, a["input"], "input", who)
+    og = operand(g, "grad_output", who)
+    eps = _eps(a["eps"], who)
+    fmts = _norm_fmts(a, o, ("weight", "bias"), who)
+    shapes = {"input": tuple(o.shape), **{k: (c,) for k in fmts if k != "input"}}
+    rows = (nb * ng, n) if n and nb else (0, 0)
+    X = np.ascontiguousarray(np.asarray(o.values, np.float64).reshape(rows))
+    G = np.ascontiguousarray(np.asarray(og.values, np.float64).reshape(rows))
+    W = None if w is None else np.ascontiguousarray(np.repeat(w, hw).reshape(ng, n))
+
+    def regroup(A):  # (N G, C/G hw) -> (N hw, C): channel c's terms in column c
+        return A.reshape(nb, c, hw).transpose(0, 2, 1).reshape(nb * hw, c)
+
+    tensor = o.torch or og.torch or any(is_tensor(a.get(k)) for k in ("weight", "bias"))
+    half = o.fmt.prec < 24
+    return _NormCall(X, G, W, True, eps, fmts, shapes, tensor, regroup if n and nb else None,
+                     bound_kw={"regroup": regroup, "block": hw, "stored_sums": half, "half_sums": False})  # fmt: skip
+
+
+def _batch_norm_call(op, g, a, who) -> _NormCall:
+    """batch_norm: the rows are channels, (C, N * spatial). Training: a layer_norm over each row with
+    the batch statistics and the row's weight; grad_weight and grad_bias are the rows' own sums. Eval:
+    the running statistics, ``given``."""
+    from refkern.kernels.norm import _eps, _param
+
+    o = operand(a["input"], "input", who)
+    x = o.values
+    if x.ndim < 2:
+        raise ValueError(
+            f"{who}: batch_norm expects input of shape (N, C) or (N, C, *); got input.shape={tuple(x.shape)}."
+        )
+    c = x.shape[1]
+    rm = _param(a["running_mean"], "running_mean", who, (c,))
+    rv = _param(a["running_var"], "running_var", who, (c,))
+    w = _param(a["weight"], "weight", who, (c,))
+    _param(a["bias"], "bias", who, (c,))
+    training = bool(a["training"])
+    per = x.size // c if c else 0
+    if training and per <= 1:
+        raise ValueError(
+            f"{who}: batch_norm expects more than 1 value per channel when training; got input.shape={tuple(x.shape)}."
+        )
+    if not training and (rm is None or rv is None):
+        raise ValueError(f"{who}: batch_norm needs running_mean and running_var when training=False.")
+    _check_grad(op, g, o.shape, a["input"], "input", who)
+    og = operand(g, "grad_output", who)
+    eps = _eps(a["eps"], who)
+    fmts = _norm_fmts(a, o, ("weight", "bias"), who)
+    shapes = {"input": tuple(o.shape), **{k: (c,) for k in fmts if k != "input"}}
+    mv = lambda v: np.ascontiguousarray(np.moveaxis(np.asarray(v, np.float64), 1, 0).reshape(c, per))  # noqa: E731
+    X, G = mv(o.values), mv(og.values)
+    W = None if w is None else np.ascontiguousarray(w.reshape(c, 1) * np.ones((1, per)))
+    rest = (x.shape[0], *x.shape[2:])
+
+    def back(v):
+        return np.moveaxis(v.reshape((c, *rest)), 0, 1)
+
+    def regroup(A):  # (C, N hw) -> (N hw, C)
+        return A.T
+
+    tensor = o.torch or og.torch or any(is_tensor(a.get(k)) for k in ("weight", "bias", "running_mean", "running_var"))
+    return _NormCall(X, G, W, True, eps, fmts, shapes, tensor, regroup, back,
+                     {"regroup": regroup, "input_roundings": _batch_rounds(), "half_sums": False},
+                     None if training else (rm, rv))  # fmt: skip
+
+
+def _batch_rounds():
+    from refkern.analysis._envelope_backward import BATCH_INPUT_ROUNDINGS
+
+    return BATCH_INPUT_ROUNDINGS
+
+
+_NORM_CALLS = {"layer_norm": _layer_norm_call, "rms_norm": _layer_norm_call, "group_norm": _group_norm_call,
+               "batch_norm": _batch_norm_call}  # fmt: skip
+
+
+def _norm_grads(c: _NormCall, wrt) -> dict:
+    """{name: float64 gradient in its argument's shape} for the gradients asked for."""
+    if c.given is not None:
+        from refkern.kernels.batch_norm_backward import batch_norm_eval_backward
+
+        got = batch_norm_eval_backward(c.X, c.G, c.W, c.given[0], c.given[1], c.eps, c.fmts, wrt)
+    else:
+        from refkern.kernels.norm_backward import norm_backward_rows
+
+        got = norm_backward_rows(c.X, c.G, c.W, c.center, c.eps, c.fmts, wrt, regroup=c.regroup)
+    out = {}
+    for k, v in got.items():
+        if k == "input" and c.back is not None:
+            v = c.back(v)
+        out[k] = np.asarray(v).reshape(c.shapes[k])
+    return out
+
+
 def _norm(op, g, a, wrt, who):
     from refkern.kernels._common import deliver
-    from refkern.kernels.norm_backward import norm_backward_rows
 
-    c = _norm_call(op, g, a, who)
+    c = _NORM_CALLS[op](op, g, a, who)
     memo = {}
 
     def grads():  # every gradient asked for from one pass over the rows
         if not memo:
-            got = norm_backward_rows(c.X, c.G, c.W, c.center, c.eps, c.fmts, wrt)
-            memo.update({k: deliver(v.reshape(c.shapes[k]), c.fmts[k], c.as_tensor) for k, v in got.items()})
+            memo.update({k: deliver(v, c.fmts[k], c.as_tensor) for k, v in _norm_grads(c, wrt).items()})
         return memo
 
     return {k: Adjoint(k, op, (), compute=lambda k=k: grads()[k]) for k in wrt}
 
 
 def _norm_report(op, name, got, g, a, who):
-    """compare_backward's Report for one gradient of layer_norm / rms_norm, judged by its envelope."""
-    from refkern.analysis._envelope_backward import norm_bound
+    """compare_backward's Report for one gradient of a norm, judged by its envelope."""
+    from refkern.analysis._envelope_backward import batch_norm_eval_bound, norm_bound
     from refkern.analysis.compare import _actual
-    from refkern.kernels.norm_backward import norm_backward_rows
 
-    c = _norm_call(op, g, a, who)
+    c = _NORM_CALLS[op](op, g, a, who)
     act, afmt, device = _actual(got)
     fmt = c.fmts[name]
     if afmt.name != fmt.name:
         raise TypeError(f"{who}: the gradient of {name} must have the dtype of {name}, {fmt.name}; got {afmt.name}.")
-    ref = norm_backward_rows(c.X, c.G, c.W, c.center, c.eps, c.fmts, (name,))[name]
-    b = norm_bound(op, name, c.X, c.G, c.W, c.eps, ref, c.fmts)
+    if c.given is not None:
+        from refkern.kernels.batch_norm_backward import batch_norm_eval_backward
+
+        ref = batch_norm_eval_backward(c.X, c.G, c.W, c.given[0], c.given[1], c.eps, c.fmts, (name,))[name]
+        b = batch_norm_eval_bound(name, c.X, c.G, c.W, c.given[0], c.given[1], c.eps, ref, c.fmts)
+    else:
+        from refkern.kernels.norm_backward import norm_backward_rows
+
+        ref = norm_backward_rows(c.X, c.G, c.W, c.center, c.eps, c.fmts, (name,), regroup=c.regroup)[name]
+        b = norm_bound(op, name, c.X, c.G, c.W, c.eps, ref, c.fmts, **c.bound_kw)
+    if name == "input" and c.back is not None:
+        ref, b = c.back(ref), c.back(b)
     shape = c.shapes[name]
-    n_terms = c.X.shape[1] if name == "input" else c.X.shape[0]
+    R, n = c.X.shape
+    n_terms = n if name == "input" else (R * n) // max(math.prod(shape), 1)
     return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(shape), ref.reshape(shape),
                             b.reshape(shape), fmt, device, int(n_terms), op)  # fmt: skip
 
@@ -915,9 +1050,11 @@ _BUILDERS = {
     "log_softmax": (_softmax, ("input",)),
     "layer_norm": (_norm, ("input", "weight", "bias")),
     "rms_norm": (_norm, ("input", "weight")),
+    "group_norm": (_norm, ("input", "weight", "bias")),
+    "batch_norm": (_norm, ("input", "weight", "bias")),
 }
 ENVELOPE_OPS = ("softmax", "log_softmax")  # judged by worst-case envelopes (refkern.analysis._envelope_backward)
-NORM_OPS = ("layer_norm", "rms_norm")  # judged by the norm gradients' envelopes (same module)
+NORM_OPS = ("layer_norm", "rms_norm", "group_norm", "batch_norm")  # judged by the norm gradients' envelopes (same module)
 _RANK = {"exact": 0, "rounding": 1, "reduced-precision": 2, "mismatch": 3}  # a better fit ranks lower
 OPS = tuple(_BUILDERS)
 
@@ -968,7 +1105,8 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     """Exact gradients of ``op(*args, **kwargs)`` for ``grad_output``: ``{argument name: gradient}``.
 
     ``op``: "linear", "matmul", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "softmax", "log_softmax", "layer_norm", "rms_norm" (or the refkern function); the
+    "conv_transpose3d", "softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm"
+    (or the refkern function); the
     arguments are exactly the op's (same names: ``x``/``weight``/``bias``, ``a``/``b``,
     ``input``/``weight``/``bias``, ``input``/``dim``, ``input``/``normalized_shape``/``weight``/``bias``/``eps``), and
     ``grad_output`` has the op's output shape and dtype. ``wrt``: the argument
@@ -987,7 +1125,11 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     ``xhat = (x - mean) r`` and ``gw = grad_output * weight``, ``grad_input = r (gw - mean(gw) - xhat
     mean(gw xhat))`` (no ``mean(gw)`` for rms_norm), ``grad_weight`` and ``grad_bias`` the sums over
     the rows of ``grad_output * xhat`` and ``grad_output``, each real-valued and rounded once to its
-    argument's dtype (:mod:`refkern.kernels.norm_backward`).
+    argument's dtype (:mod:`refkern.kernels.norm_backward`). group_norm: the same over each (sample,
+    group), grad_weight and grad_bias summed over (sample, spatial) per channel; batch_norm with
+    ``training=True``: the same over each channel's (N, spatial) elements (the gradient flows through
+    the batch statistics); with ``training=False``: the affine map of the running statistics, ``g w /
+    sqrt(rv + eps)``, ``sum g (x - rm) / sqrt(rv + eps)``, ``sum g`` (:mod:`refkern.kernels.batch_norm_backward`).
 
     A convolution with ``padding_mode`` "reflect", "replicate" or "circular": the gradient of ``x``
     folds the padded border back onto the input, each element one exact sum of every product that
@@ -1012,7 +1154,8 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
     softmax and log_softmax gradients are judged by the worst-case envelope of a correct float32
     (float64) implementation that differentiates from its own stored forward
     (:mod:`refkern.analysis._envelope_backward`): ``exact``, ``rounding`` or ``mismatch``; so are the
-    layer_norm and rms_norm gradients (the envelope of torch's CPU kernels' forms, same module).
+    layer_norm, rms_norm, group_norm and batch_norm gradients (the envelope of torch's CPU kernels'
+    forms, same module).
     """
     from refkern.analysis.compare import compare
 

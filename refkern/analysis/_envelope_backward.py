@@ -132,6 +132,10 @@ __all__ = [
     "INPUT_ROUNDINGS",
     "XHAT_ROUNDINGS",
     "NORM_SECOND_ORDER",
+    "BLOCK_ROUNDINGS",
+    "BATCH_INPUT_ROUNDINGS",
+    "EVAL_INPUT_ROUNDINGS",
+    "batch_norm_eval_bound",
 ]
 
 PRODUCT_ROUNDINGS = 3  #: softmax: g_i - D^, the product by y^_i, and the expanded form's second product
@@ -142,6 +146,9 @@ EVAL_SLACK = 1.0 + 2.0**-40  #: the bound's own float64 evaluation
 INPUT_ROUNDINGS = 8  #: norm grad_input: at most seven roundings compound on one term of torch's form, plus one
 XHAT_ROUNDINGS = 3  #: norm xhat^: the products x rstd^ and mean^ rstd^ (or x - mean^ and the product), the difference
 NORM_SECOND_ORDER = 8  #: norms: at most eight roundings compound on one path: (1 + 8 ua) covers their products
+BLOCK_ROUNDINGS = 3  #: group_norm's raw block form: db mean^, ds - db mean^, the product by rstd^ (beyond the block's sums)
+EVAL_INPUT_ROUNDINGS = 2  #: batch_norm eval grad_input: g invstd^ w, two products in either order
+BATCH_INPUT_ROUNDINGS = 9  #: batch_norm grad_input: eight roundings compound on the (x - mean^) k term, plus one
 
 
 def _gamma(k, u):
@@ -215,11 +222,24 @@ def bound(op: str, x: np.ndarray, g: np.ndarray, ref: np.ndarray, out: Format) -
 
 
 def norm_bound(op: str, name: str, X: np.ndarray, G: np.ndarray, W, eps: float, ref: np.ndarray,
-               fmts: dict) -> np.ndarray:  # fmt: skip
-    """The envelope (module docstring, layer_norm and rms_norm) of the gradient ``name`` ("input",
-    "weight", "bias") of ``op`` over the rows of the float64 (R, n) arrays X and G, weight W (n,) or
-    None, around ``ref`` (the correctly rounded gradient: (R, n) for input, (n,) otherwise), for
-    results in ``fmts[name]``; the working precision follows the input's format ``fmts["input"]``."""
+               fmts: dict, *, regroup=None, block: int = 1, input_roundings: int = INPUT_ROUNDINGS,
+               stored_sums: bool = False, half_sums: bool = True) -> np.ndarray:  # fmt: skip
+    """The envelope (module docstring, layer_norm and rms_norm; group_norm and batch_norm in training
+    with the keywords below) of the gradient ``name`` ("input", "weight", "bias") of ``op`` over the
+    rows of the float64 (R, n) arrays X and G, weight W (n,), (R, n) (a weight per element) or None,
+    around ``ref`` (the correctly rounded gradient: (R, n) for input, (C,) otherwise), for results in
+    ``fmts[name]``; the working precision follows the input's format ``fmts["input"]``.
+
+    ``regroup`` maps an (R, n) array to (T, C): column c holds the T terms of parameter element c
+    (None: the columns of X). ``block``: the parameter sums may be formed per block of that many terms
+    of one row in the raw form ``(sum g x - mean^ sum g) rstd^`` (group_norm's ds, db per (sample,
+    channel): :data:`GROUP_NORM` below); ``input_roundings``: the roundings that compound on one term of
+    grad_input; ``stored_sums``: the per-channel sums behind grad_input are stored once in the half
+    input format (one ``u_m`` more on e_S and e_C); ``half_sums``: grad_weight's and grad_bias's sums may
+    round every addition to the half result format (``uc = ua + u_m`` each, layer_norm's step 4), else
+    they run in the working precision (``ua`` each) and only their stored parts and result are rounded
+    to the half format: ``u_m`` once on each term's block (ds and db) and once on the result (group_norm,
+    batch_norm: torch's CPU kernels accumulate them in opmath)."""
     from refkern.analysis.envelope import _gamma, _underflow
 
     fin = fmts["input"]
@@ -230,8 +250,10 @@ def norm_bound(op: str, name: str, X: np.ndarray, G: np.ndarray, W, eps: float, 
     ua = u  # the backward's own operations are in the working format (module docstring)
     eta_w = 2.0 ** (FLOAT64 if fin is FLOAT64 else FLOAT32).emin
     u_o, eta_o = out.u, 2.0 ** (out.emin - out.prec)
-    center = op == "layer_norm"
+    center = op != "rms_norm"
     w = np.ones(n) if W is None else np.asarray(W, np.float64)
+    if w.ndim == 2:  # (P, n): row r uses w[r % P]
+        w = w[np.arange(R) % w.shape[0]]
     with np.errstate(all="ignore"):
         mu = X.mean(axis=1, keepdims=True) if center else np.zeros((R, 1))
         d = X - mu
@@ -255,31 +277,114 @@ def norm_bound(op: str, name: str, X: np.ndarray, G: np.ndarray, W, eps: float, 
             gw = G * w
             S = gw.sum(axis=1, keepdims=True)
             Sa = np.abs(gw).sum(axis=1, keepdims=True)
-            e_S = g_n * Sa
+            e_S = g_n * Sa + (u_m * Sa if stored_sums else 0.0)
             Ad = S / n if center else np.zeros((R, 1))
             e_A = e_S / n if center else np.zeros((R, 1))
             Cn = (gw * d).sum(axis=1, keepdims=True)
             e_C = _gamma(n + 2, ua)[()] * ((np.abs(gw) * np.abs(X)).sum(axis=1, keepdims=True) + np.abs(mu) * Sa)
             e_C = e_C + n * 2.0**-52 * (np.abs(gw) * np.abs(d)).sum(axis=1, keepdims=True)  # Cn's float64 sum
+            if stored_sums:  # ds and db stored once in the half format: u_m of their magnitudes
+                e_C = e_C + u_m * ((np.abs(gw) * np.abs(X)).sum(axis=1, keepdims=True) + np.abs(mu) * Sa)
             Cm = np.abs(Cn) + e_C + dmu * np.abs(S)
             Am = np.abs(Ad) + e_A
             E = (e_r * (np.abs(gw) + Am) + R1 * e_A
                  + (3.0 * e_r * R1**2 * D * Cm + r**3 * dmu * Cm + r**3 * np.abs(d) * (e_C + dmu * np.abs(S))) / n
-                 + INPUT_ROUNDINGS * ua * (R1 * (np.abs(gw) + Am) + R1**3 * xm * Cm / n)
-                 + (n + INPUT_ROUNDINGS) * eta_w * (R1 + R1**3 * xm))  # fmt: skip
+                 + input_roundings * ua * (R1 * (np.abs(gw) + Am) + R1**3 * xm * Cm / n)
+                 + (n + input_roundings) * eta_w * (R1 + R1**3 * xm))  # fmt: skip
             refm = np.abs(ref).reshape(R, n)
             bad = ~(np.isfinite(X).all(axis=1, keepdims=True) & np.isfinite(G).all(axis=1, keepdims=True))
             bad = bad & np.ones((1, n), bool)
         else:
+            rg = (lambda a: a) if regroup is None else regroup
+            T = rg(np.zeros((R, n))).shape[0]  # terms per parameter element
             if name == "weight":
                 xh = np.abs(d) * r
-                e_xh = e_r * D + r * dmu + XHAT_ROUNDINGS * ua * R1 * xm
+                if block == 1:
+                    e_xh = e_r * D + r * dmu + XHAT_ROUNDINGS * ua * R1 * xm
+                else:  # the raw block form: ds, db, db mean^, their difference, the product by rstd^; ds, db stored
+                    e_xh = e_r * D + r * dmu + (_gamma(block + BLOCK_ROUNDINGS, ua)[()] + u_m) * R1 * xm
                 ag = np.abs(G)
-                E = (ag * e_xh).sum(axis=0) + _gamma(R, u + u_m)[()] * (ag * (xh + e_xh)).sum(axis=0) + R * eta_w
+                g_T = _gamma(T, u + u_m)[()] if half_sums else _gamma(T, ua)[()] + u_m
+                E = (rg(ag * e_xh).sum(axis=0) + g_T * rg(ag * (xh + e_xh)).sum(axis=0)
+                     + (T if block == 1 else 2 * T) * eta_w)  # fmt: skip
             else:
-                E = _gamma(max(R - 1, 0), u + u_m)[()] * np.abs(G).sum(axis=0)
-            refm = np.abs(ref).reshape(n)
-            bad = ~(np.isfinite(X).all(axis=0) & np.isfinite(G).all(axis=0)) | ~np.isfinite(refm)
+                g_T = _gamma(max(T - 1, 0), u + u_m)[()] if half_sums else _gamma(max(T - 1, 0), ua)[()] + u_m
+                E = g_T * rg(np.abs(G)).sum(axis=0)
+            refm = np.abs(ref).reshape(-1)
+            ok = np.isfinite(X) & np.isfinite(G)
+            bad = ~rg(ok).all(axis=0) | ~np.isfinite(refm)
+        B = E * (1.0 + NORM_SECOND_ORDER * ua) + u_o * (2.0 * refm * (1.0 + 2.0 * u_o) + E) + 2.0 * eta_o
+        B = B * EVAL_SLACK
+        B = np.where(np.isnan(B), np.inf, B)
+        return np.where(bad | ~np.isfinite(refm), 0.0, B)
+
+
+def batch_norm_eval_bound(name: str, X: np.ndarray, G: np.ndarray, W, RM, RV, eps: float, ref: np.ndarray,
+                          fmts: dict) -> np.ndarray:  # fmt: skip
+    """The envelope of the gradient ``name`` of batch_norm in eval mode (the running statistics given:
+    an affine map per channel) over the channels as rows of the float64 (C, K) arrays X and G, W (C, K)
+    or None, RM and RV (C,), around ``ref`` ((C, K) for input, (C,) otherwise), for results in
+    ``fmts[name]``; the working precision ``ua`` follows the input's format (module docstring's
+    conventions: ``u_m`` the half input format's unit, ``eta_w`` the working format's smallest normal).
+
+    What a correct backward computes (torch's CPU kernel: ``invstd = 1 / sqrt(rv + eps)``, ``dx = dy
+    invstd w``, ``grad_weight = invstd sum (x - rm) dy``, ``grad_bias = sum dy``, in opmath), with
+    ``z = rv + eps``, ``r = z**(-1/2)``, ``d = x - rm``:
+
+    1. ``invstd^``: z rounded twice (eps converted to the working format, then the addition): within
+       ``e_z = ua (eps + |z|) (1 + ua)``; ``1/sqrt`` on ``[z - e_z, z + e_z]`` moves by at most ``e_z / (2
+       (z - e_z)**1.5)`` (the mean value theorem: ``|d z**-1/2 / dz| = z**-1.5 / 2``, largest at the lower
+       end; infinite when ``e_z >= z``), then the square root and the division (or an rsqrt within 2 ua)
+       and a store in the half format: ``e_r = e_z / (2 (z - e_z)**1.5) + (2 ua + u_m) R1``, ``R1 = r (1 +
+       2 ua + u_m) + e_z / (2 (z - e_z)**1.5)`` (r's magnitude inflated by the same errors).
+    2. grad_input: ``E = |g w| (e_r + EVAL_INPUT_ROUNDINGS ua R1) + EVAL_INPUT_ROUNDINGS eta_w``,
+       EVAL_INPUT_ROUNDINGS = 2 (the two products, in either order).
+    3. grad_weight: each term rounds ``x - rm``, the product by g, (or by invstd first), the K - 1
+       additions and the final product by invstd: K + 2 roundings on one path in the working precision
+       (torch's CPU kernel accumulates ``dotp`` in opmath), and one store of a partial sum in a half
+       format (``u_m``): ``E = e_r sum|g d| + (gamma_{K+2}(ua) + u_m) R1 sum|g d| + 2 K eta_w`` (two
+       products per term may underflow).
+    4. grad_bias: ``E = (gamma_{K-1}(ua) + u_m) sum|g|``.
+    5. The store and the centre as the norms' step 6, with NORM_SECOND_ORDER and EVAL_SLACK: every
+       quantity above is formed in float64 without cancellation (``d`` and ``z`` within 2**-53 of their
+       magnitudes), so a few units of 2**-53 relative cover its own evaluation. Channels with a NaN or an
+       infinity, or ``z <= 0``, get 0 (the reference follows IEEE arithmetic there)."""
+    from refkern.analysis.envelope import _gamma
+
+    fin = fmts["input"]
+    out = fmts[name]
+    C, K = X.shape
+    ua = FLOAT64.u if fin is FLOAT64 else FLOAT32.u
+    u_m = fin.u if fin.prec < FLOAT32.prec else 0.0
+    eta_w = 2.0 ** (FLOAT64 if fin is FLOAT64 else FLOAT32).emin
+    u_o, eta_o = out.u, 2.0 ** (out.emin - out.prec)
+    w = np.ones((C, K)) if W is None else np.asarray(W, np.float64)
+    with np.errstate(all="ignore"):
+        z = (np.asarray(RV, np.float64) + eps)[:, None]
+        e_z = ua * (eps + np.abs(z)) * (1.0 + ua)
+        lo = z - e_z
+        move = np.where(lo > 0, e_z / (2.0 * lo**1.5), np.inf)
+        r = 1.0 / np.sqrt(z)
+        R1 = r * (1.0 + 2.0 * ua + u_m) + move
+        e_r = move + (2.0 * ua + u_m) * R1
+        if name == "input":
+            gw = np.abs(G * w)
+            E = gw * (e_r + EVAL_INPUT_ROUNDINGS * ua * R1) + EVAL_INPUT_ROUNDINGS * eta_w
+            refm = np.abs(ref).reshape(C, K)
+            ok = np.isfinite(X).all(axis=1) & np.isfinite(G).all(axis=1) & np.isfinite(w).all(axis=1)
+            bad = ~(ok[:, None] & (z > 0) & np.isfinite(np.asarray(RM, np.float64))[:, None]) | np.zeros((1, K), bool)
+        else:
+            if name == "weight":
+                gd = (np.abs(G) * np.abs(X - np.asarray(RM, np.float64)[:, None])).sum(axis=1, keepdims=True)
+                E = e_r * gd + (_gamma(K + 2, ua)[()] + u_m) * R1 * gd + 2 * K * eta_w
+            else:
+                E = (_gamma(max(K - 1, 0), ua)[()] + u_m) * np.abs(G).sum(axis=1, keepdims=True)
+            E = E.reshape(C)
+            refm = np.abs(ref).reshape(C)
+            ok = np.isfinite(X).all(axis=1) & np.isfinite(G).all(axis=1)
+            bad = ~(ok & (z.reshape(C) > 0) & np.isfinite(np.asarray(RM, np.float64)))
+            if name == "bias":
+                bad = ~np.isfinite(G).all(axis=1)
         B = E * (1.0 + NORM_SECOND_ORDER * ua) + u_o * (2.0 * refm * (1.0 + 2.0 * u_o) + E) + 2.0 * eta_o
         B = B * EVAL_SLACK
         B = np.where(np.isnan(B), np.inf, B)

@@ -51,8 +51,8 @@ _FAST, _EXACT, _SPECIAL = 0, 1, 2  # row status
 
 @jit(parallel=True)
 def _fast_rows(X, G, W, center, eps, prec, emin, emax, gin, xh, exh, status):
-    """Float64 pass over the rows of X (R, n) with grad_output G (R, n) and weight W (n,) (ones when
-    absent): gin[r, j] = RN(grad_input) or NaN (undecided), xh/exh = xhat and its error bound (for
+    """Float64 pass over the rows of X (R, n) with grad_output G (R, n) and weight W (P, n) (row r uses
+    ``W[r % P]``; ones when absent): gin[r, j] = RN(grad_input) or NaN (undecided), xh/exh = xhat and its error bound (for
     grad_weight), status[r] = 0 (fast), 1 (exact path for the row), 2 (IEEE path).
 
     Bounds (``u = 2**-53``, every float64 operation charged ``u |result|``, every product also TINY
@@ -65,12 +65,14 @@ def _fast_rows(X, G, W, center, eps, prec, emin, emax, gin, xh, exh, status):
     ``e(a +- b) = e(a) + e(b) + u|a +- b|``; ``decide`` gets the bound times ``1 + 2**-40`` (the bound's
     own float64 evaluation)."""
     R, n = X.shape
+    P = W.shape[0]
     for i in prange(R):
         x = X[i]
         g = G[i]
+        w = W[i % P]
         bad = False
         for j in range(n):
-            if not (abs(x[j]) < np.inf and abs(g[j]) < np.inf and abs(W[j]) < np.inf):
+            if not (abs(x[j]) < np.inf and abs(g[j]) < np.inf and abs(w[j]) < np.inf):
                 bad = True
         for j in range(n):
             gin[i, j] = np.nan
@@ -111,7 +113,7 @@ def _fast_rows(X, G, W, center, eps, prec, emin, emax, gin, xh, exh, status):
             p = z * r
             xh[i, j] = p
             exh[i, j] = ez * (r + er) + abs(z) * er + U * abs(p) + TINY
-            gw = g[j] * W[j]
+            gw = g[j] * w[j]
             egw = U * abs(gw) + TINY
             S += gw
             eS += egw
@@ -126,7 +128,7 @@ def _fast_rows(X, G, W, center, eps, prec, emin, emax, gin, xh, exh, status):
         B = Bs / n
         eBn = (eB + gam * aB) / n + U * abs(B)
         for j in range(n):
-            gw = g[j] * W[j]
+            gw = g[j] * w[j]
             egw = U * abs(gw) + TINY
             t = gw - A
             et = egw + eA + U * abs(t)
@@ -137,7 +139,8 @@ def _fast_rows(X, G, W, center, eps, prec, emin, emax, gin, xh, exh, status):
             es = et + eq + U * abs(s)
             y = s * r
             e = es * (r + er) + abs(s) * er + U * abs(y) + TINY
-            gin[i, j] = decide(y, 0.0, e * (1.0 + 2.0**-40), prec, emin, emax)
+            v = decide(y, 0.0, e * (1.0 + 2.0**-40), prec, emin, emax)
+            gin[i, j] = v if v != 0.0 else np.nan  # a zero's sign: decide compares -0 == +0; the exact path knows
         status[i] = _FAST
 
 
@@ -165,7 +168,8 @@ def _fast_cols(G, xh, exh, use_xhat, prec, emin, emax, out):
             c += q  # the cascaded sum (Sum2): s + c is within u |s + c| + gamma_R**2 sum|t| of the sum
             a += abs(t)
         y = s + c
-        out[k] = decide(y, 0.0, (e + U * abs(y) + gam * gam * a + gam * e) * (1.0 + 2.0**-40), prec, emin, emax)
+        v = decide(y, 0.0, (e + U * abs(y) + gam * gam * a + gam * e) * (1.0 + 2.0**-40), prec, emin, emax)
+        out[k] = v if v != 0.0 else np.nan  # a zero's sign is the exact path's to decide
 
 
 # ---------------------------------------------------------------- the exact path
@@ -284,13 +288,13 @@ def _exact_input_row(st: _ExactRow, g, w, cols, center, fmt):
 
 def _ieee_rows(X, G, W, center, eps, fmt, need_in):
     """Rows without a real-valued answer: the formula in IEEE float64 arithmetic, as torch evaluates
-    it: (grad_input rounded to fmt or None, xhat in float64)."""
+    it: (grad_input rounded to fmt or None, xhat in float64). W: (R, n), one weight row per row."""
     with np.errstate(all="ignore"):
         mu = X.mean(axis=1, keepdims=True) if center else 0.0
         var = ((X - mu) ** 2).mean(axis=1, keepdims=True)
         r = 1.0 / np.sqrt(var + eps)
         xh = (X - mu) * r
-        gw = G * W[None, :]
+        gw = G * W
         A = gw.mean(axis=1, keepdims=True) if center else 0.0
         B = (gw * xh).mean(axis=1, keepdims=True)
         gi = r * (gw - A - xh * B)
@@ -298,18 +302,40 @@ def _ieee_rows(X, G, W, center, eps, fmt, need_in):
     return gi, xh
 
 
-def norm_backward_rows(X, G, W, center: bool, eps: float, fmts: dict, wrt, force_exact: bool = False) -> dict:
+def _columns(regroup, R, n):
+    """The layout of the parameter gradients' sums: ``regroup`` maps an (R, n) array to (T, C), column
+    c holding the T terms of parameter element c (None: the identity, layer_norm's column sums).
+    Returns (regroup, rows (T, C), cols (T, C)): the row and column of X each term comes from."""
+    if regroup is None:
+        regroup = _identity
+    rows = regroup(np.broadcast_to(np.arange(R)[:, None], (R, n)))
+    cols = regroup(np.broadcast_to(np.arange(n)[None, :], (R, n)))
+    return regroup, rows, cols
+
+
+def _identity(a):
+    return a
+
+
+def norm_backward_rows(X, G, W, center: bool, eps: float, fmts: dict, wrt, force_exact: bool = False,
+                       regroup=None) -> dict:  # fmt: skip
     """The gradients asked for (``wrt`` among "input", "weight", "bias") of a norm over the rows of
-    the float64 (R, n) arrays X (input) and G (grad_output), with W (n,) float64 or None, each a
-    float64 array of values of ``fmts[name]``: {"input": (R, n), "weight": (n,), "bias": (n,)}."""
+    the float64 (R, n) arrays X (input) and G (grad_output), with W float64 or None: (n,) (every row)
+    or (P, n) (row r uses ``W[r % P]``: group_norm's per-channel weight, batch_norm's per-row one).
+    grad_weight and grad_bias are the sums of ``g xhat`` and ``g`` over the columns of
+    ``regroup(.)`` ((R, n) -> (T, C); default: the columns of X, layer_norm's layout). Each result a
+    float64 array of values of ``fmts[name]``: {"input": (R, n), "weight": (C,), "bias": (C,)}."""
     R, n = X.shape
     out = {}
-    Wk = np.ones(n) if W is None else np.ascontiguousarray(W, np.float64)
+    Wk = np.ones((1, n)) if W is None else np.ascontiguousarray(np.asarray(W, np.float64).reshape(-1, n))
+    Wr = Wk[np.arange(R) % Wk.shape[0]] if R and n else np.ones((R, n))  # one weight row per row
     X = np.ascontiguousarray(X, np.float64)
     G = np.ascontiguousarray(G, np.float64)
+    regroup, trow, tcol = _columns(regroup, R, n)
+    C = trow.shape[1]
     if R == 0 or n == 0:
         for k in wrt:
-            out[k] = np.zeros((R, n) if k == "input" else (n,))
+            out[k] = np.zeros((R, n) if k == "input" else (C,))
         return out
     fin = fmts["input"]
     gin = np.full((R, n), np.nan)
@@ -319,7 +345,7 @@ def norm_backward_rows(X, G, W, center: bool, eps: float, fmts: dict, wrt, force
     if not force_exact:
         _fast_rows(X, G, Wk, center, float(eps), *fin.params, gin, xh, exh, status)
     else:
-        bad = ~(np.isfinite(X).all(axis=1) & np.isfinite(G).all(axis=1) & np.isfinite(Wk).all())
+        bad = ~(np.isfinite(X).all(axis=1) & np.isfinite(G).all(axis=1) & np.isfinite(Wr).all(axis=1))
         status[bad] = _SPECIAL
     rows = {}
 
@@ -333,7 +359,7 @@ def norm_backward_rows(X, G, W, center: bool, eps: float, fmts: dict, wrt, force
             status[r] = _SPECIAL
     special = np.flatnonzero(status == _SPECIAL)
     if special.size:
-        gi_s, xh_s = _ieee_rows(X[special], G[special], Wk, center, eps, fin, "input" in wrt)
+        gi_s, xh_s = _ieee_rows(X[special], G[special], Wr[special], center, eps, fin, "input" in wrt)
     if "input" in wrt:
         if special.size:
             gin[special] = gi_s
@@ -342,31 +368,34 @@ def norm_backward_rows(X, G, W, center: bool, eps: float, fmts: dict, wrt, force
                 continue
             cols = np.flatnonzero(np.isnan(gin[r]))
             if cols.size:
-                gin[r, cols] = _exact_input_row(exact(r), G[r], Wk, cols.tolist(), center, fin)
+                gin[r, cols] = _exact_input_row(exact(r), G[r], Wr[r], cols.tolist(), center, fin)
         out["input"] = gin
     for k in ("weight", "bias"):
         if k not in wrt:
             continue
         fmt = fmts[k]
-        col = np.full(n, np.nan)
+        col = np.full(C, np.nan)
+        Gt = np.ascontiguousarray(regroup(G))
         if not force_exact and not special.size:
             for r in np.flatnonzero(status == _EXACT):  # xhat correctly rounded to float64: within u |xhat|
                 st = exact(r)
                 xh[r] = [round_quotient_sqrt(Fraction(0), st.d(k), st.z, FLOAT64) for k in range(n)]
                 exh[r] = U * np.abs(xh[r]) + TINY
                 status[r] = _FAST
-            _fast_cols(G, xh, exh, k == "weight", *fmt.params, col)
+            _fast_cols(Gt, np.ascontiguousarray(regroup(xh)), np.ascontiguousarray(regroup(exh)), k == "weight",
+                       *fmt.params, col)  # fmt: skip
         if special.size:  # a row without a real value: the column sums in IEEE float64 arithmetic
-            _, xh_all = _ieee_rows(X, G, Wk, center, eps, fin, False)
+            _, xh_all = _ieee_rows(X, G, Wr, center, eps, fin, False)
             with np.errstate(all="ignore"):
                 terms = G * xh_all if k == "weight" else G
-                col = round_array(np.ascontiguousarray(terms.sum(axis=0)), *fmt.params)
+                col = round_array(np.ascontiguousarray(regroup(terms).sum(axis=0)), *fmt.params)
         else:
             for c in np.flatnonzero(np.isnan(col)):
                 if k == "bias":
-                    col[c] = round_fraction(sum((Fraction(float(v)) for v in G[:, c]), Fraction(0)), fmt)
+                    col[c] = round_fraction(sum((Fraction(float(v)) for v in Gt[:, c]), Fraction(0)), fmt)
                 else:
-                    terms = [(Fraction(float(G[r, c])) * exact(r).d(c), exact(r).z) for r in range(R) if G[r, c] != 0]
+                    terms = [(Fraction(float(G[r, j])) * exact(r).d(j), exact(r).z)
+                             for r, j in zip(trow[:, c].tolist(), tcol[:, c].tolist()) if G[r, j] != 0]  # fmt: skip
                     col[c] = sum_over_sqrt(terms, fmt)
         out[k] = col
     return out

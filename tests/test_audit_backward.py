@@ -12,6 +12,7 @@ nn = torch.nn
 from audit_models import BrokenKernel  # noqa: E402
 
 import refkern.torch as rkt  # noqa: E402
+from refkern.gradients import OPS  # noqa: E402
 
 aten = torch.ops.aten
 OK = ("exact", "rounding")
@@ -67,12 +68,15 @@ def test_conv_bn_linear_backward_is_judged(convnet):
     x = torch.randn(2, 3, 5, 5, requires_grad=True)
     a, _ = _backward_audit(convnet, x)
     back = [c for c in a.calls if c.phase == "backward"]
-    assert a.first_failure is None and all(c.verdict in OK for c in back), a.report()
+    assert a.first_failure is None and all(c.verdict in OK for c in back if c.report is not None), a.report()
     names = {c.name: c for c in back}
     for param in ("weight", "bias"):  # every parameter's gradient judged, named by its module
         assert names[f"ConvNet.conv (backward: grad_{param})"].op == "conv2d backward"
-        assert names[f"ConvNet.bn (backward: grad_{param})"].aten == "aten.native_batch_norm_backward.default"
         assert f"ConvNet.fc (backward: grad_{param})" in names
+        if "batch_norm" in OPS:
+            assert names[f"ConvNet.bn (backward: grad_{param})"].aten == "aten.native_batch_norm_backward.default"
+    if "batch_norm" not in OPS:
+        assert a.unchecked.get("native_batch_norm_backward") == 1, a.report()
     assert names["ConvNet.conv (backward: grad_input)"].report is not None  # x requires grad: grad_x too
     assert names["ConvNet.fc (backward: grad_weight)"].op == "matmul"  # the mm of the gradient, its own inputs
     assert names["ConvNet.fc (backward: grad_bias)"].op == "sum"
@@ -80,7 +84,7 @@ def test_conv_bn_linear_backward_is_judged(convnet):
     conv = [c for c in back if c.aten == "aten.convolution_backward.default"]
     assert len(conv) == 3 and len({c.group for c in conv}) == 1 and a.counts["convolution_backward"] == [1, 0]
     bw_checked, bw_unchecked = a.phases["backward"]
-    assert bw_checked >= 6  # conv, bn backward kernels, fc's mm x2 and sum, relu's threshold_backward
+    assert bw_checked >= 5  # conv's (bn's) backward kernels, fc's mm x2 and sum, relu's threshold_backward
     assert sum(a._verdicts().values()) == a.n_checked  # verdicts count ops, not rows
     assert f", {bw_checked} of {bw_checked + bw_unchecked} in the backward pass" in a.summary()
     for name, n in a.unchecked.items():  # whatever has no reference yet is listed, with its reason

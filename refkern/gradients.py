@@ -733,37 +733,46 @@ def _rows_of(v, axis):
 
 
 def _softmax_call(op, g, a, who):
-    """(x rows, g rows, back, format, as_tensor) of a softmax/log_softmax backward call, validated."""
+    """(x rows, g rows, back, format, as_tensor, computing format) of a softmax/log_softmax backward
+    call, validated. With ``dtype=``, torch converts the input first (``input.to(dtype)``) and the
+    forward and backward run in that dtype; autograd converts the gradient back to the input's dtype:
+    the rows are the converted input, grad_output has ``dtype``, and the result format is the input's
+    (the gradient at the converted input, rounded once to it); the computing format is ``dtype``'s."""
     from refkern.kernels.softmax import convert_input
 
-    if a.get("dtype") is not None:
-        raise NotImplementedError(
-            f"{who}: the gradient of {op} with dtype={a['dtype']!r} is not supported (the input is converted "
-            "first, and its gradient converted back: two roundings); convert the input to that dtype first."
-        )
-    o, fmt, v = convert_input(a["input"], op, None)
+    o, fmt_c, v = convert_input(a["input"], op, a.get("dtype"))
     dim = a["dim"]
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
         raise TypeError(f"{who}: dim must be an int; got {dim!r}.")
     span = max(v.ndim, 1)
     if not -span <= dim < span:
         raise IndexError(f"{who}: dim={dim} is out of range for a {v.ndim}-d input (expected {-span}..{span - 1}).")
-    _check_grad(op, g, v.shape, a["input"], "input", who)
-    gv = np.asarray(operand(g, "grad_output", who).values, np.float64).reshape(v.shape)
+    og = operand(g, "grad_output", who)
+    if og.fmt.name != fmt_c.name:
+        raise TypeError(
+            f"{who}: grad_output must have the dtype of the output of {op}, {fmt_c.name}; "
+            f"got grad_output.dtype={og.fmt.name}."
+        )
+    if tuple(og.shape) != tuple(v.shape):
+        raise ValueError(
+            f"{who}: grad_output must have the shape of the output of {op}, {tuple(v.shape)}; "
+            f"got grad_output.shape={tuple(og.shape)}."
+        )
+    gv = np.asarray(og.values, np.float64).reshape(v.shape)
     if v.ndim == 0:
         v, gv = v.reshape(1), gv.reshape(1)
     axis = int(dim) % span
     xr, back = _rows_of(v, axis)
     gr, _ = _rows_of(gv, axis)
     shape0 = np.shape(a["input"])
-    return xr, gr, (lambda r: back(r).reshape(shape0)), fmt, o.torch
+    return xr, gr, (lambda r: back(r).reshape(shape0)), o.fmt, o.torch or og.torch, fmt_c
 
 
 def _softmax_grad(op, g, a, who):
     from refkern.kernels._common import deliver
     from refkern.kernels.softmax_backward import softmax_backward_rows
 
-    xr, gr, back, fmt, as_tensor = _softmax_call(op, g, a, who)
+    xr, gr, back, fmt, as_tensor, _ = _softmax_call(op, g, a, who)
     out, _ = softmax_backward_rows(xr, gr, fmt, op == "log_softmax")
     return deliver(back(out), fmt, as_tensor)
 
@@ -774,18 +783,23 @@ def _softmax(op, g, a, wrt, who):
 
 
 def _envelope_report(op, got, g, a, who):
-    """compare_backward's Report for a gradient judged by :mod:`refkern.analysis._envelope_backward`."""
-    from refkern.analysis._envelope_backward import bound
+    """compare_backward's Report for a gradient judged by :mod:`refkern.analysis._envelope_backward`
+    (with ``dtype=``: the envelope of the computation in that dtype, then the conversion back,
+    :func:`~refkern.analysis._envelope_backward.converted_bound`)."""
+    from refkern.analysis._envelope_backward import bound, converted_bound
     from refkern.analysis.compare import _actual
+    from refkern.kernels.softmax_backward import softmax_backward_rows
 
-    xr, gr, back, fmt, _ = _softmax_call(op, g, a, who)
+    xr, gr, back, fmt, _, fmt_c = _softmax_call(op, g, a, who)
     act, afmt, device = _actual(got)
     if afmt.name != fmt.name:
         raise TypeError(f"{who}: the gradient of input must have the dtype of input, {fmt.name}; got {afmt.name}.")
-    from refkern.kernels.softmax_backward import softmax_backward_rows
-
     ref_rows, _ = softmax_backward_rows(xr, gr, fmt, op == "log_softmax")
-    b_rows = bound(op, xr, gr, ref_rows, fmt)
+    if fmt_c.name == fmt.name:
+        b_rows = bound(op, xr, gr, ref_rows, fmt)
+    else:
+        ref_c, _ = softmax_backward_rows(xr, gr, fmt_c, op == "log_softmax")
+        b_rows = converted_bound(bound(op, xr, gr, ref_c, fmt_c), ref_c, fmt_c, fmt)
     ref = np.asarray(back(ref_rows), np.float64)
     b = np.asarray(back(b_rows), np.float64)
     return _envelope_finish(f"{op} backward", act.reshape(ref.shape), ref, b, fmt, device, int(xr.shape[1]), op)
@@ -1037,6 +1051,100 @@ def _norm_report(op, name, got, g, a, who):
                             b.reshape(shape), fmt, device, int(n_terms), op)  # fmt: skip
 
 
+# ---------------------------------------------------------------- poolings
+
+
+@dataclass
+class _PoolCall:
+    """A validated pooling backward call: grad_output as float64 planes (P, OH, OW), the input's
+    (P, H, W) plane size and shape, its format, whether to return tensors, and the geometry: ``spans``
+    and ``dconst`` (averages) or ``idx`` (maxima: the forward's flat indices)."""
+
+    G: np.ndarray
+    H: int
+    W: int
+    shape: tuple
+    fmt: object
+    as_tensor: bool
+    spans: "list | None" = None
+    dconst: int = 0
+    idx: "np.ndarray | None" = None
+
+
+def _pool_call(op, g, a, who) -> _PoolCall:
+    import refkern
+    from refkern.kernels import pool
+
+    nd = 2 if op.endswith("2d") else 1
+    fwd = {k: v for k, v in a.items() if k != "return_indices"}
+    try:  # the forward validates every argument as torch does, and gives the output's shape (and indices)
+        if op.startswith("max_pool"):
+            y, idx = getattr(refkern, op)(**fwd, return_indices=True)
+        else:
+            y, idx = getattr(refkern, op)(**fwd), None
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{who}: {str(exc)}") from None
+    x, X, lead = pool._pool_input(op, a["input"], nd)
+    _check_grad(op, g, tuple(y.shape), a["input"], "input", who)
+    og = operand(g, "grad_output", who)
+    P, H, W = X.shape
+    G = np.ascontiguousarray(np.asarray(og.values, np.float64).reshape(P, -1, int(y.shape[-1])))
+    c = _PoolCall(G, H, W, tuple(x.shape), x.fmt, x.torch or og.torch)
+    if idx is not None:
+        c.idx = np.asarray(idx).reshape(G.shape)
+        return c
+    if op.startswith("adaptive"):
+        osz = G.shape[1:]
+        c.spans = [[(i * size // o, -(-(i + 1) * size // o), -(-(i + 1) * size // o) - i * size // o)
+                    for i in range(o)] for size, o in zip((H, W), osz)]  # fmt: skip
+        return c
+    k, st, pd, _, ceil_mode = pool._geometry(op, nd, a["kernel_size"], a["stride"], a["padding"], 1, a["ceil_mode"])
+    k, st, pd = pool._lift(k, 1), pool._lift(st, 1), pool._lift(pd, 0)
+    spans = []
+    for ax, size in enumerate((H, W)):
+        spans.append([])
+        for o in range(G.shape[1 + ax]):  # the forward's windows and divisors (refkern.kernels.pool._avg_pool)
+            start = o * st[ax] - pd[ax]
+            end = min(start + k[ax], size + pd[ax])
+            lo, hi = max(start, 0), min(end, size)
+            spans[-1].append((lo, hi, end - start if a["count_include_pad"] else hi - lo))
+    c.spans = spans
+    c.dconst = int(a.get("divisor_override") or 0)
+    return c
+
+
+def _pool_grads(c: _PoolCall):
+    from refkern.kernels.pool_backward import avg_pool_backward, max_pool_backward
+
+    if c.idx is not None:
+        return max_pool_backward(c.G, c.idx, c.H, c.W, c.fmt)
+    return avg_pool_backward(c.G, c.spans, c.dconst, c.H, c.W, c.fmt)
+
+
+def _pool(op, g, a, wrt, who):
+    from refkern.kernels._common import deliver
+
+    c = _pool_call(op, g, a, who)
+    return {"input": Adjoint("input", op, (), compute=lambda: deliver(_pool_grads(c)[0].reshape(c.shape), c.fmt,
+                                                                       c.as_tensor))}  # fmt: skip
+
+
+def _pool_report(op, got, g, a, who):
+    """compare_backward's Report for a pooling's gradient, judged by its envelope."""
+    from refkern.analysis._envelope_backward import pool_bound
+    from refkern.analysis.compare import _actual
+
+    c = _pool_call(op, g, a, who)
+    act, afmt, device = _actual(got)
+    if afmt.name != c.fmt.name:
+        raise TypeError(f"{who}: the gradient of input must have the dtype of input, {c.fmt.name}; got {afmt.name}.")
+    ref, asum, cnt = _pool_grads(c)
+    b = pool_bound(asum, cnt, ref, c.fmt, exact_terms=c.idx is not None)
+    n_terms = int(cnt.max()) if cnt.size else 0
+    return _envelope_finish(f"{op} backward (input)", np.asarray(act, np.float64).reshape(c.shape),
+                            ref.reshape(c.shape), b.reshape(c.shape), c.fmt, device, n_terms, op)  # fmt: skip
+
+
 def _bind_nd(fn, nd):
     return lambda op, g, a, wrt, who: fn(nd, op, g, a, wrt, who)
 
@@ -1052,9 +1160,11 @@ _BUILDERS = {
     "rms_norm": (_norm, ("input", "weight")),
     "group_norm": (_norm, ("input", "weight", "bias")),
     "batch_norm": (_norm, ("input", "weight", "bias")),
+    **{f"{kind}{d}d": (_pool, ("input",)) for kind in ("avg_pool", "max_pool", "adaptive_avg_pool") for d in (1, 2)},
 }
 ENVELOPE_OPS = ("softmax", "log_softmax")  # judged by worst-case envelopes (refkern.analysis._envelope_backward)
-NORM_OPS = ("layer_norm", "rms_norm", "group_norm", "batch_norm")  # judged by the norm gradients' envelopes (same module)
+NORM_OPS = ("layer_norm", "rms_norm", "group_norm", "batch_norm")  # judged by the norm envelopes (same module)
+POOL_OPS = tuple(f"{k}{d}d" for k in ("avg_pool", "max_pool", "adaptive_avg_pool") for d in (1, 2))  # pool_bound
 _RANK = {"exact": 0, "rounding": 1, "reduced-precision": 2, "mismatch": 3}  # a better fit ranks lower
 OPS = tuple(_BUILDERS)
 
@@ -1105,7 +1215,8 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     """Exact gradients of ``op(*args, **kwargs)`` for ``grad_output``: ``{argument name: gradient}``.
 
     ``op``: "linear", "matmul", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm"
+    "conv_transpose3d", "softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm",
+    "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d"
     (or the refkern function); the
     arguments are exactly the op's (same names: ``x``/``weight``/``bias``, ``a``/``b``,
     ``input``/``weight``/``bias``, ``input``/``dim``, ``input``/``normalized_shape``/``weight``/``bias``/``eps``), and
@@ -1120,7 +1231,8 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     kernel (:mod:`refkern.gradients`), so the guarantee is the forward kernels' own. softmax and
     log_softmax: the real-valued derivative of the definition at the given inputs, ``y_i (g_i -
     sum_j g_j y_j)`` and ``g_i - y_i sum_j g_j`` with ``y`` the exact softmax, rounded once
-    (:mod:`refkern.kernels.softmax_backward`; ``dtype=`` is refused). layer_norm and rms_norm: with
+    (:mod:`refkern.kernels.softmax_backward`; with ``dtype=``, at the input converted to that dtype, rounded
+    once to the input's dtype, as autograd converts the gradient back). layer_norm and rms_norm: with
     ``r = (var + eps)**(-1/2)`` (exact mean, biased variance; rms_norm: ``mean(x**2)``, no centring),
     ``xhat = (x - mean) r`` and ``gw = grad_output * weight``, ``grad_input = r (gw - mean(gw) - xhat
     mean(gw xhat))`` (no ``mean(gw)`` for rms_norm), ``grad_weight`` and ``grad_bias`` the sums over
@@ -1130,6 +1242,9 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     ``training=True``: the same over each channel's (N, spatial) elements (the gradient flows through
     the batch statistics); with ``training=False``: the affine map of the running statistics, ``g w /
     sqrt(rv + eps)``, ``sum g (x - rm) / sqrt(rv + eps)``, ``sum g`` (:mod:`refkern.kernels.batch_norm_backward`).
+    Poolings: each element of grad_input the exact sum of ``g_o / d_o`` over the average windows that
+    hold it, or of ``g_o`` over the windows whose selected maximum it is (torch's CPU choice: the first of
+    equal maxima), rounded once (:mod:`refkern.kernels.pool_backward`).
 
     A convolution with ``padding_mode`` "reflect", "replicate" or "circular": the gradient of ``x``
     folds the padded border back onto the input, each element one exact sum of every product that
@@ -1173,6 +1288,9 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
             raise ValueError(
                 f"compare_backward: the gradient of {k} must have the shape of {k}, {want}; got shape {_shape(got)}."
             )
+        if adj[k].op in POOL_OPS:
+            out[k] = _pool_report(adj[k].op, got, grad_output, bound, "compare_backward")
+            continue
         if adj[k].op in NORM_OPS:
             out[k] = _norm_report(adj[k].op, k, got, grad_output, bound, "compare_backward")
             continue

@@ -136,6 +136,9 @@ __all__ = [
     "BATCH_INPUT_ROUNDINGS",
     "EVAL_INPUT_ROUNDINGS",
     "batch_norm_eval_bound",
+    "pool_bound",
+    "converted_bound",
+    "POOL_TERM_ROUNDINGS",
 ]
 
 PRODUCT_ROUNDINGS = 3  #: softmax: g_i - D^, the product by y^_i, and the expanded form's second product
@@ -146,7 +149,8 @@ EVAL_SLACK = 1.0 + 2.0**-40  #: the bound's own float64 evaluation
 INPUT_ROUNDINGS = 8  #: norm grad_input: at most seven roundings compound on one term of torch's form, plus one
 XHAT_ROUNDINGS = 3  #: norm xhat^: the products x rstd^ and mean^ rstd^ (or x - mean^ and the product), the difference
 NORM_SECOND_ORDER = 8  #: norms: at most eight roundings compound on one path: (1 + 8 ua) covers their products
-BLOCK_ROUNDINGS = 3  #: group_norm's raw block form: db mean^, ds - db mean^, the product by rstd^ (beyond the block's sums)
+BLOCK_ROUNDINGS = 3  #: group_norm's raw block form beyond its sums: db mean^, ds - db mean^, the product by rstd^
+POOL_TERM_ROUNDINGS = 2  #: an average's gradient term g / d: one division, or a reciprocal and a product
 EVAL_INPUT_ROUNDINGS = 2  #: batch_norm eval grad_input: g invstd^ w, two products in either order
 BATCH_INPUT_ROUNDINGS = 9  #: batch_norm grad_input: eight roundings compound on the (x - mean^) k term, plus one
 
@@ -389,3 +393,63 @@ def batch_norm_eval_bound(name: str, X: np.ndarray, G: np.ndarray, W, RM, RV, ep
         B = B * EVAL_SLACK
         B = np.where(np.isnan(B), np.inf, B)
         return np.where(bad | ~np.isfinite(refm), 0.0, B)
+
+
+def pool_bound(asum: np.ndarray, cnt: np.ndarray, ref: np.ndarray, out: Format, exact_terms: bool) -> np.ndarray:
+    """The envelope of a pooling's grad_input around ``ref`` (its correctly rounded value), from each
+    element's ``asum = sum|t|`` over its ``cnt = k`` terms (:mod:`refkern.kernels.pool_backward`), for
+    results in ``out``; ``exact_terms``: a maximum's terms ``t = g`` (no rounding), else an average's
+    ``t = g / d``.
+
+    What a correct backward computes: every term, then their sum in any order, in the working precision
+    ``ua`` (float32 for float16/bfloat16/float32 results, float64 for float64), each operation possibly
+    also stored in a half result format (torch's CPU kernels add ``g / d`` into the gradient tensor
+    itself: ``uc = ua + u_m`` per operation, ``u_m`` the half format's unit, 0 otherwise).
+
+    1. An average: a term rounds at most POOL_TERM_ROUNDINGS = 2 times (``g / d``, or ``1 / d`` then the
+       product), and the k - 1 additions once each: at most k + 1 roundings on one path, ``E =
+       gamma_{k+1}(uc) asum + 2 k eta_w`` (``eta_w``: the working format's smallest normal, once per
+       division or product that underflows; additions of subnormals are exact).
+    2. A maximum: the terms are exact, ``E = gamma_{k-1}(uc) asum`` (no term rounds: one term gives 0).
+    3. The store and the centre as the norms' step 6: ``|actual - ref| <= E (1 + F64_SUM (k + 2) 2**-53) +
+       u_o (2 |ref| (1 + 2 u_o) + E) + 2 eta_o``, the first factor for asum's own float64 sum (the terms
+       within 2**-53 each, k - 1 additions), then EVAL_SLACK. Elements whose reference is not finite
+       get 0 (IEEE arithmetic there: only the same value fits)."""
+    from refkern.analysis.envelope import _gamma
+
+    ua = FLOAT64.u if out is FLOAT64 else FLOAT32.u
+    u_m = out.u if out.prec < FLOAT32.prec else 0.0
+    uc = ua + u_m
+    eta_w = 2.0 ** (FLOAT64 if out is FLOAT64 else FLOAT32).emin
+    u_o, eta_o = out.u, 2.0 ** (out.emin - out.prec)
+    k = np.asarray(cnt, np.float64)
+    with np.errstate(all="ignore"):
+        if exact_terms:
+            E = _gamma(np.maximum(k - 1, 0), uc) * asum
+        else:
+            E = _gamma(k + 1, uc) * asum + 2.0 * k * eta_w
+        E = np.where(k == 0, 0.0, E)
+        refm = np.abs(ref)
+        B = E * (1.0 + F64_SUM * (k + 2) * 2.0**-53) + u_o * (2.0 * refm * (1.0 + 2.0 * u_o) + E) + 2.0 * eta_o
+        B = B * EVAL_SLACK
+        B = np.where(np.isnan(B), np.inf, B)
+        return np.where(~np.isfinite(ref), 0.0, B)
+
+
+def converted_bound(b_c: np.ndarray, ref_c: np.ndarray, fmt_c: Format, fmt: Format) -> np.ndarray:
+    """The envelope of a gradient computed in the format ``fmt_c`` (softmax's ``dtype=``) and converted to
+    the input's format ``fmt`` (autograd's conversion back), around the reference rounded once to ``fmt``.
+
+    ``b_c`` bounds ``|v - ref_c|`` for the backend's ``fmt_c`` result v around ``ref_c = RN_c(dx)``, and
+    ``|ref_c - dx| <= u_c |dx| + eta_c``, so ``|v - dx| <= b_c + u_c |dx| + eta_c``; the conversion adds
+    ``u |v| + eta`` (``u``, ``eta``: the unit and half the smallest subnormal of fmt; 0 when it widens,
+    which is exact, and the bound still holds), the reference ``RN(dx)`` is within ``u |dx| + eta``:
+    ``|actual - ref| <= (b_c + u_c |dx| + eta_c) (1 + u) + 2 u |dx| + 2 eta``, with ``|dx| <= |ref_c| (1 +
+    2 u_c) + 2 eta_c``; then EVAL_SLACK. Where ``b_c`` is 0 (no real value: IEEE rows), 0."""
+    u_c, eta_c = fmt_c.u, 2.0 ** (fmt_c.emin - fmt_c.prec)
+    u, eta = fmt.u, 2.0 ** (fmt.emin - fmt.prec)
+    with np.errstate(all="ignore"):
+        dx = np.abs(ref_c) * (1.0 + 2.0 * u_c) + 2.0 * eta_c
+        B = ((b_c + u_c * dx + eta_c) * (1.0 + u) + 2.0 * u * dx + 2.0 * eta) * EVAL_SLACK
+        B = np.where(np.isnan(B), np.inf, B)
+        return np.where(b_c == 0, 0.0, B)

@@ -52,8 +52,8 @@ _FAST, _EXACT, _SPECIAL = 0, 1, 2  # row status
 @jit(parallel=True)
 def _fast_rows(X, G, W, center, eps, prec, emin, emax, gin, xh, exh, status):
     """Float64 pass over the rows of X (R, n) with grad_output G (R, n) and weight W (P, n) (row r uses
-    ``W[r % P]``; ones when absent): gin[r, j] = RN(grad_input) or NaN (undecided), xh/exh = xhat and its error bound (for
-    grad_weight), status[r] = 0 (fast), 1 (exact path for the row), 2 (IEEE path).
+    ``W[r % P]``; ones when absent): gin[r, j] = RN(grad_input) or NaN (undecided), xh/exh = xhat and its
+    error bound (for grad_weight), status[r] = 0 (fast), 1 (exact path for the row), 2 (IEEE path).
 
     Bounds (``u = 2**-53``, every float64 operation charged ``u |result|``, every product also TINY
     for underflow): ``r`` and ``delta = mean - c`` as in the forward (``e_r``, ``e_d``, each low part

@@ -252,6 +252,11 @@ def _softmax_backward(name, G, og, a, wrt):
     from refkern.kernels._common import deliver
 
     x, ox = _values(a["input"], "input", "truth.backward")
+    if a.get("dtype") is not None:  # torch's input.to(dtype) first: the gradient at the converted input
+        from refkern._arrays import format_of
+        from refkern.truth.softmax import _convert
+
+        x = _convert(x.reshape(-1), ox.fmt, format_of(a["dtype"], "dtype", "truth.backward")).reshape(x.shape)
     dim = a["dim"] % max(x.ndim, 1)
     xs = np.moveaxis(x.reshape(x.shape or (1,)), dim, -1)
     gs = np.moveaxis(G.reshape(x.shape or (1,)), dim, -1)
@@ -523,6 +528,94 @@ def _batch_eval_rows(X, Gc, Wr, rm, rv, eps, ox, a, wrt):
     return out
 
 
+def _pool_backward(name, G, og, a, wrt):
+    """Pooling gradients from the definitions, term by term: an average's window o (torch's: start
+    ``o s - p``, end ``min(start + k, L + p)``, divisor its count with or without the padded positions,
+    or divisor_override; adaptive: ``floor(o L / O)`` to ``ceil((o + 1) L / O)``) puts ``g_o / d_o`` on
+    each input position inside it; a maximum's window puts ``g_o`` on its first maximum in row-major
+    tap order (the running maximum starts at -inf and is replaced by a larger value or a NaN; the first
+    tap inside the input when nothing replaces it). Each element's terms are summed as Fractions and
+    rounded once (mpmath); +0 for a zero sum; terms with a NaN or an infinity: IEEE float64 in output
+    order."""
+    from refkern.kernels._common import deliver
+    from refkern.truth.softmax import _decide, _ivq
+
+    x, ox = _values(a["input"], "input", "truth.backward")
+    nd = 2 if name.endswith("2d") else 1
+    H, W = (x.shape[-2], x.shape[-1]) if nd == 2 else (1, x.shape[-1])
+    X = x.reshape(-1, H, W)
+    OW = G.shape[-1]
+    OH = G.shape[-2] if nd == 2 else 1
+    Gp = G.reshape(-1, OH, OW)
+
+    def pair(v, default, one):  # an int or tuple as (H, W) values, a 1-d one lifted with ``one``
+        v = default if v is None or (isinstance(v, (tuple, list)) and len(v) == 0) else v
+        t = tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd
+        t = t * (nd // len(t))
+        return (one, *t) if nd == 1 else t
+
+    terms = {}  # (plane, h, w) -> [(g, d)]
+
+    def put(p, h, w, g, d):
+        terms.setdefault((p, h, w), []).append((float(g), d))
+
+    if name.startswith("adaptive"):
+        for p in range(X.shape[0]):
+            for i in range(OH):
+                for j in range(OW):
+                    hs, he = i * H // OH, -(-(i + 1) * H // OH)
+                    ws, we = j * W // OW, -(-(j + 1) * W // OW)
+                    for h in range(hs, he):
+                        for w in range(ws, we):
+                            put(p, h, w, Gp[p, i, j], (he - hs) * (we - ws))
+    elif name.startswith("avg_pool"):
+        k = pair(a["kernel_size"], None, 1)
+        st = pair(a["stride"], a["kernel_size"], 1)
+        pd = pair(a["padding"], 0, 0)
+        over = a.get("divisor_override")
+        for p in range(X.shape[0]):
+            for i in range(OH):
+                for j in range(OW):
+                    sh, sw = i * st[0] - pd[0], j * st[1] - pd[1]
+                    eh, ew = min(sh + k[0], H + pd[0]), min(sw + k[1], W + pd[1])
+                    if a["count_include_pad"]:
+                        cnt = (eh - sh) * (ew - sw)
+                    else:
+                        cnt = (min(eh, H) - max(sh, 0)) * (min(ew, W) - max(sw, 0))
+                    for h in range(max(sh, 0), min(eh, H)):
+                        for w in range(max(sw, 0), min(ew, W)):
+                            put(p, h, w, Gp[p, i, j], over or cnt)
+    else:
+        k = pair(a["kernel_size"], None, 1)
+        st = pair(a["stride"], a["kernel_size"], 1)
+        pd = pair(a["padding"], 0, 0)
+        dl = pair(a["dilation"], 1, 1)
+        for p in range(X.shape[0]):
+            for i in range(OH):
+                for j in range(OW):
+                    taps = [(i * st[0] - pd[0] + u * dl[0], j * st[1] - pd[1] + v * dl[1])
+                            for u in range(k[0]) for v in range(k[1])]  # fmt: skip
+                    taps = [(h, w) for h, w in taps if 0 <= h < H and 0 <= w < W]
+                    best, at = -math.inf, taps[0]
+                    for h, w in taps:
+                        v = X[p, h, w]
+                        if v > best or v != v:
+                            best, at = v, (h, w)
+                    put(p, *at, Gp[p, i, j], 1)
+    out = np.zeros(X.shape)
+    for (p, h, w), ts in terms.items():
+        if not all(math.isfinite(g) for g, _ in ts):
+            acc = 0.0
+            with np.errstate(all="ignore"):
+                for g, d in ts:
+                    acc = float(np.float64(acc) + np.float64(g) / np.float64(d))
+            out[p, h, w] = _round_float_to(acc, ox.fmt)
+            continue
+        q = sum((Fraction(g) / d for g, d in ts), Fraction(0))
+        out[p, h, w] = 0.0 if q == 0 else _decide(ox.fmt, lambda q=q: _ivq(q))
+    return {"input": deliver(out.reshape(x.shape), ox.fmt, og.torch or ox.torch)}
+
+
 def _round_float_to(t: float, fmt) -> float:
     """A float64 value (NaN and infinities included) rounded once to fmt."""
     from refkern.truth.softmax import _round_float
@@ -551,6 +644,9 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
     if name in ("softmax", "log_softmax"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _softmax_backward(name, G, og, a, wrt)
+    if name.startswith(("avg_pool", "max_pool", "adaptive_avg_pool")):
+        G, og = _values(grad_output, "grad_output", "truth.backward")
+        return _pool_backward(name, G, og, a, wrt)
     if name in ("layer_norm", "rms_norm", "group_norm", "batch_norm"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         fn = {"group_norm": _group_norm_backward, "batch_norm": _batch_norm_backward}.get(name, _norm_backward)

@@ -1,0 +1,153 @@
+"""The backward of the poolings (avg_pool1d/2d, adaptive_avg_pool1d/2d, max_pool1d/2d), correctly
+rounded: each element of grad_input one exact sum, rounded once to the input's dtype.
+
+* An average's gradient spreads ``g_o / d_o`` over the input positions of window o (d_o its divisor:
+  the forward's, :mod:`refkern.kernels.pool`); an input element sums the terms of every window that
+  holds it (overlapping windows: several), ``grad_input = sum_o g_o / d_o``, a rational.
+* A maximum's gradient goes to the element the forward selected (its returned index: torch's CPU
+  choice, the first of equal maxima in scan order, the last NaN), ``grad_input = sum of g_o`` over the
+  windows whose maximum it is.
+
+Method (Ziv's strategy). A float64 pass (:func:`_scatter`) adds each plane's terms into its input
+elements with TwoSum (Sum2 of Ogita, Rump and Oishi 2005), each term ``t = g / d`` within
+``e_t = u |t| + TINY`` (one float64 division; 0 for a maximum's ``t = g``), so that the cascaded sum
+is within ``e + u |y| + gamma_k**2 a + gamma_k e`` of the exact one (``a = sum|t|``, ``e = sum e_t``,
+``k`` the element's number of terms, ``gamma_k <= 1.01 k u``; Prop. 4.5 of the paper), and
+:func:`~refkern.accumulate.ziv.decide` rounds when that allows. The rest (midpoints, exact zeros,
+extreme magnitudes) are Fraction sums rounded once. An exactly zero sum is +0 (torch adds every term
+to a zeroed gradient); a nonzero sum that rounds to zero keeps its sign. An element whose terms hold
+a NaN or an infinity follows IEEE float64 arithmetic on the terms in scan order.
+"""
+
+from fractions import Fraction
+
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate.eft import two_sum
+from refkern.accumulate.formats import round_array
+from refkern.accumulate.ziv import decide, round_fraction
+
+__all__ = ["avg_pool_backward", "max_pool_backward"]
+
+U = 2.0**-53  #: float64's unit roundoff
+TINY = 2.0**-1074  #: what a float64 division that underflows loses at most
+
+
+@jit(parallel=True)
+def _scatter(G, h0, h1, dh, w0, w1, dw, dconst, idx, is_max, H, W, prec, emin, emax, out, asum, cnt, ieee):
+    """Per plane p of G (P, OH, OW): out[p] (P, H * W) = RN(sum of the terms reaching each input element)
+    or NaN (undecided); asum/cnt: sum|t| and the number of terms per element; ieee: the plain float64
+    sum of the terms in scan order (for elements with a NaN or an infinity). Averages: window (i, j)
+    covers rows [h0[i], h1[i]) and columns [w0[j], w1[j]) with divisor dconst (nonzero) or dh[i] dw[j];
+    maxima (``is_max``): the term of (i, j) goes to idx[p, i, j]. Bounds: module docstring."""
+    P, OH, OW = G.shape
+    n = H * W
+    for p in prange(P):
+        s = np.zeros(n)
+        c = np.zeros(n)
+        e = np.zeros(n)
+        for i in range(OH):
+            for j in range(OW):
+                g = G[p, i, j]
+                if is_max:
+                    k = idx[p, i, j]
+                    s[k], q = two_sum(s[k], g)
+                    c[k] += q
+                    asum[p, k] += abs(g)
+                    cnt[p, k] += 1
+                    ieee[p, k] += g
+                    continue
+                d = dconst if dconst != 0.0 else np.float64(dh[i] * dw[j])
+                t = g / d
+                et = U * abs(t) + TINY  # one division: exact when d is a power of two, charged anyway
+                for a in range(h0[i], h1[i]):
+                    for b in range(w0[j], w1[j]):
+                        k = a * W + b
+                        s[k], q = two_sum(s[k], t)
+                        c[k] += q
+                        e[k] += et
+                        asum[p, k] += abs(t)
+                        cnt[p, k] += 1
+                        ieee[p, k] += t
+        for k in range(n):
+            y = s[k] + c[k]
+            gam = 1.01 * cnt[p, k] * U
+            err = e[k] + U * abs(y) + gam * gam * asum[p, k] + gam * e[k]
+            v = np.nan
+            if abs(asum[p, k]) < np.inf:
+                v = decide(y, 0.0, err * (1.0 + 2.0**-40), prec, emin, emax)
+            out[p, k] = v if v != 0.0 else np.nan  # an exact zero (+0) or a sign: the exact path decides
+
+
+def _finish(G, fmt, H, W, terms, out, cnt, ieee):
+    """The undecided elements: a NaN or an infinity among their terms (IEEE float64 sum in scan order,
+    rounded), else the exact Fraction sum of ``terms(p, k)`` (pairs (g, d): g / d) rounded once; +0 for
+    an exactly zero sum or no term."""
+    for p, k in zip(*np.nonzero(np.isnan(out))):
+        if cnt[p, k] == 0:
+            out[p, k] = 0.0
+            continue
+        pairs = terms(p, k)
+        if not all(np.isfinite(g) for g, _ in pairs):
+            out[p, k] = round_array(np.array([ieee[p, k]]), *fmt.params)[0]
+            continue
+        q = sum((Fraction(float(g)) / d for g, d in pairs), Fraction(0))
+        out[p, k] = 0.0 if q == 0 else round_fraction(q, fmt)
+    return out
+
+
+def avg_pool_backward(G, spans, dconst: int, H: int, W: int, fmt):
+    """grad_input (P, H, W) of an average pooling with grad_output planes G (P, OH, OW) float64, per
+    dimension the windows ``spans = [[(lo, hi, count) per output row], [... per output column]]`` (the
+    forward's, :mod:`refkern.kernels.pool`), divisor ``dconst`` (nonzero: divisor_override) or
+    ``count_h * count_w``; returns (grad_input float64 values of fmt, sum|t|, number of terms), each
+    (P, H, W)."""
+    (h0, h1, dh), (w0, w1, dw) = (tuple(np.asarray(v, np.int64) for v in zip(*sp)) for sp in spans)
+    P = G.shape[0]
+    out = np.full((P, H * W), np.nan)
+    asum = np.zeros((P, H * W))
+    cnt = np.zeros((P, H * W), np.int64)
+    ieee = np.zeros((P, H * W))
+    G = np.ascontiguousarray(G, np.float64)
+    if P and G.size:
+        _scatter(G, h0, h1, dh, w0, w1, dw, float(dconst), np.zeros((1, 1, 1), np.int64), False, H, W,
+                 *fmt.params, out, asum, cnt, ieee)  # fmt: skip
+        if float(dconst) != dconst:  # a divisor_override beyond float64's integers: every element exactly
+            out[cnt > 0] = np.nan
+    else:
+        out[:] = 0.0
+
+    def terms(p, k):
+        a, b = divmod(int(k), W)
+        rows = [i for i in range(h0.size) if h0[i] <= a < h1[i]]
+        cols = [j for j in range(w0.size) if w0[j] <= b < w1[j]]
+        return [(G[p, i, j], dconst or int(dh[i] * dw[j])) for i in rows for j in cols]
+
+    _finish(G, fmt, H, W, terms, out, cnt, ieee)
+    return out.reshape(P, H, W), asum.reshape(P, H, W), cnt.reshape(P, H, W)
+
+
+def max_pool_backward(G, idx, H: int, W: int, fmt):
+    """grad_input (P, H, W) of a max pooling: grad_output planes G (P, OH, OW) float64 scattered to the
+    forward's flat indices ``idx`` (P, OH, OW) in each (H, W) plane, every element's terms summed
+    exactly and rounded once; returns (grad_input, sum|g|, number of terms), each (P, H, W)."""
+    P = G.shape[0]
+    out = np.full((P, H * W), np.nan)
+    asum = np.zeros((P, H * W))
+    cnt = np.zeros((P, H * W), np.int64)
+    ieee = np.zeros((P, H * W))
+    G = np.ascontiguousarray(G, np.float64)
+    idx = np.ascontiguousarray(idx, np.int64)
+    z = np.zeros(1, np.int64)
+    if P and G.size:
+        _scatter(G, z, z, z, z, z, z, 0.0, idx, True, H, W, *fmt.params, out, asum, cnt, ieee)
+    else:
+        out[:] = 0.0
+
+    def terms(p, k):
+        return [(g, 1) for g, at in zip(G[p].ravel().tolist(), idx[p].ravel().tolist()) if at == k]
+
+    _finish(G, fmt, H, W, terms, out, cnt, ieee)
+    return out.reshape(P, H, W), asum.reshape(P, H, W), cnt.reshape(P, H, W)

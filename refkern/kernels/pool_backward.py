@@ -13,7 +13,9 @@ elements with TwoSum (Sum2 of Ogita, Rump and Oishi 2005), each term ``t = g / d
 ``e_t = u |t| + TINY`` (one float64 division; 0 for a maximum's ``t = g``), so that the cascaded sum
 is within ``e + u |y| + gamma_k**2 a + gamma_k e`` of the exact one (``a = sum|t|``, ``e = sum e_t``,
 ``k`` the element's number of terms, ``gamma_k <= 1.01 k u``; Prop. 4.5 of the paper), and
-:func:`~refkern.accumulate.ziv.decide` rounds when that allows. The rest (midpoints, exact zeros,
+:func:`~refkern.accumulate.ziv.decide` rounds when that allows; a maximum's sum whose every TwoSum error
+is zero is the exact sum itself, rounded once directly (two float32 gradients often sum to a float32
+midpoint, which no bound decides). The rest (midpoints, exact zeros,
 extreme magnitudes) are Fraction sums rounded once. An exactly zero sum is +0 (torch adds every term
 to a zeroed gradient); a nonzero sum that rounds to zero keeps its sign. An element whose terms hold
 a NaN or an infinity follows IEEE float64 arithmetic on the terms in scan order.
@@ -26,7 +28,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.eft import two_sum
-from refkern.accumulate.formats import round_array
+from refkern.accumulate.formats import round_array, round_to
 from refkern.accumulate.ziv import decide, round_fraction
 
 __all__ = ["avg_pool_backward", "max_pool_backward"]
@@ -48,6 +50,7 @@ def _scatter(G, h0, h1, dh, w0, w1, dw, dconst, idx, is_max, H, W, prec, emin, e
         s = np.zeros(n)
         c = np.zeros(n)
         e = np.zeros(n)
+        exact = np.ones(n, np.bool_)  # a maximum's sum with every TwoSum error zero: s is the exact sum
         for i in range(OH):
             for j in range(OW):
                 g = G[p, i, j]
@@ -55,6 +58,8 @@ def _scatter(G, h0, h1, dh, w0, w1, dw, dconst, idx, is_max, H, W, prec, emin, e
                     k = idx[p, i, j]
                     s[k], q = two_sum(s[k], g)
                     c[k] += q
+                    if q != 0.0:
+                        exact[k] = False
                     asum[p, k] += abs(g)
                     cnt[p, k] += 1
                     ieee[p, k] += g
@@ -72,6 +77,12 @@ def _scatter(G, h0, h1, dh, w0, w1, dw, dconst, idx, is_max, H, W, prec, emin, e
                         cnt[p, k] += 1
                         ieee[p, k] += t
         for k in range(n):
+            if cnt[p, k] == 0:  # no window reaches it (or selects it): +0, as torch's zeroed gradient
+                out[p, k] = 0.0
+                continue
+            if is_max and exact[k] and abs(s[k]) < np.inf:  # the exact sum itself: one rounding, ties included
+                out[p, k] = round_to(s[k], prec, emin, emax)
+                continue
             y = s[k] + c[k]
             gam = 1.01 * cnt[p, k] * U
             err = e[k] + U * abs(y) + gam * gam * asum[p, k] + gam * e[k]
@@ -146,8 +157,15 @@ def max_pool_backward(G, idx, H: int, W: int, fmt):
     else:
         out[:] = 0.0
 
-    def terms(p, k):
-        return [(g, 1) for g, at in zip(G[p].ravel().tolist(), idx[p].ravel().tolist()) if at == k]
+    planes = {}
+
+    def terms(p, k):  # the plane's terms grouped by the element they reach, built once per plane
+        if p not in planes:
+            by = {}
+            for g, at in zip(G[p].ravel().tolist(), idx[p].ravel().tolist()):
+                by.setdefault(at, []).append((g, 1))
+            planes[p] = by
+        return planes[p].get(int(k), [])
 
     _finish(G, fmt, H, W, terms, out, cnt, ieee)
     return out.reshape(P, H, W), asum.reshape(P, H, W), cnt.reshape(P, H, W)

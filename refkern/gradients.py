@@ -919,7 +919,7 @@ def _group_norm_call(op, g, a, who) -> _NormCall:
     eps = _eps(a["eps"], who)
     fmts = _norm_fmts(a, o, ("weight", "bias"), who)
     shapes = {"input": tuple(o.shape), **{k: (c,) for k in fmts if k != "input"}}
-    rows = (nb * ng, n) if n and nb else (0, 0)
+    rows = (nb * ng, n)
     X = np.ascontiguousarray(np.asarray(o.values, np.float64).reshape(rows))
     G = np.ascontiguousarray(np.asarray(og.values, np.float64).reshape(rows))
     W = None if w is None else np.ascontiguousarray(np.repeat(w, hw).reshape(ng, n))
@@ -929,7 +929,7 @@ def _group_norm_call(op, g, a, who) -> _NormCall:
 
     tensor = o.torch or og.torch or any(is_tensor(a.get(k)) for k in ("weight", "bias"))
     half = o.fmt.prec < 24
-    return _NormCall(X, G, W, True, eps, fmts, shapes, tensor, regroup if n and nb else None,
+    return _NormCall(X, G, W, True, eps, fmts, shapes, tensor, regroup,
                      bound_kw={"regroup": regroup, "block": hw, "stored_sums": half, "half_sums": False})  # fmt: skip
 
 

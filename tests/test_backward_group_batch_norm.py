@@ -356,3 +356,27 @@ def test_check_judges_group_and_batch_norm_gradients():
         res = rkt.check(m, x.bfloat16() if isinstance(m, torch.nn.GroupNorm) else x, devices=["cpu"], backward=True)
         assert len(res.grads) == 3, m
         assert all(r.report is not None and r.report.verdict in ("exact", "rounding") for r in res.grads), m
+
+
+def test_mixed_precision_and_empty_batches():
+    """A half input with float32 parameters and running statistics (autocast's BatchNorm, a float32
+    GroupNorm on bfloat16 activations): each gradient in its argument's dtype, judged without a false
+    alarm; an empty batch gives empty and zero gradients, as torch."""
+    gen = torch.Generator().manual_seed(9)
+    x = (torch.randn(4, 6, 5, generator=gen) * 3 + 2).bfloat16()
+    g = torch.randn(4, 6, 5, generator=gen).bfloat16()
+    w, b = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    rm, rv = torch.randn(6, generator=gen), torch.rand(6, generator=gen) + 0.5
+    for op, args, kw in (("batch_norm", (rm, rv, w, b), {"training": True}),
+                         ("batch_norm", (rm, rv, w, b), {"training": False}), ("group_norm", (3, w, b), {})):  # fmt: skip
+        got = _torch_grads(op, g, x, args, kw)
+        assert got["input"].dtype == torch.bfloat16 and got["weight"].dtype == torch.float32
+        for k, rep in rk.compare_backward(got, op, g, x, *args, **kw).items():
+            assert rep.verdict in ("exact", "rounding"), (op, kw, k, rep.max_bound_ratio)
+        ref = rk.backward(op, g, x, *args, **kw)
+        assert ref["input"].dtype == torch.bfloat16 and ref["weight"].dtype == ref["bias"].dtype == torch.float32
+    e = torch.zeros(0, 4, 3)
+    for op, args, kw in (("group_norm", (2, torch.ones(4), torch.ones(4)), {}),
+                         ("batch_norm", (torch.zeros(4), torch.ones(4), torch.ones(4), None), {"training": False})):  # fmt: skip
+        out = rk.backward(op, e, e, *args, **kw)
+        assert out["input"].shape == (0, 4, 3) and torch.equal(out["weight"], torch.zeros(4))

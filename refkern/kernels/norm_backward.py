@@ -327,7 +327,7 @@ def norm_backward_rows(X, G, W, center: bool, eps: float, fmts: dict, wrt, force
     float64 array of values of ``fmts[name]``: {"input": (R, n), "weight": (C,), "bias": (C,)}."""
     R, n = X.shape
     out = {}
-    Wk = np.ones((1, n)) if W is None else np.ascontiguousarray(np.asarray(W, np.float64).reshape(-1, n))
+    Wk = np.ones((1, n)) if W is None or n == 0 else np.ascontiguousarray(np.asarray(W, np.float64).reshape(-1, n))
     Wr = Wk[np.arange(R) % Wk.shape[0]] if R and n else np.ones((R, n))  # one weight row per row
     X = np.ascontiguousarray(X, np.float64)
     G = np.ascontiguousarray(G, np.float64)

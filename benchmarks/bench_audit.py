@@ -236,6 +236,13 @@ def main():
                 f"{warm - base:5.1f} (warm-up: kernels loaded) + {fwd:5.1f} (the forward) = {top:6.1f} peak{again}"
             )
         print(f"{r['model']} sample={r['sample']}: {r['sampled_summary']}")
+    for r in rows:
+        for k in ("eager", "audit", "sampled"):
+            if r[f"{k}_compiled"]:
+                print(f"WARNING: {r['model']} {k}: numba compiled {r[f'{k}_compiled']} kernels in the measured process "
+                      "even on its second run (their source files changed in between: a working tree being edited); "
+                      "its heap holds their compiled modules, not the steady state this benchmark measures. Run it "
+                      "on a checkout nobody edits.")  # fmt: skip
     r = rows[0]
     if not a.quick:
         ok_t = "met" if r["audit_s"] <= 60 else "MISSED"

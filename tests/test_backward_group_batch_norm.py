@@ -314,6 +314,33 @@ def test_envelope_constants_by_hand():
     assert got[0] == pytest.approx(want, rel=1e-12)
 
 
+def test_group_norm_weight_envelope_by_hand():
+    """One float32 group of two elements x = (-1, 1) (mean 0, var 1, eps 0: r = 1), g = (2, 3): grad_weight's
+    envelope in the raw block form (block = 2, opmath sums) written out step by step (module docstring of
+    _envelope_backward, steps 1 and 4 with the block's gamma_{hw+3})."""
+    import math
+
+    u = 2.0**-24
+
+    def gamma(k, uu):
+        return k * uu / (1 - k * uu) * (1 + 4 * k * uu)
+
+    dmu = gamma(2, u) * 1.0  # gamma_n A, A = mean|x| = 1
+    e_m2 = gamma(5, u) * math.sqrt(2.0) * math.sqrt(2.0) + 2 * dmu**2 + 2 * 2.0**-149
+    e_w = e_m2 / 2 + u * 1.0 + u * 1.0  # e_v = e_m2 / n + ua var, e_w = e_v + ua z
+    e_r = max(1 / math.sqrt(1 - e_w) - 1, 1 - 1 / math.sqrt(1 + e_w)) + 2 * u
+    R1, D, xm = 1 + e_r, 1 + dmu, 1 + dmu  # |d| = |x| = 1, mu = 0
+    e_xh = e_r * D + dmu + gamma(2 + 3, u) * R1 * xm
+    E = 5.0 * e_xh + gamma(2, u) * 5.0 * (1 + e_xh) + 2 * 2 * 2.0**-126
+    ref = 1.0  # -2 + 3
+    want = (E * (1 + 8 * u) + u * (2 * ref * (1 + 2 * u) + E) + 2 * 2.0**-150) * (1 + 2.0**-40)
+    fm = {"input": FLOAT32, "weight": FLOAT32}
+    got = envb.norm_bound("group_norm", "weight", np.array([[-1.0, 1.0]]), np.array([[2.0, 3.0]]), None, 0.0,
+                          np.array([ref]), fm, regroup=lambda a: a.reshape(1, 1, 2).transpose(0, 2, 1).reshape(2, 1),
+                          block=2, half_sums=False)  # fmt: skip
+    assert got[0] == pytest.approx(want, rel=1e-9)
+
+
 def test_errors():
     x, g = torch.randn(2, 4, 3), torch.randn(2, 4, 3)
     with pytest.raises(ValueError, match=r"^backward: the 4 channels of input must divide into num_groups=3"):

@@ -23,10 +23,11 @@ class ConvNet(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
         self.bn = nn.BatchNorm2d(4)
-        self.fc = nn.Linear(4 * 5 * 5, 3)
+        self.pool = nn.MaxPool2d(2, ceil_mode=True)
+        self.fc = nn.Linear(4 * 3 * 3, 3)
 
     def forward(self, x):
-        return self.fc(torch.flatten(torch.relu(self.bn(self.conv(x))), 1))
+        return self.fc(torch.flatten(self.pool(torch.relu(self.bn(self.conv(x)))), 1))
 
 
 class Attention(nn.Module):
@@ -77,6 +78,8 @@ def test_conv_bn_linear_backward_is_judged(convnet):
             assert names[f"ConvNet.bn (backward: grad_{param})"].aten == "aten.native_batch_norm_backward.default"
     if "batch_norm" not in OPS:
         assert a.unchecked.get("native_batch_norm_backward") == 1, a.report()
+    if "max_pool2d" in OPS:
+        assert names["ConvNet.pool (backward: grad_input)"].op == "max_pool2d backward"
     assert names["ConvNet.conv (backward: grad_input)"].report is not None  # x requires grad: grad_x too
     assert names["ConvNet.fc (backward: grad_weight)"].op == "matmul"  # the mm of the gradient, its own inputs
     assert names["ConvNet.fc (backward: grad_bias)"].op == "sum"
@@ -84,7 +87,7 @@ def test_conv_bn_linear_backward_is_judged(convnet):
     conv = [c for c in back if c.aten == "aten.convolution_backward.default"]
     assert len(conv) == 3 and len({c.group for c in conv}) == 1 and a.counts["convolution_backward"] == [1, 0]
     bw_checked, bw_unchecked = a.phases["backward"]
-    assert bw_checked >= 5  # conv's (bn's) backward kernels, fc's mm x2 and sum, relu's threshold_backward
+    assert bw_checked >= 5  # conv's (bn's, the pool's) backward kernels, fc's mm x2 and sum, relu's threshold_backward
     assert sum(a._verdicts().values()) == a.n_checked  # verdicts count ops, not rows
     assert f", {bw_checked} of {bw_checked + bw_unchecked} in the backward pass" in a.summary()
     for name, n in a.unchecked.items():  # whatever has no reference yet is listed, with its reason

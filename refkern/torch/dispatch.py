@@ -384,7 +384,8 @@ _MAP = {"convolution": _conv, "_convolution": _conv, "mm": _mm, "bmm": _mm, "mv"
 # receive (``eps`` of a norm; the input of a softmax, whose backward receives its output).
 _BACKWARD = frozenset(
     "convolution_backward native_layer_norm_backward native_group_norm_backward native_batch_norm_backward "
-    "_fused_rms_norm_backward _softmax_backward_data _log_softmax_backward_data".split()
+    "_fused_rms_norm_backward _softmax_backward_data _log_softmax_backward_data max_pool2d_with_indices_backward "
+    "avg_pool2d_backward _adaptive_avg_pool2d_backward".split()
 )  # fmt: skip
 
 # forward aten op -> what its backward needs kept from the forward (see :func:`forward_memo`)
@@ -477,6 +478,8 @@ def backward_call(func, b, memo, present) -> BackwardCall:
             return BackwardCall(unsupported=f"{op} computed in another dtype than its input's (half_to_float)")
         x = x.detach().to("cpu")
         return BackwardCall(op, g, (x,), {"dim": b["dim"]}, [(0, "input")])
+    if name in ("max_pool2d_with_indices_backward", "avg_pool2d_backward", "_adaptive_avg_pool2d_backward"):
+        return _pool_backward(name, b, need)
     eps = memo.get("eps") if memo else None
     if name == "native_batch_norm_backward":
         eps = b["eps"]
@@ -522,6 +525,26 @@ def backward_call(func, b, memo, present) -> BackwardCall:
     return BackwardCall(unsupported=f"{name}: no backward reference in refkern")
 
 
+def _pool_backward(name, b, need):
+    """The pools' backward kernels (1-d pools run as 2-d ones in torch): judged from the input they received
+    (a maximum's gradient goes where refkern's own forward puts the window's maximum)."""
+    x, g = b["self"], b["grad_output"]
+    if name == "_adaptive_avg_pool2d_backward":
+        op, kw = "adaptive_avg_pool2d", dict(output_size=tuple(g.shape[-2:]))
+    elif name == "avg_pool2d_backward":
+        op = "avg_pool2d"
+        kw = dict(kernel_size=_tup(b["kernel_size"]), stride=_tup(b["stride"]) or None, padding=_tup(b["padding"]),
+                  ceil_mode=b["ceil_mode"], count_include_pad=b["count_include_pad"],
+                  divisor_override=b["divisor_override"])  # fmt: skip
+    else:
+        op = "max_pool2d"
+        kw = dict(kernel_size=_tup(b["kernel_size"]), stride=_tup(b["stride"]) or None, padding=_tup(b["padding"]),
+                  dilation=_tup(b["dilation"]), ceil_mode=b["ceil_mode"])  # fmt: skip
+    if need(op):
+        return BackwardCall(unsupported=need(op))
+    return BackwardCall(op, g, (x,), kw, [(0, "input")])
+
+
 # ---------------------------------------------------------------- which gradient an op computes
 
 # The inputs of an autograd node, in its order (its next_functions): the forward op's arguments.
@@ -530,7 +553,9 @@ _EDGES = {"ConvolutionBackward0": ("input", "weight", "bias"), "AddmmBackward0":
           "NativeLayerNormBackward0": ("input", "weight", "bias"),
           "NativeGroupNormBackward0": ("input", "weight", "bias"),
           "NativeBatchNormBackward0": ("input", "weight", "bias"), "FusedRmsNormBackward0": ("input", "weight"),
-          "SoftmaxBackward0": ("input",), "LogSoftmaxBackward0": ("input",)}  # fmt: skip
+          "SoftmaxBackward0": ("input",), "LogSoftmaxBackward0": ("input",),
+          "MaxPool2DWithIndicesBackward0": ("input",), "AvgPool2DBackward0": ("input",),
+          "AdaptiveAvgPool2DBackward0": ("input",)}  # fmt: skip
 # nodes whose backward only moves or restates the gradient: a parameter's gradient passes through
 _PASS = frozenset("TBackward0 TransposeBackward0 PermuteBackward0 ViewBackward0 UnsafeViewBackward0 "
                   "ReshapeAliasBackward0 UnsqueezeBackward0 SqueezeBackward0 SqueezeBackward1 AliasBackward0 "

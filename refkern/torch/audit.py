@@ -183,8 +183,17 @@ class Audit:
       fused kernel (``_transformer_encoder_layer_fwd`` under ``torch.no_grad()``), not looked inside.
       Views, copies, concatenation and constants compute nothing and are not counted.
 
+    ``loss.backward()`` called inside the block is audited too (autograd's engine runs each node's
+    formula as aten ops through the same mode): backward kernels (``convolution_backward``, the
+    norms', softmax's and pools' backward) judged per gradient by :func:`refkern.compare_backward` on
+    the tensors they received, the ``mm``/``sum`` a gradient is made of judged as forward ops, each
+    named by the module whose parameter it is the gradient of ("ResNet.fc (backward: grad_weight)")
+    or whose forward made the autograd node; ``AuditCall.phase`` is "backward" and ``phases`` counts
+    [checked, not checked] per phase (docs/torch.md, "The backward pass").
+
     Each op is analysed as it runs, from its own inputs, and only the verdict is kept: no
-    activation stays alive. ``calls``: one AuditCall per judged op (and per op that could not be
+    activation stays alive (a softmax's input is kept on its autograd node for its backward, where
+    autograd itself keeps only the output). ``calls``: one AuditCall per judged op (and per op that could not be
     analysed, with a note); ``counts``: per op name, [checked, not checked]; ``unchecked``: op name ->
     number of ops not checked; ``first_failure``; ``report()``.
 

@@ -35,6 +35,12 @@ def _f64(t, name, op):
     return None if t is None else np.asarray(operand(t, name, op).values, np.float64)
 
 
+def _exact(t, name, op):
+    """The operand's values as they are held, float32 (fp16, bf16 and fp32 widened exactly) or float64:
+    a norm's input is read element by element by a kernel that widens it to float64 (no copy)."""
+    return operand(t, name, op).values
+
+
 def layout(name: str, a: dict, shape: tuple) -> Layout:
     from refkern.kernels.reduction import _input, reduced_dims, rows_of
 
@@ -62,7 +68,7 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
                       back=lambda b: np.moveaxis(np.asarray(b).reshape(moved.shape), -1, axis) if v.ndim
                       else np.asarray(b).reshape(()))  # fmt: skip
     if name in ("layer_norm", "rms_norm"):
-        x = _f64(a["input"], "input", name)
+        x = _exact(a["input"], "input", name)
         ns = a["normalized_shape"]
         k = 1 if isinstance(ns, (int, np.integer)) else len(tuple(ns))
         n = int(np.prod(x.shape[x.ndim - k :], dtype=np.int64))
@@ -77,7 +83,7 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
                       W=1.0 if w is None else w.reshape(1, n), B=0.0 if b is None else b.reshape(1, n),
                       center=name == "layer_norm", eps=float(eps))  # fmt: skip
     if name == "group_norm":
-        x = _f64(a["input"], "input", name)
+        x = _exact(a["input"], "input", name)
         nb, c = x.shape[:2]
         g = int(a["num_groups"])
         hw = int(np.prod(x.shape[2:], dtype=np.int64))
@@ -92,7 +98,7 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
                       rows=lambda r: np.asarray(r, np.float64).reshape(nb * g, n),
                       W=1.0 if w is None else w, B=0.0 if b is None else b, eps=float(a["eps"]))  # fmt: skip
     if name == "batch_norm":
-        x = _f64(a["input"], "input", name)
+        x = _exact(a["input"], "input", name)
         c = x.shape[1]
         moved_shape = (c, x.shape[0], *x.shape[2:])
         X = np.ascontiguousarray(np.moveaxis(x, 1, 0)).reshape(c, -1)

@@ -10,8 +10,9 @@ from refkern.analysis.bounds import bound1, precision_ratios, working_units
 from refkern.analysis.envelope import OPS as ENVELOPE_OPS
 from refkern.analysis.envelope import envelopes
 from refkern.analysis.evaluate import _bind, op_name, problem
+from refkern.analysis.passes import top_k
 from refkern.analysis.report import VERDICTS, Report, where_summary
-from refkern.analysis.ulp import max_ulp_error, ulp_errors
+from refkern.analysis.ulp import ulp_errors
 from refkern.analysis.verdict import decide, decide_envelope
 
 __all__ = ["compare", "assert_matches_reference", "elements"]
@@ -58,35 +59,10 @@ def _figures(a, ref, mag, n, u_acc, u_out, arrays, err, bound0, r0, scale, prob,
 def _worst(eligible, key, shape):
     """The (at most) ten eligible elements with the largest ``key``, worst first (NaN counts as
     inf; ties: the lower index first): flat indices and multi-indices."""
-    top = _top(np.ascontiguousarray(eligible, np.bool_).reshape(-1), np.ascontiguousarray(key, np.float64).reshape(-1),
-               10)  # fmt: skip
+    top = top_k(np.ascontiguousarray(eligible, np.bool_).reshape(-1), np.ascontiguousarray(key, np.float64).reshape(-1),
+                10)  # fmt: skip
     worst = [tuple(int(i) for i in np.unravel_index(f, shape)) for f in top] if shape else [()] * len(top)
     return top, worst
-
-
-@jit
-def _top(eligible, key, k):
-    """Flat indices of the ``k`` eligible elements with the largest key, largest first, in one pass
-    (an insertion into a list of k; a later element displaces only a strictly smaller key)."""
-    idx = np.empty(k, np.int64)
-    val = np.empty(k)
-    m = 0
-    for i in range(key.size):
-        if not eligible[i]:
-            continue
-        v = key[i]
-        if v != v:
-            v = np.inf
-        if m == k and v <= val[m - 1]:
-            continue
-        j = m if m < k else k - 1
-        while j > 0 and val[j - 1] < v:
-            if j < k:
-                val[j], idx[j] = val[j - 1], idx[j - 1]
-            j -= 1
-        val[j], idx[j] = v, i
-        m = min(m + 1, k)
-    return idx[:m]
 
 
 def _tolerance(err, ref, classes, rtol, atol):
@@ -252,14 +228,17 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
     envs, n = envelopes(name, bound, ref, fmt, lazy=True)
     d = decide_envelope(act, ref, envs, fmt)
     ulps = _ulps(act, ref, fmt) if arrays else None  # else only the max and the worst elements' (no array)
-    r0 = d.fits[0].ratio
+    f0 = d.fits[0]
     counts = {v: int(np.count_nonzero(d.classes == k)) for k, v in enumerate(VERDICTS)}
-    eligible = d.unexplained if d.verdict == "mismatch" else d.fits[0].state != 0  # unequal to the reference
-    top, worst = _worst(eligible, r0, ref.shape)
+    # the ten largest ratios among the elements unequal to the reference come from the fit's own pass; the
+    # unexplained ones (state 3, ratio > 1) are the ones with the largest ratios, so a mismatch's worst lead them
+    top = f0.top[f0.state.reshape(-1)[f0.top] == 3] if d.verdict == "mismatch" else f0.top
+    worst = [tuple(int(i) for i in np.unravel_index(f, ref.shape)) for f in top] if ref.ndim else [()] * len(top)
     top_ulps = ulp_errors(act.reshape(-1)[top], ref.reshape(-1)[top], fmt)
+    top_r = f0.ratio_at(top)
     details = [{"index": list(w), "actual": float(act.reshape(-1)[f]), "reference": float(ref.reshape(-1)[f]),
-                "ulp": float(e), "bound_ratio": float(r0.reshape(-1)[f]), "test_ratio": float(r0.reshape(-1)[f]),
-                "condition": 1.0} for w, f, e in zip(worst, top, top_ulps)]  # fmt: skip
+                "ulp": float(e), "bound_ratio": float(r), "test_ratio": float(r),
+                "condition": 1.0} for w, f, e, r in zip(worst, top, top_ulps, top_r)]  # fmt: skip
     where = {}
     if d.verdict == "mismatch" and ref.ndim:
         where = where_summary(np.argwhere(d.unexplained), ref.shape, tuple(f"dim{i}" for i in range(ref.ndim)))
@@ -282,18 +261,18 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
                      "precision to bound): any value there passes, so a bug there cannot be seen")  # fmt: skip
     rep = Report(
         op=name, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=int(n), verdict=d.verdict,
-        precision=d.precision, max_ulp=max_ulp_error(act, ref, fmt),
-        max_bound_ratio=float(r0.max()) if r0.size else 0.0, max_prob_ratio=float(r0.max()) if r0.size else 0.0,
+        precision=d.precision, max_ulp=f0.max_error_ulps,
+        max_bound_ratio=f0.max_ratio, max_prob_ratio=f0.max_ratio,
         worst=worst, worst_details=details, counts=counts, where=where,
         hypotheses={f.model.key: f.summary(1.0) for f in d.fits},
-        bound_ratios={f.model.key: {"worst_case": float(f.ratio.max(initial=0.0))} for f in d.fits},
+        bound_ratios={f.model.key: {"worst_case": f.max_ratio} for f in d.fits},
         condition={"median": 1.0, "max": 1.0}, tolerance=tol, notes=notes,
         model=d.model.kind if d.model is not None else None, alternatives=sorted(set(d.alternatives)),
         structure=d.structure,
         detectable=d.detectable, thresholds=d.thresholds,
     )  # fmt: skip
     out = {"reference": ref, "actual": act, "error": err, "bound": d.fits[0].bound, "magnitude": np.abs(ref),
-           "ulp": ulps, "scale": d.fits[0].bound, "test_ratio": r0, "report": rep} if arrays else None  # fmt: skip
+           "ulp": ulps, "scale": f0.bound, "test_ratio": f0.ratio, "report": rep} if arrays else None  # fmt: skip
     return rep, out
 
 

@@ -274,7 +274,8 @@ def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out, stor
     gm, gv = (np.broadcast_to(np.asarray(g, np.float64), (R,)).copy() for g in given)
     bound = np.empty((R, n))
     eta = stores * 0.5 * 2.0 ** (out.emin - out.prec + 1)
-    _norm_rows(np.ascontiguousarray(X, np.float64), *(np.broadcast_to(np.asarray(v, np.float64), (R, n)) for v in
+    X = np.ascontiguousarray(X, X.dtype if X.dtype in (np.float32, np.float64) else np.float64)
+    _norm_rows(X, *(np.broadcast_to(np.asarray(v, np.float64), (R, n)) for v in
                (W, B, ref)), bool(center), float(eps), has_given, gm, gv, u, u_m, bool(one_pass),
                _gamma(n, u)[()], _gamma(n + 3, u)[()], _underflow(n, u), stores * out.u, eta, bound)  # fmt: skip
     return bound
@@ -282,8 +283,9 @@ def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out, stor
 
 @jit(parallel=True, error_model="numpy")
 def _norm_rows(X, W, B, ref, center, eps, has_given, gmean, gvar, u, u_m, one_pass, g_n, g_n3, uf, su, eta, bound):
-    """The norm envelope of the module docstring, one row a thread, in float64: the row's mean, M2,
-    mean |x| (A) and sum x^2 (q) by two passes, then every element's bound; NaN becomes inf (no claim)."""
+    """The norm envelope of the module docstring, one row a thread, in float64 (X float32 or float64,
+    each element widened as it is read): the row's mean, M2, mean |x| (A) and sum x^2 (q) by two
+    passes, then every element's bound; NaN becomes inf (no claim)."""
     R, n = X.shape
     ua = u + u_m  # every step of the affine part may also be stored in the result dtype (half results)
     for i in prange(R):
@@ -292,14 +294,15 @@ def _norm_rows(X, W, B, ref, center, eps, has_given, gmean, gvar, u, u_m, one_pa
         else:
             t = 0.0
             for j in range(n):
-                t += X[i, j]
+                t += float(X[i, j])
             mean = t / n if center else 0.0
             m2, q, a = 0.0, 0.0, 0.0
             for j in range(n):
-                d = X[i, j] - mean
+                x = float(X[i, j])
+                d = x - mean
                 m2 += d * d
-                q += X[i, j] * X[i, j]
-                a += abs(X[i, j])
+                q += x * x
+                a += abs(x)
             A = a / n
             dmu = g_n * A + u_m * abs(mean)
             e_m2 = 3.0 * g_n * q if one_pass else g_n3 * np.sqrt(q) * np.sqrt(m2) + n * (g_n * A) ** 2
@@ -311,7 +314,7 @@ def _norm_rows(X, W, B, ref, center, eps, has_given, gmean, gvar, u, u_m, one_pa
         r = 1.0 / np.sqrt(w)
         e_r = max(1.0 / s_lo - r, r - 1.0 / s_hi) + (2.0 * u + u_m) * r
         for j in range(n):
-            x = X[i, j]
+            x = float(X[i, j])
             d = abs(x - mean)
             e_d = dmu + ua * (d + dmu)
             aw = abs(W[i, j])
@@ -400,7 +403,7 @@ def _one_pass_norm(lay, u, actual, bad, ref, rounding) -> bool:
     if not rows.size:
         return False
     with np.errstate(all="ignore"):
-        mean, m2, _, _, q = _row_stats(X[rows], True)
+        mean, m2, _, _, q = _row_stats(np.asarray(X[rows], np.float64), True)
         var, e1 = m2 / n, 3.0 * _gamma(n, u)[()] * q / n + _underflow(n, u) / n
         B = np.broadcast_to(lay.B, X.shape)[rows]
         Y, A = lay.rows(ref)[rows] - B, lay.rows(actual)[rows] - B

@@ -15,6 +15,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import Format
+from refkern.analysis.passes import POW2, chunks, floor_log2
 
 __all__ = ["ulp", "ulp_error", "ulp_errors", "max_ulp_error"]
 
@@ -39,28 +40,38 @@ def ulp_error(approx: float, exact: float, fmt: Format) -> float:
 
 
 @jit
-def _ulp_one(x, y, prec, emin):
-    """|x - y| in ulps of the format (prec, emin) at y: 0 for equal specials, inf for one special."""
+def _ulp_one(x, y, ybits, prec, emin):
+    """|x - y| in ulps of the format (prec, emin) at y (float64 bits ``ybits``): 0 for equal specials,
+    inf for one special. At 0 (and a float64 subnormal) the ulp is the smallest subnormal's."""
     if x == y or (x != x and y != y):
         return 0.0
     if x != x or y != y or x - x != 0.0 or y - y != 0.0:
         return np.inf  # one special and not the other, or two different ones
-    e = math.frexp(y)[1] - 1 if y != 0.0 else emin
-    return abs(x - y) / math.ldexp(1.0, max(e, emin) - prec + 1)
+    e = floor_log2(ybits) if y != 0.0 else emin
+    return abs(x - y) / POW2[max(e, emin) - prec + 1 + 1074]
 
 
 @jit(parallel=True)
 def _ulp_errors(a, r, prec, emin, out):
+    rb = r.view(np.int64)
     for i in prange(a.size):
-        out[i] = _ulp_one(a[i], r[i], prec, emin)
+        out[i] = _ulp_one(a[i], r[i], rb[i], prec, emin)
 
 
-@jit
-def _ulp_max(a, r, prec, emin):
-    m = 0.0
-    for i in range(a.size):
-        m = max(m, _ulp_one(a[i], r[i], prec, emin))
-    return m
+@jit(parallel=True)
+def _ulp_max(a, r, prec, emin, nch):
+    """The largest :func:`_ulp_one`, per chunk of :func:`~refkern.analysis.passes.chunks` then merged."""
+    n = a.size
+    rb = r.view(np.int64)
+    part = np.zeros(nch)
+    for c in prange(nch):
+        m = 0.0
+        for i in range(c * n // nch, (c + 1) * n // nch):
+            v = _ulp_one(a[i], r[i], rb[i], prec, emin)
+            if v > m:
+                m = v
+        part[c] = m
+    return part.max()
 
 
 def _flat(v):
@@ -78,4 +89,5 @@ def ulp_errors(actual, ref, fmt: Format) -> np.ndarray:
 
 def max_ulp_error(actual, ref, fmt: Format) -> float:
     """The largest of :func:`ulp_errors`, without the array (0 for no elements)."""
-    return float(_ulp_max(_flat(actual), _flat(ref), fmt.prec, fmt.emin))
+    a, r = _flat(actual), _flat(ref)
+    return float(_ulp_max(a, r, fmt.prec, fmt.emin, chunks(a.size))) if a.size else 0.0

@@ -43,7 +43,7 @@ A test can only see what stands above the noise: the decision carries the smalle
 one element, and of a whole group, that would have been flagged (``detectable``).
 """
 
-import math
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,6 +52,16 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT64, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
+from refkern.analysis.passes import (
+    chunks,
+    insert_top,
+    median_bracket,
+    median_in_bracket,
+    median_max_bound_ulps,
+    merge_top,
+    scale_down,
+    ulp_exponent,
+)
 from refkern.analysis.stats import ALPHA, level, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
 
@@ -120,7 +130,8 @@ class Decision:
     model: Model | None  # the model that explains the output, or the one a mismatch is measured against
     classes: np.ndarray  # per element: 0 exact, 1 rounding, 2 reduced precision, 3 unexplained
     fits: list
-    z: np.ndarray  # per element |actual - centre| / sigma under ``model`` (rounding's if None)
+    z: np.ndarray | None  # per element |actual - centre| / sigma under ``model`` (rounding's if None); envelopes:
+    # the ratio to the bound, None for "exact" and "rounding" (the fits hold it)
     alternatives: list = field(default_factory=list)  # precisions that fit as well (indistinguishable)
     structure: list = field(default_factory=list)
     detectable: dict = field(default_factory=dict)
@@ -132,9 +143,11 @@ class Decision:
 
 
 def _classes(exact, k):
-    """int8 per element: 0 where ``exact``, else ``k`` (no int64 temporary: outputs can be large)."""
-    cls = np.full(np.shape(exact), np.int8(k))
-    cls[exact] = 0
+    """int8 per element: 0 where ``exact``, else ``k`` (no int64 temporary or masked store: outputs can
+    be large)."""
+    cls = np.asarray(np.logical_not(exact)).view(np.int8)  # asarray: a 0-d input gives a numpy scalar
+    if k != 1:
+        cls *= np.int8(k)
     return cls
 
 
@@ -319,17 +332,36 @@ def decide(actual, pr, ref, mag) -> Decision:
 
 @dataclass
 class _EnvelopeFit:
-    """A hypothesis of :mod:`refkern.analysis.envelope`: a worst-case bound per element."""
+    """A hypothesis of :mod:`refkern.analysis.envelope`: a worst-case bound per element, with the
+    summaries of its one pass (:func:`_envelope_pass`)."""
 
     model: Model
     bound: np.ndarray
-    ratio: np.ndarray  # |actual - centre| / bound (0 where equal, inf where a special differs)
     state: np.ndarray  # int8 per element: 0 equal, 1 within a finite bound, 2 vacuous, 3 beyond
     centre: np.ndarray | None = None
+    src: tuple = ()  # (actual, centre, bound, params) flat: what the pass read, for the ratios asked for later
+    counts: tuple = (0, 0, 0, 0)  # elements per state
+    top: np.ndarray | None = None  # flat indices of the (at most) ten largest ratios among the unequal, worst first
+    max_ratio: float = 0.0
+    median_ulps: float | None = None  # the bound in ulps of the result at the centre (with ``ulps=True``)
+    max_ulps: float | None = None
+    max_error_ulps: float | None = None  # the largest |actual - centre| in ulps of the result at the centre
 
     @property
     def explains(self) -> bool:
-        return not bool(np.any(self.state == 3))
+        return not self.counts[3]
+
+    @functools.cached_property
+    def ratio(self) -> np.ndarray:
+        """|actual - centre| / bound per element (0 where equal, NaN alike; inf where a special
+        differs): computed again when asked for, rather than kept by every pass."""
+        return _ratios(*self.src).reshape(self.state.shape)
+
+    def ratio_at(self, flat) -> np.ndarray:
+        """:attr:`ratio` at the flat indices ``flat`` only."""
+        a, c, b, params = self.src
+        return np.array([0.0 if self.state.reshape(-1)[i] == 0 else _ratio_one(a[i], c[i], b[i], *params)
+                         for i in flat], np.float64)  # fmt: skip
 
     @property
     def vacuous(self) -> np.ndarray:
@@ -340,9 +372,9 @@ class _EnvelopeFit:
         return self.state == 2
 
     def summary(self, lam_el) -> dict:
-        bad = int((self.ratio > 1.0).sum())
+        bad = int(self.counts[3])
         return {"kind": self.model.kind, "precision": self.model.precision, "explains": bad == 0,
-                "tested_on": "every element", "unexplained": bad, "max_ratio": float(self.ratio.max(initial=0.0)),
+                "tested_on": "every element", "unexplained": bad, "max_ratio": self.max_ratio,
                 "test": "worst-case envelope"}  # fmt: skip
 
 
@@ -351,13 +383,18 @@ def _run(e):
     return (*e[:2], *e[3]()) if e[2] is None else e
 
 
-def _envelope_fits(actual, out, hyps) -> list:
-    """One :class:`_EnvelopeFit` per ``(key, precision, centre, bound)``."""
+_TOP = 10  # the worst elements a report lists
+
+
+def _envelope_fits(actual, out, hyps, ulps=False) -> list:
+    """One :class:`_EnvelopeFit` per ``(key, precision, centre, bound)``; with ``ulps``, also the
+    median and largest bound and the largest error in ulps of ``out`` at the centre."""
     from refkern.accumulate.formats import FORMATS
     from refkern.analysis.envelope import ONE_PASS, storage
 
     fits = []
     a = np.ascontiguousarray(actual, np.float64).reshape(-1)
+    nch = chunks(a.size)
     for key, prec, mid, bound in hyps:
         fmt = FORMATS.get({"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(prec, ""), out)
         st = storage(out, prec)
@@ -367,61 +404,120 @@ def _envelope_fits(actual, out, hyps) -> list:
                 + (f", stored in {st.name}" if st is not out else "") if key == prec
                 else f"{key}: otherwise a correct float32 computation")  # fmt: skip
         m = Model(key, prec, kind, st, fmt)
-        ratio, state = np.empty(a.size), np.empty(a.size, np.int8)
+        state = np.empty(a.size, np.int8)
         c, b = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (mid, bound))
-        _envelope_pass(a, c, b, st is not out, *st.params, key == ONE_PASS, ratio, state)
+        params = (st is not out, *st.params, key == ONE_PASS)
+        counts, tcnt = np.zeros((nch, 4), np.int64), np.zeros(nch, np.int64)
+        tidx, tval = np.zeros((nch, _TOP), np.int64), np.zeros((nch, _TOP))
+        lo, hi, room = median_bracket(c, b, out.prec, out.emin) if ulps else (0.0, 0.0, 0.0)
+        kept = np.empty((nch, int(room * (-(-a.size // nch))) + 64 if ulps else 0))
+        n_kept, n_below, peak, uerr = np.zeros(nch, np.int64), np.zeros(nch, np.int64), np.zeros(nch), np.zeros(nch)
+        _envelope_pass(a, c, b, *params, ulps, out.prec, out.emin, lo, hi, np.empty(0), state, counts, tidx, tval,
+                       tcnt, kept, n_kept, n_below, peak, uerr)  # fmt: skip
         shape = np.shape(actual)
-        fits.append(_EnvelopeFit(m, np.reshape(bound, shape), ratio.reshape(shape), state.reshape(shape),
-                                 np.reshape(mid, shape)))  # fmt: skip
+        # the equal elements' -1 keys fill a chunk's list only while it is short, at its end
+        tcnt = ((tval >= 0.0) & (np.arange(_TOP)[None, :] < tcnt[:, None])).sum(axis=1)
+        top = merge_top(tidx, tval, tcnt, _TOP)  # its keys hold an infinite ratio as the largest float: read it again
+        f = _EnvelopeFit(m, np.reshape(bound, shape), state.reshape(shape), np.reshape(mid, shape),
+                         (a, c, b, params), tuple(int(v) for v in counts.sum(axis=0)), top)  # fmt: skip
+        f.max_ratio = float(f.ratio_at(top[:1]).max(initial=0.0))
+        if ulps:
+            f.median_ulps = median_in_bracket(kept, n_kept, n_below, a.size)
+            if f.median_ulps is None:  # outside the sampled bracket: two passes of its own
+                f.median_ulps = median_max_bound_ulps(c, b, out.prec, out.emin)[0]
+            f.max_ulps, f.max_error_ulps = (float(peak.max()), float(uerr.max())) if a.size else (0.0, 0.0)
+        fits.append(f)
     return fits
 
 
-@jit(parallel=True)
-def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ratio, state):
+_BIG = np.finfo(np.float64).max  # an infinite ratio's key in the top list (the ratios themselves stay inf)
+
+
+@jit(error_model="numpy")
+def _ratio_one(x, y, b, grid, prec, emin, emax, one_pass):
+    """One element's ratio of :func:`_envelope_pass` for unequal x and y (IEEE division: x/0 is inf)."""
+    r = abs(x - y) / b
+    if r != r:
+        r = np.inf
+    if grid and x == x and round_to(x, prec, emin, emax) != x:
+        r = np.inf  # off the grid of the format the hypothesis stores in
+    if one_pass and x != x and b == np.inf:
+        r = 0.0
+    return r
+
+
+def _ratios(a, c, b, params):
+    """The ratio array of one hypothesis (:func:`_envelope_pass` again, writing it)."""
+    ratio, state = np.empty(a.size), np.empty(a.size, np.int8)
+    nch = chunks(a.size)
+    z = np.zeros(nch)
+    _envelope_pass(a, c, b, *params, False, 53, -1022, 0.0, 0.0, ratio, state, np.zeros((nch, 4), np.int64),
+                   np.zeros((nch, _TOP), np.int64), np.zeros((nch, _TOP)), np.zeros(nch, np.int64), np.empty((nch, 0)),
+                   np.zeros(nch, np.int64), np.zeros(nch, np.int64), z, z.copy())  # fmt: skip
+    return ratio
+
+
+@jit(parallel=True, error_model="numpy")
+def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, oemin, lo, hi, ratio, state, counts,
+                   tidx, tval, tcnt, kept, n_kept, n_below, peak, uerr):  # fmt: skip
     """Per element, in one pass: ``ratio = |a - c| / bound`` (0 where equal, NaN alike; inf where one
     is NaN, where an infinite error meets an infinite bound, and, with ``grid``, for a value off the
     grid of the format the hypothesis stores in) and ``state``: 0 equal, 1 within a finite bound,
-    2 within only because the bound is infinite (vacuous), 3 beyond. ``one_pass``: a NaN where the
+    2 within only because the bound is infinite (vacuous), 3 beyond (``ratio`` only written when it
+    has a's size: the callers that keep only the summaries pass an empty one). ``one_pass``: a NaN where the
     bound is infinite is within (E[x^2] - E[x]^2 + eps can fall below 0: its square root is NaN where
-    the envelope reaches 0)."""
-    for i in prange(a.size):
-        x, y, b = a[i], c[i], bound[i]
-        if x == y or (x != x and y != y):
-            ratio[i] = 0.0
-            state[i] = 0
-            continue
-        r = abs(x - y) / b
-        if r != r:
-            r = np.inf
-        if grid and x == x and round_to(x, prec, emin, emax) != x:
-            r = np.inf
-        if one_pass and x != x and b == np.inf:
-            r = 0.0
-        ratio[i] = r
-        state[i] = 3 if r > 1.0 else (1 if b < np.inf else 2)
-
-
-def _median_in_place(v: np.ndarray) -> float:
-    """np.median of the float64 vector ``v`` (no NaN), reordering ``v`` instead of copying it: a copy of
-    a large output costs more than the partition."""
-    n = v.size
-    if not n:
-        return 0.0
-    k = n // 2
-    if n % 2:
-        v.partition(k)
-        return float(v[k])
-    v.partition((k - 1, k))
-    return float(np.mean(v[k - 1 : k + 1]))  # as np.median takes it
-
-
-@jit(parallel=True)
-def _in_ulps(ref, bound, prec, emin, out):
-    """The bound in ulps of the result format at the reference (inf where no bound holds)."""
-    for i in prange(ref.size):
-        y, b = ref[i], bound[i]
-        e = math.frexp(y)[1] - 1 if y - y == 0.0 and y != 0.0 else -1  # floor(log2 |y|) (-1 for 0, specials)
-        out[i] = b / math.ldexp(1.0, max(e, emin) - prec + 1) if b < np.inf else np.inf
+    the envelope reaches 0). Per chunk of :func:`~refkern.analysis.passes.chunks` (the rows of the
+    summary arrays): the count of each state, the ``k`` largest ratios among the unequal elements
+    (:func:`~refkern.analysis.passes.insert_top`), and with ``ulps``, for the bound in ulps of the
+    result format (oprec, oemin) at ``c``: the count below ``lo``, the values in [lo, hi] (kept while
+    there is room, all counted: :func:`~refkern.analysis.passes.median_in_bracket`) and the largest;
+    and the largest ``|a - c|`` in those ulps."""
+    n = a.size
+    nch = counts.shape[0]
+    cb = c.view(np.int64)
+    keep_ratio = ratio.size == n
+    for ch in prange(nch):
+        n0 = n1 = n2 = n3 = m = nk = nb = 0
+        pk = ue = 0.0
+        ti, tv, kc = tidx[ch], tval[ch], kept[ch]  # views made once per chunk (each is a reference count)
+        room = max(kc.size, 1)
+        if not ulps:
+            kc = np.empty(1)
+        thr = -np.inf  # the key an element must beat to enter the chunk's list (its k-th, once full)
+        uinf = False
+        for i in range(ch * n // nch, (ch + 1) * n // nch):
+            # arithmetic on the equal/unequal bit rather than branches: on real outputs it is a coin
+            # flip per element, which a branch predictor loses (twice the time of the whole pass)
+            x, y, b = a[i], c[i], bound[i]
+            sm = (x == y) | ((x != x) & (y != y))
+            w = np.float64(sm)
+            r = _ratio_one(x, y, b, grid, prec, emin, emax, one_pass)
+            if ulps:
+                k = ulp_exponent(cb[i], oprec, oemin)
+                v = scale_down(b, k) if b < np.inf else np.inf
+                pk = max(pk, v)
+                nb += v < lo
+                kc[min(nk, room - 1)] = v  # committed only by the count: the next value may overwrite it
+                nk += (v >= lo) & (v <= hi)
+                ke = k if y != 0.0 else oemin - oprec + 1  # in ulps at y as ulp.py counts them: at 0 the
+                eu = scale_down(abs(x - y), ke) if (x - x == 0.0) & (y - y == 0.0) else np.inf  # smallest subnormal's
+                ue = max(ue, min(eu, _BIG) * (1.0 - w))
+                uinf |= (eu == np.inf) & ~sm
+            if keep_ratio:
+                ratio[i] = 0.0 if sm else r
+            st = np.int8(3 if r > 1.0 else (1 if b < np.inf else 2)) * np.int8(1 - sm)
+            state[i] = st
+            n0 += sm
+            n1 += st == 1
+            n2 += st == 2
+            n3 += st == 3
+            key = min(r, _BIG) * (1.0 - w) - w  # -1 for an equal element (never outranks an unequal one)
+            if key > thr:
+                m = insert_top(ti, tv, m, i, key)
+                thr = tv[m - 1] if m == ti.size else -np.inf
+        ue = np.inf if uinf else ue
+        counts[ch, 0], counts[ch, 1], counts[ch, 2], counts[ch, 3] = n0, n1, n2, n3
+        tcnt[ch], peak[ch], uerr[ch], n_kept[ch], n_below[ch] = m, pk, ue, nk, nb
 
 
 def _swallowed(f: _EnvelopeFit, r0: _EnvelopeFit, ref, fails0) -> int:
@@ -475,20 +571,15 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
 
     named = [e for e in envs if callable(e[2])]
     hyps = [e for e in envs if not callable(e[2])]
-    fits = _envelope_fits(actual, out, hyps[:1])
+    fits = _envelope_fits(actual, out, hyps[:1], ulps=True)
     r0 = fits[0]
-    same = r0.state == 0
-    in_ulps = np.empty(ref.size)
-    _in_ulps(np.ascontiguousarray(ref, np.float64).reshape(-1), np.ascontiguousarray(r0.bound).reshape(-1),
-             out.prec, out.emin, in_ulps)  # fmt: skip
-    top = float(in_ulps.max(initial=0.0))
-    det = {"element": {"median_ulps": _median_in_place(in_ulps), "max_ulps": top}, "test": "worst-case envelope"}
+    det = {"element": {"median_ulps": r0.median_ulps, "max_ulps": r0.max_ulps}, "test": "worst-case envelope"}
     thresholds = {"element": 1.0, "test": "worst-case envelope"}
-    z = r0.ratio
-    if same.all():
+    z = None  # the ratio array only where a verdict other than exact or rounding needs it (fits compute it lazily)
+    if r0.counts[0] == ref.size:
         return Decision("exact", None, None, np.zeros(ref.shape, np.int8), fits[:1], z, [], [], det, thresholds)
     if r0.explains:
-        return Decision("rounding", None, r0.model, _classes(same, 1), fits, z, [], [], det,
+        return Decision("rounding", None, r0.model, _classes(r0.state == 0, 1), fits, z, [], [], det,
                         thresholds)  # fmt: skip
     fits += _envelope_fits(actual, out, [_run(e) for e in hyps[1:]])
     bad = r0.state == 3  # beyond the rounding envelope
@@ -502,9 +593,9 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
         found = [{"kind": "blind", "text": f"{blind} elements fit {f.model.precision} inputs only because its envelope "
                   "holds any value there (an ill-conditioned step, such as a variance that rounding made 0): a bug "
                   "there cannot be seen"}] if blind else []  # fmt: skip
-        return Decision("reduced-precision", f.model.precision, f.model, _classes(same, 2), fits,
+        return Decision("reduced-precision", f.model.precision, f.model, _classes(r0.state == 0, 2), fits,
                         f.ratio, tie, found, det, thresholds)  # fmt: skip
-    cls = _classes(same, 1)
+    cls = _classes(r0.state == 0, 1)
     cls[bad] = 3
     found = []
     one = [f for f in fits if f.model.key == ONE_PASS]
@@ -520,4 +611,4 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     for _, text, fn, _ in named:
         if fn(actual, bad, ref):
             found.append({"kind": "pattern", "text": text})
-    return Decision("mismatch", None, r0.model, cls, fits, z, [], found, det, thresholds)
+    return Decision("mismatch", None, r0.model, cls, fits, r0.ratio, [], found, det, thresholds)

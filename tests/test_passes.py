@@ -1,0 +1,136 @@
+"""The one-pass summaries of refkern.analysis.passes against plain numpy / Python on the same values:
+exact medians (odd and even counts, bins straddled, specials), top-k order and ties, and the
+largest error in ulps, on arrays long enough to be cut into several chunks."""
+
+import math
+
+import numpy as np
+import pytest
+
+from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
+from refkern.analysis import passes
+from refkern.analysis.ulp import max_ulp_error, ulp_error
+
+
+def _ulps_at(y, b, fmt):
+    """The definition, element by element: b / 2^(max(floor(log2|y|), emin) - prec + 1), with
+    floor(log2|y|) taken as -1 at 0 and at specials, inf where b is not finite."""
+    if not b < math.inf:
+        return math.inf
+    e = math.frexp(y)[1] - 1 if math.isfinite(y) and y != 0 else -1
+    return b / math.ldexp(1.0, max(e, fmt.emin) - fmt.prec + 1)
+
+
+def _values(rng, n, fmt):
+    kind = rng.integers(0, 6, n)
+    y = rng.standard_normal(n) * np.exp2(rng.integers(-40, 40, n))
+    y[kind == 0] = 0.0
+    y[kind == 1] = np.exp2(fmt.emin - 3.0) * rng.random((kind == 1).sum())  # below the format's normal range
+    y[rng.random(n) < 0.01] = np.inf
+    y[rng.random(n) < 0.01] = np.nan
+    b = np.abs(y) * 2.0 ** -fmt.prec * rng.random(n) * 50
+    b[kind == 2] = 0.0
+    b[rng.random(n) < 0.02] = np.inf
+    b[rng.random(n) < 0.01] = 5e-324  # a subnormal bound
+    b[rng.random(n) < 0.01] = 1e300  # in ulps beyond float64: inf
+    return y, b
+
+
+@pytest.mark.parametrize("fmt", [FLOAT16, BFLOAT16, FLOAT32, FLOAT64], ids=lambda f: f.name)
+@pytest.mark.parametrize("n", [1, 2, 7, 40_000, 40_001])
+def test_median_and_max_of_bound_in_ulps_are_exact(fmt, n):
+    rng = np.random.default_rng(n + fmt.prec)
+    y, b = _values(rng, n, fmt)
+    want = np.array([_ulps_at(float(p), float(q), fmt) for p, q in zip(y, b)])
+    med, top = passes.median_max_bound_ulps(y, b, fmt.prec, fmt.emin)
+    assert med == np.median(want) or (np.isnan(med) and np.isnan(np.median(want)))
+    assert top == want.max()
+
+
+def test_median_between_two_bins_and_of_constant_values():
+    # the two middle values of an even count in different bins (one octave apart): their mean
+    y = np.ones(40_000)
+    b = np.where(np.arange(40_000) < 20_000, 2.0**-30, 2.0**-29)
+    med, top = passes.median_max_bound_ulps(y, b, 24, -126)
+    assert (med, top) == ((2.0**-7 + 2.0**-6) / 2, 2.0**-6)  # ulp(1) in float32 is 2^-23
+    med, top = passes.median_max_bound_ulps(np.ones(50_001), np.full(50_001, 3.0 * 2.0**-23), 24, -126)
+    assert (med, top) == (3.0, 3.0)
+    assert passes.median_max_bound_ulps(np.empty(0), np.empty(0), 24, -126) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("n", [5, 70_000])
+def test_top_k_matches_a_sort_with_ties_in_index_order(n):
+    rng = np.random.default_rng(n)
+    key = rng.integers(0, 50, n).astype(np.float64)  # many ties
+    key[rng.random(n) < 0.001] = np.nan  # NaN counts as inf
+    eligible = rng.random(n) < 0.7
+    got = passes.top_k(eligible, key, 10)
+    k = np.where(np.isnan(key), np.inf, key)
+    idx = np.flatnonzero(eligible)
+    want = idx[np.lexsort((idx, -k[idx]))][:10]
+    np.testing.assert_array_equal(got, want)
+    assert passes.top_k(np.zeros(n, bool), key, 10).size == 0
+
+
+@pytest.mark.parametrize("fmt", [FLOAT16, BFLOAT16, FLOAT32, FLOAT64], ids=lambda f: f.name)
+def test_max_ulp_error_over_chunks(fmt):
+    rng = np.random.default_rng(fmt.prec)
+    n = 50_000
+    ref, _ = _values(rng, n, fmt)
+    with np.errstate(invalid="ignore"):
+        act = ref + rng.standard_normal(n) * np.abs(ref) * 2.0 ** -fmt.prec * 3
+    act[rng.random(n) < 0.05] = 0.0
+    want = max(abs(ulp_error(p, q, fmt)) for p, q in zip(act, ref))
+    assert max_ulp_error(act, ref, fmt) == want
+    ok = ~np.isnan(ref) & np.isfinite(ref)
+    assert max_ulp_error(act[ok], ref[ok], fmt) == max(abs(ulp_error(p, q, fmt)) for p, q in zip(act[ok], ref[ok]))
+
+
+def test_chunks_cut_long_arrays_only():
+    assert passes.chunks(10) == 1
+    assert passes.chunks(2**14 - 1) == 1
+    assert passes.chunks(2**40) >= 4  # 4 per thread
+
+
+def _fit_case(rng, n, fmt, constant_bound=False):
+    ref, b = _values(rng, n, fmt)
+    ref = np.where(np.isnan(ref), np.nan, ref)
+    act = ref.copy()
+    moved = rng.random(n) < 0.4
+    with np.errstate(invalid="ignore"):
+        act[moved] = ref[moved] + rng.standard_normal(moved.sum()) * np.abs(ref[moved]) * 2.0**-fmt.prec * 4
+    act[rng.random(n) < 0.005] = np.nan
+    act[rng.random(n) < 0.005] = -np.inf
+    if constant_bound:
+        ref, b = np.ones(n), np.full(n, 2.0**-20)
+        act = ref + np.where(rng.random(n) < 0.5, 2.0**-21, 0.0)
+    return act, ref, b
+
+
+@pytest.mark.parametrize("fmt", [BFLOAT16, FLOAT32, FLOAT64], ids=lambda f: f.name)
+@pytest.mark.parametrize("constant_bound", [False, True], ids=["varied", "ties"])
+def test_envelope_pass_summaries_match_their_definitions(fmt, constant_bound):
+    """The fit of the rounding envelope, in one pass, against numpy on the same arrays: the ratio and
+    state of every element, their counts, the ten worst, the largest ratio, the median and largest
+    bound in ulps (ties overflow the sampled bracket: the two-pass fallback) and the largest error."""
+    from refkern.analysis.verdict import _envelope_fits
+
+    rng = np.random.default_rng(7 + fmt.prec)
+    n = 50_001
+    act, ref, b = _fit_case(rng, n, fmt, constant_bound)
+    (f,) = _envelope_fits(act, fmt, [("rounding", None, ref, b)], ulps=True)
+    with np.errstate(all="ignore"):
+        same = (act == ref) | (np.isnan(act) & np.isnan(ref))
+        r = np.abs(act - ref) / b
+        r = np.where(np.isnan(r), np.inf, r)
+        r = np.where(same, 0.0, r)
+    state = np.where(same, 0, np.where(r > 1.0, 3, np.where(b < np.inf, 1, 2)))
+    np.testing.assert_array_equal(f.state, state)
+    np.testing.assert_array_equal(f.ratio, r)
+    assert f.counts == tuple(int((state == k).sum()) for k in range(4))
+    idx = np.flatnonzero(~same)
+    np.testing.assert_array_equal(f.top, idx[np.lexsort((idx, -r[idx]))][:10])
+    assert f.max_ratio == r.max()
+    want = np.array([_ulps_at(float(p), float(q), fmt) for p, q in zip(ref, b)])
+    assert (f.median_ulps, f.max_ulps) == (np.median(want), want.max())
+    assert f.max_error_ulps == max_ulp_error(act, ref, fmt)

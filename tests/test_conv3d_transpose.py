@@ -137,8 +137,9 @@ def test_inf_weights_reach_only_their_own_products():
 
 @pytest.mark.parametrize("rows,slots", [(1, 1), (3, 1), (7, 2), (100, 100)])
 def test_task_shape_and_filter_cache_do_not_change_the_result(rows, slots):
-    """Tasks of several rows keep gathered filter sets across rows (until the y taps change) in
-    a few slots; any choice gives the truth, bit for bit (methods too: same terms, same order)."""
+    """Tasks of several rows keep gathered filter sets, one per (y taps, x taps) pair, in a few
+    slots (set i in slot i % slots: with too few slots, sets evict one another); any choice gives
+    the truth, bit for bit (methods too: same terms, same order)."""
     from refkern.kernels._common import plan
     from refkern.kernels.conv_transpose import convt_operands, run_conv_transpose
 

@@ -26,7 +26,8 @@ from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
 from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
-__all__ = ["conv1d", "conv2d", "conv3d", "conv_operands", "ConvOperands", "run_conv", "element", "fast_bound"]
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_operands", "ConvOperands", "run_conv", "check_ranks", "decide",
+           "dot_mag_rows", "fast_element", "fast_ok", "fast_bound"]  # fmt: skip
 
 _ABS = np.int64(0x7FFFFFFFFFFFFFFF)
 _INF_BITS = np.int64(0x7FF0000000000000)
@@ -37,7 +38,7 @@ _CHUNK_BYTES = 3 << 18  # 768 KiB of gathered patches per task: with one filter,
 @jit(fastmath={"reassoc", "contract"})
 def _dot_mag(a, b, n):
     """(sum_k a[k] b[k], sum_k |a[k] b[k]|), k < n, in float64, in any order: reassociation (and
-    contraction) is allowed here and only here, because :func:`element`'s bound holds for every
+    contraction) is allowed here and only here, because :func:`fast_element`'s bound holds for every
     order of the additions. A separate function, so that the flag stays on its own code."""
     s = 0.0
     m = 0.0
@@ -48,18 +49,35 @@ def _dot_mag(a, b, n):
     return s, m
 
 
+@jit(fastmath={"reassoc", "contract"})
+def dot_mag_rows(w, b, n, sm):
+    """sm[r] = :func:`_dot_mag` (w[r], b, n) for every row r of the 2-D ``w``: one call per
+    gathered input instead of one per filter (the same freedom of order, the same flag)."""
+    for r in range(w.shape[0]):
+        s = 0.0
+        m = 0.0
+        for k in range(n):
+            p = w[r, k] * b[k]
+            s += p
+            m += abs(p)
+        sm[r, 0] = s
+        sm[r, 1] = m
+
+
 @jit(inline="always")
 def fast_bound(terms, m):
-    """err of :func:`element`'s fast path for ``terms`` terms of computed magnitude ``m``:
+    """err of :func:`fast_element` for ``terms`` terms of computed magnitude ``m``:
     fl(4 N u m), u = 2**-53 (derived there)."""
     return (4.0 * terms * 2.0**-53) * m
 
 
 @jit(inline="always")
-def element(a, b, bias, has_bias, method, narrow, mxa, mna, mxb, mnb, prec, emin, emax, acc, scratch):
-    """:func:`~refkern.kernels._element.reduce_element`, with a float64 fast path first for
-    ``exact`` on float32-or-narrower factors and a result format of at most 26 bits (Ziv's
-    strategy: a cheap evaluation with a rigorous error bound, the exact path when it cannot decide).
+def fast_element(a, b, n, bias, has_bias, prec, emin, emax):
+    """``bias + sum_{k < n} a[k] b[k]`` correctly rounded to the format (prec, emin, emax) when a
+    float64 evaluation with a rigorous error bound decides it, else NaN: the caller then reduces the
+    element with :func:`~refkern.kernels._element.reduce_element` (Ziv's strategy: a cheap evaluation,
+    the exact path when it cannot decide). Only for ``exact`` on float32-or-narrower factors and a
+    result format of at most 26 bits; ``a`` and ``b`` are read up to ``n``.
 
     The N = n + 1 terms t (n products, exact in float64 since their factors have <= 24 bits, and
     the bias) are summed in float64 in any order: |s - S| <= gamma_{N-1} sum|t| (Higham, Accuracy
@@ -72,21 +90,42 @@ def element(a, b, bias, has_bias, method, narrow, mxa, mna, mxb, mnb, prec, emin
     2 (N - 1) u m + 1.01 u m + u err <= 2 N u m + u err <= err / (2 (1 - u)) + u err < err. So S
     lies in [fl(s - err), fl(s + err)]. Rounding is monotonic: when both ends round to the same
     value, so does S, and that value is the correctly rounded result. Guards: m in [2**-960,
-    2**1000] (err does not underflow, s does not overflow), |s| > err (else the exact path decides,
-    and knows the sign of a zero), finite factors (the row statistics) and bias."""
-    if method == EXACT and narrow and prec <= 26 and mxa < _INF_BITS and mxb < _INF_BITS and abs(bias) < np.inf:
-        n = a.size
-        s, m = _dot_mag(a, b, n)
-        if has_bias:
-            s += bias
-            m += abs(bias)
-        if 2.0**-960 <= m <= 2.0**1000:
-            err = fast_bound(n + 1, m)
-            if abs(s) > err:
+    2**1000] (err does not underflow, s does not overflow; m is NaN or inf, and fails it, whenever
+    a factor or the bias is inf or NaN: |inf y| is inf or NaN, and sums of such terms stay so),
+    |s| > err (else the exact path decides, and knows the sign of a zero).
+
+    For float32 results both ends are rounded by the hardware's float64 -> float32 conversion:
+    round-to-nearest-even with float32's subnormals and overflow to inf, i.e. ``round_to(x, 24,
+    -126, 127)`` for every float64 x (one rounding of x itself, as round_to does), for a fraction
+    of round_to's cost; the other formats use round_to."""
+    s, m = _dot_mag(a, b, n)
+    return decide(s, m, n, bias, has_bias, prec, emin, emax)
+
+
+@jit(inline="always")
+def decide(s, m, n, bias, has_bias, prec, emin, emax):
+    """:func:`fast_element` from ``(s, m)`` = :func:`_dot_mag` of its n products."""
+    if has_bias:
+        s += bias
+        m += abs(bias)
+    if 2.0**-960 <= m <= 2.0**1000:
+        err = fast_bound(n + 1, m)
+        if abs(s) > err:
+            if prec == 24 and emin == -126 and emax == 127:  # float32: the conversion is that rounding
+                lo = np.float64(np.float32(s - err))
+                hi = np.float64(np.float32(s + err))
+            else:
                 lo = round_to(s - err, prec, emin, emax)
-                if lo == round_to(s + err, prec, emin, emax):
-                    return lo
-    return reduce_element(a, b, bias, has_bias, method, narrow, mxa, mna, mxb, mnb, prec, emin, emax, acc, scratch)
+                hi = round_to(s + err, prec, emin, emax)
+            if lo == hi:
+                return lo
+    return np.nan
+
+
+@jit(inline="always")
+def fast_ok(method, narrow, prec):
+    """Whether :func:`fast_element` applies: ``exact`` on float32-or-narrower factors, <= 26-bit results."""
+    return method == EXACT and narrow and prec <= 26
 
 
 @jit(parallel=True)
@@ -103,6 +142,7 @@ def _conv2d_kernel(X, W2, bias, has_bias, out, mag, want_mag, groups, kh, kw, sh
     _, _, ho, wo = out.shape
     cin_g = c // groups
     cout_g = cout // groups
+    fast = fast_ok(method, narrow, prec)
     for task in prange(nn * groups * ho):
         n = task // (groups * ho)
         g = (task // ho) % groups
@@ -110,6 +150,7 @@ def _conv2d_kernel(X, W2, bias, has_bias, out, mag, want_mag, groups, kh, kw, sh
         bufs = np.empty((cw, k))
         mxs = np.empty(cw, np.int64)
         mns = np.empty(cw, np.int64)
+        pend = np.empty(cw, np.int64)  # the columns the fast path left undecided
         acc = np.empty(SIZE, np.int64)
         acc_init(acc)
         scratch = np.empty(BLOCK)
@@ -136,12 +177,22 @@ def _conv2d_kernel(X, W2, bias, has_bias, out, mag, want_mag, groups, kh, kw, sh
                 mns[j] = mn
             for co in range(g * cout_g, (g + 1) * cout_g):
                 bc = bias[co] if has_bias else 0.0
+                npend = 0
                 for j in range(m):
-                    out[n, co, oy, x0 + j] = element(
+                    r = fast_element(W2[co], bufs[j], k, bc, has_bias, prec, emin, emax) if fast else np.nan
+                    if r == r:
+                        out[n, co, oy, x0 + j] = r
+                    else:  # undecided (or another method): reduced below, out of the hot loop
+                        pend[npend] = j
+                        npend += 1
+                for i in range(npend):
+                    j = pend[i]
+                    out[n, co, oy, x0 + j] = reduce_element(
                         W2[co], bufs[j], bc, has_bias, method, narrow,
                         stw[co, 0], stw[co, 1], mxs[j], mns[j], prec, emin, emax, acc, scratch,
                     )  # fmt: skip
-                    if want_mag:
+                if want_mag:
+                    for j in range(m):
                         mag[n, co, oy, x0 + j] = abs_sum(W2[co], bufs[j], bc)
 
 
@@ -263,21 +314,30 @@ _SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 _KERNEL = {1: "k", 2: "kh, kw", 3: "kd, kh, kw"}
 
 
+def check_ranks(op, nd, sx, sw, groups, x_name, channels, weight_axes) -> bool:
+    """The checks every convolution (transposed or not) makes first, with torch's messages: the
+    input's rank (``channels`` names its channel axis, ``x_name`` the argument), the weight's (its
+    leading axes ``weight_axes``) and ``groups``; whether the input is unbatched."""
+    spatial = _SPATIAL[nd]
+    if len(sx) not in (nd + 1, nd + 2):
+        fix = f" Add batch and channel axes: {x_name}[None, None]." if len(sx) == nd else ""
+        raise ValueError(
+            f"{op}: input must have shape (N, {channels}, {spatial}) or ({channels}, {spatial}); got shape {sx}.{fix}"
+        )
+    if len(sw) != nd + 2:
+        raise ValueError(f"{op}: weight must have shape ({weight_axes}, {_KERNEL[nd]}); got weight.shape={sw}.")
+    if not _is_int(groups) or groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int; got groups={groups!r}.")
+    return len(sx) == nd + 1
+
+
 def conv_padded(p, nd, stride, padding, dilation, groups, padding_mode):
     """Validate a conv{nd}d call as torch does: (X padded (N, C_in, *spatial), W (C_out, C_in / groups,
     *kernel), bias or None, groups, stride, dilation, unbatched), float64, the spatial dimensions
     as given (no conv2d reshaping): what :func:`conv_operands` and the ground truth start from."""
     op = p.op
     sx, sw = p.ops["x"].shape, p.ops["weight"].shape
-    spatial = _SPATIAL[nd]
-    if len(sx) not in (nd + 1, nd + 2):
-        fix = " Add batch and channel axes: x[None, None]." if len(sx) == nd else ""
-        raise ValueError(f"{op}: input must have shape (N, C, {spatial}) or (C, {spatial}); got shape {sx}.{fix}")
-    if len(sw) != nd + 2:
-        raise ValueError(f"{op}: weight must have shape (C_out, C_in / groups, {_KERNEL[nd]}); got weight.shape={sw}.")
-    if not _is_int(groups) or groups < 1:
-        raise ValueError(f"{op}: groups must be a positive int; got groups={groups!r}.")
-    unbatched = len(sx) == nd + 1
+    unbatched = check_ranks(op, nd, sx, sw, groups, "x", "C", "C_out, C_in / groups")
     c_in = sx[0] if unbatched else sx[1]
     c_out = sw[0]
     if c_in % groups or c_out % groups:

@@ -36,8 +36,8 @@ from refkern.accumulate._bits import bits
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._common import as_f64, finish, plan
-from refkern.kernels._element import abs_sum
-from refkern.kernels.conv import _KERNEL, _SPATIAL, _is_int, _pair, _tuple_of, element
+from refkern.kernels._element import abs_sum, reduce_element
+from refkern.kernels.conv import _pair, _tuple_of, check_ranks, decide, dot_mag_rows, fast_ok
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "ConvTOperands", "convt_operands",
            "run_conv_transpose", "valid_taps"]  # fmt: skip
@@ -59,22 +59,46 @@ def _taps(o, p, d, s, size, k, taps, pos):
     return m
 
 
+@jit(inline="always")
+def _stats(v, mx, mn):
+    """(max |bits|, min nonzero |bits|) updated with v (min is +inf's bits while all are zero)."""
+    x = bits(v) & _ABS
+    xn = x if x != 0 else _INF_BITS
+    return (x if x > mx else mx), (xn if xn < mn else mn)
+
+
 @jit(parallel=True)
 def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl, ycls, xcls, slots, rows, method,
                   narrow, prec, emin, emax):  # fmt: skip
     """out[n, oc, z, y, x] = bias + sum over ci and the valid taps (kz, ky, kx) (module docstring) of
     Wt[oc, ci, kz, ky, kx] X[n, g cin + ci, iz, iy, ix], in (ci, kz, ky, kx) order, with Wt torch's
     weight regrouped per output channel (C_out, C_in / groups, kd, kh, kw), so that gathering one
-    filter reads it in order. A task is ``rows`` output rows of one (image, group, depth); it keeps
-    the gathered filters of the sets of valid x taps (xcls: the set of each column) in ``slots``
-    slots (set i in slot i % slots) until the set of y taps changes (ycls: the set of each row),
-    so it gathers the filters once per set, not once per element."""
+    filter reads it in order. X is first copied channels-last (N, D, H, W, C), so that gathering an
+    element's inputs reads one contiguous run of channels per tap instead of one value per channel
+    plane. A task is ``rows`` output rows of one (image, group, depth); it keeps the gathered filters
+    of the sets of valid (y, x) taps (set id ``ycls[y] * (max xcls + 1) + xcls[x]``) in ``slots``
+    slots (set i in slot i % slots), so it gathers the filters once per set, not once per element
+    (nor once per row: on a stride-2 layer the y taps alternate row by row).
+
+    Exact on float32-or-narrower factors: :func:`~refkern.kernels.conv.fast_element` first, for
+    every filter of an element; the filters it leaves undecided (rare) are reduced after them by
+    :func:`~refkern.kernels._element.reduce_element`, with the inputs' exponent range computed then,
+    so the hot loop holds neither the exact path nor a pass over the inputs for their exponents.
+    The other methods go through reduce_element for every filter."""
     nn, c, dd, hh, ww = X.shape
     _, cin_g, kd, kh, kw = Wt.shape
     _, cout, do, ho, wo = out.shape
     cout_g = cout // groups
     kmax = max(cin_g * kd * kh * kw, 1)
     nblk = (ho + rows - 1) // rows
+    nxc = xcls.max() + 1
+    fast = fast_ok(method, narrow, prec)
+    XC = np.empty((nn, dd, hh, ww, c))
+    for r in prange(nn * dd * hh):  # channels-last copy, one input row of every channel per task
+        i, z, y = r // (dd * hh), (r // hh) % dd, r % hh
+        for ch in range(c):
+            for x in range(ww):
+                XC[i, z, y, x, ch] = X[i, ch, z, y, x]
     for task in prange(nn * groups * do * nblk):
         n = task // (groups * do * nblk)
         g = (task // (do * nblk)) % groups
@@ -83,7 +107,9 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
         buf = np.empty(kmax)
         wbuf = np.empty((slots, cout_g, kmax))
         stw = np.empty((slots, cout_g, 2), np.int64)
-        held = np.full(slots, -1, np.int64)  # the x tap set in each slot
+        held = np.full(slots, -1, np.int64)  # the tap set in each slot
+        pend = np.empty(cout_g, np.int64)  # the filters the fast path left undecided
+        sm = np.empty((cout_g, 2))  # each filter's float64 sum and magnitude for the current element
         acc = np.empty(SIZE, np.int64)
         acc_init(acc)
         scratch = np.empty(BLOCK)
@@ -91,20 +117,18 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
         ty, iy = np.empty(kh, np.int64), np.empty(kh, np.int64)
         tx, ix = np.empty(kw, np.int64), np.empty(kw, np.int64)
         nz = _taps(oz, pd[0], dl[0], st[0], dd, kd, tz, iz)
-        cur_y = -1
         orow = np.empty((cout_g, wo))  # one output row of every filter: written out contiguously per channel
         mrow = np.empty((cout_g, wo) if want_mag else (1, 1))
         for oy in range(y0, min(y0 + rows, ho)):
             ny = _taps(oy, pd[1], dl[1], st[1], hh, kh, ty, iy)
-            if ycls[oy] != cur_y:  # other y taps: every gathered filter set is stale
-                cur_y = ycls[oy]
-                held[:] = -1
             for ox in range(wo):
                 nx = _taps(ox, pd[2], dl[2], st[2], ww, kw, tx, ix)
-                k = cin_g * nz * ny * nx
-                cx = xcls[ox] % slots
-                if held[cx] != xcls[ox]:  # a new tap set: gather every filter's weights for it, with their stats
-                    held[cx] = xcls[ox]
+                nt = nz * ny * nx
+                k = cin_g * nt
+                sid = ycls[oy] * nxc + xcls[ox]
+                cx = sid % slots
+                if held[cx] != sid:  # a new tap set: gather every filter's weights for it, with their stats
+                    held[cx] = sid
                     for co in range(cout_g):
                         q = 0
                         mx = np.int64(0)
@@ -116,35 +140,43 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
                                         v = Wt[g * cout_g + co, ci, tz[a], ty[b], tx[e]]
                                         wbuf[cx, co, q] = v
                                         q += 1
-                                        x = bits(v) & _ABS
-                                        mx = x if x > mx else mx
-                                        xn = x if x != 0 else _INF_BITS
-                                        mn = xn if xn < mn else mn
+                                        mx, mn = _stats(v, mx, mn)
                         stw[cx, co, 0] = mx
                         stw[cx, co, 1] = mn
-                q = 0
-                mx = np.int64(0)
-                mn = _INF_BITS
-                for ci in range(cin_g):
-                    for a in range(nz):
-                        for b in range(ny):
-                            row = X[n, g * cin_g + ci, iz[a], iy[b]]
-                            for e in range(nx):
-                                v = row[ix[e]]
-                                buf[q] = v
-                                q += 1
-                                x = bits(v) & _ABS
-                                mx = x if x > mx else mx
-                                xn = x if x != 0 else _INF_BITS
-                                mn = xn if xn < mn else mn
+                t = 0  # the inputs in (ci, kz, ky, kx) order: tap t of channel ci at ci * nt + t
+                for a in range(nz):
+                    for b in range(ny):
+                        for e in range(nx):
+                            src = XC[n, iz[a], iy[b], ix[e]]
+                            for ci in range(cin_g):
+                                buf[ci * nt + t] = src[g * cin_g + ci]
+                            t += 1
+                npend = 0
+                if fast:
+                    dot_mag_rows(wbuf[cx], buf, k, sm)
                 for co in range(cout_g):
-                    oc = g * cout_g + co
-                    bc = bias[oc] if has_bias else 0.0
-                    orow[co, ox] = element(
-                        wbuf[cx, co, :k], buf[:k], bc, has_bias, method, narrow, stw[cx, co, 0], stw[cx, co, 1], mx, mn,
-                        prec, emin, emax, acc, scratch,
-                    )  # fmt: skip
-                    if want_mag:
+                    bc = bias[g * cout_g + co] if has_bias else 0.0
+                    r = decide(sm[co, 0], sm[co, 1], k, bc, has_bias, prec, emin, emax) if fast else np.nan
+                    if r == r:
+                        orow[co, ox] = r
+                    else:  # undecided (or another method): reduced below, out of the hot loop
+                        pend[npend] = co
+                        npend += 1
+                if npend:
+                    mx = np.int64(0)
+                    mn = _INF_BITS
+                    for q in range(k):
+                        mx, mn = _stats(buf[q], mx, mn)
+                    for i in range(npend):
+                        co = pend[i]
+                        bc = bias[g * cout_g + co] if has_bias else 0.0
+                        orow[co, ox] = reduce_element(
+                            wbuf[cx, co, :k], buf[:k], bc, has_bias, method, narrow, stw[cx, co, 0], stw[cx, co, 1],
+                            mx, mn, prec, emin, emax, acc, scratch,
+                        )  # fmt: skip
+                if want_mag:
+                    for co in range(cout_g):
+                        bc = bias[g * cout_g + co] if has_bias else 0.0
                         mrow[co, ox] = abs_sum(wbuf[cx, co, :k], buf[:k], bc)
             for co in range(cout_g):  # channel after channel: each a contiguous row of out, not one line per value
                 out[n, g * cout_g + co, oz, oy, :] = orow[co]
@@ -195,15 +227,7 @@ def convt_operands(p, nd, stride, padding, output_padding, groups, dilation) -> 
     """Validate and normalise a conv_transpose{nd}d call exactly as torch does."""
     op = p.op
     sx, sw = p.ops["input"].shape, p.ops["weight"].shape
-    spatial = _SPATIAL[nd]
-    if len(sx) not in (nd + 1, nd + 2):
-        fix = " Add batch and channel axes: input[None, None]." if len(sx) == nd else ""
-        raise ValueError(f"{op}: input must have shape (N, C_in, {spatial}) or (C_in, {spatial}); got shape {sx}.{fix}")
-    if len(sw) != nd + 2:
-        raise ValueError(f"{op}: weight must have shape (C_in, C_out / groups, {_KERNEL[nd]}); got weight.shape={sw}.")
-    if not _is_int(groups) or groups < 1:
-        raise ValueError(f"{op}: groups must be a positive int; got groups={groups!r}.")
-    unbatched = len(sx) == nd + 1
+    unbatched = check_ranks(op, nd, sx, sw, groups, "input", "C_in", "C_in, C_out / groups")
     c_in = sx[0] if unbatched else sx[1]
     if sw[0] != c_in:
         raise ValueError(
@@ -263,14 +287,15 @@ def run_conv_transpose(p, c: ConvTOperands, want_mag=False, with_bias=True, rows
         cls.append(np.ascontiguousarray(ids.reshape(-1), np.int64))
     n, c_out, do, ho, _ = c.out_shape
     filters = 8 * (c_out // c.groups) * max(1, c.W[0].size)  # bytes of one gathered set of filters
-    if slots is None:
-        slots = max(1, min(int(cls[1].max()) + 1, (1 << 25) // filters))  # at most 32 MiB per task
+    if slots is None:  # a slot for every (y, x) tap set, at most 32 MiB per task
+        slots = max(1, min((int(cls[0].max()) + 1) * (int(cls[1].max()) + 1), (1 << 25) // filters))
     if rows is None:
         rows = max(1, min(ho, (n * c.groups * do * ho) // (8 * numba.get_num_threads())))  # ~8 tasks per thread
     Wt = np.ascontiguousarray(c.W.reshape(c.W.shape[0], -1, *c.weight.shape[2:]))
-    _convt_kernel(c.X, Wt, b, has_bias, out, mag, want_mag, c.groups, np.array(c.stride, np.int64),
-                  np.array(c.padding, np.int64), np.array(c.dilation, np.int64), cls[0], cls[1], slots, rows,
-                  *p.kernel_args)  # fmt: skip
+    with numba.parallel_chunksize(1):  # tasks handed out one at a time: a thread slowed by other load takes fewer
+        _convt_kernel(c.X, Wt, b, has_bias, out, mag, want_mag, c.groups, np.array(c.stride, np.int64),
+                      np.array(c.padding, np.int64), np.array(c.dilation, np.int64), cls[0], cls[1], slots, rows,
+                      *p.kernel_args)  # fmt: skip
     return c.result(out), (c.result(mag) if want_mag else None)
 
 

@@ -152,6 +152,28 @@ def test_fast_rounding_path_decides_only_when_it_can(row, bias, want):
     _all_same(got, truth.linear(a, np.ones((1, len(row)), np.float32), np.array([bias], np.float32)))
 
 
+def test_float32_conversion_is_round_to_float32():
+    """The convolutions' fast path rounds float32 results by the float64 -> float32 conversion
+    (refkern.kernels.conv.decide), taking it for round_to(x, 24, -126, 127): the same for every
+    float64 x. Pinned on midpoints and their neighbours (normal, subnormal, the overflow threshold
+    2**128 - 2**103 and the largest float32), values beyond float32's range and random bit patterns."""
+    from refkern.accumulate.formats import FLOAT32, round_array
+
+    rng = np.random.default_rng(32)
+    e = rng.integers(-160, 129, 4000).astype(float)
+    mid = (2 * rng.integers(0, 2**23, 4000) + 1 + 2**24) * 2.0 ** (e - 24)  # odd multiples of half an ulp
+    sub = (2 * rng.integers(0, 2**22, 1000) + 1) * 2.0**-150  # subnormal midpoints
+    edge = np.array([2.0**128 - 2.0**103, 2.0**128 - 2.0**104, 2.0**128, 2.0**-150, 2.0**-149, 3 * 2.0**-150, 1e300])
+    x = np.concatenate([mid, sub, edge])
+    x = np.concatenate([x, np.nextafter(x, np.inf), np.nextafter(x, 0.0)])
+    x = np.concatenate([x, -x, rng.integers(0, 2**63, 20000, dtype=np.int64).view(np.float64)])
+    x = x[np.isfinite(x)]
+    want = round_array(x, *FLOAT32.params)
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, as round_to gives
+        got = x.astype(np.float32).astype(np.float64)
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
 def test_torch_in_tensor_out():
     x, w, b = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3)
     y = rk.conv2d(x, w, b, padding=1)

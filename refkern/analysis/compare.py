@@ -255,7 +255,7 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
     if d.alternatives:
         notes.append(f"{' and '.join(sorted(set(d.alternatives)))} inputs fit as well: indistinguishable on these "
                      "inputs")  # fmt: skip
-    blind = int(np.count_nonzero(~np.isfinite(d.fits[0].bound)))
+    blind = f0.blind
     if blind:  # n u > 1/8 in the working precision, or an interval that reaches a pole: no bound is claimed
         notes.append(f"no envelope holds for {blind} of {ref.size} elements (too many operations for the working "
                      "precision to bound): any value there passes, so a bug there cannot be seen")  # fmt: skip

@@ -29,7 +29,7 @@ from numba import prange
 from refkern._jit import jit
 
 __all__ = ["chunks", "top_k", "insert_top", "merge_top", "ulp_exponent", "scale_down", "bound_ulps", "median_bracket",
-           "median_in_bracket", "median_max_bound_ulps", "POW2", "floor_log2"]  # fmt: skip
+           "median_in_bracket", "median_max_bound_ulps", "POW2", "SCALE1", "SCALE2", "floor_log2"]  # fmt: skip
 
 _EMIN = -1074  # frexp's exponent of the smallest subnormal float64 is -1073: bins start below it
 _SUB = 16  # bins per octave: the 4 significand bits after the leading one
@@ -96,15 +96,22 @@ def top_k(eligible, key, k: int = 10) -> np.ndarray:
 POW2 = np.ldexp(1.0, np.arange(-1074, 1024))  # POW2[k + 1074] = 2^k, every power of two a float64 holds
 
 
+# 2^-k = SCALE1[k + 1074] * SCALE2[k + 1074] for -1074 <= k <= 1023, each factor a float64 (2^-k alone is
+# not one below k = -1023): v * SCALE1 * SCALE2 is v / 2^k exactly as the division rounds it (the exact value
+# is rounded once, by the first product when the second is by 1 (the second is exact otherwise), or overflows)
+SCALE1 = np.ldexp(
+    1.0, np.where(np.arange(-1074, 1024) >= -1023, -np.arange(-1074, 1024), -np.arange(-1074, 1024) - 1023)
+)
+SCALE2 = np.where(np.arange(-1074, 1024) >= -1023, 1.0, 2.0**1023)
+
+
 @jit
 def floor_log2(bits):
     """floor(log2 |y|) of the float64 ``y`` with these bits, for a normal ``y``; -1 for 0 and for
     specials, -1023 for a float64 subnormal (below every format's ``emin``, which is what the
-    callers take the maximum with)."""
+    callers take the maximum with). A select, not a branch."""
     f = (bits >> 52) & 0x7FF
-    if f == 0x7FF or bits << 1 == 0:
-        return -1
-    return f - 1023
+    return -1 if (f == 0x7FF) | (bits << 1 == 0) else f - 1023
 
 
 @jit

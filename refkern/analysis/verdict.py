@@ -53,13 +53,14 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT64, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.passes import (
+    SCALE1,
+    SCALE2,
     chunks,
     insert_top,
     median_bracket,
     median_in_bracket,
     median_max_bound_ulps,
     merge_top,
-    scale_down,
     ulp_exponent,
 )
 from refkern.analysis.stats import ALPHA, level, proportion_margin, smaller_pvalue
@@ -341,6 +342,7 @@ class _EnvelopeFit:
     centre: np.ndarray | None = None
     src: tuple = ()  # (actual, centre, bound, params) flat: what the pass read, for the ratios asked for later
     counts: tuple = (0, 0, 0, 0)  # elements per state
+    blind: int = 0  # elements whose bound is infinite (or NaN): no envelope holds there
     top: np.ndarray | None = None  # flat indices of the (at most) ten largest ratios among the unequal, worst first
     max_ratio: float = 0.0
     median_ulps: float | None = None  # the bound in ulps of the result at the centre (with ``ulps=True``)
@@ -407,7 +409,7 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
         state = np.empty(a.size, np.int8)
         c, b = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (mid, bound))
         params = (st is not out, *st.params, key == ONE_PASS)
-        counts, tcnt = np.zeros((nch, 4), np.int64), np.zeros(nch, np.int64)
+        counts, tcnt = np.zeros((nch, 5), np.int64), np.zeros(nch, np.int64)
         tidx, tval = np.zeros((nch, _TOP), np.int64), np.zeros((nch, _TOP))
         lo, hi, room = median_bracket(c, b, out.prec, out.emin) if ulps else (0.0, 0.0, 0.0)
         kept = np.empty((nch, int(room * (-(-a.size // nch))) + 64 if ulps else 0))
@@ -419,7 +421,8 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
         tcnt = ((tval >= 0.0) & (np.arange(_TOP)[None, :] < tcnt[:, None])).sum(axis=1)
         top = merge_top(tidx, tval, tcnt, _TOP)  # its keys hold an infinite ratio as the largest float: read it again
         f = _EnvelopeFit(m, np.reshape(bound, shape), state.reshape(shape), np.reshape(mid, shape),
-                         (a, c, b, params), tuple(int(v) for v in counts.sum(axis=0)), top)  # fmt: skip
+                         src=(a, c, b, params), counts=tuple(int(v) for v in counts.sum(axis=0)[:4]),
+                         blind=int(counts[:, 4].sum()), top=top)  # fmt: skip
         f.max_ratio = float(f.ratio_at(top[:1]).max(initial=0.0))
         if ulps:
             f.median_ulps = median_in_bracket(kept, n_kept, n_below, a.size)
@@ -451,7 +454,7 @@ def _ratios(a, c, b, params):
     ratio, state = np.empty(a.size), np.empty(a.size, np.int8)
     nch = chunks(a.size)
     z = np.zeros(nch)
-    _envelope_pass(a, c, b, *params, False, 53, -1022, 0.0, 0.0, ratio, state, np.zeros((nch, 4), np.int64),
+    _envelope_pass(a, c, b, *params, False, 53, -1022, 0.0, 0.0, ratio, state, np.zeros((nch, 5), np.int64),
                    np.zeros((nch, _TOP), np.int64), np.zeros((nch, _TOP)), np.zeros(nch, np.int64), np.empty((nch, 0)),
                    np.zeros(nch, np.int64), np.zeros(nch, np.int64), z, z.copy())  # fmt: skip
     return ratio
@@ -467,24 +470,25 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
     has a's size: the callers that keep only the summaries pass an empty one). ``one_pass``: a NaN where the
     bound is infinite is within (E[x^2] - E[x]^2 + eps can fall below 0: its square root is NaN where
     the envelope reaches 0). Per chunk of :func:`~refkern.analysis.passes.chunks` (the rows of the
-    summary arrays): the count of each state, the ``k`` largest ratios among the unequal elements
-    (:func:`~refkern.analysis.passes.insert_top`), and with ``ulps``, for the bound in ulps of the
-    result format (oprec, oemin) at ``c``: the count below ``lo``, the values in [lo, hi] (kept while
-    there is room, all counted: :func:`~refkern.analysis.passes.median_in_bracket`) and the largest;
-    and the largest ``|a - c|`` in those ulps."""
+    summary arrays): the count of each state and of the infinite bounds, the ``k`` largest ratios
+    among the unequal elements (:func:`~refkern.analysis.passes.insert_top`), and with ``ulps``, for
+    the bound in ulps of the result format (oprec, oemin) at ``c``: the count below ``lo``, the
+    values in [lo, hi] (kept while there is room, all counted:
+    :func:`~refkern.analysis.passes.median_in_bracket`) and the largest; and the largest ``|a - c|``
+    in those ulps."""
     n = a.size
     nch = counts.shape[0]
     cb = c.view(np.int64)
     keep_ratio = ratio.size == n
     for ch in prange(nch):
-        n0 = n1 = n2 = n3 = m = nk = nb = 0
+        n0 = n1 = n2 = n3 = n4 = m = nk = nb = 0
         pk = ue = 0.0
         ti, tv, kc = tidx[ch], tval[ch], kept[ch]  # views made once per chunk (each is a reference count)
         room = max(kc.size, 1)
         if not ulps:
             kc = np.empty(1)
+        kz = oemin - oprec + 1 + 1074
         thr = -np.inf  # the key an element must beat to enter the chunk's list (its k-th, once full)
-        uinf = False
         for i in range(ch * n // nch, (ch + 1) * n // nch):
             # arithmetic on the equal/unequal bit rather than branches: on real outputs it is a coin
             # flip per element, which a branch predictor loses (twice the time of the whole pass)
@@ -492,17 +496,20 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
             sm = (x == y) | ((x != x) & (y != y))
             w = np.float64(sm)
             r = _ratio_one(x, y, b, grid, prec, emin, emax, one_pass)
-            if ulps:
-                k = ulp_exponent(cb[i], oprec, oemin)
-                v = scale_down(b, k) if b < np.inf else np.inf
-                pk = max(pk, v)
+            if ulps:  # compare-selects and exact power-of-two products: no branch the data decides
+                k = ulp_exponent(cb[i], oprec, oemin) + 1074
+                v = b * SCALE1[k] * SCALE2[k]
+                if v != v:
+                    v = np.inf  # no bound holds
+                pk = v if v > pk else pk
                 nb += v < lo
                 kc[min(nk, room - 1)] = v  # committed only by the count: the next value may overwrite it
                 nk += (v >= lo) & (v <= hi)
-                ke = k if y != 0.0 else oemin - oprec + 1  # in ulps at y as ulp.py counts them: at 0 the
-                eu = scale_down(abs(x - y), ke) if (x - x == 0.0) & (y - y == 0.0) else np.inf  # smallest subnormal's
-                ue = max(ue, min(eu, _BIG) * (1.0 - w))
-                uinf |= (eu == np.inf) & ~sm
+                ke = k if y != 0.0 else kz  # in ulps at y as ulp.py counts them: at 0 the smallest subnormal's
+                d = abs(x - y) * SCALE1[ke] * SCALE2[ke]  # 0 when equal; NaN only at specials
+                if d != d:
+                    d = 0.0 if sm else np.inf
+                ue = d if d > ue else ue
             if keep_ratio:
                 ratio[i] = 0.0 if sm else r
             st = np.int8(3 if r > 1.0 else (1 if b < np.inf else 2)) * np.int8(1 - sm)
@@ -511,12 +518,12 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
             n1 += st == 1
             n2 += st == 2
             n3 += st == 3
+            n4 += not b < np.inf
             key = min(r, _BIG) * (1.0 - w) - w  # -1 for an equal element (never outranks an unequal one)
             if key > thr:
                 m = insert_top(ti, tv, m, i, key)
                 thr = tv[m - 1] if m == ti.size else -np.inf
-        ue = np.inf if uinf else ue
-        counts[ch, 0], counts[ch, 1], counts[ch, 2], counts[ch, 3] = n0, n1, n2, n3
+        counts[ch, 0], counts[ch, 1], counts[ch, 2], counts[ch, 3], counts[ch, 4] = n0, n1, n2, n3, n4
         tcnt[ch], peak[ch], uerr[ch], n_kept[ch], n_below[ch] = m, pk, ue, nk, nb
 
 

@@ -371,3 +371,27 @@ def test_half_conv_transpose_rounds_per_tap_as_torch_does(dtype):
     bad = out.clone()
     bad[:, 1] = F.conv_transpose2d(x, w, None, **kw)[:, 1]  # channel 1 without its bias
     assert rk.compare(bad, "conv_transpose2d", x, w, b, **kw).verdict == "mismatch"
+
+
+def _envelope_decision(actual, centre_p):
+    """decide_envelope on four float32 elements: the reference 0 with rounding's window [-1, 1] each,
+    and an fp16 hypothesis whose first centre is ``centre_p`` (the others 0), with windows of 1; the
+    output's other elements lie in both windows."""
+    from refkern.accumulate.formats import FLOAT32
+    from refkern.analysis.verdict import decide_envelope
+
+    ref, one = np.zeros(4), np.ones(4)
+    hyps = [("rounding", None, ref, one), ("fp16", "fp16", np.array([centre_p, 0.0, 0.0, 0.0]), one)]
+    return decide_envelope(np.array([actual, 0.5, -0.5, 0.0]), ref, hyps, FLOAT32)
+
+
+def test_a_precision_is_named_only_where_its_window_and_roundings_are_disjoint():
+    # windows [-1, 1] and [0.5, 2.5] overlap: an element at 1.625 is what a bug just beyond rounding gives too
+    d = _envelope_decision(1.625, 1.5)
+    assert (d.verdict, d.precision) == ("mismatch", None)
+    assert any("cannot be told apart" in s["text"] for s in d.structure)
+    # [-1, 1] and [2, 4] are disjoint (1 + 1 < 3): fp16 predicted the element leaves rounding's window, and where
+    d = _envelope_decision(3.25, 3.0)
+    assert (d.verdict, d.precision) == ("reduced-precision", "fp16")
+    # at the edge, 1 + 1 = 2: not disjoint, a bug at 2.5 is only 1.5 windows from the reference
+    assert _envelope_decision(2.5, 2.0).verdict == "mismatch"

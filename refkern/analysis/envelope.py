@@ -355,7 +355,7 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format, lazy: bool = 
         hyps.append((key, prec, None, lambda p=prec, f=fmt: _reduced(name, args, ref, out, p, f)))
     if lay.kind in ("var", "std"):
         hyps.append((ONE_PASS, None, None, lambda: (ref, _one(lay, u + u_m, u_m, True, ref, out, store=True))))
-    elif lay.kind == "norm" and lay.given is None:
+    elif lay.kind == "norm" and lay.given is None and lay.center:  # rms_norm has no mean to cancel against
         hyps.append((ONE_PASS, ONE_PASS_TEXT, lambda a, bad, r: _one_pass_norm(lay, u, a, bad, r, rounding), None))
     if lay.kind in _SOFTMAX_KINDS:
         from refkern.analysis._envelope_softmax import named_bugs, reduced_hypotheses

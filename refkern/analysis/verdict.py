@@ -550,6 +550,28 @@ def _swallowed(f: _EnvelopeFit, r0: _EnvelopeFit, ref, fails0) -> int:
     return int(fails0.size - np.count_nonzero(informative))
 
 
+def _strong(f: _EnvelopeFit, r0: _EnvelopeFit, ref, fails0) -> int:
+    """How many of the elements rounding does not explain (flat indices ``fails0``) are strong evidence
+    for the precision hypothesis ``f``: its window and rounding's are disjoint there,
+    ``B_f + B_0 < |c_f - ref|``, or the output equals ``f``'s centre, or lies on the coarser grid ``f``
+    stores in with a finite bound. Where the windows are disjoint ``f`` predicts that a computation in
+    its precision leaves rounding's window, on which side and by how much; an output there fulfils that
+    prediction. Where they merely overlap, a bug just beyond rounding's window lands in ``f``'s part of
+    it whenever ``f``'s window reaches that far: a single element off by 1.5 times its envelope was
+    named fp16 that way (a std, a log_softmax, an attention output: bench_verdict). A precision is named
+    only with every failing element informative (:func:`_swallowed`) and at least one strong. The
+    sharp softmax/attention hypotheses (a key other than a precision) keep their own rule."""
+    if f.model.key != f.model.precision:
+        return int(fails0.size)
+    b, c = f.bound.reshape(-1)[fails0], f.centre.reshape(-1)[fails0]
+    with np.errstate(invalid="ignore"):
+        strong = b + r0.bound.reshape(-1)[fails0] < np.abs(c - ref.reshape(-1)[fails0])
+    strong |= f.state.reshape(-1)[fails0] == 0
+    if f.model.storage is not r0.model.storage:
+        strong |= b < np.inf
+    return int(np.count_nonzero(strong))
+
+
 def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     """The verdict for ops judged by worst-case envelopes (:mod:`refkern.analysis.envelope`).
 
@@ -566,8 +588,9 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     envelope holds everywhere and explains every element that rounding does not with a window that
     does not hold rounding's own (:func:`_swallowed`: a window that holds any value, or every value
     a bug next to a correct result could take, names nothing; elements of the output passed only
-    by an infinite bound are reported as blind spots), the
-    coarser ones that qualify too reported as indistinguishable; else "mismatch", measured against
+    by an infinite bound are reported as blind spots) and at least one of them where its window and
+    rounding's are disjoint (:func:`_strong`: a prediction that precision makes and rounding does
+    not), the coarser ones that qualify too reported as indistinguishable; else "mismatch", measured against
     the rounding envelope, with a
     note when the one-pass variance (a known wrong algorithm) or a named bug explains what rounding
     does not.
@@ -592,7 +615,8 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     bad = r0.state == 3  # beyond the rounding envelope
     fails0 = np.flatnonzero(bad)
     swallowed = {id(f): _swallowed(f, r0, ref, fails0) for f in fits[1:] if f.model.precision and f.explains}
-    reduced = sorted((f for f in fits[1:] if id(f) in swallowed and not swallowed[id(f)]),
+    weak = {id(f) for f in fits[1:] if swallowed.get(id(f)) == 0 and not _strong(f, r0, ref, fails0)}
+    reduced = sorted((f for f in fits[1:] if id(f) in swallowed and not swallowed[id(f)] and id(f) not in weak),
                      key=lambda f: -f.model.acc.prec)  # fmt: skip
     if reduced:
         f, tie = reduced[0], [g.model.precision for g in reduced[1:]]
@@ -606,9 +630,21 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     cls[bad] = 3
     found = []
     one = [f for f in fits if f.model.key == ONE_PASS]
-    if one and one[0].explains and (bad & ~one[0].vacuous).any():  # evidence, as for a precision
-        found.append({"kind": "algorithm", "text": ONE_PASS_TEXT})
+    if one and one[0].explains and (bad & ~one[0].vacuous).any():  # var/std: the one-pass window is rounding's,
+        # centred alike and wider: nested, so it fits every error up to its width, a one-pass variance's or not
+        with np.errstate(all="ignore"):
+            wide = float(np.max((one[0].bound / r0.bound)[bad & ~one[0].vacuous]))
+        found.append({"kind": "algorithm", "text": f"{ONE_PASS_TEXT}; on these inputs its cancellation allows errors "
+                      f"up to {wide:.3g}x rounding's envelope, and any other error in the variance of that size fits "
+                      "as well"})  # fmt: skip
     for f in fits[1:]:
+        if id(f) in weak:
+            p = f.model.precision
+            found.append({"kind": "blind", "text": f"{p} inputs would explain it, but only through windows that "
+                          "overlap rounding's (none of the elements rounding does not explain lies where "
+                          f"{p} inputs and rounding predict apart): there a bug just beyond rounding and {p} inputs "
+                          "cannot be told apart"})  # fmt: skip
+            break
         if swallowed.get(id(f)):
             found.append({"kind": "blind", "text": f"{f.model.precision} inputs would explain it, but only through "
                           "windows that hold rounding's own (an ill-conditioned step, such as a variance that their "

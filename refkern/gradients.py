@@ -1145,6 +1145,90 @@ def _pool_report(op, got, g, a, who):
                             ref.reshape(c.shape), b.reshape(c.shape), c.fmt, device, n_terms, op)  # fmt: skip
 
 
+# ---------------------------------------------------------------- scaled_dot_product_attention
+
+
+@dataclass
+class _AttnCall:
+    """A validated attention backward call: the forward's normalised operands, grad_output as float64
+    (B, L, Ev), the original shapes of query, key and value, whether to return tensors."""
+
+    a: object
+    G: np.ndarray
+    shapes: dict
+    as_tensor: bool
+
+
+def _attn_call(op, g, a, who) -> _AttnCall:
+    from refkern.kernels.attention import attention_operands
+
+    try:
+        at = attention_operands(a["query"], a["key"], a["value"], a.get("attn_mask"), a.get("dropout_p", 0.0),
+                                a.get("is_causal", False), a.get("scale"), a.get("enable_gqa", False),
+                                op=who)  # fmt: skip
+    except ValueError as exc:
+        if "dropout_p" in str(exc):
+            raise ValueError(f"{who}: {op} with dropout_p > 0 has no reference gradient: the random dropout mask "
+                             f"cannot be passed in; got dropout_p={a.get('dropout_p')}. Compare with dropout_p=0.0 "
+                             "(model.eval()).") from None  # fmt: skip
+        raise
+    og = operand(g, "grad_output", who)
+    if og.fmt.name != at.fmt.name:
+        raise TypeError(f"{who}: grad_output must have the dtype of the output of {op}, {at.fmt.name}; "
+                        f"got grad_output.dtype={og.fmt.name}.")  # fmt: skip
+    if tuple(og.shape) != tuple(at.out_shape):
+        raise ValueError(f"{who}: grad_output must have the shape of the output of {op}, {tuple(at.out_shape)}; "
+                         f"got grad_output.shape={tuple(og.shape)}.")  # fmt: skip
+    G = np.ascontiguousarray(np.asarray(og.values, np.float64).reshape(at.iq.size, *at.out_shape[-2:]))
+    if not all(np.isfinite(x).all() for x in (at.Q, at.K, at.V, G)):
+        raise ValueError(f"{who}: {op} backward needs finite query, key, value and grad_output; got a NaN or an "
+                         "infinity. The gradient of a non-finite input has no real value to round.")  # fmt: skip
+    if at.Q.shape[2] > 0 and not math.isfinite(at.scale):
+        raise ValueError(f"{who}: {op} backward needs a finite scale; got scale={at.scale}.")
+    shapes = {k: _shape(a[k]) for k in ("query", "key", "value")}
+    return _AttnCall(at, G, shapes, at.tensor or og.torch)
+
+
+def _attn_grads(c: _AttnCall, wrt) -> dict:
+    """{name: float64 gradient in its argument's shape} for the names in wrt."""
+    from refkern.kernels.attention_backward import attention_backward
+
+    got, _ = attention_backward(c.a, c.G, wrt)
+    return {k: v.reshape(c.shapes[k]) for k, v in got.items()}
+
+
+def _attention(op, g, a, wrt, who):
+    from refkern.kernels._common import deliver
+
+    c = _attn_call(op, g, a, who)
+    memo = {}
+
+    def grads():  # every gradient asked for from one pass over the rows
+        if not memo:
+            memo.update({k: deliver(v, c.a.fmt, c.as_tensor) for k, v in _attn_grads(c, wrt).items()})
+        return memo
+
+    return {k: Adjoint(k, op, (), compute=lambda k=k: grads()[k]) for k in wrt}
+
+
+def _attn_report(op, name, got, g, a, who):
+    """compare_backward's Report for one gradient of scaled_dot_product_attention, judged by its envelope."""
+    from refkern.analysis._envelope_backward import attention_bound
+    from refkern.analysis.compare import _actual
+
+    c = _attn_call(op, g, a, who)
+    act, afmt, device = _actual(got)
+    if afmt.name != c.a.fmt.name:
+        raise TypeError(
+            f"{who}: the gradient of {name} must have the dtype of {name}, {c.a.fmt.name}; got {afmt.name}."
+        )
+    ref = _attn_grads(c, (name,))[name]
+    stack = {"query": c.a.Q, "key": c.a.K, "value": c.a.V}[name].shape
+    b, n_terms = attention_bound(c.a, c.G, name, ref.reshape(stack))
+    return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(ref.shape), ref,
+                            b.reshape(ref.shape), c.a.fmt, device, n_terms, op)  # fmt: skip
+
+
 def _bind_nd(fn, nd):
     return lambda op, g, a, wrt, who: fn(nd, op, g, a, wrt, who)
 
@@ -1161,6 +1245,7 @@ _BUILDERS = {
     "group_norm": (_norm, ("input", "weight", "bias")),
     "batch_norm": (_norm, ("input", "weight", "bias")),
     **{f"{kind}{d}d": (_pool, ("input",)) for kind in ("avg_pool", "max_pool", "adaptive_avg_pool") for d in (1, 2)},
+    "scaled_dot_product_attention": (_attention, ("query", "key", "value")),
 }
 ENVELOPE_OPS = ("softmax", "log_softmax")  # judged by worst-case envelopes (refkern.analysis._envelope_backward)
 NORM_OPS = ("layer_norm", "rms_norm", "group_norm", "batch_norm")  # judged by the norm envelopes (same module)
@@ -1216,8 +1301,8 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
 
     ``op``: "linear", "matmul", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
     "conv_transpose3d", "softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm",
-    "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d"
-    (or the refkern function); the
+    "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+    "scaled_dot_product_attention" (or the refkern function); the
     arguments are exactly the op's (same names: ``x``/``weight``/``bias``, ``a``/``b``,
     ``input``/``weight``/``bias``, ``input``/``dim``, ``input``/``normalized_shape``/``weight``/``bias``/``eps``), and
     ``grad_output`` has the op's output shape and dtype. ``wrt``: the argument
@@ -1244,7 +1329,11 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     sqrt(rv + eps)``, ``sum g (x - rm) / sqrt(rv + eps)``, ``sum g`` (:mod:`refkern.kernels.batch_norm_backward`).
     Poolings: each element of grad_input the exact sum of ``g_o / d_o`` over the average windows that
     hold it, or of ``g_o`` over the windows whose selected maximum it is (torch's CPU choice: the first of
-    equal maxima), rounded once (:mod:`refkern.kernels.pool_backward`).
+    equal maxima), rounded once (:mod:`refkern.kernels.pool_backward`). scaled_dot_product_attention:
+    ``query``, ``key``, ``value`` from ``P = softmax(scale q k^T + mask)`` (real exp), ``dv = P^T dO``,
+    ``dS = P (dO v^T - rowsum(dO O))``, ``dq = scale dS k``, ``dk = scale dS^T q``, summed over the batches
+    that read each element, rounded once (:mod:`refkern.kernels.attention_backward`; dropout_p > 0 and
+    non-finite inputs are refused).
 
     A convolution with ``padding_mode`` "reflect", "replicate" or "circular": the gradient of ``x``
     folds the padded border back onto the input, each element one exact sum of every product that
@@ -1270,7 +1359,8 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
     (float64) implementation that differentiates from its own stored forward
     (:mod:`refkern.analysis._envelope_backward`): ``exact``, ``rounding`` or ``mismatch``; so are the
     layer_norm, rms_norm, group_norm and batch_norm gradients (the envelope of torch's CPU kernels'
-    forms, same module).
+    forms, same module), and the scaled_dot_product_attention gradients (``attention_bound``: torch's math
+    backend and a flash backward, every intermediate possibly stored in the dtype).
     """
     from refkern.analysis.compare import compare
 
@@ -1288,6 +1378,9 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
             raise ValueError(
                 f"compare_backward: the gradient of {k} must have the shape of {k}, {want}; got shape {_shape(got)}."
             )
+        if adj[k].op == "scaled_dot_product_attention":
+            out[k] = _attn_report(adj[k].op, k, got, grad_output, bound, "compare_backward")
+            continue
         if adj[k].op in POOL_OPS:
             out[k] = _pool_report(adj[k].op, got, grad_output, bound, "compare_backward")
             continue

@@ -616,6 +616,113 @@ def _pool_backward(name, G, og, a, wrt):
     return {"input": deliver(out.reshape(x.shape), ox.fmt, og.torch or ox.torch)}
 
 
+def _attention_backward(name, G, og, a, wrt):
+    """scaled_dot_product_attention: every gradient element from the definition (module docstring of
+    :mod:`refkern.kernels.attention_backward`) on mpmath intervals, Ziv's loop. Per row: exact logits
+    (:func:`refkern.truth.softmax._logit`), ``dP_j = dO_i . v_j`` as a Fraction, ``P = exp(z - max) /
+    sum``, ``dS_j = P_j (dP_j - sum_k P_k dP_k)``. Rational values exactly: a row of equal finite logits
+    (``P = 1/c``), a ``dS_j`` that vanishes (``sum_{k: z_k = t} (dP_j - dP_k) = 0`` for every distinct
+    logit t: Lindemann-Weierstrass). A NaN or +inf logit: NaN wherever the row reaches; a fully masked
+    row: ``P = 0``. The layout comes from the kernel's validation; the numbers do not."""
+    from refkern.kernels._common import deliver
+    from refkern.kernels.attention import attention_operands
+    from refkern.truth.softmax import _decide, _ivq, _logit, iv
+
+    at = attention_operands(a["query"], a["key"], a["value"], a.get("attn_mask"), a.get("dropout_p", 0.0),
+                            a.get("is_causal", False), a.get("scale"), a.get("enable_gqa", False),
+                            op="truth.backward")  # fmt: skip
+    B = at.iq.size
+    L, S = at.Q.shape[1], at.K.shape[1]
+    Gb = G.reshape(B, L, -1)
+    fmt = at.fmt
+    rows = {}
+
+    def row(b, i):
+        if (b, i) in rows:
+            return rows[(b, i)]
+        if at.causal:
+            mrow = [(-math.inf if j > i else 0.0) for j in range(S)]
+        elif at.has_mask:
+            m = at.mask[at.im[b], i if at.mask.shape[1] > 1 else 0]
+            mrow = [float(m[j if m.size > 1 else 0]) for j in range(S)]
+        else:
+            mrow = [0.0] * S
+        q = at.Q[at.iq[b], i].tolist()
+        z = [_logit(q, at.K[at.ik[b], j].tolist(), mrow[j], at.scale) for j in range(S)]
+        r = {"nan": any(isinstance(t, float) and (t != t or t == math.inf) for t in z)}
+        fin = [j for j in range(S) if isinstance(z[j], Fraction)]
+        r["fin"] = fin
+        if fin and not r["nan"]:
+            M = max(z[j] for j in fin)
+            d = {j: z[j] - M for j in fin}
+            dO = [Fraction(float(x)) for x in Gb[b, i]]
+            dP = {j: sum((x * Fraction(float(v)) for x, v in zip(dO, at.V[at.iv[b], j])), Fraction(0)) for j in fin}
+            levels = set(d.values())
+            r.update(d=d, dP=dP, eq=len(levels) == 1)
+            r["zero"] = {j for j in fin if all(sum((dP[j] - dP[k] for k in fin if d[k] == t), Fraction(0)) == 0
+                                                for t in levels)}  # fmt: skip
+        rows[(b, i)] = r
+        return r
+
+    def value(terms, scaled):
+        """RN(s sum coef X) with X = P_j or dS_j of a row."""
+        live = [(r, j, kind, Fraction(float(cf))) for r, j, kind, cf in terms if r["nan"] or r["fin"]]
+        if any(r["nan"] for r, _, _, _ in live):
+            return math.nan
+        live = [t for t in live if t[1] in t[0]["d"] and t[3] != 0]
+        sq = Fraction(at.scale) if scaled else Fraction(1)
+        exact, rest = Fraction(0), []
+        for r, j, kind, cf in live:
+            c = len(r["fin"])
+            if kind == "dS" and j in r["zero"]:
+                continue
+            if r["eq"]:
+                mean = sum(r["dP"].values(), Fraction(0)) / c
+                exact += cf * (Fraction(1, c) if kind == "P" else (r["dP"][j] - mean) / c)
+            else:
+                rest.append((r, j, kind, cf))
+        if not rest:
+            return _decide(fmt, lambda: _ivq(sq * exact))
+
+        def make():
+            tot = _ivq(exact)
+            for r, j, kind, cf in rest:
+                e = {k: (iv.exp(_ivq(t)) if t != 0 else iv.mpf(1)) for k, t in r["d"].items()}
+                den = iv.mpf(0)
+                for k in r["fin"]:
+                    den += e[k]
+                P = {k: e[k] / den for k in r["fin"]}
+                if kind == "P":
+                    x = P[j]
+                else:
+                    delta = iv.mpf(0)
+                    for k in r["fin"]:
+                        delta += P[k] * _ivq(r["dP"][k])
+                    x = P[j] * (_ivq(r["dP"][j]) - delta)
+                tot += _ivq(cf) * x
+            return _ivq(sq) * tot
+
+        return _decide(fmt, make)
+
+    names = ("query", "key", "value") if wrt is None else ((wrt,) if isinstance(wrt, str) else tuple(wrt))
+    out = {}
+    for k in names:
+        X = {"query": at.Q, "key": at.K, "value": at.V}[k]
+        idx = {"query": at.iq, "key": at.ik, "value": at.iv}[k]
+        v = np.zeros(X.shape)
+        for t, r_, c in np.ndindex(*X.shape):
+            bs = [b for b in range(B) if idx[b] == t]
+            if k == "query":
+                terms = [(row(b, r_), j, "dS", at.K[at.ik[b], j, c]) for b in bs for j in range(S)]
+            elif k == "key":
+                terms = [(row(b, i), r_, "dS", at.Q[at.iq[b], i, c]) for b in bs for i in range(L)]
+            else:
+                terms = [(row(b, i), r_, "P", Gb[b, i, c]) for b in bs for i in range(L)]
+            v[t, r_, c] = value(terms, k != "value")
+        out[k] = deliver(v.reshape(np.shape(a[k])), fmt, og.torch or at.tensor)
+    return out
+
+
 def _round_float_to(t: float, fmt) -> float:
     """A float64 value (NaN and infinities included) rounded once to fmt."""
     from refkern.truth.softmax import _round_float
@@ -644,6 +751,9 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
     if name in ("softmax", "log_softmax"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _softmax_backward(name, G, og, a, wrt)
+    if name == "scaled_dot_product_attention":
+        G, og = _values(grad_output, "grad_output", "truth.backward")
+        return _attention_backward(name, G, og, a, wrt)
     if name.startswith(("avg_pool", "max_pool", "adaptive_avg_pool")):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _pool_backward(name, G, og, a, wrt)

@@ -1,0 +1,429 @@
+"""The backward of ``scaled_dot_product_attention``, correctly rounded: the real-valued derivative of
+the definition at the given inputs, rounded once to the query's dtype.
+
+Per output batch b and query row i (logits ``z_ij = s q_i . k_j + m_ij``, ``P = softmax(z)`` row-wise
+with real exp, ``dO`` the gradient arriving):
+
+    dP_ij = dO_i . v_j,   Delta_i = sum_j P_ij dP_ij,   dS_ij = P_ij (dP_ij - Delta_i),
+    dq_i = s sum_j dS_ij k_j,   dk_j = s sum_i dS_ij q_i,   dv_j = sum_i P_ij dO_i,
+
+each gradient element summed over every output batch that reads it (broadcast batch dimensions,
+and the query heads of a key/value head with ``enable_gqa``), rounded once. A fully masked row has
+``P = 0`` (torch's math backend: the forward is the constant 0 there), hence no gradient. A row with
+a NaN or +inf logit (a NaN or +inf mask value) makes NaN every element it reaches: its dq row, and
+every dk and dv element of its key/value batch. Non-finite query, key, value or grad_output are
+refused (:func:`attention_backward`).
+
+Method (Ziv's strategy, as :mod:`refkern.kernels.softmax_backward`). float16/bfloat16/float32
+inputs: a float64 pass (:func:`_fast_rows`, :func:`_fast_reduce`) evaluates every element with a
+rigorous error bound and rounds both ends of the interval; elements whose ends round apart, every
+element a row with a large error reaches, and every element of a float64 result go to the exact
+path (:class:`_Exact`): exact logits and dP (Fractions), the exponentials as rigorous integer
+intervals (:func:`refkern.kernels._exact_real.exp_interval`) combined as Fraction intervals at
+doubling widths until both ends round alike. Rational results are found first and computed
+exactly (the interval loop would not end on a representable value or a midpoint): rows whose finite
+logits are all equal (``P = 1/c``), and ``dS_ij`` that vanish exactly (for every group of equal
+logits, ``sum_{k in group} (dP_ij - dP_ik) = 0``: by Lindemann-Weierstrass the exponentials of
+distinct rational logits are linearly independent over the rationals, so this is the only way
+``dS_ij = e**a_j sum_k e**a_k (dP_ij - dP_ik) / S**2`` is 0). An element whose every term is then
+exact is that exact rational, rounded once. Elements summing irrational terms are irrational unless
+the terms of different rows cancel exactly (e.g. two identical rows with opposite dO): that case is
+not detected, and the loop stops with a RuntimeError at 2**16 bits rather than return a guess.
+"""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate.eft import two_sum
+from refkern.accumulate.formats import Format
+from refkern.accumulate.ziv import round_fraction
+from refkern.kernels._transcendental import EXP_FAST_REL, X_MIN, U, bracket_around, exp_fast
+from refkern.kernels.attention import Attention, _exact_logits, _mask_row, _mask_value
+from refkern.kernels.softmax_backward import _decided, _exp_iv, _iv_add, _iv_mul, _iv_scale
+
+__all__ = ["attention_backward", "AttnBackCounts"]
+
+OP = "scaled_dot_product_attention"
+_TINY = 2.0**-1074
+
+
+@jit(parallel=True)
+def _fast_rows(Q, K, V, G, iq, ik, iv, M3, im, has_mask, causal, scale, P, eP, dS, edS, status):
+    """Per row (b, i): P (float64), eP >= |P - P_exact|, dS, edS >= |dS - dS_exact|, status (0 fine,
+    1 for the exact path, 2 NaN row, 3 fully masked). Inputs of a narrow format, finite.
+
+    Bounds (u = 2**-53, ``gamma_n <= 1.01 n u``; 2**-1074 for each quantity that may underflow):
+
+    * ``q . k_j`` summed in float64 from exact products: within ``gamma_E A_j``, ``A_j = sum |q_l k_jl|``;
+      ``t = fl(s dot)`` and ``z_j = fl(t + m_j)`` add ``u (|t| + |z_j|)``: ``ez_j`` (the forward's bound,
+      :func:`refkern.kernels.attention._fast_weights`).
+    * ``p_j = e**(z_j - M)`` (M the largest computed logit, a float; softmax is invariant under the
+      shift) by exp_fast within ``eps_j = EXP_FAST_REL + 1.02 (|dd_j| + ez_j + ez_M)`` relative (the
+      argument's error, below 2**-20, moves e**x by at most 1.01 of it), 0 below e**X_MIN (2**-1074 each);
+      ``D = sum p_j`` within ``ED = (sum eps_j p_j + (n - 1) u D) 1.01 + S 2**-1074``; ``P_j = p_j fl(1/D)``
+      within ``eP_j = P_j (eps_j + ED / D + 2u) 1.02 + 2**-1073`` (softmax backward's ``ey``).
+    * ``dP_j = dO_i . v_j`` from exact products within ``edP_j = gamma_Ev sum_c |dO_ic v_jc|``;
+      ``Delta = sum_j P_j dP_j`` within ``eDel = (sum_j (eP_j |dP_j| + (P_j + eP_j) edP_j) + 2 (S + 1) u
+      sum_j |P_j dP_j|) 1.01 + S 2**-1074`` (S products and S - 1 additions, each operand off by its bound);
+      ``h_j = dP_j - Delta`` within ``eh_j = (edP_j + eDel + u |h_j|) 1.01``; ``dS_j = P_j h_j`` within
+      ``(eP_j (|h_j| + eh_j) + P_j eh_j + u |dS_j| + 2**-1074) 1.01``.
+
+    A row whose logit error exceeds 2**-20 (large logits) or whose ``ED / D`` does goes to the exact path."""
+    B, L, S = P.shape
+    E = Q.shape[2]
+    Ev = V.shape[2]
+    gE = 1.01 * E * U
+    gV = 1.01 * Ev * U
+    for t in prange(B * L):
+        b = t // L
+        i = t % L
+        q = Q[iq[b], i]
+        Kb = K[ik[b]]
+        Vb = V[iv[b]]
+        g = G[b, i]
+        z = np.empty(S)
+        ez = np.empty(S)
+        st = 0
+        M = -np.inf
+        eM = 0.0
+        for j in range(S):
+            m = _mask_value(M3, im[b], i, j, causal, has_mask)
+            if m != m or m == np.inf:
+                st = 2
+                break
+            if m == -np.inf:
+                z[j] = -np.inf
+                continue
+            dot = 0.0
+            A = 0.0
+            for l in range(E):
+                pr = q[l] * Kb[j, l]  # exact: narrow inputs
+                dot += pr
+                A += abs(pr)
+            ts = scale * dot
+            zj = ts + m
+            z[j] = zj
+            ez[j] = (abs(scale) * gE * A + U * (abs(ts) + abs(zj))) * (1.0 + 2.0**-50) + 2.0 * _TINY
+            if zj > M:
+                M = zj
+                eM = ez[j]
+        if st == 0 and M == -np.inf:
+            st = 3
+        for j in range(S):
+            P[b, i, j] = 0.0
+            eP[b, i, j] = 0.0
+            dS[b, i, j] = 0.0
+            edS[b, i, j] = 0.0
+        if st != 0:
+            status[b, i] = st
+            continue
+        eps = np.zeros(S)
+        Dsum = 0.0
+        esum = 0.0
+        cnt = 0
+        for j in range(S):
+            if z[j] == -np.inf:
+                continue
+            d, dd = two_sum(z[j], -M)
+            ed = abs(dd) + ez[j] + eM
+            if ed > 2.0**-20:
+                st = 1
+                break
+            if d < X_MIN:  # e**d < 2**-2885: inside the slack
+                continue
+            a, k = exp_fast(d)
+            P[b, i, j] = math.ldexp(a, k)
+            eps[j] = EXP_FAST_REL + 1.02 * ed
+            Dsum += P[b, i, j]
+            esum += eps[j] * P[b, i, j]
+            cnt += 1
+        ED = (esum + max(cnt - 1, 0) * U * Dsum) * 1.01 + S * _TINY
+        rho = ED / Dsum
+        if st == 1 or not rho < 2.0**-20:
+            status[b, i] = 1
+            continue
+        inv = 1.0 / Dsum
+        dP = np.empty(S)
+        edP = np.empty(S)
+        Del = 0.0
+        AP = 0.0
+        eD = 0.0
+        for j in range(S):
+            s1 = 0.0
+            a1 = 0.0
+            for c in range(Ev):
+                pr = g[c] * Vb[j, c]  # exact
+                s1 += pr
+                a1 += abs(pr)
+            dP[j] = s1
+            edP[j] = gV * a1
+            if z[j] == -np.inf:
+                continue
+            pj = P[b, i, j] * inv
+            P[b, i, j] = pj
+            eP[b, i, j] = pj * (eps[j] + rho + 2.0 * U) * 1.02 + 2.0 * _TINY
+            tj = pj * s1
+            Del += tj
+            AP += abs(tj)
+            eD += eP[b, i, j] * abs(s1) + (pj + eP[b, i, j]) * edP[j]
+        eDel = (eD + 2.0 * (S + 1) * U * AP) * 1.01 + S * _TINY
+        for j in range(S):
+            if z[j] == -np.inf:
+                continue
+            h = dP[j] - Del
+            eh = (edP[j] + eDel + U * abs(h)) * 1.01
+            v = P[b, i, j] * h
+            dS[b, i, j] = v
+            edS[b, i, j] = (eP[b, i, j] * (abs(h) + eh) + P[b, i, j] * eh + U * abs(v) + _TINY) * 1.01
+        status[b, i] = 0
+
+
+@jit(parallel=True)
+def _fast_reduce(W, eW, X, ix, order, starts, rstat, scale, prec, emin, emax, out, und):
+    """out[t, r, c] = RN(scale sum_{b in group t} sum_k W[b, r, k] X[ix[b], k, c]) when the bound decides
+    it, else und[t, r, c]. W within eW of the exact weights (elementwise); rstat[b, r] is the largest
+    status of the rows the element reads (1: undecided, 2: NaN).
+
+    With n the number of terms, the float64 sum of the rounded products is within ``gamma_n sum |W X|``
+    (n products, n - 1 additions) plus n 2**-1074 (underflowing products) of ``sum W X``, and that within
+    ``sum eW |X|`` of the exact sum; the product by ``scale`` adds u of the result. The float64 sums of
+    the bound's own terms err by at most gamma_n of them: the factor 1.02 (n u < 0.005)."""
+    T, R, C = out.shape
+    Kd = W.shape[2]
+    for t in prange(T * R):
+        tt = t // R
+        r = t % R
+        st = 0
+        for p in range(starts[tt], starts[tt + 1]):
+            st = max(st, rstat[order[p], r])
+        if st == 2:
+            for c in range(C):
+                out[tt, r, c] = np.nan
+            continue
+        if st == 1:
+            for c in range(C):
+                und[tt, r, c] = True
+            continue
+        n = (starts[tt + 1] - starts[tt]) * Kd
+        for c in range(C):
+            acc = 0.0
+            ab = 0.0
+            er = 0.0
+            for p in range(starts[tt], starts[tt + 1]):
+                b = order[p]
+                Xb = X[ix[b]]
+                for k in range(Kd):
+                    x = Xb[k, c]
+                    pr = W[b, r, k] * x
+                    acc += pr
+                    ab += abs(pr)
+                    er += eW[b, r, k] * abs(x)
+            v = scale * acc
+            e = (abs(scale) * (er + 1.01 * (n + 1) * U * ab + n * _TINY) * 1.02 + U * abs(v) + _TINY) * 1.01
+            val, ok = bracket_around(v, e, False, prec, emin, emax)
+            out[tt, r, c] = val
+            und[tt, r, c] = not ok
+
+
+def _groups(idx: np.ndarray, n: int):
+    """CSR of the output batches reading each of the n batches of an operand: (order, starts)."""
+    order = np.argsort(idx, kind="stable").astype(np.int64)
+    starts = np.searchsorted(idx[order], np.arange(n + 1)).astype(np.int64)
+    return order, starts
+
+
+# ---------------------------------------------------------------- the exact path
+
+
+def _snap(iv, w: int):
+    """The interval widened outward to dyadics with about w + 8 bits below its magnitude (keeps the
+    Fractions small; moves each end by at most 2**-(w + 8) of the magnitude)."""
+    lo, hi = iv
+    m = max(abs(lo), abs(hi))
+    if m == 0:
+        return iv
+    e = m.numerator.bit_length() - m.denominator.bit_length()
+    sc = w + 8 - e
+    f = Fraction(2) ** sc
+    return Fraction(math.floor(lo * f)) / f, Fraction(math.ceil(hi * f)) / f
+
+
+class _Row:
+    """One row (b, i), exactly: its state ("nan", "masked", "ok"), the finite logits' offsets ``a_j``, exact
+    ``dP_j``; ``rational`` (every finite logit equal: ``P = 1/c``), and per ``j`` the exact dS when it is
+    rational (0 by the group test, or the rational row's value), else None."""
+
+    def __init__(self, q, K, V, g, mrow, s):
+        z = _exact_logits(q, K, mrow, s)
+        self.state = "ok"
+        if any(t in ("nan", "+inf") for t in z):
+            self.state = "nan"
+            return
+        self.fin = [j for j, t in enumerate(z) if not isinstance(t, str)]
+        if not self.fin:
+            self.state = "masked"
+            return
+        M = max(z[j] for j in self.fin)
+        self.a = {j: z[j] - M for j in self.fin}
+        gq = [Fraction(float(x)) for x in g]
+        Vl = V.tolist()
+        self.dP = {j: sum((gc * Fraction(v) for gc, v in zip(gq, Vl[j]) if v != 0), Fraction(0)) for j in self.fin}
+        self.rational = all(a == 0 for a in self.a.values())
+        c = len(self.fin)
+        groups = {}
+        for j in self.fin:
+            groups.setdefault(self.a[j], []).append(j)
+        self.P_exact = {j: Fraction(1, c) for j in self.fin} if self.rational else None
+        self.dS_exact = {}
+        for j in self.fin:
+            if self.rational:
+                mean = sum(self.dP.values(), Fraction(0)) / c
+                self.dS_exact[j] = (self.dP[j] - mean) / c
+            elif all(sum((self.dP[j] - self.dP[k] for k in grp), Fraction(0)) == 0 for grp in groups.values()):
+                self.dS_exact[j] = Fraction(0)
+            else:
+                self.dS_exact[j] = None
+        self._w = None
+
+    def intervals(self, w: int):
+        """({j: P_j interval}, {j: dS_j interval}) at width w (Fractions)."""
+        if self._w == w:
+            return self._iv
+        Ei = {j: ((Fraction(1), Fraction(1)) if a == 0 else _exp_iv(a, w)) for j, a in self.a.items()}
+        S = (sum(e[0] for e in Ei.values()), sum(e[1] for e in Ei.values()))  # >= 1: the top logit's e**0
+        S2 = (S[0] * S[0], S[1] * S[1])
+        Pv, dSv = {}, {}
+        for j in self.fin:
+            Pv[j] = _snap((Ei[j][0] / S[1], Ei[j][1] / S[0]), w)
+            if self.dS_exact[j] is not None:
+                dSv[j] = (self.dS_exact[j], self.dS_exact[j])
+                continue
+            N = (Fraction(0), Fraction(0))
+            for k in self.fin:
+                cf = self.dP[j] - self.dP[k]
+                if cf != 0:
+                    N = _iv_add(N, _iv_scale(cf, Ei[k]))
+            num = _iv_mul(Ei[j], N)
+            q = (num[0] / S2[1] if num[0] >= 0 else num[0] / S2[0], num[1] / S2[0] if num[1] >= 0 else num[1] / S2[1])
+            dSv[j] = _snap(q, w)
+        self._w = w
+        self._iv = (Pv, dSv)
+        return self._iv
+
+
+class _Exact:
+    """The exact path over one call: rows built once, then each undecided element by Ziv's loop."""
+
+    def __init__(self, a: Attention, G: np.ndarray):
+        self.a, self.G = a, G
+        self.rows = {}
+        self.sF = Fraction(a.scale) if math.isfinite(a.scale) else None
+
+    def row(self, b: int, i: int) -> _Row:
+        r = self.rows.get((b, i))
+        if r is None:
+            a = self.a
+            r = _Row(a.Q[a.iq[b]][i], a.K[a.ik[b]], a.V[a.iv[b]], self.G[b, i], _mask_row(a, b, i), a.scale)
+            self.rows[(b, i)] = r
+        return r
+
+    def element(self, terms, scaled: bool, fmt: Format) -> float:
+        """RN of ``(s) sum coef * X`` over terms (row, j, kind, coef): X the row's P_j ("P") or dS_j ("dS")."""
+        terms = [(r, j, kind, Fraction(float(cf))) for r, j, kind, cf in terms if r.state != "masked"]
+        if any(r.state == "nan" for r, _, _, _ in terms):
+            return math.nan
+        terms = [t for t in terms if t[0].a.get(t[1]) is not None and t[3] != 0]
+        sF = self.sF if scaled else Fraction(1)
+        if sF is None:
+            raise ValueError(f"{OP} backward: the scale must be finite; got scale={self.a.scale}.")
+        exact = Fraction(0)
+        todo = []
+        for r, j, kind, cf in terms:
+            x = r.P_exact[j] if (kind == "P" and r.rational) else (r.dS_exact[j] if kind == "dS" else None)
+            if x is not None:
+                exact += cf * x
+            else:
+                todo.append((r, j, kind, cf))
+        if not todo:
+            return round_fraction(sF * exact, fmt)
+        w = 64
+        while True:
+            acc = (exact, exact)
+            for r, j, kind, cf in todo:
+                Pv, dSv = r.intervals(w)
+                acc = _iv_add(acc, _iv_scale(cf, Pv[j] if kind == "P" else dSv[j]))
+            v = _decided(_iv_scale(sF, acc), fmt)
+            if v is not None:
+                return v
+            w *= 2
+            if w > 1 << 16:
+                raise RuntimeError(f"{OP} backward: the exact path did not converge (terms that cancel exactly "
+                                   "across rows are not detected: please report the input)")  # fmt: skip
+
+
+class AttnBackCounts:
+    """How many elements each path decided (tests)."""
+
+    def __init__(self):
+        self.elements = 0
+        self.exact_elements = 0
+
+
+def attention_backward(a: Attention, G: np.ndarray, wrt, force_exact: bool = False):
+    """({"query": (Bq, L, E), "key": (Bk, S, E), "value": (Bv, S, Ev)} float64 gradients of the names in wrt,
+    values of a.fmt, AttnBackCounts). G: grad_output as float64 (B, L, Ev). Every input must be finite."""
+    B = a.iq.size
+    L, S = a.Q.shape[1], a.V.shape[1]
+    fmt = a.fmt
+    counts = AttnBackCounts()
+    shapes = {"query": a.Q.shape, "key": a.K.shape, "value": a.V.shape}
+    out = {k: np.zeros(shapes[k]) for k in wrt}
+    und = {k: np.zeros(shapes[k], np.bool_) for k in wrt}
+    counts.elements = sum(v.size for v in out.values())
+    if B * L * S == 0 or not counts.elements:
+        return out, counts
+    grp = {"query": _groups(a.iq, a.Q.shape[0]), "key": _groups(a.ik, a.K.shape[0]),
+           "value": _groups(a.iv, a.V.shape[0])}  # fmt: skip
+    if fmt.prec < 53 and not force_exact:
+        P, eP, dS, edS = (np.empty((B, L, S)) for _ in range(4))
+        status = np.zeros((B, L), np.int64)
+        _fast_rows(a.Q, a.K, a.V, np.ascontiguousarray(G), a.iq, a.ik, a.iv, a.mask, a.im, a.has_mask, a.causal,
+                   a.scale, P, eP, dS, edS, status)  # fmt: skip
+        st = np.where(status == 3, 0, status)  # a fully masked row: P = 0, decided
+        st_b = np.broadcast_to(st.max(axis=1, keepdims=True), (B, S)).copy()
+
+        def tr(x):
+            return np.ascontiguousarray(x.transpose(0, 2, 1))
+
+        for k in wrt:
+            order, starts = grp[k]
+            if k == "query":
+                _fast_reduce(dS, edS, a.K, a.ik, order, starts, st, a.scale, *fmt.params, out[k], und[k])
+            elif k == "key":
+                _fast_reduce(tr(dS), tr(edS), a.Q, a.iq, order, starts, st_b, a.scale, *fmt.params, out[k], und[k])
+            else:
+                _fast_reduce(tr(P), tr(eP), np.ascontiguousarray(G), np.arange(B, dtype=np.int64), order, starts,
+                             st_b, 1.0, *fmt.params, out[k], und[k])  # fmt: skip
+    else:
+        for k in wrt:
+            und[k][:] = True
+    if not any(u.any() for u in und.values()):
+        return out, counts
+    ex = _Exact(a, G)
+    for k in wrt:
+        order, starts = grp[k]
+        for t, r, c in zip(*np.nonzero(und[k])):
+            bs = order[starts[t] : starts[t + 1]].tolist()
+            if k == "query":
+                terms = [(ex.row(b, r), j, "dS", a.K[a.ik[b], j, c]) for b in bs for j in range(S)]
+            elif k == "key":
+                terms = [(ex.row(b, i), r, "dS", a.Q[a.iq[b], i, c]) for b in bs for i in range(L)]
+            else:
+                terms = [(ex.row(b, i), r, "P", G[b, i, c]) for b in bs for i in range(L)]
+            out[k][t, r, c] = ex.element(terms, k != "value", fmt)
+            counts.exact_elements += 1
+    return out, counts

@@ -3,6 +3,8 @@ transformers' BertModel and ViTModel from tiny random configurations (nothing is
 healthy, and with one broken kernel injected below the dispatcher: the first failure is named,
 everything else stays rounding or exact. Then compiled models, layer by layer."""
 
+import operator
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -359,3 +361,192 @@ def test_cli_audit_compile(tmp_path):
     assert comp["model"] == "Sequential" and comp["first_divergence"] is None
     assert [x["name"] for x in comp["layers"]] == ["Sequential.0", "Sequential.1", "Sequential.2"]
     assert all(x["compiled"]["verdict"] in OK for x in (comp["layers"][0], comp["layers"][2]))
+
+
+# ---------------------------------------------------- compiled transformers, healthy and miscompiled
+
+
+def _perturbed(fn, when=lambda *a: True):
+    """``fn`` with every 7th output element scaled by (1 + 2**-8) where ``when(*args)``: a miscompiled kernel."""
+
+    def broken(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if when(*args, **kwargs):
+            flat = out.clone().reshape(-1)
+            flat[::7] *= 1 + 2**-8
+            out = flat.view(out.shape)
+        return out
+
+    return broken
+
+
+def _miscompiling(targets, broken, graphs):
+    """A backend that runs dynamo's graph as is, with every call of one of ``targets`` replaced by ``broken``."""
+
+    def backend(gm, example_inputs):
+        n = 0
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in targets:
+                node.target = broken
+                n += 1
+        gm.recompile()
+        graphs.append(n)
+        return gm.forward
+
+    return backend
+
+
+def _compiled_encoder():
+    torch.manual_seed(4)
+    layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.1, batch_first=True)
+    return nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
+
+
+ENCODER_LEAVES = [f"TransformerEncoder.layers.0.{n}" for n in ("dropout1", "norm1", "linear1", "dropout", "linear2",
+                                                               "dropout2", "norm2")]  # fmt: skip
+
+
+def test_compiled_transformer_encoder_is_audited_layer_by_layer():
+    """inductor (default mode) on a 1-layer encoder, autograd on (torch's composed path, not the fused one).
+    The attention is no leaf (MultiheadAttention owns ``out_proj`` but never calls it): its ops are judged
+    eagerly, op by op, and, compiled, only end to end, as the audit says."""
+    enc = _compiled_encoder()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
+    with rkt.audit() as a:
+        out = torch.compile(enc)(x)
+    _healthy(a)
+    (comp,) = a.compiled
+    assert [layer.name for layer in comp.layers] == ENCODER_LEAVES, comp.lines()
+    judged = {layer.name.rsplit(".", 1)[1]: layer for layer in comp.layers}
+    for n in ("norm1", "linear1", "linear2", "norm2"):  # against the exact reference of the inputs each received
+        assert judged[n].compiled is not None and judged[n].compiled.verdict in OK, comp.lines()
+        assert judged[n].eager in OK
+    assert all(judged[n].same_as_eager for n in ("dropout", "dropout1", "dropout2"))  # eval: the identity
+    assert comp.first_divergence is None and comp.end_to_end.ok
+    assert torch.allclose(out, enc(x), rtol=1e-4, atol=1e-5)
+    lines = "\n".join(comp.lines())
+    assert "first divergence beyond exact/rounding: none" in lines
+    outside = comp.outside_leaves
+    assert outside["TransformerEncoder.layers.0.self_attn"] == {
+        "matmul": 1,
+        "add": 1,
+        "scaled_dot_product_attention": 1,
+        "linear": 1,
+    }
+    assert outside["TransformerEncoder.layers.0"] == {"add": 2, "relu": 1}  # the residuals, the FFN's activation
+    assert ("not compiled alone (judged eagerly op by op, compiled only end to end): 7 ops outside leaf modules: "
+            "TransformerEncoder.layers.0.self_attn (matmul, add, scaled_dot_product_attention, linear); "
+            "TransformerEncoder.layers.0 (add x2, relu)") in lines  # fmt: skip
+    assert comp.not_called == ["TransformerEncoder.layers.0.self_attn.out_proj"]
+    assert a.summary().endswith(
+        "; compiled TransformerEncoder: 4 of 7 leaves judged against the exact reference, "
+        "first divergence none; 7 ops outside leaves compiled only end to end; end to end ok"
+    )
+
+
+def test_compiled_transformer_encoder_with_a_miscompiled_layer_norm():
+    import torch.nn.functional as F
+
+    graphs = []
+    backend = _miscompiling({F.layer_norm, torch.layer_norm}, _perturbed(F.layer_norm), graphs)
+    enc = _compiled_encoder()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
+    with rkt.audit() as a:
+        torch.compile(enc, backend=backend)(x)
+    _healthy(a)  # the eager ops are right: the compiler is what is broken
+    (comp,) = a.compiled
+    assert graphs[:3] == [2, 0, 1]  # the model's two norms; dropout1 alone; norm1 alone (norm2 reuses its graph)
+    d = comp.first_divergence
+    assert d is not None and d.name == "TransformerEncoder.layers.0.norm1" and d.op == "layer_norm", comp.lines()
+    assert d.eager in OK and d.compiled.verdict == "mismatch"
+    bad = [layer.name for layer in comp.layers if layer.compiled is not None and layer.compiled.verdict not in OK]
+    assert bad == ["TransformerEncoder.layers.0.norm1", "TransformerEncoder.layers.0.norm2"]
+    assert all(layer.compiled.verdict in OK for layer in comp.layers if "linear" in layer.name)
+    assert not comp.end_to_end.ok
+    assert "first divergence beyond exact/rounding: TransformerEncoder.layers.0.norm1 (layer_norm)" in "\n".join(
+        comp.lines()
+    )
+
+
+def _compiled_bert():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(5)
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=16)  # fmt: skip
+    return transformers.BertModel(cfg).eval()
+
+
+def test_compiled_bert_is_audited_layer_by_layer():
+    bert = _compiled_bert()
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), rkt.audit() as a:
+        torch.compile(bert)(input_ids=ids)
+    (comp,) = a.compiled
+    assert a.first_failure is None and not a.not_analysed, a.report()
+    by = {layer.name.removeprefix("BertModel."): layer for layer in comp.layers}
+    linears = [n for n, layer in by.items() if layer.op == "linear"]
+    assert linears == [
+        f"encoder.layer.0.{n}"
+        for n in (
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+            "intermediate.dense",
+            "output.dense",
+        )
+    ] + ["pooler.dense"]
+    judged = [layer for layer in comp.layers if layer.op in ("linear", "layer_norm")]
+    assert len(judged) == 7 + 3 and all(layer.compiled.verdict in OK for layer in judged), comp.lines()
+    assert by["embeddings.word_embeddings"].same_as_eager  # a gather: bit for bit
+    assert comp.first_divergence is None and comp.end_to_end.ok
+
+
+def test_compiled_bert_with_a_miscompiled_linear():
+    """The compiler's linear is wrong only for the FFN's up-projection (out_features 64)."""
+    import torch.nn.functional as F
+
+    graphs = []
+    broken = _perturbed(F.linear, when=lambda x, w, b=None: w.shape[0] == 64)
+    bert = _compiled_bert()
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), rkt.audit() as a:
+        torch.compile(bert, backend=_miscompiling({F.linear, torch._C._nn.linear}, broken, graphs))(input_ids=ids)
+    assert a.first_failure is None, a.report()
+    (comp,) = a.compiled
+    d = comp.first_divergence
+    assert d is not None and d.name == "BertModel.encoder.layer.0.intermediate.dense" and d.op == "linear"
+    assert d.compiled.verdict == "mismatch" and d.eager in OK
+    assert all(layer.compiled.verdict in OK for layer in comp.layers if layer.compiled is not None and layer is not d)
+    assert not comp.end_to_end.ok
+
+
+def test_a_compiled_function_runs_compiled_and_is_judged_end_to_end():
+    """``torch.compile(fn)`` on a plain function: under a dispatch mode dynamo would run it eagerly (the compiled
+    code never ran); the audit steps aside for the real compiled call, then judges its ops eagerly one by one
+    and the compiled result end to end. A miscompiled function is WORSE end to end; its eager ops stay fine."""
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(6, 32, generator=g), torch.randn(32, 32, generator=g)
+
+    def block(x, w):
+        return torch.relu(x @ w) + x
+
+    graphs = []
+    healthy = torch.compile(block, backend=_miscompiling(set(), None, graphs))
+    with rkt.audit() as a:
+        out = healthy(x, w)
+    assert graphs == [0] and torch.equal(out, block(x, w))  # compiled (the backend ran), the caller's output
+    _healthy(a)
+    (comp,) = a.compiled
+    assert comp.kind == "function" and comp.model.endswith("block") and comp.end_to_end.ok
+    assert sum(comp.outside_leaves["-"].values()) == a.n_checked == 3  # mm, relu, add
+    assert a.summary().endswith(f"; compiled function {comp.model}: 3 ops, compiled, judged only end to end; "
+                                "end to end ok")  # fmt: skip
+    broken = torch.compile(block, backend=_miscompiling({torch.matmul, torch.Tensor.__matmul__, operator.matmul},
+                                                        _perturbed(torch.matmul), graphs))  # fmt: skip
+    with rkt.audit() as a:
+        broken(x, w)
+    _healthy(a)
+    (comp,) = a.compiled
+    assert graphs[1] == 1 and not comp.end_to_end.ok
+    assert "end to end WORSE than eager" in a.summary()

@@ -590,7 +590,9 @@ class Audit:
     def summary(self) -> str:
         """'37 of 52 ops checked (30 rounding, 7 exact); first call beyond ...' or '...; every checked op
         is exact or rounding'; with a backward pass audited, '52 of 70 ops checked, 20 of 31 in the backward
-        pass (...)'."""
+        pass (...)'. A compiled module called inside adds its own clause (:meth:`CompiledAudit.summary`): the
+        ops counted first are the eager ones, and compiled code outside its leaf modules is judged only end
+        to end."""
         verdicts = self._verdicts()
         order = sorted(verdicts, key=lambda v: (-verdicts[v], v))
         how = ", ".join(f"{verdicts[v]} {v}" for v in order)
@@ -600,12 +602,15 @@ class Audit:
         f = self.first_failure
         if f is not None:
             prec = f" ({f.report.precision})" if f.report.precision and f.verdict == f.report.verdict else ""
-            return f"{head}; first call beyond {'/'.join(self.allow)}: #{f.index} {f.name} ({f.op}): {f.verdict}{prec}"
-        if self.n_checked == 0:
-            return f"{head}; nothing was judged"
-        if self.n_checked == self.n_ops:
-            return f"{head}; every op is {' or '.join(self.allow)}"
-        return f"{head}; every checked op is {' or '.join(self.allow)}"
+            out = f"{head}; first call beyond {'/'.join(self.allow)}: #{f.index} {f.name} ({f.op}): {f.verdict}{prec}"
+        elif self.n_checked == 0:
+            out = f"{head}; nothing was judged"
+        elif self.n_checked == self.n_ops:
+            out = f"{head}; every op is {' or '.join(self.allow)}"
+        else:
+            out = f"{head}; every checked op is {' or '.join(self.allow)}"
+        # the ops above ran eagerly; what the compiled code did is judged per leaf and end to end, said apart
+        return "; ".join([out, *(c.summary() for c in self.compiled)])
 
     def report(self, order: str = "call") -> str:
         """The summary, what was not checked and why, then a table with a row per judged op, in call

@@ -17,9 +17,15 @@ and call it compiled). So, when a compiled module is called inside an audit:
    :func:`refkern.torch.reference_mode` with eager as the baseline (:func:`compare_outputs`).
 
 The first leaf whose compiled verdict is beyond the audit's ``allow`` while its eager ops are
-within it is where eager and compiled diverge beyond rounding. The functional code between the
-leaves (``torch.relu(x)`` or ``x + identity`` in a container's forward) is compiled and judged with
-the whole model, end to end; per layer it is judged in eager form only.
+within it is where eager and compiled diverge beyond rounding. The code outside the leaves
+(``torch.relu(x)`` or ``x + identity`` in a container's forward, every op of a MultiheadAttention,
+which uses its ``out_proj``'s parameters without calling it) is compiled and judged with the whole
+model, end to end; per op it is judged in eager form only. The result says which ops those are
+(``CompiledAudit.outside_leaves``) and the audit's summary counts them, so that nothing is
+claimed checked per layer that was not.
+
+A ``torch.compile``d plain function is routed as well (:class:`_FunctionRoute`): run compiled for real,
+then eagerly under the audit, then judged end to end (no layer of it compiled alone).
 """
 
 import sys
@@ -64,9 +70,35 @@ class CompiledAudit:
     model: str
     backend: str
     layers: list = field(default_factory=list)
+    kind: str = "module"  # or "function": a torch.compile'd plain function (no leaves compiled alone)
     end_to_end: object = None  # OutputComparison
     note: str = ""
     allow: tuple = ("exact", "rounding")
+    # the eager ops run outside every leaf (a container's ``x + identity``, the inside of a MultiheadAttention,
+    # which owns ``out_proj`` and never calls it): module name -> {op: count}. Judged op by op in eager form;
+    # compiled, they are inside the whole model's graph only, judged end to end, not one by one.
+    outside_leaves: dict = field(default_factory=dict)
+    not_called: list = field(default_factory=list)  # leaf modules the forward never called (their parent used them)
+
+    @property
+    def n_outside(self):
+        return sum(sum(ops.values()) for ops in self.outside_leaves.values())
+
+    def summary(self):
+        """'compiled TransformerEncoder: 4 of 7 leaves judged against the exact reference, first divergence none;
+        7 ops outside leaves compiled only end to end; end to end ok'."""
+        judged = sum(layer.compiled is not None for layer in self.layers)
+        d = self.first_divergence
+        if self.kind == "function":
+            out = f"compiled function {self.model}: {self.n_outside} ops, compiled, judged only end to end"
+        else:
+            out = (f"compiled {self.model}: {judged} of {len(self.layers)} leaves judged against the exact reference, "
+                   f"first divergence {d.name if d else 'none'}")  # fmt: skip
+        if self.n_outside and self.kind != "function":
+            out += f"; {self.n_outside} ops outside leaves compiled only end to end"
+        if self.end_to_end is not None:
+            out += "; end to end " + ("ok" if self.end_to_end.ok else "WORSE than eager")
+        return out
 
     def _ok(self, v, prec=None):
         return v in self.allow or (v == "reduced-precision" and prec in self.allow)
@@ -83,7 +115,11 @@ class CompiledAudit:
         return None
 
     def lines(self):
-        out = [f"compiled {self.model} ({self.backend}), layer by layer:"]
+        if self.kind == "function":
+            out = [f"compiled function {self.model} ({self.backend}): judged end to end only (its ops eagerly, one by "
+                   "one, above; the compiled code as a whole)"]  # fmt: skip
+        else:
+            out = [f"compiled {self.model} ({self.backend}), layer by layer:"]
         for layer in self.layers:
             c = layer.compiled
             if c is not None:
@@ -97,8 +133,20 @@ class CompiledAudit:
             note = f"; {layer.note}" if layer.note else ""
             out.append(f"  {layer.name} ({layer.op or layer.module}): eager {layer.eager or '-'}, {what}{note}")
         d = self.first_divergence
-        out.append("  first divergence beyond " + "/".join(self.allow) + ": "
-                   + (f"{d.name} ({d.op or d.module})" if d else "none"))  # fmt: skip
+        if self.kind != "function":
+            out.append("  first divergence beyond " + "/".join(self.allow) + ": "
+                       + (f"{d.name} ({d.op or d.module})" if d else "none"))  # fmt: skip
+        if self.outside_leaves:
+            where = "; ".join(f"{name} ({', '.join(k + (f' x{v}' if v > 1 else '') for k, v in ops.items())})"
+                              for name, ops in self.outside_leaves.items())  # fmt: skip
+            if self.kind == "function":
+                out.append(f"  judged eagerly op by op, compiled only end to end: {self.n_outside} ops: {where}")
+            else:
+                out.append("  not compiled alone (judged eagerly op by op, compiled only end to end): "
+                           f"{self.n_outside} ops outside leaf modules: {where}")  # fmt: skip
+        if self.not_called:
+            never = ", ".join(self.not_called)
+            out.append(f"  leaf modules never called (their parent used their parameters): {never}")
         if self.end_to_end is not None:
             out.append(f"  end to end against the exact-reference model: {self.end_to_end}")
         if self.note:
@@ -107,14 +155,19 @@ class CompiledAudit:
 
     def to_dict(self):
         d = self.first_divergence
-        return {"model": self.model, "backend": self.backend, "layers": [x.to_dict() for x in self.layers],
-                "first_divergence": d.name if d else None,
+        return {"model": self.model, "kind": self.kind, "backend": self.backend,
+                "layers": [x.to_dict() for x in self.layers],
+                "first_divergence": d.name if d else None, "outside_leaves": self.outside_leaves,
+                "not_called": self.not_called,
                 "end_to_end": vars(self.end_to_end) if self.end_to_end is not None else None}  # fmt: skip
 
 
 def _backend(cm):
     """The backend ``cm`` was compiled with (inductor with its mode's options, or another), unwrapped."""
-    b = cm.dynamo_ctx.callback
+    return _unwrap(cm.dynamo_ctx.callback)
+
+
+def _unwrap(b):
     while hasattr(b, "_torchdynamo_orig_backend"):
         b = b._torchdynamo_orig_backend
     return b
@@ -148,6 +201,9 @@ def intercept(audit):
         cls.__call__ = call
         routed.append(cls)
         undo.append(lambda: setattr(cls, "__call__", original))
+        real = ev._maybe_set_eval_frame
+        ev._maybe_set_eval_frame = _FunctionRoute(audit, ev, real)
+        undo.append(lambda: setattr(ev, "_maybe_set_eval_frame", real))
 
     ev = sys.modules.get("torch._dynamo.eval_frame")
     if ev is not None:
@@ -244,6 +300,20 @@ class _Leaves:
         return layer
 
 
+def _outside(audit, model, result, first):
+    """What of the eager run was not inside a leaf (so not compiled alone), and which leaves never ran."""
+    root = audit._names.get(id(model), type(model).__name__)
+    leaves = [audit._names.get(id(m), type(m).__name__) for m in model.modules() if next(m.children(), None) is None]
+    inside = set(leaves)
+    for c in audit.calls[first:]:
+        if c.phase != "forward" or c.name in inside or not (c.name == root or c.name.startswith(root + ".")):
+            continue
+        ops = result.outside_leaves.setdefault(c.name, {})
+        ops[c.op] = ops.get(c.op, 0) + 1
+    ran = {layer.name for layer in result.layers}
+    result.not_called = [n for n in leaves if n not in ran and n != root]
+
+
 def run(audit, cm, original_call, args, kwargs):
     """``cm(*args, **kwargs)`` for real, then the layer-by-layer audit of it (see the module's doc)."""
     import torch._dynamo
@@ -260,10 +330,12 @@ def run(audit, cm, original_call, args, kwargs):
         leaves = _Leaves(audit, result, backend, original_call)
         leaves.attach(model)
         saved = {k: b.clone() for k, b in model.named_buffers()}
+        first = len(audit.calls)
         try:
             eager = model(*args, **kwargs)  # under the audit: every eager op judged, every leaf compiled alone
         finally:
             leaves.detach()
+        _outside(audit, model, result, first)
         with audit._suspended(), torch.no_grad():
             for k, b in model.named_buffers():
                 b.copy_(saved[k])
@@ -277,3 +349,70 @@ def run(audit, cm, original_call, args, kwargs):
                 result.note = f"end to end not compared: {exc}"
     audit.compiled.append(result)
     return out
+
+
+class _FunctionRoute:
+    """Stands in for ``torch._dynamo.eval_frame._maybe_set_eval_frame`` during an audit, to route calls of a
+    ``torch.compile``d plain function (dynamo would otherwise run it eagerly under the audit's dispatch mode,
+    and the compiled code would never run). The wrapper dynamo returns (``compile_wrapper``) turns its frame
+    callback on at entry and restores the prior one at exit, through this function: at entry, with the audit
+    active, the audit steps aside and the compiled function runs for real (what the caller gets); at exit,
+    the audit back on, the function runs again eagerly under it (every op judged) and under
+    :func:`refkern.torch.reference_mode`, and the compiled result is judged end to end."""
+
+    def __init__(self, audit, ev, real):
+        self.audit = audit
+        self.file = ev.__file__
+        self.real = real
+        self.open = {}
+
+    def __call__(self, callback):
+        f = sys._getframe(1)
+        if f.f_code.co_name != "compile_wrapper" or f.f_code.co_filename != self.file:
+            return self.real(callback)
+        key = id(f)
+        if key in self.open:  # the exit of a routed call
+            suspend, fn, ctx, args, kwargs = self.open.pop(key)
+            suspend.__exit__(None, None, None)
+            loc = f.f_locals
+            if "result" in loc:
+                try:
+                    _judge_function(self.audit, fn, ctx, args, kwargs, loc["result"])
+                except Exception as exc:  # the audit must never break the model
+                    name = getattr(fn, "__qualname__", type(fn).__name__)
+                    res = CompiledAudit(name, "?", kind="function", allow=self.audit.allow)
+                    res.note = f"not judged: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+                    self.audit.compiled.append(res)
+            return self.real(callback)
+        from refkern.torch.audit import _top_is
+
+        if callback not in (None, False) and self.audit._mode is not None and _top_is(self.audit._mode):
+            loc = f.f_locals
+            suspend = self.audit._suspended()
+            suspend.__enter__()
+            self.open[key] = (suspend, loc["fn"], loc["self"], loc["args"], loc["kwargs"])
+        return self.real(callback)
+
+
+def _judge_function(audit, fn, ctx, args, kwargs, out):
+    import torch._dynamo
+
+    from refkern.torch.reference import compare_outputs, reference_mode
+
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    result = CompiledAudit(name, _backend_name(_unwrap(ctx.callback)), kind="function", allow=audit.allow)
+    first = len(audit.calls)
+    with torch._dynamo.config.patch(recompile_limit=10**6, accumulated_recompile_limit=10**6):
+        eager = fn(*args, **kwargs)  # the eval frame is off here: eagerly, under the audit, every op judged
+    for c in audit.calls[first:]:
+        if c.phase == "forward":
+            ops = result.outside_leaves.setdefault(c.name, {})
+            ops[c.op] = ops.get(c.op, 0) + 1
+    with audit._suspended(), torch.no_grad():
+        with reference_mode():
+            ref = fn(*args, **kwargs)
+        try:
+            result.end_to_end = compare_outputs(out, ref, eager)
+        except ValueError as exc:
+            result.note = f"end to end not compared: {exc}"
+    audit.compiled.append(result)

@@ -550,3 +550,28 @@ def test_a_compiled_function_runs_compiled_and_is_judged_end_to_end():
     (comp,) = a.compiled
     assert graphs[1] == 1 and not comp.end_to_end.ok
     assert "end to end WORSE than eager" in a.summary()
+
+
+def test_compiled_reduced_resnet_with_one_miscompiled_convolution():
+    """ResNet-18's block structure (BasicBlock [2, 2, 2, 2], downsampling, the shared ReLU) at width 8 on a
+    32x32 input, compiled by a backend that miscompiles only the 16-to-16-channel 3x3 convolutions: the first
+    divergent layer is layer2.0.conv2, every other leaf rounding or exact. Reduced and with a backend that
+    generates no code to keep CI cheap: under inductor this audit takes about 60 s on 2 cores (inductor is
+    covered by the encoder, BERT and seed-model tests)."""
+    graphs = []
+    broken = _perturbed(torch.conv2d, when=lambda x, w, *a, **k: tuple(w.shape[:2]) == (16, 16))
+    torch.manual_seed(0)
+    model = randomize_batch_norm(resnet18(num_classes=10, width=8)).eval()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), rkt.audit() as a:
+        torch.compile(model, backend=_miscompiling({torch.conv2d}, broken, graphs))(x)
+    _healthy(a)
+    (comp,) = a.compiled
+    assert graphs[0] == 20  # the whole model's convolutions
+    d = comp.first_divergence
+    assert d is not None and d.name == "ResNet.layer2.0.conv2" and d.op == "conv2d", comp.lines()
+    bad = [layer.name for layer in comp.layers if layer.compiled is not None and layer.compiled.verdict not in OK]
+    assert bad == ["ResNet.layer2.0.conv2", "ResNet.layer2.1.conv1", "ResNet.layer2.1.conv2"]
+    assert sum(layer.op == "conv2d" for layer in comp.layers) == 20 and len(comp.layers) == 60
+    assert comp.outside_leaves == {f"ResNet.layer{i}.{j}": {"add": 1} for i in range(1, 5) for j in range(2)}
+    assert not comp.end_to_end.ok

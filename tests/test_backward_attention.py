@@ -30,7 +30,8 @@ def _qkvg(seed, shapes, dtype, scale=1.0):
 
 def _hard_cases(dtype):
     """(name, q, k, v, g, kwargs): large logits (the exact path), a bool mask with a fully masked row, an
-    additive mask, causal, GQA with a broadcast batch, equal logits (rational P), constant v (dS = 0)."""
+    additive mask, causal, GQA with a broadcast batch, equal logits (rational P), constant v (dS = 0),
+    two identical query rows with opposite dO (their dk and dv terms cancel exactly)."""
     big = 30.0 if dtype in (torch.float32, torch.float64) else 6.0
     shapes = ((2, 4, 3), (2, 5, 3), (2, 5, 2))
     mask = torch.tensor([[1, 0, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 0, 0]], dtype=torch.bool)
@@ -40,6 +41,8 @@ def _hard_cases(dtype):
     qg, kg, vg, _ = _qkvg(2, ((1, 4, 3, 2), (2, 2, 4, 2), (2, 2, 4, 3)), dtype)
     gg = torch.randn(2, 4, 3, 3, generator=torch.Generator().manual_seed(8), dtype=torch.float64).to(dtype)
     z = torch.zeros_like(q)
+    qt, gt = q.clone(), g.clone()
+    qt[:, 1], gt[:, 1] = qt[:, 0], -gt[:, 0]  # identical rows, opposite dO: their dk and dv terms cancel
     return [
         ("large logits", ql, kl, v, g, {}),
         ("bool mask, fully masked row", q, k, v, g, {"attn_mask": mask}),
@@ -48,6 +51,7 @@ def _hard_cases(dtype):
         ("gqa, broadcast batch", qg, kg, vg, gg, {"enable_gqa": True}),
         ("equal logits", z, k, v, g, {}),
         ("constant v", q, k, torch.ones_like(v), g, {}),
+        ("rows that cancel", qt, k, v, gt, {}),
     ]  # fmt: skip
 
 
@@ -69,6 +73,15 @@ def test_semantics_of_masks_and_zero_gradients():
     q, k, v, g, kw = _hard_cases(torch.float32)[6][1:]
     r = rk.backward(OP, g, q, k, v, **kw)
     assert (r["query"] == 0).all() and (r["key"] == 0).all()  # constant v: dS = 0 exactly
+    q, k, v, g, kw = _hard_cases(torch.float32)[7][1:]
+    r = rk.backward(OP, g, q, k, v, **kw)
+    rest = rk.backward(OP, g[:, 2:], q[:, 2:], k, v)  # rows 0 and 1 cancel exactly: the other rows' gradients
+    assert torch.equal(r["key"], rest["key"]) and torch.equal(r["value"], rest["value"])
+    assert torch.equal(r["query"][:, 0], -r["query"][:, 1])
+    q2, g2 = q[:1, :1].expand(1, 2, 3).clone(), torch.cat([g[:1, :1], -g[:1, :1]], 1)  # only those two rows
+    r = rk.backward(OP, g2, q2, k[:1], v[:1])  # every dk, dv element exactly 0: found by merging the rows
+    assert (r["key"] == 0).all() and (r["value"] == 0).all() and _bits(r["key"]) == _bits(rk.truth.backward(
+        OP, g2, q2, k[:1], v[:1])["key"])  # fmt: skip
 
 
 def test_fast_path_equals_exact_path():

@@ -26,9 +26,11 @@ logits are all equal (``P = 1/c``), and ``dS_ij`` that vanish exactly (for every
 logits, ``sum_{k in group} (dP_ij - dP_ik) = 0``: by Lindemann-Weierstrass the exponentials of
 distinct rational logits are linearly independent over the rationals, so this is the only way
 ``dS_ij = e**a_j sum_k e**a_k (dP_ij - dP_ik) / S**2`` is 0). An element whose every term is then
-exact is that exact rational, rounded once. Elements summing irrational terms are irrational unless
-the terms of different rows cancel exactly (e.g. two identical rows with opposite dO): that case is
-not detected, and the loop stops with a RuntimeError at 2**16 bits rather than return a guess.
+exact is that exact rational, rounded once. Before that, the terms of rows with equal logits (and values) are merged
+exactly (P_j is shared, dS is linear in the gradient row: :meth:`_Exact.element`), so rows that cancel
+(e.g. two identical query rows with opposite dO: dk = dv = 0) are found exactly. Terms of rows with
+*different* logits that cancel exactly are not detected: the loop then stops with a RuntimeError at
+2**16 bits rather than return a guess.
 """
 
 import math
@@ -253,11 +255,13 @@ def _snap(iv, w: int):
 
 
 class _Row:
-    """One row (b, i), exactly: its state ("nan", "masked", "ok"), the finite logits' offsets ``a_j``, exact
-    ``dP_j``; ``rational`` (every finite logit equal: ``P = 1/c``), and per ``j`` the exact dS when it is
-    rational (0 by the group test, or the rational row's value), else None."""
+    """One row (b, i), exactly: its state ("nan", "masked", "ok"), the finite logits' offsets ``a_j`` (``key``:
+    rows with equal keys have equal P), the values' batch ``vkey``, and for a gradient row ``g`` the exact
+    ``dP_j``; ``rational`` (every finite logit equal: ``P = 1/c``); :meth:`dS_exact` the exact dS_j when it
+    is rational (0 by the group test, or the rational row's value), else None. :meth:`merged` is the row
+    with another gradient row (dS is linear in it), sharing the exponentials' intervals."""
 
-    def __init__(self, q, K, V, g, mrow, s):
+    def __init__(self, q, K, V, g, mrow, s, vkey):
         z = _exact_logits(q, K, mrow, s)
         self.state = "ok"
         if any(t in ("nan", "+inf") for t in z):
@@ -269,50 +273,69 @@ class _Row:
             return
         M = max(z[j] for j in self.fin)
         self.a = {j: z[j] - M for j in self.fin}
-        gq = [Fraction(float(x)) for x in g]
-        Vl = V.tolist()
-        self.dP = {j: sum((gc * Fraction(v) for gc, v in zip(gq, Vl[j]) if v != 0), Fraction(0)) for j in self.fin}
+        self.key = tuple(sorted(self.a.items()))
+        self.vkey = vkey
+        self.Vl = [[Fraction(v) for v in row] for row in V.tolist()]
         self.rational = all(a == 0 for a in self.a.values())
-        c = len(self.fin)
-        groups = {}
+        self.groups = {}
         for j in self.fin:
-            groups.setdefault(self.a[j], []).append(j)
-        self.P_exact = {j: Fraction(1, c) for j in self.fin} if self.rational else None
-        self.dS_exact = {}
-        for j in self.fin:
-            if self.rational:
-                mean = sum(self.dP.values(), Fraction(0)) / c
-                self.dS_exact[j] = (self.dP[j] - mean) / c
-            elif all(sum((self.dP[j] - self.dP[k] for k in grp), Fraction(0)) == 0 for grp in groups.values()):
-                self.dS_exact[j] = Fraction(0)
-            else:
-                self.dS_exact[j] = None
-        self._w = None
+            self.groups.setdefault(self.a[j], []).append(j)
+        self._exp = {}  # w -> (E_j intervals, S, S**2): shared by the merged rows
+        self._set_grad([Fraction(float(x)) for x in g])
 
-    def intervals(self, w: int):
-        """({j: P_j interval}, {j: dS_j interval}) at width w (Fractions)."""
-        if self._w == w:
-            return self._iv
-        Ei = {j: ((Fraction(1), Fraction(1)) if a == 0 else _exp_iv(a, w)) for j, a in self.a.items()}
-        S = (sum(e[0] for e in Ei.values()), sum(e[1] for e in Ei.values()))  # >= 1: the top logit's e**0
-        S2 = (S[0] * S[0], S[1] * S[1])
-        Pv, dSv = {}, {}
-        for j in self.fin:
-            Pv[j] = _snap((Ei[j][0] / S[1], Ei[j][1] / S[0]), w)
-            if self.dS_exact[j] is not None:
-                dSv[j] = (self.dS_exact[j], self.dS_exact[j])
-                continue
+    def _set_grad(self, gq):
+        self.gq = gq
+        self.dP = {j: sum((gc * v for gc, v in zip(gq, self.Vl[j]) if gc != 0), Fraction(0)) for j in self.fin}
+        self._dS = {}
+        self._iv = {}
+
+    def merged(self, gq):
+        r = object.__new__(_Row)
+        r.__dict__.update(self.__dict__)
+        r._set_grad(gq)
+        return r
+
+    def P_exact(self, j):
+        return Fraction(1, len(self.fin)) if self.rational else None
+
+    def dS_exact(self, j):
+        if j not in self._dS:
+            dP = self.dP
+            if self.rational:
+                c = len(self.fin)
+                self._dS[j] = (dP[j] - sum(dP.values(), Fraction(0)) / c) / c
+            elif all(sum((dP[j] - dP[k] for k in grp), Fraction(0)) == 0 for grp in self.groups.values()):
+                self._dS[j] = Fraction(0)
+            else:
+                self._dS[j] = None
+        return self._dS[j]
+
+    def _exps(self, w):
+        if w not in self._exp:
+            Ei = {j: ((Fraction(1), Fraction(1)) if a == 0 else _exp_iv(a, w)) for j, a in self.a.items()}
+            S = (sum(e[0] for e in Ei.values()), sum(e[1] for e in Ei.values()))  # >= 1: the top logit's e**0
+            self._exp[w] = (Ei, S, (S[0] * S[0], S[1] * S[1]))
+        return self._exp[w]
+
+    def interval(self, j, kind, w: int):
+        """P_j ("P") or dS_j ("dS") as an interval of Fractions at width w."""
+        if (j, kind, w) in self._iv:
+            return self._iv[(j, kind, w)]
+        Ei, S, S2 = self._exps(w)
+        if kind == "P":
+            v = _snap((Ei[j][0] / S[1], Ei[j][1] / S[0]), w)
+        else:
             N = (Fraction(0), Fraction(0))
             for k in self.fin:
                 cf = self.dP[j] - self.dP[k]
                 if cf != 0:
                     N = _iv_add(N, _iv_scale(cf, Ei[k]))
             num = _iv_mul(Ei[j], N)
-            q = (num[0] / S2[1] if num[0] >= 0 else num[0] / S2[0], num[1] / S2[0] if num[1] >= 0 else num[1] / S2[1])
-            dSv[j] = _snap(q, w)
-        self._w = w
-        self._iv = (Pv, dSv)
-        return self._iv
+            lo = num[0] / S2[1] if num[0] >= 0 else num[0] / S2[0]
+            hi = num[1] / S2[0] if num[1] >= 0 else num[1] / S2[1]
+            v = _snap((lo, hi), w)
+        self._iv[(j, kind, w)] = v
+        return v
 
 
 class _Exact:
@@ -327,42 +350,63 @@ class _Exact:
         r = self.rows.get((b, i))
         if r is None:
             a = self.a
-            r = _Row(a.Q[a.iq[b]][i], a.K[a.ik[b]], a.V[a.iv[b]], self.G[b, i], _mask_row(a, b, i), a.scale)
+            r = _Row(a.Q[a.iq[b]][i], a.K[a.ik[b]], a.V[a.iv[b]], self.G[b, i], _mask_row(a, b, i), a.scale,
+                     int(a.iv[b]))  # fmt: skip
             self.rows[(b, i)] = r
         return r
 
     def element(self, terms, scaled: bool, fmt: Format) -> float:
-        """RN of ``(s) sum coef * X`` over terms (row, j, kind, coef): X the row's P_j ("P") or dS_j ("dS")."""
-        terms = [(r, j, kind, Fraction(float(cf))) for r, j, kind, cf in terms if r.state != "masked"]
-        if any(r.state == "nan" for r, _, _, _ in terms):
+        """RN of ``(s) sum coef * X`` over terms (row, j, kind, coef): X the row's P_j ("P") or dS_j ("dS").
+
+        Terms of rows with equal logits (and, for dS, the same values) are merged first, exactly: ``sum c P_j``
+        is ``P_j sum c``, and ``sum c dS_j(g)`` is ``dS_j(sum c g)`` (dS is linear in the gradient row), so
+        contributions of such rows that cancel are found exactly (the merged dS passes the zero test)."""
+        live = [(r, j, kind, Fraction(float(cf))) for r, j, kind, cf in terms if r.state != "masked"]
+        if any(r.state == "nan" for r, _, _, _ in live):
             return math.nan
-        terms = [t for t in terms if t[0].a.get(t[1]) is not None and t[3] != 0]
         sF = self.sF if scaled else Fraction(1)
         if sF is None:
             raise ValueError(f"{OP} backward: the scale must be finite; got scale={self.a.scale}.")
+        merged = {}
+        for r, j, kind, cf in live:
+            if r.a.get(j) is None or cf == 0:
+                continue
+            k = (r.key, j, kind) if kind == "P" else (r.key, r.vkey, j, kind)
+            ent = merged.get(k)
+            if kind == "P":
+                merged[k] = [r, cf + (ent[1] if ent else 0)]
+            else:
+                add = [cf * x for x in r.gq]
+                merged[k] = [r, add if ent is None else [x + y for x, y in zip(ent[1], add)]]
         exact = Fraction(0)
         todo = []
-        for r, j, kind, cf in terms:
-            x = r.P_exact[j] if (kind == "P" and r.rational) else (r.dS_exact[j] if kind == "dS" else None)
-            if x is not None:
-                exact += cf * x
+        for k, (r, c) in merged.items():
+            j, kind = k[-2], k[-1]
+            if kind == "P":
+                if c == 0:
+                    continue
+                x = r.P_exact(j)
             else:
-                todo.append((r, j, kind, cf))
+                r, c = r.merged(c), Fraction(1)
+                x = r.dS_exact(j)
+            if x is not None:
+                exact += c * x
+            else:
+                todo.append((r, j, kind, c))
         if not todo:
             return round_fraction(sF * exact, fmt)
         w = 64
         while True:
             acc = (exact, exact)
             for r, j, kind, cf in todo:
-                Pv, dSv = r.intervals(w)
-                acc = _iv_add(acc, _iv_scale(cf, Pv[j] if kind == "P" else dSv[j]))
+                acc = _iv_add(acc, _iv_scale(cf, r.interval(j, kind, w)))
             v = _decided(_iv_scale(sF, acc), fmt)
             if v is not None:
                 return v
             w *= 2
             if w > 1 << 16:
-                raise RuntimeError(f"{OP} backward: the exact path did not converge (terms that cancel exactly "
-                                   "across rows are not detected: please report the input)")  # fmt: skip
+                raise RuntimeError(f"{OP} backward: the exact path did not converge (terms of rows with different "
+                                   "logits that cancel exactly are not detected: please report the input)")  # fmt: skip
 
 
 class AttnBackCounts:

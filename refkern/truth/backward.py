@@ -622,7 +622,8 @@ def _attention_backward(name, G, og, a, wrt):
     (:func:`refkern.truth.softmax._logit`), ``dP_j = dO_i . v_j`` as a Fraction, ``P = exp(z - max) /
     sum``, ``dS_j = P_j (dP_j - sum_k P_k dP_k)``. Rational values exactly: a row of equal finite logits
     (``P = 1/c``), a ``dS_j`` that vanishes (``sum_{k: z_k = t} (dP_j - dP_k) = 0`` for every distinct
-    logit t: Lindemann-Weierstrass). A NaN or +inf logit: NaN wherever the row reaches; a fully masked
+    logit t: Lindemann-Weierstrass), after merging the terms of rows with equal logits (``value``). A NaN or
+    +inf logit: NaN wherever the row reaches; a fully masked
     row: ``P = 0``. The layout comes from the kernel's validation; the numbers do not."""
     from refkern.kernels._common import deliver
     from refkern.kernels.attention import attention_operands
@@ -636,6 +637,14 @@ def _attention_backward(name, G, og, a, wrt):
     Gb = G.reshape(B, L, -1)
     fmt = at.fmt
     rows = {}
+
+    def with_grad(r, dO):
+        """The row r for the gradient row dO (Fractions): dP, and the set of j whose dS vanishes."""
+        d, fin = r["d"], r["fin"]
+        dP = {j: sum((x * v for x, v in zip(dO, r["V"][j]) if x != 0), Fraction(0)) for j in fin}
+        levels = set(d.values())
+        zero = {j for j in fin if all(sum((dP[j] - dP[k] for k in fin if d[k] == t), Fraction(0)) == 0 for t in levels)}
+        return {**r, "dO": dO, "dP": dP, "zero": zero}
 
     def row(b, i):
         if (b, i) in rows:
@@ -655,32 +664,43 @@ def _attention_backward(name, G, og, a, wrt):
         if fin and not r["nan"]:
             M = max(z[j] for j in fin)
             d = {j: z[j] - M for j in fin}
-            dO = [Fraction(float(x)) for x in Gb[b, i]]
-            dP = {j: sum((x * Fraction(float(v)) for x, v in zip(dO, at.V[at.iv[b], j])), Fraction(0)) for j in fin}
-            levels = set(d.values())
-            r.update(d=d, dP=dP, eq=len(levels) == 1)
-            r["zero"] = {j for j in fin if all(sum((dP[j] - dP[k] for k in fin if d[k] == t), Fraction(0)) == 0
-                                                for t in levels)}  # fmt: skip
+            r.update(d=d, eq=len(set(d.values())) == 1, key=tuple(sorted(d.items())), vb=int(at.iv[b]),
+                     V=[[Fraction(float(v)) for v in at.V[at.iv[b], j]] for j in range(S)])  # fmt: skip
+            r = with_grad(r, [Fraction(float(x)) for x in Gb[b, i]])
         rows[(b, i)] = r
         return r
 
     def value(terms, scaled):
-        """RN(s sum coef X) with X = P_j or dS_j of a row."""
+        """RN(s sum coef X) with X = P_j or dS_j of a row. Rows of equal logits (and values) merge first:
+        ``sum c P_j = P_j sum c`` and ``sum c dS_j(dO) = dS_j(sum c dO)`` (dS is linear in dO)."""
         live = [(r, j, kind, Fraction(float(cf))) for r, j, kind, cf in terms if r["nan"] or r["fin"]]
         if any(r["nan"] for r, _, _, _ in live):
             return math.nan
-        live = [t for t in live if t[1] in t[0]["d"] and t[3] != 0]
         sq = Fraction(at.scale) if scaled else Fraction(1)
-        exact, rest = Fraction(0), []
+        merged = {}
         for r, j, kind, cf in live:
-            c = len(r["fin"])
-            if kind == "dS" and j in r["zero"]:
+            if j not in r["d"] or cf == 0:
                 continue
-            if r["eq"]:
-                mean = sum(r["dP"].values(), Fraction(0)) / c
-                exact += cf * (Fraction(1, c) if kind == "P" else (r["dP"][j] - mean) / c)
+            k = (r["key"], j, kind) if kind == "P" else (r["key"], r["vb"], j, kind)
+            if k not in merged:
+                merged[k] = [r, cf if kind == "P" else [cf * x for x in r["dO"]]]
+            elif kind == "P":
+                merged[k][1] += cf
             else:
-                rest.append((r, j, kind, cf))
+                merged[k][1] = [x + cf * y for x, y in zip(merged[k][1], r["dO"])]
+        exact, rest = Fraction(0), []
+        for k, (r, c) in merged.items():
+            j, kind = k[-2], k[-1]
+            if kind == "dS":
+                r, c = with_grad(r, c), Fraction(1)
+            if c == 0 or (kind == "dS" and j in r["zero"]):
+                continue
+            n = len(r["fin"])
+            if r["eq"]:
+                mean = sum(r["dP"].values(), Fraction(0)) / n
+                exact += c * (Fraction(1, n) if kind == "P" else (r["dP"][j] - mean) / n)
+            else:
+                rest.append((r, j, kind, c))
         if not rest:
             return _decide(fmt, lambda: _ivq(sq * exact))
 

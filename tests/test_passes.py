@@ -135,3 +135,32 @@ def test_envelope_pass_summaries_match_their_definitions(fmt, constant_bound):
     want = np.array([_ulps_at(float(p), float(q), fmt) for p, q in zip(ref, b)])
     assert (f.median_ulps, f.max_ulps) == (np.median(want), want.max())
     assert f.max_error_ulps == max_ulp_error(act, ref, fmt)
+
+
+def test_compare_counts_from_the_pass_are_the_classes_counts():
+    """compare reads its element counts off the rounding pass; they are the counts of decide_envelope's
+    classes for every verdict (exact, rounding, reduced precision, mismatch)."""
+    import torch
+
+    import refkern as rk
+    from refkern.analysis.compare import _actual, _reference_as
+    from refkern.analysis.envelope import envelopes
+    from refkern.analysis.report import VERDICTS
+    from refkern.analysis.verdict import decide_envelope
+
+    torch.manual_seed(1)
+    x, w, b = torch.randn(20, 50), torch.randn(50), torch.randn(50)
+    y = torch.nn.functional.layer_norm(x, (50,), w, b)
+    bug = y.clone()
+    bug[3, 4] += 0.1
+    bf16 = torch.nn.functional.layer_norm(*(t.bfloat16().float() for t in (x,)), (50,), w.bfloat16().float(),
+                                          b.bfloat16().float())  # fmt: skip
+    seen = set()
+    for out in (y, rk.layer_norm(x, (50,), w, b), bug, bf16):
+        rep = rk.compare(out, "layer_norm", x, (50,), w, b)
+        act, fmt, _ = _actual(out)
+        ref, bound = _reference_as("layer_norm", (x, (50,), w, b), {}, fmt)
+        d = decide_envelope(act, ref, envelopes("layer_norm", bound, ref, fmt, lazy=True)[0], fmt)
+        assert rep.counts == {v: int(np.count_nonzero(d.classes == i)) for i, v in enumerate(VERDICTS)}
+        seen.add(rep.verdict)
+    assert seen == set(VERDICTS)

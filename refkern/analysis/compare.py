@@ -229,7 +229,12 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
     d = decide_envelope(act, ref, envs, fmt)
     ulps = _ulps(act, ref, fmt) if arrays else None  # else only the max and the worst elements' (no array)
     f0 = d.fits[0]
-    counts = {v: int(np.count_nonzero(d.classes == k)) for k, v in enumerate(VERDICTS)}
+    c0, c3 = f0.counts[0], f0.counts[3]  # the classes of decide_envelope, counted by its pass: equal elements
+    other = {"exact": 0, "rounding": 1, "reduced-precision": 2, "mismatch": 1}[d.verdict]  # are exact, the rest
+    counts = dict.fromkeys(VERDICTS, 0)  # take the verdict's class, but a mismatch's beyond the envelope
+    counts["exact"] = c0
+    counts[VERDICTS[other]] += ref.size - c0 - (c3 if d.verdict == "mismatch" else 0)
+    counts["mismatch"] += c3 if d.verdict == "mismatch" else 0
     # the ten largest ratios among the elements unequal to the reference come from the fit's own pass; the
     # unexplained ones (state 3, ratio > 1) are the ones with the largest ratios, so a mismatch's worst lead them
     top = f0.top[f0.state.reshape(-1)[f0.top] == 3] if d.verdict == "mismatch" else f0.top

@@ -366,15 +366,18 @@ def test_cli_audit_compile(tmp_path):
 # ---------------------------------------------------- compiled transformers, healthy and miscompiled
 
 
-def _perturbed(fn, when=lambda *a: True):
-    """``fn`` with every 7th output element scaled by (1 + 2**-8) where ``when(*args)``: a miscompiled kernel."""
+def _perturbed(fn, when=lambda *a, **k: True):
+    """``fn`` with every 7th output element (of its first output) scaled by (1 + 2**-8) where ``when(*args)``:
+    a miscompiled kernel."""
 
     def broken(*args, **kwargs):
         out = fn(*args, **kwargs)
         if when(*args, **kwargs):
-            flat = out.clone().reshape(-1)
+            first = out[0] if isinstance(out, tuple) else out  # (attention output, weights): the first
+            flat = first.clone().reshape(-1)
             flat[::7] *= 1 + 2**-8
-            out = flat.view(out.shape)
+            first = flat.view(first.shape)
+            out = (first, *out[1:]) if isinstance(out, tuple) else first
         return out
 
     return broken
@@ -402,45 +405,66 @@ def _compiled_encoder():
     return nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
 
 
-ENCODER_LEAVES = [f"TransformerEncoder.layers.0.{n}" for n in ("dropout1", "norm1", "linear1", "dropout", "linear2",
-                                                               "dropout2", "norm2")]  # fmt: skip
+ENCODER_LAYERS = [f"TransformerEncoder.layers.0.{n}" for n in ("self_attn", "dropout1", "norm1", "linear1", "dropout",
+                                                               "linear2", "dropout2", "norm2")]  # fmt: skip
 
 
 def test_compiled_transformer_encoder_is_audited_layer_by_layer():
     """inductor (default mode) on a 1-layer encoder, autograd on (torch's composed path, not the fused one).
-    The attention is no leaf (MultiheadAttention owns ``out_proj`` but never calls it): its ops are judged
-    eagerly, op by op, and, compiled, only end to end, as the audit says."""
+    The attention calls none of its children (MultiheadAttention owns ``out_proj`` and uses its parameters):
+    it is compiled alone as one unit and judged end to end against its exact-reference forward; the layer's
+    residual adds and ReLU are judged eagerly op by op and, compiled, only with the whole model."""
     enc = _compiled_encoder()
     x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
     with rkt.audit() as a:
         out = torch.compile(enc)(x)
     _healthy(a)
     (comp,) = a.compiled
-    assert [layer.name for layer in comp.layers] == ENCODER_LEAVES, comp.lines()
+    assert [layer.name for layer in comp.layers] == ENCODER_LAYERS, comp.lines()
     judged = {layer.name.rsplit(".", 1)[1]: layer for layer in comp.layers}
     for n in ("norm1", "linear1", "linear2", "norm2"):  # against the exact reference of the inputs each received
         assert judged[n].compiled is not None and judged[n].compiled.verdict in OK, comp.lines()
         assert judged[n].eager in OK
     assert all(judged[n].same_as_eager for n in ("dropout", "dropout1", "dropout2"))  # eval: the identity
+    attn = judged["self_attn"]
+    assert attn.module == "MultiheadAttention" and attn.unit.ok and attn.compiled is None and attn.eager in OK
     assert comp.first_divergence is None and comp.end_to_end.ok
     assert torch.allclose(out, enc(x), rtol=1e-4, atol=1e-5)
     lines = "\n".join(comp.lines())
     assert "first divergence beyond exact/rounding: none" in lines
-    outside = comp.outside_leaves
-    assert outside["TransformerEncoder.layers.0.self_attn"] == {
-        "matmul": 1,
-        "add": 1,
-        "scaled_dot_product_attention": 1,
-        "linear": 1,
-    }
-    assert outside["TransformerEncoder.layers.0"] == {"add": 2, "relu": 1}  # the residuals, the FFN's activation
-    assert ("not compiled alone (judged eagerly op by op, compiled only end to end): 7 ops outside leaf modules: "
-            "TransformerEncoder.layers.0.self_attn (matmul, add, scaled_dot_product_attention, linear); "
-            "TransformerEncoder.layers.0 (add x2, relu)") in lines  # fmt: skip
+    assert "self_attn (MultiheadAttention): eager rounding, compiled alone as one unit (not op by op)" in lines
+    assert comp.outside_leaves == {"TransformerEncoder.layers.0": {"add": 2, "relu": 1}}  # residuals, activation
+    assert (
+        "not compiled alone (judged eagerly op by op, compiled only end to end): 3 ops outside leaf modules: "
+        "TransformerEncoder.layers.0 (add x2, relu)"
+    ) in lines
     assert comp.not_called == ["TransformerEncoder.layers.0.self_attn.out_proj"]
     assert a.summary().endswith(
-        "; compiled TransformerEncoder: 4 of 7 leaves judged against the exact reference, "
-        "first divergence none; 7 ops outside leaves compiled only end to end; end to end ok"
+        "; compiled TransformerEncoder: 4 of 7 leaves judged against the exact reference, 1 modules compiled alone "
+        "as units judged end to end, first divergence none; 3 ops outside leaves compiled only end to end; end to "
+        "end ok"
+    )
+
+
+def test_compiled_transformer_encoder_with_a_miscompiled_attention():
+    import torch.nn.functional as F
+
+    graphs = []
+    mha = F.multi_head_attention_forward  # dynamo keeps it as one call in the graph
+    backend = _miscompiling({mha}, _perturbed(mha), graphs)
+    enc = _compiled_encoder()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
+    with rkt.audit() as a:
+        torch.compile(enc, backend=backend)(x)
+    _healthy(a)
+    (comp,) = a.compiled
+    assert graphs[:2] == [1, 1]  # the model's attention, then the attention module alone
+    d = comp.first_divergence
+    assert d is not None and d.name == "TransformerEncoder.layers.0.self_attn" and not d.unit.ok, comp.lines()
+    assert all(layer.compiled.verdict in OK for layer in comp.layers if layer.compiled is not None)
+    assert not comp.end_to_end.ok
+    assert "first divergence beyond exact/rounding: TransformerEncoder.layers.0.self_attn (MultiheadAttention)" in (
+        "\n".join(comp.lines())
     )
 
 
@@ -455,7 +479,7 @@ def test_compiled_transformer_encoder_with_a_miscompiled_layer_norm():
         torch.compile(enc, backend=backend)(x)
     _healthy(a)  # the eager ops are right: the compiler is what is broken
     (comp,) = a.compiled
-    assert graphs[:3] == [2, 0, 1]  # the model's two norms; dropout1 alone; norm1 alone (norm2 reuses its graph)
+    assert graphs[:4] == [2, 0, 0, 1]  # the model's two norms; the attention; dropout1; norm1 (norm2 reuses it)
     d = comp.first_divergence
     assert d is not None and d.name == "TransformerEncoder.layers.0.norm1" and d.op == "layer_norm", comp.lines()
     assert d.eager in OK and d.compiled.verdict == "mismatch"

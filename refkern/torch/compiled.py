@@ -17,10 +17,11 @@ and call it compiled). So, when a compiled module is called inside an audit:
    :func:`refkern.torch.reference_mode` with eager as the baseline (:func:`compare_outputs`).
 
 The first leaf whose compiled verdict is beyond the audit's ``allow`` while its eager ops are
-within it is where eager and compiled diverge beyond rounding. The code outside the leaves
-(``torch.relu(x)`` or ``x + identity`` in a container's forward, every op of a MultiheadAttention,
-which uses its ``out_proj``'s parameters without calling it) is compiled and judged with the whole
-model, end to end; per op it is judged in eager form only. The result says which ops those are
+within it is where eager and compiled diverge beyond rounding. A module with children that calls
+none of them (a MultiheadAttention uses its ``out_proj``'s parameters without calling it) is compiled
+alone as one unit and judged end to end against its forward under reference_mode. The rest of the
+code outside the leaves (``torch.relu(x)`` or ``x + identity`` in a container's forward) is compiled
+and judged with the whole model, end to end; per op it is judged in eager form only. The result says which ops those are
 (``CompiledAudit.outside_leaves``) and the audit's summary counts them, so that nothing is
 claimed checked per layer that was not.
 
@@ -50,11 +51,17 @@ class LayerVerdict:
     compiled: object  # Report of the compiled leaf against the exact reference, or None
     same_as_eager: bool | None  # bitwise, for leaves with no reference
     note: str = ""
+    # a module with children that calls none of them (MultiheadAttention: its forward computes with out_proj's
+    # parameters): compiled alone as one unit, its output judged against its forward under reference_mode
+    # with eager as the baseline (compare_outputs), not op by op
+    unit: object = None
 
     @property
     def verdict(self):
         if self.compiled is not None:
             return self.compiled.verdict
+        if self.unit is not None:
+            return None
         if self.same_as_eager is None:
             return None
         return "exact" if self.same_as_eager else None
@@ -62,7 +69,8 @@ class LayerVerdict:
     def to_dict(self):
         return {"name": self.name, "module": self.module, "op": self.op, "eager": self.eager,
                 "compiled": self.compiled.to_dict() if self.compiled is not None else None,
-                "same_as_eager": self.same_as_eager, "note": self.note}  # fmt: skip
+                "same_as_eager": self.same_as_eager, "note": self.note,
+                "unit": vars(self.unit) if self.unit is not None else None}  # fmt: skip
 
 
 @dataclass
@@ -88,12 +96,16 @@ class CompiledAudit:
         """'compiled TransformerEncoder: 4 of 7 leaves judged against the exact reference, first divergence none;
         7 ops outside leaves compiled only end to end; end to end ok'."""
         judged = sum(layer.compiled is not None for layer in self.layers)
+        units = [layer for layer in self.layers if layer.unit is not None]
         d = self.first_divergence
         if self.kind == "function":
             out = f"compiled function {self.model}: {self.n_outside} ops, compiled, judged only end to end"
         else:
-            out = (f"compiled {self.model}: {judged} of {len(self.layers)} leaves judged against the exact reference, "
-                   f"first divergence {d.name if d else 'none'}")  # fmt: skip
+            leaves = len(self.layers) - len(units)
+            out = f"compiled {self.model}: {judged} of {leaves} leaves judged against the exact reference"
+            if units:
+                out += f", {len(units)} modules compiled alone as units judged end to end"
+            out += f", first divergence {d.name if d else 'none'}"
         if self.n_outside and self.kind != "function":
             out += f"; {self.n_outside} ops outside leaves compiled only end to end"
         if self.end_to_end is not None:
@@ -112,6 +124,8 @@ class CompiledAudit:
             eager_ok = layer.eager is None or self._ok(layer.eager)
             if c is not None and not self._ok(c.verdict, c.precision) and eager_ok:
                 return layer
+            if layer.unit is not None and not layer.unit.ok and eager_ok:
+                return layer
         return None
 
     def lines(self):
@@ -125,6 +139,8 @@ class CompiledAudit:
             if c is not None:
                 prec = f" ({c.precision})" if c.precision else ""
                 what = f"compiled {c.verdict}{prec}, max {c.max_ulp:.3g} ulp"
+            elif layer.unit is not None:
+                what = f"compiled alone as one unit (not op by op), against its exact-reference forward: {layer.unit}"
             elif layer.same_as_eager is not None:
                 what = "compiled output " + ("equal to eager, bit for bit" if layer.same_as_eager else "differs from "
                                              "eager (no reference: not judged)")  # fmt: skip
@@ -241,29 +257,62 @@ class _Leaves:
         self.handles = []
 
     def attach(self, model):
+        self.running = []  # modules of the model in forward, innermost last: [module, called a child?]
         for m in model.modules():
-            if next(m.children(), None) is None:
-                self.handles.append(m.register_forward_pre_hook(self.pre))
-                self.handles.append(m.register_forward_hook(self.post, always_call=True))
+            self.handles.append(m.register_forward_pre_hook(self.pre, with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self.post, always_call=True))
 
     def detach(self):
         for h in self.handles:
             h.remove()
 
-    def pre(self, module, inputs):
+    def pre(self, module, inputs, kwargs=None):
+        root = not self.running
+        if not root:
+            self.running[-1][1] = True
+        self.running.append([module, False])
+        leaf = next(module.children(), None) is None
+        if not leaf and (root or not all(isinstance(t, torch.Tensor) for t in inputs)):
+            return  # the whole model is judged end to end; a container's inputs are kept only while it runs
         with self.audit._suspended(), torch.no_grad():
             kept = tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in inputs)
-        self.pending[id(module)] = (kept, len(self.audit.calls))
+            kw = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in (kwargs or {}).items()}
+        self.pending[id(module)] = (kept, len(self.audit.calls), kw)
 
     def post(self, module, inputs, output):
-        kept, first = self.pending.pop(id(module), (None, 0))
-        if kept is None or not isinstance(output, torch.Tensor):
+        called_child = False
+        if self.running and self.running[-1][0] is module:
+            called_child = self.running.pop()[1]
+        kept, first, kw = self.pending.pop(id(module), (None, 0, {}))
+        leaf = next(module.children(), None) is None
+        if kept is None or (leaf and not isinstance(output, torch.Tensor)) or (not leaf and called_child):
             return
         name = self.audit._names.get(id(module), type(module).__name__)
         eager = [c.verdict for c in self.audit.calls[first:] if c.name == name and c.report is not None]
         worst = min(eager, key=lambda v: _SEVERITY[v]) if eager else None
         with self.audit._suspended(), torch.no_grad():
-            self.result.layers.append(self.judge(module, name, kept, output.detach(), worst))
+            if leaf:
+                self.result.layers.append(self.judge(module, name, kept, output.detach(), worst))
+            else:
+                self.result.layers.append(self.unit(module, name, kept, kw, output, worst))
+
+    def unit(self, module, name, inputs, kwargs, eager_out, eager_worst):
+        """A module with children that called none of them: compiled alone, run on the arguments it received,
+        judged end to end against its forward under reference_mode, with its eager output as the baseline."""
+        from refkern.torch.reference import compare_outputs, reference_mode
+
+        layer = LayerVerdict(name, type(module).__name__, "", eager_worst, None, None)
+        try:
+            fn = self.compiled.get(id(module))
+            if fn is None:
+                fn = self.compiled[id(module)] = torch.compile(module.forward, backend=self.backend)
+            out = fn(*inputs, **kwargs)
+            with reference_mode():
+                ref = module.forward(*inputs, **kwargs)
+            layer.unit = compare_outputs(out, ref, eager_out)
+        except Exception as exc:
+            layer.note = f"compiling it alone failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        return layer
 
     def judge(self, module, name, inputs, eager_out, eager_worst):
         spec = from_module(module, inputs[0]) if inputs and isinstance(inputs[0], torch.Tensor) else None
@@ -311,6 +360,9 @@ def _outside(audit, model, result, first):
         ops = result.outside_leaves.setdefault(c.name, {})
         ops[c.op] = ops.get(c.op, 0) + 1
     ran = {layer.name for layer in result.layers}
+    for layer in result.layers:
+        if layer.unit is not None:
+            result.outside_leaves.pop(layer.name, None)  # compiled alone, as one unit
     result.not_called = [n for n in leaves if n not in ran and n != root]
 
 

@@ -74,7 +74,8 @@ def _fast_rows(Q, K, V, G, iq, ik, iv, M3, im, has_mask, causal, scale, P, eP, d
       ``h_j = dP_j - Delta`` within ``eh_j = (edP_j + eDel + u |h_j|) 1.01``; ``dS_j = P_j h_j`` within
       ``(eP_j (|h_j| + eh_j) + P_j eh_j + u |dS_j| + 2**-1074) 1.01``.
 
-    A row whose logit error exceeds 2**-20 (large logits) or whose ``ED / D`` does goes to the exact path."""
+    A row whose logit error exceeds 2**-20 (large logits) or whose ``ED / D`` does goes to the exact path. A
+    row with one finite logit (the first row of a causal call) is exact: ``P = 1``, ``dS = 0``, no error."""
     B, L, S = P.shape
     E = Q.shape[2]
     Ev = V.shape[2]
@@ -122,6 +123,15 @@ def _fast_rows(Q, K, V, G, iq, ik, iv, M3, im, has_mask, causal, scale, P, eP, d
             edS[b, i, j] = 0.0
         if st != 0:
             status[b, i] = st
+            continue
+        nfin = 0
+        for j in range(S):
+            if z[j] != -np.inf:
+                nfin += 1
+                jf = j
+        if nfin == 1:  # one key: P = 1 and dS = P (dP - P dP) = 0 exactly
+            P[b, i, jf] = 1.0
+            status[b, i] = 0
             continue
         eps = np.zeros(S)
         Dsum = 0.0
@@ -193,7 +203,9 @@ def _fast_reduce(W, eW, X, ix, order, starts, rstat, scale, prec, emin, emax, ou
     With n the number of terms, the float64 sum of the rounded products is within ``gamma_n sum |W X|``
     (n products, n - 1 additions) plus n 2**-1074 (underflowing products) of ``sum W X``, and that within
     ``sum eW |X|`` of the exact sum; the product by ``scale`` adds u of the result. The float64 sums of
-    the bound's own terms err by at most gamma_n of them: the factor 1.02 (n u < 0.005)."""
+    the bound's own terms err by at most gamma_n of them: the factor 1.02 (n u < 0.005). Where every
+    computed product is 0 and the error sum is 0, every term is exactly 0 (x = 0, or a weight known
+    exactly to be 0, whose eW is 0; any other weight has ``eW >= 2**-1073``): the sum is +0."""
     T, R, C = out.shape
     Kd = W.shape[2]
     for t in prange(T * R):
@@ -224,6 +236,9 @@ def _fast_reduce(W, eW, X, ix, order, starts, rstat, scale, prec, emin, emax, ou
                     acc += pr
                     ab += abs(pr)
                     er += eW[b, r, k] * abs(x)
+            if ab == 0.0 and er == 0.0:  # every term exactly 0 (x = 0, or an exact weight of 0): the sum is +0
+                out[tt, r, c] = 0.0
+                continue
             v = scale * acc
             e = (abs(scale) * (er + 1.01 * (n + 1) * U * ab + n * _TINY) * 1.02 + U * abs(v) + _TINY) * 1.01
             val, ok = bracket_around(v, e, False, prec, emin, emax)

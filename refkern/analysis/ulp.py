@@ -15,7 +15,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import Format
-from refkern.analysis.passes import POW2, chunks, floor_log2
+from refkern.analysis.passes import chunks, floor_log2, scale_down
 
 __all__ = ["ulp", "ulp_error", "ulp_errors", "max_ulp_error"]
 
@@ -48,7 +48,7 @@ def _ulp_one(x, y, ybits, prec, emin):
     if x != x or y != y or x - x != 0.0 or y - y != 0.0:
         return np.inf  # one special and not the other, or two different ones
     e = floor_log2(ybits) if y != 0.0 else emin
-    return abs(x - y) / POW2[max(e, emin) - prec + 1 + 1074]
+    return scale_down(abs(x - y), max(e, emin) - prec + 1)
 
 
 @jit(parallel=True)

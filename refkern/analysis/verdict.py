@@ -53,14 +53,13 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT64, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.passes import (
-    SCALE1,
-    SCALE2,
     chunks,
     insert_top,
     median_bracket,
     median_in_bracket,
     median_max_bound_ulps,
     merge_top,
+    scale_down,
     ulp_exponent,
 )
 from refkern.analysis.stats import ALPHA, level, proportion_margin, smaller_pvalue
@@ -487,7 +486,7 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
         room = max(kc.size, 1)
         if not ulps:
             kc = np.empty(1)
-        kz = oemin - oprec + 1 + 1074
+        kz = oemin - oprec + 1
         thr = -np.inf  # the key an element must beat to enter the chunk's list (its k-th, once full)
         for i in range(ch * n // nch, (ch + 1) * n // nch):
             # arithmetic on the equal/unequal bit rather than branches: on real outputs it is a coin
@@ -497,8 +496,8 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
             w = np.float64(sm)
             r = _ratio_one(x, y, b, grid, prec, emin, emax, one_pass)
             if ulps:  # compare-selects and exact power-of-two products: no branch the data decides
-                k = ulp_exponent(cb[i], oprec, oemin) + 1074
-                v = b * SCALE1[k] * SCALE2[k]
+                k = ulp_exponent(cb[i], oprec, oemin)
+                v = scale_down(b, k)
                 if v != v:
                     v = np.inf  # no bound holds
                 pk = v if v > pk else pk
@@ -506,7 +505,7 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
                 kc[min(nk, room - 1)] = v  # committed only by the count: the next value may overwrite it
                 nk += (v >= lo) & (v <= hi)
                 ke = k if y != 0.0 else kz  # in ulps at y as ulp.py counts them: at 0 the smallest subnormal's
-                d = abs(x - y) * SCALE1[ke] * SCALE2[ke]  # 0 when equal; NaN only at specials
+                d = scale_down(abs(x - y), ke)  # 0 when equal; NaN only at specials
                 if d != d:
                     d = 0.0 if sm else np.inf
                 ue = d if d > ue else ue
@@ -527,49 +526,38 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
         tcnt[ch], peak[ch], uerr[ch], n_kept[ch], n_below[ch] = m, pk, ue, nk, nb
 
 
-def _swallowed(f: _EnvelopeFit, r0: _EnvelopeFit, ref, fails0) -> int:
-    """How many of the elements rounding does not explain (flat indices ``fails0``) the hypothesis ``f``
-    explains only with a window that holds the rounding window whole, ``B_f >= |c_f - ref| + B_0``
-    (an infinite bound included). Such an element is no evidence for ``f``: any output that a bug of
-    that size next to a correct result gives is inside ``f``'s window too. Two things make an element
-    evidence whatever the width: equality with ``f``'s centre, and, for a hypothesis that stores in a
-    coarser format than the result (float32 behind float64), a value on that grid with a finite bound
-    (a bug next to a correct float64 result is off float32's grid). A precision is named only when
-    every element that rounding does not explain is evidence (0 here). The softmax and attention
-    hypotheses that round P or the output to p (:mod:`refkern.analysis._envelope_softmax`) are sharp by
-    construction (their windows are one p-ulp where a term straddles a rounding boundary): for them only
-    an infinite bound disqualifies an element."""
+def _evidence(f: _EnvelopeFit, r0: _EnvelopeFit, ref, fails0) -> tuple:
+    """(swallowed, strong) for the precision hypothesis ``f`` over the elements rounding does not
+    explain (flat indices ``fails0``).
+
+    *swallowed*: how many ``f`` explains only with a window that holds the rounding window whole,
+    ``B_f >= |c_f - ref| + B_0`` (an infinite bound included). Such an element is no evidence for
+    ``f``: any output that a bug of that size next to a correct result gives is inside ``f``'s window
+    too. *strong*: how many lie where ``f``'s window and rounding's are disjoint,
+    ``B_f + B_0 < |c_f - ref|``: there ``f`` predicts that a computation in its precision leaves
+    rounding's window, on which side and by how much, and the output fulfils that prediction; where
+    the windows merely overlap, a bug just beyond rounding's window lands in ``f``'s part whenever
+    ``f``'s window reaches that far (a single element off by 1.5 times its envelope was named fp16
+    that way: a std, a log_softmax, an attention output in bench_verdict). Two things make an element
+    both informative and strong whatever the width: equality with ``f``'s centre, and, for a
+    hypothesis that stores in a coarser format than the result (float32 behind float64), a value on
+    that grid with a finite bound (a bug next to a correct float64 result is off float32's grid). A
+    precision is named only when no element is swallowed and at least one is strong. The softmax and
+    attention hypotheses that round P or the output to p (:mod:`refkern.analysis._envelope_softmax`)
+    are sharp by construction (their windows are one p-ulp where a term straddles a rounding
+    boundary): for them only an infinite bound disqualifies an element, and every other one counts as
+    strong."""
     if f.model.key != f.model.precision:  # P rounded before P @ V, an output stored in p: values on p's grid,
-        return int(np.count_nonzero(f.vacuous.reshape(-1)[fails0]))  # sharp by their own construction
+        swallowed = int(np.count_nonzero(f.vacuous.reshape(-1)[fails0]))  # sharp by their own construction
+        return swallowed, int(fails0.size) - swallowed
     b, c = f.bound.reshape(-1)[fails0], f.centre.reshape(-1)[fails0]
+    b0, gap = r0.bound.reshape(-1)[fails0], np.abs(c - ref.reshape(-1)[fails0])
     with np.errstate(invalid="ignore"):
-        informative = b < np.abs(c - ref.reshape(-1)[fails0]) + r0.bound.reshape(-1)[fails0]
-    informative |= f.state.reshape(-1)[fails0] == 0  # equal to the centre: no bug lands there by chance
+        informative, strong = b < gap + b0, b + b0 < gap
+    sure = f.state.reshape(-1)[fails0] == 0  # equal to the centre: no bug lands there by chance
     if f.model.storage is not r0.model.storage:  # a coarser grid (float32 behind a float64 result): a bug next
-        informative |= b < np.inf  # to a correct result is off that grid, outside the window whatever its width
-    return int(fails0.size - np.count_nonzero(informative))
-
-
-def _strong(f: _EnvelopeFit, r0: _EnvelopeFit, ref, fails0) -> int:
-    """How many of the elements rounding does not explain (flat indices ``fails0``) are strong evidence
-    for the precision hypothesis ``f``: its window and rounding's are disjoint there,
-    ``B_f + B_0 < |c_f - ref|``, or the output equals ``f``'s centre, or lies on the coarser grid ``f``
-    stores in with a finite bound. Where the windows are disjoint ``f`` predicts that a computation in
-    its precision leaves rounding's window, on which side and by how much; an output there fulfils that
-    prediction. Where they merely overlap, a bug just beyond rounding's window lands in ``f``'s part of
-    it whenever ``f``'s window reaches that far: a single element off by 1.5 times its envelope was
-    named fp16 that way (a std, a log_softmax, an attention output: bench_verdict). A precision is named
-    only with every failing element informative (:func:`_swallowed`) and at least one strong. The
-    sharp softmax/attention hypotheses (a key other than a precision) keep their own rule."""
-    if f.model.key != f.model.precision:
-        return int(fails0.size)
-    b, c = f.bound.reshape(-1)[fails0], f.centre.reshape(-1)[fails0]
-    with np.errstate(invalid="ignore"):
-        strong = b + r0.bound.reshape(-1)[fails0] < np.abs(c - ref.reshape(-1)[fails0])
-    strong |= f.state.reshape(-1)[fails0] == 0
-    if f.model.storage is not r0.model.storage:
-        strong |= b < np.inf
-    return int(np.count_nonzero(strong))
+        sure |= b < np.inf  # to a correct result is off that grid, outside the window whatever its width
+    return int(fails0.size - np.count_nonzero(informative | sure)), int(np.count_nonzero(strong | sure))
 
 
 def decide_envelope(actual, ref, envs: dict, out) -> Decision:
@@ -586,10 +574,10 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     constant. Verdict: "exact" when every element equals the reference; "rounding" when the
     rounding envelope holds everywhere; else "reduced-precision" with the finest precision whose
     envelope holds everywhere and explains every element that rounding does not with a window that
-    does not hold rounding's own (:func:`_swallowed`: a window that holds any value, or every value
+    does not hold rounding's own (:func:`_evidence`: a window that holds any value, or every value
     a bug next to a correct result could take, names nothing; elements of the output passed only
     by an infinite bound are reported as blind spots) and at least one of them where its window and
-    rounding's are disjoint (:func:`_strong`: a prediction that precision makes and rounding does
+    rounding's are disjoint (a prediction that precision makes and rounding does
     not), the coarser ones that qualify too reported as indistinguishable; else "mismatch", measured against
     the rounding envelope, with a
     note when the one-pass variance (a known wrong algorithm) or a named bug explains what rounding
@@ -614,8 +602,9 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     fits += _envelope_fits(actual, out, [_run(e) for e in hyps[1:]])
     bad = r0.state == 3  # beyond the rounding envelope
     fails0 = np.flatnonzero(bad)
-    swallowed = {id(f): _swallowed(f, r0, ref, fails0) for f in fits[1:] if f.model.precision and f.explains}
-    weak = {id(f) for f in fits[1:] if swallowed.get(id(f)) == 0 and not _strong(f, r0, ref, fails0)}
+    evidence = {id(f): _evidence(f, r0, ref, fails0) for f in fits[1:] if f.model.precision and f.explains}
+    swallowed = {i: e[0] for i, e in evidence.items()}
+    weak = {i for i, (n, strong) in evidence.items() if not n and not strong}
     reduced = sorted((f for f in fits[1:] if id(f) in swallowed and not swallowed[id(f)] and id(f) not in weak),
                      key=lambda f: -f.model.acc.prec)  # fmt: skip
     if reduced:

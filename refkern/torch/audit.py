@@ -397,6 +397,8 @@ class Audit:
             except Exception as exc:  # analysis must never break the model
                 call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
                 why = why or call.note
+            if i == spec.grads[0][0]:  # what the kernel computed and nothing judges: beside its first gradient
+                call.parts.update(spec.skipped)
             self.calls.append(call)
         if memo is not None and memo.get("input") is not None:  # the softmax's input: released once used
             memo["input"], memo["released"] = None, True

@@ -385,8 +385,18 @@ _MAP = {"convolution": _conv, "_convolution": _conv, "mm": _mm, "bmm": _mm, "mv"
 _BACKWARD = frozenset(
     "convolution_backward native_layer_norm_backward native_group_norm_backward native_batch_norm_backward "
     "_fused_rms_norm_backward _softmax_backward_data _log_softmax_backward_data max_pool2d_with_indices_backward "
-    "avg_pool2d_backward _adaptive_avg_pool2d_backward".split()
+    "avg_pool2d_backward _adaptive_avg_pool2d_backward _scaled_dot_product_flash_attention_for_cpu_backward "
+    "_scaled_dot_product_flash_attention_backward _scaled_dot_product_efficient_attention_backward "
+    "_scaled_dot_product_cudnn_attention_backward _scaled_dot_product_fused_attention_overrideable_backward".split()
 )  # fmt: skip
+# scaled_dot_product_attention's fused backward kernels (CPU flash; CUDA flash, memory-efficient, cuDNN; the
+# overrideable one of out-of-tree backends): their outputs in order, the gradient of the additive mask last
+_ATTN_BACKWARD = {"_scaled_dot_product_flash_attention_for_cpu_backward": ("query", "key", "value"),
+                  "_scaled_dot_product_flash_attention_backward": ("query", "key", "value"),
+                  "_scaled_dot_product_efficient_attention_backward": ("query", "key", "value", "attn_bias"),
+                  "_scaled_dot_product_cudnn_attention_backward": ("query", "key", "value"),
+                  "_scaled_dot_product_fused_attention_overrideable_backward": ("query", "key", "value",
+                                                                                "attn_bias")}  # fmt: skip
 
 # forward aten op -> what its backward needs kept from the forward (see :func:`forward_memo`)
 MEMO = {"native_layer_norm": "eps", "native_group_norm": "eps", "_fused_rms_norm": "eps", "_softmax": "input",
@@ -397,15 +407,17 @@ class BackwardCall:
     """The :func:`refkern.compare_backward` call that judges a backward kernel's gradients:
     ``compare_backward({name: got}, op, grad_output, *args, **kwargs)`` for each ``(index, name)`` in
     ``grads`` (``index``: which output of the kernel is the gradient of refkern's argument ``name``);
-    or ``unsupported``, why none is."""
+    or ``unsupported``, why none is. ``skipped``: the gradients it computed that no reference judges
+    (label -> why), shown beside the judged ones."""
 
-    def __init__(self, op=None, grad_output=None, args=(), kwargs=None, grads=(), unsupported=None):
+    def __init__(self, op=None, grad_output=None, args=(), kwargs=None, grads=(), unsupported=None, skipped=None):
         self.op = op
         self.grad_output = grad_output
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
         self.grads = list(grads)
         self.unsupported = unsupported
+        self.skipped = dict(skipped or {})  # a gradient the kernel computed and nothing judges: label -> why
 
     def tensors(self):
         return [self.grad_output, *(a for a in (*self.args, *self.kwargs.values()) if isinstance(a, torch.Tensor))]
@@ -480,6 +492,8 @@ def backward_call(func, b, memo, present) -> BackwardCall:
         return BackwardCall(op, g, (x,), {"dim": b["dim"]}, [(0, "input")])
     if name in ("max_pool2d_with_indices_backward", "avg_pool2d_backward", "_adaptive_avg_pool2d_backward"):
         return _pool_backward(name, b, need)
+    if name in _ATTN_BACKWARD:
+        return _attention_backward(name, b, need, present)
     eps = memo.get("eps") if memo else None
     if name == "native_batch_norm_backward":
         eps = b["eps"]
@@ -545,6 +559,36 @@ def _pool_backward(name, b, need):
     return BackwardCall(op, g, (x,), kw, [(0, "input")])
 
 
+def _attention_backward(name, b, need, present):
+    """The fused attention backward kernels: dq, dk and dv judged as refkern's gradients of
+    scaled_dot_product_attention at the query, key, value, mask, causality and scale the kernel received
+    (the forward's output and log-sum-exp it also receives are not needed: refkern recomputes them exactly)."""
+    op = "scaled_dot_product_attention"
+    if need(op):
+        return BackwardCall(unsupported=need(op))
+    p = b.get("dropout_p") or 0.0
+    if p:
+        return BackwardCall(unsupported=f"attention with dropout_p={p} (a random mask no reference can reproduce)")
+    for s in ("cum_seq_q", "cum_seq_k"):
+        t = b.get(s)
+        if isinstance(t, torch.Tensor) and t.numel():
+            return BackwardCall(unsupported=f"{name} with {s}: sequences of several lengths (nested tensors) in one "
+                                "batch, no refkern op")  # fmt: skip
+    q, k, v = b["query"], b["key"], b["value"]
+    mask = b.get("attn_mask", b.get("attn_bias"))
+    kw = dict(attn_mask=mask, is_causal=bool(b.get("is_causal")), scale=b.get("scale"))
+    if q.dim() >= 3 and k.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        kw["enable_gqa"] = True
+    flags = b.get("grad_input_mask")  # which of dq, dk, dv (d attn_bias) the efficient kernels compute
+    outs = _ATTN_BACKWARD[name]
+    grads = _masked(flags, [(i, None if n == "attn_bias" else n) for i, n in enumerate(outs)])
+    skipped = {}
+    if len(outs) == 4 and mask is not None and (flags is None or flags[3]) and present(3):
+        skipped["grad_attn_bias"] = "the gradient of the additive mask: no refkern op"
+    g = b.get("grad_out", b.get("grad_out_"))
+    return BackwardCall(op, g, (q, k, v), kw, [(i, n) for i, n in grads if present(i)], skipped=skipped)
+
+
 # ---------------------------------------------------------------- which gradient an op computes
 
 # The inputs of an autograd node, in its order (its next_functions): the forward op's arguments.
@@ -555,7 +599,12 @@ _EDGES = {"ConvolutionBackward0": ("input", "weight", "bias"), "AddmmBackward0":
           "NativeBatchNormBackward0": ("input", "weight", "bias"), "FusedRmsNormBackward0": ("input", "weight"),
           "SoftmaxBackward0": ("input",), "LogSoftmaxBackward0": ("input",),
           "MaxPool2DWithIndicesBackward0": ("input",), "AvgPool2DBackward0": ("input",),
-          "AdaptiveAvgPool2DBackward0": ("input",)}  # fmt: skip
+          "AdaptiveAvgPool2DBackward0": ("input",),
+          "ScaledDotProductFlashAttentionForCpuBackward0": ("query", "key", "value"),
+          "ScaledDotProductFlashAttentionBackward0": ("query", "key", "value"),
+          "ScaledDotProductEfficientAttentionBackward0": ("query", "key", "value", "attn_bias"),
+          "ScaledDotProductCudnnAttentionBackward0": ("query", "key", "value"),
+          "ScaledDotProductFusedAttentionOverrideableBackward0": ("query", "key", "value", "attn_bias")}  # fmt: skip
 # nodes whose backward only moves or restates the gradient: a parameter's gradient passes through
 _PASS = frozenset("TBackward0 TransposeBackward0 PermuteBackward0 ViewBackward0 UnsafeViewBackward0 "
                   "ReshapeAliasBackward0 UnsqueezeBackward0 SqueezeBackward0 SqueezeBackward1 AliasBackward0 "

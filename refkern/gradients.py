@@ -22,6 +22,8 @@ returns it). The adjoint calls:
   batch and spatial dimensions. With padding_mode "reflect", "replicate" or "circular" (the padded
   input a gather of x), grad_x is one exact sum per element over every (output, tap) pair whose
   padded position holds it: a batched ``matmul`` of gathered rows (:class:`_Fold`).
+* ``cumsum(x, dim)``: grad_x = ``cumsum(flip(grad_output, dim), dim)`` flipped back; ``dot(x, y)``: grad_x =
+  ``matmul(g[None], y[None, :])`` (one product per element), grad_y likewise.
 * ``conv_transpose{n}d(input, W, b, stride s, padding p, output_padding a, groups, dilation d)``:
   grad_input = ``conv{n}d(G_p, W, stride=s, dilation=d, groups)`` with G_p grad_output padded by
   (p, p - a) zeros; grad_W = ``conv{n}d(G_p'', X'', stride=d, dilation=s, groups)``; grad_b = ``sum``.
@@ -46,6 +48,7 @@ from refkern._arrays import is_tensor, operand
 __all__ = ["backward", "compare_backward", "adjoints", "differentiable", "Adjoint", "OPS"]
 
 _PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+_KEYWORDS = ("dtype", "correction", "keepdim")  # the keyword-only arguments of an op that change its gradient
 
 
 def _identity(a):
@@ -133,8 +136,9 @@ def _bind(op, args, kwargs, who):
     fn = getattr(refkern, op)
     sig = inspect.signature(fn)
     names = [p for p, v in sig.parameters.items() if v.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keyword = [p for p, v in sig.parameters.items() if v.kind is inspect.Parameter.KEYWORD_ONLY and p in _KEYWORDS]
     for k in kwargs:
-        if k not in names:
+        if k not in names and k not in keyword:
             near = difflib.get_close_matches(k, names, n=1)
             hint = f" Did you mean {near[0]}=?" if near else f" It takes {', '.join(names)}."
             raise TypeError(f"{who}: {op} has no argument {k!r}.{hint}")
@@ -1229,6 +1233,237 @@ def _attn_report(op, name, got, g, a, who):
                             b.reshape(ref.shape), c.a.fmt, device, n_terms, op)  # fmt: skip
 
 
+# ---------------------------------------------------------------- sum, mean, var, std, cumsum, dot
+
+
+@dataclass
+class _RedCall:
+    """A validated reduction backward call: the input's values ``x`` (float64, as given), its format ``fmt``
+    (the gradient's), the forward's result format ``fmt_c`` (``dtype=``'s, else ``fmt``), the reduced
+    dimensions, grad_output as float64 in the forward's output shape, whether to return tensors."""
+
+    x: np.ndarray
+    fmt: object
+    fmt_c: object
+    dims: tuple
+    G: np.ndarray
+    as_tensor: bool
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.x.shape[d] for d in self.dims) if self.x.ndim else 1
+
+    def broadcast(self, v):
+        """An output-shaped array back over the reduced dimensions (input-shaped, float64)."""
+        kept = tuple(1 if i in self.dims else s for i, s in enumerate(self.x.shape))
+        return np.broadcast_to(np.asarray(v, np.float64).reshape(kept), self.x.shape)
+
+    def rows(self):
+        """(X (R, n) rows of the reduced elements, the function putting (R, n) back in x's shape)."""
+        from refkern.kernels.reduction import rows_of
+
+        X, _ = rows_of(self.x, self.dims, False)
+        keep = [i for i in range(self.x.ndim) if i not in self.dims]
+        order = keep + list(self.dims)
+        moved = tuple(self.x.shape[i] for i in order)
+
+        def back(v):
+            return np.transpose(np.asarray(v).reshape(moved), np.argsort(order)) if self.x.ndim else np.asarray(
+                v).reshape(())  # fmt: skip
+
+        return X, back
+
+
+def _red_call(op, g, a, who) -> _RedCall:
+    from refkern._arrays import format_of
+    from refkern.kernels.reduction import reduced_dims
+
+    o = operand(a["x"], "x", who)
+    fmt_c = o.fmt if a.get("dtype") is None else format_of(a["dtype"], "dtype", who)
+    x = np.asarray(o.values, np.float64).reshape(o.shape)
+    if op == "cumsum":
+        dim = a["dim"]
+        if dim is None or isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"{who}: cumsum's dim must be an int; got {dim!r}.")
+    dims = reduced_dims(a["dim"], x.ndim, who)
+    if op == "cumsum":
+        shape = x.shape
+    elif a.get("keepdim", False):
+        shape = tuple(1 if i in dims else s for i, s in enumerate(x.shape))
+    else:
+        shape = tuple(s for i, s in enumerate(x.shape) if i not in dims)
+    og = operand(g, "grad_output", who)
+    if og.fmt.name != fmt_c.name:
+        raise TypeError(f"{who}: grad_output must have the dtype of the output of {op}, {fmt_c.name}; "
+                        f"got grad_output.dtype={og.fmt.name}.")  # fmt: skip
+    if tuple(og.shape) != tuple(shape):
+        raise ValueError(f"{who}: grad_output must have the shape of the output of {op}, {tuple(shape)}; "
+                         f"got grad_output.shape={tuple(og.shape)}.")  # fmt: skip
+    G = np.asarray(og.values, np.float64).reshape(shape)
+    return _RedCall(x, o.fmt, fmt_c, dims, G, o.torch or og.torch)
+
+
+def _red_grad(op, c: _RedCall, a) -> np.ndarray:
+    """The gradient of sum, mean, var or std as float64 values of the input's format, in x's shape."""
+    from refkern.accumulate.formats import round_array
+
+    if op == "sum":  # a copy of g over the reduced dimensions; with dtype=, one conversion
+        v = np.array(c.broadcast(c.G))
+        return round_array(v, *c.fmt.params) if c.fmt_c is not c.fmt and v.size else v
+    if op == "mean":
+        from refkern.kernels.reduction_backward import mean_backward_values
+
+        return np.array(c.broadcast(mean_backward_values(c.G, c.n, c.fmt)))
+    from refkern.kernels.reduction import _correction
+    from refkern.kernels.reduction_backward import var_backward_rows
+
+    X, back = c.rows()
+    nodim = a["dim"] is None or c.x.ndim == 0  # torch's var_backward: dim=None (or 0-d) has its own dof <= 0 rule
+    out = var_backward_rows(X, c.G.reshape(-1), _correction(a["correction"], "backward"), op == "std", nodim, c.fmt)
+    return np.array(back(out))
+
+
+def _reduction(op, g, a, wrt, who):
+    from refkern.kernels._common import deliver
+
+    c = _red_call(op, g, a, who)
+    return {"x": Adjoint("x", op, (), compute=lambda: deliver(_red_grad(op, c, a), c.fmt, c.as_tensor))}
+
+
+def _reversed_cumsum(G, axis, fmt):
+    """RN(sum_{j >= i} G[..., j, ...]) along ``axis`` of the float64 array G, to ``fmt``."""
+    from refkern.kernels.reduction import _cumsum_rows
+
+    moved = np.ascontiguousarray(np.moveaxis(G, axis, -1)[..., ::-1])
+    X = moved.reshape(-1, moved.shape[-1]) if moved.size else moved.reshape(0, moved.shape[-1])
+    out = np.empty_like(X)
+    if X.size:
+        _cumsum_rows(X, *fmt.params, out)
+    return np.ascontiguousarray(np.moveaxis(out.reshape(moved.shape)[..., ::-1], -1, axis))
+
+
+def _cumsum(op, g, a, wrt, who):
+    """grad_input[i] = sum_{j >= i} grad_output[j] along dim: the forward cumsum of the flipped grad_output,
+    flipped back (an adjoint call judged by compare's cumsum). With ``dtype=`` autograd converts grad_output
+    to the input's dtype first (``cumsum_backward(grad.to(self.scalar_type()), dim)``): where that is exact
+    the adjoint call runs on the converted grad_output; elsewhere, and for a 0-d input, the kernel rounds
+    the exact sums of the given grad_output once (judged by :func:`_cumsum_report`)."""
+    from refkern.accumulate.formats import round_array
+    from refkern.kernels._common import deliver
+
+    c = _red_call(op, g, a, who)
+    if c.x.ndim and c.x.size:  # (compare's cumsum envelope does not take an empty input)
+        axis = c.dims[0]
+        gg = g
+        if c.fmt_c is not c.fmt:
+            conv = round_array(np.ascontiguousarray(c.G), *c.fmt.params) if c.G.size else c.G
+            same = np.array_equal(conv, c.G, equal_nan=True)
+            gg = deliver(np.ascontiguousarray(c.G), c.fmt, is_tensor(g)) if same else None
+        if gg is not None:
+            flip = lambda v: _flip(v, (axis,))  # noqa: E731
+            return {"x": Adjoint("x", "cumsum", (_flip(gg, (axis,)),), {"dim": int(a["dim"])}, to_grad=flip,
+                                 from_grad=flip)}  # fmt: skip
+    return {"x": Adjoint("x", "cumsum", (), compute=lambda: deliver(_cumsum_values(c), c.fmt, c.as_tensor))}
+
+
+def _cumsum_values(c: _RedCall):
+    from refkern.accumulate.formats import round_array
+
+    if not c.x.ndim or not c.x.size:  # torch returns grad itself: one conversion
+        return round_array(np.array(c.G).reshape(-1), *c.fmt.params).reshape(c.x.shape) if c.x.size else c.G
+    return _reversed_cumsum(c.G, c.dims[0], c.fmt)
+
+
+def _dot(op, g, a, wrt, who):
+    """dot(x, y): grad_x = g y, grad_y = g x, one product each: a K = 1 matmul (an adjoint call)."""
+    ox, oy = operand(a["x"], "x", who), operand(a["y"], "y", who)
+    if len(ox.shape) != 1 or len(oy.shape) != 1 or ox.shape != oy.shape:
+        raise ValueError(f"{who}: dot expects 1-D x and y of one length; got x.shape={tuple(ox.shape)} and "
+                         f"y.shape={tuple(oy.shape)}.")  # fmt: skip
+    if ox.fmt.name != oy.fmt.name:
+        raise TypeError(f"{who}: dot expects x and y of one dtype; got x.dtype={ox.fmt.name} and "
+                        f"y.dtype={oy.fmt.name}.")  # fmt: skip
+    _check_grad(op, g, (), a["x"], "x", who)
+    n = ox.shape[0]
+    g1 = g.reshape((1,)) if hasattr(g, "reshape") else np.asarray(g).reshape((1,))
+    out = {}
+    for k, other in (("x", a["y"]), ("y", a["x"])):
+        if k in wrt:
+            out[k] = Adjoint(k, "matmul", (g1, other.reshape((1, n))))
+    return out
+
+
+def _reduction_report(op, name, got, g, a, who):
+    """compare_backward's Report for the gradient of sum, mean, var, std (and cumsum's ``compute`` cases),
+    judged by its envelope: sum's and a 0-d cumsum's is 0 (a correct backend copies or converts g once:
+    ``exact`` or ``mismatch``, as max_pool's forward), mean's :func:`~refkern.analysis._envelope_backward.mean_bound`
+    (with ``dtype=``: computed in that dtype, then converted back, ``converted_bound``), var's and std's
+    ``var_bound``, cumsum's the forward cumsum envelope of the converted grad_output around its own exact
+    reference, plus the known distance between the two references."""
+    from refkern.analysis import _envelope_backward as envb
+    from refkern.analysis.compare import _actual
+
+    c = _red_call(op, g, a, who)
+    act, afmt, device = _actual(got)
+    if afmt.name != c.fmt.name:
+        raise TypeError(f"{who}: the gradient of x must have the dtype of x, {c.fmt.name}; got {afmt.name}.")
+    n_terms, blind = 1, 0
+    if op == "sum" or (op == "cumsum" and not (c.x.ndim and c.x.size)):
+        ref = _red_grad("sum", c, a) if op == "sum" else _cumsum_values(c)
+        b = np.zeros(ref.shape)
+    elif op == "mean":
+        from refkern.kernels.reduction_backward import mean_backward_values
+
+        n = max(c.n, 1)
+        ref = _red_grad(op, c, a)
+        if c.fmt_c is c.fmt:
+            b = c.broadcast(envb.mean_bound(np.abs(c.G) / n, mean_backward_values(c.G, n, c.fmt), c.fmt))
+        else:
+            ref_c = mean_backward_values(c.G, n, c.fmt_c)
+            b = c.broadcast(envb.converted_bound(envb.mean_bound(np.abs(c.G) / n, ref_c, c.fmt_c), ref_c, c.fmt_c,
+                                                 c.fmt))  # fmt: skip
+    elif op == "cumsum":
+        from refkern.accumulate.formats import round_array
+
+        axis = c.dims[0]
+        ref = _reversed_cumsum(c.G, axis, c.fmt)
+        gp = round_array(np.ascontiguousarray(c.G), *c.fmt.params) if c.G.size else c.G  # grad.to(x.dtype)
+        ref_p = _reversed_cumsum(gp, axis, c.fmt)
+        b = envb.cumsum_converted_bound(gp, axis, ref_p, ref, c.fmt)
+        n_terms = c.x.shape[axis]
+    else:
+        from refkern.kernels.reduction import _correction
+
+        X, back = c.rows()
+        nodim = a["dim"] is None or c.x.ndim == 0
+        corr = _correction(a["correction"], who)
+        ref = _red_grad(op, c, a)
+        b = back(envb.var_bound(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std", nodim))
+        n_terms = X.shape[1]
+        dof = n_terms - corr
+        if op == "var" and n_terms and (dof == 0 or (dof < 0 and nodim)):
+            # torch's IEEE rule (NaN or an infinity) reads the sign of x - mean^ (or x == mean^): where the exact
+            # x - mu lies within the stored mean's error, each of NaN, +inf, -inf is a correct backend's value
+            fin = np.isfinite(X).all(axis=1, keepdims=True) & np.isfinite(c.G.reshape(-1, 1))
+            d, e_d, slack = envb.centred(np.where(fin, X, 0.0), c.fmt)
+            amb = back(fin & (np.abs(d) <= e_d + slack)).reshape(c.x.shape) & ~np.isfinite(act.reshape(c.x.shape))
+            ref = np.where(amb, act.reshape(c.x.shape), np.asarray(ref, np.float64).reshape(c.x.shape))
+            blind = int(amb.sum())
+    rep = _envelope_finish(f"{op} backward (x)", act.reshape(c.x.shape), np.asarray(ref, np.float64).reshape(
+        c.x.shape), np.asarray(b, np.float64).reshape(c.x.shape), c.fmt, device, int(n_terms), op)  # fmt: skip
+    if blind:
+        why = "the sign of x - mean there depends on the rounding of the mean (torch's rule inf * g * (x - mean))"
+        rep.notes.append(f"{blind} elements of a zero-dof row take the backend's NaN or infinity: {why}")
+    return rep
+
+
+def _to_rows(c: _RedCall, v):
+    """An input-shaped array as the (R, n) rows of :meth:`_RedCall.rows`."""
+    from refkern.kernels.reduction import rows_of
+
+    return rows_of(np.asarray(v, np.float64).reshape(c.x.shape), c.dims, False)[0]
+
+
 def _bind_nd(fn, nd):
     return lambda op, g, a, wrt, who: fn(nd, op, g, a, wrt, who)
 
@@ -1246,10 +1481,14 @@ _BUILDERS = {
     "batch_norm": (_norm, ("input", "weight", "bias")),
     **{f"{kind}{d}d": (_pool, ("input",)) for kind in ("avg_pool", "max_pool", "adaptive_avg_pool") for d in (1, 2)},
     "scaled_dot_product_attention": (_attention, ("query", "key", "value")),
+    **{k: (_reduction, ("x",)) for k in ("sum", "mean", "var", "std")},
+    "cumsum": (_cumsum, ("x",)),
+    "dot": (_dot, ("x", "y")),
 }
 ENVELOPE_OPS = ("softmax", "log_softmax")  # judged by worst-case envelopes (refkern.analysis._envelope_backward)
 NORM_OPS = ("layer_norm", "rms_norm", "group_norm", "batch_norm")  # judged by the norm envelopes (same module)
 POOL_OPS = tuple(f"{k}{d}d" for k in ("avg_pool", "max_pool", "adaptive_avg_pool") for d in (1, 2))  # pool_bound
+REDUCTION_OPS = ("sum", "mean", "var", "std")  # judged by _reduction_report (cumsum too where no adjoint call runs)
 _RANK = {"exact": 0, "rounding": 1, "reduced-precision": 2, "mismatch": 3}  # a better fit ranks lower
 OPS = tuple(_BUILDERS)
 
@@ -1302,9 +1541,10 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     ``op``: "linear", "matmul", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
     "conv_transpose3d", "softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm",
     "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-    "scaled_dot_product_attention" (or the refkern function); the
+    "scaled_dot_product_attention", "sum", "mean", "var", "std", "cumsum", "dot" (or the refkern function); the
     arguments are exactly the op's (same names: ``x``/``weight``/``bias``, ``a``/``b``,
-    ``input``/``weight``/``bias``, ``input``/``dim``, ``input``/``normalized_shape``/``weight``/``bias``/``eps``), and
+    ``input``/``weight``/``bias``, ``input``/``dim``, ``input``/``normalized_shape``/``weight``/``bias``/``eps``,
+    ``x``/``dim``/``keepdim``/``dtype``/``correction``, ``x``/``y``), and
     ``grad_output`` has the op's output shape and dtype. ``wrt``: the argument
     names whose gradients to compute (default: every differentiable argument given); only those are
     computed.
@@ -1333,7 +1573,14 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     ``query``, ``key``, ``value`` from ``P = softmax(scale q k^T + mask)`` (real exp), ``dv = P^T dO``,
     ``dS = P (dO v^T - rowsum(dO O))``, ``dq = scale dS k``, ``dk = scale dS^T q``, summed over the batches
     that read each element, rounded once (:mod:`refkern.kernels.attention_backward`; dropout_p > 0 and
-    non-finite inputs are refused).
+    non-finite inputs are refused). Reductions: ``sum``, ``g`` over the reduced dims (exact; with ``dtype=``
+    converted once); ``mean``, ``g / n``; ``var``, ``2 g (x - mean) / (n - correction)``; ``std``, ``g (x - mean) /
+    ((n - correction) std)``, each real-valued with the exact mean and std, rounded once
+    (:mod:`refkern.kernels.reduction_backward`; with ``dtype=``, at the converted input, rounded once to the
+    input's dtype); where it has no real value (``n - correction <= 0``, std at a zero variance, NaN or
+    infinite inputs) the IEEE value torch's autograd formula gives. ``cumsum``: ``sum_{j >= i} g_j`` along
+    dim, one exact sum rounded once (the forward cumsum of the flipped grad_output); ``dot``: ``g y`` and
+    ``g x``, one product each.
 
     A convolution with ``padding_mode`` "reflect", "replicate" or "circular": the gradient of ``x``
     folds the padded border back onto the input, each element one exact sum of every product that
@@ -1360,7 +1607,11 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
     (:mod:`refkern.analysis._envelope_backward`): ``exact``, ``rounding`` or ``mismatch``; so are the
     layer_norm, rms_norm, group_norm and batch_norm gradients (the envelope of torch's CPU kernels'
     forms, same module), and the scaled_dot_product_attention gradients (``attention_bound``: torch's math
-    backend and a flash backward, every intermediate possibly stored in the dtype).
+    backend and a flash backward, every intermediate possibly stored in the dtype). sum's gradient must be
+    bit-exact (a copy: ``exact`` or ``mismatch``); mean's, var's and std's are judged by ``mean_bound`` and
+    ``var_bound`` (same module: ``g * fl(1 / n)`` in the working precision; torch's ``(2 / dof) * g * (x -
+    mean^)`` with the stored mean's cancellation and std's stored forward); cumsum's by compare's cumsum on the
+    flipped grad_output, dot's by compare's matmul (K = 1).
     """
     from refkern.analysis.compare import compare
 
@@ -1370,7 +1621,8 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
             f"{type(actual_grads).__name__}."
         )
     adj = adjoints(op, grad_output, *args, wrt=tuple(actual_grads), who="compare_backward", **kwargs)
-    bound = _bind(_op_name(op, "compare_backward"), args, kwargs, "compare_backward")
+    name = _op_name(op, "compare_backward")
+    bound = _bind(name, args, kwargs, "compare_backward")
     out = {}
     for k, got in actual_grads.items():
         want = _shape(bound[k])
@@ -1378,6 +1630,9 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
             raise ValueError(
                 f"compare_backward: the gradient of {k} must have the shape of {k}, {want}; got shape {_shape(got)}."
             )
+        if name in REDUCTION_OPS or (name == "cumsum" and adj[k].compute is not None):
+            out[k] = _reduction_report(name, k, got, grad_output, bound, "compare_backward")
+            continue
         if adj[k].op == "scaled_dot_product_attention":
             out[k] = _attn_report(adj[k].op, k, got, grad_output, bound, "compare_backward")
             continue

@@ -17,10 +17,12 @@ import numpy as np
 
 from refkern._arrays import operand
 from refkern.truth.products import _exact_sum_of_products
+from refkern.truth.softmax import _decide, _ivq, iv
 
 __all__ = ["backward"]
 
-_DIFF = {"linear": ("x", "weight", "bias"), "matmul": ("a", "b"), "softmax": ("input",), "log_softmax": ("input",),
+_DIFF = {"linear": ("x", "weight", "bias"), "matmul": ("a", "b"), "dot": ("x", "y"), "softmax": ("input",),
+         "log_softmax": ("input",),
          "layer_norm": ("input", "weight", "bias"), "rms_norm": ("input", "weight"),
          "group_norm": ("input", "weight", "bias"), "batch_norm": ("input", "weight", "bias"),
          **{f"conv{d}d": ("x", "weight", "bias") for d in (1, 2, 3)},
@@ -743,6 +745,125 @@ def _attention_backward(name, G, og, a, wrt):
     return out
 
 
+def _dot(op, G, a, grads):
+    x, y = a["x"], a["y"]
+    for k in range(x.shape[0]):  # out = sum_k x[k] y[k]
+        grads.add("x", (k,), G[()], y[k])
+        grads.add("y", (k,), G[()], x[k])
+
+
+def _reduction_backward(name, G, og, a, wrt):
+    """sum, mean, var, std and cumsum from their definitions, element by element: sum ``g`` (converted once
+    to x's format), mean ``g / n`` (a Fraction), cumsum ``sum_{j >= i} g_j`` (mpmath, exact precision),
+    var ``2 g (x_j - mu) / dof`` (Fractions), std ``g (x_j - mu) / sqrt(dof M2)`` (mpmath intervals, Ziv's
+    loop; rational when ``dof M2`` is a square), each rounded once to x's format. Where torch's autograd
+    formula has no real value (:mod:`refkern.kernels.reduction_backward`'s rules), its IEEE value."""
+    from refkern.kernels._common import deliver
+    from refkern.kernels.reduction import _correction, reduced_dims
+
+    x, ox = _values(a["x"], "x", "truth.backward")
+    fmt = ox.fmt
+    tensor = og.torch or ox.torch
+    nd = x.ndim
+    if name == "cumsum":
+        if nd == 0:
+            return {"x": deliver(np.array(_round_float_to(float(G), fmt)), fmt, tensor)}
+        ax = a["dim"] % nd
+        out = np.empty(x.shape)
+        for idx in np.ndindex(*x.shape):
+            terms = [(float(G[idx[:ax] + (j,) + idx[ax + 1 :]]), 1.0) for j in range(idx[ax], x.shape[ax])]
+            out[idx] = _exact_sum_of_products(terms, fmt, None)
+        return {"x": deliver(out, fmt, tensor)}
+    dims = reduced_dims(a["dim"], nd, "truth.backward")
+    n = math.prod(x.shape[d] for d in dims) if nd else 1
+    kept = tuple(1 if i in dims else s for i, s in enumerate(x.shape))
+    Gb = np.broadcast_to(G.reshape(kept), x.shape)  # each element's grad_output value
+    out = np.empty(x.shape)
+    if name in ("sum", "mean"):
+        for idx in np.ndindex(*x.shape):
+            g = float(Gb[idx])
+            if name == "sum":
+                out[idx] = _round_float_to(g, fmt)
+            elif not math.isfinite(g) or g == 0:
+                out[idx] = _round_float_to(g / n, fmt)
+            else:
+                out[idx] = _decide(fmt, lambda q=Fraction(g) / n: _ivq(q))
+        return {"x": deliver(out, fmt, tensor)}
+    corr = _correction(a["correction"], "truth.backward")
+    dof = n - corr
+    nodim = a["dim"] is None or nd == 0
+    groups = {}  # the elements of each reduced set, keyed by the kept indices
+    for idx in np.ndindex(*x.shape):
+        groups.setdefault(tuple(i for k, i in enumerate(idx) if k not in dims), []).append(idx)
+    for members in groups.values():
+        vals = [float(x[i]) for i in members]
+        g = float(Gb[members[0]])
+        for i, v in zip(members, _var_row(vals, g, dof, name == "std", nodim, fmt)):
+            out[i] = v
+    return {"x": deliver(out, fmt, tensor)}
+
+
+def _var_row(vals, g, dof, want_std, nodim, fmt):
+    """One reduced set of var (std): torch's ``(2 / dof) * grad_var * (x - mean)``, grad_var = g (var) or
+    ``g / (2 std)`` masked to 0 where std is 0 (std), as an extended-real product: exact where every factor
+    is a finite real, else IEEE float64 on the factors' signs (their magnitudes do not matter then)."""
+    n = len(vals)
+    if not all(math.isfinite(v) for v in vals):  # IEEE float64, as torch evaluates the formula
+        with np.errstate(all="ignore"):
+            xs = np.array(vals)
+            if want_std:
+                return [math.nan] * n
+            mu = xs.mean()
+            if nodim and dof <= 0:
+                r = np.float64(g) * np.where(xs == mu, np.nan, np.inf)
+            else:
+                r = np.float64(math.inf if dof == 0 else float(2 / dof)) * np.float64(g) * (xs - mu)
+        return [_round_float_to(float(v), fmt) for v in r]
+    q = [Fraction(v) for v in vals]
+    mu = sum(q, Fraction(0)) / n
+    d = [v - mu for v in q]
+    m2 = sum((t * t for t in d), Fraction(0))
+    sgn = lambda t: 0.0 if t == 0 else math.copysign(1.0, t)  # noqa: E731
+    # grad_var: ("real", Fraction or None) for a finite real (None: std's g / (2 s), irrational), or a float
+    if not want_std:
+        gv = ("real", Fraction(g)) if math.isfinite(g) else g
+    elif dof > 0 and m2 == 0:
+        gv = 0.0  # masked_fill(result == 0, 0)
+    elif dof > 0:
+        gv = ("real", None) if math.isfinite(g) else g  # g / (2 s), s finite and positive
+    else:
+        with np.errstate(all="ignore"):  # the forward is +inf (M2 > 0) or NaN (M2 == 0)
+            gv = float(np.float64(g) / np.float64(math.inf if m2 > 0 else math.nan))
+    out = []
+    for t in d:
+        if nodim and dof <= 0:
+            r = sgn(gv[1] if gv[1] is not None else g) if isinstance(gv, tuple) else gv
+            with np.errstate(all="ignore"):
+                out.append(float(np.float64(r) * (math.nan if t == 0 else math.inf)))
+            continue
+        if isinstance(gv, tuple) and dof != 0:
+            if g == 0 or t == 0:
+                neg = ((dof < 0) ^ (math.copysign(1.0, g) < 0)) ^ (t < 0)
+                out.append(-0.0 if neg else 0.0)
+            elif gv[1] is not None:
+                out.append(_decide(fmt, lambda v=2 * gv[1] * t / dof: _ivq(v)))
+            else:
+                out.append(_std_value(Fraction(g) * t, dof * m2, fmt))
+            continue
+        kf = math.inf if dof == 0 else sgn(dof)
+        r = sgn(gv[1] if gv[1] is not None else g) if isinstance(gv, tuple) else gv
+        with np.errstate(all="ignore"):
+            out.append(float(np.float64(kf) * np.float64(r) * np.float64(sgn(t))))
+    return out
+
+
+def _std_value(num: Fraction, z: Fraction, fmt) -> float:
+    """RN(num / sqrt(z)), z > 0: a rational when z is a rational square, else irrational (no midpoint)."""
+    if _square(z):
+        return _decide(fmt, lambda: _ivq(num / _sqrtq(z)))
+    return _decide(fmt, lambda: _ivq(num) / iv.sqrt(_ivq(z)))
+
+
 def _round_float_to(t: float, fmt) -> float:
     """A float64 value (NaN and infinities included) rounded once to fmt."""
     from refkern.truth.softmax import _round_float
@@ -754,7 +875,7 @@ def _nd(fn, nd):
     return lambda *z: fn(nd, *z)
 
 
-_OPS = {"linear": _linear, "matmul": _matmul, **{f"conv{d}d": _nd(_conv, d) for d in (1, 2, 3)},
+_OPS = {"linear": _linear, "matmul": _matmul, "dot": _dot, **{f"conv{d}d": _nd(_conv, d) for d in (1, 2, 3)},
         **{f"conv_transpose{d}d": _nd(_conv_transpose, d) for d in (1, 2, 3)}}  # fmt: skip
 
 
@@ -777,6 +898,9 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
     if name.startswith(("avg_pool", "max_pool", "adaptive_avg_pool")):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _pool_backward(name, G, og, a, wrt)
+    if name in ("sum", "mean", "var", "std", "cumsum"):
+        G, og = _values(grad_output, "grad_output", "truth.backward")
+        return _reduction_backward(name, G, og, a, wrt)
     if name in ("layer_norm", "rms_norm", "group_norm", "batch_norm"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         fn = {"group_norm": _group_norm_backward, "batch_norm": _batch_norm_backward}.get(name, _norm_backward)

@@ -28,7 +28,7 @@ def _values(rng, n, fmt):
     y[kind == 1] = np.exp2(fmt.emin - 3.0) * rng.random((kind == 1).sum())  # below the format's normal range
     y[rng.random(n) < 0.01] = np.inf
     y[rng.random(n) < 0.01] = np.nan
-    b = np.abs(y) * 2.0 ** -fmt.prec * rng.random(n) * 50
+    b = np.abs(y) * 2.0**-fmt.prec * rng.random(n) * 50
     b[kind == 2] = 0.0
     b[rng.random(n) < 0.02] = np.inf
     b[rng.random(n) < 0.01] = 5e-324  # a subnormal bound
@@ -78,7 +78,7 @@ def test_max_ulp_error_over_chunks(fmt):
     n = 50_000
     ref, _ = _values(rng, n, fmt)
     with np.errstate(invalid="ignore"):
-        act = ref + rng.standard_normal(n) * np.abs(ref) * 2.0 ** -fmt.prec * 3
+        act = ref + rng.standard_normal(n) * np.abs(ref) * 2.0**-fmt.prec * 3
     act[rng.random(n) < 0.05] = 0.0
     want = max(abs(ulp_error(p, q, fmt)) for p, q in zip(act, ref))
     assert max_ulp_error(act, ref, fmt) == want
@@ -164,3 +164,66 @@ def test_compare_counts_from_the_pass_are_the_classes_counts():
         assert rep.counts == {v: int(np.count_nonzero(d.classes == i)) for i, v in enumerate(VERDICTS)}
         seen.add(rep.verdict)
     assert seen == set(VERDICTS)
+
+
+def test_ulps_at_is_the_exact_quotient_at_every_ulp_exponent():
+    """ulps_at (two products by powers of two built from bits) against Python's exact quotient
+    ``v / 2^k``, rounded once, at every ulp exponent of float64 and float32 results: k from the
+    smallest subnormal's (-1074, the bound's quotient past 2^1022) to the largest, with bounds that
+    overflow in ulps, subnormal bounds, 0, NaN and the error at y = 0 and at specials."""
+    rng = np.random.default_rng(3)
+    for fmt in (FLOAT64, FLOAT32):
+        for e in range(fmt.emin - 3, 1024 - (fmt.prec != 53) * 896):
+            y = math.ldexp(1.0 + rng.random(), e) * (-1) ** e
+            for b in (0.0, 5e-324, math.ldexp(rng.random(), e - 40), 1e300, math.inf, math.nan):
+                for x in (y, y + abs(y) * 2.0**-40, math.inf):
+                    v, d = passes.ulps_at(x, y, b, x == y, fmt.prec, fmt.emin)
+                    assert v == (math.inf if not b < math.inf else _ulps_at(y, b, fmt)), (fmt.name, e, b)
+                    want = 0.0 if x == y else math.inf if math.isinf(x) else ulp_error(x, y, fmt)
+                    assert d == want, (fmt.name, e, x)
+    for y, same in ((0.0, True), (math.nan, True), (math.inf, False)):  # at 0: the bound in [1/2, 1)'s ulp,
+        v, d = passes.ulps_at(1e-320 if y == 0 else 0.0, y, 2.0**-60, same, FLOAT32.prec, FLOAT32.emin)
+        assert v == 2.0**-60 / 2.0**-24  # the error in the smallest subnormal's (ulp.py's rule)
+        assert d == (1e-320 / 2.0**-149 if y == 0 else 0.0 if same else math.inf)
+
+
+@pytest.mark.parametrize("fmt", [BFLOAT16, FLOAT32], ids=lambda f: f.name)
+def test_envelope_pass_reads_float32_as_float64(fmt):
+    """compare hands the pass an fp16/bf16/fp32 result and its reference as float32 (no float64
+    copies): every figure of the fit is the one of the same values widened to float64 first."""
+    from refkern.analysis.verdict import _envelope_fits
+
+    rng = np.random.default_rng(11)
+    act, ref, b = _fit_case(rng, 50_001, fmt)
+    act32, ref32 = act.astype(np.float32), ref.astype(np.float32)
+    (f32,) = _envelope_fits(act32, fmt, [("rounding", None, ref32, b)], ulps=True)
+    (f64,) = _envelope_fits(act32.astype(np.float64), fmt, [("rounding", None, ref32.astype(np.float64), b)], ulps=True)
+    np.testing.assert_array_equal(f32.state, f64.state)
+    np.testing.assert_array_equal(f32.ratio, f64.ratio)
+    for k in ("counts", "blind", "max_ratio", "median_ulps", "max_ulps", "max_error_ulps"):
+        assert getattr(f32, k) == getattr(f64, k), k
+    np.testing.assert_array_equal(f32.top, f64.top)
+    np.testing.assert_array_equal(f32.ratio_at(f32.top), f64.ratio_at(f64.top))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_compare_on_held_float32_is_elements_report(dtype):
+    """compare() keeps a norm's output and reference in float32, elements() widens both to float64
+    first: the two Reports agree on every figure, for a correct output and a bug."""
+    import torch
+
+    import refkern as rk
+
+    torch.manual_seed(2)
+    dt = getattr(torch, dtype)
+    x, w, b = (torch.randn(*s).to(dt) for s in ((6, 40, 64), (64,), (64,)))
+    y = torch.nn.functional.layer_norm(x, (64,), w, b)
+    bug = y.clone()
+    bug[1, 2, 3] += 0.25
+    for out in (y, bug):
+        a, e = (
+            rk.compare(out, "layer_norm", x, (64,), w, b),
+            rk.analysis.compare.elements(out, "layer_norm", x, (64,), w, b)["report"],
+        )
+        for k in ("verdict", "precision", "counts", "max_ulp", "max_bound_ratio", "worst", "detectable", "notes"):
+            assert getattr(a, k) == getattr(e, k), (dtype, k)

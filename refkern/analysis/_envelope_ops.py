@@ -28,7 +28,9 @@ class Layout:
     extra: dict = field(default_factory=dict)
 
     def ref_rows(self, ref):
-        return self.rows(ref)
+        """The reference in row layout; a norm's as it is held (float32 for narrower results: its
+        envelope kernel widens each element as it reads it, so no float64 copy is made)."""
+        return self.rows(ref, None) if self.kind == "norm" else self.rows(ref)
 
 
 def _f64(t, name, op):
@@ -79,7 +81,7 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
         if eps is None:  # F.rms_norm's default: the epsilon of torch's opmath type
             eps = 2.0**-52 if operand(a["input"], "input", name).fmt.prec == 53 else 2.0**-23
         return Layout("norm", X, n, back=lambda r: np.asarray(r).reshape(shape),
-                      rows=lambda r: np.asarray(r, np.float64).reshape(-1, n),
+                      rows=lambda r, dt=np.float64: np.asarray(r, dt).reshape(-1, n),
                       W=1.0 if w is None else w.reshape(1, n), B=0.0 if b is None else b.reshape(1, n),
                       center=name == "layer_norm", eps=float(eps))  # fmt: skip
     if name == "group_norm":
@@ -95,7 +97,7 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
 
         w, b = per_row(_f64(a.get("weight"), "weight", name)), per_row(_f64(a.get("bias"), "bias", name))
         return Layout("norm", X, n, back=lambda r: np.asarray(r).reshape(shape),
-                      rows=lambda r: np.asarray(r, np.float64).reshape(nb * g, n),
+                      rows=lambda r, dt=np.float64: np.asarray(r, dt).reshape(nb * g, n),
                       W=1.0 if w is None else w, B=0.0 if b is None else b, eps=float(a["eps"]))  # fmt: skip
     if name == "batch_norm":
         x = _exact(a["input"], "input", name)
@@ -108,7 +110,8 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
             given = (_f64(a["running_mean"], "running_mean", name), _f64(a["running_var"], "running_var", name))
         return Layout("norm", X, X.shape[1],
                       back=lambda r: np.moveaxis(np.asarray(r).reshape(moved_shape), 0, 1),
-                      rows=lambda r: np.ascontiguousarray(np.moveaxis(np.asarray(r, np.float64), 1, 0)).reshape(c, -1),
+                      rows=lambda r, dt=np.float64: np.ascontiguousarray(np.moveaxis(np.asarray(r, dt), 1, 0)).reshape(
+                          c, -1),
                       W=1.0 if w is None else w.reshape(c, 1), B=0.0 if b is None else b.reshape(c, 1),
                       eps=float(a["eps"]), given=given)  # fmt: skip
     if name.startswith("max_pool"):

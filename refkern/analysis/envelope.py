@@ -274,20 +274,32 @@ def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out, stor
     gm, gv = (np.broadcast_to(np.asarray(g, np.float64), (R,)).copy() for g in given)
     bound = np.empty((R, n))
     eta = stores * 0.5 * 2.0 ** (out.emin - out.prec + 1)
-    X = np.ascontiguousarray(X, X.dtype if X.dtype in (np.float32, np.float64) else np.float64)
-    _norm_rows(X, *(np.broadcast_to(np.asarray(v, np.float64), (R, n)) for v in
-               (W, B, ref)), bool(center), float(eps), has_given, gm, gv, u, u_m, bool(one_pass),
-               _gamma(n, u)[()], _gamma(n + 3, u)[()], _underflow(n, u), stores * out.u, eta, bound)  # fmt: skip
+    X, ref = (np.ascontiguousarray(v, v.dtype if v.dtype in (np.float32, np.float64) else np.float64) for v in
+              (X, np.asarray(ref)))  # fmt: skip
+    _norm_rows(X, _param_rows(W, R, n), _param_rows(B, R, n), ref.reshape(R, n), bool(center), float(eps),
+               has_given, gm, gv, u, u_m, bool(one_pass), _gamma(n, u)[()], _gamma(n + 3, u)[()], _underflow(n, u),
+               stores * out.u, eta, bound)  # fmt: skip
     return bound
+
+
+def _param_rows(p, R, n):
+    """A norm's weight or bias as the (1 or R, 1 or n) float64 array that broadcasts to (R, n), held once
+    (``_norm_rows`` reads row ``i % rows``, column ``j`` or 0), rather than a strided (R, n) view."""
+    p = np.asarray(p, np.float64)
+    p = p.reshape((1,) * (2 - p.ndim) + p.shape) if p.ndim < 2 else p
+    rows, cols = (1 if s == 1 else t for s, t in zip(p.shape, (R, n)))
+    return np.ascontiguousarray(np.broadcast_to(p, (R, n))[:rows, :cols])
 
 
 @jit(parallel=True, error_model="numpy")
 def _norm_rows(X, W, B, ref, center, eps, has_given, gmean, gvar, u, u_m, one_pass, g_n, g_n3, uf, su, eta, bound):
-    """The norm envelope of the module docstring, one row a thread, in float64 (X float32 or float64,
-    each element widened as it is read): the row's mean, M2, mean |x| (A) and sum x^2 (q) by two
-    passes, then every element's bound; NaN becomes inf (no claim)."""
+    """The norm envelope of the module docstring, one row a thread, in float64 (X and ref float32 or
+    float64, each element widened as it is read; W and B (1 or R, 1 or n), read at row ``i % rows`` and
+    column ``j`` or 0): the row's mean, M2, mean |x| (A) and sum x^2 (q) by two passes, then every
+    element's bound; NaN becomes inf (no claim)."""
     R, n = X.shape
     ua = u + u_m  # every step of the affine part may also be stored in the result dtype (half results)
+    sw, sb = int(W.shape[1] > 1), int(B.shape[1] > 1)
     for i in prange(R):
         if has_given:
             mean, var, dmu, e_v = gmean[i], gvar[i], 0.0, 0.0
@@ -313,14 +325,25 @@ def _norm_rows(X, W, B, ref, center, eps, has_given, gmean, gvar, u, u_m, one_pa
         s_lo, s_hi = np.sqrt(max(w - e_w, 0.0)), np.sqrt(w + e_w)
         r = 1.0 / np.sqrt(w)
         e_r = max(1.0 / s_lo - r, r - 1.0 / s_hi) + (2.0 * u + u_m) * r
-        for j in range(n):
-            x = float(X[i, j])
-            d = abs(x - mean)
-            e_d = dmu + ua * (d + dmu)
-            aw = abs(W[i, j])
-            b = aw * (e_d * r + d * e_r + e_d * e_r) + 3.0 * ua * (abs(x) + abs(mean)) * r * aw
-            b += 2.0 * ua * abs(B[i, j]) + 2.0 * ua * abs(ref[i, j])
-            bound[i, j] = (b if b == b else np.inf) + su * abs(ref[i, j]) + eta
+        wr, br, xr, yr, out = W[i % W.shape[0]], B[i % B.shape[0]], X[i], ref[i], bound[i]
+        if sw and sb:  # weight and bias per column (layer_norm): a loop the compiler vectorises
+            for j in range(n):
+                out[j] = _norm_element(xr[j], yr[j], wr[j], br[j], mean, dmu, ua, r, e_r, su, eta)
+        else:
+            for j in range(n):
+                out[j] = _norm_element(xr[j], yr[j], wr[j * sw], br[j * sb], mean, dmu, ua, r, e_r, su, eta)
+
+
+@jit(inline="always")
+def _norm_element(x, y, w, bias, mean, dmu, ua, r, e_r, su, eta):
+    """One element's bound of :func:`_norm_rows` (x and y widened to float64 here)."""
+    x, y = float(x), abs(float(y))
+    d = abs(x - mean)
+    e_d = dmu + ua * (d + dmu)
+    aw = abs(w)
+    b = aw * (e_d * r + d * e_r + e_d * e_r) + 3.0 * ua * (abs(x) + abs(mean)) * r * aw
+    b += 2.0 * ua * abs(bias) + 2.0 * ua * y
+    return (b if b == b else np.inf) + su * y + eta
 
 
 def envelopes(name: str, args: dict, ref: np.ndarray, out: Format, lazy: bool = False) -> tuple[list, int]:
@@ -348,6 +371,8 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format, lazy: bool = 
 
         args = dict(args, eps=2.0**-52 if operand(args["input"], "input", name).fmt.prec == 53 else 2.0**-23)
     lay = layout(name, args, ref.shape)
+    if lay.kind != "norm":  # a norm's kernel reads a float32 reference as it is held; numpy arithmetic
+        ref = np.asarray(ref, np.float64)  # on float32 stays float32 (NEP 50): every other kind widens first
     u, u_m = working_unit(out), (out.u if out.prec < FLOAT32.prec else 0.0)
     rounding = _one(lay, u + u_m, u_m, False, ref, out, store=True)
     hyps = [("rounding", None, ref, rounding)]
@@ -374,6 +399,7 @@ def _reduced(name, args, ref, out, prec, fmt):
     import refkern
     from refkern.analysis._envelope_ops import layout
 
+    ref = np.asarray(ref, np.float64)
     rounded = _rounded_args(args, fmt)
     res = getattr(refkern, name)(**rounded)
     res = res[0] if isinstance(res, tuple) else res

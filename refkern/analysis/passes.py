@@ -28,8 +28,9 @@ from numba import prange
 
 from refkern._jit import jit
 
-__all__ = ["chunks", "top_k", "insert_top", "merge_top", "ulp_exponent", "scale_down", "bound_ulps", "median_bracket",
-           "median_in_bracket", "median_max_bound_ulps", "SCALE1", "SCALE2", "floor_log2"]  # fmt: skip
+__all__ = ["chunks", "top_k", "insert_top", "merge_top", "ulp_exponent", "scale_down", "pow2_neg", "ulps_at",
+           "bound_ulps", "median_bracket", "median_in_bracket", "median_max_bound_ulps", "SCALE1", "SCALE2",
+           "floor_log2"]  # fmt: skip
 
 _EMIN = -1074  # frexp's exponent of the smallest subnormal float64 is -1073: bins start below it
 _SUB = 16  # bins per octave: the 4 significand bits after the leading one
@@ -136,6 +137,36 @@ def scale_down(v, k):
 
 
 @jit
+def pow2_neg(k):
+    """2^-k for -1022 <= k <= 1022, built from its bits (a normal float64): no table, no branch."""
+    return np.int64((1023 - k) << 52).view(np.float64)
+
+
+@jit
+def ulps_at(x, y, b, same, prec, emin):
+    """(the bound ``b``, ``|x - y|``) in ulps of the format (prec, emin) at the float64 ``y``, each
+    ``v / 2^k`` exactly as the division rounds it, as :func:`scale_down` gives it: the ulp exponent k
+    (:func:`ulp_exponent`) lies in [emin - prec + 1, 1024 - prec], and ``v 2^-max(k, -1022)`` then
+    ``2^-(k - max(k, -1022))`` (at most 2^52) are two exact products, one rounding only where the
+    quotient overflows, as the division's. The error is counted at y as :mod:`refkern.analysis.ulp`
+    counts it (at 0 in the smallest subnormal's ulp), the bound in the ulp of [1/2, 1) at 0 and at
+    specials. A NaN bound is inf (no bound holds); the error is 0 where ``same`` (equal, or NaN
+    alike) and inf at any other special. Selects and products only: inlined, it leaves a loop
+    without a branch the data decides."""
+    k = ulp_exponent(np.float64(y).view(np.int64), prec, emin)
+    k1 = max(k, -1022)
+    v = (b * pow2_neg(k1)) * pow2_neg(k - k1)
+    if v != v:
+        v = np.inf
+    ke = k if y != 0.0 else emin - prec + 1
+    ke1 = max(ke, -1022)
+    d = (abs(x - y) * pow2_neg(ke1)) * pow2_neg(ke - ke1)
+    if d != d:
+        d = 0.0 if same else np.inf
+    return v, d
+
+
+@jit
 def bound_bin(b, bbits, k):
     """:func:`_bin` of ``b / 2^k`` for ``b >= 0`` (NaN as inf) with bits ``bbits``: for a normal ``b``
     whose quotient is normal, from the bits alone (the exponent less k, the same significand)."""
@@ -202,15 +233,16 @@ def _bound_ulps_at(ref, bound, idx, prec, emin, out):
 
 def median_bracket(ref, bound, prec: int, emin: int) -> tuple:
     """(lo, hi, room): a bracket [lo, hi] likely to hold the median of :func:`bound_ulps` over the flat
-    float64 arrays, from a seeded sample of :data:`BRACKET_SAMPLE` values (the sample's middle rank
-    +- :data:`BRACKET_SD` standard deviations of it), and the fraction of each chunk to keep room for
-    (three times the expected share inside). Every value when the sample is everything."""
+    arrays (``ref`` float32 or float64, ``bound`` float64), from a seeded sample of
+    :data:`BRACKET_SAMPLE` values (the sample's middle rank +- :data:`BRACKET_SD` standard deviations of
+    it), and the fraction of each chunk to keep room for (three times the expected share inside).
+    Every value when the sample is everything."""
     n = ref.size
     if n <= BRACKET_SAMPLE:
         return -np.inf, np.inf, 1.0
     idx = np.sort(np.random.default_rng(_SEED).choice(n, BRACKET_SAMPLE, replace=False))
     v = np.empty(BRACKET_SAMPLE)
-    _bound_ulps_at(ref, bound, idx, prec, emin, v)
+    _bound_ulps_at(np.asarray(ref[idx], np.float64), bound[idx], np.arange(BRACKET_SAMPLE), prec, emin, v)
     v.sort()
     h = int(math.ceil(BRACKET_SD * math.sqrt(BRACKET_SAMPLE) / 2))
     mid = BRACKET_SAMPLE // 2

@@ -59,8 +59,7 @@ from refkern.analysis.passes import (
     median_in_bracket,
     median_max_bound_ulps,
     merge_top,
-    scale_down,
-    ulp_exponent,
+    ulps_at,
 )
 from refkern.analysis.stats import ALPHA, level, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
@@ -361,7 +360,7 @@ class _EnvelopeFit:
     def ratio_at(self, flat) -> np.ndarray:
         """:attr:`ratio` at the flat indices ``flat`` only."""
         a, c, b, params = self.src
-        return np.array([0.0 if self.state.reshape(-1)[i] == 0 else _ratio_one(a[i], c[i], b[i], *params)
+        return np.array([0.0 if self.state.reshape(-1)[i] == 0 else _ratio_one(float(a[i]), float(c[i]), b[i], *params)
                          for i in flat], np.float64)  # fmt: skip
 
     @property
@@ -394,7 +393,7 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
     from refkern.analysis.envelope import ONE_PASS, storage
 
     fits = []
-    a = np.ascontiguousarray(actual, np.float64).reshape(-1)
+    a = _held(actual)
     nch = chunks(a.size)
     for key, prec, mid, bound in hyps:
         fmt = FORMATS.get({"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(prec, ""), out)
@@ -406,7 +405,7 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
                 else f"{key}: otherwise a correct float32 computation")  # fmt: skip
         m = Model(key, prec, kind, st, fmt)
         state = np.empty(a.size, np.int8)
-        c, b = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (mid, bound))
+        c, b = _held(mid), np.ascontiguousarray(bound, np.float64).reshape(-1)
         params = (st is not out, *st.params, key == ONE_PASS)
         counts, tcnt = np.zeros((nch, 5), np.int64), np.zeros(nch, np.int64)
         tidx, tval = np.zeros((nch, _TOP), np.int64), np.zeros((nch, _TOP))
@@ -426,10 +425,17 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
         if ulps:
             f.median_ulps = median_in_bracket(kept, n_kept, n_below, a.size)
             if f.median_ulps is None:  # outside the sampled bracket: two passes of its own
-                f.median_ulps = median_max_bound_ulps(c, b, out.prec, out.emin)[0]
+                f.median_ulps = median_max_bound_ulps(np.asarray(c, np.float64), b, out.prec, out.emin)[0]
             f.max_ulps, f.max_error_ulps = (float(peak.max()), float(uerr.max())) if a.size else (0.0, 0.0)
         fits.append(f)
     return fits
+
+
+def _held(v):
+    """``v`` flat and contiguous as it is held: float32 (the values of an fp16, bf16 or fp32 result,
+    each exact) or float64, never a float64 copy of float32 values (the passes widen per element)."""
+    v = np.asarray(v)
+    return np.ascontiguousarray(v, v.dtype if v.dtype in (np.float32, np.float64) else np.float64).reshape(-1)
 
 
 _BIG = np.finfo(np.float64).max  # an infinite ratio's key in the top list (the ratios themselves stay inf)
@@ -459,6 +465,9 @@ def _ratios(a, c, b, params):
     return ratio
 
 
+_BLOCK = 512  # elements per block of :func:`_envelope_pass` (its buffers stay in the L1 cache)
+
+
 @jit(parallel=True, error_model="numpy")
 def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, oemin, lo, hi, ratio, state, counts,
                    tidx, tval, tcnt, kept, n_kept, n_below, peak, uerr):  # fmt: skip
@@ -474,56 +483,64 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
     the bound in ulps of the result format (oprec, oemin) at ``c``: the count below ``lo``, the
     values in [lo, hi] (kept while there is room, all counted:
     :func:`~refkern.analysis.passes.median_in_bracket`) and the largest; and the largest ``|a - c|``
-    in those ulps."""
+    in those ulps. ``a`` and ``c`` are float32 or float64, each element widened as it is read.
+
+    Each chunk goes by blocks of :data:`_BLOCK` elements in two loops: the first computes every
+    element's figures with selects and arithmetic only (the equal/unequal bit of real outputs is a
+    coin flip, and a branch on it, or on the bracket, costs more than the whole loop), keeping each
+    element's top-list key and bound in ulps in the block's buffers; the second makes the rare
+    inserts into the top list and stores the values inside the median's bracket. The maxima are kept
+    as the bits of non-negative floats, which order as integers."""
     n = a.size
     nch = counts.shape[0]
-    cb = c.view(np.int64)
     keep_ratio = ratio.size == n
     for ch in prange(nch):
-        n0 = n1 = n2 = n3 = n4 = m = nk = nb = 0
-        pk = ue = 0.0
+        n0 = n2 = n3 = n4 = m = nk = nb = 0
+        pk = ue = 0  # bits of the largest bound and error in ulps
         ti, tv, kc = tidx[ch], tval[ch], kept[ch]  # views made once per chunk (each is a reference count)
         room = max(kc.size, 1)
         if not ulps:
             kc = np.empty(1)
-        kz = oemin - oprec + 1
+        keys, vals = np.empty(_BLOCK), np.empty(_BLOCK)
         thr = -np.inf  # the key an element must beat to enter the chunk's list (its k-th, once full)
-        for i in range(ch * n // nch, (ch + 1) * n // nch):
-            # arithmetic on the equal/unequal bit rather than branches: on real outputs it is a coin
-            # flip per element, which a branch predictor loses (twice the time of the whole pass)
-            x, y, b = a[i], c[i], bound[i]
-            sm = (x == y) | ((x != x) & (y != y))
-            w = np.float64(sm)
-            r = _ratio_one(x, y, b, grid, prec, emin, emax, one_pass)
-            if ulps:  # compare-selects and exact power-of-two products: no branch the data decides
-                k = ulp_exponent(cb[i], oprec, oemin)
-                v = scale_down(b, k)
-                if v != v:
-                    v = np.inf  # no bound holds
-                pk = v if v > pk else pk
-                nb += v < lo
-                kc[min(nk, room - 1)] = v  # committed only by the count: the next value may overwrite it
-                nk += (v >= lo) & (v <= hi)
-                ke = k if y != 0.0 else kz  # in ulps at y as ulp.py counts them: at 0 the smallest subnormal's
-                d = scale_down(abs(x - y), ke)  # 0 when equal; NaN only at specials
-                if d != d:
-                    d = 0.0 if sm else np.inf
-                ue = d if d > ue else ue
-            if keep_ratio:
-                ratio[i] = 0.0 if sm else r
-            st = np.int8(3 if r > 1.0 else (1 if b < np.inf else 2)) * np.int8(1 - sm)
-            state[i] = st
-            n0 += sm
-            n1 += st == 1
-            n2 += st == 2
-            n3 += st == 3
-            n4 += not b < np.inf
-            key = min(r, _BIG) * (1.0 - w) - w  # -1 for an equal element (never outranks an unequal one)
-            if key > thr:
-                m = insert_top(ti, tv, m, i, key)
-                thr = tv[m - 1] if m == ti.size else -np.inf
-        counts[ch, 0], counts[ch, 1], counts[ch, 2], counts[ch, 3], counts[ch, 4] = n0, n1, n2, n3, n4
-        tcnt[ch], peak[ch], uerr[ch], n_kept[ch], n_below[ch] = m, pk, ue, nk, nb
+        start, stop = ch * n // nch, (ch + 1) * n // nch
+        for s in range(start, stop, _BLOCK):
+            size = min(_BLOCK, stop - s)
+            for t in range(size):
+                i = s + t
+                x, y, b = np.float64(a[i]), np.float64(c[i]), bound[i]  # float32 arrays widened here, exactly
+                sm = (x == y) | ((x != x) & (y != y))
+                r = _ratio_one(x, y, b, grid, prec, emin, emax, one_pass)
+                if ulps:
+                    v, d = ulps_at(x, y, b, sm, oprec, oemin)
+                    pk = max(pk, np.float64(v).view(np.int64))
+                    ue = max(ue, np.float64(d).view(np.int64))
+                    vals[t] = v
+                if keep_ratio:
+                    ratio[i] = 0.0 if sm else r
+                far, inf, us = r > 1.0, not b < np.inf, not sm
+                s3, s2 = far & us, inf & us & (not far)
+                state[i] = np.int8(us) + np.int8(s2) + np.int8(2 * s3)  # 0 equal, 1 within, 2 vacuous, 3 beyond
+                n0 += sm
+                n2 += s2
+                n3 += s3
+                n4 += inf
+                w = np.float64(sm)
+                keys[t] = min(r, _BIG) * (1.0 - w) - w  # -1 for an equal element (never outranks an unequal one)
+            for t in range(size):
+                key = keys[t]
+                if key > thr:
+                    m = insert_top(ti, tv, m, s + t, key)
+                    thr = tv[m - 1] if m == ti.size else -np.inf
+                if ulps:
+                    v = vals[t]
+                    nb += v < lo
+                    kc[min(nk, room - 1)] = v  # committed only by the count: the next value may overwrite it
+                    nk += (v >= lo) & (v <= hi)
+        counts[ch, 0], counts[ch, 1], counts[ch, 2] = n0, (stop - start) - n0 - n2 - n3, n2
+        counts[ch, 3], counts[ch, 4] = n3, n4
+        tcnt[ch], n_kept[ch], n_below[ch] = m, nk, nb
+        peak[ch], uerr[ch] = np.int64(pk).view(np.float64), np.int64(ue).view(np.float64)
 
 
 def _evidence(f: _EnvelopeFit, r0: _EnvelopeFit, ref, fails0) -> tuple:
@@ -599,6 +616,7 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     if r0.explains:
         return Decision("rounding", None, r0.model, _classes(r0.state == 0, 1), fits, z, [], [], det,
                         thresholds)  # fmt: skip
+    actual, ref = np.asarray(actual, np.float64), np.asarray(ref, np.float64)  # float32 where held so (compare)
     fits += _envelope_fits(actual, out, [_run(e) for e in hyps[1:]])
     bad = r0.state == 3  # beyond the rounding envelope
     fails0 = np.flatnonzero(bad)

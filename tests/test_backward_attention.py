@@ -66,6 +66,25 @@ def test_bit_identical_to_truth_on_hard_cases(dtype):
             assert _bits(fast[n]) == _bits(truth[n]), (name, n)
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=("float32", "float64"))
+def test_exact_path_far_offsets_and_combined_rows_bit_identical_to_truth(dtype):
+    """Two paths of the exact fallback: a logit offset far below exp_dd's range (-2545: e**a_j underflows
+    every format, the gradients are zeros whose sign the exact sign of dS decides), and identical query
+    rows with different dO (their dk and dv terms combine into one row whose intervals are Fractions)."""
+    q = torch.tensor([[[60.0, 0.0], [0.0, 1.0]]], dtype=dtype)
+    k = torch.tensor([[[60.0, 0.0], [0.0, 0.0], [1.0, -1.0]]], dtype=dtype)
+    v = torch.tensor([[[1.0, 2.0], [-3.0, 0.5], [0.25, 1.0]]], dtype=dtype)
+    g = torch.tensor([[[1.0, -1.0], [0.5, 2.0]]], dtype=dtype)
+    fast, truth = rk.backward(OP, g, q, k, v), rk.truth.backward(OP, g, q, k, v)
+    assert all(_bits(fast[n]) == _bits(truth[n]) for n in NAMES)
+    assert torch.signbit(fast["query"][0, 0]).all() and not torch.signbit(fast["key"][0, 2, 0])  # -0.0, +0.0
+    q, k, v, g = _qkvg(1, ((2, 4, 3), (2, 5, 3), (2, 5, 2)), dtype, 30.0 if dtype == torch.float32 else 1.0)
+    q[:, 1] = q[:, 0]
+    g[:, 1] = 0.5 * g[:, 0] + 0.25
+    fast, truth = rk.backward(OP, g, q, k, v), rk.truth.backward(OP, g, q, k, v)
+    assert all(_bits(fast[n]) == _bits(truth[n]) for n in NAMES)
+
+
 def test_semantics_of_masks_and_zero_gradients():
     q, k, v, g, kw = _hard_cases(torch.float32)[1][1:]
     r = rk.backward(OP, g, q, k, v, **kw)

@@ -18,22 +18,32 @@ Method (Ziv's strategy, as :mod:`refkern.kernels.softmax_backward`). float16/bfl
 inputs: a float64 pass (:func:`_fast_rows`, :func:`_fast_reduce`) evaluates every element with a
 rigorous error bound and rounds both ends of the interval; elements whose ends round apart, every
 element a row with a large error reaches, and every element of a float64 result go to the exact
-path (:class:`_Exact`): exact logits and dP (Fractions), the exponentials as rigorous integer
-intervals (:func:`refkern.kernels._exact_real.exp_interval`) combined as Fraction intervals at
-doubling widths until both ends round alike. Rational results are found first and computed
-exactly (the interval loop would not end on a representable value or a midpoint): rows whose finite
-logits are all equal (``P = 1/c``), and ``dS_ij`` that vanish exactly (for every group of equal
-logits, ``sum_{k in group} (dP_ij - dP_ik) = 0``: by Lindemann-Weierstrass the exponentials of
-distinct rational logits are linearly independent over the rationals, so this is the only way
-``dS_ij = e**a_j sum_k e**a_k (dP_ij - dP_ik) / S**2`` is 0). An element whose every term is then
-exact is that exact rational, rounded once. Before that, the terms of rows with equal logits (and values) are merged
-exactly (P_j is shared, dS is linear in the gradient row: :meth:`_Exact.element`), so rows that cancel
-(e.g. two identical query rows with opposite dO: dk = dv = 0) are found exactly. Terms of rows with
+path (:class:`_Exact`): exact logits and dP as sums of integer products (each operand a Python int
+at one exponent per tensor, :class:`_Ints`), the exponentials as rigorous integer intervals in units
+of ``2**-(w + 16)`` (at the first width ``w = 96`` from the double-word :func:`exp_dd`, relative error
+``2**-99``; then from :func:`refkern.kernels._exact_real.exp_interval`), and per row ``S = sum_k E_k``,
+``T = sum_k dP_k E_k`` on integers, so that ``P_j = E_j / S`` and ``dS_j = E_j (dP_j S - T) / S**2`` cost
+O(1) each (rounded outward to dyadics of about w + 8 bits), summed per element as Fraction intervals at
+doubling widths until both ends round alike. (The earlier form, Fractions throughout and dP recomputed
+for every element a row reached, took 411 s wall, 358 s CPU, at (1, 8, 128, 64) float32 for 80
+undecided elements; this one 5.3 s wall, 2.6 s CPU, the float64 pass included.)
+
+Rational results are found first and computed exactly (the interval loop would not end on a
+representable value or a midpoint): rows whose finite logits are all equal (``P = 1/c``), and ``dS_ij``
+that vanish exactly (for every group of equal logits, ``sum_{k in group} (dP_ij - dP_ik) = 0``: by
+Lindemann-Weierstrass the exponentials of distinct rational logits are linearly independent over the
+rationals, so this is the only way ``dS_ij = e**a_j sum_k e**a_k (dP_ij - dP_ik) / S**2`` is 0). An
+element whose every term is then exact is that exact rational, rounded once. Before that, the terms of
+rows with equal logits (and values) are merged exactly (P_j is shared, dS is linear in the gradient
+row: :meth:`_Exact.element`; such a combined row keeps its dP and intervals in Fractions), so rows that
+cancel (e.g. two identical query rows with opposite dO: dk = dv = 0) are found exactly. A row alone in
+its group keeps its own intervals, which every element reading it shares. Terms of rows with
 *different* logits that cancel exactly are not detected: the loop then stops with a RuntimeError at
 2**16 bits rather than return a guess.
 """
 
 import math
+import operator
 from fractions import Fraction
 
 import numpy as np
@@ -43,7 +53,8 @@ from refkern._jit import jit
 from refkern.accumulate.eft import two_sum
 from refkern.accumulate.formats import Format
 from refkern.accumulate.ziv import round_fraction
-from refkern.kernels._transcendental import EXP_FAST_REL, X_MIN, U, bracket_around, exp_fast
+from refkern.kernels import _exact_real as xr
+from refkern.kernels._transcendental import EXP_DD_REL, EXP_FAST_REL, X_MIN, U, bracket_around, exp_dd, exp_fast
 from refkern.kernels.attention import Attention, _exact_logits, _mask_row, _mask_value
 from refkern.kernels.softmax_backward import _decided, _exp_iv, _iv_add, _iv_mul, _iv_scale
 
@@ -269,15 +280,79 @@ def _snap(iv, w: int):
     return Fraction(math.floor(lo * f)) / f, Fraction(math.ceil(hi * f)) / f
 
 
-class _Row:
-    """One row (b, i), exactly: its state ("nan", "masked", "ok"), the finite logits' offsets ``a_j`` (``key``:
-    rows with equal keys have equal P), the values' batch ``vkey``, and for a gradient row ``g`` the exact
-    ``dP_j``; ``rational`` (every finite logit equal: ``P = 1/c``); :meth:`dS_exact` the exact dS_j when it
-    is rational (0 by the group test, or the rational row's value), else None. :meth:`merged` is the row
-    with another gradient row (dS is linear in it), sharing the exponentials' intervals."""
+@jit
+def _exp_dd_all(xh, xl, vh, vl, m):
+    """e**(xh[j] + xl[j]) = (vh[j] + vl[j]) 2**m[j] within relative EXP_DD_REL; X_MIN <= xh + xl <= 0."""
+    for j in range(xh.size):
+        vh[j], vl[j], m[j] = exp_dd(xh[j], xl[j])
 
-    def __init__(self, q, K, V, g, mrow, s, vkey):
-        z = _exact_logits(q, K, mrow, s)
+
+def _fix(n: int, e: int, W: int, up: bool) -> int:
+    """``n 2**e`` in units of ``2**-W``, rounded down (up: rounded up)."""
+    k = e + W
+    if k >= 0:
+        return n << k
+    return -((-n) >> -k) if up else n >> -k
+
+
+def _dyadic_iv(lo: int, hi: int, k: int, e: int):
+    """The interval ``[lo, hi] 2**(e - k)`` as Fractions."""
+    sh = e - k
+    if sh >= 0:
+        return Fraction(lo << sh), Fraction(hi << sh)
+    return Fraction(lo, 1 << -sh), Fraction(hi, 1 << -sh)
+
+
+_W0 = 96  # the first width of Ziv's loop: the exponentials from exp_dd (relative 2**-99)
+
+
+class _Ints:
+    """A float64 stack holding values of a format of ``prec`` bits, as Python ints at one exponent,
+    exactly: ``X[b] = n * 2**e`` elementwise (``m 2**prec`` is an integer for every value ``m 2**ex``,
+    ``1/2 <= |m| < 1``, of the format, subnormals too); the rows of one batch built once, on first use,
+    so that exact dot products are sums of small integers."""
+
+    def __init__(self, X: np.ndarray, prec: int):
+        self.X, self.prec = X, prec
+        nz = X[X != 0]
+        self.e = int(np.frexp(nz)[1].min()) - prec if nz.size else 0
+        self._b = {}
+
+    def rows(self, b: int) -> list:
+        r = self._b.get(b)
+        if r is None:
+            m, ex = np.frexp(self.X[b])
+            mant = (m * 2.0**self.prec).astype(np.int64)  # exact: an integer below 2**prec
+            sh = np.maximum(ex.astype(np.int64) - self.prec - self.e, 0)  # >= 0 where nonzero (0 has mant 0)
+            r = [[a << s for a, s in zip(ma, sa)] for ma, sa in zip(mant.tolist(), sh.tolist())]
+            self._b[b] = r
+        return r
+
+
+def _idot(a: list, b: list) -> int:
+    return sum(map(operator.mul, a, b))
+
+
+def _frac(n: int, e: int) -> Fraction:
+    return Fraction(n << e) if e >= 0 else Fraction(n, 1 << -e)
+
+
+def _to_float(n: int, e: int) -> float:
+    """``n 2**e`` correctly rounded to float64 (integer true division rounds correctly, subnormals too)."""
+    return float(n << e) if e >= 0 else n / (1 << -e)
+
+
+class _Row:
+    """One row (b, i), exactly: its state ("nan", "masked", "ok"), the finite logits' offsets
+    ``a_j = an[j] 2**ae`` (``key``: rows with equal keys have equal P), the values' batch ``vkey``, and the
+    exact ``dP_j = dpn[j] 2**edp`` of its gradient row; ``rational`` (every finite logit equal: ``P = 1/c``);
+    :meth:`dS_exact` the exact dS_j when it is rational (0 by the group test, or the rational row's value),
+    else None. :meth:`combined` is the row with the gradient row ``sum_r c_r g_r`` of rows of equal logits
+    and values (dS and dP are linear in it: its dP in Fractions), sharing the exponentials' intervals."""
+
+    def __init__(self, z, ze: int, vkey, dpn=None, edp=0):
+        """z: the logits, "nan", "+inf", "-inf" or an integer n (the logit ``n 2**ze``)."""
+        self.dpn, self.edp = dpn, edp
         self.state = "ok"
         if any(t in ("nan", "+inf") for t in z):
             self.state = "nan"
@@ -287,27 +362,46 @@ class _Row:
             self.state = "masked"
             return
         M = max(z[j] for j in self.fin)
-        self.a = {j: z[j] - M for j in self.fin}
-        self.key = tuple(sorted(self.a.items()))
+        an = [z[j] - M for j in self.fin]
+        tz = min(((x & -x).bit_length() - 1 for x in an if x), default=0)  # a canonical exponent: equal keys
+        self.an = {j: x >> tz for j, x in zip(self.fin, an)}
+        self.ae = ze + tz if any(an) else 0
+        self.key = (self.ae, tuple(self.an.items()))
         self.vkey = vkey
-        self.Vl = [[Fraction(v) for v in row] for row in V.tolist()]
-        self.rational = all(a == 0 for a in self.a.values())
+        self.rational = not any(an)
         self.groups = {}
         for j in self.fin:
-            self.groups.setdefault(self.a[j], []).append(j)
-        self._exp = {}  # w -> (E_j intervals, S, S**2): shared by the merged rows
-        self._set_grad([Fraction(float(x)) for x in g])
+            self.groups.setdefault(self.an[j], []).append(j)
+        self._exp = {}  # w -> the exponentials' intervals: shared by the combined rows
+        self._a = None
+        self._set_dP(None)
 
-    def _set_grad(self, gq):
-        self.gq = gq
-        self.dP = {j: sum((gc * v for gc, v in zip(gq, self.Vl[j]) if gc != 0), Fraction(0)) for j in self.fin}
+    @property
+    def a(self):
+        """{j: a_j} as Fractions."""
+        if self._a is None:
+            self._a = {j: _frac(n, self.ae) for j, n in self.an.items()}
+        return self._a
+
+    @property
+    def dP(self):
+        """{j: dP_j} as Fractions."""
+        if self._dP is None:
+            self._dP = {j: _frac(n, self.edp) for j, n in self.dpn.items()}
+        return self._dP
+
+    def _set_dP(self, dP):
+        self._dP = dP
         self._dS = {}
         self._iv = {}
+        self._T = {}
 
-    def merged(self, gq):
+    def combined(self, parts):
+        """The row whose gradient row is ``sum c g_r`` over parts ``(row, c)`` (rows of this key and vkey)."""
         r = object.__new__(_Row)
         r.__dict__.update(self.__dict__)
-        r._set_grad(gq)
+        r._set_dP({j: sum((c * p.dP[j] for p, c in parts), Fraction(0)) for j in self.fin})
+        r.dpn = None  # its intervals in Fractions
         return r
 
     def P_exact(self, j):
@@ -315,6 +409,16 @@ class _Row:
 
     def dS_exact(self, j):
         if j not in self._dS:
+            if self.dpn is not None:  # on integers: dP_j = dpn[j] 2**edp
+                d = self.dpn
+                if self.rational:
+                    c = len(self.fin)
+                    self._dS[j] = _frac(c * d[j] - sum(d.values()), self.edp) / (c * c)
+                elif all(len(grp) * d[j] - sum(d[k] for k in grp) == 0 for grp in self.groups.values()):
+                    self._dS[j] = Fraction(0)
+                else:
+                    self._dS[j] = None
+                return self._dS[j]
             dP = self.dP
             if self.rational:
                 c = len(self.fin)
@@ -332,19 +436,114 @@ class _Row:
             self._exp[w] = (Ei, S, (S[0] * S[0], S[1] * S[1]))
         return self._exp[w]
 
+    def _fixed(self, w):
+        """The exponentials on integers in units of ``2**-W`` (``W = w + 16``): ``({j: lo}, {j: hi}, S_lo,
+        S_hi)`` with ``lo <= e**a_j 2**W <= hi``. At the first width from exp_dd (relative EXP_DD_REL, plus
+        ``1.01 |a - xh - xl| <= 2**-105 |a| + 2**-1074`` for a_j as the double-word ``xh + xl``), then from
+        :func:`refkern.kernels._exact_real.exp_interval`; ``[0, 1]`` where ``e**a_j < 2**-(W + 8)``."""
+        key = ("fixed", w)
+        if key in self._exp:
+            return self._exp[key]
+        W = w + 16
+        one = 1 << W
+        lo, hi = {}, {}
+        far = -(W + 8) * 0.6931
+        todo = []
+        e = self.ae
+        for j, n in self.an.items():
+            if n == 0:
+                lo[j] = hi[j] = one
+                continue
+            d = xr.approx(n, e)
+            if d < far:
+                lo[j], hi[j] = 0, 1
+            elif w == _W0 and d > X_MIN:
+                todo.append(j)
+            else:
+                l, h, sh = xr.exp_interval(n, e, w)
+                lo[j], hi[j] = _fix(l, sh, W, False), _fix(h, sh, W, True)
+        if todo:
+            xh, xl = [], []
+            for j in todo:  # a_j = xh + xl + t, |t| <= u |xl| + 2**-1075 <= 2**-106 |a_j| + 2**-1074
+                n = self.an[j]
+                x = _to_float(n, e)
+                hn, he = xr.dyadic(x)
+                k = min(e, he)
+                xh.append(x)
+                xl.append(_to_float((n << (e - k)) - (hn << (he - k)), k))
+            xh, xl = np.array(xh), np.array(xl)
+            vh, vl, m = np.empty_like(xh), np.empty_like(xh), np.zeros(xh.size, np.int64)
+            _exp_dd_all(xh, xl, vh, vl, m)
+            for j, x, h_, l_, mm in zip(todo, xh.tolist(), vh.tolist(), vl.tolist(), m.tolist()):
+                r = (EXP_DD_REL + 2.0**-105 * abs(x) * 1.01 + 2.0**-1072) * (1.0 + 2.0**-40)
+                rn = math.ceil(math.ldexp(r, 200)) + 1  # R = rn 2**-200 >= r
+                nh, eh = xr.dyadic(h_)
+                nl, el = xr.dyadic(l_)
+                e0 = min(eh, el)
+                V = (nh << (eh - e0)) + (nl << (el - e0))  # (vh + vl) = V 2**e0, exactly
+                lo[j] = _fix(V * ((1 << 200) - rn), e0 + mm - 200, W, False)
+                hi[j] = _fix(V * ((1 << 200) + rn), e0 + mm - 200, W, True)
+        res = (lo, hi, sum(lo.values()), sum(hi.values()))
+        self._exp[key] = res
+        return res
+
+    def _interval_fixed(self, j, kind, w: int):
+        """As :meth:`interval`, on integers (a row built from the inputs: dP_j = dpn[j] 2**edp)."""
+        lo, hi, Sl, Sh = self._fixed(w)
+        bits = w + 8
+        if kind == "P":
+            k = bits - (hi[j].bit_length() - Sl.bit_length()) + 2  # P_j = E_j / S, in units of 2**-k
+            if k >= 0:
+                ql, qh = (lo[j] << k) // Sh, -((-(hi[j] << k)) // Sl)
+            else:
+                ql, qh = lo[j] // (Sh << -k), -((-hi[j]) // (Sl << -k))
+            return _dyadic_iv(ql, qh, k, 0)
+        dpn = self.dpn
+        T = self._T.get(w)
+        if T is None:  # T = sum_k dP_k E_k, in units of 2**(edp - W): exact integer sums
+            tl = th = 0
+            for k_, d in dpn.items():
+                if d > 0:
+                    tl += d * lo[k_]
+                    th += d * hi[k_]
+                elif d < 0:
+                    tl += d * hi[k_]
+                    th += d * lo[k_]
+            T = self._T[w] = (tl, th)
+        d = dpn[j]
+        nl = d * (Sl if d >= 0 else Sh) - T[1]  # N = dP_j S - T
+        nh = d * (Sh if d >= 0 else Sl) - T[0]
+        ml = (lo[j] if nl >= 0 else hi[j]) * nl  # E_j N, in units of 2**(edp - 2W)
+        mh = (hi[j] if nh >= 0 else lo[j]) * nh
+        S2l, S2h = Sl * Sl, Sh * Sh  # S**2 in units of 2**-2W
+        dl, dh = (S2h if ml >= 0 else S2l), (S2l if mh >= 0 else S2h)
+        k = bits - (max(abs(ml), abs(mh)).bit_length() - S2l.bit_length()) + 2
+        if k >= 0:
+            ql, qh = (ml << k) // dl, -((-(mh << k)) // dh)
+        else:
+            ql, qh = ml // (dl << -k), -((-mh) // (dh << -k))
+        return _dyadic_iv(ql, qh, k, self.edp)
+
     def interval(self, j, kind, w: int):
-        """P_j ("P") or dS_j ("dS") as an interval of Fractions at width w."""
+        """P_j ("P") or dS_j ("dS") as an interval of Fractions at width w. ``dS_j = E_j (dP_j S - T) / S**2``
+        with ``T = sum_k dP_k E_k`` (one interval per row and width: every j of the row reads it)."""
         if (j, kind, w) in self._iv:
             return self._iv[(j, kind, w)]
+        if self.dpn is not None:
+            v = self._iv[(j, kind, w)] = self._interval_fixed(j, kind, w)
+            return v
         Ei, S, S2 = self._exps(w)
         if kind == "P":
             v = _snap((Ei[j][0] / S[1], Ei[j][1] / S[0]), w)
         else:
-            N = (Fraction(0), Fraction(0))
-            for k in self.fin:
-                cf = self.dP[j] - self.dP[k]
-                if cf != 0:
-                    N = _iv_add(N, _iv_scale(cf, Ei[k]))
+            T = self._T.get(w)
+            if T is None:
+                T = (Fraction(0), Fraction(0))
+                for k in self.fin:
+                    if self.dP[k] != 0:
+                        T = _iv_add(T, _iv_scale(self.dP[k], Ei[k]))
+                T = self._T[w] = _snap(T, w + 8)
+            N = _iv_add(_iv_scale(self.dP[j], S), (-T[1], -T[0]))
             num = _iv_mul(Ei[j], N)
             lo = num[0] / S2[1] if num[0] >= 0 else num[0] / S2[0]
             hi = num[1] / S2[0] if num[1] >= 0 else num[1] / S2[1]
@@ -354,19 +553,59 @@ class _Row:
 
 
 class _Exact:
-    """The exact path over one call: rows built once, then each undecided element by Ziv's loop."""
+    """The exact path over one call: rows built once (logits and dP as integer dot products), then each
+    undecided element by Ziv's loop."""
 
     def __init__(self, a: Attention, G: np.ndarray):
         self.a, self.G = a, G
         self.rows = {}
         self.sF = Fraction(a.scale) if math.isfinite(a.scale) else None
+        p = a.fmt.prec
+        self.Qi, self.Ki, self.Vi, self.Gi = _Ints(a.Q, p), _Ints(a.K, p), _Ints(a.V, p), _Ints(G, p)
+        self._kids = {}
+
+    def _logits(self, b: int, i: int):
+        """The row's logits as (z, ze): each "nan", "+inf", "-inf" or an integer n, the logit ``n 2**ze``
+        (as :func:`refkern.kernels.attention._exact_logits` defines them)."""
+        a = self.a
+        mrow = _mask_row(a, b, i).tolist()
+        if self.sF is None or a.Q.shape[2] == 0:
+            z = _exact_logits(a.Q[a.iq[b]][i], a.K[a.ik[b]], np.asarray(mrow), a.scale)
+            z = [t if isinstance(t, str) else xr.dyadic(t) for t in z]
+            ze = min((t[1] for t in z if not isinstance(t, str)), default=0)
+            return [t if isinstance(t, str) else t[0] << (t[1] - ze) for t in z], ze
+        sn, se = xr.dyadic(a.scale)
+        ed = se + self.Qi.e + self.Ki.e  # s q.k_j = sn dot_j 2**ed
+        ms = [xr.dyadic(m) for m in mrow if m == m and abs(m) != math.inf and m != 0]
+        ze = min([ed] + [e for _, e in ms])
+        q = self.Qi.rows(int(a.iq[b]))[i]
+        Kb = self.Ki.rows(int(a.ik[b]))
+        out = []
+        for j, m in enumerate(mrow):
+            if m != m or m == math.inf:
+                out.append("nan" if m != m else "+inf")
+            elif m == -math.inf:
+                out.append("-inf")
+            else:
+                zj = (sn * _idot(q, Kb[j])) << (ed - ze)
+                if m != 0:
+                    mn, me = xr.dyadic(m)
+                    zj += mn << (me - ze)
+                out.append(zj)
+        return out, ze
 
     def row(self, b: int, i: int) -> _Row:
         r = self.rows.get((b, i))
         if r is None:
-            a = self.a
-            r = _Row(a.Q[a.iq[b]][i], a.K[a.ik[b]], a.V[a.iv[b]], self.G[b, i], _mask_row(a, b, i), a.scale,
-                     int(a.iv[b]))  # fmt: skip
+            z, ze = self._logits(b, i)
+            dpn = None
+            if not any(isinstance(t, str) and t != "-inf" for t in z):
+                g = self.Gi.rows(b)[i]
+                Vb = self.Vi.rows(int(self.a.iv[b]))
+                dpn = {j: _idot(g, Vb[j]) for j, t in enumerate(z) if not isinstance(t, str)}
+            r = _Row(z, ze, int(self.a.iv[b]), dpn, self.Gi.e + self.Vi.e)
+            if r.state == "ok":  # equal logits, one small int (hashing the key once)
+                r.kid = self._kids.setdefault(r.key, len(self._kids))
             self.rows[(b, i)] = r
         return r
 
@@ -375,7 +614,9 @@ class _Exact:
 
         Terms of rows with equal logits (and, for dS, the same values) are merged first, exactly: ``sum c P_j``
         is ``P_j sum c``, and ``sum c dS_j(g)`` is ``dS_j(sum c g)`` (dS is linear in the gradient row), so
-        contributions of such rows that cancel are found exactly (the merged dS passes the zero test)."""
+        contributions of such rows that cancel are found exactly (the combined dS passes the zero test). A
+        row alone in its group keeps its own dS_j (times its coefficient): its intervals serve every element
+        that reads it."""
         live = [(r, j, kind, Fraction(float(cf))) for r, j, kind, cf in terms if r.state != "masked"]
         if any(r.state == "nan" for r, _, _, _ in live):
             return math.nan
@@ -384,15 +625,14 @@ class _Exact:
             raise ValueError(f"{OP} backward: the scale must be finite; got scale={self.a.scale}.")
         merged = {}
         for r, j, kind, cf in live:
-            if r.a.get(j) is None or cf == 0:
+            if j not in r.an or cf == 0:
                 continue
-            k = (r.key, j, kind) if kind == "P" else (r.key, r.vkey, j, kind)
-            ent = merged.get(k)
             if kind == "P":
+                k = (r.kid, j, kind)
+                ent = merged.get(k)
                 merged[k] = [r, cf + (ent[1] if ent else 0)]
             else:
-                add = [cf * x for x in r.gq]
-                merged[k] = [r, add if ent is None else [x + y for x, y in zip(ent[1], add)]]
+                merged.setdefault((r.kid, r.vkey, j, kind), [None, []])[1].append((r, cf))
         exact = Fraction(0)
         todo = []
         for k, (r, c) in merged.items():
@@ -402,7 +642,16 @@ class _Exact:
                     continue
                 x = r.P_exact(j)
             else:
-                r, c = r.merged(c), Fraction(1)
+                parts = {}
+                for p, cf in c:  # the same row twice: one coefficient
+                    parts[id(p)] = (p, parts[id(p)][1] + cf if id(p) in parts else cf)
+                parts = list(parts.values())
+                if len(parts) == 1:
+                    r, c = parts[0]
+                    if c == 0:
+                        continue
+                else:
+                    r, c = parts[0][0].combined(parts), Fraction(1)
                 x = r.dS_exact(j)
             if x is not None:
                 exact += c * x
@@ -410,7 +659,7 @@ class _Exact:
                 todo.append((r, j, kind, c))
         if not todo:
             return round_fraction(sF * exact, fmt)
-        w = 64
+        w = _W0
         while True:
             acc = (exact, exact)
             for r, j, kind, cf in todo:

@@ -415,6 +415,9 @@ def test_check_backward_dispatches_the_reductions():
     for fn, kw in ((torch.var, dict(dim=1, correction=0)), (torch.mean, dict(dim=0)), (torch.cumsum, dict(dim=1))):
         res = rkt.check(fn, x, devices=["cpu"], backward=True, **kw)
         assert [(r.argument, r.report.verdict in ("exact", "rounding")) for r in res.grads] == [("x", True)]
-    res = rkt.check(torch.dot, x[0], x[1], devices=["cpu"], backward=True, op="dot")
-    assert [r.argument for r in res.grads] == ["x", "y"]
-    assert all(r.report.verdict in ("exact", "rounding") for r in res.grads)
+    for fn in (torch.dot, torch.Tensor.dot):  # known to the op table: no op= needed
+        res = rkt.check(fn, x[0], x[1], devices=["cpu"], backward=True)
+        assert [r.argument for r in res.grads] == ["x", "y"]
+        assert all(r.report.verdict in ("exact", "rounding") for r in res.grads)
+    with pytest.raises(ValueError, match=r"^check: dot with arguments other than two tensors of one dtype"):
+        rkt.check(torch.dot, x[0], x[1].double(), devices=["cpu"])  # torch refuses mixed dtypes: so does the table

@@ -295,3 +295,11 @@ def test_bad_arguments_say_what_and_where():
         rk.layer_norm(x, (3,), np.ones(4))
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         rk.batch_norm(np.zeros((1, 3)), None, None, training=True)
+
+
+@pytest.mark.parametrize("shape,dim", [((3, 0), 1), ((0, 4), 0), ((0, 4), 1), ((2, 0, 3), 2)])
+def test_compare_on_an_empty_cumsum(shape, dim):
+    """An empty cumsum (no rows, or rows of no element) has nothing to judge: exact, not a reshape error."""
+    x = np.zeros(shape, np.float32)
+    rep = rk.compare(np.cumsum(x, axis=dim), "cumsum", x, dim)
+    assert (rep.verdict, rep.shape, sum(rep.counts.values())) == ("exact", shape, 0)

@@ -65,7 +65,7 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
         _, _, v = _input(a["x"], name, a.get("dtype"))
         (axis,) = reduced_dims(a["dim"], v.ndim, name) or (0,)
         moved = np.moveaxis(v, axis, -1) if v.ndim else v.reshape(1)
-        X = np.ascontiguousarray(moved, np.float64).reshape(-1, moved.shape[-1])
+        X = np.ascontiguousarray(moved, np.float64).reshape(int(np.prod(moved.shape[:-1])), moved.shape[-1])
         return Layout("cumsum", X, X.shape[1],
                       back=lambda b: np.moveaxis(np.asarray(b).reshape(moved.shape), -1, axis) if v.ndim
                       else np.asarray(b).reshape(()))  # fmt: skip

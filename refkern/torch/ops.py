@@ -49,6 +49,8 @@ _SAME = {
     torch.Tensor.std: ("std", ("input", "dim", "unbiased", "keepdim")),
     torch.cumsum: ("cumsum", ("input", "dim")),
     torch.Tensor.cumsum: ("cumsum", ("input", "dim")),
+    torch.dot: ("dot", ("input", "tensor")),
+    torch.Tensor.dot: ("dot", ("input", "tensor")),
     F.layer_norm: ("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps")),
     F.rms_norm: ("rms_norm", ("input", "normalized_shape", "weight", "eps")),
     F.group_norm: ("group_norm", ("input", "num_groups", "weight", "bias", "eps")),
@@ -197,6 +199,12 @@ def _same(func, args, kwargs) -> OpCall:
             vals["correction"] = int(bool(vals.pop("unbiased")))
     if op in ("softmax", "log_softmax") and vals.get("dim") is None:  # torch's implicit dim (deprecated)
         vals["dim"] = 0 if first.dim() in (0, 1, 3) else 1
+    if op == "dot":  # torch.dot(input, tensor): refkern.dot(x, y), both operands
+        y = vals.get("tensor")
+        if not isinstance(y, torch.Tensor) or y.dtype != first.dtype or set(vals) != {"input", "tensor"}:
+            return OpCall(torch_name, unsupported=f"{torch_name} with arguments other than two tensors of one dtype "
+                          "(torch.dot(input, tensor))")  # fmt: skip
+        return OpCall(torch_name, op, (vals["input"], y), {})
     if func in (F.max_pool1d_with_indices, F.max_pool2d_with_indices):
         vals["return_indices"] = True
     if op == "scaled_dot_product_attention" and vals.get("dropout_p", 0.0):

@@ -508,7 +508,9 @@ def cmd_audit(a):
     print(au.report(order="worst" if a.worst_first else "call"))
     if a.json:
         _write_json(a.json, {"command": "audit", "target": a.target, **au.to_dict()})
-    return 1 if a.strict and (au.first_failure is not None or au.not_analysed) else 0
+    diverged = [c for c in au.compiled if c.first_divergence is not None or (c.end_to_end is not None
+                                                                              and not c.end_to_end.ok)]  # fmt: skip
+    return 1 if a.strict and (au.first_failure is not None or au.not_analysed or diverged) else 0
 
 
 def doctor_info() -> dict:
@@ -658,8 +660,9 @@ def _parser() -> argparse.ArgumentParser:
                     "is an error")  # fmt: skip
     au.add_argument("--worst-first", action="store_true", help="list the calls worst first (default: call order)")
     au.add_argument("--seed", type=_seed, default=0)
-    au.add_argument("--strict", action="store_true", help="exit 1 if an op is neither exact nor rounding, or maps to "
-                    "a refkern op in a form that could not be analysed")  # fmt: skip
+    au.add_argument("--strict", action="store_true", help="exit 1 if an op is neither exact nor rounding, maps to "
+                    "a refkern op in a form that could not be analysed, or (with --compile) a compiled layer diverges "
+                    "or the compiled output is worse than eager's")  # fmt: skip
     au.add_argument("--sample", type=_positive("elements per op"), default=None, metavar="N",
                     help="judge at most N output elements of each large op (a deterministic sub-grid; default: "
                     "every element)")  # fmt: skip

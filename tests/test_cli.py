@@ -372,3 +372,41 @@ def test_bench_quick():
     assert r.returncode == 0, r.stderr[-2000:]
     assert "target: exact float32 matmul 512^3 vs numpy float64" in r.stdout
     assert "exact float32 n=1e6 normal" in r.stdout
+
+
+def test_audit_strict_fails_on_a_compiled_divergence(tmp_path, monkeypatch, capsys):
+    """--strict with --compile: a backend that miscompiles a convolution makes the exit status 1 (the eager
+    ops are all fine; before, only they counted), and the same model compiled correctly exits 0."""
+    import torch
+
+    from refkern.cli import main
+
+    (tmp_path / "convnet.py").write_text(
+        "import torch\n\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),\n"
+        "                               torch.nn.Linear(4 * 6 * 6, 5))\n"
+    )  # fmt: skip
+
+    def dropped_channel(x, w, b=None, *args):
+        return torch.conv2d(x[:, :-1], w[:, :-1], b, *args)  # a compiler that drops the last input channel
+
+    def broken(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target is torch.conv2d:
+                node.target = dropped_channel
+        gm.recompile()
+        return gm.forward
+
+    real = torch.compile
+    argv = ["audit", f"{tmp_path / 'convnet.py'}:make", "--input-shape", "2,3,6,6", "--compile", "default", "--strict",
+            "--no-progress"]  # fmt: skip
+    for backend, status in ((lambda gm, ex: gm.forward, 0), (broken, 1)):
+        monkeypatch.setattr(torch, "compile", lambda m, mode=None, b=backend, **kw: real(m, **{"backend": b, **kw}))
+        torch._dynamo.reset()
+        assert main(argv) == status
+        out = capsys.readouterr().out
+        assert "compiled Sequential: 2 of 4 leaves judged" in out, out  # conv and linear, each compiled alone
+        assert ("first divergence none" in out) == (status == 0), out
+        assert ("first divergence Sequential.0" in out) == (status == 1), out

@@ -85,6 +85,28 @@ def test_exact_path_far_offsets_and_combined_rows_bit_identical_to_truth(dtype):
     assert all(_bits(fast[n]) == _bits(truth[n]) for n in NAMES)
 
 
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bfloat16", "float32"))
+def test_a_rows_dS_summing_to_zero_is_exact_zero(dtype):
+    """sum_j dS_ij = 0 in every row: a dq element whose key column is constant over the row's keys is exactly
+    0 (the interval loop alone never decides it: the exact path finds it by its pair test). Seen in bfloat16
+    under a causal mask (row 1 has two keys, equal in a column)."""
+    from refkern.kernels.attention import attention_operands
+    from refkern.kernels.attention_backward import attention_backward
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, g = (torch.randn(1, 3, 4, generator=gen).to(dtype) for _ in range(4))
+    k[0, 1, 2] = k[0, 0, 2]  # row 1 (keys 0 and 1 under the causal mask): dq[1, 2] = s k (dS_0 + dS_1) = 0
+    k[0, :, 3] = 0.75  # column 3 constant: dq[:, 3] = 0 in every row
+    r = rk.backward(OP, g, q, k, v, is_causal=True)
+    zeros = torch.stack([r["query"][0, 1, 2], *r["query"][0, :, 3]])
+    assert (zeros == 0).all() and not torch.signbit(zeros).any()
+    assert (r["query"][0, 2, :3] != 0).all()
+    a = attention_operands(q, k, v, is_causal=True)
+    exact, _ = attention_backward(a, g.double().numpy(), NAMES, force_exact=True)
+    for n in NAMES:
+        assert np.array_equal(r[n].double().numpy(), exact[n]), n
+
+
 def test_semantics_of_masks_and_zero_gradients():
     q, k, v, g, kw = _hard_cases(torch.float32)[1][1:]
     r = rk.backward(OP, g, q, k, v, **kw)

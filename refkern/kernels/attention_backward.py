@@ -37,9 +37,12 @@ element whose every term is then exact is that exact rational, rounded once. Bef
 rows with equal logits (and values) are merged exactly (P_j is shared, dS is linear in the gradient
 row: :meth:`_Exact.element`; such a combined row keeps its dP and intervals in Fractions), so rows that
 cancel (e.g. two identical query rows with opposite dO: dk = dv = 0) are found exactly. A row alone in
-its group keeps its own intervals, which every element reading it shares. Terms of rows with
-*different* logits that cancel exactly are not detected: the loop then stops with a RuntimeError at
-2**16 bits rather than return a guess.
+its group keeps its own intervals, which every element reading it shares. Within one row, terms whose
+sum is rational are found once two widths have not decided the element (:func:`_row_sum`: e.g.
+``sum_j dS_ij = 0``, so a dq element whose key column is constant over the row's finite keys is exactly
+0; common in bfloat16 under a causal mask, where a row has few keys). Terms of rows with *different*
+logits that cancel exactly are not detected: the loop then stops with a RuntimeError at 2**16 bits
+rather than return a guess.
 """
 
 import math
@@ -668,9 +671,67 @@ class _Exact:
             if v is not None:
                 return v
             w *= 2
+            if w == 4 * _W0:  # undecided at two widths: a row's terms may sum to a rational (sum_j dS_j = 0)
+                exact, todo = _rational_rows(exact, todo)
+                if not todo:
+                    return round_fraction(sF * exact, fmt)
             if w > 1 << 16:
                 raise RuntimeError(f"{OP} backward: the exact path did not converge (terms of rows with different "
                                    "logits that cancel exactly are not detected: please report the input)")  # fmt: skip
+
+
+def _row_sum(r: _Row, cs: dict):
+    """``sum_j c_j dS_j`` of one row when it is rational (its exact value), else None; cs: {j: c_j} Fractions.
+
+    ``sum_j c_j dS_j = N / S**2`` with ``N = sum_{j<k} E_j E_k (c_j - c_k)(dP_j - dP_k)`` (j, k over the finite
+    logits, ``c = 0`` where absent) and ``S**2 = sum_{j,k} E_j E_k``. Group both by the exponent
+    ``a_j + a_k``: ``C_t`` and ``D_t`` (ordered pairs counted). By Lindemann-Weierstrass the exponentials of
+    distinct rationals are linearly independent over the rationals, so ``N / S**2`` is a rational ``q`` iff
+    ``C_t = q D_t`` for every t; ``D_0 >= 1`` (the top logit with itself) gives ``q = C_0 / D_0``. This is the
+    case of ``sum_j dS_j = 0`` (a dq element whose key column is constant over the row: every
+    ``c_j - c_k = 0``)."""
+    ns = {j: xr.dyadic(c) for j, c in cs.items()}
+    ec = min((e for _, e in ns.values()), default=0)
+    ci = {j: n << (e - ec) for j, (n, e) in ns.items()}  # c_j = ci[j] 2**ec
+    dP, edp = (r.dpn, r.edp) if r.dpn is not None else (r.dP, 0)
+    an, fin = r.an, r.fin
+    C, D = {}, {}
+    for x, j in enumerate(fin):
+        aj, cj, dj = an[j], ci.get(j, 0), dP[j]
+        D[2 * aj] = D.get(2 * aj, 0) + 1
+        for k in fin[x + 1 :]:
+            t = aj + an[k]
+            D[t] = D.get(t, 0) + 2
+            u = (cj - ci.get(k, 0)) * (dj - dP[k])
+            if u:
+                C[t] = C.get(t, 0) + u
+    q = Fraction(C.get(0, 0)) / D[0]
+    if any(C.get(t, 0) != q * d for t, d in D.items()):
+        return None
+    return q * _frac(1, ec) * (_frac(1, edp) if r.dpn is not None else 1)
+
+
+def _rational_rows(exact, todo):
+    """(exact, todo) with each row's dS terms (two or more, one row object) that sum to a rational moved
+    into exact (:func:`_row_sum`)."""
+    by_row = {}
+    for t in todo:
+        if t[2] == "dS":
+            by_row.setdefault(id(t[0]), []).append(t)
+    done = set()
+    for key, ts in by_row.items():
+        if len(ts) < 2:
+            continue
+        cs = {}
+        for _, j, _, c in ts:
+            cs[j] = cs.get(j, 0) + c
+        v = _row_sum(ts[0][0], cs)
+        if v is not None:
+            exact += v
+            done.add(key)
+    if not done:
+        return exact, todo
+    return exact, [t for t in todo if t[2] != "dS" or id(t[0]) not in done]
 
 
 class AttnBackCounts:

@@ -185,7 +185,8 @@ class Audit:
 
     ``loss.backward()`` called inside the block is audited too (autograd's engine runs each node's
     formula as aten ops through the same mode): backward kernels (``convolution_backward``, the
-    norms', softmax's and pools' backward) judged per gradient by :func:`refkern.compare_backward` on
+    norms', softmax's and pools' backward, scaled-dot-product attention's fused ones: dq, dk, dv)
+    judged per gradient by :func:`refkern.compare_backward` on
     the tensors they received, the ``mm``/``sum`` a gradient is made of judged as forward ops, each
     named by the module whose parameter it is the gradient of ("ResNet.fc (backward: grad_weight)")
     or whose forward made the autograd node; ``AuditCall.phase`` is "backward" and ``phases`` counts

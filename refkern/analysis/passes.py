@@ -266,7 +266,7 @@ def median_in_bracket(kept, n_kept, n_below, n: int):
     local = tuple(r - below for r in ranks)
     if local[0] < 0 or local[-1] >= int(n_kept.sum()):
         return None
-    vals = kept[np.arange(kept.shape[1])[None, :] < n_kept[:, None]]
+    vals = np.concatenate([kept[c, : n_kept[c]] for c in range(kept.shape[0])])  # each chunk's filled prefix
     vals.partition(local)
     return float(vals[local[0]]) if len(local) == 1 else float(np.mean(vals[list(local)]))
 

@@ -136,7 +136,10 @@ def _conv2d_kernel(X, W2, bias, has_bias, out, mag, want_mag, groups, kh, kw, sh
     A task is one output row of one (image, group); it gathers the patches of ``cw`` consecutive
     output columns, then reduces every filter against all of them, so that a filter is read once
     per chunk of columns rather than once per column (a long filter, as grad_weight's adjoint
-    call has, stays in cache for the chunk instead of streaming from memory per element)."""
+    call has, stays in cache for the chunk instead of streaming from memory per element). With
+    ``want_mag`` (compare's magnitudes M), the fast path's own sum of |terms| is stored where it ran
+    (:func:`_dot_mag`: the same float64 sum as :func:`~refkern.kernels._element.abs_sum`, any order, the
+    same error bound), not computed a second time."""
     nn, c, _, _ = X.shape
     cout, k = W2.shape
     _, _, ho, wo = out.shape
@@ -179,7 +182,12 @@ def _conv2d_kernel(X, W2, bias, has_bias, out, mag, want_mag, groups, kh, kw, sh
                 bc = bias[co] if has_bias else 0.0
                 npend = 0
                 for j in range(m):
-                    r = fast_element(W2[co], bufs[j], k, bc, has_bias, prec, emin, emax) if fast else np.nan
+                    r = np.nan
+                    if fast:  # fast_element, keeping its magnitude: abs_sum's M, the same sum in any order
+                        sj, mj = _dot_mag(W2[co], bufs[j], k)
+                        r = decide(sj, mj, k, bc, has_bias, prec, emin, emax)
+                        if want_mag:
+                            mag[n, co, oy, x0 + j] = mj + abs(bc)
                     if r == r:
                         out[n, co, oy, x0 + j] = r
                     else:  # undecided (or another method): reduced below, out of the hot loop
@@ -191,7 +199,7 @@ def _conv2d_kernel(X, W2, bias, has_bias, out, mag, want_mag, groups, kh, kw, sh
                         W2[co], bufs[j], bc, has_bias, method, narrow,
                         stw[co, 0], stw[co, 1], mxs[j], mns[j], prec, emin, emax, acc, scratch,
                     )  # fmt: skip
-                if want_mag:
+                if want_mag and not fast:
                     for j in range(m):
                         mag[n, co, oy, x0 + j] = abs_sum(W2[co], bufs[j], bc)
 

@@ -174,10 +174,10 @@ def _convt_kernel(X, Wt, bias, has_bias, out, mag, want_mag, groups, st, pd, dl,
                             wbuf[cx, co, :k], buf[:k], bc, has_bias, method, narrow, stw[cx, co, 0], stw[cx, co, 1],
                             mx, mn, prec, emin, emax, acc, scratch,
                         )  # fmt: skip
-                if want_mag:
+                if want_mag:  # the fast path's magnitudes where it ran: abs_sum's M, the same sum in any order
                     for co in range(cout_g):
                         bc = bias[g * cout_g + co] if has_bias else 0.0
-                        mrow[co, ox] = abs_sum(wbuf[cx, co, :k], buf[:k], bc)
+                        mrow[co, ox] = sm[co, 1] + abs(bc) if fast else abs_sum(wbuf[cx, co, :k], buf[:k], bc)
             for co in range(cout_g):  # channel after channel: each a contiguous row of out, not one line per value
                 out[n, g * cout_g + co, oz, oy, :] = orow[co]
                 if want_mag:

@@ -386,6 +386,11 @@ class Audit:
             return  # no gradient asked for: nothing computed
         shapes = [tuple(t.shape) for t in spec.tensors()]
         why = None
+        try:  # every gradient of the kernel in one call (attention: one exact backward pass for dq, dk, dv)
+            reports = compare_backward({arg: _cpu(outs[i]) for i, arg in spec.grads}, spec.op, spec.grad_output,
+                                       *spec.args, **spec.kwargs)  # fmt: skip
+        except Exception:  # judged one by one below, so that one gradient's failure is its own
+            reports = {}
         for i, arg in spec.grads:
             got = outs[i]
             where = self._names_out[i] if i < len(self._names_out) else self._where()
@@ -393,8 +398,8 @@ class Audit:
                              str(got.dtype).removeprefix("torch."), shapes, None, aten=str(func), phase="backward",
                              group=group)  # fmt: skip
             try:
-                call.report = compare_backward({arg: _cpu(got)}, spec.op, spec.grad_output, *spec.args,
-                                               **spec.kwargs)[arg]  # fmt: skip
+                call.report = reports[arg] if arg in reports else compare_backward(
+                    {arg: _cpu(got)}, spec.op, spec.grad_output, *spec.args, **spec.kwargs)[arg]  # fmt: skip
             except Exception as exc:  # analysis must never break the model
                 call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
                 why = why or call.note

@@ -85,6 +85,22 @@ def randomize_batch_norm(model, seed=0):
     return model
 
 
+def backward_audit(model, x, *modes):
+    """Forward and backward of ``(model(x) * target).sum()`` (a fixed random target) inside the audit, with
+    ``modes`` entered first (below it, as a backend's kernels): (the audit, the modes entered)."""
+    from contextlib import ExitStack
+
+    import refkern.torch as rkt
+
+    target = torch.randn_like(model(x), generator=torch.Generator().manual_seed(3)).detach()
+    model.zero_grad()
+    with ExitStack() as stack:
+        entered = [stack.enter_context(m) for m in modes]
+        a = stack.enter_context(rkt.audit(progress=False))
+        (model(x) * target).sum().backward()
+    return a, entered
+
+
 class BrokenKernel:
     """A backend whose kernel for one aten op is broken from its ``nth`` call on (0-based; ``count`` calls):
     the output (``output``: which one, for an op with several, e.g. 1 for convolution_backward's

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = nn.functional
 
-from audit_models import BrokenKernel  # noqa: E402
+from audit_models import BrokenKernel, backward_audit  # noqa: E402
 
 import refkern.torch as rkt  # noqa: E402
 from refkern.gradients import compare_backward  # noqa: E402
@@ -43,18 +43,6 @@ class SelfAttention(nn.Module):
         return self.out(o.transpose(1, 2).reshape(n, t, d))
 
 
-def _audit(model, x, *modes):
-    target = torch.randn(model(x).shape, generator=torch.Generator().manual_seed(3)).to(x.dtype)
-    model.zero_grad()
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-        entered = [stack.enter_context(m) for m in modes]
-        a = stack.enter_context(rkt.audit(progress=False))
-        (model(x) * target).sum().backward()
-    return a, entered
-
-
 def _attention_rows(a):
     return {c.name: c for c in a.calls if c.op == OP}
 
@@ -62,7 +50,7 @@ def _attention_rows(a):
 def test_transformer_layer_attention_backward_judged():
     torch.manual_seed(2)
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-    a, _ = _audit(layer, torch.randn(2, 3, 8, requires_grad=True))
+    a, _ = backward_audit(layer, torch.randn(2, 3, 8, requires_grad=True))
     assert a.first_failure is None and not a.not_analysed, a.report()
     assert a.unchecked == {}, a.report()  # the fused attention's backward is judged now, not listed
     rows = _attention_rows(a)
@@ -84,7 +72,7 @@ def test_sdpa_module_backward_no_false_alarm(dtype, kind):
     mask = torch.randn(t, t, generator=torch.Generator().manual_seed(1)).to(dtype) if kind == "mask" else None
     model = SelfAttention(causal=kind == "causal", mask=mask, scale=0.3 if kind == "mask" else None).to(dtype)
     x = torch.randn(2, t, 16, dtype=dtype)
-    a, _ = _audit(model, x)
+    a, _ = backward_audit(model, x)
     assert a.first_failure is None and not a.not_analysed and CPU_KERNEL not in a.unchecked, a.report()
     rows = _attention_rows(a)
     assert set(rows) == {f"SelfAttention (backward: grad_{n})" for n in ("query", "key", "value")}, a.report()
@@ -138,7 +126,7 @@ class _NoScaleInDk:
 def test_missing_scale_in_dk_caught_and_named():
     torch.manual_seed(2)
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-    a, (bad,) = _audit(layer, torch.randn(2, 3, 8), _NoScaleInDk())
+    a, (bad,) = backward_audit(layer, torch.randn(2, 3, 8), _NoScaleInDk())
     f = a.first_failure
     assert bad.seen == 1 and f is not None, a.report()
     assert f.name == "TransformerEncoderLayer.self_attn (backward: grad_key)" and f.verdict == "mismatch", a.report()
@@ -152,7 +140,7 @@ def test_broken_dv_in_a_gqa_module_caught():
     torch.manual_seed(6)
     model = SelfAttention(causal=True)
     kernel = getattr(aten, CPU_KERNEL).default
-    a, (bad,) = _audit(model, torch.randn(2, 6, 16), BrokenKernel(kernel, output=2))
+    a, (bad,) = backward_audit(model, torch.randn(2, 6, 16), BrokenKernel(kernel, output=2))
     f = a.first_failure
     assert bad.broken == [0] and f is not None and f.name == "SelfAttention (backward: grad_value)", a.report()
     assert f.verdict == "mismatch"

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from audit_models import BrokenKernel  # noqa: E402
+from audit_models import BrokenKernel, backward_audit  # noqa: E402
 
 import refkern.torch as rkt  # noqa: E402
 from refkern.gradients import OPS  # noqa: E402
@@ -46,19 +46,6 @@ class Attention(nn.Module):
         return x + self.out(p @ v)
 
 
-def _backward_audit(model, x, *modes):
-    """Forward and backward inside the audit (``modes`` entered first: below it, as a backend's kernels)."""
-    target = torch.randn_like(model(x), generator=torch.Generator().manual_seed(3)).detach()
-    model.zero_grad()
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-        entered = [stack.enter_context(m) for m in modes]
-        a = stack.enter_context(rkt.audit(progress=False))
-        (model(x) * target).sum().backward()
-    return a, entered
-
-
 @pytest.fixture(scope="module")
 def convnet():
     torch.manual_seed(0)
@@ -67,7 +54,7 @@ def convnet():
 
 def test_conv_bn_linear_backward_is_judged(convnet):
     x = torch.randn(2, 3, 5, 5, requires_grad=True)
-    a, _ = _backward_audit(convnet, x)
+    a, _ = backward_audit(convnet, x)
     back = [c for c in a.calls if c.phase == "backward"]
     assert a.first_failure is None and all(c.verdict in OK for c in back if c.report is not None), a.report()
     names = {c.name: c for c in back}
@@ -98,7 +85,7 @@ def test_attention_block_backward_every_op_judged_or_listed():
     torch.manual_seed(1)
     block = Attention()
     x = torch.randn(2, 4, 8, requires_grad=True)
-    a, _ = _backward_audit(block, x)
+    a, _ = backward_audit(block, x)
     assert a.first_failure is None, a.report()
     assert not a.not_analysed, a.report()
     assert a.unchecked == {}, a.report()  # layer_norm, softmax, bmm, mm, sum all have references
@@ -113,7 +100,7 @@ def test_attention_block_backward_every_op_judged_or_listed():
 
 def test_broken_grad_weight_is_the_first_failure(convnet):
     x = torch.randn(2, 3, 5, 5)
-    a, (bad,) = _backward_audit(convnet, x, BrokenKernel(aten.convolution_backward.default, output=1))
+    a, (bad,) = backward_audit(convnet, x, BrokenKernel(aten.convolution_backward.default, output=1))
     f = a.first_failure
     assert bad.broken and f is not None, a.report()
     assert f.name == "ConvNet.conv (backward: grad_weight)" and f.verdict == "mismatch", a.report()

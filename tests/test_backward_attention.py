@@ -88,11 +88,9 @@ def test_exact_path_far_offsets_and_combined_rows_bit_identical_to_truth(dtype):
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bfloat16", "float32"))
 def test_a_rows_dS_summing_to_zero_is_exact_zero(dtype):
     """sum_j dS_ij = 0 in every row: a dq element whose key column is constant over the row's keys is exactly
-    0 (the interval loop alone never decides it: the exact path finds it by its pair test). Seen in bfloat16
-    under a causal mask (row 1 has two keys, equal in a column)."""
-    from refkern.kernels.attention import attention_operands
-    from refkern.kernels.attention_backward import attention_backward
-
+    0 (the interval loop alone never decides it: the exact path finds it by its pair test, truth by grouping
+    the row's terms by exponent). Seen in bfloat16 under a causal mask (row 1 has two keys, equal in a
+    column). Bit for bit against truth, signed zeros included (+0: an exact zero)."""
     gen = torch.Generator().manual_seed(0)
     q, k, v, g = (torch.randn(1, 3, 4, generator=gen).to(dtype) for _ in range(4))
     k[0, 1, 2] = k[0, 0, 2]  # row 1 (keys 0 and 1 under the causal mask): dq[1, 2] = s k (dS_0 + dS_1) = 0
@@ -101,10 +99,78 @@ def test_a_rows_dS_summing_to_zero_is_exact_zero(dtype):
     zeros = torch.stack([r["query"][0, 1, 2], *r["query"][0, :, 3]])
     assert (zeros == 0).all() and not torch.signbit(zeros).any()
     assert (r["query"][0, 2, :3] != 0).all()
-    a = attention_operands(q, k, v, is_causal=True)
-    exact, _ = attention_backward(a, g.double().numpy(), NAMES, force_exact=True)
+    truth = rk.truth.backward(OP, g, q, k, v, is_causal=True)
     for n in NAMES:
-        assert np.array_equal(r[n].double().numpy(), exact[n]), n
+        assert _bits(r[n]) == _bits(truth[n]), n
+
+
+def _zero_cases(dtype):
+    """(name, q, k, v, g, kwargs, [(name, index) of exact zeros]): a key column constant over every key
+    (non-causal, negative scale), a bool mask whose row 0 attends keys equal in a column that the masked key
+    is not, GQA with a column constant over one key/value head's keys (the dq of its two query heads)."""
+    q, k, v, g = _qkvg(11, ((2, 3, 4), (2, 5, 4), (2, 5, 3)), dtype)
+    k[:, :, 1] = -1.5
+    mask = torch.tensor([[1, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 0, 1]], dtype=torch.bool)
+    qm, km, vm, gm = _qkvg(12, ((1, 3, 4), (1, 5, 4), (1, 5, 3)), dtype)
+    km[0, [0, 2, 3, 4], 2] = 0.5  # row 0's keys agree in column 2; key 1 (masked for row 0) does not
+    km[0, 1, 2] = 0.25
+    qg, kg, vg, _ = _qkvg(13, ((1, 4, 3, 4), (1, 2, 5, 4), (1, 2, 5, 3)), dtype)
+    gg = torch.randn(1, 4, 3, 3, generator=torch.Generator().manual_seed(14), dtype=torch.float64).to(dtype)
+    kg[0, 0, :, 3] = 2.0
+    return [
+        ("constant key column, scale < 0", q, k, v, g, {"scale": -0.5}, [("query", (b, i, 1)) for b in range(2) for i in range(3)]),
+        ("bool mask", qm, km, vm, gm, {"attn_mask": mask}, [("query", (0, 0, 2))]),
+        ("gqa", qg, kg, vg, gg, {"enable_gqa": True}, [("query", (0, h, i, 3)) for h in (0, 1) for i in range(3)]),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bfloat16", "float32"))
+def test_truth_exact_zeros_of_constant_key_columns(dtype):
+    """truth.backward decides the exact zeros of sum_j dS_ij = 0 (a non-causal row, a masked row, GQA, a
+    negative scale) as +0 and agrees with the fast path bit for bit; the elements beside them are nonzero."""
+    for name, q, k, v, g, kw, zeros in _zero_cases(dtype):
+        truth = rk.truth.backward(OP, g, q, k, v, **kw)
+        fast = rk.backward(OP, g, q, k, v, **kw)
+        for n in NAMES:
+            assert _bits(fast[n]) == _bits(truth[n]), (name, n)
+        z = torch.stack([truth[n][ix] for n, ix in zeros])
+        assert (z == 0).all() and not torch.signbit(z).any(), name
+        assert (truth["query"] != 0).sum() == truth["query"].numel() - len(zeros), name
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bfloat16", "float32"))
+def test_truth_exact_zeros_across_rows_of_permuted_logits(dtype):
+    """dk and dv elements that are exactly 0 by cancellation between rows of different logits: rows A, B with
+    logits (a, 0) and (0, a) share S = 1 + e**-a, so ``P_A0 + P_B0 = 1``, and C's equal logits give
+    ``P_C0 = 1/2``: dv_0 = dv_1 = 0 with dO = (1, 1, -2) in that column; ``dS_A0 = dS_B0``'s common factor
+    ``P_0 P_1`` times ``(dP_A0 - dP_A1) q_A + (dP_B0 - dP_B1) q_B`` = 0 in a column where q_A = q_B. truth
+    groups the terms by their rows' multiset of logits (+0). Rows of different multisets: a masked row sees
+    keys (k0, k1), the next (k0, k1, k0, k1), so ``S_1 = 2 S_0`` and ``P_00 - 2 P_10 / 2 = 0`` with dO = (1, -2):
+    found by testing the classes together. The other elements within an ulp of torch's
+    float64 autograd (torch's own error apart). (The fast path's exact loop does not detect cancellation across rows of different
+    logits: it raises its RuntimeError on these.)"""
+
+    def t(x):
+        return torch.tensor(x, dtype=dtype)
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)  # row 1 sees row 0's two keys twice
+    cases = [  # q, k, v, g, (name, column that is 0 in the first rows), kwargs
+        (t([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]), t([[1.0, 0.0], [0.0, 1.0]]), t([[0.5, -1.0], [2.0, 0.25]]),
+         t([[1.0, 0.5], [1.0, -0.75], [-2.0, 1.0]]), ("value", 0), {}),
+        (t([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]), t([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), t([[1.0, 0.0], [0.0, 0.0]]),
+         t([[1.0, 0.0], [-1.0, 0.0]]), ("key", 2), {}),
+        (t([[1.0, 0.5], [1.0, 0.5]]), t([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]),
+         t([[0.5, -1.0], [2.0, 0.25], [1.0, 1.0], [-1.0, 0.5]]), t([[1.0, 0.5], [-2.0, 1.0]]), ("value", 0),
+         {"attn_mask": mask}),
+    ]  # fmt: skip
+    for q, k, v, g, (n, col), kw in cases:
+        truth = rk.truth.backward(OP, g, q, k, v, **kw)
+        z = truth[n][: 2 if kw else None, col]
+        assert (z == 0).all() and not torch.signbit(z).any(), n
+        ref = _torch_grads(*(x.double() for x in (q, k, v, g)), **kw)
+        for m in NAMES:
+            tol = torch.finfo(dtype).eps * ref[m].abs() + 1e-14  # an ulp, and float64 autograd's own error
+            assert ((truth[m].double() - ref[m]).abs() <= tol).all(), m
 
 
 def test_semantics_of_masks_and_zero_gradients():
@@ -245,3 +311,18 @@ def test_envelope_constants_pinned():
     want = (E * (1 + 8 * uu) + u_o * (2 * 0.5 * (1 + 2 * u_o) + E) + 2 * eta_o) * (1 + 2.0**-40)
     assert n == 1 and b.shape == (1, 2, 1)
     assert b[0, 0, 0] == pytest.approx(want, rel=1e-12) and b[0, 1, 0] == pytest.approx(want, rel=1e-12)
+
+
+def test_truth_cross_row_test_capped_fails_honestly(monkeypatch):
+    """Past _ACROSS_CAP terms truth does not test classes of rows together: on an exact zero that needs it, a
+    bounded loop and a RuntimeError, not a guess."""
+    import importlib
+
+    tb = importlib.import_module("refkern.truth.backward")  # the module (refkern.truth.backward is the function)
+    q = torch.tensor([[1.0, 0.5], [1.0, 0.5]])
+    k = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    v, g = torch.ones(4, 1), torch.tensor([[1.0], [-2.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    monkeypatch.setattr(tb, "_ACROSS_CAP", 1)
+    with pytest.raises(RuntimeError, match=r"^truth: the interval loop did not converge: the terms of rows"):
+        rk.truth.backward(OP, g, q, k, v, attn_mask=mask, wrt="value")

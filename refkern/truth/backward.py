@@ -624,8 +624,17 @@ def _attention_backward(name, G, og, a, wrt):
     (:func:`refkern.truth.softmax._logit`), ``dP_j = dO_i . v_j`` as a Fraction, ``P = exp(z - max) /
     sum``, ``dS_j = P_j (dP_j - sum_k P_k dP_k)``. Rational values exactly: a row of equal finite logits
     (``P = 1/c``), a ``dS_j`` that vanishes (``sum_{k: z_k = t} (dP_j - dP_k) = 0`` for every distinct
-    logit t: Lindemann-Weierstrass), after merging the terms of rows with equal logits (``value``). A NaN or
-    +inf logit: NaN wherever the row reaches; a fully masked
+    logit t: Lindemann-Weierstrass), after merging the terms of rows with equal logits (``value``). An
+    element the loop leaves undecided at 128 bits may be a rational sum of irrational terms (``sum_j dS_ij =
+    0``: a dq element is 0 when its key column is constant over the row's keys; dk, dv terms of rows whose
+    logits are permutations of one another): the terms are grouped by their rows' multiset of logits, and
+    each group's sum is tested exactly as an exponential sum (:func:`_rational_classes`), then, past 4096
+    bits, the groups together (:func:`_rational_across`, up to _ACROSS_CAP terms; beyond it a bounded loop
+    and a RuntimeError). An exact 0 is +0.0, the rounding of the real 0 (round_fraction's, the fast path's):
+    an exact sum of nonzero terms that is 0 is +0 in IEEE round-to-nearest too, and the positive scale keeps
+    it. (torch's math backend applies a negative scale as ``q (-sqrt|s|)``, ``k sqrt|s|``: an exact dS @ k of
+    +0 would come back as -0 in its dq; the real derivative has no sign, and its computed value is a
+    rounding residue anyway.) A NaN or +inf logit: NaN wherever the row reaches; a fully masked
     row: ``P = 0``. The layout comes from the kernel's validation; the numbers do not."""
     from refkern.kernels._common import deliver
     from refkern.kernels.attention import attention_operands
@@ -706,7 +715,7 @@ def _attention_backward(name, G, og, a, wrt):
         if not rest:
             return _decide(fmt, lambda: _ivq(sq * exact))
 
-        def make():
+        def make(exact=exact, rest=rest):
             tot = _ivq(exact)
             for r, j, kind, cf in rest:
                 e = {k: (iv.exp(_ivq(t)) if t != 0 else iv.mpf(1)) for k, t in r["d"].items()}
@@ -724,7 +733,33 @@ def _attention_backward(name, G, og, a, wrt):
                 tot += _ivq(cf) * x
             return _ivq(sq) * tot
 
-        return _decide(fmt, make)
+        for prec in (64, 128):  # an irrational value is decided here, almost always
+            v = _round_at(fmt, make, prec)
+            if v is not None:
+                return v
+        q, left = _rational_classes(rest)  # rational sums (an exact 0, a midpoint) never decide: find them
+        exact += q
+        rest = [t for _, _, ts in left for t in ts]
+        if not rest:
+            return _decide(fmt, lambda: _ivq(sq * exact))
+        if len(left) == 1:  # irrational (Lindemann-Weierstrass): decided at some precision
+            return _decide(fmt, lambda: make(exact, rest), start=256)
+        for prec in (256, 512, 1024, 2048, 4096):  # irrational values that need the bits (a sign under large
+            v = _round_at(fmt, lambda: make(exact, rest), prec)  # logits: e**-1000 against dP), before the
+            if v is not None:  # costlier test of the classes together
+                return v
+        how, q = _rational_across(left)
+        if how == "rational":
+            return _decide(fmt, lambda: _ivq(sq * (exact + q)))
+        if how == "irrational":
+            return _decide(fmt, lambda: make(exact, rest), start=8192)
+        for prec in (8192, 16384, 32768, 65536):  # not proven irrational: a bounded loop, then an honest failure
+            v = _round_at(fmt, lambda: make(exact, rest), prec)
+            if v is not None:
+                return v
+        raise RuntimeError("truth: the interval loop did not converge: the terms of rows with different logits "
+                           f"may cancel (more than {_ACROSS_CAP} terms to test them together); please report the "
+                           "input")  # fmt: skip
 
     names = ("query", "key", "value") if wrt is None else ((wrt,) if isinstance(wrt, str) else tuple(wrt))
     out = {}
@@ -743,6 +778,114 @@ def _attention_backward(name, G, og, a, wrt):
             v[t, r_, c] = value(terms, k != "value")
         out[k] = deliver(v.reshape(np.shape(a[k])), fmt, og.torch or at.tensor)
     return out
+
+
+def _round_at(fmt, make, prec: int):
+    """One step of Ziv's loop: ``make()`` at iv precision prec, rounded when both ends agree, else None."""
+    from refkern.truth.softmax import _round_ends
+
+    saved = iv.prec
+    try:
+        iv.prec = prec
+        return _round_ends(make(), fmt)
+    finally:
+        iv.prec = saved
+
+
+def _xmul(a: dict, b: dict) -> dict:
+    """The product of two exponential sums ``{t: c}`` (``sum_t c e**t``): ``e**t e**u = e**(t + u)``."""
+    out = {}
+    for t, c in a.items():
+        for u, d in b.items():
+            out[t + u] = out.get(t + u, 0) + c * d
+    return out
+
+
+def _rational_classes(rest):
+    """``(q, left)``: the attention terms of rest (row, j, kind, coef) split into classes of rows with the same
+    multiset of logit offsets; ``q`` the exact sum of the classes whose sum is rational, left the others' terms.
+
+    A row's offsets ``d_k = z_k - max z`` (rationals, one of them 0) give ``P_j = e**d_j / S`` and
+    ``dS_j = e**d_j (dP_j S - T) / S**2`` with ``S = sum_k e**d_k`` and ``T = sum_k dP_k e**d_k``; every row of
+    a class has the same S (a permutation of the keys, or another batch, changes nothing in it). A class's
+    terms sum to ``A / S**2``, ``A = S sum_P c e**d_j + sum_dS c e**d_j (dP_j S - T)`` (T of the term's own
+    row), A and ``S**2`` exponential sums ``sum_t C_t e**t`` with rational C_t and distinct rational t. Such
+    sums are equal iff their coefficients are (Lindemann-Weierstrass: e**t for distinct algebraic t are
+    linearly independent over the algebraic numbers), so ``A / S**2`` is a rational q iff ``A = q S**2``
+    coefficient by coefficient, with ``q = C_0 / D_0`` at t = 0 (``D_0 >= 1``: the top logit with itself).
+    Otherwise the class's sum is irrational. Covers ``sum_j dS_ij = 0`` (a dq element whose key column is
+    constant over the row's keys: the coefficients c_j equal) and rows whose logits are permutations of one
+    another (dk and dv terms that cancel across rows). Classes of different S that cancel only together:
+    :func:`_rational_across`."""
+    classes = {}
+    for t in rest:
+        classes.setdefault(tuple(sorted(t[0]["d"].values())), []).append(t)
+    q, left = Fraction(0), []
+    for offs, ts in classes.items():
+        S = {}
+        for d in offs:
+            S[d] = S.get(d, 0) + 1
+        U, W = {}, {}  # A = S U - sum_r W_r T_r: U_j = c (P terms), c dP_j (dS terms); W_r = sum c e**d_j
+        for r, j, kind, c in ts:
+            d = r["d"][j]
+            U[d] = U.get(d, 0) + (c if kind == "P" else c * r["dP"][j])
+            if kind == "dS":
+                w = W.setdefault(id(r), [r, {}])[1]
+                w[d] = w.get(d, 0) + c
+        if W:
+            A = _xmul(S, U)
+            for r, w in W.values():
+                T = {}
+                for k, d in r["d"].items():
+                    T[d] = T.get(d, 0) + r["dP"][k]
+                for t, x in _xmul(w, T).items():
+                    A[t] = A.get(t, 0) - x
+            D = _xmul(S, S)
+        else:
+            A, D = U, S
+        v = _ratio(A, D)
+        if v is not None:
+            q += v
+        else:
+            left.append((A, D, ts))
+    return q, left
+
+
+def _ratio(A: dict, D: dict):
+    """``A / D`` when it is a rational (its value), else None: exponential sums with ``D_0 > 0``."""
+    v = Fraction(A.get(0, 0)) / D[0]
+    return v if all(A.get(t, 0) == v * D.get(t, 0) for t in set(A) | set(D)) else None
+
+
+_ACROSS_CAP = 1 << 16  # the most terms the product of the classes' denominators may have (an upper bound)
+
+
+def _rational_across(left):
+    """The classes left by :func:`_rational_classes` (two or more, each of an irrational sum), together:
+    ``sum_r A_r / D_r`` is rational q iff ``sum_r A_r prod_{r' != r} D_r' = q prod_r D_r`` coefficient by
+    coefficient (the same Lindemann-Weierstrass argument; ``prod D_r`` has the coefficient ``prod D_r0 > 0`` at
+    0). Classes of different S cancel only when their denominators share factors (S proportional: a row
+    whose keys are another's, each repeated; or S of common polynomial factors in e**(1/N)): rare, but
+    then no precision decides the element. ("rational", q), ("irrational", None), or ("unknown", None) when
+    the product would exceed _ACROSS_CAP terms. Costly (the products): tried once the loop has not decided
+    the element at 4096 bits."""
+    if math.prod(len(D) for _, D, _ in left) > _ACROSS_CAP:
+        return "unknown", None
+    # on integers: exponents times the lcm of their denominators, the A_r times that of their coefficients'
+    lx = math.lcm(*(Fraction(t).denominator for A, D, _ in left for t in (*A, *D)))
+    lc = math.lcm(*(Fraction(c).denominator for A, _, _ in left for c in A.values()))
+    F, G = {}, {0: 1}
+    for A, D, _ in left:  # F / G = sum so far: (F D + A G) / (G D)
+        A = {int(t * lx): int(c * lc) for t, c in A.items()}
+        D = {int(t * lx): int(c) for t, c in D.items()}
+        F = _xmul(F, D)
+        for t, x in _xmul(A, G).items():
+            F[t] = F.get(t, 0) + x
+        G = _xmul(G, D)
+    v = _ratio(F, G)
+    if v is not None:
+        v /= lc
+    return ("irrational", None) if v is None else ("rational", v)
 
 
 def _dot(op, G, a, grads):

@@ -565,3 +565,4 @@ def test_a_bug_where_the_p_windows_hold_roundings_is_not_named():
     for k in (int(np.argmax(el["bound"].reshape(-1))), 5):
         rep = rk.compare(_moved(out, el, k, 1.5), SDPA_NAME, q, kk, v)
         assert (rep.verdict, rep.precision) == ("mismatch", None), (k, rep.precision)
+        assert rep.notes[0].startswith("bf16 P@V would explain it, but only through windows that overlap")

@@ -657,18 +657,18 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
                       f"up to {wide:.3g}x rounding's envelope, and any other error in the variance of that size fits "
                       "as well"})  # fmt: skip
     for f in fits[1:]:
+        p = f"{f.model.precision} inputs" if f.model.key == f.model.precision else f.model.key  # "fp16 P@V"
         if id(f) in weak:
-            p = f.model.precision
-            found.append({"kind": "blind", "text": f"{p} inputs would explain it, but only through windows that "
+            found.append({"kind": "blind", "text": f"{p} would explain it, but only through windows that "
                           "overlap rounding's (none of the elements rounding does not explain lies where "
-                          f"{p} inputs and rounding predict apart): there a bug just beyond rounding and {p} inputs "
+                          f"{p} and rounding predict apart): there a bug just beyond rounding and {p} "
                           "cannot be told apart"})  # fmt: skip
             break
         if swallowed.get(id(f)):
-            found.append({"kind": "blind", "text": f"{f.model.precision} inputs would explain it, but only through "
+            found.append({"kind": "blind", "text": f"{p} would explain it, but only through "
                           "windows that hold rounding's own (an ill-conditioned step, such as a variance that their "
                           f"rounding made small or 0: {swallowed[id(f)]} of the elements rounding does not explain): "
-                          f"there a bug and {f.model.precision} inputs cannot be told apart"})  # fmt: skip
+                          f"there a bug and {p} cannot be told apart"})  # fmt: skip
             break
     for _, text, fn, _ in named:
         if fn(actual, bad, ref):

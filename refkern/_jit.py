@@ -38,7 +38,8 @@ def _module_file(dotted: str) -> str | None:
     return None
 
 
-def _imports(path: str) -> set:
+@functools.cache  # a kernel module's closure shares most files with the others': each is parsed once
+def _imports(path: str) -> frozenset:
     """The refkern source files ``path`` imports by name, by any import statement in it (inside
     functions too): for ``from a.b import c`` the file of ``a.b`` (where ``c`` is defined or
     re-exported) and, if ``c`` is a module, its file. A kernel reads only the globals of its own
@@ -57,7 +58,7 @@ def _imports(path: str) -> set:
             if node.level:
                 mod = ".".join(here[: len(here) - node.level + 1] + ([mod] if mod else []))
             names += [mod] + [f"{mod}.{a.name}" for a in node.names]
-    return {f for f in map(_module_file, names) if f}
+    return frozenset(f for f in map(_module_file, names) if f)
 
 
 def closure(path: str) -> set:

@@ -227,3 +227,21 @@ def test_compare_on_held_float32_is_elements_report(dtype):
         )
         for k in ("verdict", "precision", "counts", "max_ulp", "max_bound_ratio", "worst", "detectable", "notes"):
             assert getattr(a, k) == getattr(e, k), (dtype, k)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 16_384, 16_385, 100_000, 100_001])
+def test_median_is_numpys(n):
+    """passes.median against np.median: odd and even counts, heavy ties, infinities, a NaN anywhere, and
+    data whose sampled bracket misses (the fallback)."""
+    rng = np.random.default_rng(n)
+    cases = [rng.standard_normal(n), np.round(rng.standard_normal(n)), rng.lognormal(0, 5, n)]
+    if n:
+        with_inf = rng.standard_normal(n)
+        with_inf[rng.random(n) < 0.3] = np.inf
+        with_nan = rng.standard_normal(n)
+        with_nan[rng.integers(n)] = np.nan
+        skewed = np.sort(rng.standard_normal(n))  # the sample's bracket holds the middle: structured data too
+        cases += [with_inf, with_nan, skewed, np.concatenate([np.zeros(n // 2), np.ones(n - n // 2)])]
+    for v in cases:
+        got, want = passes.median(v), float(np.median(v)) if n else float("nan")
+        assert got == want or (math.isnan(got) and math.isnan(want)), (n, got, want)

@@ -10,7 +10,7 @@ from refkern.analysis.bounds import bound1, precision_ratios, working_units
 from refkern.analysis.envelope import OPS as ENVELOPE_OPS
 from refkern.analysis.envelope import envelopes
 from refkern.analysis.evaluate import _bind, op_name, problem
-from refkern.analysis.passes import top_k
+from refkern.analysis.passes import median, top_k
 from refkern.analysis.report import VERDICTS, Report, where_summary
 from refkern.analysis.ulp import ulp_errors
 from refkern.analysis.verdict import decide, decide_envelope
@@ -175,7 +175,7 @@ def _analyse(actual, op, args, kwargs, rtol, atol, arrays=False):
         hypotheses={f.model.key: f.summary(lam) for f in d.fits},
         bound_ratios=precision_ratios(err, pr.n_terms, mag, ref, fmt),
         condition={
-            "median": float(np.median(cond)) if cond.size else 1.0,
+            "median": median(cond) if cond.size else 1.0,
             "max": float(cond[finite].max()) if finite.any() else float("inf"),
         },  # fmt: skip
         tolerance=tol,

@@ -29,7 +29,7 @@ from numba import prange
 from refkern._jit import jit
 
 __all__ = ["chunks", "top_k", "insert_top", "merge_top", "ulp_exponent", "scale_down", "pow2_neg", "ulps_at",
-           "bound_ulps", "median_bracket", "median_in_bracket", "median_max_bound_ulps", "SCALE1", "SCALE2",
+           "bound_ulps", "median", "median_bracket", "median_in_bracket", "median_max_bound_ulps", "SCALE1", "SCALE2",
            "floor_log2"]  # fmt: skip
 
 _EMIN = -1074  # frexp's exponent of the smallest subnormal float64 is -1073: bins start below it
@@ -304,3 +304,48 @@ def median_max_bound_ulps(ref, bound, prec: int, emin: int) -> tuple:
     hist, peak = np.zeros((nch, NBINS), np.int64), np.zeros(nch)
     _ulps_histogram(ref, bound, prec, emin, nch, hist, peak)
     return median_from_histogram(hist, ref, bound, prec, emin), float(peak.max())
+
+
+@jit(parallel=True)
+def _bracket_pass(v, lo, hi, kept, n_kept, n_below, n_nan):
+    """Per chunk of the flat ``v``: the count of NaNs, of values below ``lo``, and the values in [lo, hi]
+    (kept while there is room, all counted), as :func:`median_in_bracket` reads them."""
+    n = v.size
+    nch = kept.shape[0]
+    for ch in prange(nch):
+        kc = kept[ch]
+        room = max(kc.size, 1)
+        nk = nb = nn = 0
+        for i in range(ch * n // nch, (ch + 1) * n // nch):
+            x = v[i]
+            nn += x != x
+            nb += x < lo
+            kc[min(nk, room - 1)] = x  # committed only by the count
+            nk += (x >= lo) & (x <= hi)
+        n_kept[ch], n_below[ch], n_nan[ch] = nk, nb, nn
+
+
+def median(v) -> float:
+    """``np.median`` of the float64 values ``v`` (NaN when one is NaN), the same value, from one parallel
+    pass: a seeded sample of :data:`BRACKET_SAMPLE` brackets the middle rank(s) (module docstring), the
+    pass counts the values below and keeps those inside, and only those are partitioned; ``np.median``
+    itself when the array is small, the sample holds a NaN or the bracket misses."""
+    v = np.ascontiguousarray(v, np.float64).reshape(-1)
+    n = v.size
+    if n <= 4 * BRACKET_SAMPLE:
+        return float(np.median(v)) if n else float("nan")
+    idx = np.sort(np.random.default_rng(_SEED).choice(n, BRACKET_SAMPLE, replace=False))
+    s = np.sort(v[idx])
+    h = int(math.ceil(BRACKET_SD * math.sqrt(BRACKET_SAMPLE) / 2))
+    mid = BRACKET_SAMPLE // 2
+    lo, hi = float(s[max(mid - 1 - h, 0)]), float(s[min(mid + h, BRACKET_SAMPLE - 1)])
+    if lo != lo or hi != hi:
+        return float(np.median(v))
+    nch = chunks(n)
+    kept = np.empty((nch, int(3.0 * 2 * h / BRACKET_SAMPLE * (-(-n // nch))) + 64))
+    n_kept, n_below, n_nan = (np.zeros(nch, np.int64) for _ in range(3))
+    _bracket_pass(v, lo, hi, kept, n_kept, n_below, n_nan)
+    if n_nan.any():
+        return float("nan")
+    m = median_in_bracket(kept, n_kept, n_below, n)
+    return float(np.median(v)) if m is None else m

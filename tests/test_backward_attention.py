@@ -138,34 +138,51 @@ def test_truth_exact_zeros_of_constant_key_columns(dtype):
         assert (truth["query"] != 0).sum() == truth["query"].numel() - len(zeros), name
 
 
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bfloat16", "float32"))
-def test_truth_exact_zeros_across_rows_of_permuted_logits(dtype):
-    """dk and dv elements that are exactly 0 by cancellation between rows of different logits: rows A, B with
-    logits (a, 0) and (0, a) share S = 1 + e**-a, so ``P_A0 + P_B0 = 1``, and C's equal logits give
-    ``P_C0 = 1/2``: dv_0 = dv_1 = 0 with dO = (1, 1, -2) in that column; ``dS_A0 = dS_B0``'s common factor
-    ``P_0 P_1`` times ``(dP_A0 - dP_A1) q_A + (dP_B0 - dP_B1) q_B`` = 0 in a column where q_A = q_B. truth
-    groups the terms by their rows' multiset of logits (+0). Rows of different multisets: a masked row sees
-    keys (k0, k1), the next (k0, k1, k0, k1), so ``S_1 = 2 S_0`` and ``P_00 - 2 P_10 / 2 = 0`` with dO = (1, -2):
-    found by testing the classes together. The other elements within an ulp of torch's
-    float64 autograd (torch's own error apart). (The fast path's exact loop does not detect cancellation across rows of different
-    logits: it raises its RuntimeError on these.)"""
+def _across_cases(dtype):
+    """(q, k, v, g, (name, rows, column of exact zeros), kwargs): see
+    test_exact_zeros_across_rows_of_permuted_logits."""
 
     def t(x):
         return torch.tensor(x, dtype=dtype)
 
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)  # row 1 sees row 0's two keys twice
-    cases = [  # q, k, v, g, (name, column that is 0 in the first rows), kwargs
+    inf = math.inf
+    rows = [[0.0, -1.0, -inf, -inf], [0.0, -1.0, -2.0, -3.0], [-2.0, -1.0, 0.0, -3.0]]
+    add = torch.tensor(rows)  # float32: allowed with every query dtype
+    gen = torch.Generator().manual_seed(0)
+    ka, va = torch.randn(4, 2, generator=gen).to(dtype), torch.randn(4, 2, generator=gen).to(dtype)
+    return [
         (t([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]), t([[1.0, 0.0], [0.0, 1.0]]), t([[0.5, -1.0], [2.0, 0.25]]),
-         t([[1.0, 0.5], [1.0, -0.75], [-2.0, 1.0]]), ("value", 0), {}),
+         t([[1.0, 0.5], [1.0, -0.75], [-2.0, 1.0]]), ("value", 2, 0), {}),
         (t([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]), t([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), t([[1.0, 0.0], [0.0, 0.0]]),
-         t([[1.0, 0.0], [-1.0, 0.0]]), ("key", 2), {}),
+         t([[1.0, 0.0], [-1.0, 0.0]]), ("key", 2, 2), {}),
         (t([[1.0, 0.5], [1.0, 0.5]]), t([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]),
-         t([[0.5, -1.0], [2.0, 0.25], [1.0, 1.0], [-1.0, 0.5]]), t([[1.0, 0.5], [-2.0, 1.0]]), ("value", 0),
+         t([[0.5, -1.0], [2.0, 0.25], [1.0, 1.0], [-1.0, 0.5]]), t([[1.0, 0.5], [-2.0, 1.0]]), ("value", 2, 0),
          {"attn_mask": mask}),
+        (torch.zeros(3, 2, dtype=dtype), ka, va, t([[1.0, 0.5], [-1.0, 0.25], [-1.0, 2.0]]), ("value", 1, 0),
+         {"attn_mask": add}),
     ]  # fmt: skip
-    for q, k, v, g, (n, col), kw in cases:
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bfloat16", "float32"))
+def test_exact_zeros_across_rows_of_permuted_logits(dtype):
+    """dk and dv elements that are exactly 0 by cancellation between rows of different logits: rows A, B with
+    logits (a, 0) and (0, a) share S = 1 + e**-a, so ``P_A0 + P_B0 = 1``, and C's equal logits give
+    ``P_C0 = 1/2``: dv_0 = dv_1 = 0 with dO = (1, 1, -2) in that column; ``dS_A0 = dS_B0``'s common factor
+    ``P_0 P_1`` times ``(dP_A0 - dP_A1) q_A + (dP_B0 - dP_B1) q_B`` = 0 in a column where q_A = q_B. Both paths
+    group the terms by their rows' logits (truth: the multiset; the kernel: S up to a factor) (+0). Rows of
+    proportional S: a masked row sees keys (k0, k1), the next (k0, k1, k0, k1), so ``S_1 = 2 S_0`` and
+    ``P_00 - 2 P_10 / 2 = 0`` with dO = (1, -2) (truth: by testing the classes together; the kernel: one
+    class). S sharing a factor (additive mask, x = e**-1): ``S_0 = 1 + x``, ``S_1 = S_2 = (1 + x)(1 + x**2)``
+    with key 0 at offsets 0, 0, -2, so ``1/S_0 - (1 + x**2)/S_1 = 0`` with dO = (1, -1, -1): found by both
+    testing the classes together. The fast path bit for bit against truth; the other elements within an ulp
+    of torch's float64 autograd (torch's own error apart)."""
+    for q, k, v, g, (n, rows, col), kw in _across_cases(dtype):
         truth = rk.truth.backward(OP, g, q, k, v, **kw)
-        z = truth[n][: 2 if kw else None, col]
+        fast = rk.backward(OP, g, q, k, v, **kw)
+        for m in NAMES:
+            assert _bits(fast[m]) == _bits(truth[m]), (n, m, kw.keys())
+        z = truth[n][:rows, col]
         assert (z == 0).all() and not torch.signbit(z).any(), n
         ref = _torch_grads(*(x.double() for x in (q, k, v, g)), **kw)
         for m in NAMES:

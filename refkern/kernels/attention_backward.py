@@ -40,9 +40,15 @@ cancel (e.g. two identical query rows with opposite dO: dk = dv = 0) are found e
 its group keeps its own intervals, which every element reading it shares. Within one row, terms whose
 sum is rational are found once two widths have not decided the element (:func:`_row_sum`: e.g.
 ``sum_j dS_ij = 0``, so a dq element whose key column is constant over the row's finite keys is exactly
-0; common in bfloat16 under a causal mask, where a row has few keys). Terms of rows with *different*
-logits that cancel exactly are not detected: the loop then stops with a RuntimeError at 2**16 bits
-rather than return a guess.
+0; common in bfloat16 under a causal mask, where a row has few keys). Then, across rows (:func:`_classes`),
+the element's terms are grouped by their row's S up to a factor (rows whose logits are permutations of
+one another, a row that sees another's keys each repeated): each group sums to ``A / S0**2`` (``A / S0``
+for P terms), A and S0 exponential sums with rational coefficients and distinct rational exponents, which
+is rational iff ``A = q S0**2`` coefficient by coefficient (Lindemann-Weierstrass). Undecided at 3072
+bits, the groups are tested together over the product of their denominators (:func:`_rational_across`,
+up to _ACROSS_CAP terms: S that share a polynomial factor in ``e**h``). An exact 0 is +0. Beyond the cap,
+or for an irrational value within ``2**-65536`` of a rounding boundary, the loop stops with a
+RuntimeError at 2**16 bits rather than return a guess.
 """
 
 import math
@@ -663,6 +669,7 @@ class _Exact:
         if not todo:
             return round_fraction(sF * exact, fmt)
         w = _W0
+        left, across = [], None
         while True:
             acc = (exact, exact)
             for r, j, kind, cf in todo:
@@ -671,13 +678,20 @@ class _Exact:
             if v is not None:
                 return v
             w *= 2
-            if w == 4 * _W0:  # undecided at two widths: a row's terms may sum to a rational (sum_j dS_j = 0)
-                exact, todo = _rational_rows(exact, todo)
+            if w == 4 * _W0:  # undecided at two widths: the terms may sum to a rational (an exact 0, a midpoint)
+                exact, todo, left = _rational_rows(exact, todo)
                 if not todo:
                     return round_fraction(sF * exact, fmt)
+            if w == 64 * _W0 and len(left) > 1:  # undecided at 3072 bits: the classes together (costlier)
+                across, q = _rational_across(left)
+                if across == "rational":
+                    return round_fraction(sF * (exact + q), fmt)
             if w > 1 << 16:
-                raise RuntimeError(f"{OP} backward: the exact path did not converge (terms of rows with different "
-                                   "logits that cancel exactly are not detected: please report the input)")  # fmt: skip
+                why = f"more than {_ACROSS_CAP} terms to test its {len(left)} classes of rows together"
+                if across != "unknown":
+                    why = "an irrational value this close to a rounding boundary"
+                raise RuntimeError(f"{OP} backward: the exact path did not converge at 2**16 bits ({why}): "
+                                   "please report the input")  # fmt: skip
 
 
 def _row_sum(r: _Row, cs: dict):
@@ -712,8 +726,10 @@ def _row_sum(r: _Row, cs: dict):
 
 
 def _rational_rows(exact, todo):
-    """(exact, todo) with each row's dS terms (two or more, one row object) that sum to a rational moved
-    into exact (:func:`_row_sum`)."""
+    """(exact, todo, left): the terms of todo whose sums are rational moved into exact, first row by row (a
+    row's dS terms, two or more: :func:`_row_sum`), then class by class (:func:`_classes`: rows whose S are
+    proportional, their terms over one denominator); left: the classes whose sum is irrational, for
+    :func:`_rational_across`."""
     by_row = {}
     for t in todo:
         if t[2] == "dS":
@@ -729,9 +745,161 @@ def _rational_rows(exact, todo):
         if v is not None:
             exact += v
             done.add(key)
-    if not done:
-        return exact, todo
-    return exact, [t for t in todo if t[2] != "dS" or id(t[0]) not in done]
+    tested = {key for key, ts in by_row.items() if len(ts) > 1} - done  # irrational: no class of one of them alone
+    if done:
+        todo = [t for t in todo if t[2] != "dS" or id(t[0]) not in done]
+    q, keep, left = _classes(todo, tested)
+    return exact + q, keep, left
+
+
+def _xmul(a: dict, b: dict) -> dict:
+    """The product of two exponential sums ``{t: c}`` (``sum_t c e**(t h)``, one step h): exponents add."""
+    out = {}
+    for t, c in a.items():
+        for u, d in b.items():
+            out[t + u] = out.get(t + u, 0) + c * d
+    return out
+
+
+def _ints(vals) -> int:
+    """The least common denominator of the Fractions vals (1 when none)."""
+    return math.lcm(1, *(v.denominator for v in vals))
+
+
+def _dP_ints(r: _Row):
+    """``({j: n_j}, L)`` with the row's ``dP_j = n_j / L`` exactly, integers."""
+    if r.dpn is not None:
+        if r.edp >= 0:
+            return {j: n << r.edp for j, n in r.dpn.items()}, 1
+        return r.dpn, 1 << -r.edp
+    L = _ints(r.dP.values())
+    return {j: d.numerator * (L // d.denominator) for j, d in r.dP.items()}, L
+
+
+def _norm_S(r: _Row):
+    """``(key, lam)``: the row's ``S = sum_k e**a_k = lam S0`` with ``S0 = sum_t m_t e**(t 2**ae)``, the
+    multiplicities m_t of its offsets divided by their gcd lam; key = (ae, S0's terms). Rows of one key have
+    proportional S: the same logits permuted (lam equal), or a row that sees another's keys each repeated."""
+    c = r.__dict__.get("_S0")
+    if c is None:
+        m = {}
+        for a in r.an.values():
+            m[a] = m.get(a, 0) + 1
+        lam = math.gcd(*m.values())
+        c = r._S0 = ((r.ae, tuple(sorted((t, n // lam) for t, n in m.items()))), lam)
+    return c
+
+
+def _ratio(A: dict, D: dict):
+    """``A / D`` when it is a rational (its value, a Fraction), else None: exponential sums of integer
+    coefficients and exponents <= 0, ``D_0 > 0``: by Lindemann-Weierstrass rational iff ``A = q D`` term by term."""
+    a0, d0 = A.get(0, 0), D[0]
+    if any(A.get(t, 0) * d0 != a0 * D.get(t, 0) for t in A.keys() | D.keys()):
+        return None
+    return Fraction(a0, d0)
+
+
+def _classes(todo, tested=frozenset()):
+    """``(q, keep, left)``: the terms of todo (row, j, kind, coef) split into classes of rows with
+    proportional S (:func:`_norm_S`); q the exact sum of the classes whose sum is rational, keep the others'
+    terms, left their exponential sums ``(A, L, S0, dS, ae)`` (the class's sum is ``A / (L D)``, D = S0 or
+    S0**2) for :func:`_rational_across`. A class known irrational (one P term; one row whose dS terms
+    :func:`_row_sum` found irrational, its id in tested) only gets its A, for left.
+
+    Derivation. A row of offsets ``a_k = an_k 2**ae`` (``an_k <= 0`` integers, one of them 0), ``E_k =
+    e**a_k``, ``S = sum_k E_k = lam S0`` and ``T = sum_k dP_k E_k``: ``P_j = E_j / S``, ``dS_j = E_j (dP_j S -
+    T) / S**2``. Over the class's common ``S0``: ``c P_j = (c / lam) E_j / S0`` (``(c / lam) E_j S0 / S0**2``
+    when the class has dS terms) and ``c dS_j = ((c dP_j / lam) E_j S0 - (c / lam**2) E_j T) / S0**2``. So the
+    class sums to ``A / S0**2``, ``A = S0 U - sum_rows W_r T_r`` with ``U = sum (c / lam) E_j`` (P terms) ``+
+    sum (c dP_j / lam) E_j`` (dS terms) and ``W_r = sum (c / lam_r**2) E_j`` (the dS terms of row r); or to ``U
+    / S0`` with P terms alone. A, S0 and S0**2 are sums ``sum_t C_t x**t``, ``x = e**(2**ae)``, of rational
+    C_t and integer t (exponents add in products). By Lindemann-Weierstrass e**b for distinct rational b are
+    linearly independent over the rationals, so ``A / D`` is a rational q iff ``A = q D`` coefficient by
+    coefficient, where ``q = A_0 / D_0`` (``D_0 >= 1``: the top logit with itself); else it is irrational.
+    On integers: A times the common denominator L of its coefficients. Cheap refusals before D = S0**2 is
+    formed: A_0 = 0 with A != 0, or A without the term of D at ``2 min t`` (where D's coefficient is > 0)."""
+    classes = {}
+    for t in todo:
+        key, lam = _norm_S(t[0])
+        classes.setdefault(key, []).append((t, lam))
+    q, keep, left = Fraction(0), [], []
+    for (ae, S0t), ts in classes.items():
+        ids = {id(t[0]) for t, _ in ts}
+        one_p = len(ts) == 1 and ts[0][0][2] == "P"  # c E_j / S: irrational (S has two distinct offsets or more)
+        one_row = len(ids) == 1 and ids <= tested and all(t[2] == "dS" for t, _ in ts)  # _row_sum's: irrational
+        known = one_p or one_row
+        S0 = dict(S0t)
+        U, W, Tr = {}, {}, {}
+        for (r, j, kind, c), lam in ts:
+            t = r.an[j]
+            if kind == "P":
+                U[t] = U.get(t, 0) + c / lam
+                continue
+            if id(r) not in Tr:
+                n, L = _dP_ints(r)
+                T = {}
+                for k, a in r.an.items():
+                    if n[k]:
+                        T[a] = T.get(a, 0) + n[k]
+                Tr[id(r)] = (T, L)
+            L = Tr[id(r)][1]
+            U[t] = U.get(t, 0) + c * r.dP[j] / lam
+            w = W.setdefault(id(r), {})
+            w[t] = w.get(t, 0) + c / (lam * lam * L)  # W_r / L_r: times T's integers
+        dS = bool(W)
+        Lc = _ints([*U.values(), *(x for w in W.values() for x in w.values())])
+        Ui = {t: int(x * Lc) for t, x in U.items() if x}
+        if dS:
+            A = _xmul(S0, Ui)
+            for k, w in W.items():
+                for t, x in _xmul({t: int(x * Lc) for t, x in w.items() if x}, Tr[k][0]).items():
+                    A[t] = A.get(t, 0) - x
+        else:
+            A = Ui
+        A = {t: x for t, x in A.items() if x}
+        if not A:
+            continue  # the class sums to 0 exactly
+        tmin = 2 * min(S0) if dS else min(S0)
+        if not known and A.get(0, 0) and A.get(tmin, 0):
+            v = _ratio(A, _xmul(S0, S0) if dS else S0)
+            if v is not None:
+                q += v / Lc
+                continue
+        keep.extend(t for t, _ in ts)
+        left.append((A, Lc, S0, dS, ae))
+    return q, keep, left
+
+
+_ACROSS_CAP = 1 << 16  # the most terms the product of the classes' denominators may have
+
+
+def _rational_across(left):
+    """("rational", q), ("irrational", None) or ("unknown", None) (the product of the denominators would
+    exceed _ACROSS_CAP terms): the classes left by :func:`_classes` (two or more, each of an irrational sum)
+    together. Classes of non-proportional S cancel only when their S share a factor as polynomials in
+    ``e**h`` (h the smallest step of their exponents: exponents ``t 2**ae`` become ``t 2**(ae - min ae)``):
+    ``sum_r A_r / (L_r D_r)`` is a rational q iff ``sum_r A_r prod_{r' != r} L_r' D_r' = q prod_r L_r D_r``
+    coefficient by coefficient (Lindemann-Weierstrass, as in :func:`_classes`; ``prod L_r D_r`` has a
+    coefficient > 0 at 0)."""
+    bound = 1
+    for _, _, S0, dS, _ in left:
+        n = len(S0)
+        bound *= n * (n + 1) // 2 if dS else n
+    if bound > _ACROSS_CAP:
+        return "unknown", None
+    e0 = min(ae for *_, ae in left)
+    F, G = {}, {0: 1}
+    for A, L, S0, dS, ae in left:  # F / G = the sum so far: (F D + A G) / (G D)
+        sh = ae - e0
+        D = _xmul(S0, S0) if dS else S0
+        D = {t << sh: x * L for t, x in D.items()}
+        A = {t << sh: x for t, x in A.items()}
+        F = _xmul(F, D)
+        for t, x in _xmul(A, G).items():
+            F[t] = F.get(t, 0) + x
+        G = _xmul(G, D)
+    v = _ratio({t: x for t, x in F.items() if x}, G)
+    return ("irrational", None) if v is None else ("rational", v)
 
 
 class AttnBackCounts:

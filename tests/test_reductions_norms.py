@@ -303,3 +303,68 @@ def test_compare_on_an_empty_cumsum(shape, dim):
     x = np.zeros(shape, np.float32)
     rep = rk.compare(np.cumsum(x, axis=dim), "cumsum", x, dim)
     assert (rep.verdict, rep.shape, sum(rep.counts.values())) == ("exact", shape, 0)
+
+
+# ------------------------------------------------------------ intermediate overflow is no excuse
+
+
+def _rows_near(scale, shape=(4, 64), seed=0):
+    g = np.random.default_rng(seed)
+    return (scale * (1 + g.standard_normal(shape) * 1e-3)).astype(np.float32)
+
+
+def test_float32_norm_of_huge_rows_has_a_finite_envelope():
+    """A float32 layer_norm of rows near 1e25 has a finite answer, and so has its envelope: the envelope is
+    evaluated in float64 (its squares, near 1e50, overflowed float32 when a float32 element was widened by
+    numba's float(), which keeps a float32). With eps = 0 the op and every term of its envelope are invariant
+    under scaling the row by a power of two, so the envelope of x * 2**70 is the envelope of x."""
+    from refkern.analysis.envelope import envelopes
+
+    x = _rows_near(1e4)
+    big = (x.astype(np.float64) * 2.0**70).astype(np.float32)  # exact: a power of two, in float32's range
+    assert np.all(np.abs(big) > 1e24)
+    env = []
+    for v in (x, big):
+        ref = rk.layer_norm(v, (64,), eps=0.0)
+        assert np.array_equal(ref, truth.layer_norm(v, (64,), eps=0.0))
+        hyps, _ = envelopes("layer_norm", {"input": v, "normalized_shape": (64,), "weight": None, "bias": None,
+                                           "eps": 0.0}, ref, FLOAT32)  # fmt: skip
+        env.append(hyps[0][3])
+    assert np.all(np.isfinite(env[1]))
+    np.testing.assert_allclose(env[1], env[0], rtol=1e-12)
+
+
+def test_nan_from_an_overflowing_backend_is_a_mismatch_not_a_precision():
+    """torch's float32 layer_norm of rows near 1e25 returns NaN (its squares overflow); fp16 inputs overflow
+    too (1e25 > 65504) and give NaN alike, but that names why, not a precision: mismatch, with the note."""
+    x = torch.from_numpy(_rows_near(1e25))
+    out = F.layer_norm(x, (64,))
+    assert torch.isnan(out).all()  # torch 2.13's CPU kernel; the verdict below needs any NaN
+    rep = rk.compare(out, "layer_norm", x, (64,))
+    assert rep.verdict == "mismatch", str(rep)
+    assert any(n.startswith("256 elements inf or NaN where the exact result is finite") and "fp16 inputs" in n
+               for n in rep.notes), rep.notes  # fmt: skip
+    good = F.layer_norm(x.double(), (64,)).float()  # the same op in float64, rounded: correct
+    assert rk.compare(good, "layer_norm", x, (64,)).verdict in ("exact", "rounding")
+    # the statistical family alike: fp16 inputs beyond 65504 give NaN products
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 16, generator=g) * 1e5, torch.randn(16, 4, generator=g)
+    rep = rk.compare((a.half() @ b.half()).float(), "matmul", a, b)
+    assert rep.verdict == "mismatch", str(rep)
+    assert any("inf or NaN where the exact result is finite" in n and "fp16 inputs" in n for n in rep.notes)
+    one = a @ b
+    one[2, 1] = float("inf")
+    rep = rk.compare(one, "matmul", a, b)
+    assert rep.verdict == "mismatch" and rep.notes[0].startswith("1 element inf or NaN"), rep.notes
+
+
+def test_an_infinite_reference_is_no_blind_spot():
+    """The variance of float32 rows near 1e25 is near 1e44: inf in float32, so the reference and its bound are
+    inf. Any other value is beyond that bound, so the report claims no blind spot there; a finite value is
+    caught."""
+    x = torch.from_numpy(_rows_near(1e25))
+    out = x.var(1)
+    assert torch.isinf(out).all()
+    rep = rk.compare(out, "var", x, 1)
+    assert rep.verdict == "exact" and not any("no envelope holds" in n for n in rep.notes), rep.notes
+    assert rk.compare(torch.full_like(out, 3e38), "var", x, 1).verdict == "mismatch"

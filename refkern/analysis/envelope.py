@@ -305,12 +305,12 @@ def _norm_rows(X, W, B, ref, center, eps, has_given, gmean, gvar, u, u_m, one_pa
             mean, var, dmu, e_v = gmean[i], gvar[i], 0.0, 0.0
         else:
             t = 0.0
-            for j in range(n):
-                t += float(X[i, j])
+            for j in range(n):  # np.float64, not float(): numba's float() keeps a float32 a float32 (whose
+                t += np.float64(X[i, j])  # squares overflow beyond 1.8e19, where the envelope became inf)
             mean = t / n if center else 0.0
             m2, q, a = 0.0, 0.0, 0.0
             for j in range(n):
-                x = float(X[i, j])
+                x = np.float64(X[i, j])
                 d = x - mean
                 m2 += d * d
                 q += x * x
@@ -337,7 +337,7 @@ def _norm_rows(X, W, B, ref, center, eps, has_given, gmean, gvar, u, u_m, one_pa
 @jit(inline="always")
 def _norm_element(x, y, w, bias, mean, dmu, ua, r, e_r, su, eta):
     """One element's bound of :func:`_norm_rows` (x and y widened to float64 here)."""
-    x, y = float(x), abs(float(y))
+    x, y = np.float64(x), abs(np.float64(y))
     d = abs(x - mean)
     e_d = dmu + ua * (d + dmu)
     aw = abs(w)

@@ -34,7 +34,12 @@ With ``z_i = |actual_i - c_i| / sigma_i`` for a model of centre ``c`` and scale 
    the noisiest emulated order), so that a correct result with a small bug, far cleaner than
    fp16 accumulation, is not called fp16. The first model that explains every element is the
    verdict; other precisions that explain the sample within the band are indistinguishable.
-6. **mismatch** otherwise, measured against the rounding family if it is in the band, else
+6. **Overflow is no excuse.** An element that is inf or NaN where the exact result is finite is
+   explained by no model (:func:`overflowed`): a correct implementation returns the finite value
+   (the standard model has no exponent limit, and intermediate overflow is avoidable by scaling),
+   and a model whose emulation overflows too (fp16 inputs beyond 65504) names why, not a precision
+   the output was computed in correctly: it is named in a note of the mismatch.
+7. **mismatch** otherwise, measured against the rounding family if it is in the band, else
    against the model of the band with the fewest unexplained elements. The unexplained
    elements are those beyond ``lam_el`` and the elements of groups beyond ``lam_grp``; their
    pattern is named (structure signatures).
@@ -64,7 +69,7 @@ from refkern.analysis.passes import (
 from refkern.analysis.stats import ALPHA, level, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
 
-__all__ = ["Fit", "Decision", "decide", "SAMPLE", "sample_indices"]
+__all__ = ["Fit", "Decision", "decide", "SAMPLE", "sample_indices", "overflowed"]
 
 _FULL_TRIES = 3  # models verified on every element, at most (each costs one exact evaluation)
 SAMPLE = 4096  #: sampled elements for the fits (fewer when K is long: at most 2**20 terms gathered)
@@ -77,6 +82,29 @@ def sample_indices(n_el: int, k: int) -> np.ndarray:
     if s >= n_el:
         return np.arange(n_el)
     return np.sort(np.random.default_rng(_SEED).choice(n_el, s, replace=False))
+
+
+_OVERFLOW = (
+    "an overflow or an invalid operation that no correct implementation performs (intermediate overflow is no excuse)"
+)
+
+
+def overflowed(actual, ref) -> np.ndarray:
+    """Boolean mask (ref's shape): ``actual`` is inf or NaN where the exact result ``ref`` is finite.
+    No model explains such an element (module docstring, 6)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(ref) & ~np.isfinite(actual)
+
+
+def _overflow_note(over, fits) -> dict:
+    """The finding for the elements of :func:`overflowed`, naming the hypotheses whose own emulation
+    gives inf/NaN at every one of them (``fits``: (name, centre at those elements))."""
+    n = int(np.count_nonzero(over))
+    who = list(dict.fromkeys(name for name, c in fits if c.size and not np.isfinite(c).any()))
+    text = f"{n} element{'s' if n > 1 else ''} inf or NaN where the exact result is finite: " + _OVERFLOW
+    if who:
+        text += f"; {' and '.join(who)} overflow on these inputs and give that too"
+    return {"kind": "overflow", "text": text}
 
 
 @dataclass
@@ -96,6 +124,7 @@ class Fit:
     z: np.ndarray | None = None  # full: |actual - centre| / sigma per element
     score: float = np.inf  # capped fit on the sample (module docstring, 4)
     res: np.ndarray | None = None  # |actual - centre| on the sample
+    over_centre: np.ndarray | None = None  # the centre at the sampled elements of :func:`overflowed`
 
     @property
     def explains(self) -> bool:
@@ -163,6 +192,7 @@ def _grid(m: Model, out):
 class _Tester:
     def __init__(self, actual, pr, ref, mag):
         self.a, self.pr, self.ref = actual, pr, ref
+        self.over = overflowed(actual, ref)
         self.lam_el = level(ref.size)
         self.lam_grp = level(n_groups(ref.shape))
         self.ms = models(pr.fmt, pr.in_prec, pr.bias is not None, pr.name)
@@ -174,6 +204,7 @@ class _Tester:
         if c is None:
             c, var = centre(self.pr, f.model)
         z, fails, keep, r, vk = _element_test_arrays(self.a, c, var, self.lam_el, _grid(f.model, self.pr.fmt))
+        z[self.over], fails[self.over] = np.inf, True  # explained by no model, even one that overflows alike
         f.full, f.fails, f.centre, f.var, f.z = True, fails, c, var, z
         f.groups = group_failures(r, vk, keep, c, self.a, self.pr.axes, self.lam_grp)
         f.max_z = float(z.max()) if z.size else 0.0
@@ -220,6 +251,7 @@ def _sample_fits(t: _Tester, fits, idx):
     pr, a, ref = t.pr, t.a.reshape(-1), t.ref.reshape(-1)
     terms = pr.terms(idx)
     a_s, x_s, v0 = a[idx], ref[idx], t.var0.reshape(-1)[idx]
+    over = t.over.reshape(-1)[idx]
     with np.errstate(invalid="ignore", over="ignore"):
         ok = np.isfinite(a_s) & np.isfinite(x_s) & (v0 > 0)
     orders = {}
@@ -227,11 +259,14 @@ def _sample_fits(t: _Tester, fits, idx):
         m = f.model
         c, var = (x_s, v0) if m is t.ms[0] else centre_sample(terms, pr, m)
         z = _zscore(a_s, c, var, _grid(m, pr.fmt))
+        z[over] = np.inf
+        f.over_centre = c[over]
         f.sample_fails = int(np.sum(z > t.lam_el))
         with np.errstate(invalid="ignore"):
             f.res = np.where(z == np.inf, np.inf, np.abs(a_s - c))
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             q = _zscore(a_s, c, v0, _grid(m, pr.fmt)) ** 2  # on the rounding yardstick, common to every model
+            q[over] = np.inf
             f.w = float(np.sum(np.where(ok, q, 0.0)))
             f.score = float(np.sum(np.minimum(q, t.lam_el**2)) / 2)  # an element missed costs what an anomaly costs
         if m.order is not None:
@@ -326,6 +361,9 @@ def decide(actual, pr, ref, mag) -> Decision:
     bad = base.unexplained()
     cls = np.where(exact, 0, np.where(bad, 3, np.where(r0.z <= t.lam_el, 1, 2))).astype(np.int8)
     found = signatures(actual, base.centre, base.var, bad, pr, t.lam_el, sample)
+    if t.over.any():
+        found.insert(0, _overflow_note(t.over, [(f"{f.model.precision} inputs", f.over_centre) for f in fits
+                                                if not f.model.rounding and f.over_centre is not None]))  # fmt: skip
     return Decision("mismatch", None, base.model, cls, fits, base.z, [], found, det, thresholds)
 
 
@@ -340,7 +378,7 @@ class _EnvelopeFit:
     centre: np.ndarray | None = None
     src: tuple = ()  # (actual, centre, bound, params) flat: what the pass read, for the ratios asked for later
     counts: tuple = (0, 0, 0, 0)  # elements per state
-    blind: int = 0  # elements whose bound is infinite (or NaN): no envelope holds there
+    blind: int = 0  # elements of a finite centre whose bound is infinite (or NaN): no envelope holds there
     top: np.ndarray | None = None  # flat indices of the (at most) ten largest ratios among the unequal, worst first
     max_ratio: float = 0.0
     median_ulps: float | None = None  # the bound in ulps of the result at the centre (with ``ulps=True``)
@@ -480,7 +518,8 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
     has a's size: the callers that keep only the summaries pass an empty one). ``one_pass``: a NaN where the
     bound is infinite is within (E[x^2] - E[x]^2 + eps can fall below 0: its square root is NaN where
     the envelope reaches 0). Per chunk of :func:`~refkern.analysis.passes.chunks` (the rows of the
-    summary arrays): the count of each state and of the infinite bounds, the ``k`` largest ratios
+    summary arrays): the count of each state and of the infinite bounds at a finite centre (at an inf or
+    NaN centre the bound is inf by nature, and every other value is beyond it), the ``k`` largest ratios
     among the unequal elements (:func:`~refkern.analysis.passes.insert_top`), and with ``ulps``, for
     the bound in ulps of the result format (oprec, oemin) at ``c``: the count below ``lo``, the
     values in [lo, hi] (kept while there is room, all counted:
@@ -521,12 +560,13 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
                 if keep_ratio:
                     ratio[i] = 0.0 if sm else r
                 far, inf, us = r > 1.0, not b < np.inf, not sm
+                blind = inf & (y - y == 0.0)  # at an inf or NaN centre the bound is inf by nature: no blind spot
                 s3, s2 = far & us, inf & us & (not far)
                 state[i] = np.int8(us) + np.int8(s2) + np.int8(2 * s3)  # 0 equal, 1 within, 2 vacuous, 3 beyond
                 n0 += sm
                 n2 += s2
                 n3 += s3
-                n4 += inf
+                n4 += blind
                 w = np.float64(sm)
                 keys[t] = min(r, _BIG) * (1.0 - w) - w  # -1 for an equal element (never outranks an unequal one)
             for t in range(size):
@@ -632,7 +672,9 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     fits += _envelope_fits(actual, out, [_run(e) for e in hyps[1:]])
     bad = r0.state == 3  # beyond the rounding envelope
     fails0 = np.flatnonzero(bad)
-    evidence = {id(f): _evidence(f, r0, ref, fails0) for f in fits[1:] if f.model.precision and f.explains}
+    over = overflowed(actual, ref).reshape(-1)
+    precise = [f for f in fits[1:] if f.model.precision and f.explains and not over.any()]  # overflow: docstring, 6
+    evidence = {id(f): _evidence(f, r0, ref, fails0) for f in precise}
     swallowed = {i: e[0] for i, e in evidence.items()}
     weak = {i for i, (n, strong) in evidence.items() if not n and not strong}
     reduced = sorted((f for f in fits[1:] if id(f) in swallowed and not swallowed[id(f)] and id(f) not in weak),
@@ -648,6 +690,10 @@ def decide_envelope(actual, ref, envs: dict, out) -> Decision:
     cls = _classes(r0.state == 0, 1)
     cls[bad] = 3
     found = []
+    if over.any():
+        found.append(_overflow_note(over, [(f"{f.model.precision} inputs" if f.model.key == f.model.precision
+                                            else f.model.key, f.centre.reshape(-1)[over])
+                                           for f in fits[1:] if f.model.precision]))  # fmt: skip
     one = [f for f in fits if f.model.key == ONE_PASS]
     if one and one[0].explains and (bad & ~one[0].vacuous).any():  # var/std: the one-pass window is rounding's,
         # centred alike and wider: nested, so it fits every error up to its width, a one-pass variance's or not

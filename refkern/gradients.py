@@ -825,8 +825,11 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op):
                 "ulp": float(ulps.reshape(-1)[f]), "bound_ratio": float(r0.reshape(-1)[f]),
                 "test_ratio": float(r0.reshape(-1)[f]), "condition": 1.0} for w, f in zip(worst, top)]  # fmt: skip
     det = d.detectable["element"]
-    notes = [f"the gradient of {label} judged by its worst-case envelope (refkern.analysis._envelope_backward): an "
-             f"error below it, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding"]  # fmt: skip
+    notes = [f["text"] for f in d.structure]  # the verdict's findings (an overflow) first
+    notes.append(
+        f"the gradient of {label} judged by its worst-case envelope (refkern.analysis._envelope_backward): "
+        f"an error below it, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding"
+    )
     return Report(
         op=label, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=n_terms,
         verdict=d.verdict, precision=d.precision, max_ulp=float(ulps.max()) if ulps.size else 0.0,

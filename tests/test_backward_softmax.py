@@ -176,3 +176,15 @@ def test_check_judges_the_softmax_gradient():
     assert [r.argument for r in res.grads] == ["input"] and res.grads[0].report.verdict in ("exact", "rounding")
     res = rkt.check(torch.softmax, x.half(), 1, dtype=torch.float32, devices=["cpu"], backward=True)  # judged too
     assert [r.argument for r in res.grads] == ["input"] and res.grads[0].report.verdict in ("exact", "rounding")
+
+
+def test_a_nan_gradient_is_a_mismatch_that_says_so():
+    """An inf or NaN where the exact gradient is finite is explained by nothing, and the report says so first."""
+    g0 = torch.Generator().manual_seed(3)
+    x, g = torch.randn(4, 16, generator=g0, requires_grad=True), torch.randn(4, 16, generator=g0)
+    F.softmax(x, 1).backward(g)
+    bad = x.grad.clone()
+    bad[0, 0] = float("nan")
+    rep = rk.compare_backward({"input": bad}, "softmax", g, x.detach(), 1)["input"]
+    assert rep.verdict == "mismatch" and rep.notes[0].startswith("1 element inf or NaN where the exact"), rep.notes
+    assert rk.compare_backward({"input": x.grad}, "softmax", g, x.detach(), 1)["input"].verdict in ("exact", "rounding")

@@ -290,11 +290,23 @@ def _conv_pads(op, nd, padding, dilation, ksize):
 
 
 def _bias_sum(g, unbatched):
-    """grad_bias of a convolution: the sum of grad_output over every axis but the channels'."""
+    """grad_bias of a convolution: the sum of grad_output over every axis but the channels'. Judged as one
+    reduction (:func:`_ones_judge`), or else, batched, as a :func:`_tap_judge` whose taps are the images
+    (torch's half kernels sum each image's positions in fp32 and add the images in the result dtype)."""
     ch = 0 if unbatched else 1
     dims = tuple(i for i in range(g.ndim) if i != ch)
     g2 = _perm(g, (*dims, ch)).reshape((-1, _shape(g)[ch]))
-    return Adjoint("bias", "sum", (g,), {"dim": dims}, judge=lambda: _ones_judge(g2))
+    alt = None if unbatched or _shape(g)[0] < 2 else lambda: _bias_tap_judge(g)
+    return Adjoint("bias", "sum", (g,), {"dim": dims}, judge=lambda: _ones_judge(g2), judge_alt=alt)
+
+
+def _bias_tap_judge(g):
+    """grad_bias[c] = sum_n (sum_o g[n, c, o] * 1) as a :func:`_tap_judge` over the images n (positions:
+    the channels; reduced: the output positions o, against ones)."""
+    n, c = _shape(g)[:2]
+    o = math.prod(_shape(g)[2:])
+    ones = g.new_ones((1, n, o, 1)) if is_tensor(g) else np.ones((1, n, o, 1), g.dtype)
+    return _tap_judge("bias", g.reshape((1, n, c, o)), ones, lambda v: v.reshape((c,)), lambda v: v.reshape((1, 1, c)))
 
 
 def _ones_judge(g2):

@@ -59,7 +59,9 @@ class Model:
     inputs: tuple | None = None  # (Format, mode, round_bias): inputs rounded first
     order: int | None = None  # None: any order; NAIVE / PAIRWISE: the centre is that order in ``acc``
     epilogue: bool = False  # the product sum is rounded to ``storage`` before the bias is added
-    taps: bool = False  # per-tap sums rounded to ``storage``, added tap after tap in it (col2im)
+    taps: bool = False  # per-tap sums added tap after tap into an accumulator in ``storage``
+    tap_store: bool = True  # with taps: each tap's sum is rounded to ``storage`` before it is added (col2im)
+    tap_running: bool = True  # with taps: the running sum is held in ``storage`` (else summed in fp32, rounded once)
 
     @property
     def rounding(self) -> bool:
@@ -87,6 +89,14 @@ def models(out: Format, in_prec: int, has_bias: bool, op: str = "") -> list:
         ms.append(Model("rounding (per-tap sums in the result format)", None,
                         f"fp32 sum over channels per tap rounded to {out.short}, taps and bias added in "
                         f"{out.short} (torch's CPU col2im)", out, FLOAT32, taps=True))  # fmt: skip
+        ms.append(Model("rounding (per-tap sums added into the result format)", None,
+                        f"fp32 sum over channels per tap added, tap after tap, into a {out.short} accumulator "
+                        f"(torch's CPU half GEMMs accumulating with beta = 1: a half grad_weight, image after image)",
+                        out, FLOAT32, taps=True, tap_store=False))  # fmt: skip
+        ms.append(Model("rounding (per-tap sums in the result format, added in fp32)", None,
+                        f"fp32 sum over channels per tap rounded to {out.short}, the taps summed in fp32 and rounded "
+                        f"once (torch's sum over a broadcast batch of per-element {out.short} gradients)", out,
+                        FLOAT32, taps=True, tap_running=False))  # fmt: skip
     if out.prec <= FLOAT32.prec:
         if out is FLOAT32 and in_prec > TFLOAT32.prec:
             for mode, tag in ((NEAREST, ""), (AWAY, ", ties away"), (TRUNCATE, ", truncated")):
@@ -138,18 +148,29 @@ def _store(v, m: Model):
 
 
 def _tapped(terms, n_taps, m: Model, n: int):
-    """(c, var) of the per-tap model: per tap t, p_t = sum over channels of the products (float64, the
-    exact sum within K 2**-53), s_t = fl(s_{t-1} + fl(p_t)) in the storage format, c = fl(s + bias).
-    Scale: sigma_0 of the products plus, for every rounding to storage, 2 (u_s |value|)**2 (the
-    backend's fp32 channel sums may round a tap, or a running sum, to the neighbouring value)."""
+    """(c, var) of the per-tap models: per tap t, p_t = sum over channels of the products (float64, the
+    exact sum within K 2**-53), s_t = fl(s_{t-1} + fl(p_t)) in the storage format (col2im: each tap's
+    GEMM output is stored first) or s_t = fl(s_{t-1} + p_t) (``tap_store`` False: a GEMM adding its fp32
+    result into a half accumulator, beta = 1) or s = fl(sum_t fl(p_t)) (``tap_running`` False: the stored
+    taps summed in fp32, whose error the products' sigma_0 covers, rounded once), c = fl(s + bias). Scale:
+    sigma_0 of the products (whose store term is c's rounding) plus, for every other rounding to storage,
+    2 (u_s |value|)**2 (the backend's fp32 channel sums may round a tap, or a running sum, to the
+    neighbouring value): p_t's with ``tap_store``; every s_t with ``tap_running`` (the last counted again
+    when it is c: conservative), else s before a bias."""
     L, R, b, hb = terms
     T = (L * R).reshape(L.shape[0], -1, n_taps)
-    p = round_array(T.sum(axis=1), *m.storage.params)
-    s = np.zeros(L.shape[0])
-    extra = np.zeros(L.shape[0])
-    for t in range(n_taps):
-        s = round_array(s + p[:, t], *m.storage.params)
-        extra += p[:, t] ** 2 + s**2
+    p = T.sum(axis=1)
+    if m.tap_store:
+        p = round_array(p, *m.storage.params)
+    extra = (p**2).sum(axis=1) if m.tap_store else np.zeros(L.shape[0])
+    if m.tap_running:
+        s = np.zeros(L.shape[0])
+        for t in range(n_taps):
+            s = round_array(s + p[:, t], *m.storage.params)
+            extra += s**2
+    else:  # the taps' fp32 sum, rounded once (and once more after a bias: one more term)
+        s = round_array(p.sum(axis=1), *m.storage.params)
+        extra += s**2 if hb else 0.0
     c = round_array(s + b, *m.storage.params) if hb else s
     mag = np.abs(T).sum(axis=(1, 2)) + np.abs(b)
     var = rounding_variance(m, n, mag, c) + 2.0 * (m.storage.u**2) * extra

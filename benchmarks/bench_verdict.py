@@ -1,8 +1,9 @@
 """Calibration of the verdict: a confusion matrix over ops, reduction lengths, data and truths.
 
-    python benchmarks/bench_verdict.py [--quick] [--family all|gemm|envelope] [--json FILE] [--seeds N]
+    python benchmarks/bench_verdict.py [--quick] [--family all|gemm|envelope|backward] [--json FILE] [--seeds N]
 
-Every case is an output whose truth is known, judged by ``refkern.compare``. Two families:
+Every case is an output whose truth is known, judged by ``refkern.compare`` (gradients: by
+``refkern.compare_backward``). Three families:
 
 **gemm** (matmul, linear, conv2d; the statistical test):
 
@@ -52,6 +53,42 @@ bf16, fp64; contiguous, transposed and strided inputs; every dim choice, keepdim
 It prints false alarms per op and dtype, the largest error / envelope any correct result used,
 precision naming, power by bug kind, by terms per output and by dtype, the envelope's width in
 ulps, and writes JSON (key ``envelope``).
+
+**backward** (gradients, ``refkern.compare_backward``): linear (and a square one), matmul with a
+broadcast batch, conv1d (padding; stride 2, dilation 2, groups 2), conv2d (padding 1; stride 2;
+dilation 2 with groups 2; ``padding="same"`` with an even kernel), conv_transpose2d (stride 2,
+output_padding 1), layer_norm, rms_norm, group_norm, batch_norm (training and eval), softmax,
+log_softmax, avg/max/adaptive pools, scaled_dot_product_attention (causal and not), sum, mean, var,
+std, cumsum; three reduction lengths per op (the terms per gradient element, as the report counts
+them, are recorded); data randn, offset (mean 1e4), tiny, signed lognormal where sensible; fp32,
+fp16, bf16 (fp64 for linear, matmul, conv2d, layer_norm, softmax, var); contiguous, transposed and
+strided inputs (grad_output strided with them).
+
+* correct: torch's CPU autograd gradients in the dtype, and float64 autograd rounded to it. Never
+  ``mismatch`` nor ``reduced-precision``.
+* reduced: fp32 gradients of linear/matmul/conv computed from operands and grad_output rounded to
+  tf32, bf16, fp16 (named right or not).
+* bugs: a batch element or one spatial position (2-D: one column, index W/2) missing from
+  grad_weight's sum, the batch reduction as a mean, grad_bias over the wrong axis (or the batch axis
+  not reduced), a missing scale (attention's dk/dq without the scale, the norms' grad_input without
+  the 1/n of their mean terms, mean without 1/n, var without its 2, std by n, avg_pool without its
+  divisor), softmax's row-sum term dropped, cumsum forward or exclusive, a gradient shifted by one
+  position, a sign flipped on one channel, one element moved by s x its own yardstick (s = 0.5 ..
+  30; the yardstick asked of the report: the element moved far until it dominates, max ratio /
+  distance), noise of relative size 1e-6 .. 1e-2. A bug's size is the report's own ratio on the
+  buggy gradient: ``max_bound_ratio`` for the ops judged by worst-case envelopes (must be caught
+  from 2x), ``max_prob_ratio`` (max error over sqrt(n) u M + 2 u |ref|) for the statistical ones
+  (must be caught from 10x), and from that multiple of the ratio the correct gradient itself
+  reached where that is above 1 (torch's half-precision conv / matmul gradients reach 100-1000x the
+  fp32 scale; those bugs are counted apart); below 1x nothing may be named a precision. For the
+  statistical ops the size over the clean report's ``detectable`` element (median) is printed too:
+  torch's half-precision kernels accumulate in the half format, far beyond the fp32 scale, and the
+  report's model of them sets what it can see there.
+
+It prints false alarms per op and dtype, the largest ratio a correct gradient used, precision
+naming, power by size, by bug kind, by terms per element, by dtype and by op, the missed bugs and
+false alarms with their case (``repro_backward(case, grad, truth, bug)`` prints the report), and
+writes JSON (key ``backward``).
 """
 
 import argparse
@@ -1568,15 +1605,750 @@ def print_envelope(s, log=print):
             )
 
 
+# ============================================================================ the backward family
+#
+# Gradients judged by refkern.compare_backward. Products and convolutions (linear, matmul, conv1d/2d,
+# conv_transpose2d) are judged by the statistical test on their adjoint call (Report.max_prob_ratio:
+# max |error| / (sqrt(n) u M + 2 u |ref|), the scale the gemm family uses); the norms, softmax,
+# log_softmax, the pools, attention and the reductions by worst-case envelopes (Report.max_bound_ratio,
+# the deterministic test: above 1 no correct implementation produces it). A bug's size is the report's
+# own ratio on the buggy gradient (the statistical scale or the envelope); bugs >= 10x the scale
+# (statistical) and >= 2x the envelope must be caught, and none below 1x may be named a precision.
+
+BW_SCALES = (0.5, 0.9, 1.5, 2.5, 5.0, 12.0, 30.0)  # one element moved by s x its own bound / scale
+BW_SCALES_QUICK = (0.5, 2.5, 12.0)
+BW_NOISE = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
+BW_NOISE_QUICK = (1e-5, 1e-3)
+BW_DTYPES = ("float32", "float16", "bfloat16", "float64")
+BW_LAYOUTS = ("contiguous", "transposed", "strided")
+STAT_OPS = ("linear", "matmul", "conv1d", "conv2d", "conv_transpose2d")
+STAT_SBINS = (("<1x", 0, 1), ("1-10x", 1, 10), ("10-100x", 10, 100), (">=100x", 100, np.inf))
+BW_DATA_ALL = ("randn", "offset", "tiny", "lognormal")
+
+# (config, rk op, the three reduction-length parameters, data regimes, fp64 too?)
+BW_CONFIGS = (
+    ("linear", "linear", (6, 48, 384), BW_DATA_ALL, True),
+    ("linear[square]", "linear", (24,), ("randn",), False),  # M == out: grad_bias over the wrong axis fits
+    ("matmul[broadcast]", "matmul", (4, 32, 256), ("randn", "offset", "lognormal"), True),
+    ("conv1d[s1 p1]", "conv1d", (8, 64, 512), ("randn", "tiny", "lognormal"), False),
+    ("conv1d[s2 p2 d2 g2]", "conv1d", (8, 64, 512), ("randn", "offset"), False),
+    ("conv2d[s1 p1]", "conv2d", (4, 10, 24), ("randn", "offset", "tiny", "lognormal"), True),
+    ("conv2d[s2 p1]", "conv2d", (4, 10, 24), ("randn",), False),
+    ("conv2d[s1 p2 d2 g2]", "conv2d", (4, 10, 24), ("randn", "lognormal"), False),
+    ("conv2d[same]", "conv2d", (4, 10, 24), ("randn",), False),
+    ("conv_transpose2d[s2 p1 op1]", "conv_transpose2d", (3, 8, 16), ("randn", "offset"), False),
+    ("layer_norm", "layer_norm", (8, 128, 2048), ("randn", "offset", "tiny"), True),
+    ("rms_norm", "rms_norm", (8, 128, 2048), ("randn", "offset", "tiny"), False),
+    ("group_norm", "group_norm", (2, 32, 512), ("randn", "offset"), False),
+    ("batch_norm[train]", "batch_norm", (2, 32, 512), ("randn", "offset", "tiny"), False),
+    ("batch_norm[eval]", "batch_norm", (2, 32, 512), ("randn", "offset"), False),
+    ("softmax", "softmax", (8, 128, 2048), ("randn", "offset"), True),
+    ("log_softmax", "log_softmax", (8, 128, 2048), ("randn", "offset"), False),
+    ("avg_pool2d", "avg_pool2d", (2, 3, 8), ("randn", "lognormal", "tiny"), False),
+    ("avg_pool2d[pad, no count_include_pad]", "avg_pool2d", (3, 5), ("randn",), False),
+    ("max_pool2d", "max_pool2d", (2, 3, 5), ("randn", "lognormal"), False),
+    ("max_pool1d[dilated]", "max_pool1d", (2, 3, 7), ("randn",), False),
+    ("adaptive_avg_pool2d", "adaptive_avg_pool2d", (1, 2, 8), ("randn", "lognormal"), False),
+    ("adaptive_avg_pool1d", "adaptive_avg_pool1d", (1, 3, 64), ("randn",), False),
+    ("sdpa", "scaled_dot_product_attention", (4, 32, 256), ("randn", "tiny"), False),
+    ("sdpa[causal]", "scaled_dot_product_attention", (4, 32, 256), ("randn",), False),
+    ("sum", "sum", (8, 128, 4096), BW_DATA_ALL, False),
+    ("mean", "mean", (8, 128, 4096), BW_DATA_ALL, False),
+    ("var", "var", (8, 128, 4096), BW_DATA_ALL, True),
+    ("std", "std", (8, 128, 4096), ("randn", "offset", "lognormal"), False),
+    ("cumsum", "cumsum", (8, 128, 4096), ("randn", "lognormal", "tiny"), False),
+)
+BW_CFG = {c[0]: c for c in BW_CONFIGS}
+
+
+def _bw_values(shape, data, dt, g):
+    """A data regime's values for the backward family (float64 drawn, converted): randn, offset (mean 1e4,
+    std 1; float16: mean 1e3), tiny (x the dtype's smallest normal times 2**6: products stay normal in the
+    half formats, subnormal gradients in float32), signed lognormal (|x| = e^(2 N(0, 1)))."""
+    t = torch.randn(shape, generator=g, dtype=torch.float64)
+    if data == "offset":
+        t = t + (1e3 if dt == torch.float16 else 1e4)
+    elif data == "tiny":
+        t = t * torch.finfo(dt).tiny * 64
+    elif data == "lognormal":
+        t = torch.sign(t) * torch.exp(2.0 * torch.randn(shape, generator=g, dtype=torch.float64))
+    return t.to(dt)
+
+
+def _bw_tensor(shape, layout, data, dt, g):
+    if layout == "transposed" and len(shape) > 1:
+        return _bw_values(shape[::-1], data, dt, g).permute(*range(len(shape) - 1, -1, -1))
+    if layout == "strided":
+        return _bw_values((*shape[:-1], 2 * shape[-1]), data, dt, g)[..., ::2]
+    return _bw_values(shape, data, dt, g)
+
+
+def _bn_fn(x, rm, rv, w=None, b=None, training=False, momentum=0.1, eps=1e-5):
+    return F.batch_norm(x, None if rm is None else rm.clone(), None if rv is None else rv.clone(), w, b, training,
+                        momentum, eps)  # fmt: skip
+
+
+def bw_call(cfg, length, data, dtype, layout, seed):
+    """One call: dict(op, fn (torch), args, kw, diff {gradient name: position in args}) whose gradients
+    reduce about ``length`` terms (the reports' n_terms are recorded)."""
+    _, op, _, _, _ = BW_CFG[cfg]
+    dt = DT[dtype]
+    g = _gen("bw", cfg, length, data, dtype, layout, seed)
+    L = length
+
+    def x_(*shape):  # the data input, in the layout asked for
+        return _bw_tensor(shape, layout, data, dt, g)
+
+    def p_(*shape):  # parameters: randn, contiguous
+        return _bw_values(shape, "randn", dt, g)
+
+    kw = {}
+    if op == "linear":
+        if cfg == "linear[square]":
+            return dict(op=op, fn=F.linear, args=[x_(L, 16), p_(L, 16), p_(L)], kw={}, diff=dict(x=0, weight=1, bias=2))
+        return dict(op=op, fn=F.linear, args=[x_(L, 32), p_(L, 32), p_(L)], kw={}, diff=dict(x=0, weight=1, bias=2))
+    if op == "matmul":
+        return dict(op=op, fn=torch.matmul, args=[x_(2, 3, L, 8), p_(3, 8, L)], kw={}, diff=dict(a=0, b=1))
+    if op == "conv1d":
+        if "g2" in cfg:
+            kw = dict(stride=2, padding=2, dilation=2, groups=2)
+            return dict(
+                op=op, fn=F.conv1d, args=[x_(2, 8, L), p_(8, 4, 3), p_(8)], kw=kw, diff=dict(x=0, weight=1, bias=2)
+            )
+        kw = dict(padding=1)
+        return dict(op=op, fn=F.conv1d, args=[x_(2, 8, L), p_(8, 8, 3), p_(8)], kw=kw, diff=dict(x=0, weight=1, bias=2))
+    if op == "conv2d":
+        cin, wshape = 6, (8, 6, 3, 3)
+        kw = {
+            "conv2d[s1 p1]": dict(padding=1),
+            "conv2d[s2 p1]": dict(stride=2, padding=1),
+            "conv2d[s1 p2 d2 g2]": dict(padding=2, dilation=2, groups=2),
+            "conv2d[same]": dict(padding="same"),
+        }[cfg]
+        if "g2" in cfg:
+            wshape = (8, 3, 3, 3)
+        if cfg == "conv2d[same]":
+            wshape = (8, 6, 2, 3)  # an even kernel: odd total padding
+        return dict(
+            op=op, fn=F.conv2d, args=[x_(2, cin, L, L), p_(*wshape), p_(8)], kw=kw, diff=dict(x=0, weight=1, bias=2)
+        )
+    if op == "conv_transpose2d":
+        kw = dict(stride=2, padding=1, output_padding=1)
+        return dict(op=op, fn=F.conv_transpose2d, args=[x_(2, 6, L, L), p_(6, 4, 3, 3), p_(4)], kw=kw,
+                    diff=dict(input=0, weight=1, bias=2))  # fmt: skip
+    if op == "layer_norm":
+        return dict(op=op, fn=F.layer_norm, args=[x_(16, L), (L,), p_(L), p_(L)], kw={},
+                    diff=dict(input=0, weight=2, bias=3))  # fmt: skip
+    if op == "rms_norm":
+        return dict(op=op, fn=F.rms_norm, args=[x_(16, L), (L,), p_(L)], kw={}, diff=dict(input=0, weight=2))
+    if op == "group_norm":
+        return dict(op=op, fn=F.group_norm, args=[x_(4, 8, L), 2, p_(8), p_(8)], kw={},
+                    diff=dict(input=0, weight=2, bias=3))  # fmt: skip
+    if op == "batch_norm":
+        train = cfg == "batch_norm[train]"
+        x = x_(4, 3, L)
+        xd = x.double()
+        rm = (xd.mean((0, 2)) + 0.1 * torch.randn(3, generator=g, dtype=torch.float64)).to(dt)
+        rv = (xd.var((0, 2), correction=0) * (0.9 + 0.2 * torch.rand(3, generator=g, dtype=torch.float64))).to(dt)
+        return dict(op=op, fn=_bn_fn, args=[x, rm, rv, p_(3), p_(3)], kw=dict(training=train),
+                    diff=dict(input=0, weight=3, bias=4))  # fmt: skip
+    if op in ("softmax", "log_softmax"):
+        fn = torch.softmax if op == "softmax" else torch.log_softmax
+        return dict(op=op, fn=fn, args=[x_(16, L), -1], kw={}, diff=dict(input=0))
+    if op == "avg_pool2d":
+        if cfg == "avg_pool2d":
+            kw = dict(kernel_size=L, stride=max(1, L - 1))
+        else:
+            kw = dict(kernel_size=L, stride=2, padding=L // 2, count_include_pad=False, ceil_mode=True)
+        return dict(op=op, fn=F.avg_pool2d, args=[x_(2, 3, 16, 17)], kw=kw, diff=dict(input=0))
+    if op == "max_pool2d":
+        kw = dict(kernel_size=L, stride=max(1, L // 2), padding=L // 2)
+        return dict(op=op, fn=F.max_pool2d, args=[x_(2, 3, 16, 17)], kw=kw, diff=dict(input=0))
+    if op == "max_pool1d":
+        kw = dict(kernel_size=L, stride=1, padding=L // 2, dilation=2)
+        return dict(op=op, fn=F.max_pool1d, args=[x_(2, 3, 40)], kw=kw, diff=dict(input=0))
+    if op == "adaptive_avg_pool2d":
+        out = {1: 8, 2: 4, 8: 1}[L]  # windows of about (8 / out)**2 taps on 8 x 8
+        return dict(
+            op=op, fn=F.adaptive_avg_pool2d, args=[x_(2, 3, 8, 8)], kw=dict(output_size=out), diff=dict(input=0)
+        )
+    if op == "adaptive_avg_pool1d":
+        return dict(
+            op=op, fn=F.adaptive_avg_pool1d, args=[x_(2, 3, 64)], kw=dict(output_size=64 // L), diff=dict(input=0)
+        )
+    if op == "scaled_dot_product_attention":
+        kw = dict(is_causal=True) if "causal" in cfg else {}
+        return dict(op=op, fn=F.scaled_dot_product_attention, args=[x_(1, 2, 8, 16), p_(1, 2, L, 16), p_(1, 2, L, 16)],
+                    kw=kw, diff=dict(query=0, key=1, value=2))  # fmt: skip
+    if op in ("sum", "mean", "var", "std"):
+        kw = {"correction": 1} if op in ("var", "std") else {}
+        return dict(op=op, fn=getattr(torch, op), args=[x_(8, L), -1], kw=kw, diff=dict(x=0))
+    if op == "cumsum":
+        return dict(op=op, fn=torch.cumsum, args=[x_(8, L), -1], kw={}, diff=dict(x=0))
+    raise ValueError(cfg)
+
+
+def _bw_cast(args, dt):
+    return [a.to(dt) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+
+
+def _grad_out(call, g):
+    """grad_output: standard normal in the output's dtype (strided for a non-contiguous call)."""
+    with torch.no_grad():
+        out = call["fn"](*call["args"], **call["kw"])
+    if call.get("layout") == "strided" and out.ndim:
+        return _bw_values((*out.shape[:-1], 2 * out.shape[-1]), "randn", out.dtype, g)[..., ::2]
+    return _bw_values(tuple(out.shape), "randn", out.dtype, g)
+
+
+def _autograd(call, gout, dt=None, kw=None):
+    """torch's CPU autograd gradients {name: grad} of the call (in ``dt``, then cast back to the call's dtype)."""
+    args = call["args"] if dt is None else _bw_cast(call["args"], dt)
+    pos = {i: n for n, i in call["diff"].items()}
+    leaves = [a.detach().clone().requires_grad_() if i in pos else a for i, a in enumerate(args)]
+    out = call["fn"](*leaves, **(call["kw"] if kw is None else kw))
+    out.backward(gout.to(out.dtype))
+    return {n: leaves[i].grad.to(call["args"][i].dtype) for n, i in call["diff"].items()}
+
+
+def _yard(rep):
+    """A report's own yardstick: (test, ratio): the envelope's max_bound_ratio, or the statistical test's
+    max error / (sqrt(n) u M + 2 u |ref|), max_prob_ratio."""
+    if (rep.detectable or {}).get("test") == "worst-case envelope":
+        return "envelope", float(rep.max_bound_ratio)
+    return "statistical", float(rep.max_prob_ratio)
+
+
+def _judge_bw(call, gout, name, grad):
+    t = time.perf_counter()
+    rep = rk.compare_backward({name: grad}, call["op"], gout, *call["args"], **call["kw"])[name]
+    return rep, time.perf_counter() - t
+
+
+def _manual_norm_grad_input(call, gout, drop_mean=True):
+    """layer_norm / rms_norm / batch_norm[train] grad_input with the 1/n of its mean terms dropped (sums
+    instead of means), in float64: r (gw - sum(gw) - xhat sum(gw xhat))."""
+    op, a = call["op"], call["args"]
+    x, g = a[0].double(), gout.double()
+    if op == "batch_norm":
+        c = x.shape[1]
+        X, G = x.movedim(1, 0).reshape(c, -1), g.movedim(1, 0).reshape(c, -1)
+        W = a[3].double()[:, None]
+        center, eps = True, call["kw"].get("eps", 1e-5)
+    else:
+        n = x.shape[-1]
+        X, G = x.reshape(-1, n), g.reshape(-1, n)
+        W = a[2].double()[None, :]
+        center = op == "layer_norm"
+        eps = 1e-5 if op == "layer_norm" else _rms_eps(call["kw"], a[0].dtype)
+    m = X.mean(1, keepdim=True) if center else torch.zeros(())
+    v = X.var(1, keepdim=True, correction=0) if center else (X * X).mean(1, keepdim=True)
+    r = torch.rsqrt(v + eps)
+    xh = (X - m) * r
+    gw = G * W
+    s1 = gw.sum(1, keepdim=True) if center else 0.0
+    y = r * (gw - s1 - xh * (gw * xh).sum(1, keepdim=True))
+    if op == "batch_norm":
+        y = y.reshape(c, x.shape[0], *x.shape[2:]).movedim(0, 1)
+    return y.reshape(x.shape).to(a[0].dtype)
+
+
+def bw_natural_bugs(call, gout, good):
+    """(gradient name, kind, output): bugs of the op's own kind, each on one gradient of ``good``."""
+    op, a, kw = call["op"], call["args"], call["kw"]
+    names = set(good)
+    out = []
+    params = [n for n in ("weight", "bias") if n in names]
+    if op == "matmul":
+        params = ["b"]  # broadcast over the leading batch dimension of a
+    if params and gout.ndim >= 2 and gout.shape[0] > 1:
+        g0 = gout.clone()
+        g0[0] = 0
+        bad = _autograd(call, g0)
+        for n in params:
+            out.append((n, "batch element 0 missing from the batch sum", bad[n]))
+            out.append(
+                (n, "batch reduction as a mean, not a sum", (good[n].double() / gout.shape[0]).to(good[n].dtype))
+            )
+        if gout.ndim >= 3 and gout.shape[-1] > 1 and op != "matmul":
+            gs = gout.clone()
+            gs[..., gout.shape[-1] // 2] = 0
+            bad = _autograd(call, gs)
+            for n in params:
+                out.append((n, "one spatial position missing from the sum", bad[n]))
+    if "bias" in names:
+        gd = gout.double()
+        dt = good["bias"].dtype
+        if op == "linear" and gout.shape[0] == gout.shape[-1]:
+            out.append(("bias", "grad_bias summed over the wrong axis", gd.sum(1).to(dt)))
+        if gout.ndim >= 2 and gout.shape[0] > 1:
+            only = gd[0] if gout.ndim == 2 else gd[0].reshape(gd.shape[1], -1).sum(1)
+            out.append(("bias", "grad_bias: batch axis not reduced (sample 0 only)", only.to(dt)))
+    if op == "scaled_dot_product_attention":
+        scale = 1.0 / np.sqrt(a[0].shape[-1])
+        for n in ("key", "query"):
+            out.append((n, f"d{n[0]} without the scale", (good[n].double() / scale).to(good[n].dtype)))
+    if op in ("layer_norm", "rms_norm") or (op == "batch_norm" and kw.get("training")):
+        out.append(("input", "grad_input without the 1/n of its mean terms", _manual_norm_grad_input(call, gout)))
+    if op in ("softmax", "log_softmax") and a[0].shape[-1] > 1:
+        y = torch.softmax(a[0].double(), -1)
+        gd = gout.double()
+        bad = y * gd if op == "softmax" else gd
+        out.append(("input", "row-sum term dropped", bad.to(a[0].dtype)))
+    if op == "avg_pool2d" and kw.get("count_include_pad", True):
+        k = kw["kernel_size"]
+        out.append(("input", "the divisor forgotten", (good["input"].double() * k * k).to(a[0].dtype)))
+    if op == "mean" and a[0].shape[-1] > 1:
+        out.append(("x", "the 1/n forgotten", gout.double()[..., None].expand(a[0].shape).to(a[0].dtype)))
+    if op == "var" and a[0].shape[-1] > 1:
+        out.append(("x", "the factor 2 forgotten", (good["x"].double() / 2).to(a[0].dtype)))
+    if op == "std" and a[0].shape[-1] > 2:
+        n = a[0].shape[-1]
+        out.append(("x", "divides by n, not n - 1", (good["x"].double() * (n - 1) / n).to(a[0].dtype)))
+    if op == "cumsum" and a[0].shape[-1] > 1:
+        out.append(("x", "forward cumsum instead of the reversed one", torch.cumsum(gout.double(), -1).to(a[0].dtype)))
+        rev = good["x"].double() - gout.double()
+        out.append(("x", "exclusive reversed cumsum", rev.to(a[0].dtype)))
+    return out
+
+
+def bw_generic_bugs(grad, ref):
+    """(kind, output): bugs of any gradient: shifted by one position, one channel's sign flipped."""
+    out = []
+    if grad.ndim and grad.shape[-1] > 1:
+        out.append(("shifted by one position", torch.roll(grad, 1, -1)))
+    if grad.ndim >= 2 and grad.shape[1] > 1:
+        y = grad.clone()
+        c = grad.shape[1] // 2
+        y[:, c] = -y[:, c]
+        out.append(("sign flipped on one channel", y))
+    elif grad.ndim == 1 and grad.shape[0] > 1:
+        y = grad.clone()
+        c = grad.shape[0] // 2
+        y[c] = -y[c]
+        out.append(("sign flipped on one channel", y))
+    return out
+
+
+def _set(grad, i, v):
+    y = grad.clone().reshape(-1)
+    y[i] = torch.tensor(v, dtype=torch.float64).to(grad.dtype)
+    return y.reshape(grad.shape)
+
+
+def bw_element_bugs(call, gout, name, grad, ref, base_ratio, g, quick):
+    """(kind, output, yardstick of the element or None): one element moved by s x its own bound (scale),
+    the element's yardstick found by asking the report (the element moved far: max ratio / distance);
+    noise of relative size 1e-6 .. 1e-2 on every element."""
+    out = []
+    flat = ref.reshape(-1)
+    fin = np.flatnonzero(np.isfinite(flat))
+    if len(fin):
+        i = int(fin[int(torch.randint(0, len(fin), (1,), generator=g))])
+        sgn = 1.0 if int(torch.randint(0, 2, (1,), generator=g)) else -1.0
+        fi = torch.finfo(grad.dtype)
+        ulp = max(abs(flat[i]), float(np.abs(flat[fin]).max()) * 2.0**-10, fi.tiny) * fi.eps
+        yard = None
+        d = 64 * ulp
+        for _ in range(6):  # the report's yardstick of element i: move it until it dominates the report
+            v = flat[i] + sgn * d
+            if not np.isfinite(float(torch.tensor(v, dtype=torch.float64).to(grad.dtype))):
+                break
+            probe = _set(grad, i, v)
+            rep, _ = _judge_bw(call, gout, name, probe)
+            _, r = _yard(rep)
+            dist = abs(float(probe.reshape(-1)[i].double()) - flat[i])
+            if not np.isfinite(r) or r == 0:
+                break
+            if r > 8 * max(base_ratio, 1.0):
+                yard = dist / r
+                break
+            d *= 16
+        if yard is not None:
+            for s in BW_SCALES_QUICK if quick else BW_SCALES:
+                out.append(
+                    (f"one element off by {s:g}x its bound/scale", _set(grad, i, flat[i] + sgn * s * yard), yard)
+                )
+        else:  # no finite yardstick (sum's gradient is judged bit for bit): a relative error instead
+            out.append(("one element off by 1e-3 relative", _set(grad, i, flat[i] * (1 + 1e-3) or 1e-3), None))
+    for s in BW_NOISE_QUICK if quick else BW_NOISE:
+        z = torch.randn(grad.shape, generator=g, dtype=torch.float64)
+        out.append((f"noise of relative size {s:g}", (grad.double() * (1 + s * z)).to(grad.dtype), None))
+    return out
+
+
+def bw_reduced(call, gout):
+    """(precision, gradient name, output): float32 gradients of torch computed from operands (and grad_output)
+    rounded to tf32 / bf16 / fp16: a reduced-precision product, which the statistical test names."""
+    out = []
+    if call["op"] not in STAT_OPS:
+        return out
+    for prec in ("bf16", "fp16", "tf32"):
+        if prec == "tf32":
+            ra = [_round(a, TFLOAT32, 0) if isinstance(a, torch.Tensor) else a for a in call["args"]]
+            gr = _round(gout, TFLOAT32, 0)
+        else:
+            dt = torch.bfloat16 if prec == "bf16" else torch.float16
+            ra = [a.to(dt).float() if isinstance(a, torch.Tensor) else a for a in call["args"]]
+            gr = gout.to(dt).float()
+        grads = _autograd(dict(call, args=ra), gr)
+        for n, v in grads.items():
+            if n != "bias":  # grad_bias is a sum of grad_output alone: rounding it is the same sum of other numbers
+                out.append((prec, n, v))
+    return out
+
+
+def _bw_row(call_meta, grad, rep, seconds, **kv):
+    test, ratio = _yard(rep)
+    det = rep.detectable or {}
+    return dict(
+        **call_meta,
+        grad=grad,
+        n=int(rep.n_terms),
+        test=test,
+        verdict=rep.verdict,
+        precision=rep.precision,
+        alternatives=list(rep.alternatives),
+        ratio=ratio,
+        det_scale_units=float(det.get("element_in_scale_units", np.nan)) if test == "statistical" else np.nan,
+        seconds=seconds,
+        **kv,
+    )
+
+
+def bw_case(cfg, length, data, dtype, layout, seed, extras, bugs, quick, log_err):
+    """Every truth for one call: torch's autograd gradients (and float64 autograd rounded), with ``extras``
+    reduced precisions, with ``bugs`` the bugs."""
+    call = bw_call(cfg, length, data, dtype, layout, seed)
+    call["layout"] = layout
+    g = _gen("bwg", cfg, length, data, dtype, layout, seed)
+    gout = _grad_out(call, g)
+    meta = dict(op=cfg, length=length, data=data, dtype=dtype, layout=layout, seed=seed,
+                case=[cfg, length, data, dtype, layout, seed])  # fmt: skip
+    rows = []
+    try:
+        good = _autograd(call, gout)
+    except (RuntimeError, NotImplementedError) as e:
+        log_err(f"{cfg} {dtype}: torch has no kernel ({str(e).splitlines()[0][:80]})")
+        return rows
+    truths = [("torch autograd", good)]
+    if dtype != "float64":
+        kw64 = _fixed(call["op"], call["kw"], dtype) if call["op"] == "rms_norm" else None
+        truths.append(("torch float64 autograd, rounded", _autograd(call, gout, torch.float64, kw64)))
+    base = {}
+    for src, grads in truths:
+        for n, v in grads.items():
+            try:
+                rep, s = _judge_bw(call, gout, n, v)
+            except (NotImplementedError, RuntimeError, ValueError) as e:
+                log_err(
+                    f"{cfg} {dtype} {n}: compare_backward raised {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+                )
+                continue
+            rows.append(_bw_row(meta, n, rep, s, truth="correct", name=src))
+            if src == "torch autograd":
+                base[n] = rep
+    for prec, n, v in bw_reduced(call, gout) if extras else ():
+        rep, s = _judge_bw(call, gout, n, v)
+        rows.append(_bw_row(meta, n, rep, s, truth=f"reduced:{prec}", name=f"{prec} operands, torch fp32"))
+    if not bugs:
+        return rows
+    exact = rk.backward(call["op"], gout, *call["args"], wrt=tuple(base), **call["kw"])
+    refs = {n: exact[n].double().numpy() if isinstance(exact[n], torch.Tensor) else np.asarray(exact[n], np.float64)
+            for n in base}  # fmt: skip
+    bl = []
+    for n, kind, out in bw_natural_bugs(call, gout, good):
+        if n in base:
+            bl.append((n, kind, out, None))
+    gb = _gen("bwbug", cfg, length, data, dtype, layout, seed)
+    for n in base:
+        for kind, out in bw_generic_bugs(good[n], refs[n]):
+            bl.append((n, kind, out, None))
+        _, r0 = _yard(base[n])
+        for kind, out, yard in bw_element_bugs(call, gout, n, good[n], refs[n], r0, gb, quick):
+            bl.append((n, kind, out, yard))
+    for n, kind, out, _yd in bl:
+        if out.shape != good[n].shape or _same(out, good[n]):
+            continue  # not a bug on this call
+        rep, s = _judge_bw(call, gout, n, out)
+        test, _ = _yard(rep)
+        err = np.abs(out.double().numpy() - refs[n])
+        err = np.where(np.isnan(err), np.inf, err)
+        det = (base[n].detectable or {}).get("element") if test == "statistical" else None
+        size_det = float(err.max(initial=0.0) / det) if det else np.nan
+        rows.append(_bw_row(meta, n, rep, s, truth="bug", name=kind, size=_yard(rep)[1], size_det=size_det,
+                            base_ratio=_yard(base[n])[1]))  # fmt: skip
+    return rows
+
+
+def _bw_plan(cfg, length, data, dtype, quick, seed):
+    """[(layout, extras?, bugs?)] for one (config, length, data, dtype). Full: every sensible regime
+    contiguous, the transposed and strided layouts on randn; reduced precisions on fp32 randn; bugs on
+    fp32 (every regime, contiguous) and on every dtype for randn data. Quick: randn for every
+    dtype and one other regime for one dtype per (config, length), rotating; one layout per case, rotating;
+    float64 (where listed) on randn at the middle length, correct results only;
+    reduced precisions on fp32 randn at the middle length; bugs on fp32 randn at every length and on one
+    half dtype (rotating) at the middle length."""
+    _, op, lengths, datas, f64 = BW_CFG[cfg]
+    if (dtype == "float64" and not f64) or data not in datas:
+        return []
+    mid = lengths[len(lengths) // 2]
+    if quick and dtype == "float64":  # correct results only, randn, the middle length
+        return [(_pick(BW_LAYOUTS, cfg, seed), False, False)] if data == "randn" and length == mid else []
+    if quick:
+        if data != "randn":
+            other = [d for d in datas if d != "randn"]
+            if data != _pick(other, cfg, length, seed) or dtype != _pick(BW_DTYPES[:3], cfg, length, seed, "d"):
+                return []
+        lay = _pick(BW_LAYOUTS, cfg, length, data, dtype, seed)
+        if op == "scaled_dot_product_attention" and dtype != "float32" and length == lengths[-1]:
+            return []  # the longest half-precision attention: the exact fallback runs long
+        half = dtype == _pick(("float16", "bfloat16"), cfg, seed)
+        bugs = data == "randn" and (dtype == "float32" or (half and length == mid))
+        return [(lay, dtype == "float32" and data == "randn" and length == mid, bugs)]
+    lays = BW_LAYOUTS if data == "randn" else ("contiguous",)
+    return [
+        (lay, lay == "contiguous" and dtype == "float32" and data == "randn",
+         lay == "contiguous" and (dtype == "float32" or data == "randn"))
+        for lay in lays
+    ]  # fmt: skip
+
+
+def run_backward(quick=False, seeds=1, configs=None, dtypes=BW_DTYPES, data=None, lengths=None, log=print):
+    """The backward family's confusion matrix: rows of dicts (see summarise_backward). ``lengths``: indices
+    into each config's three lengths (default: all)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*degrees of freedom is <= 0.*")
+    warnings.filterwarnings("ignore", message=".*padding='same' with even kernel lengths.*")
+    configs = [c[0] for c in BW_CONFIGS] if configs is None else configs
+    rows, errs = [], []
+    for seed in range(seeds):
+        for cfg in configs:
+            t0 = time.perf_counter()
+            _, _, ls, datas, _ = BW_CFG[cfg]
+            sel = ls if lengths is None else tuple(ls[i] for i in lengths if i < len(ls))
+            for length in sel:
+                for d in datas if data is None else [e for e in datas if e in data]:
+                    for dtype in dtypes:
+                        for lay, extras, bugs in _bw_plan(cfg, length, d, dtype, quick, seed):
+                            rows += bw_case(cfg, length, d, dtype, lay, seed, extras, bugs, quick, errs.append)
+            log(f"backward {cfg}: {len(rows)} cases so far ({time.perf_counter() - t0:.0f} s)")
+    for e in sorted(set(errs)):
+        log("  skipped: " + e)
+    return rows
+
+
+def _must(r):
+    """The multiple of its yardstick at which a bug must be caught: 2x the envelope, 10x the scale."""
+    return 2.0 if r["test"] == "envelope" else 10.0
+
+
+def _must_catch(r):
+    """A bug that must be caught: its report's ratio at least the multiple, and at least that multiple of
+    the ratio the correct gradient itself reached (torch's half-precision conv / matmul gradients reach
+    100-1000x the fp32 scale sqrt(n) u M: a bug's ratio there measures torch's rounding, not the bug)."""
+    return r["size"] >= _must(r) * max(1.0, r.get("base_ratio", 0.0))
+
+
+def summarise_backward(rows) -> dict:
+    correct = [r for r in rows if r["truth"] == "correct"]
+    fa = [r for r in correct if r["verdict"] not in ("exact", "rounding")]
+    by_op_dtype = {}
+    for r in correct:
+        e = by_op_dtype.setdefault(r["op"], {}).setdefault(r["dtype"], [0, 0])
+        e[0] += r["verdict"] not in ("exact", "rounding")
+        e[1] += 1
+    slack = {}  # the largest ratio a correct result used, per config and test
+    for r in correct:
+        if np.isfinite(r["ratio"]):
+            k = f"{r['op']} ({r['test']})"
+            slack.setdefault(k, {})
+            slack[k][r["dtype"]] = max(slack[k].get(r["dtype"], 0.0), r["ratio"])
+    reduced = [r for r in rows if r["truth"].startswith("reduced:")]
+    outcome = {}
+    for r in reduced:
+        p = r["truth"][8:]
+        r["outcome"] = (
+            "named right" if r["verdict"] == "reduced-precision" and (r["precision"] == p or p in r["alternatives"])
+            else "named another precision" if r["verdict"] == "reduced-precision"
+            else r["verdict"]
+        )  # fmt: skip
+        e = outcome.setdefault(p, {})
+        e[r["outcome"]] = e.get(r["outcome"], 0) + 1
+    bugs = [r for r in rows if r["truth"] == "bug"]
+    for r in bugs:
+        r["caught"] = r["verdict"] == "mismatch"
+        r["kind"] = r["name"] if not r["name"].startswith("one element off by") else "one element off by s x yardstick"
+        r["must"] = _must_catch(r)
+    big = [r for r in bugs if r["must"]]
+    masked = [r for r in bugs if r["size"] >= _must(r) and not r["must"]]  # the correct gradient's own ratio >= 1
+
+    def bins(test):
+        return SBINS if test == "envelope" else STAT_SBINS
+
+    def binof(r):
+        for lab, lo, hi in bins(r["test"]):
+            if lo <= r["size"] < hi or (hi == np.inf and r["size"] == np.inf):
+                return lab
+        return "nan"
+
+    by_size = {}
+    for r in bugs:
+        c = by_size.setdefault(r["test"], {}).setdefault(binof(r), [0, 0, 0])
+        c[0] += r["caught"]
+        c[1] += 1
+        c[2] += r["verdict"] == "reduced-precision"
+    by_kind = {}
+    for r in bugs:
+        e = by_kind.setdefault(f"{r['kind']} [{r['test'][:4]}]", {"n": 0, "precision": 0})
+        e["n"] += 1
+        c = e.setdefault(binof(r), [0, 0])
+        c[0] += r["caught"]
+        c[1] += 1
+        e["precision"] += r["verdict"] == "reduced-precision"
+    by_n, by_dtype, by_op = {}, {}, {}
+    for r in bugs:
+        for d, key in ((by_n, f"{r['test']} n {_nbin(r['n'])}"), (by_dtype, f"{r['test']} {r['dtype']}"),
+                       (by_op, r["op"])):  # fmt: skip
+            e = d.setdefault(key, {"bugs": 0, "must": 0, "caught_must": 0, "caught": 0})
+            e["bugs"] += 1
+            e["must"] += r["must"]
+            e["caught_must"] += r["must"] and r["caught"]
+            e["caught"] += r["caught"]
+    stat_det = [r for r in bugs if r["test"] == "statistical" and np.isfinite(r.get("size_det", np.nan))]
+    below = [r for r in bugs if r["size"] < 1]
+    return {
+        "cases": len(rows),
+        "correct": len(correct),
+        "false_alarms": len(fa),
+        "false_alarm_rate": len(fa) / max(len(correct), 1),
+        "false_alarms_by_op_dtype": {o: {d: f"{a}/{b}" for d, (a, b) in v.items()} for o, v in by_op_dtype.items()},
+        "false_alarms_by_source": {
+            k: _frac([r for r in correct if r["name"] == k], lambda r: r in fa)
+            for k in sorted({r["name"] for r in correct})
+        },
+        "largest_ratio_on_correct": slack,
+        "reduced": len(reduced),
+        "reduced_outcomes": outcome,
+        "named_right": sum(r["outcome"] == "named right" for r in reduced),
+        "bugs": len(bugs),
+        "bugs_must": len(big),
+        "caught_must": sum(r["caught"] for r in big),
+        "must_by_test": {
+            t: _frac([r for r in big if r["test"] == t], lambda r: r["caught"]) for t in ("envelope", "statistical")
+        },
+        "bugs_over_multiple_within_base": len(masked),
+        "caught_over_multiple_within_base": sum(r["caught"] for r in masked),
+        "bugs_below_1x": len(below),
+        "caught_below_1x": sum(r["caught"] for r in below),
+        "below_1x_named_a_precision": sum(r["verdict"] == "reduced-precision" for r in below),
+        "bugs_named_a_precision": sum(r["verdict"] == "reduced-precision" for r in bugs),
+        "statistical_by_detectable": {
+            lab: _frac([r for r in stat_det if lo <= r["size_det"] < hi], lambda r: r["caught"])
+            for lab, lo, hi in (("<1x", 0, 1), ("1-2x", 1, 2), (">=2x", 2, np.inf))
+        },
+        "power_by_size": {t: {b: f"{c}/{n} (precision {p})" for b, (c, n, p) in v.items()} for t, v in by_size.items()},
+        "power_by_kind": by_kind,
+        "power_by_length": by_n,
+        "power_by_dtype": by_dtype,
+        "power_by_op": by_op,
+        "median_seconds": float(np.median([r["seconds"] for r in rows])) if rows else 0.0,
+        "false_alarm_cases": fa[:40],
+        "missed_must": [r for r in big if not r["caught"]][:60],
+        "named_a_precision": [r for r in bugs if r["verdict"] == "reduced-precision"][:40],
+        "misnamed": [r for r in reduced if r["outcome"] != "named right"][:40],
+    }
+
+
+def print_backward(s, log=print):
+    log(f"\n== backward family: {s['cases']} cases (median {s['median_seconds']:.3f} s per compare_backward)")
+    log(f"false alarms on correct gradients: {s['false_alarms']} / {s['correct']} ({100 * s['false_alarm_rate']:.2f}%)")
+    dts = BW_DTYPES
+    log(f"  {'op':38s}" + "".join(f"{d:>10s}" for d in dts))
+    for op, v in s["false_alarms_by_op_dtype"].items():
+        log(f"  {op:38s}" + "".join(f"{v.get(d, '-'):>10s}" for d in dts))
+    log("  by source: " + ", ".join(f"{k} {v}" for k, v in s["false_alarms_by_source"].items()))
+    log("  largest ratio a correct gradient used (envelope: error/envelope; statistical: error/scale):")
+    for k, v in s["largest_ratio_on_correct"].items():
+        log(f"    {k:52s} " + "  ".join(f"{d} {x:.3g}" for d, x in v.items()))
+    log(f"reduced precisions (fp32 gradients of rounded operands) named right: {s['named_right']} / {s['reduced']}")
+    for p, v in s["reduced_outcomes"].items():
+        log(f"  {p}: " + ", ".join(f"{k} {c}" for k, c in sorted(v.items())))
+    log(
+        f"bugs >= 2x the envelope / >= 10x the statistical scale caught: {s['caught_must']} / {s['bugs_must']} "
+        f"(envelope {s['must_by_test']['envelope']}, statistical {s['must_by_test']['statistical']}); below 1x: "
+        f"caught {s['caught_below_1x']} / {s['bugs_below_1x']}, named a precision {s['below_1x_named_a_precision']}; "
+        f"all bugs named a precision: {s['bugs_named_a_precision']} / {s['bugs']}"
+    )
+    log(
+        f"  not counted as must-catch: bugs over the multiple but within that multiple of the correct gradient's own "
+        f"ratio (torch's half kernels): caught {s['caught_over_multiple_within_base']} / "
+        f"{s['bugs_over_multiple_within_base']}"
+    )
+    log("  power by size (caught/n, named a precision):")
+    for t, v in s["power_by_size"].items():
+        log(f"    {t:12s} " + "  ".join(f"{b}: {x}" for b, x in v.items()))
+    log(
+        "  statistical, by max error / the clean report's detectable element (median): "
+        + ", ".join(f"{k} {v}" for k, v in s["statistical_by_detectable"].items())
+    )
+    log(
+        f"  {'bug kind [test]':58s}{'n':>5s}"
+        + "".join(f"{lab:>10s}" for lab, _, _ in SBINS + STAT_SBINS[1:])
+        + "  prec"
+    )
+    for k, v in sorted(s["power_by_kind"].items()):
+        cells = []
+        for lab, _, _ in SBINS + STAT_SBINS[1:]:
+            cells.append(f"{'{}/{}'.format(*v[lab]) if lab in v else '-':>10s}")
+        log(f"  {k[:58]:58s}{v['n']:>5d}" + "".join(cells) + f"{v['precision']:>6d}")
+    log("  by terms per gradient element (all caught/n; must-catch caught/n):")
+    for k in sorted(s["power_by_length"], key=lambda k: (k.split(" n ")[0], NBINS.index(k.split(" n ")[1]))):
+        e = s["power_by_length"][k]
+        log(f"    {k:28s} all {e['caught']}/{e['bugs']}, must {e['caught_must']}/{e['must']}")
+    log("  by dtype:")
+    for k, e in sorted(s["power_by_dtype"].items()):
+        log(f"    {k:28s} all {e['caught']}/{e['bugs']}, must {e['caught_must']}/{e['must']}")
+    log("  by op:")
+    for k, e in s["power_by_op"].items():
+        log(f"    {k:38s} all {e['caught']}/{e['bugs']}, must {e['caught_must']}/{e['must']}")
+    for key in ("false_alarm_cases", "missed_must", "named_a_precision", "misnamed"):
+        for r in s[key][:25]:
+            log(
+                f"  {key}: {r['case']} {r['grad']} {r['truth']} {r['name']}: {r['verdict']} {r['precision'] or ''} "
+                f"{r['test']} ratio {r['ratio']:.3g} n {r['n']}"
+                + (f" size_det {r['size_det']:.3g} base {r['base_ratio']:.3g}" if "size_det" in r else "")
+            )
+
+
+def repro_backward(case, grad, truth="torch autograd", bug=None):
+    """Print the Report of one backward case (``case`` as a row's ``case``); ``bug``: a bug kind to inject."""
+    cfg, length, data, dtype, layout, seed = case
+    call = bw_call(cfg, length, data, dtype, layout, seed)
+    call["layout"] = layout
+    gout = _grad_out(call, _gen("bwg", cfg, length, data, dtype, layout, seed))
+    good = _autograd(call, gout) if truth == "torch autograd" else _autograd(call, gout, torch.float64)
+    v = good[grad]
+    if bug is not None:
+        v = {k: o for n, k, o in bw_natural_bugs(call, gout, good) if n == grad}.get(bug)
+        if v is None:
+            v = dict(bw_generic_bugs(good[grad], None))[bug]
+    rep, _ = _judge_bw(call, gout, grad, v)
+    print(rep)
+    return rep
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer K, lengths and regimes; bugs on fp32 results only")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument(
         "--family",
-        choices=("all", "gemm", "envelope"),
+        choices=("all", "gemm", "envelope", "backward"),
         default="all",
-        help="gemm: matmul/linear/conv2d (statistical test); envelope: reductions, norms, pools",
+        help="gemm: matmul/linear/conv2d (statistical test); envelope: reductions, norms, pools; "
+        "backward: the gradients (compare_backward)",
     )
     ap.add_argument("--json", help="write rows and summary here")
     a = ap.parse_args(argv)
@@ -1615,6 +2387,13 @@ def main(argv=None):
             "summary": {k: v for k, v in s.items() if not isinstance(v, list) or k == "ops"},
             "rows": rows,
         }
+    if a.family in ("all", "backward"):
+        t = time.time()
+        rows = run_backward(quick=a.quick, seeds=a.seeds)
+        s = summarise_backward(rows)
+        print_backward(s)
+        print(f"backward family: {time.time() - t:.0f} s")
+        result["backward"] = {"summary": {k: v for k, v in s.items() if not isinstance(v, list)}, "rows": rows}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1, default=_jsonable)

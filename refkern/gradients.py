@@ -994,8 +994,10 @@ def _batch_norm_call(op, g, a, who) -> _NormCall:
         return A.T
 
     tensor = o.torch or og.torch or any(is_tensor(a.get(k)) for k in ("weight", "bias", "running_mean", "running_var"))
+    half = o.fmt.prec < 24  # torch's generic kernel (non-contiguous input) computes grad_input in scalar_t
     return _NormCall(X, G, W, True, eps, fmts, shapes, tensor, regroup, back,
-                     {"regroup": regroup, "input_roundings": _batch_rounds(), "half_sums": False},
+                     {"regroup": regroup, "input_roundings": _batch_rounds(), "half_sums": False,
+                      "stored_sums": half, "half_steps": half},
                      None if training else (rm, rv))  # fmt: skip
 
 

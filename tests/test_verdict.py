@@ -68,6 +68,18 @@ def test_accumulator_scale_and_noise_tests_are_pinned():
     assert smaller_pvalue(np.zeros(100), np.ones(100)) < 1e-30  # normal approximation beyond 4096 pairs
 
 
+def test_noise_size_tests_need_power():
+    """An accumulator model is eligible only where its Mann-Whitney tests can reject at their level: the smallest
+    p-value of samples of m and m is 1 / C(2m, m) (U = 0), 1/70 for 4 elements, 1 / 40116600 for 14."""
+    from refkern.analysis.stats import min_pvalue, smaller_pvalue
+
+    assert min_pvalue(4, 4) == 1 / 70 == smaller_pvalue([0, 0, 0, 0], [1, 1, 1, 1])
+    assert min_pvalue(14, 14) == 1 / 40116600
+    assert min_pvalue(3, 2) == 1 / 10 and min_pvalue(0, 5) == 1.0
+    assert 0 < min_pvalue(100, 100) < 1e-30  # the normal approximation beyond 4096 pairs
+    assert min_pvalue(14, 14) < ALPHA / PARTS / 13 < min_pvalue(13, 13)  # the usual level: 14 elements needed
+
+
 def test_worst_case_bound_and_ratios_are_pinned():
     # (1 + u) gamma_10(u) M (1 + 11 * 2**-52) + 2 u |ref| + 10 * 2**-1074, u = 2**-24, M = ref = 1
     assert float(bound(np.array(1.0), np.array(1.0), 10, 2.0**-24, 2.0**-24)) == pytest.approx(

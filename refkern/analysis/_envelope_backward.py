@@ -97,7 +97,12 @@ rms_norm's (the input is upcast first); only each result is stored in the half f
    five, the product by mean^, the subtraction), and the two additions of ``dx`` one each on the
    whole: at most seven compound on any term, and the uncentred ``b x + c`` is charged on
    ``|x_j| + |mu|`` instead of ``|d_j|``; the composite rms_norm has fewer (g w, * r, r**3 as
-   rsqrt's cube: two, * sum, / n, * 2x, the branches' addition).
+   rsqrt's cube: two, * sum, / n, * 2x, the branches' addition). batch_norm's grad_input for half
+   inputs is charged ``ua + u_m`` per rounding (and eta_m, the half format's, for its underflow), with
+   its two per-channel sums stored in the half format (``u_m`` more on e_S and e_C): torch's generic
+   kernel, which serves non-contiguous inputs, forms ``k = dotp rstd^2 / n`` and ``grad_mean = sum g / n``
+   as scalar_t and every operation of ``(g - grad_mean - (x - mean) k) rstd w`` in it (measured: a strided
+   bf16 input at 1.41 times the float32-step envelope).
 4. grad_weight_k and grad_bias_k sum over the rows in the result's buffer: torch's CPU layer_norm kernel
    for half inputs rounds the running sums to the half format (measured: float32 sums give bfloat16
    grad_bias errors of hundreds of ulp the float32 model does not explain), so every addition of
@@ -244,7 +249,7 @@ def bound(op: str, x: np.ndarray, g: np.ndarray, ref: np.ndarray, out: Format) -
 
 def norm_bound(op: str, name: str, X: np.ndarray, G: np.ndarray, W, eps: float, ref: np.ndarray,
                fmts: dict, *, regroup=None, block: int = 1, input_roundings: int = INPUT_ROUNDINGS,
-               stored_sums: bool = False, half_sums: bool = True) -> np.ndarray:  # fmt: skip
+               stored_sums: bool = False, half_sums: bool = True, half_steps: bool = False) -> np.ndarray:  # fmt: skip
     """The envelope (module docstring, layer_norm and rms_norm; group_norm and batch_norm in training
     with the keywords below) of the gradient ``name`` ("input", "weight", "bias") of ``op`` over the
     rows of the float64 (R, n) arrays X and G, weight W (n,), (R, n) (a weight per element) or None,
@@ -260,7 +265,10 @@ def norm_bound(op: str, name: str, X: np.ndarray, G: np.ndarray, W, eps: float, 
     round every addition to the half result format (``uc = ua + u_m`` each, layer_norm's step 4), else
     they run in the working precision (``ua`` each) and only their stored parts and result are rounded
     to the half format: ``u_m`` once on each term's block (ds and db) and once on the result (group_norm,
-    batch_norm: torch's CPU kernels accumulate them in opmath)."""
+    batch_norm: torch's CPU kernels accumulate them in opmath); ``half_steps``: each of grad_input's
+    ``input_roundings`` may round to the half input format (``ua + u_m`` each, and its underflow ``eta_m``:
+    torch's generic batch_norm backward, which serves non-contiguous inputs, computes k = dotp rstd^2 / n,
+    grad_mean = sum g / n and every operation of ``(g - grad_mean - (x - mean) k) rstd w`` in scalar_t)."""
     from refkern.analysis.envelope import _gamma, _underflow
 
     fin = fmts["input"]
@@ -295,6 +303,7 @@ def norm_bound(op: str, name: str, X: np.ndarray, G: np.ndarray, W, eps: float, 
         D = np.abs(d) + dmu
         xm = np.abs(X) + np.abs(mu) + dmu  # the uncentred forms' magnitude
         if name == "input":
+            ui, eta_i = (ua + u_m, eta_w + 2.0 ** (fin.emin - fin.prec)) if half_steps else (ua, eta_w)
             gw = G * w
             S = gw.sum(axis=1, keepdims=True)
             Sa = np.abs(gw).sum(axis=1, keepdims=True)
@@ -310,8 +319,8 @@ def norm_bound(op: str, name: str, X: np.ndarray, G: np.ndarray, W, eps: float, 
             Am = np.abs(Ad) + e_A
             E = (e_r * (np.abs(gw) + Am) + R1 * e_A
                  + (3.0 * e_r * R1**2 * D * Cm + r**3 * dmu * Cm + r**3 * np.abs(d) * (e_C + dmu * np.abs(S))) / n
-                 + input_roundings * ua * (R1 * (np.abs(gw) + Am) + R1**3 * xm * Cm / n)
-                 + (n + input_roundings) * eta_w * (R1 + R1**3 * xm))  # fmt: skip
+                 + input_roundings * ui * (R1 * (np.abs(gw) + Am) + R1**3 * xm * Cm / n)
+                 + (n * eta_w + input_roundings * eta_i) * (R1 + R1**3 * xm))  # fmt: skip
             refm = np.abs(ref).reshape(R, n)
             bad = ~(np.isfinite(X).all(axis=1, keepdims=True) & np.isfinite(G).all(axis=1, keepdims=True))
             bad = bad & np.ones((1, n), bool)

@@ -37,7 +37,8 @@ import math
 
 import numpy as np
 
-__all__ = ["ALPHA", "PARTS", "level", "distinct", "repeated", "group_sums", "proportion_margin", "smaller_pvalue"]
+__all__ = ["ALPHA", "PARTS", "level", "distinct", "repeated", "group_sums", "proportion_margin", "smaller_pvalue",
+           "min_pvalue"]  # fmt: skip
 
 ALPHA = 1e-6  #: false-alarm budget of one compare() call under the model (a choice, stated in the docs)
 PARTS = 3  #: the budget is split over: single elements, groups along the axes, fit of the alternatives
@@ -128,4 +129,16 @@ def smaller_pvalue(x, y) -> float:
     if m * n <= _EXACT_PAIRS:
         return float(min(1.0, _u_null_cdf(m, n)[u]))
     z = (u + 0.5 - m * n / 2.0) / math.sqrt(m * n * (m + n + 1) / 12.0)
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def min_pvalue(m: int, n: int) -> float:
+    """The smallest p-value :func:`smaller_pvalue` can give for samples of sizes m and n (U = 0, no
+    ties): 1 / C(m + n, m) for the exact null, the normal approximation's tail beyond 4096 pairs. A
+    test whose smallest p-value exceeds its level can never reject: it has no power at that level."""
+    if m == 0 or n == 0:
+        return 1.0
+    if m * n <= _EXACT_PAIRS:
+        return 1.0 / math.comb(m + n, m)
+    z = (0.5 - m * n / 2.0) / math.sqrt(m * n * (m + n + 1) / 12.0)
     return 0.5 * math.erfc(-z / math.sqrt(2.0))

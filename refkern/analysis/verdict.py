@@ -66,7 +66,7 @@ from refkern.analysis.passes import (
     merge_top,
     ulps_at,
 )
-from refkern.analysis.stats import ALPHA, level, proportion_margin, smaller_pvalue
+from refkern.analysis.stats import ALPHA, level, min_pvalue, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
 
 __all__ = ["Fit", "Decision", "decide", "SAMPLE", "sample_indices", "overflowed"]
@@ -284,12 +284,18 @@ def _noise_size(group, a_s, x_s, ok, alpha):
     (:func:`~refkern.analysis.stats.smaller_pvalue`, level ``alpha`` each): the backend's q not
     stochastically smaller than the quietest order's (a correct result with a small bug is far
     cleaner than fp16 accumulation), nor larger than the noisiest order's. Ranks, so a few bad
-    elements do not rule the test as they would rule a sum of squares."""
+    elements do not rule the test as they would rule a sum of squares. With too few finite sampled
+    elements for the test to reject at ``alpha`` at all (:func:`~refkern.analysis.stats.min_pvalue`
+    above it: fewer than 14 at a level of 2.6e-8, 1 / C(28, 14) = 2.5e-8), nothing tells the accumulator's
+    noise from a bug of its size, so the accumulator is not eligible (a bf16 grad_bias of 4 channels
+    that kept one image of two was named "bf16 accumulation", at 166 times fp32's worst-case bound)."""
     var = group[0][2]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         qa = ((a_s - x_s) ** 2 / var)[ok]
         qs = [((c - x_s) ** 2 / var)[ok] for _, c, _ in group]
-    if not qa.size:
+    if min_pvalue(qa.size, qa.size) > alpha:  # no power: no evidence for any accumulator of this group
+        for f, _, _ in group:
+            f.noise_ok = False
         return
     meds = [float(np.median(q)) for q in qs]
     quiet, noisy = qs[int(np.argmin(meds))], qs[int(np.argmax(meds))]

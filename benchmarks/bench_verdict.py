@@ -605,13 +605,18 @@ def _values(shape, data, dt, g):
     return t.to(dt)
 
 
-def _tensor(shape, layout, data, dt, g):
-    """An input of ``shape``: contiguous, transposed (every axis reversed in memory) or strided (every other)."""
+def _laid_out(shape, layout, make):
+    """``make(shape)`` as an input of ``shape``: contiguous, transposed (every axis reversed in memory) or
+    strided (every other element of the last axis)."""
     if layout == "transposed" and len(shape) > 1:
-        return _values(shape[::-1], data, dt, g).permute(*range(len(shape) - 1, -1, -1))
+        return make(shape[::-1]).permute(*range(len(shape) - 1, -1, -1))
     if layout == "strided":
-        return _values((*shape[:-1], 2 * shape[-1]), data, dt, g)[..., ::2]
-    return _values(shape, data, dt, g)
+        return make((*shape[:-1], 2 * shape[-1]))[..., ::2]
+    return make(shape)
+
+
+def _tensor(shape, layout, data, dt, g):
+    return _laid_out(shape, layout, lambda s: _values(s, data, dt, g))
 
 
 def env_call(op, n, data, dtype, layout, seed):
@@ -1684,11 +1689,7 @@ def _bw_values(shape, data, dt, g):
 
 
 def _bw_tensor(shape, layout, data, dt, g):
-    if layout == "transposed" and len(shape) > 1:
-        return _bw_values(shape[::-1], data, dt, g).permute(*range(len(shape) - 1, -1, -1))
-    if layout == "strided":
-        return _bw_values((*shape[:-1], 2 * shape[-1]), data, dt, g)[..., ::2]
-    return _bw_values(shape, data, dt, g)
+    return _laid_out(shape, layout, lambda s: _bw_values(s, data, dt, g))
 
 
 def _bn_fn(x, rm, rv, w=None, b=None, training=False, momentum=0.1, eps=1e-5):

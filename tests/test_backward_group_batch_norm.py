@@ -288,11 +288,11 @@ def test_envelope_constants_by_hand():
     fm = {"input": FLOAT32, "weight": FLOAT32, "bias": FLOAT32}
     got = envb.batch_norm_eval_bound("input", np.array([[1.0]]), np.array([[2.0]]), np.array([[3.0]]),
                                      np.array([0.0]), np.array([4.0]), 0.0, np.array([[3.0]]), fm)  # fmt: skip
-    assert got[0, 0] == pytest.approx(store(E, 3.0), rel=1e-12)
+    assert got[0, 0] == pytest.approx(store(E, 3.0), rel=1e-12, abs=0)
     # its grad_bias over K = 3 terms g = 1, 2, 4: gamma_2(u) * 7
     got = envb.batch_norm_eval_bound("bias", np.zeros((1, 3)), np.array([[1.0, 2.0, 4.0]]), None, np.array([0.0]),
                                      np.array([4.0]), 0.0, np.array([7.0]), fm)  # fmt: skip
-    assert got[0] == pytest.approx(store(gamma(2, u) * 7.0, 7.0), rel=1e-12)
+    assert got[0] == pytest.approx(store(gamma(2, u) * 7.0, 7.0), rel=1e-12, abs=0)
     # group_norm's grad_bias: the T = N hw terms of a channel, gamma_{T-1}: N = 2, C = 2 (one group each), hw = 2
     X = np.array([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]])  # rows (n, group), hw = 2
     G = np.array([[1.0, 2.0], [1.0, 1.0], [4.0, 8.0], [1.0, 1.0]])
@@ -301,7 +301,7 @@ def test_envelope_constants_by_hand():
         return a.reshape(2, 2, 2).transpose(0, 2, 1).reshape(4, 2)
 
     got = envb.norm_bound("group_norm", "bias", X, G, None, 1e-5, np.array([15.0, 4.0]), fm, regroup=regroup, block=2)
-    assert got[0] == pytest.approx(store(gamma(3, u) * 15.0, 15.0), rel=1e-12)
+    assert got[0] == pytest.approx(store(gamma(3, u) * 15.0, 15.0), rel=1e-12, abs=0)
     # the same in bfloat16 with the sums in opmath (half_sums=False): (gamma_3(2**-24) + 2**-8) * 15, the
     # store in bfloat16 (u_o = 2**-8, eta_o = 2**-134), the second order in the working unit 2**-24
     from refkern.accumulate.formats import BFLOAT16
@@ -311,7 +311,7 @@ def test_envelope_constants_by_hand():
     want = (E * (1 + 8 * u) + 2.0**-8 * (2 * 15.0 * (1 + 2 * 2.0**-8) + E) + 2 * 2.0**-134) * (1.0 + 2.0**-40)
     got = envb.norm_bound("group_norm", "bias", X, G, None, 1e-5, np.array([15.0, 4.0]), fb, regroup=regroup, block=2,
                           half_sums=False)  # fmt: skip
-    assert got[0] == pytest.approx(want, rel=1e-12)
+    assert got[0] == pytest.approx(want, rel=1e-12, abs=0)
 
 
 def test_group_norm_weight_envelope_by_hand():
@@ -338,7 +338,7 @@ def test_group_norm_weight_envelope_by_hand():
     got = envb.norm_bound("group_norm", "weight", np.array([[-1.0, 1.0]]), np.array([[2.0, 3.0]]), None, 0.0,
                           np.array([ref]), fm, regroup=lambda a: a.reshape(1, 1, 2).transpose(0, 2, 1).reshape(2, 1),
                           block=2, half_sums=False)  # fmt: skip
-    assert got[0] == pytest.approx(want, rel=1e-9)
+    assert got[0] == pytest.approx(want, rel=1e-9, abs=0)
 
 
 def test_errors():

@@ -4,22 +4,9 @@ a reduced precision, every injected bug of at least twice the envelope (worst-ca
 times the noise scale sqrt(n) u M (statistical ops, float32) is a mismatch, and no bug below 1x is named a
 precision."""
 
-import os
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def bv():
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    try:
-        import bench_verdict
-    finally:
-        sys.path.pop(0)
-    return bench_verdict
 
 
 def _check(s):

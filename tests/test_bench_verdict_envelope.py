@@ -2,24 +2,11 @@
 fast subset of the calibration holds the rates the verdict promises (no false alarm, every bug of
 at least twice the envelope caught, nothing below the envelope called a mismatch)."""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-
-
-@pytest.fixture(scope="module")
-def bv():
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    try:
-        import bench_verdict
-    finally:
-        sys.path.pop(0)
-    return bench_verdict
 
 
 def test_pool_windows_are_torchs(bv):

@@ -180,7 +180,7 @@ def test_float64_results_are_sharp_about_float32():
     assert [h[0] for h in hyps] == ["rounding", "fp32", "fp16", "bf16"]
     u = 2.0**-24
     want = 2 * u / (1 - 2 * u) * (1 + 8 * u) * 6 + (u + 2.0**-53) * 6 + 2.0**-150 + 2.0**-1075
-    assert hyps[1][3] == pytest.approx(want, rel=1e-15)
+    assert hyps[1][3] == pytest.approx(want, rel=1e-15, abs=0)
 
 
 def test_a_window_that_holds_anything_names_nothing():
@@ -257,10 +257,10 @@ def test_constants_pinned_by_hand():
     hyps, n = envelopes("sum", {"x": x, "dim": None, "keepdim": False, "dtype": None}, np.array(6.0), FLOAT32)
     u = 2.0**-24
     assert n == 3
-    assert hyps[0][3] == pytest.approx(2 * u / (1 - 2 * u) * (1 + 8 * u) * 6 + u * 6 + 2.0**-150, rel=1e-15)
+    assert hyps[0][3] == pytest.approx(2 * u / (1 - 2 * u) * (1 + 8 * u) * 6 + u * 6 + 2.0**-150, rel=1e-15, abs=0)
     # mean of the same: gamma_2 (1 + 8u) * 2 + u * 2 (division) + u * 2 (store) + 2**-150
     hyps, _ = envelopes("mean", {"x": x, "dim": None, "keepdim": False, "dtype": None}, np.array(2.0), FLOAT32)
-    assert hyps[0][3] == pytest.approx(2 * u / (1 - 2 * u) * (1 + 8 * u) * 2 + 2 * u * 2 + 2.0**-150, rel=1e-15)
+    assert hyps[0][3] == pytest.approx(2 * u / (1 - 2 * u) * (1 + 8 * u) * 2 + 2 * u * 2 + 2.0**-150, rel=1e-15, abs=0)
     # var of [1, 2, 3] (M2 = 2, ||x|| = sqrt(14), A = 2): (gamma_6 sqrt(14) sqrt(2) + 3 (gamma_3 2)^2) / 2
     #   + u * 1 + u * 1 (store) + 2**-150
     hyps, _ = envelopes("var", {"x": x, "dim": None, "correction": 1, "keepdim": False}, np.array(1.0), FLOAT32)
@@ -269,14 +269,14 @@ def test_constants_pinned_by_hand():
         return k * u / (1 - k * u) * (1 + 4 * k * u)
 
     want = (g(6) * math.sqrt(14) * math.sqrt(2) + 3 * (g(3) * 2) ** 2) / 2 + u + u + 2.0**-150
-    assert hyps[0][3] == pytest.approx(want, rel=1e-14)
+    assert hyps[0][3] == pytest.approx(want, rel=1e-14, abs=0)
     # a float16 result: torch's working unit stays float32; the store is float16's
     xh = x.astype(np.float16)
     hyps, _ = envelopes("sum", {"x": xh, "dim": None, "keepdim": False, "dtype": None}, np.array(6.0), FLOAT16)
     uh = u + 2.0**-11  # half results: each addition may also be stored in float16; the result stored in
     # float16 and the reference rounded to it: two terms 2**-11 * 6 + 2**-25
     want = 2 * uh / (1 - 2 * uh) * (1 + 8 * uh) * 6 + 2 * (2.0**-11 * 6 + 2.0**-25)
-    assert hyps[0][3] == pytest.approx(want, rel=1e-12)
+    assert hyps[0][3] == pytest.approx(want, rel=1e-12, abs=0)
     assert [h[0] for h in hyps] == ["rounding", "bf16"]
     assert BFLOAT16.prec == 8
 

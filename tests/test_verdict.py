@@ -44,14 +44,14 @@ def test_rounding_scale_is_pinned():
     13 u**2 to first order: sigma_0 = sqrt(13) 2**-24."""
     m = models(FLOAT32, 24, True)[0]
     v = float(rounding_variance(m, 10, np.array(1.0), np.array(1.0)))
-    assert v == pytest.approx(4.618532441126026e-14, rel=1e-12)
-    assert math.sqrt(v) == pytest.approx(math.sqrt(13) * 2.0**-24, rel=1e-5)
+    assert v == pytest.approx(4.618532441126026e-14, rel=1e-12, abs=0)
+    assert math.sqrt(v) == pytest.approx(math.sqrt(13) * 2.0**-24, rel=1e-5, abs=0)
     epi = models(FLOAT16, 11, True)[1]
     assert epi.epilogue and epi.rounding
     v1 = float(rounding_variance(epi, 10, np.array(1.0), np.array(0.5), np.array(0.25)))
     # 11 ((1+g) 2**-24)**2 + 2 (0.5 * 2**-11)**2 + 2 (0.25 * 2**-11)**2 + subnormal terms of fp16
     assert v1 == pytest.approx(11 * 2.0**-48 + 2 * (0.5 * 2.0**-11) ** 2 + 2 * (0.25 * 2.0**-11) ** 2
-                               + 4 * 2.0 ** (2 * (-14 - 11)) + 11 * 2.0 ** (2 * (-126 - 24)), rel=1e-5)
+                               + 4 * 2.0 ** (2 * (-14 - 11)) + 11 * 2.0 ** (2 * (-126 - 24)), rel=1e-5, abs=0)
 
 
 def test_accumulator_scale_and_noise_tests_are_pinned():
@@ -62,7 +62,7 @@ def test_accumulator_scale_and_noise_tests_are_pinned():
 
     m = next(m for m in models(FLOAT32, 24, False) if m.key == "fp16 accumulation (left-to-right)")
     assert float(_order_variance(m, 10, np.array(3.0), np.array(1.0))) == pytest.approx(4.810590084337673e-06,
-                                                                                          rel=1e-12)
+                                                                                          rel=1e-12, abs=0)
     assert smaller_pvalue([0, 0, 0], [1, 1, 1]) == pytest.approx(1 / 20)  # 1 / C(6, 3)
     assert smaller_pvalue([0.5], [0, 1]) == pytest.approx(2 / 3)
     assert smaller_pvalue(np.zeros(100), np.ones(100)) < 1e-30  # normal approximation beyond 4096 pairs
@@ -83,12 +83,12 @@ def test_noise_size_tests_need_power():
 def test_worst_case_bound_and_ratios_are_pinned():
     # (1 + u) gamma_10(u) M (1 + 11 * 2**-52) + 2 u |ref| + 10 * 2**-1074, u = 2**-24, M = ref = 1
     assert float(bound(np.array(1.0), np.array(1.0), 10, 2.0**-24, 2.0**-24)) == pytest.approx(
-        7.152561281034266e-07, rel=1e-12)
+        7.152561281034266e-07, rel=1e-12, abs=0)
     br = precision_ratios(np.array([3e-6]), 10, np.array([4.0]), np.array([2.0]), FLOAT32)
-    assert br["fp32"]["worst_case"] == pytest.approx(1.1439004090909066, rel=1e-9)
-    assert br["fp32"]["probabilistic"] == pytest.approx(3.0230832797182856, rel=1e-9)
-    assert br["tf32"]["worst_case"] == pytest.approx(0.0003836836255526612, rel=1e-9)
-    assert br["bf16"]["probabilistic"] == pytest.approx(0.0001517817067127115, rel=1e-9)
+    assert br["fp32"]["worst_case"] == pytest.approx(1.1439004090909066, rel=1e-9, abs=0)
+    assert br["fp32"]["probabilistic"] == pytest.approx(3.0230832797182856, rel=1e-9, abs=0)
+    assert br["tf32"]["worst_case"] == pytest.approx(0.0003836836255526612, rel=1e-9, abs=0)
+    assert br["bf16"]["probabilistic"] == pytest.approx(0.0001517817067127115, rel=1e-9, abs=0)
 
 
 def test_report_figures_are_pinned():
@@ -97,8 +97,8 @@ def test_report_figures_are_pinned():
     sqrt(2) u 2 + 2 u 2: ratio 4 / (2 sqrt(2) + 4)."""
     x = np.array([1.0, 1.0], np.float32)
     rep = rk.compare(np.float32(2 + 2.0**-22), "dot", x, x)
-    assert rep.max_bound_ratio == pytest.approx(0.49999995529651486, rel=1e-12)
-    assert rep.max_prob_ratio == pytest.approx(4 / (2 * math.sqrt(2) + 4), rel=1e-12)
+    assert rep.max_bound_ratio == pytest.approx(0.49999995529651486, rel=1e-12, abs=0)
+    assert rep.max_prob_ratio == pytest.approx(4 / (2 * math.sqrt(2) + 4), rel=1e-12, abs=0)
     assert rep.max_ulp == 1.0
 
 

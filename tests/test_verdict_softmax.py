@@ -310,8 +310,8 @@ def test_softmax_envelope_pinned_by_hand():
     want += U * o + 2.0**-150  # the centre (the reference) is itself rounded: |exact - ref|
     want += U * 0.5 + 2.0**-150  # the store
     got = _env("softmax", {"input": np.zeros(2, np.float32), "dim": 0, "dtype": None}, [0.5, 0.5])
-    assert got == pytest.approx([want, want], rel=1e-12)
-    assert want == pytest.approx((83 + 82) / 2 * U + 2 * 0.5 * U, rel=1e-4)  # first order: 83u/2 + 82u/2 + 2 stores
+    assert got == pytest.approx([want, want], rel=1e-12, abs=0)
+    assert want == pytest.approx((83 + 82) / 2 * U + 2 * 0.5 * U, rel=1e-4, abs=0)  # first order: 83u/2 + 82u/2 + 2 stores
 
     # log_softmax of [0, 0]: y = -log 2; |log D^ - log D| <= ell = L(e_d); the log within 4 ulps (8u); the
     # two subtractions in either order: c = u max(0, 0 + log 2 + err_L), then u (|y| + err_L + c)
@@ -322,8 +322,8 @@ def test_softmax_envelope_pinned_by_hand():
     want = (err_l + c + U * (y + err_l + c)) * (1 + 66 * 2.0**-50) + 3 * d64
     want += U * y + 2.0**-150 + U * math.log(2) + 2.0**-150  # the centre's rounding, the store
     got = _env("log_softmax", {"input": np.zeros(2, np.float32), "dim": 0, "dtype": None}, [-math.log(2)] * 2)
-    assert got == pytest.approx([want, want], rel=1e-12)
-    assert want == pytest.approx((82 + 8 * math.log(2) + 4 * math.log(2)) * U, rel=1e-4)
+    assert got == pytest.approx([want, want], rel=1e-12, abs=0)
+    assert want == pytest.approx((82 + 8 * math.log(2) + 4 * math.log(2)) * U, rel=1e-4, abs=0)
 
 
 def test_attention_envelope_pinned_by_hand():
@@ -355,11 +355,11 @@ def test_attention_envelope_pinned_by_hand():
             "value": np.array([[1.0], [3.0]], np.float32), "attn_mask": None, "dropout_p": 0.0,
             "is_causal": False, "scale": 1.0, "enable_gqa": False}  # fmt: skip
     got = _env(SDPA_NAME, args, [[ref]])
-    assert float(got[0, 0]) == pytest.approx(want, rel=1e-12)
+    assert float(got[0, 0]) == pytest.approx(want, rel=1e-12, abs=0)
     # first order: theta = 7u + 3u (M - z) = [7u, 13u] on top of the weights' own (44u, 85u) and the
     # denominator's terms (41u, 82u): about 147u, 74 ulps of the float32 result here
     first = ((7 + 44) + (13 + 85) * 3 * t[1] + ref * ((7 + 41) + (13 + 82) * t[1])) / D * U + 2 * U * ref
-    assert want == pytest.approx(first, rel=1e-4)
+    assert want == pytest.approx(first, rel=1e-4, abs=0)
 
 
 UM = 2.0**-11  # float16's unit: the stored intermediates of a float16 result
@@ -387,15 +387,15 @@ def test_half_softmax_envelope_pinned_by_hand():
     want += UM * o + ETA_H + UM * 0.5 + ETA_H  # the centre's rounding, the store
     x16 = np.zeros(2, np.float16)
     got = _env16("softmax", {"input": x16, "dim": 0, "dtype": None}, [0.5, 0.5])
-    assert got == pytest.approx([want, want], rel=1e-12)
-    assert want == pytest.approx(UM + (83 + 82) / 2 * U + 2 * 0.5 * UM, rel=1e-3)  # u_m per side, 2 stores
+    assert got == pytest.approx([want, want], rel=1e-12, abs=0)
+    assert want == pytest.approx(UM + (83 + 82) / 2 * U + 2 * 0.5 * UM, rel=1e-3, abs=0)  # u_m per side, 2 stores
     # n = 4096 equal logits: each ranks below the 4095 others (ties count), so 4096 exps and 8190 operations in
     # float32 on the denominator's side, 2 exps and 3 operations on the numerator's, still u_m once per side
     # and two stores (the envelope charging u + u_m on every operation and exp was infinite here: 4096 u_m > 1)
     n = 4096
     got = _env16("softmax", {"input": np.zeros(n, np.float16), "dim": 0, "dtype": None}, np.full(n, 1 / n))
     first = ((4096 * 40 + 8190) * U + UM) + (2 * 40 * U + 3 * U + UM) + 2 * UM
-    assert float(got[0]) == pytest.approx(first / n, rel=5e-2)  # to first order (second: 2 x 1.1%)
+    assert float(got[0]) == pytest.approx(first / n, rel=5e-2, abs=0)  # to first order (second: 2 x 1.1%)
 
     # log_softmax of [0, 0]: the sum stored (L(u_m)), the log within 4 ulps of float32 and stored (8u + u_m),
     # the two subtractions in float32, the centre's rounding and the store in float16
@@ -406,9 +406,9 @@ def test_half_softmax_envelope_pinned_by_hand():
     want = (err_l + c + U * (y + err_l + c)) * (1 + 66 * 2.0**-50) + 3 * d64
     want += UM * y + ETA_H + UM * math.log(2) + ETA_H
     got = _env16("log_softmax", {"input": x16, "dim": 0, "dtype": None}, [-math.log(2)] * 2)
-    assert got == pytest.approx([want, want], rel=1e-12)
+    assert got == pytest.approx([want, want], rel=1e-12, abs=0)
     # first order: the sum's terms (u_m) and its store (u_m), the log's store (u_m log 2), two stores of y
-    assert want == pytest.approx(UM * (2 + 3 * math.log(2)) + 82 * U, rel=2e-3)
+    assert want == pytest.approx(UM * (2 + 3 * math.log(2)) + 82 * U, rel=2e-3, abs=0)
 
 
 def test_half_attention_envelope_pinned_by_hand():
@@ -439,10 +439,10 @@ def test_half_attention_envelope_pinned_by_hand():
             "value": np.array([[1.0], [3.0]], np.float16), "attn_mask": None, "dropout_p": 0.0,
             "is_causal": False, "scale": 1.0, "enable_gqa": False}  # fmt: skip
     got = _env16(SDPA_NAME, args, [[ref]])
-    assert float(got[0, 0]) == pytest.approx(want, rel=1e-12)
+    assert float(got[0, 0]) == pytest.approx(want, rel=1e-12, abs=0)
     # first order in u_m: the logits 3 u_m (q and k, the scores), the exp terms u_m on each side, two stores
     first = (3 * UM * (1 + 3 * t[1]) + UM * (1 + 3 * t[1]) + ref * (3 * UM * D + UM * D)) / D + 2 * UM * ref
-    assert want == pytest.approx(first, rel=2e-2)
+    assert want == pytest.approx(first, rel=2e-2, abs=0)
 
 
 # ------------------------------------------------------------------ reduced-precision P @ V and stored outputs
@@ -508,7 +508,7 @@ def test_rounded_p_bounds_pinned_by_hand():
     want = e + U * (2 + e) / (1 - U) + 2.0**-150
     for p in ("fp16", "bf16"):
         centre, bnd = hyps[f"{p} P@V"]
-        assert float(centre[0, 0]) == 2.0 and float(bnd[0, 0]) == pytest.approx(want, rel=1e-12)
+        assert float(centre[0, 0]) == 2.0 and float(bnd[0, 0]) == pytest.approx(want, rel=1e-12, abs=0)
     # flash: t = [1, 1] within e**+-lt, lt = theta + L(40u) (the exp against the row maximum); P' @ V in
     # float32 (gamma_2 (1 + 3)); the float32 sum within E_D + a of D = 2, its terms' lam_d = theta + L(82u) as in
     # test_softmax_envelope_pinned_by_hand (ties: rank 1), lam_n = theta + L(85u) (a product, the division,
@@ -524,7 +524,7 @@ def test_rounded_p_bounds_pinned_by_hand():
     want = e + U * (2 + e) / (1 - U) + 2.0**-150
     for p in ("fp16", "bf16"):
         centre, bnd = hyps[f"{p} P@V (flash)"]
-        assert float(centre[0, 0]) == 2.0 and float(bnd[0, 0]) == pytest.approx(want, rel=1e-12)
+        assert float(centre[0, 0]) == 2.0 and float(bnd[0, 0]) == pytest.approx(want, rel=1e-12, abs=0)
     # a stored softmax output: fl_p is monotone, the result lies in [fl_p(ref - B), fl_p(ref + B)]
     from refkern.accumulate.formats import BFLOAT16
     from refkern.analysis._envelope_softmax import _stored_output

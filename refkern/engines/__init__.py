@@ -1,10 +1,17 @@
-"""Where an exact reduction runs: ``"numba"`` (the jitted kernels, CPU) or ``"blas"`` (Ozaki
-slices on torch's BLAS: MKL / OpenBLAS on the CPU, cuBLAS on CUDA), chosen by ``"auto"``.
+"""Where an exact reduction runs: ``"numba"`` (the jitted kernels, CPU), ``"filter"`` (one
+float64 GEMM on the platform's BLAS with a rigorous bound per element, the few undecided
+elements exact: :mod:`refkern.engines.filter`) or ``"blas"`` (Ozaki slices on torch's BLAS:
+MKL / OpenBLAS on the CPU, cuBLAS on CUDA), chosen by ``"auto"``.
 
-Both give the same, correctly rounded, results; only the speed differs. ``engine="auto"``
+All give the same, correctly rounded, results; only the speed differs. ``engine="auto"``
 (the default of :func:`refkern.matmul`, :func:`refkern.linear` and the convolutions) takes
-``"blas"`` when the method is ``"exact"``, torch is importable, an input is a tensor on a
-CUDA device, and the GEMM is large (``M * N * K >= AUTO_MIN_WORK``, ``M, N >=
+``"filter"`` when the method is ``"exact"``, the factors are float32 or narrower, the result
+format has at most 26 bits, and the GEMM holds at least ``FILTER_MIN_WORK`` products (M * N * K
+over the batch; below, the Numba kernel's single call costs less than the filter's several), on
+the CPU and on CUDA alike (benchmarks/bench_filter.py). Naming ``"filter"`` for float64
+factors or another method runs the Numba kernel (the filter's products would not be exact).
+Otherwise ``"auto"`` takes ``"blas"`` when the method is ``"exact"``, torch is importable, an
+input is a tensor on a CUDA device, and the GEMM is large (``M * N * K >= AUTO_MIN_WORK``, ``M, N >=
 AUTO_MIN_SIDE``, ``K >= AUTO_MIN_K``; smaller ones cost little on the CPU and are not worth
 a GPU launch). Everything else runs on ``"numba"``: on the 2-core CPU this was built on,
 the BLAS engine's three (float32, Karatsuba) or nine (float64) slice GEMMs plus slicing and
@@ -17,9 +24,11 @@ is usable here.
 
 import importlib.util
 
-__all__ = ["ENGINES", "status", "check_engine", "choose", "AUTO_MIN_WORK", "AUTO_MIN_SIDE", "AUTO_MIN_K"]
+__all__ = ["ENGINES", "status", "check_engine", "choose", "AUTO_MIN_WORK", "AUTO_MIN_SIDE", "AUTO_MIN_K",
+           "FILTER_MIN_WORK"]
 
-ENGINES = ("auto", "blas", "numba")
+ENGINES = ("auto", "blas", "filter", "numba")
+FILTER_MIN_WORK = 1 << 15  # M * N * K: e.g. 32**3
 AUTO_MIN_WORK = 1 << 24  # M * N * K (per batch), e.g. 256**3
 AUTO_MIN_SIDE = 32
 AUTO_MIN_K = 32
@@ -35,15 +44,25 @@ def check_engine(op: str, engine: str, accumulate: str) -> None:
             f"{op}: engine='blas' computes accumulate='exact' only; got accumulate={accumulate!r}. "
             "Use engine='numba' (or 'auto') for the other methods."
         )
+    if engine == "filter" and accumulate != "exact":
+        raise ValueError(
+            f"{op}: engine='filter' computes accumulate='exact' only; got accumulate={accumulate!r}. "
+            "Use engine='numba' (or 'auto') for the other methods."
+        )
     if engine == "blas" and importlib.util.find_spec("torch") is None:
         raise ValueError(f"{op}: engine='blas' needs torch; install it (pip install 'refkern[torch]').")
 
 
-def choose(engine: str, accumulate: str, m: int, n: int, k: int, device=None) -> str:
+def choose(engine: str, accumulate: str, m: int, n: int, k: int, device=None, filterable: bool = False) -> str:
     """The engine that ``engine`` (already checked) names for one GEMM of M x K by K x N whose
-    inputs live on ``device`` (None: the CPU)."""
+    inputs live on ``device`` (None: the CPU); ``filterable``: the filter can compute it
+    (:func:`refkern.engines.filter.applies`)."""
+    if engine == "filter":
+        return "filter" if filterable else "numba"
     if engine != "auto":
         return engine
+    if accumulate == "exact" and filterable and m * n * k >= FILTER_MIN_WORK:
+        return "filter"
     if accumulate != "exact" or device is None or getattr(device, "type", "cpu") != "cuda":
         return "numba"
     big = m * n * k >= AUTO_MIN_WORK and min(m, n) >= AUTO_MIN_SIDE and k >= AUTO_MIN_K
@@ -63,6 +82,7 @@ def status() -> dict:
     }
     if importlib.util.find_spec("torch") is None:
         out["blas"] = {"usable": False, "devices": [], "detail": "torch is not installed"}
+        _filter_status(out)
         return out
     import torch
 
@@ -75,4 +95,22 @@ def status() -> dict:
     else:
         detail += "; no CUDA device"
     out["blas"] = {"usable": True, "devices": devices, "detail": detail}
+    _filter_status(out)
     return out
+
+
+def _filter_status(out):
+    """The filter's entry of :func:`status`: its BLAS and its self-test."""
+    import numpy as np
+
+    from refkern.engines import filter as filt
+
+    try:
+        cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        lib = f"numpy {np.__version__} on {cfg.get('name', '?')} {cfg.get('version', '')}".strip()
+    except Exception:  # pragma: no cover - numpy without show_config dicts
+        lib = f"numpy {np.__version__}"
+    ok, detail = filt.self_test()
+    out["filter"] = {"usable": ok, "devices": ["cpu"] + [d for d in out.get("blas", {}).get("devices", [])
+                                                         if d != "cpu"],
+                     "detail": f"{lib}; self-test {'passed' if ok else 'FAILED'}: {detail}"}  # fmt: skip

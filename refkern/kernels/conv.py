@@ -23,11 +23,12 @@ from refkern.accumulate._bits import bits
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.formats import round_to
 from refkern.accumulate.superacc import SIZE, acc_init
+from refkern.engines import filter as filt
 from refkern.kernels._common import as_f64, finish, plan
 from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
-__all__ = ["conv1d", "conv2d", "conv3d", "conv_operands", "ConvOperands", "run_conv", "check_ranks", "decide",
-           "dot_mag_rows", "fast_element", "fast_ok", "fast_bound"]  # fmt: skip
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_operands", "ConvOperands", "run_conv", "run_conv_numba", "check_ranks",
+           "decide", "dot_mag_rows", "fast_element", "fast_ok", "fast_bound"]  # fmt: skip
 
 _ABS = np.int64(0x7FFFFFFFFFFFFFFF)
 _INF_BITS = np.int64(0x7FF0000000000000)
@@ -266,16 +267,31 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, padding_mo
     k = c.W[0].size
     device = next((t.device for t in (x, weight, bias) if is_tensor(t) and t.device.type != "cpu"), None)
     acc = "exact" if p.method == EXACT else "other"
-    if engines.choose(engine, acc, n * ho * wo, c_out // c.groups, k, device) == "blas":
+    chosen = engines.choose(engine, acc, n * ho * wo, c_out // c.groups, k, device, filterable=filt.applies(p))
+    if chosen == "blas":
         from refkern.engines.blas import run_conv as run_conv_blas
 
         formats = tuple(p.ops[o].fmt if p.ops[o] is not None else None for o in ("x", "weight", "bias"))
         return finish(p, run_conv_blas(p, c, formats, device))
-    return finish(p, run_conv(p, c)[0])
+    if chosen == "filter":
+        return finish(p, filt.conv(p, c, device=device)[0])
+    return finish(p, run_conv_numba(p, c)[0])
 
 
-def run_conv(p, c, want_mag=False):
-    """The kernel on prepared operands: (values, magnitudes or None), float64, in the caller's layout."""
+def run_conv(p, c, want_mag=False, device=None):
+    """The exact convolution on prepared operands: (values, magnitudes or None), float64, in the
+    caller's layout, by the filtering engine where ``engines.choose`` picks it for ``engine="auto"``,
+    else by the Numba kernel (:func:`run_conv_numba`). Same values; magnitudes within gamma_K."""
+    n, c_out, ho, wo = c.out_shape
+    acc = "exact" if p.method == EXACT else "other"
+    if engines.choose("auto", acc, n * ho * wo, c_out // c.groups, c.W[0].size, device,
+                      filterable=filt.applies(p)) == "filter":  # fmt: skip
+        return filt.conv(p, c, want_mag, device)
+    return run_conv_numba(p, c, want_mag)
+
+
+def run_conv_numba(p, c, want_mag=False):
+    """The Numba kernel on prepared operands: (values, magnitudes or None), float64, in the caller's layout."""
     c_out = c.W.shape[0]
     W2 = np.ascontiguousarray(c.W.reshape(c_out, -1))
     stw = np.empty((c_out, 2), np.int64)

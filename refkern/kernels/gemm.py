@@ -9,10 +9,12 @@ from refkern._arrays import is_tensor
 from refkern._jit import jit
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.superacc import SIZE, acc_init
+from refkern.engines import filter as filt
 from refkern.kernels._common import as_f64, finish, plan
 from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
+from refkern.scale._dispatch import dask_in, to_dask
 
-__all__ = ["matmul", "linear", "matmul_operands", "linear_operands", "run_gemm"]
+__all__ = ["matmul", "linear", "matmul_operands", "linear_operands", "run_gemm", "run_numba"]
 
 _IB, _JB = 8, 32  # a task computes an 8 x 32 tile: scratch set up once per 256 elements
 
@@ -53,8 +55,23 @@ def _stats(rows3):
     return s
 
 
-def run_gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False):
-    """The kernel on prepared operands: (values, magnitudes or None) as float64 arrays of out_shape."""
+def run_gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False, device=None):
+    """The exact GEMM on prepared operands: (values, magnitudes or None) as float64 arrays of
+    out_shape, by the filtering engine where ``engines.choose`` picks it for ``engine="auto"``
+    (exact, float32-or-narrower factors, large enough), else by the Numba kernel
+    (:func:`run_numba`). Both give the same values; the magnitudes agree within gamma_K."""
+    m, n, k = A3.shape[1], Bt3.shape[1], A3.shape[2]
+    if engines.choose("auto", _acc(p), m * len(ia), n, k, device, filterable=filt.applies(p)) == "filter":
+        return filt.gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag, device)
+    return run_numba(p, A3, Bt3, ia, ib, bias, out_shape, want_mag)
+
+
+def _acc(p):
+    return "exact" if p.method == EXACT else "other"
+
+
+def run_numba(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False):
+    """The Numba kernel on prepared operands: (values, magnitudes or None) as float64 arrays of out_shape."""
     nb, m, n = len(ia), A3.shape[1], Bt3.shape[1]
     out = np.empty((nb, m, n))
     mag = np.empty((nb, m, n) if want_mag else (1, 1, 1))
@@ -76,12 +93,17 @@ def _run(p, engine, A3, Bt3, ia, ib, bias, shape, device, names):
     """run_gemm's values, by the engine that ``engine`` names for this GEMM; ``names``: the
     operands of A3, Bt3 and the bias."""
     m, n, k = A3.shape[1], Bt3.shape[1], A3.shape[2]
-    if engines.choose(engine, "exact" if p.method == EXACT else "other", m, n, k, device) == "blas":
+    chosen = engines.choose(engine, _acc(p), m * len(ia), n, k, device, filterable=filt.applies(p))
+    if chosen != "filter":
+        Bt3 = np.ascontiguousarray(Bt3)  # matmul's operands may hold B^T as a view (the filter takes it so)
+    if chosen == "blas":
         from refkern.engines.blas import run_batched
 
         formats = tuple(p.ops[k].fmt if p.ops.get(k) is not None else None for k in names)
         return run_batched(p, A3, Bt3, ia, ib, bias, shape, formats, device)
-    return run_gemm(p, A3, Bt3, ia, ib, bias, shape)[0]
+    if chosen == "filter":
+        return filt.gemm(p, A3, Bt3, ia, ib, bias, shape, device=device)[0]
+    return run_numba(p, A3, Bt3, ia, ib, bias, shape)[0]
 
 
 def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):
@@ -103,14 +125,17 @@ def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None, engine: str = "
     BLAS, on the device of the tensors; ``accumulate="exact"`` only) or ``"auto"`` (the
     rule in :mod:`refkern.engines`). Both engines give bit-identical results.
     """
+    if dask_in(a, b):  # lazy, the same bits for every chunking (refkern.scale.array)
+        return to_dask("matmul", a, b, accumulate=accumulate, accum_dtype=accum_dtype, engine=engine)
     engines.check_engine("matmul", engine, accumulate)
     p = plan("matmul", {"a": a, "b": b}, ("a", "b"), accumulate, accum_dtype)
-    A3, Bt3, ia, ib, shape = matmul_operands(p)
+    A3, Bt3, ia, ib, shape = matmul_operands(p, contiguous=False)
     return finish(p, _run(p, engine, A3, Bt3, ia, ib, None, shape, _device(a, b), ("a", "b", "bias")))
 
 
-def matmul_operands(p):
-    """torch.matmul's shapes: (A3 (Ba, M, K), B^T as Bt3 (Bb, N, K), batch maps ia, ib, result shape)."""
+def matmul_operands(p, contiguous=True):
+    """torch.matmul's shapes: (A3 (Ba, M, K), B^T as Bt3 (Bb, N, K), batch maps ia, ib, result shape);
+    with ``contiguous=False`` Bt3 may be a transposed view of B (no copy)."""
     op = p.op
     sa, sb = p.ops["a"].shape, p.ops["b"].shape
     if len(sa) == 0 or len(sb) == 0:
@@ -130,7 +155,8 @@ def matmul_operands(p):
     ia = np.broadcast_to(np.arange(na).reshape(ba), batch).reshape(-1)
     ib = np.broadcast_to(np.arange(nb).reshape(bb), batch).reshape(-1)
     A3 = np.ascontiguousarray(A2.reshape(na, m, k))
-    Bt3 = np.ascontiguousarray(np.swapaxes(B2.reshape(nb, k, n), 1, 2))
+    Bt3 = np.swapaxes(B2.reshape(nb, k, n), 1, 2)
+    Bt3 = np.ascontiguousarray(Bt3) if contiguous else Bt3
     shape = batch + ((m,) if A.ndim > 1 else ()) + ((n,) if B.ndim > 1 else ())
     return A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), shape
 

@@ -1,0 +1,453 @@
+"""The filtering engine: one float64 GEMM on the platform's BLAS, a rigorous error bound per
+element, and the exact path for the few elements that bound cannot decide.
+
+For float16, bfloat16 and float32 factors every product is exact in float64 (at most 48
+significand bits, exponents within 2**-298 .. 2**256), so ``V = A @ Bt^T`` computed by a
+float64 BLAS GEMM is a float64 sum of the K exact products, in whatever order and blocking the
+library picked. Every such order errs by at most ``gamma_K * T`` (Higham, *Accuracy and
+Stability*, 2nd ed., eq. (3.5) and section 3.1: ``gamma_n = n u / (1 - n u)``, ``u = 2**-53``,
+T the sum of |terms|; it holds for any order, any blocking and with FMA, the bias being one more
+term). Where the interval ``[s - e, s + e]`` (e an upper bound of that error, computed with
+directed slack, :func:`decide_one`) rounds to a single value of the result format, that value is
+the correctly rounded result (rounding is monotonic); the rest, and every element whose terms
+hold an inf or a NaN, go to the exact path (:func:`~refkern.kernels._element.reduce_element`,
+the Numba engine's own code), so the result is bit-identical to it.
+
+**The bound on T.** Two, per element (:func:`decide_one`'s ``m``):
+
+* the norm product ``||a_i||_2 ||b_j||_2 + |bias_j|`` (Cauchy-Schwarz), from one float64 pass
+  over each operand: free next to the GEMM, loose by ``||a|| ||b|| / T`` (pi / 2 for Gaussian
+  data, more when large entries of a meet small ones of b);
+* ``(|A| |B|^T)_ij + |bias_j|``, a second float64 GEMM: tight, one more GEMM. It is computed for
+  a block of rows only where the norm bound left more than ``ABS_GEMM_MIN`` of its elements
+  undecided (rule in :func:`_refine`), and always when the caller asks for the magnitudes
+  (``want_mag``: the verdict needs ``sum |terms|`` anyway, so the tight bound costs nothing more).
+
+**The assumption.** The BLAS computes each element as a float64 sum of the products in some
+order, with each operation rounded to nearest: no Strassen-like algorithm, no reduced precision,
+no flush-to-zero that would change a normal product (a flushed subnormal partial sum is covered:
+see :func:`decide_one`). :func:`self_test` checks it on the BLAS in use, and ``refkern doctor``
+runs it.
+
+**Memory.** Matmul: the float64 result (needed anyway), one byte per element for the undecided
+mask, and with the tight bound one float64 block of ``rows x N`` per block of rows. Convolution:
+im2col in chunks of images, at most ``MEMORY`` bytes of patches per chunk (twice with the
+magnitudes: the patches' absolute values), see :func:`conv_chunk`.
+
+On a CUDA device the GEMM runs on cuBLAS (float64, TF32 and reduced-precision reductions off);
+the decision and the exact path run on the CPU.
+"""
+
+import contextlib
+
+import numba
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate.exact import BLOCK
+from refkern.accumulate.formats import round_to
+from refkern.accumulate.superacc import SIZE, acc_init
+from refkern.kernels._element import EXACT, reduce_element, row_stats
+
+__all__ = ["applies", "gemm", "conv", "decide_one", "bound", "self_test", "conv_chunk", "SLACK", "M_MIN", "M_MAX",
+           "K_MAX", "ABS_GEMM_MIN", "TILE_EXACT_MIN", "MEMORY", "ROW_BLOCK"]  # fmt: skip
+
+SLACK = 1.015625  # 1 + 2**-6: c in e = c (K + 1) u m, derived in decide_one
+M_MIN = 2.0**-960  # below: e could underflow and a flushed subnormal sum is not covered (decide_one)
+M_MAX = 2.0**1000  # above: s + e could overflow float64
+K_MAX = 1 << 40  # (2K + 2) u <= 2**-10 for K below this: decide_one's derivation
+ABS_GEMM_MIN = 0.05  # fraction of a row block's elements undecided by the norm bound: tight bound
+TILE_EXACT_MIN = 0.5  # fraction still undecided: the whole block by the Numba kernel
+ROW_BLOCK = 256  # rows per block for these two rules
+PARALLEL_TERMS = 1 << 22  # products the exact path must form before it runs on every thread
+MEMORY = 1 << 28  # bytes of im2col patches per chunk of images
+
+
+def applies(p) -> bool:
+    """Whether the filter can compute Plan ``p``: ``exact`` on float32-or-narrower factors, a result
+    format of at most 26 bits (so that the float64 value is never the answer itself)."""
+    return p.method == EXACT and p.narrow and p.work.prec <= 26
+
+
+@jit(inline="always")
+def bound(k, m):
+    """e = fl(c (K + 1) u m), c = SLACK, u = 2**-53: the error bound of :func:`decide_one`.
+    (K + 1) c 2**-53 is exact (K + 1 < 2**41 times a 7-bit c), so e has one rounding."""
+    return ((k + 1) * 1.015625 * 2.0**-53) * m
+
+
+@jit(inline="always")
+def decide_one(s, m, k, prec, emin, emax):
+    """The correctly rounded value, in the format (prec, emin, emax), of the exact sum S of K + 1
+    terms (K products and the bias, every term a multiple of 2**-1074) of which ``s`` is a float64
+    sum in any order and ``m`` a float64 number with ``m >= (1 - gamma_{2K+2}) T``, T = sum |terms|;
+    NaN where the bound cannot decide (the caller then computes the element exactly).
+
+    Derivation (u = 2**-53, K < K_MAX so (2K + 2) u <= 2**-10):
+    1. |s - S| <= gamma_K T (K additions; an addition whose result is subnormal is exact here,
+       every partial sum being a multiple of 2**-1074; a BLAS that flushes it to zero errs by at
+       most 2**-1022 more per addition: F = K 2**-1022 in total).
+    2. T <= m / (1 - gamma_{2K+2}) <= m (1 + 2**-9), gamma_K <= K u (1 + 2**-9): |s - S| <=
+       err' = K u m (1 + 2**-9)**2 + F <= 1.005 K u m + F.
+    3. e = :func:`bound` >= c (K + 1) u m (1 - u), c = 1 + 2**-6. The ends fl(s -+ e) err by at most
+       u (|s| + e) + 2**-1075 each, |s| <= T + err' <= 1.002 m + err'. S lies between them when
+       e (1 - u) - u (1.002 m + err') - 2**-1075 >= err', i.e. when (dividing by u m, m >= M_MIN so
+       (F + 2**-1075) / (u m) <= 2**-9 K + 2**-62): c (K + 1) (1 - 2u) - 1.002 - 2u >=
+       1.005 K (1 + u) + 2**-9 K + 2**-62, true for c = 1 + 2**-6 (1.0156 K + 0.0136 against
+       1.0070 K) and false near c = 1: the slack is what the rounding of the bound needs.
+    4. |s| > e: S is not zero and has the sign of s (a zero sum's sign needs the exact path).
+    5. Rounding is monotonic: when round(fl(s - e)) == round(fl(s + e)), S rounds to that value,
+       overflow to inf, subnormals and a tiny S rounding to a signed zero included.
+    m NaN or inf (a term inf or NaN) fails M_MIN <= m <= M_MAX: such elements go exact.
+    For float32 the hardware conversion float64 -> float32 is round_to(x, 24, -126, 127)."""
+    if M_MIN <= m <= M_MAX:
+        e = bound(k, m)
+        if abs(s) > e:
+            if prec == 24 and emin == -126 and emax == 127:
+                lo = np.float64(np.float32(s - e))
+                hi = np.float64(np.float32(s + e))
+            else:
+                lo = round_to(s - e, prec, emin, emax)
+                hi = round_to(s + e, prec, emin, emax)
+            if lo == hi:
+                return lo
+    return np.nan
+
+
+@jit(parallel=True)
+def _decide(V, na, nb, ia, ib, brow, bcol, k, prec, emin, emax, und, counts):
+    """V[t, i, j] (the GEMM's value, no bias) := the decided result, where the bound
+    m = fl(fl(na[ia[t], i] nb[ib[t], j]) + |bias|) decides it; und[t, i, j] = 1 where it does not
+    (V left as it was). bias = brow[i] + bcol[j] (one of them zero). counts[t, i] = undecided."""
+    nt, m, n = V.shape
+    for task in prange(nt * m):
+        t = task // m
+        i = task % m
+        ra = na[ia[t], i]
+        rb = nb[ib[t]]
+        c = 0
+        for j in range(n):
+            b = brow[i] + bcol[j]
+            s = V[t, i, j] + b  # the bias: one more rounded addition, counted in K
+            r = decide_one(s, ra * rb[j] + abs(b), k, prec, emin, emax)
+            if r == r:
+                V[t, i, j] = r
+                und[t, i, j] = 0
+            else:
+                und[t, i, j] = 1
+                c += 1
+        counts[t, i] = c
+
+
+@jit(parallel=True)
+def _redecide(V, G, brow, bcol, k, prec, emin, emax, und, counts):
+    """As :func:`_decide` on the undecided elements of one block, with m = fl(G + |bias|), G the
+    float64 GEMM of |A| |B|^T (m >= (1 - gamma_K) T)."""
+    nt, m, n = V.shape
+    for task in prange(nt * m):
+        t = task // m
+        i = task % m
+        c = 0
+        for j in range(n):
+            if und[t, i, j]:
+                b = brow[i] + bcol[j]
+                r = decide_one(V[t, i, j] + b, G[t, i, j] + abs(b), k, prec, emin, emax)
+                if r == r:
+                    V[t, i, j] = r
+                    und[t, i, j] = 0
+                else:
+                    c += 1
+        counts[t, i] = c
+
+
+@jit(parallel=True)
+def _exact_pairs(A, B, ri, rj, bias, has_bias, narrow, prec, emin, emax, out):
+    """out[s] = bias[s] + sum_k A[ri[s], k] B[rj[s], k], exact, rounded once (the Numba engine's
+    reduce_element, with the rows' statistics computed here)."""
+    for s in prange(ri.size):
+        acc = np.empty(SIZE, np.int64)
+        acc_init(acc)
+        scratch = np.empty(BLOCK)
+        st = np.empty((2, 2), np.int64)
+        row_stats(A[ri[s] : ri[s] + 1], st[0:1])
+        row_stats(B[rj[s] : rj[s] + 1], st[1:2])
+        out[s] = reduce_element(
+            A[ri[s]], B[rj[s]], bias[s], has_bias, EXACT, narrow, st[0, 0], st[0, 1], st[1, 0], st[1, 1],
+            prec, emin, emax, acc, scratch,
+        )  # fmt: skip
+
+
+def _norms(X):
+    """fl(sqrt(fl(sum_k X[..., k]**2))) per row of a (..., K) float64 array of <= 24-bit values, any
+    layout: each square is exact (<= 48 bits, >= 2**-298), numpy's sum errs by gamma_{K-1} in
+    whatever order it takes, the root by u (:func:`decide_one`'s condition on m). numpy, not Numba:
+    a parallel Numba kernel right after a BLAS call shares the cores with BLAS threads still
+    spinning (measured: +5 ms at 512**3 on 2 cores)."""
+    return np.sqrt(np.einsum("...k,...k->...", X, X))
+
+
+@contextlib.contextmanager
+def _threads(n):
+    """Numba kernels on ``n`` threads inside (see :func:`_norms`: after a BLAS call, one thread
+    unless the work is large enough to pay for the contention)."""
+    old = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(n, old)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old)
+
+
+def _device_gemm(device):
+    """matmul(a, bt) -> a @ bt^T as float64 numpy: numpy's BLAS on the CPU, cuBLAS on ``device``."""
+    if device is None or getattr(device, "type", "cpu") == "cpu":
+        return lambda a, bt, out=None: np.matmul(a, np.swapaxes(bt, -1, -2), out=out)
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # no effect on float64; stated for the record
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+    def mm(a, bt, out=None):
+        ta = torch.from_numpy(np.ascontiguousarray(a)).to(device)
+        tb = torch.from_numpy(np.ascontiguousarray(bt)).to(device)
+        r = torch.matmul(ta, tb.transpose(-1, -2)).cpu().numpy()
+        if out is None:
+            return r
+        out[...] = r
+        return out
+
+    return mm
+
+
+class _Gemm:
+    """One batch of ``V[t] = A[ia[t]] @ B[ib[t]]^T (+ bias)``: A (TA, M, K), B (TB, N, K) float64
+    exact values in any layout (B may be a transposed view), the bias per column (bcol, N) or,
+    with ``bias_rows``, per row (brow, M); the other array zeros."""
+
+    def __init__(self, p, A, B, ia, ib, brow, bcol, has_bias, device, bias_rows=False):
+        self.p, self.A, self.B, self.ia, self.ib = p, A, B, ia, ib
+        self.brow, self.bcol, self.has_bias, self.bias_rows = brow, bcol, has_bias, bias_rows
+        self.mm = _device_gemm(device)
+        self._absb = {}
+
+    def abs_b(self, t):
+        """|B[ib[t]]|, kept for the blocks of the same batch element."""
+        if self.ib[t] not in self._absb:
+            self._absb = {self.ib[t]: np.abs(self.B[self.ib[t]])}
+        return self._absb[self.ib[t]]
+
+    def values(self, V, mag=None):
+        """V (T, M, N) := the correctly rounded results; mag (same shape) := the magnitudes."""
+        p, A, B, ia, ib = self.p, self.A, self.B, self.ia, self.ib
+        k = A.shape[2]
+        fmt = p.work.params
+        nt, m, n = V.shape
+        if nt == 0 or m == 0 or n == 0:
+            return
+        for t in range(nt):
+            self.mm(A[ia[t]], B[ib[t]], out=V[t])
+        und = np.empty(V.shape, np.uint8)
+        counts = np.empty((nt, m), np.int64)
+        if mag is not None:  # the tight bound from the start: the magnitudes are wanted anyway
+            for t in range(nt):
+                self.mm(np.abs(A[ia[t]]), self.abs_b(t), out=mag[t])
+            und[...] = 1
+            with _threads(1):
+                _redecide(V, mag, self.brow, self.bcol, k, *fmt, und, counts)
+            mag += np.abs(self.brow)[None, :, None] + np.abs(self.bcol)[None, None, :]
+        else:
+            na, nb = _norms(A), _norms(B)
+            with _threads(1):
+                _decide(V, na, nb, ia, ib, self.brow, self.bcol, k, *fmt, und, counts)
+        if counts.any():
+            self._refine(V, und, counts, k, fmt, tight=mag is not None)
+
+    def _refine(self, V, und, counts, k, fmt, tight):
+        """Per block of ROW_BLOCK rows: more than ABS_GEMM_MIN undecided (norm bound) -> the tight
+        bound by a GEMM of |A| |B|^T over the block; still more than TILE_EXACT_MIN undecided ->
+        the whole block by the Numba kernel; the rest element by element (:func:`_exact_pairs`).
+        ABS_GEMM_MIN: a block's |A||B| GEMM costs about as much as 1 / 20 of its elements by the
+        exact path (benchmarks/bench_filter.py measures both); TILE_EXACT_MIN: the element-wise
+        path's statistics and gathers cost about as much again as the tile kernel per element."""
+        nt, m, n = V.shape
+        for t in range(nt):
+            for i0 in range(0, m, ROW_BLOCK):
+                i1 = min(m, i0 + ROW_BLOCK)
+                c = int(counts[t, i0:i1].sum())
+                if c == 0:
+                    continue
+                size = (i1 - i0) * n
+                blk = (slice(t, t + 1), slice(i0, i1))
+                if not tight and c > ABS_GEMM_MIN * size:
+                    G = self.mm(np.abs(self.A[self.ia[t], i0:i1]), self.abs_b(t))[None]
+                    cc = np.empty((1, i1 - i0), np.int64)
+                    with _threads(1):
+                        _redecide(V[blk], G, self.brow[i0:i1], self.bcol, k, *fmt, und[blk], cc)
+                    c = int(cc.sum())
+                    if c == 0:
+                        continue
+                if c > TILE_EXACT_MIN * size:
+                    V[t, i0:i1] = self._numba_block(t, i0, i1)
+                    continue
+                ii, jj = np.nonzero(und[t, i0:i1])
+                self._pairs(V, t, ii + i0, jj, k, fmt)
+
+    def _pairs(self, V, t, ii, jj, k, fmt):
+        """V[t, ii, jj] by the exact path, on gathered copies of the rows involved."""
+        ua, ri = np.unique(ii, return_inverse=True)
+        ub, rj = np.unique(jj, return_inverse=True)
+        a = np.ascontiguousarray(self.A[self.ia[t]][ua])
+        b = np.ascontiguousarray(self.B[self.ib[t]][ub])
+        bias = self.brow[ii] if self.bias_rows else self.bcol[jj]  # (-0 + 0 would lose a -0 bias)
+        out = np.empty(ii.size)
+        threads = numba.get_num_threads() if ii.size * k >= PARALLEL_TERMS else 1
+        with _threads(threads):
+            _exact_pairs(a, b, ri.reshape(-1), rj.reshape(-1), np.ascontiguousarray(bias), self.has_bias,
+                         self.p.narrow, *fmt, out)  # fmt: skip
+        V[t, ii, jj] = out
+
+    def _numba_block(self, t, i0, i1):
+        """Rows i0:i1 of V[t] by the Numba kernel (exact, rounded once), with the bias on its axis."""
+        from refkern.kernels.gemm import run_numba
+
+        zero = np.zeros(1, np.int64)
+        a = np.ascontiguousarray(self.A[self.ia[t], i0:i1])[None]
+        b = np.ascontiguousarray(self.B[self.ib[t]])[None]
+        if self.has_bias and self.bias_rows:  # a bias per row (the convolution): rows as columns
+            v = run_numba(self.p, b, a, zero, zero, np.ascontiguousarray(self.brow[i0:i1]), (b.shape[1], i1 - i0))[0]
+            return v.T
+        bias = self.bcol if self.has_bias else None
+        return run_numba(self.p, a, b, zero, zero, bias, (i1 - i0, b.shape[1]))[0]
+
+
+def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False, device=None):
+    """:func:`refkern.kernels.gemm.run_gemm` by the filter (``applies(p)`` must hold): (values,
+    magnitudes or None), float64 arrays of ``out_shape``. The magnitudes are the float64 GEMM of
+    |A| |B|^T plus |bias|: sum |terms| in some order, within gamma_K of it, as the Numba kernel's."""
+    nb, m, n = len(ia), A3.shape[1], Bt3.shape[1]
+    k = A3.shape[2]
+    V = np.empty((nb, m, n))
+    mag = np.empty((nb, m, n)) if want_mag else None
+    has_bias = bias is not None
+    bcol = np.ascontiguousarray(bias, np.float64) if has_bias else np.zeros(n)
+    if k >= K_MAX:
+        raise ValueError(f"{p.op}: the filter needs K < 2**40; got K={k}.")
+    g = _Gemm(p, A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), np.zeros(m), bcol, has_bias, device)
+    g.values(V, mag)
+    return V.reshape(out_shape), (mag.reshape(out_shape) if want_mag else None)
+
+
+# --------------------------------------------------------------------------------- convolution
+
+
+@jit(parallel=True)
+def _im2col(X, n0, g, cin_g, kh, kw, sh, sw, dh, dw, ho, wo, cols):
+    """cols[n - n0, y wo + x, (ci, ky, kx)] = X[n, g cin_g + ci, y sh + ky dh, x sw + kx dw] (X
+    padded): one patch per row, in the Numba kernel's (ci, ky, kx) order of terms."""
+    nc = cols.shape[0]
+    for task in prange(nc * ho):
+        n = task // ho
+        y = task % ho
+        for x in range(wo):
+            row = cols[n, y * wo + x]
+            q = 0
+            for ci in range(cin_g):
+                for ky in range(kh):
+                    src = X[n0 + n, g * cin_g + ci, y * sh + ky * dh]
+                    for kx in range(kw):
+                        row[q] = src[x * sw + kx * dw]
+                        q += 1
+
+
+def conv_chunk(n_img: int, patches: int, k: int, memory: int) -> int:
+    """Images per im2col chunk: ``8 * patches * K`` bytes each, at most ``memory`` per chunk; at
+    least one image."""
+    return max(1, min(n_img, memory // max(1, 8 * patches * k)))
+
+
+def conv(p, c, want_mag=False, device=None, memory=None):
+    """:func:`refkern.kernels.conv.run_conv` by the filter (``applies(p)`` must hold): per group and
+    chunk of images, im2col (patches as rows, :func:`_im2col`), one batched GEMM of the filters
+    against the patches (``W_g @ cols^T``: the output's layout directly), the decision, and the
+    exact path for the undecided elements. Peak scratch: ``memory`` (default ``MEMORY``) of
+    patches, twice with ``want_mag``; the result and the magnitudes themselves on top."""
+    memory = MEMORY if memory is None else memory
+    n_img, c_out, ho, wo = c.out_shape
+    g_n = c.groups
+    cout_g = c_out // g_n
+    cin_g, kh, kw = c.W.shape[1:]
+    k = cin_g * kh * kw
+    L = ho * wo
+    out = np.empty((n_img, c_out, L))
+    mag = np.empty((n_img, c_out, L)) if want_mag else None
+    has_bias = c.bias is not None
+    nb = conv_chunk(n_img, L, k, memory)
+    W2 = np.ascontiguousarray(c.W.reshape(c_out, k))
+    for gi in range(g_n):
+        Wg = W2[gi * cout_g : (gi + 1) * cout_g][None]
+        brow = np.ascontiguousarray(c.bias[gi * cout_g : (gi + 1) * cout_g]) if has_bias else np.zeros(cout_g)
+        for n0 in range(0, n_img, nb):
+            n1 = min(n_img, n0 + nb)
+            cols = np.empty((n1 - n0, L, k))
+            _im2col(c.X, n0, gi, cin_g, kh, kw, *c.stride, *c.dilation, ho, wo, cols)
+            g = _Gemm(p, Wg, cols, np.zeros(n1 - n0, np.int64), np.arange(n1 - n0), brow, np.zeros(L), has_bias,
+                      device, bias_rows=True)  # fmt: skip
+            V = np.empty((n1 - n0, cout_g, L))
+            M = np.empty((n1 - n0, cout_g, L)) if want_mag else None
+            g.values(V, M)
+            out[n0:n1, gi * cout_g : (gi + 1) * cout_g] = V
+            if want_mag:
+                mag[n0:n1, gi * cout_g : (gi + 1) * cout_g] = M
+            del cols
+    shape4 = (n_img, c_out, ho, wo)
+    return c.result(out.reshape(shape4)), (c.result(mag.reshape(shape4)) if want_mag else None)
+
+
+# ---------------------------------------------------------------------------------- self-test
+
+
+def self_test(device=None) -> tuple[bool, str]:
+    """Check the filter's assumption on the BLAS in use: (ok, detail).
+
+    1. Each element a sum of products in float64, correctly rounded operations: a GEMM whose
+       exact results are known (rows of 1, 2**-30 and -1: the sums cancel to 2**-30 in every
+       order, which no float32 or TF32 reduction keeps) returns them exactly.
+    2. No Strassen-like scheme: a GEMM of integers whose products and sums are exact in float64
+       returns the exact integers (Strassen's differences of large and small blocks would round).
+    3. No flush-to-zero: a product of normal float32 values near 2**-149 * 2**-149 stays nonzero.
+    4. The filter's result on random float32 GEMMs with cancellation equals the Numba engine's.
+    """
+    mm = _device_gemm(device)
+    rng = np.random.default_rng(1)
+    n = 96
+    a = np.zeros((n, n))
+    a[:, 0], a[:, 1], a[:, 2] = 1.0, 2.0**-30, -1.0
+    a = a[:, rng.permutation(n)]
+    b = np.ones((n, n))
+    v = mm(a, b)
+    if not (v == 2.0**-30).all():
+        return False, "a float64 GEMM lost a term of 2**-30 beside 1 and -1: reduced precision"
+    ai = rng.integers(-(2**20), 2**20, (256, 256)).astype(np.float64)
+    bi = rng.integers(-(2**20), 2**20, (256, 256)).astype(np.float64)
+    vi = mm(ai, bi)
+    want = (ai.astype(np.int64) @ bi.T.astype(np.int64)).astype(np.float64)
+    if not (vi == want).all():
+        return False, "a float64 GEMM of integers (exact in every order) was not exact: Strassen-like or reduced"
+    t = np.full((4, 8), 2.0**-140)
+    if not (mm(t, t) == 8 * 2.0**-280).all():
+        return False, "a float64 GEMM flushed products near 2**-280 to zero"
+    from refkern.kernels._common import plan
+    from refkern.kernels.gemm import matmul_operands, run_numba
+
+    x = rng.standard_normal((64, 200)).astype(np.float32)
+    y = rng.standard_normal((200, 48)).astype(np.float32)
+    y[:, 1::2] = -y[:, ::2] * np.float32(1 + 2.0**-20)  # cancelling columns: many undecided elements
+    pl = plan("matmul", {"a": x, "b": y}, ("a", "b"), "exact", None)
+    A3, Bt3, ia, ib, shape = matmul_operands(pl)
+    got = gemm(pl, A3, Bt3, ia, ib, None, shape, device=device)[0]
+    ref = run_numba(pl, A3, Bt3, ia, ib, None, shape)[0]
+    if not np.array_equal(got.view(np.int64), ref.view(np.int64)):
+        return False, "the filter's matmul differs from the Numba engine's"
+    return True, "float64 GEMM: exact where every order is, no Strassen, no flush-to-zero; filter == numba"

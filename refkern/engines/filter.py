@@ -202,7 +202,12 @@ def _threads(n):
 def _device_gemm(device):
     """matmul(a, bt) -> a @ bt^T as float64 numpy: numpy's BLAS on the CPU, cuBLAS on ``device``."""
     if device is None or getattr(device, "type", "cpu") == "cpu":
-        return lambda a, bt, out=None: np.matmul(a, np.swapaxes(bt, -1, -2), out=out)
+
+        def mm_cpu(a, bt, out=None):
+            with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 rows: decided exactly later
+                return np.matmul(a, np.swapaxes(bt, -1, -2), out=out)
+
+        return mm_cpu
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False  # no effect on float64; stated for the record

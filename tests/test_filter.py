@@ -1,0 +1,424 @@
+"""The filtering engine (issue 27): bit-identical to the Numba engine and to refkern.truth on
+adversarial inputs, on every path (norm bound, |A||B| bound, element-wise and whole-block exact
+paths), its constants pinned by hand, and wrong when its bound is."""
+
+import numpy as np
+import pytest
+from strategies import same
+from test_engines import _all_same, _data, _rng
+
+import refkern as rk
+from refkern import engines, truth
+from refkern.engines import filter as filt
+
+torch = pytest.importorskip("torch")
+
+NARROW = ["float16", "bfloat16", "float32"]
+KINDS = ["normal", "spread", "cancel", "subnormal", "special", "zeros"]
+
+
+def _tensor(x, dtype):
+    return torch.from_numpy(np.array(x, np.float64)).to(getattr(torch, dtype))
+
+
+# ------------------------------------------------------------------------------- the constants
+
+
+def test_constants_by_hand():
+    assert filt.SLACK == pytest.approx(1.015625, abs=0)
+    assert filt.M_MIN == pytest.approx(2.0**-960, abs=0)
+    assert filt.M_MAX == pytest.approx(2.0**1000, abs=0)
+    assert filt.K_MAX == 1099511627776
+    assert filt.ABS_GEMM_MIN == pytest.approx(0.05, abs=0)
+    assert filt.TILE_EXACT_MIN == pytest.approx(0.5, abs=0)
+    assert engines.FILTER_MIN_WORK == 32768
+
+
+@pytest.mark.parametrize(
+    ("k", "m", "want"),
+    [
+        (1, 1.0, 2 * 1.015625 * 2.0**-53),  # 2.255140518769849e-16
+        (1023, 1.0, 1.1546319456101628e-13),
+        (2**20, 3.0, 3.5470327196251983e-10),  # (2**20 + 1) 65 2**-6 2**-53 3
+    ],
+)
+def test_bound_by_hand(k, m, want):
+    assert filt.bound(k, m) == pytest.approx(want, abs=0)
+    assert filt.bound(k, m) == (k + 1) * 1.015625 * 2.0**-53 * m
+
+
+def test_the_slack_is_needed_and_enough():
+    """decide_one's step 3: c (K + 1) (1 - 2u) - 1.002 - 2u >= 1.005 K (1 + u) + 2**-9 K + 2**-62
+    holds for c = 1 + 2**-6 at every K up to K_MAX, and fails for c = 1 (the bound's own rounding
+    needs the slack)."""
+    u = 2.0**-53
+    for k in (1, 2, 1000, 2**20, 2**39):
+        lhs = filt.SLACK * (k + 1) * (1 - 2 * u) - 1.002 - 2 * u
+        assert lhs >= 1.005 * k * (1 + u) + 2.0**-9 * k + 2.0**-62
+    assert not 1.0 * (2**20 + 1) * (1 - 2 * u) - 1.002 >= 1.005 * 2**20 + 2.0**-9 * 2**20
+
+
+# ---------------------------------------------------------------------- the bound is a real one
+
+
+def _worst_case(k):
+    """(S, s, T): an exact sum S = 1 + 2**-24 + 2**-40 of K + 1 positive terms (T = S), just above
+    the float32 midpoint between 1 and 1 + 2**-23, and a float64 value s as far below S as the model
+    allows (|s - S| = 0.99 gamma_K T): what some order of additions may return."""
+    S = 1 + 2.0**-24 + 2.0**-40
+    gamma = k * 2.0**-53 / (1 - k * 2.0**-53)
+    return S, S - 0.99 * gamma * S, S
+
+
+@pytest.mark.parametrize("k", [2**12, 2**16, 2**20])
+def test_an_admissible_error_is_never_decided_wrong(k):
+    S, s, T = _worst_case(k)
+    r = filt.decide_one(s, T, k, 24, -126, 127)
+    assert r != r or r == np.float32(S), "a decided element must be the correctly rounded one"
+
+
+@pytest.mark.parametrize("k", [2**16, 2**18, 2**20])
+def test_a_halved_bound_decides_wrong(k):
+    """With half the bound (m / 2), the same admissible s is decided, and wrongly: the bound is tight
+    enough that halving it breaks the engine (so a test fails if SLACK or bound() is halved)."""
+    S, s, T = _worst_case(k)
+    r = filt.decide_one(s, T / 2, k, 24, -126, 127)
+    assert r == 1.0 and np.float32(S) == np.float32(1 + 2.0**-23)
+
+
+@pytest.mark.parametrize("k", [2**20])
+def test_halved_bound_end_to_end(monkeypatch, k):
+    """A 'BLAS' that errs by 0.99 gamma_K T (allowed by the model): the engine stays exact; with the
+    norms halved (half the bound) it returns a wrong float32 result."""
+    S, s, T = _worst_case(k)
+    a = np.zeros((1, k), np.float32)
+    a[0, 0] = 1
+    a[0, 1] = 2.0**-24
+    a[0, 2] = 2.0**-40
+    b = np.zeros((k, 1), np.float32)
+    b[:3, 0] = 1
+    a[0, 3] = -0.0  # marks the value GEMM (|A| has no -0)
+    # T = S, and the norm product ||a|| ||b|| = sqrt(1 + ...) sqrt(3) > T: use the tight bound path
+    real_mm = filt._device_gemm(None)
+
+    def bad_mm(device):
+        def mm(x, bt, out=None):
+            r = real_mm(x, bt, out)
+            if np.signbit(x).any():  # the value GEMM (not |A||B|): err as far as the model allows
+                r[...] = np.where(r > 0.5, s, r)
+            return r
+
+        return mm
+
+    monkeypatch.setattr(filt, "_device_gemm", bad_mm)
+    from refkern.kernels._common import plan
+    from refkern.kernels.gemm import matmul_operands
+
+    p = plan("matmul", {"a": a, "b": b}, ("a", "b"), "exact", None)
+    A3, Bt3, ia, ib, shape = matmul_operands(p)
+    v, mag = filt.gemm(p, A3, Bt3, ia, ib, None, shape, want_mag=True)
+    assert np.float32(v[0, 0]) == np.float32(S)
+    monkeypatch.setattr(filt, "_norms", lambda X: np.sqrt(np.einsum("...k,...k->...", X, X)) / 2)
+    v = filt.gemm(p, A3, Bt3, ia, ib, None, shape)[0]  # the norm path, halved: T / 2 < m
+    assert np.float32(v[0, 0]) != np.float32(S)
+
+
+# ---------------------------------------------------------------- bit-identical to truth, numba
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+@pytest.mark.parametrize("kind", KINDS)
+def test_matmul_filter_equals_numba_and_truth(dtype, kind):
+    rng = _rng("filter-mm", dtype, kind)
+    a, b = _data(rng, (9, 40), dtype, kind), _data(rng, (40, 7), dtype, kind)
+    got = rk.matmul(a, b, engine="filter")
+    assert got.dtype == a.dtype and got.shape == (9, 7)
+    _all_same(got, rk.matmul(a, b, engine="numba"), "filter vs numba")
+    _all_same(got, truth.matmul(a, b), "filter vs truth")
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+@pytest.mark.parametrize("kind", ["normal", "spread", "cancel", "special", "zeros"])
+def test_linear_with_bias(dtype, kind):
+    rng = _rng("filter-lin", dtype, kind)
+    x, w = _data(rng, (2, 5, 33), dtype, kind), _data(rng, (6, 33), dtype, kind)
+    b = _data(rng, (6,), dtype, kind if kind != "special" else "normal")
+    got = rk.linear(x, w, b, engine="filter")
+    _all_same(got, rk.linear(x, w, b, engine="numba"), "filter vs numba")
+    _all_same(got, truth.linear(x, w, b), "filter vs truth")
+
+
+def _midpoint_rows(dtype):
+    """Rows (A, b = ones) whose exact sums sit on or next to rounding boundaries of ``dtype``: a
+    midpoint exactly (a tie, both parities), a midpoint +- 2**-60 reached through cancellation of
+    2**40 (the float64 GEMM loses the small terms), a binade edge, subnormal results (half the
+    smallest subnormal: a tie to 0; and just above it), and overflow (the midpoint between the
+    largest finite number and the overflow threshold, and just below it)."""
+    fin = torch.finfo(getattr(torch, dtype))
+    p = {"float32": 24, "bfloat16": 8, "float16": 11}[dtype]
+    h = 2.0**-p  # half an ulp of 1
+    big = 2.0**40 if dtype != "float16" else 2.0**14
+    tiny = 2.0**-60 if dtype != "float16" else 2.0**-20
+    sub = fin.smallest_normal * 2.0 ** -(p - 1)  # the smallest subnormal
+    mx = fin.max
+    emax = int(np.log2(mx))
+    rows = [
+        [1, h],  # tie: to even (1)
+        [1 + 2 * h, h],  # tie: to even (1 + 4h)
+        [big, 1, h, tiny, -big],  # midpoint + tiny, through cancellation: up
+        [big, 1, h, -tiny, -big],  # midpoint - tiny: down
+        [2, -h / 2],  # just below a binade edge
+        [sub / 2],  # half the smallest subnormal (a product): a tie to +0
+        [sub / 2, sub / 4],  # above it: the smallest subnormal
+        [-sub / 2, -sub / 4],
+        [mx, 2.0 ** (emax - p)],  # the midpoint between max and the overflow threshold: to even, inf
+        [mx, 2.0 ** (emax - p) - 2.0 ** (emax - 2 * p)],  # just below it: max
+    ]
+    k = max(len(r) for r in rows)
+    A = np.zeros((len(rows), k))
+    for i, r in enumerate(rows):
+        A[i, : len(r)] = r
+    return A
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_rounding_boundaries(dtype):
+    """Sums on and next to the boundaries; each term t = x y with x and y exact in ``dtype`` (the
+    exponent split in halves)."""
+    A = _midpoint_rows(dtype)
+    # each term t as the product of two format values: split the exponent (both halves exact)
+    e = np.where(A != 0, np.floor(np.log2(np.abs(np.where(A != 0, A, 1)))), 0)
+    half = np.floor(e / 2)
+    x, y = A / 2.0**half, np.broadcast_to(2.0**half, A.shape)
+    xt, yt = _tensor(x, dtype), _tensor(y, dtype)
+    assert torch.equal(xt.double() * yt.double(), torch.from_numpy(A)), "the terms must be exact products"
+    # row i of the result: sum_k x[i, k] y[i, k]: a batched matmul of (R, 1, K) by (R, K, 1)
+    a, b = xt[:, None, :], yt[:, :, None]
+    got = rk.matmul(a, b, engine="filter")
+    _all_same(got, rk.matmul(a, b, engine="numba"), "filter vs numba")
+    _all_same(got, truth.matmul(a, b), "filter vs truth")
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_overflowing_and_signed_zero_results(dtype):
+    fin = torch.finfo(getattr(torch, dtype))
+    big = float(fin.max) / 2
+    a = _tensor([[big, big, big], [-0.0, 0.0, -0.0], [1.0, -1.0, 0.0], [-big, -big, -big]], dtype)
+    b = _tensor([[1.0, 0.0], [1.0, -0.0], [1.0, 1.0]], dtype)
+    got = rk.matmul(a, b, engine="filter")
+    _all_same(got, truth.matmul(a, b))
+    _all_same(got, rk.matmul(a, b, engine="numba"))
+    assert torch.isinf(got[0, 0]) and torch.signbit(got[1, 1])  # -0 * 0 + 0 * -0 + -0 * 1: every term -0
+
+
+def test_k_2_to_the_20():
+    """1 x 2**20 by 2**20 x 1 with wide spread and near-exact cancellation: against the integer sum."""
+    from refkern.accumulate.formats import FLOAT32
+
+    k = 2**20
+    rng = _rng("filter-bigk")
+    x = rng.standard_normal(k) * 2.0 ** rng.integers(-20, 21, k)
+    y = rng.standard_normal(k)
+    x[1::2] = -x[0::2] * (1 + 2.0**-22)
+    y[1::2] = y[0::2]
+    a = torch.from_numpy(x.astype(np.float32))[None]
+    b = torch.from_numpy(y.astype(np.float32))[:, None]
+    got = rk.matmul(a, b, engine="filter")
+    _all_same(got, rk.matmul(a, b, engine="numba"), "filter vs numba")
+    p = a[0].double().numpy() * b[:, 0].double().numpy()
+    m, e = np.frexp(p)
+    mi = (m * 2.0**53).astype(np.int64)
+    emin = int(e.min()) - 53
+    total = sum(int(v) << int(s) for v, s in zip(mi.tolist(), (e - 53 - emin).tolist()))
+    assert same(float(got[0, 0]), truth.round_exact(total < 0, abs(total), emin, FLOAT32))
+
+
+def test_k_2_to_the_20_decided_by_the_bound():
+    """K = 2**20 of well-conditioned terms: the bound decides (no exact path), and rightly."""
+    k = 2**20
+    rng = _rng("filter-bigk-pos")
+    a = torch.from_numpy(np.abs(rng.standard_normal((2, k))).astype(np.float32))
+    b = torch.from_numpy(np.abs(rng.standard_normal((k, 3))).astype(np.float32))
+    _all_same(rk.matmul(a, b, engine="filter"), rk.matmul(a, b, engine="numba"))
+
+
+# ------------------------------------------------------------------------------ every path
+
+
+@pytest.mark.parametrize("abs_min", [0.0, 0.05, 2.0])
+@pytest.mark.parametrize("tile_min", [0.0, 0.5, 2.0])
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_path(monkeypatch, abs_min, tile_min, bias):
+    """The |A||B| GEMM always / by the rule / never, the whole block by the Numba kernel always / by
+    the rule / never, with blocks of 8 rows, inf and NaN rows: all bit-identical to numba."""
+    monkeypatch.setattr(filt, "ABS_GEMM_MIN", abs_min)
+    monkeypatch.setattr(filt, "TILE_EXACT_MIN", tile_min)
+    monkeypatch.setattr(filt, "ROW_BLOCK", 8)
+    rng = _rng("filter-paths", abs_min, tile_min, bias)
+    x = _data(rng, (37, 60), "float32", "cancel")
+    w = _data(rng, (29, 60), "float32", "spread")
+    x[3, 7] = np.inf
+    w[5, 1] = np.nan
+    x[10:14] = -0.0
+    b = _data(rng, (29,), "float32", "zeros") if bias else None
+    _all_same(rk.linear(x, w, b, engine="filter"), rk.linear(x, w, b, engine="numba"))
+
+
+def test_parallel_exact_path(monkeypatch):
+    monkeypatch.setattr(filt, "PARALLEL_TERMS", 1)
+    rng = _rng("filter-par")
+    a, b = _data(rng, (20, 50), "bfloat16", "cancel"), _data(rng, (50, 10), "bfloat16", "cancel")
+    _all_same(rk.matmul(a, b, engine="filter"), rk.matmul(a, b, engine="numba"))
+
+
+def test_batched_and_broadcast_matmul():
+    rng = _rng("filter-batch")
+    a, b = _data(rng, (2, 1, 5, 30), "float32", "spread"), _data(rng, (3, 30, 4), "float32", "cancel")
+    got = rk.matmul(a, b, engine="filter")
+    assert got.shape == (2, 3, 5, 4)
+    _all_same(got, rk.matmul(a, b, engine="numba"))
+    v = _data(rng, (30,), "float16", "normal")
+    _all_same(rk.matmul(v, v, engine="filter"), rk.matmul(v, v, engine="numba"))
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_tiny_reductions(k):
+    a, b = torch.ones(3, k), -torch.ones(k, 2)
+    _all_same(rk.matmul(a, b, engine="filter"), rk.matmul(a, b, engine="numba"))
+
+
+CONVS = [
+    ((2, 6, 9, 11), (8, 6, 3, 3), dict(padding=1)),
+    ((2, 6, 9, 11), (8, 3, 3, 2), dict(stride=2, groups=2, dilation=(1, 2))),
+    ((2, 4, 10, 10), (4, 1, 3, 3), dict(groups=4, padding="same", padding_mode="reflect")),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CONVS)))
+@pytest.mark.parametrize("dtype", NARROW)
+@pytest.mark.parametrize("kind", ["normal", "cancel", "special", "zeros"])
+def test_conv2d_filter(case, dtype, kind):
+    xs, ws, kw = CONVS[case]
+    rng = _rng("filter-conv", case, dtype, kind)
+    x, w, b = _data(rng, xs, dtype, kind), _data(rng, ws, dtype, "normal"), _data(rng, ws[:1], dtype, "zeros")
+    got = rk.conv2d(x, w, b, engine="filter", **kw)
+    _all_same(got, rk.conv2d(x, w, b, engine="numba", **kw), "filter vs numba")
+    if case == 0 and kind in ("cancel", "special"):
+        _all_same(got, truth.conv2d(x, w, b, **kw), "filter vs truth")
+
+
+def test_conv1d_conv3d_and_chunks(monkeypatch):
+    rng = _rng("filter-conv13")
+    x, w = _data(rng, (3, 4, 20), "float32", "cancel"), _data(rng, (6, 4, 3), "float32", "normal")
+    _all_same(rk.conv1d(x, w, padding=2, engine="filter"), rk.conv1d(x, w, padding=2, engine="numba"))
+    x, w = _data(rng, (2, 3, 5, 6, 7), "bfloat16", "spread"), _data(rng, (4, 3, 2, 3, 3), "bfloat16", "normal")
+    monkeypatch.setattr(filt, "MEMORY", 1)  # one image per im2col chunk
+    kw = dict(stride=(1, 2, 1), padding=1)
+    _all_same(rk.conv3d(x, w, engine="filter", **kw), rk.conv3d(x, w, engine="numba", **kw))
+
+
+def test_conv_chunk():
+    assert filt.conv_chunk(8, 3136, 576, 1 << 28) == 8
+    assert filt.conv_chunk(64, 3136, 576, 1 << 28) == 18  # 2**28 // (8 * 3136 * 576)
+    assert filt.conv_chunk(8, 3136, 576, 1) == 1
+
+
+def test_magnitudes_for_the_verdict():
+    """run_gemm / run_conv with want_mag (the verdict's path): the filter's magnitudes are sum|terms|
+    within gamma_K of the Numba kernel's, its values identical."""
+    from refkern.kernels import conv, gemm
+    from refkern.kernels._common import plan
+
+    rng = _rng("filter-mag")
+    a, b = _data(rng, (40, 70), "float32", "cancel"), _data(rng, (70, 30), "float32", "normal")
+    p = plan("matmul", {"a": a, "b": b}, ("a", "b"), "exact", None)
+    ops = gemm.matmul_operands(p)
+    v1, m1 = filt.gemm(p, *ops[:4], None, ops[4], want_mag=True)
+    v2, m2 = gemm.run_numba(p, *ops[:4], None, ops[4], want_mag=True)
+    _all_same(torch.from_numpy(v1), torch.from_numpy(v2))
+    assert np.all(np.abs(m1 - m2) <= 2 * 71 * 2.0**-53 * m2)
+    x, w, bb = _data(rng, (2, 6, 9, 9), "float16", "normal"), _data(rng, (8, 6, 3, 3), "float16", "normal"), None
+    p = plan("conv2d", {"x": x, "weight": w, "bias": bb}, ("x", "weight"), "exact", None)
+    c = conv.conv_operands(p, 2, 1, 1, 1, 1, "zeros")
+    v1, m1 = filt.conv(p, c, want_mag=True)
+    v2, m2 = conv.run_conv_numba(p, c, want_mag=True)
+    _all_same(torch.from_numpy(v1), torch.from_numpy(v2))
+    assert np.all(np.abs(m1 - m2) <= 2 * 55 * 2.0**-53 * m2)
+
+
+# --------------------------------------------------------------------------- choice, errors
+
+
+def test_auto_picks_the_filter_for_narrow_exact_gemms():
+    assert engines.choose("auto", "exact", 64, 64, 64, None, filterable=True) == "filter"
+    assert engines.choose("auto", "exact", 8, 8, 8, None, filterable=True) == "numba"  # below FILTER_MIN_WORK
+    assert engines.choose("auto", "exact", 64, 64, 64, None, filterable=False) == "numba"  # float64
+    assert engines.choose("auto", "other", 64, 64, 64, None, filterable=True) == "numba"
+    assert engines.choose("filter", "exact", 2, 2, 2, None, filterable=False) == "numba"  # named, float64
+
+
+def test_float64_inputs_keep_an_exact_path():
+    rng = _rng("filter-f64")
+    a, b = _data(rng, (9, 40), "float64", "cancel"), _data(rng, (40, 7), "float64", "cancel")
+    _all_same(rk.matmul(a, b, engine="filter"), truth.matmul(a, b))
+
+
+def test_errors():
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(ValueError, match=r"^matmul: engine='filter' computes accumulate='exact' only"):
+        rk.matmul(a, a, engine="filter", accumulate="naive")
+    with pytest.raises(ValueError, match=r"^matmul: unknown engine='fast'; choose one of 'auto', 'blas', 'filter'"):
+        rk.matmul(a, a, engine="fast")
+
+
+# ------------------------------------------------------------------------------ self-test
+
+
+def test_self_test_passes_here():
+    ok, detail = filt.self_test()
+    assert ok, detail
+
+
+def test_self_test_catches_a_float32_blas(monkeypatch):
+    def f32(device):
+        def mm(a, bt, out=None):
+            r = np.matmul(a.astype(np.float32), np.swapaxes(bt, -1, -2).astype(np.float32)).astype(np.float64)
+            if out is not None:
+                out[...] = r
+                return out
+            return r
+
+        return mm
+
+    monkeypatch.setattr(filt, "_device_gemm", f32)
+    ok, detail = filt.self_test()
+    assert not ok and "reduced precision" in detail
+
+
+def test_status_reports_the_filter():
+    st = engines.status()["filter"]
+    assert st["usable"] and "self-test passed" in st["detail"]
+
+
+# ------------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", NARROW)
+@pytest.mark.parametrize("kind", ["normal", "cancel", "special"])
+def test_cuda_filter_matches_cpu(dtype, kind):
+    rng = _rng("filter-cuda", dtype, kind)
+    a, b = _data(rng, (64, 300), dtype, kind), _data(rng, (300, 48), dtype, kind)
+    bias = _data(rng, (48,), dtype, "normal")
+    got = rk.linear(a.cuda(), b.T.contiguous().cuda(), bias.cuda(), engine="filter")
+    _all_same(got, rk.linear(a, b.T.contiguous(), bias, engine="numba"))
+    x, w = _data(rng, (2, 8, 12, 12), dtype, kind), _data(rng, (16, 8, 3, 3), dtype, "normal")
+    _all_same(rk.conv2d(x.cuda(), w.cuda(), padding=1, engine="filter"), rk.conv2d(x, w, padding=1, engine="numba"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_self_test():
+    ok, detail = filt.self_test(torch.device("cuda"))
+    assert ok, detail

@@ -400,6 +400,14 @@ def test_status_reports_the_filter():
     assert st["usable"] and "self-test passed" in st["detail"]
 
 
+def test_doctor_reports_the_filter_and_its_self_test(capsys):
+    from refkern.cli import main
+
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "engine filter    usable on cpu; numpy " in out and "self-test passed: float64 GEMM: exact" in out
+
+
 # ------------------------------------------------------------------------------------ GPU
 
 

@@ -25,7 +25,7 @@ is usable here.
 import importlib.util
 
 __all__ = ["ENGINES", "status", "check_engine", "choose", "AUTO_MIN_WORK", "AUTO_MIN_SIDE", "AUTO_MIN_K",
-           "FILTER_MIN_WORK"]
+           "FILTER_MIN_WORK"]  # fmt: skip
 
 ENGINES = ("auto", "blas", "filter", "numba")
 FILTER_MIN_WORK = 1 << 15  # M * N * K: e.g. 32**3
@@ -111,6 +111,7 @@ def _filter_status(out):
     except Exception:  # pragma: no cover - numpy without show_config dicts
         lib = f"numpy {np.__version__}"
     ok, detail = filt.self_test()
-    out["filter"] = {"usable": ok, "devices": ["cpu"] + [d for d in out.get("blas", {}).get("devices", [])
-                                                         if d != "cpu"],
-                     "detail": f"{lib}; self-test {'passed' if ok else 'FAILED'}: {detail}"}  # fmt: skip
+    test = f"self-test {'passed' if ok else 'FAILED'}: {detail}"
+    auto = f"auto takes it for exact fp16/bf16/fp32 GEMMs and convolutions of >= {FILTER_MIN_WORK} products"
+    cuda = [d for d in out.get("blas", {}).get("devices", []) if d != "cpu"]
+    out["filter"] = {"usable": ok, "devices": ["cpu", *cuda], "detail": f"{lib}; {test}; {auto}"}

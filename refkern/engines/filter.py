@@ -161,6 +161,23 @@ def _redecide(V, G, brow, bcol, k, prec, emin, emax, und, counts):
         counts[t, i] = c
 
 
+@jit
+def _collect(und, counts, t, i0, i1, ii, jj):
+    """(ii, jj)[:c] := the undecided elements of rows i0:i1 of und[t], row by row (only the rows whose
+    count is nonzero are scanned); c."""
+    c = 0
+    for i in range(i0, i1):
+        if counts[t, i] == 0:
+            continue
+        row = und[t, i]
+        for j in range(row.size):
+            if row[j]:
+                ii[c] = i
+                jj[c] = j
+                c += 1
+    return c
+
+
 @jit(parallel=True)
 def _exact_pairs(A, B, ri, rj, bias, has_bias, narrow, prec, emin, emax, out):
     """out[s] = bias[s] + sum_k A[ri[s], k] B[rj[s], k], exact, rounded once (the Numba engine's
@@ -290,14 +307,16 @@ class _Gemm:
                     cc = np.empty((1, i1 - i0), np.int64)
                     with _threads(1):
                         _redecide(V[blk], G, self.brow[i0:i1], self.bcol, k, *fmt, und[blk], cc)
+                    counts[t, i0:i1] = cc[0]
                     c = int(cc.sum())
                     if c == 0:
                         continue
                 if c > TILE_EXACT_MIN * size:
                     V[t, i0:i1] = self._numba_block(t, i0, i1)
                     continue
-                ii, jj = np.nonzero(und[t, i0:i1])
-                self._pairs(V, t, ii + i0, jj, k, fmt)
+                ii, jj = np.empty(c, np.int64), np.empty(c, np.int64)
+                _collect(und, counts, t, i0, i1, ii, jj)
+                self._pairs(V, t, ii, jj, k, fmt)
 
     def _pairs(self, V, t, ii, jj, k, fmt):
         """V[t, ii, jj] by the exact path, on gathered copies of the rows involved."""

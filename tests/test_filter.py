@@ -317,6 +317,35 @@ def test_conv1d_conv3d_and_chunks(monkeypatch):
     _all_same(rk.conv3d(x, w, engine="filter", **kw), rk.conv3d(x, w, engine="numba", **kw))
 
 
+CONVTS = [
+    (2, (2, 6, 5, 7), (6, 4, 3, 3), dict(stride=2, padding=1, output_padding=1)),
+    (2, (2, 6, 5, 7), (6, 2, 2, 3), dict(stride=(2, 1), groups=3, dilation=(1, 2))),
+    (2, (1, 4, 6, 6), (4, 3, 3, 3), dict(padding=2)),
+    (1, (2, 4, 9), (4, 3, 4), dict(stride=3, padding=1)),
+    (3, (1, 3, 3, 4, 4), (3, 2, 2, 3, 3), dict(stride=(2, 1, 2), padding=(0, 1, 1))),
+    (2, (3, 5, 5), (3, 4, 3, 3), dict(stride=2)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CONVTS)))
+@pytest.mark.parametrize("dtype", NARROW)
+@pytest.mark.parametrize("kind", ["normal", "cancel", "special", "zeros"])
+def test_conv_transpose_filter(case, dtype, kind):
+    """The zero-inserted convolution: values, inf/NaN inputs (0 * inf) and signed zero results
+    (an all -0 input: the zeros inserted must not turn -0 into +0) as the Numba kernel gives them."""
+    nd, xs, ws, kw = CONVTS[case]
+    rng = _rng("filter-convt", case, dtype, kind)
+    x, w = _data(rng, xs, dtype, kind), _data(rng, ws, dtype, "normal")
+    b = _data(rng, (ws[1] * kw.get("groups", 1),), dtype, "zeros")
+    f = getattr(rk, f"conv_transpose{nd}d")
+    for bias in (None, b):
+        _all_same(f(x, w, bias, engine="filter", **kw), f(x, w, bias, engine="numba", **kw), "filter vs numba")
+    xz = torch.zeros_like(x).neg()
+    _all_same(f(xz, w, engine="filter", **kw), f(xz, w, engine="numba", **kw), "-0 input")
+    if case == 0 and kind == "cancel":
+        _all_same(f(x, w, b, engine="filter", **kw), truth.conv_transpose2d(x, w, b, **kw), "filter vs truth")
+
+
 def test_conv_chunk():
     assert filt.conv_chunk(8, 3136, 576, 1 << 28) == 8
     assert filt.conv_chunk(64, 3136, 576, 1 << 28) == 18  # 2**28 // (8 * 3136 * 576)

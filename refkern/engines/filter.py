@@ -39,6 +39,7 @@ the decision and the exact path run on the CPU.
 """
 
 import contextlib
+import dataclasses
 
 import numba
 import numpy as np
@@ -50,8 +51,8 @@ from refkern.accumulate.formats import round_to
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._element import EXACT, reduce_element, row_stats
 
-__all__ = ["applies", "gemm", "conv", "decide_one", "bound", "self_test", "conv_chunk", "SLACK", "M_MIN", "M_MAX",
-           "K_MAX", "ABS_GEMM_MIN", "TILE_EXACT_MIN", "MEMORY", "ROW_BLOCK"]  # fmt: skip
+__all__ = ["applies", "gemm", "conv", "conv_transpose", "decide_one", "bound", "self_test", "conv_chunk", "SLACK",
+           "M_MIN", "M_MAX", "K_MAX", "ABS_GEMM_MIN", "TILE_EXACT_MIN", "MEMORY", "ROW_BLOCK"]  # fmt: skip
 
 SLACK = 1.015625  # 1 + 2**-6: c in e = c (K + 1) u m, derived in decide_one
 M_MIN = 2.0**-960  # below: e could underflow and a flushed subnormal sum is not covered (decide_one)
@@ -427,6 +428,61 @@ def conv(p, c, want_mag=False, device=None, memory=None):
             del cols
     shape4 = (n_img, c_out, ho, wo)
     return c.result(out.reshape(shape4)), (c.result(mag.reshape(shape4)) if want_mag else None)
+
+
+def conv_transpose(p, c, want_mag=False, device=None, memory=None):
+    """:func:`refkern.kernels.conv_transpose.run_conv_transpose` by the filter (``applies(p)``): the
+    transposed convolution as the convolution of the stride-dilated, padded input with the flipped,
+    transposed weight (:mod:`refkern.kernels.conv_transpose`'s derivation), by :func:`conv`. The
+    inserted zeros add exact zero products: every element's value is unchanged, and the bound counts
+    all C_in / groups * kd * kh * kw terms (at least the element's own). Two things the zeros would
+    change go to the Numba kernel (which forms only the products that reach an element): inputs
+    holding inf or NaN (0 * inf is NaN), all of them; and the sign of an exactly zero result, per
+    image holding one (the results that are zero are recomputed there). Memory: the dilated input
+    (stride**nd times the input) besides :func:`conv`'s."""
+    from refkern.kernels.conv import ConvOperands
+    from refkern.kernels.conv_transpose import run_conv_transpose
+
+    if not (np.isfinite(c.X).all() and np.isfinite(c.weight).all()):
+        return run_conv_transpose(p, c, want_mag, engine="numba")
+    n_img, c_out = c.out_shape[:2]
+    c_in = c.X.shape[1]
+    ksize = c.weight.shape[2:]
+    slices, pads, crops = [], [], []
+    for a in range(3):
+        size, s, q, d, k, lo = c.X.shape[2 + a], c.stride[a], c.padding[a], c.dilation[a], ksize[a], c.out_shape[2 + a]
+        left = d * (k - 1) - q  # zeros before the dilated input (negative: crop)
+        right = lo + d * (k - 1) - left - ((size - 1) * s + 1)
+        slices.append(s)
+        pads.append((max(left, 0), max(right, 0)))
+        crops.append((max(-left, 0), max(-right, 0)))
+    dil = np.zeros((n_img, c_in, *(((c.X.shape[2 + a] - 1) * slices[a] + 1) for a in range(3))))
+    dil[:, :, :: slices[0], :: slices[1], :: slices[2]] = c.X
+    dil = np.pad(dil, [(0, 0), (0, 0), *pads])
+    dil = dil[(slice(None), slice(None), *(slice(lo, dil.shape[2 + a] - hi) for a, (lo, hi) in enumerate(crops)))]
+    g = c.groups
+    w = c.W.reshape(c_out, c_in // g, *ksize)[:, :, ::-1, ::-1, ::-1]  # W'[co, ci, t'] = W[ci, co, k - 1 - t']
+    kd = ksize[0]
+    do = c.out_shape[2]
+    zi = np.arange(do)[:, None] + np.arange(kd)[None, :] * c.dilation[0]  # depth slices (conv.conv_operands)
+    X2 = dil[:, :, zi].transpose(0, 2, 1, 3, 4, 5).reshape(n_img * do, c_in * kd, *dil.shape[3:])
+    W2 = np.ascontiguousarray(w.reshape(c_out, (c_in // g) * kd, *ksize[1:]))
+    shape2 = (n_img * do, c_out, *c.out_shape[3:])
+    cc = ConvOperands(np.ascontiguousarray(X2), W2, c.bias, g, (1, 1), tuple(c.dilation[1:]), shape2, 2, False)
+    v, m = conv(p, cc, want_mag, device, memory)
+
+    def five(x):
+        return np.ascontiguousarray(x.reshape(n_img, do, c_out, *c.out_shape[3:]).transpose(0, 2, 1, 3, 4))
+
+    v = five(v)
+    m = five(m) if want_mag else None
+    zero = (v == 0).reshape(n_img, -1).any(axis=1)
+    for i in np.flatnonzero(zero):  # the sign of a zero: the products that reach it only
+        ci = dataclasses.replace(c, X=c.X[i : i + 1], out_shape=(1, *c.out_shape[1:]), nd=3, unbatched=False)
+        vi = run_conv_transpose(p, ci, engine="numba")[0]
+        z = v[i] == 0
+        v[i][z] = vi[0][z]
+    return c.result(v), (c.result(m) if want_mag else None)
 
 
 # ---------------------------------------------------------------------------------- self-test

@@ -25,18 +25,21 @@ residues modulo the stride; with stride > d (k - 1) + 1 some elements have none 
 bias, or +0). The analysis sees the op as that convolution, with absent taps as 0 * 0 terms.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 from numba import prange
 
+from refkern import engines
 from refkern._jit import jit
 from refkern.accumulate._bits import bits
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.superacc import SIZE, acc_init
+from refkern.engines import filter as filt
 from refkern.kernels._common import as_f64, finish, plan
-from refkern.kernels._element import abs_sum, reduce_element
+from refkern.kernels._element import EXACT, abs_sum, reduce_element
 from refkern.kernels.conv import _pair, _tuple_of, check_ranks, decide, dot_mag_rows, fast_ok
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "ConvTOperands", "convt_operands",
@@ -271,10 +274,17 @@ def convt_operands(p, nd, stride, padding, output_padding, groups, dilation) -> 
                          (X.shape[0], c_out, *one, *out_size), nd, unbatched)  # fmt: skip
 
 
-def run_conv_transpose(p, c: ConvTOperands, want_mag=False, with_bias=True, rows=None, slots=None):
-    """The kernel on prepared operands: (values, magnitudes or None), float64, in the caller's layout.
-    ``rows`` (output rows per task) and ``slots`` (gathered filter sets kept per task) change only
-    the speed; None chooses them."""
+def run_conv_transpose(p, c: ConvTOperands, want_mag=False, with_bias=True, rows=None, slots=None, engine="auto"):
+    """The exact transposed convolution on prepared operands: (values, magnitudes or None), float64,
+    in the caller's layout, by the filtering engine where ``engines.choose`` picks it (``engine``:
+    "auto", "filter" or "numba"), else by the Numba kernel. ``rows`` (output rows per task) and
+    ``slots`` (gathered filter sets kept per task) change only the Numba kernel's speed; None
+    chooses them."""
+    n, c_out = c.out_shape[:2]
+    m = n * int(np.prod(c.out_shape[2:]))
+    acc = "exact" if p.method == EXACT else "other"
+    if engines.choose(engine, acc, m, c_out // c.groups, c.W[0].size, None, filterable=filt.applies(p)) == "filter":
+        return filt.conv_transpose(p, c if with_bias else dataclasses.replace(c, bias=None), want_mag)
     out = np.empty(c.out_shape)
     mag = np.empty(c.out_shape if want_mag else (1, 1, 1, 1, 1))
     has_bias = c.bias is not None and with_bias
@@ -299,14 +309,19 @@ def run_conv_transpose(p, c: ConvTOperands, want_mag=False, with_bias=True, rows
     return c.result(out), (c.result(mag) if want_mag else None)
 
 
-def _convt(op, nd, input, weight, bias, stride, padding, output_padding, groups, dilation, accumulate, accum_dtype):  # noqa: A002
+def _convt(op, nd, input, weight, bias, stride, padding, output_padding, groups, dilation, accumulate, accum_dtype,  # noqa: A002
+           engine="auto"):  # fmt: skip
+    engines.check_engine(op, engine, accumulate)
+    if engine == "blas":
+        raise ValueError(f"{op}: engine='blas' is not implemented for transposed convolutions; use 'filter' or "
+                         "'numba'.")  # fmt: skip
     p = plan(op, {"input": input, "weight": weight, "bias": bias}, ("input", "weight"), accumulate, accum_dtype)
     c = convt_operands(p, nd, stride, padding, output_padding, groups, dilation)
-    return finish(p, run_conv_transpose(p, c)[0])
+    return finish(p, run_conv_transpose(p, c, engine=engine)[0])
 
 
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,  # noqa: A002
-                     accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+                     accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):  # fmt: skip
     """Reference ``torch.nn.functional.conv_transpose2d`` (and ``nn.ConvTranspose2d``).
 
     ``input``: (N, C_in, H, W) or unbatched (C_in, H, W); ``weight``: (C_in, C_out / groups, kh, kw)
@@ -326,21 +341,21 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     products, bias last, in ``accum_dtype``.
     """
     return _convt("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups, dilation,
-                  accumulate, accum_dtype)  # fmt: skip
+                  accumulate, accum_dtype, engine)  # fmt: skip
 
 
 def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,  # noqa: A002
-                     accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+                     accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):  # fmt: skip
     """Reference ``torch.nn.functional.conv_transpose1d``: ``input`` (N, C_in, L) or (C_in, L),
     ``weight`` (C_in, C_out / groups, k); otherwise as :func:`conv_transpose2d`."""
     return _convt("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups, dilation,
-                  accumulate, accum_dtype)  # fmt: skip
+                  accumulate, accum_dtype, engine)  # fmt: skip
 
 
 def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,  # noqa: A002
-                     accumulate: str = "exact", accum_dtype=None):  # fmt: skip
+                     accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):  # fmt: skip
     """Reference ``torch.nn.functional.conv_transpose3d``: ``input`` (N, C_in, D, H, W) or
     (C_in, D, H, W), ``weight`` (C_in, C_out / groups, kd, kh, kw); otherwise as
     :func:`conv_transpose2d` (terms in (ci, kz, ky, kx) order)."""
     return _convt("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups, dilation,
-                  accumulate, accum_dtype)  # fmt: skip
+                  accumulate, accum_dtype, engine)  # fmt: skip

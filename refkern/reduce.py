@@ -7,6 +7,7 @@ from refkern._arrays import format_of, operand, result, same_dtype
 from refkern.accumulate.exact import exact_dot, exact_sum
 from refkern.accumulate.formats import round_to
 from refkern.accumulate.methods import KERNELS
+from refkern.scale._dispatch import dask_in, to_dask
 
 __all__ = ["dot", "METHODS"]
 
@@ -75,6 +76,8 @@ def dot(x, y, *, accumulate: str = "exact", accum_dtype=None):
     exactly into two float64 (FMA), or into integer halves when they could under/overflow.
     The other methods and their error bounds: :mod:`refkern.accumulate.methods`.
     """
+    if dask_in(x, y):  # lazy, the same bits for every chunking (refkern.scale.array)
+        return to_dask("dot", x, y, accumulate=accumulate, accum_dtype=accum_dtype)
     op = "dot"
     a = operand(x, "x", op)
     b = operand(y, "y", op)

@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 
 
 def test_import_is_light():
-    code = "import sys, refkern; print('torch' in sys.modules, 'mpmath' in sys.modules)"
+    code = ("import sys, refkern; print(*(m in sys.modules for m in ('torch', 'mpmath', 'dask', 'distributed')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "False"]
+    assert out.split() == ["False", "False", "False", "False"]
 
 
 def test_public_api():

@@ -14,6 +14,7 @@ from refkern.analysis.passes import median, top_k
 from refkern.analysis.report import VERDICTS, Report, where_summary
 from refkern.analysis.ulp import ulp_errors
 from refkern.analysis.verdict import decide, decide_envelope
+from refkern.scale._dispatch import computed, dask_in
 
 __all__ = ["compare", "assert_matches_reference", "elements"]
 
@@ -106,6 +107,8 @@ def elements(actual, op, *args, **kwargs) -> dict:
 
 
 def _analyse(actual, op, args, kwargs, rtol, atol, arrays=False):
+    if dask_in(actual, *args, *kwargs.values()):  # Dask arrays: computed together, then judged
+        actual, args, kwargs = computed(actual, args, kwargs)
     name = op_name(op)
     act, fmt, device = _actual(actual, held=name in ENVELOPE_OPS and not arrays)
     if fmt.name not in FORMATS:

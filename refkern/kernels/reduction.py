@@ -25,6 +25,7 @@ from refkern.accumulate.superacc import NNAN, NNINF, NPINF, SIZE, acc_init, acc_
 from refkern.accumulate.ziv import acc_copy, acc_dd, decide, round_fraction, round_quotient_sqrt
 from refkern.kernels._common import deliver
 from refkern.kernels._moments import OK, exact_moments, moments, new_workspace
+from refkern.scale._dispatch import dask_in, to_dask
 
 __all__ = ["sum", "mean", "var", "std", "cumsum", "rows_of", "reduced_dims"]
 
@@ -219,6 +220,8 @@ def sum(x, dim=None, keepdim=False, *, dtype=None, accumulate: str = "exact", ac
     ``accumulate``/``accum_dtype`` choose another summation method (:func:`refkern.dot`) to
     emulate a backend; they apply to every output element.
     """
+    if dask_in(x):  # lazy, the same bits for every chunking (refkern.scale.array)
+        return to_dask("sum", x, dim, keepdim, dtype=dtype, accumulate=accumulate, accum_dtype=accum_dtype)
     op = "sum"
     o, fmt, v = _input(x, op, dtype)
     dims = reduced_dims(dim, v.ndim, op)
@@ -241,6 +244,8 @@ def sum(x, dim=None, keepdim=False, *, dtype=None, accumulate: str = "exact", ac
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     """Reference ``torch.mean(x, dim, keepdim, dtype=dtype)``: the exact sum divided by the number
     of terms, real-valued, rounded once (NaN for an empty reduction, IEEE for NaN/inf terms)."""
+    if dask_in(x):
+        return to_dask("mean", x, dim, keepdim, dtype=dtype)
     op = "mean"
     o, fmt, v = _input(x, op, dtype)
     dims = reduced_dims(dim, v.ndim, op)
@@ -266,6 +271,8 @@ def _correction(correction, op):
 
 
 def _var_std(x, dim, correction, keepdim, op, want_std):
+    if dask_in(x):
+        return to_dask(op, x, dim, correction=correction, keepdim=keepdim)
     o = operand(x, "x", op)
     fmt = o.fmt
     corr = _correction(correction, op)
@@ -322,6 +329,8 @@ def cumsum(x, dim, *, dtype=None):
     Element i along ``dim`` is the exact sum of elements 0..i, rounded to the result dtype: no
     error carries from one element to the next (a backend that keeps a running float sum drifts
     by up to i units of its precision; this never does)."""
+    if dask_in(x):
+        return to_dask("cumsum", x, dim, dtype=dtype)
     op = "cumsum"
     if dim is None or not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
         raise TypeError(f"cumsum: dim must be an int; got {dim!r}.")

@@ -1,0 +1,15 @@
+"""Beyond one process, on Dask (the optional extra ``refkern[dask]``).
+
+* :mod:`refkern.scale.array`: ``refkern.sum``, ``mean``, ``var``, ``std``, ``cumsum``, ``dot`` and
+  ``matmul`` of Dask arrays, lazily, the same bits for every chunking;
+* :mod:`refkern.scale.cluster`: a local cluster of one-thread processes, or a scheduler's address;
+* :mod:`refkern.scale.remote`: audits and sweeps judged on the workers.
+
+Importing this package imports no Dask; what needs it says in one line how to install it.
+"""
+
+from refkern.scale._dispatch import dask_in
+
+__all__ = ["dask_in", "INSTALL"]
+
+INSTALL = "pip install 'refkern[dask]'"

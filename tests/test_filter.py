@@ -317,6 +317,22 @@ def test_conv1d_conv3d_and_chunks(monkeypatch):
     _all_same(rk.conv3d(x, w, engine="filter", **kw), rk.conv3d(x, w, engine="numba", **kw))
 
 
+@pytest.mark.parametrize("abs_min", [0.0, 2.0])
+@pytest.mark.parametrize("tile_min", [0.0, 2.0])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv_every_path(monkeypatch, abs_min, tile_min, stride):
+    """The shifted-tap convolution (stride 1) and im2col (stride 2) through the |A||B| bound and
+    the whole-block Numba path, forced, with a per-channel bias and dilation."""
+    monkeypatch.setattr(filt, "ABS_GEMM_MIN", abs_min)
+    monkeypatch.setattr(filt, "TILE_EXACT_MIN", tile_min)
+    monkeypatch.setattr(filt, "ROW_BLOCK", 3)
+    rng = _rng("filter-conv-paths", abs_min, tile_min, stride)
+    x, w = _data(rng, (2, 6, 9, 11), "float32", "cancel"), _data(rng, (8, 3, 3, 2), "float32", "spread")
+    b = _data(rng, (8,), "float32", "zeros")
+    kw = dict(stride=stride, groups=2, dilation=(2, 1), padding=(1, 2))
+    _all_same(rk.conv2d(x, w, b, engine="filter", **kw), rk.conv2d(x, w, b, engine="numba", **kw))
+
+
 CONVTS = [
     (2, (2, 6, 5, 7), (6, 4, 3, 3), dict(stride=2, padding=1, output_padding=1)),
     (2, (2, 6, 5, 7), (6, 2, 2, 3), dict(stride=(2, 1), groups=3, dilation=(1, 2))),

@@ -254,6 +254,7 @@ class _Gemm:
         self.brow, self.bcol, self.has_bias, self.bias_rows = brow, bcol, has_bias, bias_rows
         self.mm = _device_gemm(device)
         self._absb = {}
+        self.n = B.shape[1] if B is not None else 0
 
     def abs_b(self, t):
         """|B[ib[t]]|, kept for the blocks of the same batch element."""
@@ -261,29 +262,46 @@ class _Gemm:
             self._absb = {self.ib[t]: np.abs(self.B[self.ib[t]])}
         return self._absb[self.ib[t]]
 
+    # the hooks a GEMM without a materialised B (the shifted-tap convolution) overrides
+    def value_gemm(self, V):
+        """V[t] = A[ia[t]] @ B[ib[t]]^T, float64, by the BLAS."""
+        for t in range(V.shape[0]):
+            self.mm(self.A[self.ia[t]], self.B[self.ib[t]], out=V[t])
+
+    def abs_gemm(self, t, i0, i1, out=None):
+        """|A[ia[t], i0:i1]| @ |B[ib[t]]|^T (sum |products| of those rows), float64, by the BLAS."""
+        return self.mm(np.abs(self.A[self.ia[t], i0:i1]), self.abs_b(t), out=out)
+
+    def norms(self):
+        """(row norms of A (TA, M), of B (TB, N)), as :func:`_norms` computes them."""
+        return _norms(self.A), _norms(self.B)
+
+    def b_rows(self, t, idx):
+        """Rows ``idx`` of B[ib[t]], contiguous float64 (K each)."""
+        return np.ascontiguousarray(self.B[self.ib[t]][idx])
+
     def values(self, V, mag=None):
         """V (T, M, N) := the correctly rounded results; mag (same shape) := the magnitudes."""
-        p, A, B, ia, ib = self.p, self.A, self.B, self.ia, self.ib
-        k = A.shape[2]
+        p = self.p
+        k = self.A.shape[2]
         fmt = p.work.params
         nt, m, n = V.shape
         if nt == 0 or m == 0 or n == 0:
             return
-        for t in range(nt):
-            self.mm(A[ia[t]], B[ib[t]], out=V[t])
+        self.value_gemm(V)
         und = np.empty(V.shape, np.uint8)
         counts = np.empty((nt, m), np.int64)
         if mag is not None:  # the tight bound from the start: the magnitudes are wanted anyway
             for t in range(nt):
-                self.mm(np.abs(A[ia[t]]), self.abs_b(t), out=mag[t])
+                self.abs_gemm(t, 0, m, out=mag[t])
             und[...] = 1
             with _threads(1):
                 _redecide(V, mag, self.brow, self.bcol, k, *fmt, und, counts)
             mag += np.abs(self.brow)[None, :, None] + np.abs(self.bcol)[None, None, :]
         else:
-            na, nb = _norms(A), _norms(B)
+            na, nb = self.norms()
             with _threads(1):
-                _decide(V, na, nb, ia, ib, self.brow, self.bcol, k, *fmt, und, counts)
+                _decide(V, na, nb, self.ia, self.ib, self.brow, self.bcol, k, *fmt, und, counts)
         if counts.any():
             self._refine(V, und, counts, k, fmt, tight=mag is not None)
 
@@ -304,7 +322,7 @@ class _Gemm:
                 size = (i1 - i0) * n
                 blk = (slice(t, t + 1), slice(i0, i1))
                 if not tight and c > ABS_GEMM_MIN * size:
-                    G = self.mm(np.abs(self.A[self.ia[t], i0:i1]), self.abs_b(t))[None]
+                    G = self.abs_gemm(t, i0, i1)[None]
                     cc = np.empty((1, i1 - i0), np.int64)
                     with _threads(1):
                         _redecide(V[blk], G, self.brow[i0:i1], self.bcol, k, *fmt, und[blk], cc)
@@ -324,7 +342,7 @@ class _Gemm:
         ua, ri = np.unique(ii, return_inverse=True)
         ub, rj = np.unique(jj, return_inverse=True)
         a = np.ascontiguousarray(self.A[self.ia[t]][ua])
-        b = np.ascontiguousarray(self.B[self.ib[t]][ub])
+        b = self.b_rows(t, ub)
         bias = self.brow[ii] if self.bias_rows else self.bcol[jj]  # (-0 + 0 would lose a -0 bias)
         out = np.empty(ii.size)
         threads = numba.get_num_threads() if ii.size * k >= PARALLEL_TERMS else 1
@@ -339,7 +357,7 @@ class _Gemm:
 
         zero = np.zeros(1, np.int64)
         a = np.ascontiguousarray(self.A[self.ia[t], i0:i1])[None]
-        b = np.ascontiguousarray(self.B[self.ib[t]])[None]
+        b = self.b_rows(t, np.arange(self.n))[None]
         if self.has_bias and self.bias_rows:  # a bias per row (the convolution): rows as columns
             v = run_numba(self.p, b, a, zero, zero, np.ascontiguousarray(self.brow[i0:i1]), (b.shape[1], i1 - i0))[0]
             return v.T
@@ -386,6 +404,85 @@ def _im2col(X, n0, g, cin_g, kh, kw, sh, sw, dh, dw, ho, wo, cols):
                         q += 1
 
 
+class _ShiftConv(_Gemm):
+    """A stride-1 convolution of images n0:n1 and group ``gi`` without im2col: for each tap (ky, kx)
+    one batched GEMM (torch ``baddbmm``, beta = 1) of the tap's filters against the padded input
+    read at a shift of ``ky dh Wp + kx dw`` along its flattened (H, W) plane: output position
+    y Wp + x of that product is the tap's term of output (y, x) (the columns x >= W_out wrap
+    around and are dropped). Each element is still a float64 sum of its K exact products in some
+    order (partial sums per tap added by the GEMMs' beta = 1), so the bound holds as for one GEMM.
+    The patches' norms come from the per-pixel channel sums of squares, summed over the taps."""
+
+    def __init__(self, p, c, gi, n0, n1, brow, has_bias):
+        import torch
+
+        n_img, c_out, ho, wo = c.out_shape
+        cout_g = c_out // c.groups
+        cin_g, kh, kw = c.W.shape[1:]
+        hp, wp = c.X.shape[2:]
+        self.torch, self.c, self.gi, self.n0 = torch, c, gi, n0
+        self.ho, self.wo, self.wp, self.kh, self.kw = ho, wo, wp, kh, kw
+        self.dh, self.dw = c.dilation
+        self.cin_g, self.cout_g = cin_g, cout_g
+        W2 = np.ascontiguousarray(c.W[gi * cout_g : (gi + 1) * cout_g].reshape(cout_g, -1))
+        zero = np.zeros(n1 - n0, np.int64)
+        super().__init__(p, W2[None], None, zero, np.arange(n1 - n0), brow, np.zeros(ho * wo), has_bias, None,
+                         bias_rows=True)  # fmt: skip
+        self.n = ho * wo
+        xg = c.X[n0:n1, gi * cin_g : (gi + 1) * cin_g].reshape(n1 - n0, cin_g, hp * wp)
+        self.flat = np.zeros((n1 - n0, cin_g, hp * wp + (kw - 1) * self.dw))  # room for the last tap's wrap
+        self.flat[:, :, : hp * wp] = xg
+        self.taps = [np.ascontiguousarray(c.W[gi * cout_g : (gi + 1) * cout_g, :, ky, kx])
+                     for ky in range(kh) for kx in range(kw)]  # fmt: skip
+        self.offs = [ky * self.dh * wp + kx * self.dw for ky in range(kh) for kx in range(kw)]
+
+    def _shifted(self, flat, taps, rows=None):
+        """sum over taps of taps[t][rows] @ flat[:, :, off_t : off_t + Ho Wp], (n, rows, Ho, Wo)."""
+        torch = self.torch
+        L = self.ho * self.wp
+        X = torch.from_numpy(flat)
+        full = None
+        for w, off in zip(taps, self.offs):
+            wt = torch.from_numpy(w if rows is None else np.ascontiguousarray(w[rows]))
+            wb = wt.expand(X.shape[0], *wt.shape)
+            xs = X[:, :, off : off + L]
+            full = torch.bmm(wb, xs) if full is None else full.baddbmm_(wb, xs)
+        return full.view(X.shape[0], -1, self.ho, self.wp)[..., : self.wo].numpy()
+
+    def value_gemm(self, V):
+        V.reshape(V.shape[0], V.shape[1], self.ho, self.wo)[...] = self._shifted(self.flat, self.taps)
+
+    def abs_gemm(self, t, i0, i1, out=None):
+        r = self._shifted(np.abs(self.flat[t : t + 1]), [np.abs(w) for w in self.taps], slice(i0, i1))
+        r = r.reshape(i1 - i0, self.ho * self.wo)
+        if out is None:
+            return r
+        out[...] = r
+        return out
+
+    def norms(self):
+        q = np.einsum("nck,nck->nk", self.flat, self.flat)  # per pixel: sum over the group's channels
+        L = self.ho * self.wp
+        s = sum(q[:, off : off + L] for off in self.offs)  # over the taps: every square once, any order
+        s = s.reshape(-1, self.ho, self.wp)[..., : self.wo].reshape(-1, self.ho * self.wo)
+        return _norms(self.A), np.sqrt(s)
+
+    def b_rows(self, t, idx):
+        y, x = idx // self.wo, idx % self.wo
+        ci = np.arange(self.cin_g)[None, :, None, None] + self.gi * self.cin_g
+        ky = (np.arange(self.kh) * self.dh)[None, None, :, None]
+        kx = (np.arange(self.kw) * self.dw)[None, None, None, :]
+        X = self.c.X[self.n0 + t]
+        patches = X[ci, y[:, None, None, None] + ky, x[:, None, None, None] + kx]
+        return np.ascontiguousarray(patches.reshape(idx.size, -1))
+
+
+def _has_torch():
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
 def conv_chunk(n_img: int, patches: int, k: int, memory: int) -> int:
     """Images per im2col chunk: ``8 * patches * K`` bytes each, at most ``memory`` per chunk; at
     least one image."""
@@ -408,24 +505,32 @@ def conv(p, c, want_mag=False, device=None, memory=None):
     out = np.empty((n_img, c_out, L))
     mag = np.empty((n_img, c_out, L)) if want_mag else None
     has_bias = c.bias is not None
-    nb = conv_chunk(n_img, L, k, memory)
+    shift = c.stride == (1, 1) and (device is None or getattr(device, "type", "cpu") == "cpu") and _has_torch()
+    if shift:  # the padded input's group copy and the product per image, not K x L patches
+        hp, wp = c.X.shape[2:]
+        nb = max(1, min(n_img, memory // max(1, 8 * (cin_g * hp * wp + 2 * cout_g * ho * wp))))
+    else:
+        nb = conv_chunk(n_img, L, k, memory)
     W2 = np.ascontiguousarray(c.W.reshape(c_out, k))
     for gi in range(g_n):
         Wg = W2[gi * cout_g : (gi + 1) * cout_g][None]
         brow = np.ascontiguousarray(c.bias[gi * cout_g : (gi + 1) * cout_g]) if has_bias else np.zeros(cout_g)
         for n0 in range(0, n_img, nb):
             n1 = min(n_img, n0 + nb)
-            cols = np.empty((n1 - n0, L, k))
-            _im2col(c.X, n0, gi, cin_g, kh, kw, *c.stride, *c.dilation, ho, wo, cols)
-            g = _Gemm(p, Wg, cols, np.zeros(n1 - n0, np.int64), np.arange(n1 - n0), brow, np.zeros(L), has_bias,
-                      device, bias_rows=True)  # fmt: skip
+            if shift:
+                g = _ShiftConv(p, c, gi, n0, n1, brow, has_bias)
+            else:
+                cols = np.empty((n1 - n0, L, k))
+                _im2col(c.X, n0, gi, cin_g, kh, kw, *c.stride, *c.dilation, ho, wo, cols)
+                g = _Gemm(p, Wg, cols, np.zeros(n1 - n0, np.int64), np.arange(n1 - n0), brow, np.zeros(L), has_bias,
+                          device, bias_rows=True)  # fmt: skip
             V = np.empty((n1 - n0, cout_g, L))
             M = np.empty((n1 - n0, cout_g, L)) if want_mag else None
             g.values(V, M)
             out[n0:n1, gi * cout_g : (gi + 1) * cout_g] = V
             if want_mag:
                 mag[n0:n1, gi * cout_g : (gi + 1) * cout_g] = M
-            del cols
+            del g
     shape4 = (n_img, c_out, ho, wo)
     return c.result(out.reshape(shape4)), (c.result(mag.reshape(shape4)) if want_mag else None)
 

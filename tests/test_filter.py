@@ -29,7 +29,8 @@ def test_constants_by_hand():
     assert filt.M_MIN == pytest.approx(2.0**-960, abs=0)
     assert filt.M_MAX == pytest.approx(2.0**1000, abs=0)
     assert filt.K_MAX == 1099511627776
-    assert filt.ABS_GEMM_MIN == pytest.approx(0.05, abs=0)
+    assert filt.ABS_GEMM_COST == pytest.approx(0.1, abs=0)
+    assert filt.ABS_SAMPLE == 32
     assert filt.TILE_EXACT_MIN == pytest.approx(0.5, abs=0)
     assert engines.FILTER_MIN_WORK == 32768
 
@@ -245,13 +246,13 @@ def test_k_2_to_the_20_decided_by_the_bound():
 # ------------------------------------------------------------------------------ every path
 
 
-@pytest.mark.parametrize("abs_min", [0.0, 0.05, 2.0])
+@pytest.mark.parametrize("abs_min", [0.0, 0.1, 2.0])
 @pytest.mark.parametrize("tile_min", [0.0, 0.5, 2.0])
 @pytest.mark.parametrize("bias", [False, True])
 def test_every_path(monkeypatch, abs_min, tile_min, bias):
     """The |A||B| GEMM always / by the rule / never, the whole block by the Numba kernel always / by
     the rule / never, with blocks of 8 rows, inf and NaN rows: all bit-identical to numba."""
-    monkeypatch.setattr(filt, "ABS_GEMM_MIN", abs_min)
+    monkeypatch.setattr(filt, "ABS_GEMM_COST", abs_min)
     monkeypatch.setattr(filt, "TILE_EXACT_MIN", tile_min)
     monkeypatch.setattr(filt, "ROW_BLOCK", 8)
     rng = _rng("filter-paths", abs_min, tile_min, bias)
@@ -262,6 +263,47 @@ def test_every_path(monkeypatch, abs_min, tile_min, bias):
     x[10:14] = -0.0
     b = _data(rng, (29,), "float32", "zeros") if bias else None
     _all_same(rk.linear(x, w, b, engine="filter"), rk.linear(x, w, b, engine="numba"))
+
+
+def test_tight_bound_where_the_norms_are_loose():
+    """Large entries of a meet small ones of b: ||a|| ||b|| is 2**20 times sum |a b|, the norm bound
+    decides nothing, the sampled sum |terms| predicts that the |A||B| GEMM decides nearly all: it
+    runs, and the rest is exact."""
+    from refkern.kernels._common import plan
+    from refkern.kernels.gemm import matmul_operands, run_numba
+
+    rng = _rng("filter-loose")
+    a = rng.standard_normal((64, 128)).astype(np.float32)
+    b = rng.standard_normal((128, 48)).astype(np.float32)
+    a[:, :64] *= 2.0**20
+    b[:64] *= 2.0**-20
+    b[64:] *= 2.0**20  # a's small half meets b's large half: the products stay of one size
+    a[:, 64:] *= 2.0**-20
+    p = plan("matmul", {"a": a, "b": b}, ("a", "b"), "exact", None)
+    A3, Bt3, ia, ib, shape = matmul_operands(p)
+    st = {}
+    got = filt.gemm(p, A3, Bt3, ia, ib, None, shape, stats=st)[0]
+    assert st["undecided_first"] == st["elements"] and st["abs_gemm_rows"] == 64
+    assert st.get("exact_elements", 0) < 0.01 * st["elements"]
+    _all_same(torch.from_numpy(got), torch.from_numpy(run_numba(p, A3, Bt3, ia, ib, None, shape)[0]))
+
+
+def test_no_tight_gemm_where_terms_cancel():
+    """Condition numbers near 1 / (K u): the sample predicts the |A||B| GEMM decides nothing; it does
+    not run (the engine costs the exact path plus one GEMM)."""
+    from refkern.kernels._common import plan
+    from refkern.kernels.gemm import matmul_operands
+
+    rng = _rng("filter-cancel-rule")
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    y = rng.standard_normal((64, 32)).astype(np.float32)
+    a = np.concatenate([x, -(x * np.float32(1 + 2.0**-22))], axis=1)
+    b = np.concatenate([y, y], axis=0)
+    p = plan("matmul", {"a": a, "b": b}, ("a", "b"), "exact", None)
+    A3, Bt3, ia, ib, shape = matmul_operands(p)
+    st = {}
+    filt.gemm(p, A3, Bt3, ia, ib, None, shape, stats=st)
+    assert st["undecided_first"] > 0.9 * st["elements"] and "abs_gemm_rows" not in st
 
 
 def test_parallel_exact_path(monkeypatch):
@@ -323,7 +365,7 @@ def test_conv1d_conv3d_and_chunks(monkeypatch):
 def test_conv_every_path(monkeypatch, abs_min, tile_min, stride):
     """The shifted-tap convolution (stride 1) and im2col (stride 2) through the |A||B| bound and
     the whole-block Numba path, forced, with a per-channel bias and dilation."""
-    monkeypatch.setattr(filt, "ABS_GEMM_MIN", abs_min)
+    monkeypatch.setattr(filt, "ABS_GEMM_COST", abs_min)
     monkeypatch.setattr(filt, "TILE_EXACT_MIN", tile_min)
     monkeypatch.setattr(filt, "ROW_BLOCK", 3)
     rng = _rng("filter-conv-paths", abs_min, tile_min, stride)

@@ -19,9 +19,9 @@ the Numba engine's own code), so the result is bit-identical to it.
   over each operand: free next to the GEMM, loose by ``||a|| ||b|| / T`` (pi / 2 for Gaussian
   data, more when large entries of a meet small ones of b);
 * ``(|A| |B|^T)_ij + |bias_j|``, a second float64 GEMM: tight, one more GEMM. It is computed for
-  a block of rows only where the norm bound left more than ``ABS_GEMM_MIN`` of its elements
-  undecided (rule in :func:`_refine`), and always when the caller asks for the magnitudes
-  (``want_mag``: the verdict needs ``sum |terms|`` anyway, so the tight bound costs nothing more).
+  a block of rows only where it is predicted to decide more elements than its cost in elements
+  of the exact path (rule in :meth:`_Gemm._refine`), and always when the caller asks for the
+  magnitudes (``want_mag``: the verdict needs ``sum |terms|`` anyway).
 
 **The assumption.** The BLAS computes each element as a float64 sum of the products in some
 order, with each operation rounded to nearest: no Strassen-like algorithm, no reduced precision,
@@ -52,13 +52,15 @@ from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels._element import EXACT, reduce_element, row_stats
 
 __all__ = ["applies", "gemm", "conv", "conv_transpose", "decide_one", "bound", "self_test", "conv_chunk", "SLACK",
-           "M_MIN", "M_MAX", "K_MAX", "ABS_GEMM_MIN", "TILE_EXACT_MIN", "MEMORY", "ROW_BLOCK"]  # fmt: skip
+           "M_MIN", "M_MAX", "K_MAX", "ABS_GEMM_COST", "ABS_SAMPLE", "TILE_EXACT_MIN", "MEMORY",
+           "ROW_BLOCK"]  # fmt: skip
 
 SLACK = 1.015625  # 1 + 2**-6: c in e = c (K + 1) u m, derived in decide_one
 M_MIN = 2.0**-960  # below: e could underflow and a flushed subnormal sum is not covered (decide_one)
 M_MAX = 2.0**1000  # above: s + e could overflow float64
 K_MAX = 1 << 40  # (2K + 2) u <= 2**-10 for K below this: decide_one's derivation
-ABS_GEMM_MIN = 0.05  # fraction of a row block's elements undecided by the norm bound: tight bound
+ABS_GEMM_COST = 0.1  # a block's |A||B| GEMM, in elements of the block by the exact path (bench_filter)
+ABS_SAMPLE = 32  # undecided elements sampled per block to predict what the tight bound decides
 TILE_EXACT_MIN = 0.5  # fraction still undecided: the whole block by the Numba kernel
 ROW_BLOCK = 256  # rows per block for these two rules
 PARALLEL_TERMS = 1 << 22  # products the exact path must form before it runs on every thread
@@ -256,6 +258,12 @@ class _Gemm:
         self._absb = {}
         self.n = B.shape[1] if B is not None else 0
 
+    stats = None  # a dict to count in (benchmarks): elements, undecided_first, abs_gemm_rows, ...
+
+    def _count(self, key, v):
+        if self.stats is not None:
+            self.stats[key] = self.stats.get(key, 0) + int(v)
+
     def abs_b(self, t):
         """|B[ib[t]]|, kept for the blocks of the same batch element."""
         if self.ib[t] not in self._absb:
@@ -302,16 +310,28 @@ class _Gemm:
             na, nb = self.norms()
             with _threads(1):
                 _decide(V, na, nb, self.ia, self.ib, self.brow, self.bcol, k, *fmt, und, counts)
+        st = self.stats
+        if st is not None:
+            st["elements"] = st.get("elements", 0) + V.size
+            st["undecided_first"] = st.get("undecided_first", 0) + int(counts.sum())
         if counts.any():
             self._refine(V, und, counts, k, fmt, tight=mag is not None)
 
     def _refine(self, V, und, counts, k, fmt, tight):
-        """Per block of ROW_BLOCK rows: more than ABS_GEMM_MIN undecided (norm bound) -> the tight
-        bound by a GEMM of |A| |B|^T over the block; still more than TILE_EXACT_MIN undecided ->
-        the whole block by the Numba kernel; the rest element by element (:func:`_exact_pairs`).
-        ABS_GEMM_MIN: a block's |A||B| GEMM costs about as much as 1 / 20 of its elements by the
-        exact path (benchmarks/bench_filter.py measures both); TILE_EXACT_MIN: the element-wise
-        path's statistics and gathers cost about as much again as the tile kernel per element."""
+        """The undecided elements, per block of ROW_BLOCK rows (the rule, from benchmarks/
+        bench_filter.py's cost model):
+
+        1. The tight bound (a GEMM of |A| |B|^T over the block) only where it pays: it costs
+           ABS_GEMM_COST of the block's elements by the exact path, and saves the elements it
+           decides. Up to ABS_SAMPLE undecided elements are sampled, their sum |terms| formed
+           directly, and decided with it: a fraction phi of them would be. The GEMM runs when
+           (undecided) * phi > ABS_GEMM_COST * (block size). Where terms cancel (condition numbers
+           beyond 1 / (K u)) phi is 0 and no GEMM is wasted; where only the norm bound was loose
+           (||a|| ||b|| / sum |terms|, pi / 2 for Gaussian data) phi is high.
+        2. More than TILE_EXACT_MIN of the block still undecided: the whole block by the Numba
+           kernel (the element-wise path's row statistics and gathers cost about as much again
+           per element); else element by element (:func:`_exact_pairs`).
+        So the engine costs at most the exact path plus its one GEMM and the O(M N) passes."""
         nt, m, n = V.shape
         for t in range(nt):
             for i0 in range(0, m, ROW_BLOCK):
@@ -321,21 +341,45 @@ class _Gemm:
                     continue
                 size = (i1 - i0) * n
                 blk = (slice(t, t + 1), slice(i0, i1))
-                if not tight and c > ABS_GEMM_MIN * size:
-                    G = self.abs_gemm(t, i0, i1)[None]
-                    cc = np.empty((1, i1 - i0), np.int64)
-                    with _threads(1):
-                        _redecide(V[blk], G, self.brow[i0:i1], self.bcol, k, *fmt, und[blk], cc)
-                    counts[t, i0:i1] = cc[0]
-                    c = int(cc.sum())
-                    if c == 0:
-                        continue
+                ii = jj = None
+                if not tight and c > ABS_GEMM_COST * size:
+                    ii, jj = np.empty(c, np.int64), np.empty(c, np.int64)
+                    _collect(und, counts, t, i0, i1, ii, jj)
+                    if c * self._tight_fraction(V, t, ii, jj, k, fmt) > ABS_GEMM_COST * size:
+                        G = self.abs_gemm(t, i0, i1)[None]
+                        cc = np.empty((1, i1 - i0), np.int64)
+                        with _threads(1):
+                            _redecide(V[blk], G, self.brow[i0:i1], self.bcol, k, *fmt, und[blk], cc)
+                        counts[t, i0:i1] = cc[0]
+                        c = int(cc.sum())
+                        self._count("abs_gemm_rows", i1 - i0)
+                        ii = jj = None
+                        if c == 0:
+                            continue
                 if c > TILE_EXACT_MIN * size:
                     V[t, i0:i1] = self._numba_block(t, i0, i1)
+                    self._count("numba_block_elements", size)
                     continue
-                ii, jj = np.empty(c, np.int64), np.empty(c, np.int64)
-                _collect(und, counts, t, i0, i1, ii, jj)
+                if ii is None:
+                    ii, jj = np.empty(c, np.int64), np.empty(c, np.int64)
+                    _collect(und, counts, t, i0, i1, ii, jj)
                 self._pairs(V, t, ii, jj, k, fmt)
+                self._count("exact_elements", c)
+
+    def _tight_fraction(self, V, t, ii, jj, k, fmt):
+        """The fraction of (up to ABS_SAMPLE, evenly spaced) undecided elements (ii, jj) of V[t] that
+        the tight bound, sum |terms| formed directly, decides."""
+        pick = np.unique(np.linspace(0, ii.size - 1, min(ABS_SAMPLE, ii.size)).astype(np.int64))
+        si, sj = ii[pick], jj[pick]
+        a = np.abs(self.A[self.ia[t]][si])
+        b = np.abs(self.b_rows(t, sj))
+        g = np.einsum("ik,ik->i", a, b)
+        bias = self.brow[si] if self.bias_rows else self.bcol[sj]
+        s = V[t, si, sj] + bias
+        r = np.array([decide_one(s[q], g[q] + abs(bias[q]), k, *fmt) for q in range(pick.size)])
+        decided = int((r == r).sum())  # NaN: undecided
+        self._count("sampled_for_tight", pick.size)
+        return decided / pick.size
 
     def _pairs(self, V, t, ii, jj, k, fmt):
         """V[t, ii, jj] by the exact path, on gathered copies of the rows involved."""
@@ -365,10 +409,12 @@ class _Gemm:
         return run_numba(self.p, a, b, zero, zero, bias, (i1 - i0, b.shape[1]))[0]
 
 
-def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False, device=None):
+def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False, device=None, stats=None):
     """:func:`refkern.kernels.gemm.run_gemm` by the filter (``applies(p)`` must hold): (values,
     magnitudes or None), float64 arrays of ``out_shape``. The magnitudes are the float64 GEMM of
-    |A| |B|^T plus |bias|: sum |terms| in some order, within gamma_K of it, as the Numba kernel's."""
+    |A| |B|^T plus |bias|: sum |terms| in some order, within gamma_K of it, as the Numba kernel's.
+    ``stats``: a dict the engine counts its paths in (elements, undecided_first, abs_gemm_rows,
+    numba_block_elements, exact_elements)."""
     nb, m, n = len(ia), A3.shape[1], Bt3.shape[1]
     k = A3.shape[2]
     V = np.empty((nb, m, n))
@@ -378,6 +424,7 @@ def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False, device=None):
     if k >= K_MAX:
         raise ValueError(f"{p.op}: the filter needs K < 2**40; got K={k}.")
     g = _Gemm(p, A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), np.zeros(m), bcol, has_bias, device)
+    g.stats = stats
     g.values(V, mag)
     return V.reshape(out_shape), (mag.reshape(out_shape) if want_mag else None)
 
@@ -489,7 +536,7 @@ def conv_chunk(n_img: int, patches: int, k: int, memory: int) -> int:
     return max(1, min(n_img, memory // max(1, 8 * patches * k)))
 
 
-def conv(p, c, want_mag=False, device=None, memory=None):
+def conv(p, c, want_mag=False, device=None, memory=None, stats=None):
     """:func:`refkern.kernels.conv.run_conv` by the filter (``applies(p)`` must hold): per group and
     chunk of images, im2col (patches as rows, :func:`_im2col`), one batched GEMM of the filters
     against the patches (``W_g @ cols^T``: the output's layout directly), the decision, and the
@@ -526,6 +573,7 @@ def conv(p, c, want_mag=False, device=None, memory=None):
                           device, bias_rows=True)  # fmt: skip
             V = np.empty((n1 - n0, cout_g, L))
             M = np.empty((n1 - n0, cout_g, L)) if want_mag else None
+            g.stats = stats
             g.values(V, M)
             out[n0:n1, gi * cout_g : (gi + 1) * cout_g] = V
             if want_mag:

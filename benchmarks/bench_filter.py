@@ -1,0 +1,224 @@
+"""The filtering engine (issue 27): exact GEMM and convolution against one float64 GEMM / conv.
+
+    NUMBA_NUM_THREADS=2 python benchmarks/bench_filter.py [--quick] [--audit] [--json FILE]
+
+Every ratio is measured in one run, the two sides in blocks of consecutive calls (benchmarks/
+_timing.py: never interleaved single calls), the best block per side. Targets (2-core machine):
+
+* exact matmul 512^3 and 1024^3, float32, bfloat16 and float16 inputs: <= 1.3x numpy's float64
+  matmul;
+* exact conv2d of a ResNet layer (8, 64, 56, 56) x (64, 64, 3, 3), padding 1: <= 0.8x torch's
+  float64 conv2d;
+* ``refkern.compare`` on that conv: <= 2x the exact reference alone;
+* (``--audit``) ``refkern.torch.audit`` of ResNet-18 on 1x3x224x224: <= 3x its float64 eager forward.
+
+Also measured, not targets: the undecided elements per case (after the norm bound; what the
+|A||B| bound and the exact path then handled), cancelling matmuls (condition numbers about 3e4
+and 4e6: the filter must cost no more than the Numba engine plus one GEMM), and the cost model
+behind ``ABS_GEMM_MIN``: one |A||B| GEMM over a block of rows against the exact path per element.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from functools import partial
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from _timing import per_call  # benchmarks/_timing.py, beside this script
+
+import refkern as rk
+from refkern.engines import filter as filt
+from refkern.kernels import conv as conv_mod
+from refkern.kernels._common import plan
+from refkern.kernels.gemm import matmul_operands
+
+TARGETS = {"matmul_vs_numpy_f64": 1.3, "conv2d_resnet_vs_torch_f64": 0.8, "compare_vs_exact": 2.0,
+           "audit_resnet18_vs_f64_eager": 3.0}  # fmt: skip
+
+
+def _inputs(n, dtype, rng):
+    a, b = rng.standard_normal((2, n, n), dtype=np.float32)
+    if dtype == "bfloat16":
+        ta, tb = torch.from_numpy(a).bfloat16(), torch.from_numpy(b).bfloat16()
+        return ta, tb, ta.double().numpy(), tb.double().numpy()
+    a, b = a.astype(dtype), b.astype(dtype)
+    return a, b, a.astype(np.float64), b.astype(np.float64)
+
+
+def _stats_matmul(a, b):
+    p = plan("matmul", {"a": a, "b": b}, ("a", "b"), "exact", None)
+    A3, Bt3, ia, ib, shape = matmul_operands(p, contiguous=False)
+    st = {}
+    filt.gemm(p, A3, Bt3, ia, ib, None, shape, stats=st)
+    return st
+
+
+def bench_matmul(sizes, dtypes, blocks):
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in sizes:
+        for dtype in dtypes:
+            a, b, a64, b64 = _inputs(n, dtype, rng)
+            calls = 20 if n <= 512 else 4
+            t = per_call({"numpy_f64": (partial(np.matmul, a64, b64), calls),
+                          "exact": (partial(rk.matmul, a, b), calls)}, blocks)  # fmt: skip
+            rows.append(dict(op="matmul", case=f"{n}^3", dtype=dtype, exact_s=t["exact"], numpy_f64_s=t["numpy_f64"],
+                             ratio=t["exact"] / t["numpy_f64"], target=TARGETS["matmul_vs_numpy_f64"],
+                             **_stats_matmul(a, b)))  # fmt: skip
+    return rows
+
+
+def _cancelling(n, eps, rng):
+    """A = [X, -X (1 + eps)] (float32), B = [Y; Y]: A B = -eps X Y up to the rounding of X (1 + eps):
+    condition numbers about 1 / eps."""
+    x = rng.standard_normal((n, n // 2), dtype=np.float32)
+    y = rng.standard_normal((n // 2, n), dtype=np.float32)
+    a = np.concatenate([x, -(x * np.float32(1 + eps))], axis=1)
+    return a, np.concatenate([y, y], axis=0)
+
+
+def bench_cancelling(n, blocks):
+    rng = np.random.default_rng(1)
+    rows = []
+    for eps in (2.0**-15, 2.0**-22):
+        a, b = _cancelling(n, eps, rng)
+        v = a.astype(np.float64) @ b.astype(np.float64)
+        mags = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+        cond = float(np.median(mags / np.maximum(np.abs(v), 1e-300)))
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        t = per_call({"numpy_f64": (partial(np.matmul, a64, b64), 3), "filter": (partial(rk.matmul, a, b), 1),
+                      "numba": (partial(rk.matmul, a, b, engine="numba"), 1)}, blocks)  # fmt: skip
+        rows.append(dict(op="matmul cancelling", case=f"{n}^3 eps=2^{int(np.log2(eps))}", dtype="float32",
+                         median_condition=cond, filter_s=t["filter"], numba_s=t["numba"], numpy_f64_s=t["numpy_f64"],
+                         filter_vs_numba_plus_gemm=t["filter"] / (t["numba"] + t["numpy_f64"]),
+                         ratio=t["filter"] / t["numpy_f64"], **_stats_matmul(a, b)))  # fmt: skip
+    return rows
+
+
+def bench_cost_model(n, blocks):
+    """The |A||B| GEMM of one block of ROW_BLOCK rows, per element, against the exact path per
+    undecided element (cancelling data, all of a block exact), at K = n."""
+    rng = np.random.default_rng(2)
+    a, b = _cancelling(n, 2.0**-22, rng)
+    p = plan("matmul", {"a": a, "b": b}, ("a", "b"), "exact", None)
+    A3, Bt3, ia, ib, shape = matmul_operands(p, contiguous=False)
+    g = filt._Gemm(p, A3, Bt3, ia, ib, np.zeros(n), np.zeros(n), False, None)
+    rb = filt.ROW_BLOCK
+    ii = np.repeat(np.arange(rb), n)
+    jj = np.tile(np.arange(n), rb)
+    V = np.empty((1, n, n))
+    t = per_call({"abs_gemm_block": (partial(g.abs_gemm, 0, 0, rb), 3),
+                  "exact_pairs_block": (partial(g._pairs, V, 0, ii, jj, n, p.work.params), 1)}, blocks)  # fmt: skip
+    per = t["abs_gemm_block"] / t["exact_pairs_block"]
+    return [dict(op="cost model", case=f"{rb} x {n} block, K={n}", dtype="float32", abs_gemm_s=t["abs_gemm_block"],
+                 exact_pairs_s=t["exact_pairs_block"], abs_gemm_per_exact_element=per,
+                 abs_gemm_min=filt.ABS_GEMM_MIN)]  # fmt: skip
+
+
+def bench_conv(blocks, quick):
+    torch.manual_seed(0)
+    shape = (2, 64, 56, 56) if quick else (8, 64, 56, 56)
+    x, w = torch.randn(*shape), torch.randn(64, 64, 3, 3)
+    x64, w64 = x.double(), w.double()
+    rows = []
+    for dtype in ("float32", "bfloat16", "float16"):
+        xx, ww = x.to(getattr(torch, dtype)), w.to(getattr(torch, dtype))
+        t = per_call({"torch_f64": (partial(F.conv2d, x64, w64, padding=1), 3),
+                      "exact": (partial(rk.conv2d, xx, ww, padding=1), 3)}, blocks)  # fmt: skip
+        p = plan("conv2d", {"x": xx, "weight": ww, "bias": None}, ("x", "weight"), "exact", None)
+        c = conv_mod.conv_operands(p, 2, 1, 1, 1, 1, "zeros")
+        st = {}
+        filt.conv(p, c, stats=st)
+        rows.append(dict(op="conv2d", case=f"resnet {shape}x64x3x3", dtype=dtype, exact_s=t["exact"],
+                         torch_f64_s=t["torch_f64"], ratio=t["exact"] / t["torch_f64"],
+                         target=TARGETS["conv2d_resnet_vs_torch_f64"], **st))  # fmt: skip
+    out = F.conv2d(x, w, padding=1)
+    t = per_call({"exact": (partial(rk.conv2d, x, w, padding=1), 3),
+                  "compare": (partial(rk.compare, out, "conv2d", x, w, padding=1), 1)}, blocks)  # fmt: skip
+    rows.append(dict(op="compare conv2d", case=f"resnet {shape}x64x3x3", dtype="float32", compare_s=t["compare"],
+                     exact_s=t["exact"], ratio=t["compare"] / t["exact"],
+                     target=TARGETS["compare_vs_exact"]))  # fmt: skip
+    return rows
+
+
+def bench_audit(quick):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from audit_models import randomize_batch_norm, resnet18
+
+    import refkern.torch as rkt
+
+    torch.manual_seed(0)
+    side = 112 if quick else 224
+    model = randomize_batch_norm(resnet18()).eval()
+    x = torch.randn(1, 3, side, side)
+    m64, x64 = resnet18().eval(), x.double()
+    m64.load_state_dict(model.state_dict())
+    m64 = m64.double()
+    with torch.no_grad(), rkt.audit(progress=False):  # compile every kernel outside the timing
+        model(torch.randn(1, 3, 32, 32))
+    with torch.no_grad():
+        m64(x64)
+        t64 = min(_timed(lambda: m64(x64)) for _ in range(3))
+
+        def audited():
+            with rkt.audit(progress=False):
+                model(x)
+
+        t_audit = _timed(audited)
+    return [dict(op="audit resnet18", case=f"1x3x{side}x{side}", dtype="float32", audit_s=t_audit, f64_eager_s=t64,
+                 ratio=t_audit / t64, target=TARGETS["audit_resnet18_vs_f64_eager"])]  # fmt: skip
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _table(rows):
+    print(f"{'op':<18} {'case':<28} {'dtype':<9} {'ratio':>7} {'target':>6}  undecided (first / elements), notes")
+    for r in rows:
+        tgt = r.get("target")
+        mark = "" if tgt is None else ("ok" if r["ratio"] <= tgt else "MISSED")
+        und = f"{r['undecided_first']} / {r['elements']}" if "elements" in r else ""
+        extra = ""
+        if "median_condition" in r:
+            extra = f"cond {r['median_condition']:.2g}; filter / (numba + gemm) {r['filter_vs_numba_plus_gemm']:.2f}"
+        if "abs_gemm_per_exact_element" in r:
+            extra = f"|A||B| block GEMM = {r['abs_gemm_per_exact_element']:.3f} of its elements exact"
+            r["ratio"] = r["abs_gemm_per_exact_element"]
+        ratio = r.get("ratio", float("nan"))
+        print(f"{r['op']:<18} {r['case']:<28} {r['dtype']:<9} {ratio:>7.3f} {tgt or '':>6}  {und} {extra} {mark}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--audit", action="store_true", help="also audit ResNet-18 (slow)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    blocks = 2 if a.quick else 4
+    load0 = os.getloadavg()
+    rows = bench_matmul([256] if a.quick else [512, 1024], ["float32", "bfloat16", "float16"], blocks)
+    rows += bench_conv(blocks, a.quick)
+    rows += bench_cancelling(256 if a.quick else 1024, 1 if a.quick else 2)
+    rows += bench_cost_model(256 if a.quick else 1024, 2)
+    if a.audit:
+        rows += bench_audit(a.quick)
+    load1 = os.getloadavg()
+    _table(rows)
+    print(f"load average (1, 5, 15 min) before {load0}, after {load1}; NUMBA_NUM_THREADS="
+          f"{os.environ.get('NUMBA_NUM_THREADS')}")  # fmt: skip
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"rows": rows, "targets": TARGETS, "load_before": load0, "load_after": load1}, fh, indent=1)
+    missed = [r for r in rows if r.get("target") is not None and r["ratio"] > r["target"]]
+    return 1 if missed and not a.quick else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,10 +27,15 @@ def local_client(n_workers: int = 2, *, numba_threads: int = 1, memory_limit="au
     distributed = _distributed("a local cluster")
     if not isinstance(n_workers, int) or isinstance(n_workers, bool) or n_workers < 1:
         raise ValueError(f"local_client: n_workers must be an int >= 1; got {n_workers!r}.")
+    import dask
+
+    # before the worker process starts: numba reads it when first imported, and a value set later
+    # (LocalCluster's env=) leaves numba's config at the core count, which it then refuses to change
     env = {"NUMBA_NUM_THREADS": str(int(numba_threads)), "OMP_NUM_THREADS": "1"}
-    cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, memory_limit=memory_limit, env=env,
-                                       silence_logs=40, **kwargs)  # fmt: skip
+    with dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}):
+        cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                           dashboard_address=None, memory_limit=memory_limit, silence_logs=40,
+                                           **kwargs)  # fmt: skip
     return distributed.Client(cluster)
 
 

@@ -205,13 +205,18 @@ class Audit:
     by layer (:mod:`refkern.torch.compiled`): ``compiled`` holds those results.
     """
 
-    def __init__(self, allow=("exact", "rounding"), *, sample=None, progress=None):
+    def __init__(self, allow=("exact", "rounding"), *, sample=None, progress=None, client=None, budget=None):
         if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
             raise ValueError(f"audit: sample must be a positive number of elements or None; got sample={sample!r}.")
         if progress not in (None, True, False):
             raise ValueError(f"audit: progress must be True, False or None (on a terminal); got {progress!r}.")
         self.allow = tuple(allow)
         self.sample = sample
+        self._remote = None  # with a dask.distributed client: verdicts computed on its workers (refkern.scale)
+        if client is not None:
+            from refkern.scale.remote import remote_for
+
+            self._remote = remote_for(client, budget)
         self.progress = progress
         self.calls: list[AuditCall] = []
         self.counts: dict[str, list] = {}
@@ -245,6 +250,9 @@ class Audit:
                 self._names[id(m)] = path
                 for pn, p in m.named_parameters(recurse=False):
                     self._params.setdefault(id(p), (path, pn))
+                if self._remote is not None:  # shipped once, when first read
+                    for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)):
+                        self._remote.register(t)
         self._stack.append(module)
         self._starts.append(torch.autograd._get_sequence_nr())
         self._ends.append(None)
@@ -340,6 +348,8 @@ class Audit:
             return  # nothing computed (a meta tensor has shapes, no values)
         name = dsp.op_name(func)
         node = torch._C._current_autograd_node()  # not None: autograd's engine runs this op in a backward pass
+        if self._remote is not None:
+            self._remote.current = name
         if node is not None:
             self._phase = "backward"
             self._names_out = self._backward_names(node, func, args, list(out) if isinstance(out, (tuple, list))
@@ -387,8 +397,12 @@ class Audit:
         shapes = [tuple(t.shape) for t in spec.tensors()]
         why = None
         try:  # every gradient of the kernel in one call (attention: one exact backward pass for dq, dk, dv)
-            reports = compare_backward({arg: _cpu(outs[i]) for i, arg in spec.grads}, spec.op, spec.grad_output,
-                                       *spec.args, **spec.kwargs)  # fmt: skip
+            if self._remote is not None:
+                reports = self._remote.compare_backward({arg: _cpu(outs[i]) for i, arg in spec.grads}, spec.op,
+                                                        spec.grad_output, spec.args, spec.kwargs)  # fmt: skip
+            else:
+                reports = compare_backward({arg: _cpu(outs[i]) for i, arg in spec.grads}, spec.op, spec.grad_output,
+                                           *spec.args, **spec.kwargs)  # fmt: skip
         except Exception:  # judged one by one below, so that one gradient's failure is its own
             reports = {}
         for i, arg in spec.grads:
@@ -494,6 +508,8 @@ class Audit:
                 sampled = actual.numel()
         if spec.op in ("mean",) and actual.dim() != _mean_dims(args[0], kwargs):
             actual = actual.reshape(_mean_shape(args[0], kwargs))
+        if self._remote is not None:  # the sub-grid is cut here, before shipping
+            return self._remote.compare(actual, spec.op, args, kwargs), sampled
         return compare(actual, spec.op, *args, **kwargs), sampled
 
     # progress on stderr
@@ -532,6 +548,10 @@ class Audit:
 
     def __exit__(self, *exc):
         self._mode.__exit__(*exc)
+        if self._remote is not None:  # every verdict in from the cluster
+            from refkern.scale.remote import resolve_audit
+
+            resolve_audit(self)
         if self._patch is not None:
             self._patch()
             self._patch = None
@@ -725,6 +745,10 @@ def _top_is(mode):
     return _get_current_dispatch_mode() is mode
 
 
-def audit(allow=("exact", "rounding"), *, sample=None, progress=None) -> Audit:
-    """``with refkern.torch.audit() as a: model(x)`` then ``print(a.report())`` (see :class:`Audit`)."""
-    return Audit(allow, sample=sample, progress=progress)
+def audit(allow=("exact", "rounding"), *, sample=None, progress=None, client=None, budget=None) -> Audit:
+    """``with refkern.torch.audit() as a: model(x)`` then ``print(a.report())`` (see :class:`Audit`).
+
+    ``client``: a ``dask.distributed.Client``; each op's reference and verdict are then computed on
+    its workers (the model runs here), with at most ``budget`` bytes of operands in flight
+    (default 1 GiB); the verdicts are a local audit's (:mod:`refkern.scale.remote`)."""
+    return Audit(allow, sample=sample, progress=progress, client=client, budget=budget)

@@ -346,21 +346,30 @@ def test_dominance_factor_sqrt2():
 def test_envelope_threshold_one_and_its_figures(k):
     # sum([1, 2, 3]) in float32: envelope B = gamma_2 (1 + 8u) 6 + 6u + 2**-150 (u = 2**-24, pinned in
     # test_reductions_norms), 2.25 ulps of 6 (2**-21). Actual 6 + k ulps: ratio 8k u / B, 0.89 (k = 2) or 1.33
+    # (beyond: a mismatch for sure). Inside it the statistical test decides: sigma**2 = 133 u**2 + 9 * 2**-300
+    # (test_inside), one element: lam = sqrt(2 ln(2 / (1e-6 / 3))) = 5.587; z = 8k u / sigma = 1.39 (k = 2)
     x = np.array([1.0, 2.0, 3.0], np.float32)
     b = 2 * U32 / (1 - 2 * U32) * (1 + 8 * U32) * 6 + 6 * U32 + 2.0**-150
     rep = rk.compare(np.float32(6 + k * 2.0**-21), "sum", x)
     r = k * 2.0**-21 / b
+    lam = math.sqrt(2 * math.log(6e6))
+    z = k * 2.0**-21 / math.sqrt(133 * U32**2 + 9 * 2.0**-300)
     assert rep.verdict == ("rounding" if k == 2 else "mismatch")
-    assert rep.thresholds == {"element": 1.0, "test": "worst-case envelope"}
+    assert rep.thresholds == {"alpha": 1e-6, "element": approx(lam, rel=1e-15),
+                              "group": approx(lam, rel=1e-15), "test": "statistical", "envelope": 1.0}
     assert rep.max_ulp == float(k)
-    assert rep.max_bound_ratio == approx(r, rel=1e-12) and rep.max_prob_ratio == approx(r, rel=1e-12)
+    assert rep.max_bound_ratio == approx(r, rel=1e-12) and rep.max_prob_ratio == approx(z / lam, rel=1e-12)
     assert rep.bound_ratios["rounding"]["worst_case"] == approx(r, rel=1e-12)
     (w,) = rep.worst_details
     assert w["ulp"] == float(k)
-    assert w["bound_ratio"] == approx(r, rel=1e-12) and w["test_ratio"] == approx(r, rel=1e-12)
-    det = rep.detectable["element"]
-    assert det["median_ulps"] == approx(b / 2.0**-21, rel=1e-12)
-    assert det["max_ulps"] == approx(2.250000894069778, rel=1e-12)
+    assert w["bound_ratio"] == approx(r, rel=1e-12) and w["test_ratio"] == approx(z / lam, rel=1e-12)
+    det = rep.detectable["element"]  # lam sigma in ulps of 6
+    s = math.sqrt(133 * U32**2 + 9 * 2.0**-300)
+    assert det["median_ulps"] == approx(lam * s / 2.0**-21, rel=1e-12)
+    assert det["max_ulps"] == approx(lam * s / 2.0**-21, rel=1e-12)
+    env = rep.detectable["envelope"]  # the worst-case envelope's, as before
+    assert env["median_ulps"] == approx(b / 2.0**-21, rel=1e-12)
+    assert env["max_ulps"] == approx(2.250000894069778, rel=1e-12)
 
 
 def test_envelope_error_at_zero_in_the_smallest_subnormals_ulp():

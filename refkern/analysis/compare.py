@@ -10,6 +10,7 @@ from refkern.analysis.bounds import bound1, precision_ratios, working_units
 from refkern.analysis.envelope import OPS as ENVELOPE_OPS
 from refkern.analysis.envelope import envelopes
 from refkern.analysis.evaluate import _bind, op_name, problem
+from refkern.analysis.inside import decide_inside
 from refkern.analysis.passes import median, top_k
 from refkern.analysis.report import VERDICTS, Report, where_summary
 from refkern.analysis.ulp import ulp_errors
@@ -242,23 +243,22 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
             f"{ref.shape}; pass the same arguments that produced it."
         )
     envs, n = envelopes(name, bound, ref, fmt, lazy=True)
-    d = decide_envelope(act, ref, envs, fmt)
+    axes = tuple(f"dim{i}" for i in range(ref.ndim))
+    d = decide_inside(act, ref, envs, decide_envelope(act, ref, envs, fmt), name, bound, fmt, axes)
     ulps = _ulps(act, ref, fmt) if arrays else None  # else only the max and the worst elements' (no array)
-    f0 = d.fits[0]
-    c0, c3 = f0.counts[0], f0.counts[3]  # the classes of decide_envelope, counted by its pass: equal elements
-    other = {"exact": 0, "rounding": 1, "reduced-precision": 2, "mismatch": 1}[d.verdict]  # are exact, the rest
-    counts = dict.fromkeys(VERDICTS, 0)  # take the verdict's class, but a mismatch's beyond the envelope
-    counts["exact"] = c0
-    counts[VERDICTS[other]] += ref.size - c0 - (c3 if d.verdict == "mismatch" else 0)
-    counts["mismatch"] += c3 if d.verdict == "mismatch" else 0
-    # the ten largest ratios among the elements unequal to the reference come from the fit's own pass; the
-    # unexplained ones (state 3, ratio > 1) are the ones with the largest ratios, so a mismatch's worst lead them
-    top = f0.top[f0.state.reshape(-1)[f0.top] == 3] if d.verdict == "mismatch" else f0.top
-    worst = [tuple(int(i) for i in np.unravel_index(f, ref.shape)) for f in top] if ref.ndim else [()] * len(top)
+    f0, lam = d.fits[0], d.thresholds["element"]
+    stat = next((f for f in d.fits if f.model is d.model and hasattr(f, "lam")), None)  # the statistical model
+    counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
+    if stat is not None and d.verdict == "mismatch":  # the unexplained elements, largest z first
+        top, worst = _worst(d.unexplained, d.z, ref.shape)
+    else:  # the ten largest envelope ratios among the unequal elements, from the envelope's own pass
+        top = f0.top[f0.state.reshape(-1)[f0.top] == 3] if d.verdict == "mismatch" else f0.top
+        worst = [tuple(int(i) for i in np.unravel_index(f, ref.shape)) for f in top] if ref.ndim else [()] * len(top)
     top_ulps = ulp_errors(_f64(act.reshape(-1)[top]), _f64(ref.reshape(-1)[top]), fmt)
     top_r = f0.ratio_at(top)
+    z = d.z.reshape(-1) if d.z is not None else np.zeros(ref.size)
     details = [{"index": list(w), "actual": float(act.reshape(-1)[f]), "reference": float(ref.reshape(-1)[f]),
-                "ulp": float(e), "bound_ratio": float(r), "test_ratio": float(r),
+                "ulp": float(e), "bound_ratio": float(r), "test_ratio": float(z[f] / lam),
                 "condition": 1.0} for w, f, e, r in zip(worst, top, top_ulps, top_r)]  # fmt: skip
     where = {}
     if d.verdict == "mismatch" and ref.ndim:
@@ -270,23 +270,21 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
         err = np.where(np.isnan(err), np.inf, err)
     tol = _tolerance(err, _f64(ref), d.classes, rtol, atol) if err is not None else None
     notes = [f["text"] for f in d.structure]
-    det = d.detectable["element"]
-    notes.append(f"judged by worst-case envelopes (no statistical test for {name} yet): an error below the "
-                 f"envelope, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding")  # fmt: skip
     if d.alternatives:
         notes.append(f"{' and '.join(sorted(set(d.alternatives)))} inputs fit as well: indistinguishable on these "
                      "inputs")  # fmt: skip
     blind = f0.blind
     if blind:  # n u > 1/8 in the working precision, or an interval that reaches a pole: no bound is claimed
-        notes.append(f"no envelope holds for {blind} of {ref.size} elements (too many operations for the working "
-                     "precision to bound): any value there passes, so a bug there cannot be seen")  # fmt: skip
+        notes.append(f"no worst-case envelope holds for {blind} of {ref.size} elements (too many operations for the "
+                     "working precision to bound): the statistical test alone judges them")  # fmt: skip
     rep = Report(
         op=name, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=int(n), verdict=d.verdict,
         precision=d.precision, max_ulp=f0.max_error_ulps,
-        max_bound_ratio=f0.max_ratio, max_prob_ratio=f0.max_ratio,
+        max_bound_ratio=f0.max_ratio, max_prob_ratio=float(np.max(z, initial=0.0)) / lam,
         worst=worst, worst_details=details, counts=counts, where=where,
-        hypotheses={f.model.key: f.summary(1.0) for f in d.fits},
-        bound_ratios={f.model.key: {"worst_case": f.max_ratio} for f in d.fits},
+        hypotheses={(f.model.key + " (statistical)" if hasattr(f, "lam") else f.model.key): f.summary(1.0)
+                    for f in d.fits},
+        bound_ratios={f.model.key: {"worst_case": f.max_ratio} for f in d.fits if not hasattr(f, "lam")},
         condition={"median": 1.0, "max": 1.0}, tolerance=tol, notes=notes,
         model=d.model.kind if d.model is not None else None, alternatives=sorted(set(d.alternatives)),
         structure=d.structure,

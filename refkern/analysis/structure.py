@@ -19,9 +19,9 @@ from refkern.analysis.stats import distinct, group_sums, repeated
 __all__ = ["group_failures", "n_groups", "signatures", "detectable"]
 
 
-def n_groups(shape) -> int:
-    """The number of group tests: one per index of every axis longer than 1."""
-    return int(sum(s for s in shape if s >= 2))
+def n_groups(shape, only=None) -> int:
+    """The number of group tests: one per index of every axis longer than 1 (of the axes ``only``)."""
+    return int(sum(s for ax, s in enumerate(shape) if s >= 2 and (only is None or ax in only)))
 
 
 def _z(g, v):
@@ -33,9 +33,10 @@ def _z(g, v):
 _PEELS = 64  # groups removed one at a time before the rest are reported together
 
 
-def group_failures(r, var, keep, c, a, axes, lam) -> list:
-    """Groups along each axis whose residual sum is beyond lam standard errors. ``keep``: the
-    elements that passed the per-element test; repeated (centre, actual) pairs count once.
+def group_failures(r, var, keep, c, a, axes, lam, only=None) -> list:
+    """Groups along each axis (of the axes ``only``, every axis when None) whose residual sum is
+    beyond lam standard errors. ``keep``: the elements that passed the per-element test; repeated
+    (centre, actual) pairs count once.
 
     The most significant group is taken out first and the tests are run again without its
     elements, so that one bad channel is not also reported as every row and column it crosses.
@@ -45,7 +46,7 @@ def group_failures(r, var, keep, c, a, axes, lam) -> list:
     shape = r.shape
     if r.ndim == 0:
         return []
-    plain = _peel(r, var, keep, {}, axes, lam)
+    plain = _peel(r, var, keep, {}, axes, lam, only)
     if not plain:
         return plain
     ids = {}
@@ -61,10 +62,10 @@ def group_failures(r, var, keep, c, a, axes, lam) -> list:
                 ids[ax] = first.reshape(shape)
     if not ids:
         return plain
-    return _peel(r, var, keep, ids, axes, lam)
+    return _peel(r, var, keep, ids, axes, lam, only)
 
 
-def _peel(r, var, keep, ids, axes, lam) -> list:
+def _peel(r, var, keep, ids, axes, lam, only=None) -> list:
     shape = r.shape
     out = []
     keep = keep.copy()
@@ -72,7 +73,7 @@ def _peel(r, var, keep, ids, axes, lam) -> list:
     for peel in range(_PEELS + 1):
         found = []
         for ax in range(r.ndim):
-            if shape[ax] < 2:
+            if shape[ax] < 2 or (only is not None and ax not in only):
                 continue
             if ax in ids:
                 g, v, cnt = group_sums(r * ids[ax], var * ids[ax], keep & ids[ax], ax)

@@ -1,0 +1,298 @@
+"""Inside the worst-case envelope, the statistical test decides.
+
+The worst-case envelope of :mod:`refkern.analysis.envelope` bounds every correct implementation: an
+element beyond it is a mismatch for sure, and :func:`~refkern.analysis.verdict.decide_envelope` says so.
+An element inside it is not thereby correct: the envelope grows like ``n u`` times a condition number
+(infinite in bfloat16 at 32 features), and a layer_norm whose output is 10% too large sits inside it.
+So for every op the envelope judges, the verdict is then the statistical test of the GEMMs
+(:mod:`refkern.analysis.verdict`, :mod:`refkern.analysis.stats`) on the scale of
+:mod:`refkern.analysis.noise`:
+
+1. **rounding** when a member of the rounding family explains the output: every element within
+   ``lam_el`` of its scale (``lam_el = level(number of elements)``, the element part of the false-alarm
+   budget ``ALPHA``), and no group of elements along an axis where a group holds one element per row
+   (:attr:`~refkern.analysis.noise.Noise.group_axes`) with a residual sum beyond ``lam_grp`` standard
+   errors. The family is the standard formulas and, for the norms, the folded affine form (named in a
+   note with the bits it loses when only it explains the output: a known formula, never a bug).
+2. **reduced-precision** when rounding does not explain it and a precision hypothesis of the envelope
+   (the inputs rounded to p, P rounded before P @ V, the output stored in p) explains it on the same
+   test, centred on its own emulation, its envelope holding too, **with evidence a bug would not
+   give**: at least one element that rounding does not explain lies where the two models' acceptance
+   windows are disjoint, ``|c_p - ref| > lam_el (sigma_0 + sigma_p)``, on the side the precision
+   predicts, or equals the precision's centre, or the precision stores in a coarser format than the
+   result (float32 behind a float64 result, a softmax output stored in p) and the test refused every
+   value off that grid: a bug next to a correct result lies off it. Between several, the best fit on
+   one yardstick, rounding's (``sum min(z_0**2, lam_el**2)``, as :mod:`refkern.analysis.verdict` does:
+   by fit, never by order).
+3. **mismatch** otherwise, measured against rounding's standard model: the unexplained elements are
+   those beyond ``lam_el`` and those of the failing groups; the envelope's named bugs, the one-pass
+   variance and a stagnating sequential float32 sum are named when they fit (only to name a mismatch,
+   never to excuse an element).
+
+The report carries the power of the test: the smallest error of one element (``lam_el sigma``, in ulps
+of the result at the reference: median and largest) that would have been flagged.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from refkern._jit import jit
+from refkern.accumulate.formats import FORMATS
+from refkern.analysis.hypotheses import Model
+from refkern.analysis.noise import noise
+from refkern.analysis.stats import ALPHA, level
+from refkern.analysis.structure import group_failures, n_groups
+from refkern.analysis.verdict import Decision, _classes, _element_test_arrays, overflowed
+
+__all__ = ["decide_inside", "StatFit"]
+
+_FULL = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass
+class StatFit:
+    """One model of the statistical test, tested on every element."""
+
+    model: Model
+    centre: np.ndarray
+    var: np.ndarray
+    z: np.ndarray
+    fails: np.ndarray
+    groups: list
+    lam: float
+
+    @property
+    def explains(self) -> bool:
+        return not self.fails.any() and not self.groups
+
+    def unexplained(self) -> np.ndarray:
+        out = self.fails.copy()
+        for g in self.groups:
+            sl = [slice(None)] * out.ndim
+            sl[g["ax"]] = g["index"]
+            out[tuple(sl)] = True
+        return out
+
+    @property
+    def max_z(self) -> float:
+        return float(self.z.max()) if self.z.size else 0.0
+
+    def summary(self, lam_el=None) -> dict:
+        return {"kind": self.model.kind, "precision": self.model.precision, "explains": self.explains,
+                "tested_on": "every element", "unexplained": int(self.unexplained().sum()),
+                "failing_groups": len(self.groups), "max_ratio": self.max_z / self.lam,
+                "test": "statistical"}  # fmt: skip
+
+
+def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None) -> StatFit:
+    """The element and group tests of one model of centre ``c`` and variance ``var`` (in units of values
+    times ``scale``, a power of two: :attr:`~refkern.analysis.noise.Noise.scale`); with ``grid``, a
+    value off that format's grid is refused (a model that stores its result in a coarser format)."""
+    if np.ndim(scale) or scale != 1.0:
+        a, c = a * scale, c * scale
+    z, fails, keep, r, vk = _element_test_arrays(a, c, var, lam_el, grid)
+    z[over], fails[over] = np.inf, True
+    groups = group_failures(r, vk, keep, c, a, axes, lam_grp, only) if only else []
+    return StatFit(model, c, var, z, fails, groups, lam_el)
+
+
+def _at(scale, mask):
+    """A scale (a float, or one per element) at the elements of ``mask``."""
+    return scale[mask] if np.ndim(scale) else scale
+
+
+def _ulp(ref, out):
+    """The ulp of the result format at each reference value."""
+    with np.errstate(all="ignore"):
+        _, e = np.frexp(np.where(np.isfinite(ref), np.abs(ref), 0.0))
+    return np.ldexp(1.0, np.maximum(e - 1, out.emin) - out.prec + 1)
+
+
+def _power(var, ref, out, lam, scale=1.0) -> dict:
+    """The smallest error of one element that the element test flags, in ulps (median, largest); ``var``
+    in units of values times ``scale``."""
+    from refkern.analysis.passes import median
+
+    with np.errstate(all="ignore"):
+        d = (lam * np.sqrt(var) / (_ulp(ref, out) * scale)).reshape(-1)
+    d = d[np.isfinite(ref).reshape(-1)]
+    if not d.size:
+        return {"median_ulps": 0.0, "max_ulps": 0.0}
+    return {"median_ulps": median(d), "max_ulps": float(d.max())}
+
+
+def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, axes) -> Decision:
+    """The verdict for an op judged by envelopes, once :func:`~refkern.analysis.verdict.decide_envelope`
+    has given ``d`` (module docstring). ``envs``: the envelope's hypotheses for the call (as
+    :func:`~refkern.analysis.envelope.envelopes` gives them, lazy or run); ``axes``: the output axes' names."""
+    from refkern.analysis.envelope import ONE_PASS
+
+    a = np.asarray(actual, np.float64)
+    x = np.asarray(ref, np.float64)
+    lam_el = level(x.size)
+    nz = noise(name, args, x, out, lam_el)
+    only = tuple(ax for ax in nz.group_axes if x.shape[ax] >= 2)
+    lam_grp = level(n_groups(x.shape, only))
+    power = _power(nz.var, x, out, lam_el, nz.scale)
+    thresholds = {"alpha": ALPHA, "element": lam_el, "group": lam_grp, "test": "statistical", "envelope": 1.0}
+    det = {"element": power, "test": "statistical", "envelope": d.detectable.get("element"),
+           "group_axes": [axes[i] for i in only]}  # fmt: skip
+    if d.verdict == "exact":
+        return _replace(d, det=det, thresholds=thresholds)
+    over = overflowed(a, x)
+    acc = d.fits[0].model.acc
+    sc = nz.scale
+    r0 = _test(Model("rounding", None, d.fits[0].model.kind, out, acc), a, x, nz.var, over, lam_el, lam_grp, axes,
+               only, sc)  # fmt: skip
+    fam = [r0] + [_test(Model(f"rounding ({key})", None, text, out, acc), a, x, v, over, lam_el, lam_grp, axes, only,
+                        sc) for key, text, v in nz.models]  # fmt: skip
+    fits = list(d.fits) + fam
+    exact = d.fits[0].state == 0
+    notes = list(d.structure)
+    if d.verdict == "mismatch":  # beyond the envelope: a mismatch for sure
+        return _replace(d, z=r0.z, fits=fits, det=det, thresholds=thresholds)
+    explaining = [f for f in fam if f.explains]
+    if d.verdict == "rounding" and explaining:
+        f = explaining[0]
+        if f is not r0:
+            notes.append({"kind": "algorithm", "text": _folded_note(f, name, args)})
+        return Decision("rounding", None, f.model, _classes(exact, 1), fits, f.z, [], notes, det, thresholds)
+    # rounding does not explain it: a precision with evidence, by fit, else a mismatch
+    bad0 = r0.unexplained()
+    cands = []
+    for e in envs:
+        key, prec = e[0], e[1]
+        if callable(e[2]) or prec is None or key == ONE_PASS:
+            continue
+        env_fit = next((g for g in d.fits if g.model.key == key), None)
+        if env_fit is not None and not env_fit.explains:
+            continue  # its own envelope fails: certainly not it
+        c = env_fit.centre if env_fit is not None else (e[2] if e[2] is not None else e[3]()[0])
+        c = np.asarray(c, np.float64).reshape(x.shape)
+        st = env_fit.model.storage if env_fit is not None else out
+        m = env_fit.model if env_fit is not None else Model(key, prec, key, st, st)
+        nz_p = nz if st is out else noise(name, args, c, st, lam_el)  # computed in st's working precision
+        var_p = nz_p.var
+        if key != prec:  # P rounded before P @ V, or the output stored in p: one more rounding to p
+            var_p = var_p + 2.0 * (FORMATS[_FULL[prec]].u * c * nz_p.scale) ** 2
+        grid = st if st.prec < out.prec else None  # its values lie on st's grid (fp32 behind float64, p)
+        f = _test(m, a, c, var_p, over, lam_el, lam_grp, axes, only, nz_p.scale, grid)
+        fits.append(f)
+        if not f.explains:
+            continue
+        with np.errstate(all="ignore"):
+            gap = np.abs(c - x)[bad0]
+            s0, sp = np.sqrt(nz.var[bad0]) / _at(nz.scale, bad0), np.sqrt(var_p[bad0]) / _at(nz_p.scale, bad0)
+            strong = gap > lam_el * (s0 + sp)
+            toward = np.abs(a - c)[bad0] < np.abs(a - x)[bad0]
+            # equal to its centre, or on a coarser grid that a bug next to a correct result is off: evidence
+            sure = (a[bad0] == c[bad0]) | (grid is not None)
+        if not (strong & toward | sure).any():
+            notes.append({"kind": "blind", "text": f"{_label(m)} would explain it, but no element that rounding "
+                          "does not explain lies where the two predict apart: a bug of that size and "
+                          f"{_label(m)} cannot be told apart here"})  # fmt: skip
+            continue
+        with np.errstate(all="ignore"):
+            q = np.where(f.z == 0, 0.0, ((a - c) * nz.scale) ** 2 / nz.var)
+        cands.append((float(np.sum(np.minimum(np.nan_to_num(q, nan=np.inf), lam_el**2))), f))
+    if cands:
+        cands.sort(key=lambda t: t[0])
+        best, f = cands[0]
+        band = level(max(len(cands) - 1, 1), ALPHA / 3) ** 2 / 2
+        tie = sorted({g.model.precision for s, g in cands[1:] if s <= best + band and g.model.precision !=
+                      f.model.precision})  # fmt: skip
+        return Decision("reduced-precision", f.model.precision, f.model, _classes(exact, 2), fits, f.z, tie, notes,
+                        det, thresholds)  # fmt: skip
+    cls = _classes(exact, 1)
+    cls[bad0] = 3
+    notes += _mismatch_notes(r0, a, x, envs, name, args, out, over, bad0)
+    return Decision("mismatch", None, r0.model, cls, fits, r0.z, [], notes, det, thresholds)
+
+
+def _replace(d: Decision, *, det, thresholds, z=None, fits=None) -> Decision:
+    return Decision(d.verdict, d.precision, d.model, d.classes, fits if fits is not None else d.fits,
+                    d.z if z is None else z, d.alternatives, d.structure, det, thresholds)  # fmt: skip
+
+
+def _label(m: Model) -> str:
+    return f"{m.precision} inputs" if m.key == m.precision else m.key
+
+
+def _folded_note(f: StatFit, name, args) -> str:
+    from refkern.analysis._envelope_ops import layout
+
+    text = f"explained by {f.model.kind} only"
+    try:
+        lay = layout(name, args, f.centre.shape)
+        X = np.asarray(lay.X, np.float64)
+        mean = X.mean(axis=1) if lay.given is None else np.broadcast_to(lay.given[0], (X.shape[0],))
+        sd = X.std(axis=1) if lay.given is None else np.sqrt(np.broadcast_to(lay.given[1], (X.shape[0],)))
+        with np.errstate(all="ignore"):
+            bits = np.log2(np.abs(mean) / sd)
+        bits = bits[np.isfinite(bits)]
+        if bits.size and bits.max() > 0:
+            text += (f": it loses about log2(|mean| / std) bits to cancellation, up to {bits.max():.1f} on these rows "
+                     "(the standard form (x - mean) r w + b would not)")
+    except (ValueError, TypeError):  # pragma: no cover - a layout of these arguments was made before
+        pass
+    return text
+
+
+def _mismatch_notes(r0: StatFit, a, x, envs, name, args, out, over, bad) -> list:
+    from refkern.analysis.envelope import ONE_PASS, ONE_PASS_TEXT
+    from refkern.analysis.verdict import _overflow_note
+
+    notes = []
+    if over.any():
+        notes.append(_overflow_note(over, []))
+    for g in r0.groups[:3]:
+        notes.append({"kind": "group", "text": f"{g['axis']} {g['index']} is off by {g['mean']:.3g} on average "
+                      f"({g['z']:.3g} standard errors)"})  # fmt: skip
+    n_el = int(r0.fails.sum())
+    if n_el:
+        notes.append({"kind": "elements", "text": f"{n_el} element{'s' if n_el > 1 else ''} beyond "
+                      f"{r0.lam:.3g} sigma of a correct kernel's rounding (largest {r0.max_z:.3g} sigma)"})  # fmt: skip
+    for e in envs:
+        if e[0] == ONE_PASS and not callable(e[2]):
+            c, b = e[3]() if e[2] is None else e[2:]
+            with np.errstate(all="ignore"):
+                fit = np.abs(a - np.asarray(c, np.float64).reshape(x.shape)) <= np.asarray(b).reshape(x.shape)
+            if fit[bad].all():
+                notes.append({"kind": "algorithm", "text": ONE_PASS_TEXT})
+        elif callable(e[2]) and e[2](a, bad, x):
+            notes.append({"kind": "pattern", "text": e[1]})
+    if name in ("sum", "mean") and out.prec <= 24:
+        seq = _sequential_note(a, x, name, args, out, bad)
+        if seq:
+            notes.append({"kind": "algorithm", "text": seq})
+    return notes
+
+
+def _sequential_note(a, x, name, args, out, bad) -> str | None:
+    """A sum or mean that a sequential float32 loop reproduces where rounding does not: it stagnates
+    once the running sum outgrows the terms by 2**24 (pytorch#38716)."""
+    from refkern.analysis._envelope_ops import layout
+
+    lay = layout(name, args, x.shape)
+    s = np.empty(lay.X.shape[0])
+    _sequential32(np.ascontiguousarray(lay.X, np.float32), s)
+    if name == "mean":
+        s = s / max(lay.n, 1)
+    s = lay.back(s)
+    with np.errstate(all="ignore"):
+        closer = np.abs(a - s) * 8 < np.abs(a - x)
+    if bad.any() and closer[bad].all():
+        return ("a sequential float32 running sum reproduces it: it stagnates once the sum outgrows the terms by "
+                "2**24 (no correct kernel sums 10^7 terms in one float32 chain; use pairwise or blocked sums)")
+    return None
+
+
+@jit(parallel=False)
+def _sequential32(X, out):
+    """Per row: the left-to-right float32 running sum of a CPU scalar loop."""
+    for i in range(X.shape[0]):
+        s = np.float32(0.0)
+        for j in range(X.shape[1]):
+            s = np.float32(s + X[i, j])
+        out[i] = s

@@ -1,0 +1,513 @@
+"""The statistical scale of the ops that the worst-case envelopes bound: how far a correct kernel
+typically lands from the exact result, per element, by first-order propagation of each rounding.
+
+The worst-case envelope (:mod:`refkern.analysis.envelope`) holds for every correct implementation, so
+it grows like ``n u`` times a condition number and is infinite in bfloat16 at 32 features: inside it,
+anything passes. This module gives the yardstick of the statistical test that decides inside it
+(:mod:`refkern.analysis.inside`), built as :mod:`refkern.analysis.stats` builds the GEMMs': a correct
+kernel returns the exact value plus ``e = sum_j c_j v_j delta_j`` to first order, one term per rounding
+``j`` of a value ``v_j`` with ``|delta_j| <= u_j``, ``c_j`` the derivative of the output with respect to
+that value, computed per element from the exact intermediates (the row's mean, variance and ``r =
+(var + eps)**-1/2``, its maximum, exponentials and their sum, the attention weights). With the deltas
+mean-independent (Higham and Mary 2019), Azuma-Hoeffding gives ``P(|e| >= lam sigma) <= 2 exp(-lam**2
+/ 2)`` with::
+
+    sigma**2 = sum_j (u_j c_j v_j)**2 + 2 (u_o y)**2 + 2 eta_o**2 + k eta_w**2
+
+(the reference's own rounding to the result format and the backend's store: ``u_o |y|`` each, ``eta_o``
+half the result format's smallest subnormal; ``k`` roundings that may underflow by ``eta_w``, half the
+working format's smallest subnormal). The working unit is float32's for fp16, bf16 and fp32 results
+(torch's opmath type, every GPU kernel's statistics) and float64's for float64 results.
+
+**The kernels people run are the family.** A sum's roundings are its partial sums; which partial sums
+depends on the order, so the scale takes ``S**2 = max(sum_k P_k**2, sum_k Q_k**2)`` over the prefix sums
+``P`` (left to right) and suffix sums ``Q`` (right to left): on data without structure pairwise,
+blocked, tree and cascade orders have smaller partial sums than either (each of their partial sums is
+a sum of fewer consecutive terms), and a CPU scalar loop is the left-to-right order itself. Per family:
+
+* **sum, mean** (and the average pools, whose windows are short: the order-free ``(n + 1) (u M)**2``,
+  ``M = sum|x|``): ``u**2 S**2``; a mean adds its division ``u |y|``.
+* **var, std**: ``M2 = sum d_k**2`` with ``d = x - mean``: each ``d_k`` (``2 d_k**2 u``) and its square
+  (``d_k**2 u``), the partial sums of the squares (``S`` of ``d**2``), and, for Welford's updating
+  algorithm, each running mean's rounding ``u (|m_k| + 2 |x_k - m_(k-1)| / k)``, which reaches M2 with the
+  factor ``2 k |sum_(j > k) (x_j - m_(j-1)) / j|`` (an error ``e`` in ``m_k`` persists as ``e k / j`` in
+  ``m_j`` and moves the j-th increment ``(x_j - m_(j-1))**2 (j - 1) / j`` by ``-2 (x_j - m_(j-1)) e k / j``);
+  the mean's own error ``e_mu`` enters only at second order, ``n e_mu**2``, kept as one more term (it is
+  all there is for a constant row). Then ``var = M2 / D`` (``u var``); ``std = sqrt(var)`` by propagating
+  ``[var - lam sigma, var + lam sigma]`` through the square root at the test's level ``lam``, the wider
+  side over ``lam`` (first order fails where the variance is near 0), plus ``u std``. Squares that
+  underflow lose up to ``2 n eta`` of M2, one bounded term (every square may lose it alike).
+* **norms** ``y = (x - mean) r w + b``: shared by a row, the mean's error ``sigma_mu`` (reaching ``y`` as
+  ``r w``) and ``r``'s relative error ``sigma_w / (2 w) + 2 RSQRT_ULPS u`` (``w = var + eps``, rsqrt within
+  RSQRT_ULPS ulps); per element ``x - mean``, the product by ``r``, by ``w`` and the bias's addition
+  (``3 (u t)**2 + (u y)**2``, ``t = (x - mean) r w``). Two forms are in the family, each a model of its
+  own: the standard one above and the **folded** one of torch's CPU kernels and cuDNN's inference, ``x (r
+  w) + (b - mean r w)``, whose roundings are ``r w`` and its product with ``x`` (``2 (u x r w)**2``), ``mean
+  r w`` and the shift (``(u mean r w)**2 + (u (b - mean r w))**2``) and the sum; it loses about
+  ``log2(|x| / |x - mean|)`` bits and is named when only it explains a result. batch_norm with batch
+  statistics and a half result stores the statistics in the result format (torch's CPU kernel):
+  ``u_o |mean|`` and ``u_o var`` more.
+* **softmax, log_softmax, attention**: each term ``t_j = exp(z_j - M)`` carries a relative error
+  ``beta_j``: the exponential within :data:`~refkern.analysis._envelope_softmax.EXP_ULPS` ulps, the
+  subtraction ``u |z_j - M|``, for attention the logit's dot product (its partial sums over E, bounded per
+  block of :data:`DOT_BLOCK` features as P @ V's below, and its products ``sum_l (q_l k_jl)**2``), the
+  scale's product ``u |z_j|``, q and k scaled by ``fl(sqrt(s))`` (two roundings each, ``u_o`` more where
+  they are stored in a half result format: k's independent per term, q's shared by the row's logits,
+  ``s sum_l eps_l q_l C_cl`` with ``C_cl = sum_j w_j (v_jc - o_c) k_jl`` computed per row) and a float
+  mask's addition (``u |z_j|``). A weight moves by
+  ``w_i (beta_i - sum_j w_j beta_j)``, an attention output by ``sum_j w_j (v_j - o) beta_j``; the sum ``D``
+  by its partial sums (``u S_t / D`` relative) and, in an online (tiled) softmax, by one exponential and
+  one product each time the running maximum rises: at most ``R`` times, ``R`` the number of records of
+  the row read left to right or right to left (a tiled kernel rises at most once per tile, never more
+  often than the records of its order; in attention the exponential cancels between the numerator
+  and the denominator, the two products remain). attention's ``P @ V``: the partial sums, bounded per
+  block of :data:`BLOCK` keys by ``BLOCK (|P_b| + A_b)**2`` (``P_b`` the partial sum at the block's start,
+  ``A_b`` the block's ``sum |w v|``), and the division (two roundings: reciprocal and product).
+  log_softmax: ``log D`` within LOG_ULPS ulps, its relative error ``sigma_D``, the subtractions.
+
+**Half results** (fp16, bf16) are computed in float32 and stored once; the kernels people run also
+round one or two intermediates to the result format (measured within 1-3 of its ulps), and those are in
+the family with ``u_o``: the normalised row before the weight (Hugging Face's RMSNorm), P before P @ V
+(FlashAttention 2 and Hugging Face's eager attention), q, k and the scores (torch's math backend),
+log_softmax's stages (torch's CPU kernel), each weight. What accumulates in the result format is not
+here: it is a reduced precision, a hypothesis of its own.
+
+What is not first order is left out knowingly: products of two deltas (below ``n u**2`` of the
+output, far under every term above at the sizes where they could matter, ``n u < 2**-8``).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
+
+__all__ = ["Noise", "noise", "RSQRT_ULPS", "BLOCK", "DOT_BLOCK"]
+
+RSQRT_ULPS = 2  #: 1/sqrt within 2 ulps (CUDA's rsqrtf, documented maximum; sqrt then a division: 2 roundings)
+BLOCK = 32  #: keys per block in the bound on attention's P @ V partial sums (any block size gives a bound)
+DOT_BLOCK = 4  #: features per block in the same bound on the logits' partial sums (q . k over E)
+
+
+@dataclass
+class Noise:
+    """The scale of one call: ``var`` (sigma**2 per output element, the standard formulas), further
+    members of the rounding family with the same centre (``models``: ``[(key, text, var)]``), and the
+    output axes along which a group holds at most one element of any row (``group_axes``): elements of
+    one row share the row's errors (its mean, its variance, its sum), so a group of several of them
+    would have a correlated sum; a group along any other axis would not be a sum of independent terms."""
+
+    var: np.ndarray
+    models: list = field(default_factory=list)
+    group_axes: tuple = ()
+    scale: object = 1.0  # powers of two (a float, or one per element): ``var`` is in units of values times it
+
+
+def _eta(f: Format, e: int = 0) -> float:
+    """Half the smallest subnormal of ``f`` (a rounding's absolute error in the subnormal range), times
+    ``2**e`` (float64's, 2**-1075, is not a float64 number itself: it is scaled first)."""
+    return math.ldexp(1.0, f.emin - f.prec + e)
+
+
+def _stores(y, out: Format):
+    """The reference's own rounding to the result format and the backend's store (module docstring)."""
+    return 2.0 * (out.u * y) ** 2 + 2.0 * _eta(out) ** 2
+
+
+def _partial_sq(X):
+    """Per row of ``X`` (R, n): ``max(sum_k P_k**2, sum_k Q_k**2)`` over the n - 1 partial sums that the
+    left-to-right (prefix sums P_1 .. P_(n-1), 0-based) and the right-to-left (suffix sums) orders form."""
+    R, n = X.shape
+    if n < 2:
+        return np.zeros(R)
+    with np.errstate(all="ignore"):
+        P = np.cumsum(X, axis=1)
+        left = np.einsum("ij,ij->i", P[:, 1:], P[:, 1:])
+        Q = P[:, -1:] - P[:, :-2] if n > 2 else np.zeros((R, 0))  # suffix sums from k = 1 .. n - 2
+        right = P[:, -1] ** 2 + np.einsum("ij,ij->i", Q, Q)
+    return np.maximum(left, right)
+
+
+def _records(X):
+    """Per row: the number of strict rises of the running maximum, read left to right or right to
+    left (the larger), each row's first finite value not counted."""
+    with np.errstate(invalid="ignore"):
+        Y = np.where(np.isnan(X), -np.inf, X)
+        lr = (Y[:, 1:] > np.maximum.accumulate(Y, axis=1)[:, :-1]).sum(axis=1)
+        Z = Y[:, ::-1]
+        rl = (Z[:, 1:] > np.maximum.accumulate(Z, axis=1)[:, :-1]).sum(axis=1)
+    return np.maximum(lr, rl).astype(np.float64)
+
+
+# ------------------------------------------------------------------------------------------------ sums
+
+
+def _sum_rows(X, u, kind, n):
+    """sigma**2 of a sum or a mean of each row, before the stores."""
+    s2 = u * u * _partial_sq(X)
+    if kind == "mean":
+        return s2 / max(n, 1) ** 2
+    return s2
+
+
+@jit(parallel=True, error_model="numpy")
+def _m2_rows(X, center, u, out_m2, out_mean, out_s2, out_smu2):
+    """Per row of X (R, n), float64: M2 = sum (x - mean)**2 (``center`` False: sum x**2), the mean, and
+    the first-order variances of M2 (two-pass and Welford, module docstring) and of the mean."""
+    R, n = X.shape
+    for i in prange(R):
+        t = 0.0
+        lp, sp, spp = 0.0, 0.0, 0.0
+        for j in range(n):
+            t += X[i, j]
+            if j >= 1:
+                lp += t * t  # left-to-right partial sums of x
+            if j <= n - 3:
+                sp += t
+                spp += t * t
+        mean = t / n if center else 0.0
+        rp = t * t + (n - 2) * t * t - 2.0 * t * sp + spp if n > 2 else (t * t if n == 2 else 0.0)
+        psx = max(lp, rp)
+        smu2 = u * u * (psx / (n * n) + mean * mean) if center else 0.0
+        m2, d4, lq, sq, sqq = 0.0, 0.0, 0.0, 0.0, 0.0
+        for j in range(n):
+            d = X[i, j] - mean
+            q = d * d
+            m2 += q
+            d4 += q * q
+            if j >= 1:
+                lq += m2 * m2
+            if j <= n - 3:
+                sq += m2
+                sqq += m2 * m2
+        rq = m2 * m2 + (n - 2) * m2 * m2 - 2.0 * m2 * sq + sqq if n > 2 else (m2 * m2 if n == 2 else 0.0)
+        s2 = u * u * (5.0 * d4 + max(lq, max(rq, 0.0)))
+        if center and n > 1:  # Welford's running means (module docstring)
+            g = np.empty(n)
+            m = X[i, 0]
+            g[0] = 0.0
+            for j in range(1, n):
+                dl = X[i, j] - m
+                g[j] = dl / (j + 1)
+                m = m + dl / (j + 1)
+            tail, m, w = 0.0, mean, 0.0
+            for j in range(n - 1, 0, -1):  # e_(j-1) in m_(j-1), 1-based k = j, reaches M2 as 2 k |T_k|
+                tail += g[j]
+                mk = m - g[j]  # m_(j-1) from m_j (the exact running means, backwards)
+                e = u * (abs(mk) + 2.0 * abs(g[j - 1]))
+                c = 2.0 * j * abs(tail) * e
+                w += c * c
+                m = mk
+            s2 += w
+            emu = u * (np.sqrt(psx) / n + abs(mean))
+            s2 += (n * emu * emu) ** 2  # the mean's error at second order (module docstring)
+        out_m2[i], out_mean[i], out_s2[i], out_smu2[i] = m2, mean, s2, smu2
+
+
+def _moments(X, center, u):
+    R = X.shape[0]
+    m2, mean, s2, smu2 = (np.empty(R) for _ in range(4))
+    _m2_rows(np.ascontiguousarray(X, np.float64), bool(center), float(u), m2, mean, s2, smu2)
+    return m2, mean, s2, smu2
+
+
+def _var_rows(lay, u, lam, eta2):
+    """sigma**2 of var (or std) per row; ``eta2``: what the n squares may lose to underflow, 2 n eta of the
+    working format in the units of the squares (one bounded term: every square may lose it alike)."""
+    X = lay.X
+    m2, mean, s2, _ = _moments(X, True, u)
+    D = lay.divisor
+    s2 = s2 + (lay.n * eta2) ** 2
+    with np.errstate(all="ignore"):
+        var = np.where(D > 0, m2 / D, np.inf)
+        sv2 = np.where(D > 0, s2 / (D * D), np.inf) + (u * var) ** 2
+        if lay.kind == "var":
+            return sv2
+        sd = np.sqrt(sv2)
+        std = np.sqrt(var)  # [var - lam sd, var + lam sd] through the square root, the wider side, over lam
+        step = np.maximum(std - np.sqrt(np.maximum(var - lam * sd, 0.0)), np.sqrt(var + lam * sd) - std) / lam
+        return step**2 + (u * std) ** 2
+
+
+# ---------------------------------------------------------------------------------------------- norms
+
+
+@jit(parallel=True, error_model="numpy")
+def _norm_elements(X, W, B, Y, mean, r, smu2, srel2, u, u_m, std_out, fold_out):
+    """Per element of the rows: the standard and the folded forms' sigma**2 (module docstring), before
+    the stores. W and B (1 or R, 1 or n) are read at row ``i % rows`` and column ``j`` or 0."""
+    R, n = X.shape
+    sw, sb = int(W.shape[1] > 1), int(B.shape[1] > 1)
+    for i in prange(R):
+        mu, ri, a2, b2 = mean[i], r[i], smu2[i], srel2[i]
+        wr, br = W[i % W.shape[0]], B[i % B.shape[0]]
+        for j in range(n):
+            x, w, b, y = np.float64(X[i, j]), wr[j * sw], br[j * sb], np.float64(Y[i, j])
+            rw = ri * w
+            t = (x - mu) * rw
+            shared = rw * rw * a2 + t * t * b2 + (u_m * t) ** 2  # u_m: the normalised row stored first
+            std_out[i, j] = shared + u * u * (3.0 * t * t + y * y)
+            xr, mr = x * rw, mu * rw
+            fold_out[i, j] = shared + u * u * (2.0 * xr * xr + mr * mr + (b - mr) ** 2 + y * y)
+
+
+def _norm(lay, name, ref_rows, u, out):
+    X = np.asarray(lay.X, np.float64)
+    R, n = X.shape
+    half = out.prec < FLOAT32.prec
+    if lay.given is not None:
+        mean = np.broadcast_to(np.asarray(lay.given[0], np.float64), (R,)).copy()
+        var = np.broadcast_to(np.asarray(lay.given[1], np.float64), (R,)).copy()
+        smu2, sv2 = np.zeros(R), np.zeros(R)
+    else:
+        m2, mean, s2, smu2 = _moments(X, lay.center, u)
+        var = m2 / max(n, 1)
+        sv2 = s2 / max(n, 1) ** 2 + (u * var) ** 2
+        if name == "batch_norm" and half:  # the batch statistics stored in the result format
+            smu2 = smu2 + (out.u * mean) ** 2
+            sv2 = sv2 + (out.u * var) ** 2
+    with np.errstate(all="ignore"):
+        w = var + lay.eps
+        r = 1.0 / np.sqrt(w)
+        srel2 = (sv2 + (u * w) ** 2) / (4.0 * w * w) + (2.0 * RSQRT_ULPS * u) ** 2
+    from refkern.analysis.envelope import _param_rows
+
+    Wr, Br = _param_rows(lay.W, R, n), _param_rows(lay.B, R, n)
+    std, fold = np.empty((R, n)), np.empty((R, n))
+    _norm_elements(X, Wr, Br, np.ascontiguousarray(ref_rows, np.float64), mean, r, smu2, srel2, float(u),
+                   out.u if half else 0.0, std, fold)  # fmt: skip
+    return std, fold
+
+
+# --------------------------------------------------------------------------------- softmax, attention
+
+
+def _softmax_rows(X, u, u_m, log):
+    """Before the stores: sigma**2 of log_softmax over the rows of the logits X; for softmax sigma**2
+    relative to the weight's square (a weight far below 2**-511 has a variance that underflows)."""
+    from refkern.analysis._envelope_softmax import EXP_ULPS, LOG_ULPS
+
+    with np.errstate(all="ignore"):
+        M = np.max(np.where(np.isnan(X), -np.inf, X), axis=1, initial=-np.inf)
+        Mf = np.where(np.isfinite(M), M, 0.0)[:, None]
+        arg = X - Mf
+        t = np.exp(arg)
+        D = t.sum(axis=1)
+        w = t / D[:, None]
+        beta2 = (2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + u_m**2  # u_m: each exp term stored
+        beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
+        wb = np.einsum("ij,ij->i", w * w, beta2)  # sum_j w_j**2 beta_j**2
+        rec = _records(X)
+        sd2 = wb + u * u * _partial_sq(t) / (D * D) + rec * ((2.0 * EXP_ULPS + 1.0) * u) ** 2
+        if log:
+            L = np.log(D)
+            y2 = (u * arg) ** 2 + (sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2)[:, None] + (u * (Mf + L[:, None])) ** 2
+            y2 = y2 + (u * (arg - L[:, None])) ** 2 + u_m**2 * (arg * arg + (L * L)[:, None] + 1.0)
+            return np.where(np.isfinite(y2), y2, 0.0)
+        own = beta2 * (1.0 - 2.0 * w)
+        rel = (own + wb[:, None] + (u * u * _partial_sq(t) / (D * D) + 2.0 * u * u)[:, None]
+               + (rec * ((2.0 * EXP_ULPS + 1.0) * u) ** 2)[:, None] + u_m**2)  # fmt: skip
+        return np.where(np.isfinite(rel), np.maximum(rel, 0.0), 0.0)  # relative: sigma**2 / w**2
+
+
+def _attention(lay, u, u_m, ref_rows):
+    """sigma**2 of scaled_dot_product_attention per output element (rows of (B, L, Ev)), before the stores."""
+    from refkern.analysis._envelope_softmax import EXP_ULPS, _logits
+
+    a = lay.extra["a"]
+    S = a.K.shape[1]
+    out = np.zeros(ref_rows.shape)
+    if S == 0 or out.size == 0:
+        return out
+    s = abs(a.scale)
+    uq = u_m + 2.0 * u  # q or k scaled (by fl(sqrt(s)): two roundings) and stored in the result format
+    for b, z, _, m, _ in _logits(a):
+        v = a.V[a.iv[b]]
+        k = a.K[a.ik[b]]
+        q = a.Q[a.iq[b]]
+        with np.errstate(all="ignore"):
+            M = np.max(np.where(np.isnan(z), -np.inf, z), axis=1, initial=-np.inf)
+            Mf = np.where(np.isfinite(M), M, 0.0)[:, None]
+            arg = z - Mf
+            t = np.exp(arg)
+            D = t.sum(axis=1)
+            w = t / D[:, None]
+            o = w @ v
+            qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
+            logit = (u * s) ** 2 * (_block_partials(q, k.T, DOT_BLOCK) + qk2) + (u * z) ** 2 + (uq * s) ** 2 * qk2
+            beta2 = ((2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + logit
+                     + np.where(np.isfinite(m) & (m != 0), (u * z) ** 2, 0.0) + (u_m * z) ** 2)  # fmt: skip
+            beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
+            g = w * w * beta2
+            A2 = g @ (v * v) - 2.0 * o * (g @ v) + o * o * g.sum(axis=1)[:, None]  # sum_j g_j (v_j - o)**2
+            var = np.maximum(A2, 0.0)
+            var = var + (uq * s) ** 2 * _shared_q(w, v, k, q, o)
+            rec = _records(z)
+            var = var + (u * u * _partial_sq(t) / (D * D) + 2.0 * rec * u * u)[:, None] * o * o
+            wv = np.abs(w) @ np.abs(v)
+            var = var + u * u * _block_partials(w, v) + 2.0 * (u * o) ** 2 + rec[:, None] * (u * wv) ** 2
+            var = var + u_m**2 * ((w * w) @ (v * v))  # P stored before P @ V (half results)
+        out[b] = np.where(np.isfinite(var), var, 0.0)
+    return out
+
+
+def _shared_q(w, v, k, q, o):
+    """sum_l q_l**2 C_cl**2 per row and output column, ``C_cl = sum_j w_j (v_jc - o_c) k_jl``: q's rounding
+    (``eps_l``, shared by the row's logits) moves ``o_c`` by ``s sum_l eps_l q_l C_cl``. One (Ev, E) product
+    per row, in chunks of rows."""
+    L, S = w.shape
+    out = np.empty(o.shape)
+    step = max(1, (1 << 22) // max(S * v.shape[1], 1))
+    for r0 in range(0, L, step):
+        ws = w[r0 : r0 + step]
+        n = ws.shape[0]
+        C = ((v.T[None] * ws[:, None, :]).reshape(n * v.shape[1], S) @ k).reshape(n, v.shape[1], -1)  # one GEMM
+        C -= o[r0 : r0 + step, :, None] * (ws @ k)[:, None, :]
+        out[r0 : r0 + step] = np.einsum("lce,le->lc", C * C, q[r0 : r0 + step] ** 2)
+    return out
+
+
+def _block_partials(w, v, block=None):
+    """sum_k P_k**2 over the partial sums of each element of ``w @ v`` along the contracted index, bounded
+    per block of ``block`` (default :data:`BLOCK`) indices by ``block (|P_b| + A_b)**2`` (module docstring),
+    the larger of the two directions; in chunks of rows, so that no temporary exceeds about 32 MiB."""
+    block = BLOCK if block is None else block
+    L, S = w.shape
+    N = v.shape[1]
+    nb = -(-S // block)
+    pad = nb * block - S
+    vp = np.pad(v, ((0, pad), (0, 0))).reshape(nb, block, N)
+    avp = np.abs(vp)
+    out = np.empty((L, N))
+    step = max(1, (1 << 22) // max(nb * N, 1))
+    for r0 in range(0, L, step):
+        wp = np.pad(w[r0 : r0 + step], ((0, 0), (0, pad))).reshape(-1, nb, block)
+        blocks = np.einsum("lbk,bke->lbe", wp, vp)
+        absb = np.einsum("lbk,bke->lbe", np.abs(wp), avp)
+        start = np.cumsum(blocks, axis=1) - blocks
+        end = (start[:, -1:] + blocks[:, -1:]) - start - blocks
+        left = ((np.abs(start) + absb) ** 2).sum(axis=1)
+        right = ((np.abs(end) + absb) ** 2).sum(axis=1)
+        out[r0 : r0 + step] = block * np.maximum(left, right)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ API
+
+
+def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
+    """The scale of the call ``name(**args)`` whose correctly rounded result is ``ref`` in the format
+    ``out`` (module docstring); ``lam`` is the element test's level (std's interval through the square
+    root is taken at it)."""
+    from refkern.analysis._envelope_ops import layout
+
+    if name == "rms_norm" and args.get("eps") is None:
+        from refkern._arrays import operand
+
+        args = dict(args, eps=2.0**-52 if operand(args["input"], "input", name).fmt.prec == 53 else 2.0**-23)
+    ref = np.asarray(ref, np.float64)
+    lay = layout(name, args, ref.shape)
+    u = FLOAT64.u if out is FLOAT64 else FLOAT32.u
+    u_m = out.u if out.prec < FLOAT32.prec else 0.0
+    kind, nd = lay.kind, ref.ndim
+    every = tuple(range(nd))
+    k = _tiny_scale(lay, out)  # values times k, exact: squares of float64 values near 2**-1022 underflow
+    deg = 2 if kind == "var" else 1  # the homogeneous degree of the op's output in its input
+    if k != 1.0:
+        lay.X = lay.X * k
+        lay.absmean = None if lay.absmean is None else lay.absmean * k
+        ref = ref * k**deg
+    ek = _TINY_E if k != 1.0 else 0  # k = 2**ek
+    eta_w = _eta(FLOAT64 if out is FLOAT64 else FLOAT32, deg * ek)
+    stores = 2.0 * (out.u * ref) ** 2 + 2.0 * _eta(out, deg * ek) ** 2 + (lay.n + 4) * eta_w**2
+    sc = k**deg
+    if kind == "max":
+        return Noise(stores, [], every, sc)
+    if kind in ("sum", "mean") and name in ("sum", "mean"):
+        v = lay.back(_sum_rows(lay.X, u, kind, lay.n))
+        if kind == "mean":
+            v = v + (u * ref) ** 2
+        return Noise(v + stores, [], every, sc)
+    if kind == "mean":  # average pools: short windows, the order-free scale
+        m = lay.absmean * lay.n
+        return Noise(lay.back((lay.n + 1) * (u * m) ** 2 / lay.n**2) + (u * ref) ** 2 + stores, [], every, sc)
+    if kind in ("var", "std"):
+        eta2 = 2.0 * _eta(FLOAT64 if out is FLOAT64 else FLOAT32, 2 * ek)  # squares: degree 2
+        return Noise(lay.back(_var_rows(lay, u, lam, eta2)) + stores, [], every, sc)
+    if kind == "cumsum":
+        X = lay.X
+        with np.errstate(all="ignore"):
+            P = np.cumsum(X, axis=1)
+            acc = np.cumsum(P * P, axis=1) - P[:, :1] ** 2  # the partial sums formed up to each element
+        return Noise(lay.back(u * u * np.maximum(acc, 0.0)) + stores, [], _cumsum_axes(name, args, nd), sc)
+    if kind == "norm":
+        std, fold = _norm(lay, name, lay.rows(ref), u, out)
+        axes = _norm_axes(name, args, nd)
+        folded = ("folded affine form", "the folded affine form x (r w) + (b - mean r w) of torch's CPU norms and "
+                  "cuDNN's inference", lay.back(fold) + stores)  # fmt: skip
+        return Noise(lay.back(std) + stores, [folded] if lay.center or lay.given is not None else [], axes)
+    axes = (_softmax_axis(args, nd),) if nd and kind in ("softmax", "log_softmax") else ()
+    if kind == "log_softmax":
+        return Noise(lay.back(_softmax_rows(lay.X, u, u_m, True)) + stores, [], axes)
+    if kind == "softmax":  # in units of each weight's power of two: tiny weights' variances do not underflow
+        rel = lay.back(_softmax_rows(lay.X, u, u_m, False))
+        with np.errstate(all="ignore"):
+            _, e = np.frexp(np.where(np.isfinite(ref) & (ref != 0), np.abs(ref), 1.0))
+        sc = np.ldexp(1.0, np.minimum(1 - e, 1000))  # ref * sc in [1, 2); 1 for weights of 0 and 1
+        sc = np.where(ref == 0, 2.0**1000, sc) if out is FLOAT64 else 1.0  # float32's squares do not underflow
+        ys = ref * sc
+        eta_w, eta_o = (_eta(f) * sc if np.ndim(sc) == 0 else np.ldexp(1.0, f.emin - f.prec + np.frexp(sc)[1] - 1)
+                        for f in (FLOAT64 if out is FLOAT64 else FLOAT32, out))  # fmt: skip
+        v = rel * ys * ys + 2.0 * (out.u * ys) ** 2 + 2.0 * eta_o**2 + (lay.n + 4) * eta_w**2
+        return Noise(v, [], axes, sc)
+    if kind == "attention":
+        v = lay.back(_attention(lay, u, u_m, lay.rows(ref)))
+        return Noise(v + stores, [], (nd - 1,) if nd else ())
+    raise AssertionError(kind)  # pragma: no cover - every kind of layout() is handled
+
+
+TINY = 2.0**-300  #: below this largest |value|, a float64 call's scale is computed on values times 2**600
+_TINY_E = 600
+_TINY_K = 2.0**_TINY_E
+
+
+def _tiny_scale(lay, out) -> float:
+    """The power of two by which the values of a float64 sum, mean, scan, pool or variance are multiplied
+    before their scale is computed (1 elsewhere): below :data:`TINY` the squares of the terms underflow
+    (the variance of an error near 2**-1074 is 2**-2148), and a homogeneous op's scale may be computed
+    on values times 2**600 exactly, the test comparing values times the same (times its square for var)."""
+    if out is not FLOAT64 or lay.kind not in ("sum", "mean", "cumsum", "var", "std", "max") or lay.X is None:
+        return 1.0
+    X = lay.X if lay.absmean is None or lay.kind != "mean" or lay.X.shape[0] == 1 else lay.X
+    with np.errstate(invalid="ignore"):
+        m = float(np.max(np.abs(X), initial=0.0, where=np.isfinite(X)))
+    return _TINY_K if 0.0 < m < TINY else 1.0
+
+
+def _cumsum_axes(name, args, nd):
+    """A scan's elements share the prefix errors along the scan: a group holds one element per row only
+    along the scan axis (one position, every row)."""
+    from refkern.kernels.reduction import reduced_dims
+
+    if nd == 0:
+        return ()
+    (axis,) = reduced_dims(args["dim"], nd, name) or (0,)
+    return (axis,)
+
+
+def _softmax_axis(args, nd):
+    d = int(args["dim"])
+    return d % nd
+
+
+def _norm_axes(name, args, nd):
+    """A norm's rows share their statistics: a group holds one element per row only along the one
+    normalised axis of layer_norm and rms_norm (a normalized_shape of one dimension)."""
+    if name in ("layer_norm", "rms_norm"):
+        ns = args["normalized_shape"]
+        k = 1 if isinstance(ns, (int, np.integer)) else len(tuple(ns))
+        return (nd - 1,) if k == 1 and nd else ()
+    return ()

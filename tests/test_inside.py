@@ -1,0 +1,171 @@
+"""The statistical test inside the worst-case envelope (refkern.analysis.inside, refkern.analysis.noise):
+the bugs of the verdict-power issue are mismatches, torch's own kernels are not, the power is finite,
+and the scale's formulas are pinned by hand."""
+
+import math
+
+import numpy as np
+import pytest
+
+import refkern as rk
+from refkern.accumulate.formats import FLOAT32
+from refkern.analysis import noise as nz
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+U = 2.0**-24  # float32's unit roundoff, the working unit of fp16/bf16/fp32 results
+ETA2 = 2.0**-300  # (half float32's smallest subnormal, 2**-150) squared
+
+
+def _v(rep):
+    return rep.verdict
+
+
+# ------------------------------------------------------------------ constants and formulas, by hand
+
+
+def test_constants_by_hand():
+    assert nz.RSQRT_ULPS == 2
+    assert nz.BLOCK == 32
+    assert nz.DOT_BLOCK == 4
+    assert nz.TINY == pytest.approx(2.0**-300, abs=0)
+
+
+def test_sum_scale_by_hand():
+    """sum([1, 2, 3]) in float32: prefix sums 3, 6 (9 + 36 = 45), suffix sums 5, 6 (25 + 36 = 61):
+    S**2 = 61; stores 2 (u 6)**2 + 2 eta**2; 3 + 4 underflow terms."""
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    v = nz.noise("sum", {"x": x}, np.float64(6.0), FLOAT32, 5.0).var
+    assert float(v) == pytest.approx(61 * U**2 + 72 * U**2 + 9 * ETA2, abs=0)
+
+
+def test_layer_norm_scale_by_hand():
+    """layer_norm of the row [-1, 1], eps 0, no weight: mean 0, var 1, r 1. M2's two-pass terms
+    5 sum d**4 + max(LTR, RTL) partial sums of squares = 10 + 4, Welford's running mean 2 u: 4 u**2,
+    so 18 u**2; var: 18/4 + 1 = 5.5 u**2; r relative: (5.5 + 1) / 4 + (2 * 2)**2 = 17.625 u**2;
+    element 0 (t = y = -1): 17.625 + 3 + 1 = 21.625 u**2, stores 2 u**2 + (2 + 6) eta**2."""
+    x = np.array([[-1.0, 1.0]], np.float32)
+    v = nz.noise("layer_norm", {"input": x, "normalized_shape": (2,), "eps": 0.0}, np.array([[-1.0, 1.0]]), FLOAT32,
+                 5.0).var  # fmt: skip
+    assert v[0, 0] == pytest.approx(23.625 * U**2 + 8 * ETA2, abs=0)
+
+
+def test_tiny_float64_is_scaled():
+    """A float64 sum of values near 2**-1022: the variances would underflow; the scale is computed on
+    the values times 2**600 and a correct result is rounding, a doubled one a mismatch."""
+    x = np.full(16, 2.0**-1020) * np.linspace(1, 2, 16)
+    good = np.sum(x)
+    assert _v(rk.compare(np.float64(good), "sum", x)) in ("exact", "rounding")
+    assert _v(rk.compare(np.float64(good * 1.5), "sum", x)) == "mismatch"
+
+
+# ------------------------------------------------------------------ the issue's cases
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [64, 1024, 4096])
+def test_norm_bugs_in_half_are_mismatches(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(8, n, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    good = F.layer_norm(x, (n,), w, b)
+    assert _v(rk.compare(good, "layer_norm", x, (n,), w, b)) in ("exact", "rounding")
+    for bug in ((good.float() * 1.1).to(dtype), F.layer_norm(x, (n,), w, None)):
+        assert _v(rk.compare(bug, "layer_norm", x, (n,), w, b)) == "mismatch"
+    # Gemma-style weights: the output uses 1 + W; bugs use W + 2 or W alone
+    W = (0.1 * torch.randn(n, generator=g)).to(dtype)
+    good = F.rms_norm(x, (n,), (1 + W.float()).to(dtype))
+    assert _v(rk.compare(good, "rms_norm", x, (n,), (1 + W.float()).to(dtype))) in ("exact", "rounding")
+    for bug in (F.rms_norm(x, (n,), (2 + W.float()).to(dtype)), F.rms_norm(x, (n,), W)):
+        assert _v(rk.compare(bug, "rms_norm", x, (n,), (1 + W.float()).to(dtype))) == "mismatch"
+
+
+@pytest.mark.parametrize("S", [64, 1024])
+def test_attention_scale_bug_bf16(S):
+    g = torch.Generator().manual_seed(S)
+    q = torch.randn(1, 2, 32, 64, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, S, 64, generator=g).bfloat16() for _ in range(2))
+    good = F.scaled_dot_product_attention(q, k, v)
+    assert _v(rk.compare(good, "scaled_dot_product_attention", q, k, v)) in ("exact", "rounding")
+    bad = (good.double() * 1.1).bfloat16()
+    assert _v(rk.compare(bad, "scaled_dot_product_attention", q, k, v)) == "mismatch"
+
+
+def test_attention_fp32_one_percent():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 1, 16, 64, generator=g)
+    k, v = (torch.randn(1, 1, 4096, 64, generator=g) for _ in range(2))
+    good = F.scaled_dot_product_attention(q, k, v)
+    rep = rk.compare(good, "scaled_dot_product_attention", q, k, v)
+    assert rep.verdict in ("exact", "rounding")
+    assert math.isfinite(rep.detectable["element"]["median_ulps"])
+    assert _v(rk.compare(good * 1.01, "scaled_dot_product_attention", q, k, v)) == "mismatch"
+
+
+def test_sums_scaled_by_one_tenth_more():
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(2))
+    assert _v(rk.compare(x.sum(), "sum", x)) in ("exact", "rounding")
+    assert _v(rk.compare(x.sum() * 1.1, "sum", x)) == "mismatch"
+    for dt in (torch.bfloat16, torch.float16):
+        xd = x.to(dt)
+        for op in ("sum", "var"):
+            good = getattr(xd, op)()
+            assert _v(rk.compare(good, op, xd)) in ("exact", "rounding")
+            assert _v(rk.compare((good.double() * 1.1).to(dt), op, xd)) == "mismatch"
+
+
+def test_stagnating_sequential_mean_is_named():
+    """pytorch#38716: a float32 running sum of 4e7 values in [0, 1) stops growing at 2**24 (each term is
+    below half its ulp, 1, from there on)."""
+    x = torch.rand(40_000_000, generator=torch.Generator().manual_seed(3))
+    seq = np.empty(1)
+    from refkern.analysis.inside import _sequential32
+
+    _sequential32(x.numpy().reshape(1, -1), seq)
+    bad = torch.tensor(np.float32(seq[0]) / np.float32(x.numel()))
+    rep = rk.compare(bad, "mean", x)
+    assert rep.verdict == "mismatch"
+    assert any("sequential float32 running sum" in n for n in rep.notes)
+    assert _v(rk.compare(x.mean(), "mean", x)) in ("exact", "rounding")
+
+
+def test_catastrophic_layer_norm_of_one_feature():
+    """pytorch#188372: normalized_shape=(1,) in bfloat16 must return the bias (3); 11 is a mismatch."""
+    x = torch.tensor([[1000.0], [2000.0]]).bfloat16()
+    w, b = torch.tensor([1.0]).bfloat16(), torch.tensor([3.0]).bfloat16()
+    assert _v(rk.compare(torch.full((2, 1), 3.0).bfloat16(), "layer_norm", x, (1,), w, b)) == "exact"
+    assert _v(rk.compare(torch.full((2, 1), 11.0).bfloat16(), "layer_norm", x, (1,), w, b)) == "mismatch"
+
+
+def test_offset_rows_are_never_a_bug():
+    """torch's CPU layer_norm on rows of mean 300 and spread 1 (the folded form loses about 8 bits)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(16, 1024, generator=g) + 300
+    w, b = torch.randn(1024, generator=g), torch.randn(1024, generator=g)
+    for dt in (torch.float32, torch.bfloat16):
+        args = (x.to(dt), (1024,), w.to(dt), b.to(dt))
+        assert _v(rk.compare(F.layer_norm(*args), "layer_norm", *args)) in ("exact", "rounding", "reduced-precision")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_torch_kernels_are_no_false_alarm(dtype):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 6, 96, generator=g).to(dtype)
+    xt = x.transpose(1, 2)
+    w, b = (torch.randn(96, generator=g).to(dtype) for _ in range(2))
+    cases = [
+        (F.layer_norm(x, (96,), w, b), "layer_norm", (x, (96,), w, b), {}),
+        (F.rms_norm(x, (96,), w), "rms_norm", (x, (96,), w), {}),
+        (F.softmax(x, -1), "softmax", (x, -1), {}),
+        (F.log_softmax(xt, 1), "log_softmax", (xt, 1), {}),
+        (xt.sum(1), "sum", (xt,), {"dim": 1}),
+        (x.mean(-1), "mean", (x,), {"dim": -1}),
+        (x.var(-1), "var", (x,), {"dim": -1}),
+        (x.cumsum(-1), "cumsum", (x, -1), {}),
+        (F.group_norm(x.reshape(4, 6, 96), 3), "group_norm", (x.reshape(4, 6, 96), 3), {}),
+    ]
+    for out, op, args, kw in cases:
+        rep = rk.compare(out, op, *args, **kw)
+        assert rep.verdict in ("exact", "rounding"), (op, str(rep))
+        assert math.isfinite(rep.detectable["element"]["median_ulps"]), op

@@ -246,6 +246,11 @@ def _device_gemm(device):
     return mm
 
 
+def _all(idx, n):
+    """Whether the sorted indices ``idx`` are 0 .. n - 1."""
+    return idx.size == n and (n == 0 or (idx[0] == 0 and idx[-1] == n - 1))
+
+
 class _Gemm:
     """One batch of ``V[t] = A[ia[t]] @ B[ib[t]]^T (+ bias)``: A (TA, M, K), B (TB, N, K) float64
     exact values in any layout (B may be a transposed view), the bias per column (bcol, N) or,
@@ -289,7 +294,7 @@ class _Gemm:
         B^T): gathered along the rows of B itself, then transposed (gathering columns with a stride
         of N floats cost 6 ms for 800 of 1024 at K = 1024)."""
         b = self.B[self.ib[t]]
-        if idx.size == b.shape[0] and (idx.size == 0 or (idx[0] == 0 and (np.diff(idx) == 1).all())):
+        if _all(idx, b.shape[0]):
             return np.ascontiguousarray(b)  # all of B: one copy (none if contiguous)
         if b.flags.c_contiguous:
             return np.ascontiguousarray(b[idx])
@@ -412,7 +417,8 @@ class _Gemm:
         from refkern.kernels.gemm import run_numba
 
         zero = np.zeros(1, np.int64)
-        a = np.ascontiguousarray(self.A[self.ia[t]][rows])[None]
+        a = self.A[self.ia[t]]
+        a = np.ascontiguousarray(a if _all(rows, a.shape[0]) else a[rows])[None]
         b = self.b_rows(t, np.arange(self.n))[None]
         if self.has_bias and self.bias_rows:  # a bias per row (the convolution): rows as columns
             v = run_numba(self.p, b, a, zero, zero, np.ascontiguousarray(self.brow[rows]), (b.shape[1], rows.size))[0]

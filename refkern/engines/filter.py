@@ -34,8 +34,9 @@ mask, and with the tight bound one float64 block of ``rows x N`` per block of ro
 im2col in chunks of images, at most ``MEMORY`` bytes of patches per chunk (twice with the
 magnitudes: the patches' absolute values), see :func:`conv_chunk`.
 
-On a CUDA device the GEMM runs on cuBLAS (float64, TF32 and reduced-precision reductions off);
-the decision and the exact path run on the CPU.
+On a CUDA device the GEMM runs on cuBLAS in float64 (torch's TF32 and reduced-precision switches
+concern float32 and half GEMMs only; :func:`self_test` checks the device's GEMM); the decision and
+the exact path run on the CPU.
 """
 
 import contextlib
@@ -230,9 +231,8 @@ def _device_gemm(device):
         return mm_cpu
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False  # no effect on float64; stated for the record
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    # float64 GEMMs: torch's TF32 and fp16/bf16 reduced-precision-reduction switches apply to float32
+    # and half GEMMs only, so the user's settings are left alone; self_test(device) checks the result
 
     def mm(a, bt, out=None):
         ta = torch.from_numpy(np.ascontiguousarray(a)).to(device)

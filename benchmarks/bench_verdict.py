@@ -1,9 +1,9 @@
 """Calibration of the verdict: a confusion matrix over ops, reduction lengths, data and truths.
 
-    python benchmarks/bench_verdict.py [--quick] [--family all|gemm|envelope|backward] [--json FILE] [--seeds N]
+    python benchmarks/bench_verdict.py [--quick] [--family all|gemm|envelope|backward|power] [--json FILE] [--seeds N]
 
 Every case is an output whose truth is known, judged by ``refkern.compare`` (gradients: by
-``refkern.compare_backward``). Three families:
+``refkern.compare_backward``). Four families:
 
 **gemm** (matmul, linear, conv2d; the statistical test):
 
@@ -90,6 +90,35 @@ It prints false alarms per op and dtype, the largest ratio a correct gradient us
 naming, power by size, by bug kind, by terms per element, by dtype and by op, the missed bugs and
 false alarms with their case (``repro_backward(case, grad, truth, bug)`` prints the report), and
 writes JSON (key ``backward``).
+
+**power** (issue 24's calibration in absolute units; layer_norm, rms_norm, softmax, log_softmax,
+scaled_dot_product_attention, sum, mean, var, cumsum; fp32, bf16, fp16; 64 to 8192 features, 64 to
+8192 keys over (1, 2, 16, 64) queries, one row of 10^3 to 10^7 terms, scans of 4 rows of 10^3 to
+10^6; randn data, and offset rows (mean 300, std 1) for the norms and var). A bug's size is its
+largest |error| over the *spread of correct implementations*: the largest |out - exact| of any
+correct kernel emulated on the same inputs (exact: refkern's result on float64 copies, in float64),
+never the verdict's own envelope or scale.
+
+* correct (never ``mismatch`` nor ``reduced-precision``): torch's CPU kernel; torch in float64
+  rounded; (half) torch in float32 rounded once; the envelope family's float32 algorithms (rounded
+  once to a half dtype); sums by 8 and 16 SIMD lanes in blocks; the two-pass folded norm; Hugging
+  Face's RMSNorm (half: the normalised row rounded before the weight); online softmax over tiles of
+  128; attention in float32 direct and online over tiles of 128 keys, (half) with P rounded to the
+  dtype before P V (Hugging Face eager, FlashAttention 2). Sequential float32 sums of offset data
+  beyond 10^5 terms are left out (they drift: a bug of their own).
+* bugs: torch's output plus a perturbation whose largest |value| is s x spread (s = 0.5 .. 32),
+  rounded to the dtype (skipped where rounding swallows it): the whole tensor scaled by (1 + e), a
+  constant offset, one row (norm or softmax row, query row, scan row) scaled, one feature offset or
+  one head scaled (a scan: one row's tail offset), one element off; and the issue's named bugs at
+  their natural size (x 1.1, x 1.01, w + 2 for w + 1, W for 1 + W, a dropped bias, the one-pass
+  variance, a sequential float32 mean of 4e7 values, pytorch#188372's 11 for 3). Sizes >= 8x must be
+  a mismatch; below 1x nothing may be named a precision.
+
+It prints a table by op x dtype x size: false alarms, bugs >= 8x and 1-8x caught, below 1x named a
+precision, the spread in ulps (median over elements of spread / ulp at the reference), torch's
+report's ``detectable`` element (median ulps) and their ratio (the issue asks <= 8), the median
+seconds per ``compare``; then every false alarm and miss with its case (``pw_case(op, n, data,
+dtype, seed, scales)`` reproduces it), and writes JSON (key ``power``).
 """
 
 import argparse
@@ -2348,16 +2377,606 @@ def repro_backward(case, grad, truth="torch autograd", bug=None):
     return rep
 
 
+# ---------------------------------------------------------------- power family: bugs in absolute units
+#
+# A bug's size is measured against the spread of correct implementations, the largest |error| of any
+# emulated correct kernel on the very inputs (``spread = max_k max_i |out_k,i - exact_i|``, exact the
+# float64 rounding of refkern's exact result), never against the verdict's own envelope or scale.
+
+PW_OPS = (
+    "layer_norm",
+    "rms_norm",
+    "softmax",
+    "log_softmax",
+    "scaled_dot_product_attention",
+    "sum",
+    "mean",
+    "var",
+    "cumsum",
+)
+PW_DTYPES = ("float32", "bfloat16", "float16")
+PW_SIZES = {  # features (norms, softmax rows), keys (attention), terms (reductions, scans)
+    "features": (64, 1024, 4096, 8192),
+    "keys": (64, 1024, 4096, 8192),
+    "terms": (1000, 100_000, 10_000_000),
+    "scan": (1000, 100_000, 1_000_000),
+}
+PW_SIZES_QUICK = {"features": (64, 1024, 4096), "keys": (64, 1024), "terms": (1000, 100_000), "scan": (1000, 100_000)}
+PW_SCALES = (0.5, 1, 2, 4, 8, 16, 32)  # a bug's largest |error| in spreads
+PW_SCALES_QUICK = (0.5, 2, 8, 32)
+PW_AXIS = {
+    "layer_norm": "features",
+    "rms_norm": "features",
+    "softmax": "features",
+    "log_softmax": "features",
+    "scaled_dot_product_attention": "keys",
+    "sum": "terms",
+    "mean": "terms",
+    "var": "terms",
+    "cumsum": "scan",
+}
+PW_DATA = {"layer_norm": ("randn", "offset"), "rms_norm": ("randn", "offset"), "var": ("randn", "offset")}
+PW_DATA_QUICK = {"layer_norm": ("offset",), "var": ("offset",)}
+PW_ROWS = 4  # rows of the norms, softmax and scans (the reductions: one row)
+PW_TILE = 128  # keys per tile of the online softmax (FlashAttention style)
+RMS_EPS = float(torch.finfo(torch.float32).eps)  # torch's default for fp32/fp16/bf16 inputs, made explicit
+_PREC = {"float32": (24, -126), "bfloat16": (8, -126), "float16": (11, -14)}
+
+
+def pw_call(op, n, data, dtype, seed):
+    """(args, kwargs) of the call: norms over ``n`` offset (mean 300, std 1) or randn features with weight
+    1 + W (W ~ 0.1 N(0, 1), the Gemma convention the named bugs get wrong) and bias 0.1 N(0, 1); softmax
+    rows of randn logits; attention (1, 2, 16, 64) queries over ``n`` keys; one row of ``n`` terms."""
+    dt = DT[dtype]
+    g = _gen("power", op, n, data, dtype, seed)
+
+    def rnd(*shape):
+        return torch.randn(shape, generator=g, dtype=torch.float64)
+
+    def x_of(shape):
+        x = rnd(*shape)
+        return (x + 300.0 if data == "offset" else x).to(dt)
+
+    if op in ("layer_norm", "rms_norm"):
+        x = x_of((PW_ROWS, n))
+        W = 0.1 * rnd(n)
+        w = (1.0 + W).to(dt)
+        if op == "layer_norm":
+            return (x, (n,), w, (0.1 * rnd(n)).to(dt)), {"eps": 1e-5, "_W": W}
+        return (x, (n,), w), {"eps": RMS_EPS, "_W": W}
+    if op in ("softmax", "log_softmax"):
+        return (x_of((PW_ROWS, n)), -1), {}
+    if op == "scaled_dot_product_attention":
+        return (rnd(1, 2, 16, 64).to(dt), rnd(1, 2, n, 64).to(dt), rnd(1, 2, n, 64).to(dt)), {}
+    if op == "cumsum":
+        return (x_of((PW_ROWS, n)), -1), {}
+    kw = {"correction": 1} if op == "var" else {}
+    return (x_of((1, n)), -1), kw
+
+
+def _pw_kw(kw):
+    """The call's kwargs without the benchmark's own (underscored) entries."""
+    return {k: v for k, v in kw.items() if not k.startswith("_")}
+
+
+def _pw_fn(op):
+    return _env_fn(op)
+
+
+def pw_exact(op, args, kw):
+    """refkern's exact result on float64 copies of the inputs (rounded once to float64), float64 numpy."""
+    r = getattr(rk, op)(*_cast(args, torch.float64), **_pw_kw(kw))
+    r = r[0] if isinstance(r, tuple) else r
+    return np.asarray(r.numpy() if isinstance(r, torch.Tensor) else r, np.float64)
+
+
+def ulp_of(v, dtype):
+    """The ulp of ``dtype`` at the values ``v`` (float64): 2**(max(e, emin) - prec + 1), 2**e <= |v| < 2**(e+1)."""
+    prec, emin = _PREC[dtype]
+    with np.errstate(all="ignore"):
+        e = np.floor(np.log2(np.abs(np.asarray(v, np.float64))))
+    e = np.where(np.isfinite(e), e, emin)
+    return np.ldexp(1.0, (np.maximum(e, emin) - prec + 1).astype(int))
+
+
+def _np(t):
+    return t.double().numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float64)
+
+
+def _to(a, dt, shape):
+    """A float32 numpy result as a torch tensor of ``dt`` (rounded once) and ``shape``."""
+    return torch.from_numpy(np.ascontiguousarray(a, F32)).reshape(shape).to(dt)
+
+
+def _lanes(X, lanes, block):
+    """Each row summed in blocks of ``block`` by ``lanes`` strided float32 accumulators (a SIMD loop), the
+    lanes added pairwise, the block sums added pairwise (float32)."""
+    r, n = X.shape
+    nb = max(1, -(-n // block))
+    Y = np.zeros((r, nb * block), F32)
+    Y[:, :n] = X
+    Z = Y.reshape(r, nb, block // lanes, lanes)
+    acc = np.cumsum(Z, axis=2, dtype=F32)[:, :, -1, :]  # (r, nb, lanes): each lane left to right
+    return _tree(_tree(acc.reshape(r * nb, lanes)).reshape(r, nb))
+
+
+def _online_softmax(X, tile, log):
+    """softmax (log_softmax) of the float32 rows X over tiles of ``tile`` columns with a running max and a
+    running sum rescaled at every new max (the online softmax of FlashAttention), float32."""
+    r, n = X.shape
+    m = np.full(r, -np.inf, F32)
+    l = np.zeros(r, F32)
+    for s in range(0, n, tile):
+        t = X[:, s : s + tile]
+        mn = np.maximum(m, t.max(1))
+        l = l * np.exp(m - mn) + np.exp(t - mn[:, None]).sum(1, dtype=F32)
+        m = mn
+    if log:
+        return X - m[:, None] - np.log(l)[:, None]
+    return np.exp(X - m[:, None]) / l[:, None]
+
+
+def _attn_np(q, k, v, tile=None, p_dtype=None):
+    """Attention in float32 numpy: scores q k^T / sqrt(d), softmax, P V; ``tile``: online over tiles of
+    keys (running max, rescaled sum and output); ``p_dtype``: P rounded to that torch dtype before P V
+    (Hugging Face's eager attention, FlashAttention 2)."""
+    Q, K, V = (_f32(a) for a in (q, k, v))
+    sc = F32(1.0 / np.sqrt(Q.shape[-1]))
+    if tile is None:
+        S = (Q @ np.swapaxes(K, -1, -2)) * sc
+        E = np.exp(S - S.max(-1, keepdims=True))
+        P = E / E.sum(-1, keepdims=True, dtype=F32)
+        if p_dtype is not None:
+            P = torch.from_numpy(P).to(p_dtype).float().numpy()
+        return P @ V
+    shape = Q.shape[:-1]
+    m = np.full(shape, -np.inf, F32)
+    l = np.zeros(shape, F32)
+    acc = np.zeros(Q.shape[:-1] + (V.shape[-1],), F32)
+    for s in range(0, K.shape[-2], tile):
+        S = (Q @ np.swapaxes(K[..., s : s + tile, :], -1, -2)) * sc
+        mn = np.maximum(m, S.max(-1))
+        a = np.exp(m - mn)
+        p = np.exp(S - mn[..., None])
+        l = l * a + p.sum(-1, dtype=F32)
+        acc = acc * a[..., None] + p @ V[..., s : s + tile, :]
+        m = mn
+    return acc / l[..., None]
+
+
+def pw_correct(op, args, kw, dtype, good, data):
+    """(name, output): correct implementations of the call besides torch's own: torch in float64 rounded,
+    (half) torch in float32 rounded once, and float32 emulations in numpy (rounded once to a half dtype):
+    bench_verdict's ``alternatives`` (sums left to right, reversed, tree, blocked, Kahan; two-pass, Welford
+    and Chan-merged variances; norms direct, folded and divided; softmax by division and reciprocal),
+    SIMD-lane sums, the two-pass folded norm, Hugging Face's RMSNorm (half: the normalised row rounded
+    before the weight), online softmax over tiles of 128, attention direct, online over tiles of 128
+    keys, and (half) with P rounded before P V. Sequential float32 sums of offset data beyond 10^5
+    terms (they stagnate: a bug of their own) are left out."""
+    dt = DT[dtype]
+    kwc = _pw_kw(kw)
+    out = list(correct_env(op, args, kwc, dtype, good))
+    if dtype != "float32":  # correct_env adds the float32 algorithms for float32 results only
+        out += [(f"{k}, rounded", o.to(dt)) for k, o in alternatives(op, args, kwc, good.float())]
+    n = args[0].shape[-1]
+    if op in ("sum", "mean", "var", "cumsum", "softmax", "log_softmax") and n > 100_000 and data == "offset":
+        seq = ("left-to-right", "reversed", "Welford fp32")
+        out = [(k, o) for k, o in out if not any(k.startswith(s) for s in seq)]
+    half = dtype != "float32"
+    X = _f32(args[0]).reshape(-1, n) if op != "scaled_dot_product_attention" else None
+    if op in ("sum", "mean"):
+        for lanes, block in ((8, 128), (16, 4096)):
+            s = _lanes(X, lanes, block)
+            s = s if op == "sum" else s / F32(n)
+            out.append((f"{lanes} lanes in blocks of {block}, pairwise fp32", _to(s, dt, good.shape)))
+    if op in ("layer_norm", "rms_norm"):
+        W, B = _f32(args[2]).reshape(1, n), (_f32(args[3]).reshape(1, n) if len(args) > 3 else F32(0.0))
+        eps = kwc["eps"]
+        if op == "layer_norm":
+            y = _np_norm(X, W, B, eps, True, None, "two-pass tree", "folded")
+            out.append(("two-pass tree, folded fp32", _to(y, dt, good.shape)))
+        else:  # Hugging Face's LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in float32, to the input dtype, times w
+            r = F32(1.0) / np.sqrt(_tree(X * X)[:, None] / F32(n) + F32(eps))
+            xn = torch.from_numpy(np.ascontiguousarray(X * r, F32)).to(dt)
+            y = (args[2].to(dt) * xn).reshape(good.shape)  # torch: the product in float32, rounded once
+            out.append(("Hugging Face RMSNorm (row rounded to the dtype, then times w)", y))
+    if op in ("softmax", "log_softmax"):
+        y = _online_softmax(X, PW_TILE, op == "log_softmax")
+        out.append((f"online softmax, tiles of {PW_TILE} fp32", _to(y, dt, good.shape)))
+    if op == "scaled_dot_product_attention":
+        q, k, v = args[:3]
+        out.append(("attention fp32, direct", _to(_attn_np(q, k, v), dt, good.shape)))
+        out.append((f"attention fp32, online over tiles of {PW_TILE} keys", _to(_attn_np(q, k, v, PW_TILE), dt,
+                                                                              good.shape)))  # fmt: skip
+        if half:
+            out.append(("Hugging Face eager (fp32 softmax, P to the dtype before P V)",
+                        _to(_attn_np(q, k, v, p_dtype=dt), dt, good.shape)))  # fmt: skip
+            out.append((f"online over tiles of {PW_TILE}, P to the dtype before P V",
+                        _to(_attn_np_tiles_p(q, k, v, PW_TILE, dt), dt, good.shape)))  # fmt: skip
+    return out
+
+
+def _attn_np_tiles_p(q, k, v, tile, p_dtype):
+    """FlashAttention 2's forward in float32 with each tile's P rounded to ``p_dtype`` before P V."""
+    Q, K, V = (_f32(a) for a in (q, k, v))
+    sc = F32(1.0 / np.sqrt(Q.shape[-1]))
+    m = np.full(Q.shape[:-1], -np.inf, F32)
+    l = np.zeros(Q.shape[:-1], F32)
+    acc = np.zeros(Q.shape[:-1] + (V.shape[-1],), F32)
+    for s in range(0, K.shape[-2], tile):
+        S = (Q @ np.swapaxes(K[..., s : s + tile, :], -1, -2)) * sc
+        mn = np.maximum(m, S.max(-1))
+        a = np.exp(m - mn)
+        p = np.exp(S - mn[..., None])
+        l = l * a + p.sum(-1, dtype=F32)
+        ph = torch.from_numpy(p).to(p_dtype).float().numpy()
+        acc = acc * a[..., None] + ph @ V[..., s : s + tile, :]
+        m = mn
+    return acc / l[..., None]
+
+
+def pw_structure(op, shape):
+    """(kind, index) of the structured bugs the output's shape allows: one bad row (norm row, softmax row,
+    attention query row, scan row), one bad channel (a norm's or softmax's feature, an attention head), a
+    scan's tail."""
+    if len(shape) == 4:  # attention (B, H, L, D)
+        return [("one query row scaled", (0, 1, shape[2] // 3)), ("one head scaled", (0, 1))]
+    if len(shape) == 2 and shape[0] > 1:
+        kinds = [("one row scaled", (1,))]
+        if op == "cumsum":
+            kinds.append(("one row's tail offset (a lost carry)", (2, slice(shape[1] // 2, None))))
+        else:
+            kinds.append(("one feature offset", (slice(None), shape[1] // 3)))
+        return kinds
+    return []
+
+
+def pw_bugs(op, good, spread, scales, g):
+    """(kind, nominal size, output): the correct output plus a perturbation whose largest |value| is
+    s x spread, rounded to the dtype: the whole tensor scaled by (1 + e), a constant offset, the structured
+    kinds of ``pw_structure``, one element off. One output element: the scaled one only."""
+    dt = good.dtype
+    G = good.double()
+    sgn = 1.0 if int(torch.randint(0, 2, (1,), generator=g)) else -1.0
+    one = int(torch.randint(0, good.numel(), (1,), generator=g))
+    out = []
+    for s in scales:
+        a = sgn * s * spread
+        amax = float(G.abs().max())
+        if amax > 0:
+            out.append(("whole tensor scaled", s, (G * (1 + a / amax)).to(dt)))
+        if good.numel() == 1:
+            continue
+        out.append(("constant offset", s, (G + a).to(dt)))
+        for kind, idx in pw_structure(op, tuple(good.shape)):
+            y = G.clone()
+            part = y[idx]
+            if kind.endswith("scaled"):
+                m = float(part.abs().max())
+                if m == 0:
+                    continue
+                y[idx] = part * (1 + a / m)
+            else:
+                y[idx] = part + a
+            out.append((kind, s, y.to(dt)))
+        y = G.clone().reshape(-1)
+        y[one] += a
+        out.append(("one element off", s, y.reshape(good.shape).to(dt)))
+    return out
+
+
+def pw_named(op, args, kw, dtype, good):
+    """(kind, output): the issue's named real bugs that apply to the call, at their natural size."""
+    dt = good.dtype
+    fn = _pw_fn(op)
+    kwc = _pw_kw(kw)
+    out = [("output x 1.1", (good.double() * 1.1).to(dt))]
+    if op in ("layer_norm", "rms_norm"):
+        W = kw["_W"]
+        rest = (args[3],) if op == "layer_norm" else ()
+        out.append(("w + 2 instead of w + 1", fn(args[0], args[1], (W + 2.0).to(dt), *rest, **kwc)))
+        out.append(("weight W instead of 1 + W", fn(args[0], args[1], W.to(dt), *rest, **kwc)))
+        if op == "layer_norm":
+            out.append(("bias dropped", fn(args[0], args[1], args[2], None, **kwc)))
+    if op == "scaled_dot_product_attention" and dtype == "float32":
+        out.append(("output x 1.01", (good.double() * 1.01).to(dt)))
+    if op == "var":
+        out += [(k, o) for k, o in natural_bugs(op, args, kwc, good) if k == "one-pass variance"]
+    return out
+
+
+def _pw_judge(op, args, kw, out):
+    t = time.perf_counter()
+    rep = rk.compare(out, op, *args, **_pw_kw(kw))
+    return rep, time.perf_counter() - t
+
+
+def _pw_row(rep, seconds, meta, **kv):
+    det = (rep.detectable or {}).get("element") or {}
+    return dict(
+        verdict=rep.verdict,
+        precision=rep.precision,
+        seconds=seconds,
+        det_ulps=float(det.get("median_ulps", np.nan)),
+        det_max_ulps=float(det.get("max_ulps", np.nan)),
+        **meta,
+        **kv,
+    )
+
+
+def pw_case(op, n, data, dtype, seed, scales, log=print):
+    """Every truth for one call: torch's output and the other correct implementations (their spread), the
+    injected bugs in spread units and the named ones. Rows of dicts."""
+    args, kw = pw_call(op, n, data, dtype, seed)
+    meta = dict(op=op, n=n, data=data, dtype=dtype, seed=seed, case=[op, n, data, dtype, seed])
+    good = _pw_fn(op)(*args, **_pw_kw(kw))
+    exact = pw_exact(op, args, kw).reshape(good.shape)
+    correct = [("torch", good)] + pw_correct(op, args, kw, dtype, good, data)
+    errs = []
+    for _, o in correct:
+        e = np.abs(_np(o) - exact)
+        errs.append(np.where(np.isnan(e), np.inf, e))
+    spread_el = np.max(errs, axis=0)
+    spread = float(spread_el.max())
+    worst = correct[int(np.argmax([e.max() for e in errs]))][0]
+    ulp = ulp_of(exact, dtype)
+    fin = np.isfinite(exact)
+    spread_ulps = float(np.median((spread / ulp)[fin])) if fin.any() else np.nan
+    spread_el_ulps = float(np.median((spread_el / ulp)[fin])) if fin.any() else np.nan
+    meta.update(spread=spread, spread_ulps=spread_ulps, spread_el_ulps=spread_el_ulps, spread_by=worst)
+    rows = []
+    for (name, o), e in zip(correct, errs):
+        rep, s = _pw_judge(op, args, kw, o)
+        rows.append(_pw_row(rep, s, meta, truth="correct", name=name, err=float(e.max()) / spread if spread else 0.0))
+    if spread == 0 or not np.isfinite(spread):
+        log(f"  {op} {n} {data} {dtype}: spread {spread}; no injected bugs")
+        scales = ()
+    g = _gen("powerbug", op, n, data, dtype, seed)
+    bugs = [(k, s, o) for k, s, o in pw_bugs(op, good, spread, scales, g)]
+    bugs += [(k, None, o) for k, o in pw_named(op, args, kw, dtype, good)]
+    G = _np(good)
+    for kind, nominal, o in bugs:
+        inj = float(np.abs(_np(o) - G).max())
+        if inj == 0:
+            continue  # rounding to the dtype swallowed the perturbation
+        rep, s = _pw_judge(op, args, kw, o)
+        size = inj / spread if spread else np.inf
+        err = float(np.abs(_np(o) - exact).max())
+        rows.append(
+            _pw_row(
+                rep,
+                s,
+                meta,
+                truth="bug" if nominal is not None else "named",
+                name=kind,
+                nominal=nominal,
+                size=size,
+                err_size=err / spread if spread else np.inf,
+            )
+        )
+    return rows
+
+
+def pw_special(seed=0):
+    """The named bugs on calls of their own: a float32 mean of 4e7 values in [0, 1) accumulated sequentially
+    (stagnates at 2**24, pytorch#38716) and pytorch#188372 (bfloat16 layer_norm, normalized_shape=(1,),
+    11 returned where the bias, 3, is exact). Rows of dicts, sizes in spreads of the correct ones."""
+    from numba import njit
+
+    rows = []
+
+    @njit(fastmath=False)
+    def seq32(x):
+        s = np.float32(0.0)
+        for v in x:
+            s = s + v  # float32, left to right
+        return s
+
+    x = torch.rand(40_000_000, generator=_gen("power-mean", seed))
+    good = x.mean()
+    exact = pw_exact("mean", (x.double(),), {})
+    X = x.numpy().reshape(1, -1)
+    correct = [("torch", good), ("torch fp64, rounded", x.double().mean().float())]
+    correct += [(h, torch.tensor(_sums(X, h)[0] / F32(x.numel()))) for h in ("tree", "blocks of 128", "Kahan")]
+    bad = torch.tensor(seq32(x.numpy()) / F32(x.numel()))
+    rows += _pw_special_rows("mean", (x,), {}, correct, [("sequential fp32 mean of 4e7 (pytorch#38716)", bad)],
+                             exact, "float32", 40_000_000, "uniform [0, 1)", seed)  # fmt: skip
+    x = torch.tensor([[1000.0], [2000.0]]).bfloat16()
+    w, b = torch.tensor([1.0]).bfloat16(), torch.tensor([3.0]).bfloat16()
+    args = (x, (1,), w, b)
+    good = F.layer_norm(*args)
+    exact = pw_exact("layer_norm", args, {})
+    correct = [("torch", good), ("torch fp64, rounded", F.layer_norm(*_cast(args, torch.float64)).bfloat16())]
+    rows += _pw_special_rows("layer_norm", args, {}, correct,
+                             [("11 where the bias 3 is exact (pytorch#188372)", torch.full_like(good, 11.0))],
+                             exact, "bfloat16", 1, "[[1000], [2000]], w 1, b 3", seed)  # fmt: skip
+    return rows
+
+
+def _pw_special_rows(op, args, kw, correct, bad, exact, dtype, n, data, seed):
+    meta = dict(op=op, n=n, data=data, dtype=dtype, seed=seed, case=[op, n, data, dtype, seed])
+    errs = [float(np.abs(_np(o) - exact.reshape(_np(o).shape)).max()) for _, o in correct]
+    spread = max(errs)
+    ulp = ulp_of(exact, dtype)
+    meta.update(spread=spread, spread_ulps=float(np.median(spread / ulp)), spread_el_ulps=np.nan,
+                spread_by=correct[int(np.argmax(errs))][0])  # fmt: skip
+    rows = []
+    for (name, o), e in zip(correct, errs):
+        rep, s = _pw_judge(op, args, kw, o)
+        rows.append(_pw_row(rep, s, meta, truth="correct", name=name, err=e / spread if spread else 0.0))
+    for name, o in bad:
+        rep, s = _pw_judge(op, args, kw, o)
+        inj = float(np.abs(_np(o) - _np(correct[0][1])).max())
+        rows.append(_pw_row(rep, s, meta, truth="named", name=name, nominal=None,
+                            size=inj / spread if spread else np.inf,
+                            err_size=float(np.abs(_np(o) - exact.reshape(_np(o).shape)).max()) / spread
+                            if spread else np.inf))  # fmt: skip
+    return rows
+
+
+def run_power(quick=False, seeds=1, ops=PW_OPS, dtypes=PW_DTYPES, sizes=None, scales=None, data=None,
+              special=True, log=print):  # fmt: skip
+    """The power family's rows (see summarise_power). ``sizes``: {axis: lengths} (default PW_SIZES, quick
+    PW_SIZES_QUICK); ``data``: {op: regimes} (default randn, and offset for the norms and var)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*degrees of freedom is <= 0.*")
+    sizes = (PW_SIZES_QUICK if quick else PW_SIZES) if sizes is None else sizes
+    scales = (PW_SCALES_QUICK if quick else PW_SCALES) if scales is None else scales
+    data = (PW_DATA_QUICK if quick else PW_DATA) if data is None else data
+    rows = []
+    for seed in range(seeds):
+        for op in ops:
+            for n in sizes[PW_AXIS[op]]:
+                for d in data.get(op, ("randn",)):
+                    for dtype in dtypes:
+                        t0 = time.perf_counter()
+                        rows += pw_case(op, n, d, dtype, seed, scales, log)
+                        log(f"power {op} n={n} {d} {dtype}: {time.perf_counter() - t0:.1f} s")
+        if special:
+            t0 = time.perf_counter()
+            rows += pw_special(seed)
+            log(f"power named calls of their own: {time.perf_counter() - t0:.1f} s")
+    return rows
+
+
+ALARMS = ("mismatch", "reduced-precision")  # a correct result called either is a false alarm
+PW_BINS = (("<1x", 0, 1), ("1-8x", 1, 8), (">=8x", 8, np.inf))
+
+
+def _pw_key(r):
+    return (r["op"], r["dtype"], r["n"], r["data"])
+
+
+def _pw_case_text(r):
+    return f"{r['op']} n={r['n']} {r['data']} {r['dtype']} seed={r['seed']}"
+
+
+def summarise_power(rows) -> dict:
+    """Per (op, dtype, size, data): false alarms (a correct result called mismatch or reduced-precision),
+    injected bugs caught by size bin in spreads, below 1x named a precision, torch's report's detectable
+    element (median ulps) over the spread (median ulps of the spread at each element's reference), the
+    median seconds per compare; the lists of false alarms, misses (>= 8x not a mismatch), bugs below 1x
+    named a precision and the named bugs' verdicts."""
+    table = {}
+    for r in rows:
+        t = table.setdefault(
+            _pw_key(r),
+            dict(op=r["op"], dtype=r["dtype"], n=r["n"], data=r["data"], correct=0, false_alarms=0, seconds=[],
+                 spread=r["spread"], spread_ulps=r["spread_ulps"], spread_by=r["spread_by"], det_over_spread=np.nan,
+                 det_over_spread_el=np.nan, det_ulps=np.nan, **{f"bugs {b}": 0 for b, _, _ in PW_BINS},
+                 **{f"caught {b}": 0 for b, _, _ in PW_BINS}, named_precision_below_1x=0),
+        )  # fmt: skip
+        t["seconds"].append(r["seconds"])
+        if r["truth"] == "correct":
+            t["correct"] += 1
+            t["false_alarms"] += r["verdict"] in ("mismatch", "reduced-precision")
+            if r["name"] == "torch":
+                t["det_ulps"] = r["det_ulps"]
+                with np.errstate(all="ignore"):
+                    t["det_over_spread"] = r["det_ulps"] / r["spread_ulps"] if r["spread_ulps"] else np.inf
+                    t["det_over_spread_el"] = r["det_ulps"] / r["spread_el_ulps"] if r["spread_el_ulps"] else np.inf
+        elif r["truth"] == "bug":
+            for b, lo, hi in PW_BINS:
+                if lo <= r["size"] < hi:
+                    t[f"bugs {b}"] += 1
+                    t[f"caught {b}"] += r["verdict"] == "mismatch"
+            if r["size"] < 1:
+                t["named_precision_below_1x"] += r["verdict"] == "reduced-precision"
+    cases = []
+    for t in table.values():
+        t["median_seconds"] = float(np.median(t.pop("seconds")))
+        cases.append(t)
+    bugs = [r for r in rows if r["truth"] == "bug"]
+    s = dict(
+        cases=cases,
+        compares=len(rows),
+        correct=sum(r["truth"] == "correct" for r in rows),
+        false_alarms=sum(t["false_alarms"] for t in cases),
+        bugs_ge_8x=sum(r["size"] >= 8 for r in bugs),
+        caught_ge_8x=sum(r["size"] >= 8 and r["verdict"] == "mismatch" for r in bugs),
+        bugs_1_to_8x=sum(1 <= r["size"] < 8 for r in bugs),
+        caught_1_to_8x=sum(1 <= r["size"] < 8 and r["verdict"] == "mismatch" for r in bugs),
+        bugs_below_1x=sum(r["size"] < 1 for r in bugs),
+        below_1x_named_a_precision=sum(r["size"] < 1 and r["verdict"] == "reduced-precision" for r in bugs),
+        below_1x_mismatch=sum(r["size"] < 1 and r["verdict"] == "mismatch" for r in bugs),
+        detectable_infinite=sum(1 for t in cases if not np.isfinite(t["det_ulps"])),
+        detectable_over_8x=sum(1 for t in cases if not t["det_over_spread"] <= 8),
+        median_seconds=float(np.median([r["seconds"] for r in rows])) if rows else np.nan,
+        false_alarm_cases=[r for r in rows if r["truth"] == "correct" and r["verdict"] in ALARMS],
+        missed=[r for r in bugs if r["size"] >= 8 and r["verdict"] != "mismatch"],
+        below_1x_named=[r for r in bugs if r["size"] < 1 and r["verdict"] == "reduced-precision"],
+        named=[r for r in rows if r["truth"] == "named"],
+    )  # fmt: skip
+    s["power_by"] = {}
+    for key in ("op", "dtype"):
+        for v in sorted({r[key] for r in bugs}):
+            sel = [r for r in bugs if r[key] == v]
+            s["power_by"][f"{key}={v}"] = {
+                b: f"{sum(lo <= r['size'] < hi and r['verdict'] == 'mismatch' for r in sel)}/"
+                f"{sum(lo <= r['size'] < hi for r in sel)}"
+                for b, lo, hi in PW_BINS
+            }
+    return s
+
+
+def _num(v):
+    if v is None:
+        return "-"
+    if not np.isfinite(v):
+        return str(v)
+    return f"{v:.3g}"
+
+
+def print_power(s, log=print):
+    log(f"\n== power family: {s['compares']} compare calls, median {s['median_seconds']:.2f} s each")
+    log(f"false alarms on correct results: {s['false_alarms']} / {s['correct']}")
+    log(f"bugs >= 8x the spread of correct implementations caught: {s['caught_ge_8x']} / {s['bugs_ge_8x']}")
+    log(f"bugs 1-8x the spread caught: {s['caught_1_to_8x']} / {s['bugs_1_to_8x']}")
+    log(
+        f"bugs below 1x the spread named a precision: {s['below_1x_named_a_precision']} / {s['bugs_below_1x']} "
+        f"(called mismatch: {s['below_1x_mismatch']})"
+    )
+    log(
+        f"cases whose detectable is infinite: {s['detectable_infinite']}; "
+        f"above 8x the spread: {s['detectable_over_8x']}"
+    )
+    log(
+        f"{'op':<28} {'dtype':<9} {'n':>8} {'data':<6} {'FA':>5} {'>=8x':>7} {'1-8x':>7} {'<1x prec':>8} "
+        f"{'spread ulp':>10} {'det ulp':>9} {'det/spr':>8} {'s/call':>6}  spread set by"
+    )
+    for t in sorted(s["cases"], key=lambda t: (PW_OPS.index(t["op"]) if t["op"] in PW_OPS else 99, t["dtype"], t["n"],
+                                               t["data"])):  # fmt: skip
+        log(
+            f"{t['op']:<28} {t['dtype']:<9} {t['n']:>8} {t['data'][:6]:<6} {t['false_alarms']:>2}/{t['correct']:<2} "
+            f"{t['caught >=8x']:>3}/{t['bugs >=8x']:<3} {t['caught 1-8x']:>3}/{t['bugs 1-8x']:<3} "
+            f"{t['named_precision_below_1x']:>3}/{t['bugs <1x']:<4} {_num(t['spread_ulps']):>10} "
+            f"{_num(t['det_ulps']):>9} {_num(t['det_over_spread']):>8} {t['median_seconds']:>6.2f}  {t['spread_by']}"
+        )
+    log("power by op and dtype (caught / bugs, by size in spreads):")
+    for k, v in s["power_by"].items():
+        log(f"  {k:<38} " + "  ".join(f"{b}: {x}" for b, x in v.items()))
+    log("named real bugs (size = largest |bug - correct| in spreads):")
+    for r in s["named"]:
+        log(f"  {_pw_case_text(r)} {r['name']}: {r['verdict']} {r['precision'] or ''} size {_num(r['size'])}x")
+    for key in ("false_alarm_cases", "missed", "below_1x_named"):
+        for r in s[key]:
+            log(
+                f"  {key}: {_pw_case_text(r)} {r['truth']} {r['name']}: {r['verdict']} {r['precision'] or ''} "
+                f"size {_num(r.get('size', r.get('err')))}x"
+            )
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer K, lengths and regimes; bugs on fp32 results only")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument(
         "--family",
-        choices=("all", "gemm", "envelope", "backward"),
+        choices=("all", "gemm", "envelope", "backward", "power"),
         default="all",
         help="gemm: matmul/linear/conv2d (statistical test); envelope: reductions, norms, pools; "
-        "backward: the gradients (compare_backward)",
+        "backward: the gradients (compare_backward); power: bugs sized in spreads of correct implementations",
     )
     ap.add_argument("--json", help="write rows and summary here")
     a = ap.parse_args(argv)
@@ -2403,6 +3022,13 @@ def main(argv=None):
         print_backward(s)
         print(f"backward family: {time.time() - t:.0f} s")
         result["backward"] = {"summary": {k: v for k, v in s.items() if not isinstance(v, list)}, "rows": rows}
+    if a.family in ("all", "power"):
+        t = time.time()
+        rows = run_power(quick=a.quick, seeds=a.seeds)
+        s = summarise_power(rows)
+        print_power(s)
+        print(f"power family: {time.time() - t:.0f} s")
+        result["power"] = {"summary": s, "rows": rows}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1, default=_jsonable)

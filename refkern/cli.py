@@ -362,19 +362,16 @@ def cmd_check(a):
 
 def cmd_sweep(a):
     torch = _torch()
-    import numpy as np
-
     ks = _krange(a.k)
     if a.png:
         _need_matplotlib("--png")
     dtype = a.dtype or "float32"
     dt = _dtype(torch, dtype)
     backends = _backends(a.device)
-    from refkern.analysis.compare import elements
+    from refkern.scale.sweep import Points
 
     fn = _torch_fn(a.op)
     g = torch.Generator().manual_seed(a.seed)
-    rows = []
     try:
         from rich.progress import Progress
 
@@ -383,8 +380,10 @@ def cmd_sweep(a):
         progress = None
     tasks = [(k, b) for k in ks for b in backends]
     ctx = progress if progress is not None else _Null()
+    client = _cluster(a)  # --workers / --scheduler: each point's analysis on a worker (refkern.scale)
     with ctx:
         tid = progress.add_task(f"sweep {a.op}", total=len(tasks)) if progress else None
+        points = Points(client, advance=(lambda: progress.advance(tid)) if progress else None)
         for k in ks:
             if a.op == "dot":
                 args = (torch.randn(k, generator=g).to(dt), torch.randn(k, generator=g).to(dt))
@@ -395,15 +394,8 @@ def cmd_sweep(a):
                 if dtype not in b.dtypes:
                     continue
                 out = fn(*(t.to(b.device) for t in args))
-                e = elements(out, a.op, *args)
-                rel = np.where(e["magnitude"] > 0, e["error"] / np.where(e["magnitude"] > 0, e["magnitude"], 1), 0.0)
-                rep = e["report"]
-                rows.append({"k": k, "backend": b.name, "verdict": rep.verdict, "precision": rep.precision,
-                             "max_ulp": rep.max_ulp, "max_bound_ratio": rep.max_bound_ratio,
-                             "max_rel_error": float(np.max(rel)), "median_rel_error": float(np.median(rel)),
-                             "sum_abs_error": float(np.sum(e["error"]))})  # fmt: skip
-                if progress:
-                    progress.advance(tid)
+                points.add(a.op, out, args, k, b.name)
+        rows = points.rows()
     if not rows:
         raise UsageError(f"no backend here computes {a.op} in {dtype}; try another --device or --dtype")
     print(f"{'K':>7} {'backend':<10} {'verdict':<26} {'max|err|/M':>11} {'median':>10} {'sum|err|':>10}")
@@ -436,6 +428,22 @@ class _Null:
 
     def __exit__(self, *exc):
         return False
+
+
+def _cluster_options(p, what):
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--workers", type=_positive("workers"), metavar="N", help=f"{what} on a local Dask cluster of N "
+                   "one-thread processes (needs refkern[dask])")  # fmt: skip
+    g.add_argument("--scheduler", metavar="ADDRESS", help=f"{what} on the Dask cluster at ADDRESS (tcp://host:8786)")
+
+
+def _cluster(a):
+    from refkern.scale.sweep import ClientError, client_from_options
+
+    try:
+        return client_from_options(getattr(a, "workers", None), getattr(a, "scheduler", None))
+    except ClientError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _import_target(target):
@@ -496,8 +504,10 @@ def cmd_audit(a):
     x = torch.randn(*shape, generator=g).to(device=backend.device, dtype=dt)
     if a.compile:  # audited layer by layer (refkern.torch.compiled), and end to end
         model = torch.compile(model, mode=None if a.compile == "default" else a.compile)
+    client = _cluster(a)  # --workers / --scheduler: each op judged on a worker (refkern.scale)
     try:
-        with torch.no_grad(), rkt.audit(sample=a.sample, progress=False if a.no_progress else None) as au:
+        with torch.no_grad(), rkt.audit(sample=a.sample, progress=False if a.no_progress else None,
+                                        client=client) as au:
             model(x)
     except Exception as exc:  # the model's own error (the audit never raises): the input does not fit it
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -648,6 +658,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--png", metavar="FILE", help="write the curves (PNG)")
     s.add_argument("--csv", metavar="FILE", help="write the table (CSV)")
     s.add_argument("--json", metavar="FILE")
+    _cluster_options(s, "each point's analysis")
     s.set_defaults(run=cmd_sweep)
 
     au = sub.add_parser("audit", help="every op a model runs (torch's dispatcher): judged against refkern's "
@@ -672,6 +683,7 @@ def _parser() -> argparse.ArgumentParser:
     au.add_argument("--no-progress", action="store_true", help="no live progress line on stderr (it shows only on a "
                     "terminal anyway)")  # fmt: skip
     au.add_argument("--json", metavar="FILE")
+    _cluster_options(au, "each op's reference and verdict")
     au.set_defaults(run=cmd_audit)
 
     dr = sub.add_parser("doctor", help="versions, threads, caches, devices and their flags")

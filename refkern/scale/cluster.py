@@ -39,7 +39,7 @@ def local_client(n_workers: int = 2, *, numba_threads: int = 1, memory_limit="au
     return distributed.Client(cluster)
 
 
-def connect(address: str, *, timeout: float = 10.0):
+def connect(address: str, *, timeout: float = 5.0):
     """A ``Client`` of the scheduler at ``address``; a ConnectionError in one line if none answers."""
     distributed = _distributed("a scheduler")
     try:

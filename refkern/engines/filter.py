@@ -494,17 +494,19 @@ class _ShiftConv(_Gemm):
         super().__init__(p, W2[None], None, zero, np.arange(n1 - n0), brow, np.zeros(ho * wo), has_bias, None,
                          bias_rows=True)  # fmt: skip
         self.n = ho * wo
-        xg = c.X[n0:n1, gi * cin_g : (gi + 1) * cin_g].reshape(n1 - n0, cin_g, hp * wp)
-        self.flat = np.zeros((n1 - n0, cin_g, hp * wp + (kw - 1) * self.dw))  # room for the last tap's wrap
-        self.flat[:, :, : hp * wp] = xg
+        # the padded input's planes flattened, a view: the last row's wrapped columns are not formed
+        # (Lp = Ho Wp - (kw - 1) dw columns: the last valid one is (Ho - 1) Wp + Wo - 1), so the last
+        # tap's read ends at Hp Wp
+        self.flat = c.X[n0:n1, gi * cin_g : (gi + 1) * cin_g].reshape(n1 - n0, cin_g, hp * wp)
+        self.lp = ho * wp - (kw - 1) * self.dw
         self.taps = [np.ascontiguousarray(c.W[gi * cout_g : (gi + 1) * cout_g, :, ky, kx])
                      for ky in range(kh) for kx in range(kw)]  # fmt: skip
         self.offs = [ky * self.dh * wp + kx * self.dw for ky in range(kh) for kx in range(kw)]
 
     def _shifted(self, flat, taps, rows=None):
-        """sum over taps of taps[t][rows] @ flat[:, :, off_t : off_t + Ho Wp], (n, rows, Ho, Wo)."""
+        """sum over taps of taps[t][rows] @ flat[:, :, off_t : off_t + Lp], as (n, rows, Ho, Wo)."""
         torch = self.torch
-        L = self.ho * self.wp
+        L = self.lp
         X = torch.from_numpy(flat)
         full = None
         for w, off in zip(taps, self.offs):
@@ -512,7 +514,13 @@ class _ShiftConv(_Gemm):
             wb = wt.expand(X.shape[0], *wt.shape)
             xs = X[:, :, off : off + L]
             full = torch.bmm(wb, xs) if full is None else full.baddbmm_(wb, xs)
-        return full.view(X.shape[0], -1, self.ho, self.wp)[..., : self.wo].numpy()
+        return self._valid(full.numpy())
+
+    def _valid(self, full):
+        """(..., Lp) positions y Wp + x -> (..., Ho, Wo), a strided view of the valid ones."""
+        st = full.strides
+        return np.lib.stride_tricks.as_strided(full, (*full.shape[:-1], self.ho, self.wo),
+                                               (*st[:-1], st[-1] * self.wp, st[-1]), writeable=False)  # fmt: skip
 
     def value_gemm(self, V):
         V.reshape(V.shape[0], V.shape[1], self.ho, self.wo)[...] = self._shifted(self.flat, self.taps)
@@ -527,9 +535,9 @@ class _ShiftConv(_Gemm):
 
     def norms(self):
         q = np.einsum("nck,nck->nk", self.flat, self.flat)  # per pixel: sum over the group's channels
-        L = self.ho * self.wp
+        L = self.lp
         s = sum(q[:, off : off + L] for off in self.offs)  # over the taps: every square once, any order
-        s = s.reshape(-1, self.ho, self.wp)[..., : self.wo].reshape(-1, self.ho * self.wo)
+        s = self._valid(s).reshape(-1, self.ho * self.wo)
         return _norms(self.A), np.sqrt(s)
 
     def b_rows(self, t, idx):
@@ -558,8 +566,10 @@ def conv(p, c, want_mag=False, device=None, memory=None, stats=None):
     """:func:`refkern.kernels.conv.run_conv` by the filter (``applies(p)`` must hold): per group and
     chunk of images, im2col (patches as rows, :func:`_im2col`), one batched GEMM of the filters
     against the patches (``W_g @ cols^T``: the output's layout directly), the decision, and the
-    exact path for the undecided elements. Peak scratch: ``memory`` (default ``MEMORY``) of
-    patches, twice with ``want_mag``; the result and the magnitudes themselves on top."""
+    exact path for the undecided elements. Stride 1 on the CPU with torch: no im2col
+    (:class:`_ShiftConv`), ``memory`` bounds the tap products per chunk of images. Other strides:
+    at most ``memory`` (default ``MEMORY``) of patches per chunk, twice with ``want_mag``. The
+    result and the magnitudes themselves come on top."""
     memory = MEMORY if memory is None else memory
     n_img, c_out, ho, wo = c.out_shape
     g_n = c.groups
@@ -573,7 +583,7 @@ def conv(p, c, want_mag=False, device=None, memory=None, stats=None):
     shift = c.stride == (1, 1) and (device is None or getattr(device, "type", "cpu") == "cpu") and _has_torch()
     if shift:  # the padded input's group copy and the product per image, not K x L patches
         hp, wp = c.X.shape[2:]
-        nb = max(1, min(n_img, memory // max(1, 8 * (cin_g * hp * wp + 2 * cout_g * ho * wp))))
+        nb = max(1, min(n_img, memory // max(1, 8 * 2 * cout_g * ho * wp)))
     else:
         nb = conv_chunk(n_img, L, k, memory)
     W2 = np.ascontiguousarray(c.W.reshape(c_out, k))

@@ -31,7 +31,7 @@ def test_constants_by_hand():
     assert filt.K_MAX == 1099511627776
     assert filt.ABS_GEMM_COST == pytest.approx(0.1, abs=0)
     assert filt.ABS_SAMPLE == 32
-    assert filt.TILE_EXACT_MIN == pytest.approx(0.5, abs=0)
+    assert filt.TILE_EXACT_MIN == pytest.approx(0.35, abs=0)
     assert engines.FILTER_MIN_WORK == 32768
 
 
@@ -247,7 +247,7 @@ def test_k_2_to_the_20_decided_by_the_bound():
 
 
 @pytest.mark.parametrize("abs_min", [0.0, 0.1, 2.0])
-@pytest.mark.parametrize("tile_min", [0.0, 0.5, 2.0])
+@pytest.mark.parametrize("tile_min", [0.0, 0.35, 2.0])
 @pytest.mark.parametrize("bias", [False, True])
 def test_every_path(monkeypatch, abs_min, tile_min, bias):
     """The |A||B| GEMM always / by the rule / never, the whole block by the Numba kernel always / by

@@ -7,8 +7,12 @@ All give the same, correctly rounded, results; only the speed differs. ``engine=
 (the default of :func:`refkern.matmul`, :func:`refkern.linear` and the convolutions) takes
 ``"filter"`` when the method is ``"exact"``, the factors are float32 or narrower, the result
 format has at most 26 bits, and the GEMM holds at least ``FILTER_MIN_WORK`` products (M * N * K
-over the batch; below, the Numba kernel's single call costs less than the filter's several), on
-the CPU and on CUDA alike (benchmarks/bench_filter.py). Naming ``"filter"`` for float64
+over the batch), on the CPU and on CUDA alike. The threshold is not calibrated: measured on the
+2-core machine under a load average of 10 to 14 (others' jobs), the filter took 0.02x to 0.13x
+the Numba engine's time from 16**3 to 96**3 (the Numba kernel's parallel launch waits for busy
+cores; the filter's passes run on one thread), which says nothing of an idle machine, where the
+Numba kernel's single call is expected to win on the smallest GEMMs (the filter's fixed cost is
+a few numpy calls). 2**15 keeps the tiniest GEMMs on the Numba kernel. Naming ``"filter"`` for float64
 factors or another method runs the Numba kernel (the filter's products would not be exact).
 Otherwise ``"auto"`` takes ``"blas"`` when the method is ``"exact"``, torch is importable, an
 input is a tensor on a CUDA device, and the GEMM is large (``M * N * K >= AUTO_MIN_WORK``, ``M, N >=

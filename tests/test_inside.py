@@ -169,3 +169,35 @@ def test_torch_kernels_are_no_false_alarm(dtype):
         rep = rk.compare(out, op, *args, **kw)
         assert rep.verdict in ("exact", "rounding"), (op, str(rep))
         assert math.isfinite(rep.detectable["element"]["median_ulps"]), op
+
+
+# ------------------------------------------------------------------ the GEMMs' scale test
+
+
+def test_scale_test_by_hand():
+    from refkern.analysis.verdict import _scale_failure
+
+    r, v, keep, y = np.array([1.0, 1.0]), np.array([1.0, 1.0]), np.array([True, True]), np.array([1.0, 1.0])
+    (g,) = _scale_failure(r, v, keep, y, 1.0)  # T = 2 / sqrt(2) = 1.4142 > 1; s = sum r y / sum y**2 = 1
+    assert g["z"] == pytest.approx(math.sqrt(2.0), rel=1e-15, abs=0)
+    assert g["mean"] == pytest.approx(1.0, rel=1e-15, abs=0)
+    assert g["ax"] is None and g["mask"].all()
+    assert _scale_failure(r, v, keep, y, 1.5) == []  # within sqrt(2) < 1.5
+    assert _scale_failure(np.array([1.0, -1.0]), v, keep, y, 0.1) == []  # no correlation with the output
+
+
+def test_a_scale_error_is_not_fp16_accumulation():
+    """A float16 matmul over K = 4096 scaled by 1.01 was named fp16 accumulation (its noise explains each
+    element); a genuine fp16 left-to-right accumulation still is."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(128, 4096, generator=g).half(), torch.randn(4096, 64, generator=g).half()
+    good = a @ b
+    assert _v(rk.compare(good, "matmul", a, b)) in ("exact", "rounding")
+    rep = rk.compare((good.float() * 1.01).half(), "matmul", a, b)
+    assert rep.verdict == "mismatch" and "a scale error, not accumulator noise" in rep.notes[0]
+    A, B = a.float().numpy(), b.float().numpy()
+    acc = np.zeros((128, 64), np.float32)
+    for k in range(4096):  # fp16 running sums, left to right
+        acc = (acc + A[:, k : k + 1] * B[k : k + 1, :]).astype(np.float16).astype(np.float32)
+    rep = rk.compare(torch.from_numpy(acc).half(), "matmul", a, b)
+    assert (rep.verdict, rep.precision) == ("reduced-precision", "fp16")

@@ -122,7 +122,7 @@ def test_report_states_its_thresholds_and_power():
     x, w, b = r(16, 100), r(24, 100), r(24)
     rep = rk.compare(F.linear(x, w, b), "linear", x, w, b)
     assert rep.thresholds["element"] == pytest.approx(level(16 * 24), abs=1e-12)
-    assert rep.thresholds["group"] == pytest.approx(level(16 + 24), abs=1e-12)
+    assert rep.thresholds["group"] == pytest.approx(level(16 + 24 + 1), abs=1e-12)  # groups and the scale test
     assert rep.thresholds["alpha"] == 1e-6
     det = rep.detectable
     # the element threshold lam * sigma_0, in units of sqrt(n) u M: lam sqrt((n + 1) / n) at least

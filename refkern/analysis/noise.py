@@ -95,7 +95,8 @@ DOT_BLOCK = 4  #: features per block in the same bound on the logits' partial su
 @dataclass
 class Noise:
     """The scale of one call: ``var`` (sigma**2 per output element, the standard formulas), further
-    members of the rounding family with the same centre (``models``: ``[(key, text, var)]``), and the
+    members of the rounding family with the same centre (``models``: ``[(key, text, thunk)]``, ``thunk()``
+    their sigma**2, computed only when the standard formulas do not explain the output), and the
     output axes along which a group holds at most one element of any row (``group_axes``): elements of
     one row share the row's errors (its mean, its variance, its sum), so a group of several of them
     would have a correlated sum; a group along any other axis would not be a sum of independent terms."""
@@ -236,9 +237,10 @@ def _var_rows(lay, u, lam, eta2):
 
 
 @jit(parallel=True, error_model="numpy")
-def _norm_elements(X, W, B, Y, mean, r, smu2, srel2, u, u_m, std_out, fold_out):
-    """Per element of the rows: the standard and the folded forms' sigma**2 (module docstring), before
-    the stores. W and B (1 or R, 1 or n) are read at row ``i % rows`` and column ``j`` or 0."""
+def _norm_elements(X, W, B, Y, mean, r, smu2, srel2, u, u_m, u_o, eta2, folded, out):
+    """Per element of the rows: sigma**2 of the standard form (or, with ``folded``, of the folded form)
+    of the module docstring, with the stores ``2 (u_o y)**2 + eta2``. X and Y (float32 or float64) are
+    widened as they are read; W and B (1 or R, 1 or n) are read at row ``i % rows``, column ``j`` or 0."""
     R, n = X.shape
     sw, sb = int(W.shape[1] > 1), int(B.shape[1] > 1)
     for i in prange(R):
@@ -248,14 +250,18 @@ def _norm_elements(X, W, B, Y, mean, r, smu2, srel2, u, u_m, std_out, fold_out):
             x, w, b, y = np.float64(X[i, j]), wr[j * sw], br[j * sb], np.float64(Y[i, j])
             rw = ri * w
             t = (x - mu) * rw
-            shared = rw * rw * a2 + t * t * b2 + (u_m * t) ** 2  # u_m: the normalised row stored first
-            std_out[i, j] = shared + u * u * (3.0 * t * t + y * y)
-            xr, mr = x * rw, mu * rw
-            fold_out[i, j] = shared + u * u * (2.0 * xr * xr + mr * mr + (b - mr) ** 2 + y * y)
+            v = rw * rw * a2 + t * t * b2 + (u_m * t) ** 2 + 2.0 * (u_o * y) ** 2 + eta2  # u_m: the row stored first
+            if folded:
+                xr, mr = x * rw, mu * rw
+                v += u * u * (2.0 * xr * xr + mr * mr + (b - mr) ** 2 + y * y)
+            else:
+                v += u * u * (3.0 * t * t + y * y)
+            out[i, j] = v
 
 
-def _norm(lay, name, ref_rows, u, out):
-    X = np.asarray(lay.X, np.float64)
+def _norm(lay, name, ref_rows, u, out, eta2):
+    """(sigma**2 of the standard form, a thunk giving the folded form's), rows of the output."""
+    X = lay.X
     R, n = X.shape
     half = out.prec < FLOAT32.prec
     if lay.given is not None:
@@ -276,10 +282,15 @@ def _norm(lay, name, ref_rows, u, out):
     from refkern.analysis.envelope import _param_rows
 
     Wr, Br = _param_rows(lay.W, R, n), _param_rows(lay.B, R, n)
-    std, fold = np.empty((R, n)), np.empty((R, n))
-    _norm_elements(X, Wr, Br, np.ascontiguousarray(ref_rows, np.float64), mean, r, smu2, srel2, float(u),
-                   out.u if half else 0.0, std, fold)  # fmt: skip
-    return std, fold
+    Y = ref_rows if ref_rows.dtype in (np.float32, np.float64) else np.asarray(ref_rows, np.float64)
+    Xc = X if X.dtype in (np.float32, np.float64) else np.asarray(X, np.float64)
+
+    def run(folded):
+        v = np.empty((R, n))
+        _norm_elements(Xc, Wr, Br, Y, mean, r, smu2, srel2, float(u), out.u if half else 0.0, out.u, eta2, folded, v)
+        return v
+
+    return run(False), lambda: run(True)
 
 
 # --------------------------------------------------------------------------------- softmax, attention
@@ -324,7 +335,8 @@ def _attention(lay, u, u_m, ref_rows):
         return out
     s = abs(a.scale)
     uq = u_m + 2.0 * u  # q or k scaled (by fl(sqrt(s)): two roundings) and stored in the result format
-    for b, z, _, m, _ in _logits(a):
+    E = a.Q.shape[2]
+    for b, z, mag, m, _ in _logits(a):
         v = a.V[a.iv[b]]
         k = a.K[a.ik[b]]
         q = a.Q[a.iq[b]]
@@ -337,7 +349,10 @@ def _attention(lay, u, u_m, ref_rows):
             w = t / D[:, None]
             o = w @ v
             qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
-            logit = (u * s) ** 2 * (_block_partials(q, k.T, DOT_BLOCK) + qk2) + (u * z) ** 2 + (uq * s) ** 2 * qk2
+            # the dot products' partial sums: per block of DOT_BLOCK features for float32 results; for half ones
+            # the order-free (E + 1) (s sum|q k|)**2, larger, and negligible next to the scores' store u_m |z|
+            part = (E + 1.0) * (mag / s) ** 2 if u_m else _block_partials(q, k.T, DOT_BLOCK)
+            logit = (u * s) ** 2 * (part + qk2) + (u * z) ** 2 + (uq * s) ** 2 * qk2
             beta2 = ((2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + logit
                      + np.where(np.isfinite(m) & (m != 0), (u * z) ** 2, 0.0) + (u_m * z) ** 2)  # fmt: skip
             beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
@@ -356,18 +371,18 @@ def _attention(lay, u, u_m, ref_rows):
 
 def _shared_q(w, v, k, q, o):
     """sum_l q_l**2 C_cl**2 per row and output column, ``C_cl = sum_j w_j (v_jc - o_c) k_jl``: q's rounding
-    (``eps_l``, shared by the row's logits) moves ``o_c`` by ``s sum_l eps_l q_l C_cl``. One (Ev, E) product
-    per row, in chunks of rows."""
+    (``eps_l``, shared by the row's logits) moves ``o_c`` by ``s sum_l eps_l q_l C_cl``. ``C`` of every row in
+    one GEMM, ``w @ [v_j k_j^T]_j`` (the (S, Ev E) outer products of each key), less ``o (w @ k)``; in chunks
+    of keys so that no temporary exceeds about 64 MiB."""
     L, S = w.shape
-    out = np.empty(o.shape)
-    step = max(1, (1 << 22) // max(S * v.shape[1], 1))
-    for r0 in range(0, L, step):
-        ws = w[r0 : r0 + step]
-        n = ws.shape[0]
-        C = ((v.T[None] * ws[:, None, :]).reshape(n * v.shape[1], S) @ k).reshape(n, v.shape[1], -1)  # one GEMM
-        C -= o[r0 : r0 + step, :, None] * (ws @ k)[:, None, :]
-        out[r0 : r0 + step] = np.einsum("lce,le->lc", C * C, q[r0 : r0 + step] ** 2)
-    return out
+    Ev, E = v.shape[1], k.shape[1]
+    C = np.zeros((L, Ev * E))
+    step = max(1, (1 << 23) // max(Ev * E, 1))
+    for s0 in range(0, S, step):
+        outer = (v[s0 : s0 + step, :, None] * k[s0 : s0 + step, None, :]).reshape(-1, Ev * E)
+        C += w[:, s0 : s0 + step] @ outer
+    C = C.reshape(L, Ev, E) - o[:, :, None] * (w @ k)[:, None, :]
+    return np.einsum("lce,le->lc", C * C, q * q)
 
 
 def _block_partials(w, v, block=None):
@@ -408,6 +423,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         from refkern._arrays import operand
 
         args = dict(args, eps=2.0**-52 if operand(args["input"], "input", name).fmt.prec == 53 else 2.0**-23)
+    ref_held = np.asarray(ref) if np.asarray(ref).dtype in (np.float32, np.float64) else np.asarray(ref, np.float64)
     ref = np.asarray(ref, np.float64)
     lay = layout(name, args, ref.shape)
     u = FLOAT64.u if out is FLOAT64 else FLOAT32.u
@@ -422,7 +438,9 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         ref = ref * k**deg
     ek = _TINY_E if k != 1.0 else 0  # k = 2**ek
     eta_w = _eta(FLOAT64 if out is FLOAT64 else FLOAT32, deg * ek)
-    stores = 2.0 * (out.u * ref) ** 2 + 2.0 * _eta(out, deg * ek) ** 2 + (lay.n + 4) * eta_w**2
+    stores = None  # the norms' kernel adds them itself
+    if kind != "norm":
+        stores = 2.0 * (out.u * ref) ** 2 + 2.0 * _eta(out, deg * ek) ** 2 + (lay.n + 4) * eta_w**2
     sc = k**deg
     if kind == "max":
         return Noise(stores, [], every, sc)
@@ -444,11 +462,12 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
             acc = np.cumsum(P * P, axis=1) - P[:, :1] ** 2  # the partial sums formed up to each element
         return Noise(lay.back(u * u * np.maximum(acc, 0.0)) + stores, [], _cumsum_axes(name, args, nd), sc)
     if kind == "norm":
-        std, fold = _norm(lay, name, lay.rows(ref), u, out)
+        eta2 = 2.0 * _eta(out) ** 2 + (lay.n + 4) * eta_w**2
+        std, fold = _norm(lay, name, lay.rows(ref_held, ref_held.dtype), u, out, eta2)
         axes = _norm_axes(name, args, nd)
         folded = ("folded affine form", "the folded affine form x (r w) + (b - mean r w) of torch's CPU norms and "
-                  "cuDNN's inference", lay.back(fold) + stores)  # fmt: skip
-        return Noise(lay.back(std) + stores, [folded] if lay.center or lay.given is not None else [], axes)
+                  "cuDNN's inference", lambda: lay.back(fold()))  # fmt: skip
+        return Noise(lay.back(std), [folded] if lay.center or lay.given is not None else [], axes)
     axes = (_softmax_axis(args, nd),) if nd and kind in ("softmax", "log_softmax") else ()
     if kind == "log_softmax":
         return Noise(lay.back(_softmax_rows(lay.X, u, u_m, True)) + stores, [], axes)

@@ -444,10 +444,12 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padd
     weight * input``, computed exactly and rounded once to the result dtype; the other
     methods reduce in that (ci, ky, kx) order with the bias last, in ``accum_dtype``.
 
-    ``engine``: ``"numba"`` (the kernel above), ``"blas"`` (im2col in chunks of images, then
-    exact Ozaki slice GEMMs on torch's BLAS, on the tensors' device; ``accumulate="exact"``
-    only) or ``"auto"`` (the rule in :mod:`refkern.engines`, with M = N * Ho * Wo, N = C_out /
-    groups, K = C_in / groups * kh * kw). Both engines give bit-identical results.
+    ``engine``: ``"numba"`` (the kernel above), ``"filter"`` (float64 GEMMs per tap or over im2col
+    patches, a rigorous bound per element, the undecided elements exact:
+    :func:`refkern.engines.filter.conv`; float16/bfloat16/float32 inputs), ``"blas"`` (im2col in
+    chunks of images, then exact Ozaki slice GEMMs on torch's BLAS, on the tensors' device;
+    ``accumulate="exact"`` only) or ``"auto"`` (the rule in :mod:`refkern.engines`, with M = N *
+    Ho * Wo, N = C_out / groups, K = C_in / groups * kh * kw). All give bit-identical results.
     """
     return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups, padding_mode, accumulate, accum_dtype,
                  engine)  # fmt: skip

@@ -339,6 +339,10 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     reach an element are formed (no ``0 * inf``, no ``+0`` from an inserted zero), so the number
     of terms varies with the position. The other methods reduce in (ci, ky, kx) order over those
     products, bias last, in ``accum_dtype``.
+
+    ``engine``: ``"numba"`` (the kernel above), ``"filter"`` (the equivalent convolution by
+    :func:`refkern.engines.filter.conv_transpose`; float16/bfloat16/float32 inputs, exact) or
+    ``"auto"`` (the rule in :mod:`refkern.engines`). Both give bit-identical results.
     """
     return _convt("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups, dilation,
                   accumulate, accum_dtype, engine)  # fmt: skip

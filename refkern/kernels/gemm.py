@@ -121,9 +121,11 @@ def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None, engine: str = "
     compute each element in ``accum_dtype`` (default: the result dtype) over k = 0..K-1;
     their bounds are in :mod:`refkern.accumulate.methods`.
 
-    ``engine``: ``"numba"`` (the jitted kernels), ``"blas"`` (exact Ozaki slices on torch's
-    BLAS, on the device of the tensors; ``accumulate="exact"`` only) or ``"auto"`` (the
-    rule in :mod:`refkern.engines`). Both engines give bit-identical results.
+    ``engine``: ``"numba"`` (the jitted kernels), ``"filter"`` (one float64 GEMM on the BLAS, a
+    rigorous bound per element, the undecided elements exact: :mod:`refkern.engines.filter`;
+    float16/bfloat16/float32 inputs, ``accumulate="exact"``), ``"blas"`` (exact Ozaki slices on
+    torch's BLAS, on the device of the tensors; ``accumulate="exact"`` only) or ``"auto"`` (the
+    rule in :mod:`refkern.engines`: the filter where it applies). All give bit-identical results.
     """
     if dask_in(a, b):  # lazy, the same bits for every chunking (refkern.scale.array)
         return to_dask("matmul", a, b, accumulate=accumulate, accum_dtype=accum_dtype, engine=engine)

@@ -12,9 +12,11 @@ correctly rounded result is unique, so the bits equal the in-memory result's.
 Nothing here imports dask: these functions take and return numpy arrays and :class:`State`.
 """
 
+import os
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numba
 import numpy as np
 from numba import prange
 
@@ -37,12 +39,20 @@ from refkern.accumulate.superacc import (
 )
 from refkern.accumulate.ziv import acc_copy, acc_dd, acc_fraction, decide, round_fraction, round_quotient_sqrt
 
-__all__ = ["State", "row_states", "merge", "merge_all", "round_states", "mean_states", "var_states",
-           "cumsum_from", "gemm_tile"]  # fmt: skip
+__all__ = ["THREADS_VAR", "limit_threads", "State", "row_states", "merge", "merge_all", "round_states",
+           "mean_states", "var_states", "cumsum_from", "gemm_tile"]  # fmt: skip
 
+THREADS_VAR = "REFKERN_NUMBA_THREADS"  # numba threads per Dask worker (refkern.scale.cluster)
 _ROWS = 1024  # rows per batch of full accumulators (1024 x 1184 bytes)
 _PARALLEL_WORK = 1 << 16  # terms
 _NEG_ZERO_BITS = np.int64(-0x8000000000000000)
+
+
+def limit_threads():
+    """In a worker refkern started, numba's threads for this thread as the cluster asked."""
+    n = os.environ.get(THREADS_VAR)
+    if n:
+        numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
 
 
 @dataclass
@@ -148,6 +158,7 @@ def _carry(c: np.ndarray, lo: int):
 
 def row_states(X: np.ndarray, shape: tuple, Y: np.ndarray | None = None) -> State:
     """The exact state of each row of X (kind sum), or of the row products X * Y (kind dot)."""
+    limit_threads()
     R = X.shape[0]
     kind = 0 if Y is None else 1
     Y = X if Y is None else Y
@@ -282,6 +293,7 @@ def _fraction(s: State, r: int) -> Fraction:
 
 def round_states(s: State, count: int, fmt) -> np.ndarray:
     """float64 values of ``fmt``: each row's exact sum rounded once (refkern.sum's rules)."""
+    limit_threads()
     out = np.empty(s.rows)
     kernel = _round_rows_parallel if _parallel(s.rows, s.rows * 64) else _round_rows_serial
     kernel(s.lo, np.ascontiguousarray(s.c), s.sp, s.nz, count, *fmt.params, out)
@@ -290,6 +302,7 @@ def round_states(s: State, count: int, fmt) -> np.ndarray:
 
 def mean_states(s: State, n: int, fmt) -> np.ndarray:
     """float64 values of ``fmt``: each row's exact sum divided by n, rounded once (NaN for n = 0)."""
+    limit_threads()
     out = np.empty(s.rows)
     if n == 0:
         out[:] = np.nan
@@ -380,6 +393,7 @@ def _cumsum_serial(X, lo, c, sp, nz, prec, emin, emax, out):
 
 def cumsum_from(X: np.ndarray, prefix: State, fmt) -> np.ndarray:
     """Row-wise cumulative sums of X (rows, n; float64) after the exact prefix, rounded once each."""
+    limit_threads()
     out = np.empty(X.shape, np.float64)
     if X.size:
         kernel = _cumsum_parallel if _parallel(X.shape[0], X.size) else _cumsum_serial
@@ -449,6 +463,7 @@ def _round_accs_serial(accs, nz, count, prec, emin, emax, out):
 def gemm_tile(pairs, count: int, fmt, tile: int = 2048) -> np.ndarray:
     """The exact products of a list of (A (B, M, Kb), Bt (B, N, Kb)) pairs along K, summed over
     the list and rounded once: a (B, M, N) float64 array of ``fmt`` values."""
+    limit_threads()
     B, M, _ = pairs[0][0].shape
     N = pairs[0][1].shape[1]
     total = B * M * N

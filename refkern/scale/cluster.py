@@ -2,12 +2,14 @@
 
 Dask's nanny caps the BLAS and OpenMP threads of each worker process, not numba's: numba would
 start one thread per core in every worker (2 workers x 2 threads on a 2-core machine). The
-workers refkern starts get ``NUMBA_NUM_THREADS`` set before they import numba, one per worker
-unless asked otherwise, so that workers x threads never exceeds the cores.
+workers refkern starts get ``REFKERN_NUMBA_THREADS`` (one unless asked otherwise), which every
+refkern task applies with ``numba.set_num_threads`` in the thread it runs in, so that
+workers x threads never exceeds the cores.
 """
 
 import os
 
+from refkern.scale._states import THREADS_VAR
 from refkern.scale.array import INSTALL
 
 __all__ = ["local_client", "connect", "client_for"]
@@ -27,15 +29,13 @@ def local_client(n_workers: int = 2, *, numba_threads: int = 1, memory_limit="au
     distributed = _distributed("a local cluster")
     if not isinstance(n_workers, int) or isinstance(n_workers, bool) or n_workers < 1:
         raise ValueError(f"local_client: n_workers must be an int >= 1; got {n_workers!r}.")
-    import dask
-
-    # before the worker process starts: numba reads it when first imported, and a value set later
-    # (LocalCluster's env=) leaves numba's config at the core count, which it then refuses to change
-    env = {"NUMBA_NUM_THREADS": str(int(numba_threads)), "OMP_NUM_THREADS": "1"}
-    with dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}):
-        cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                           dashboard_address=None, memory_limit=memory_limit, silence_logs=40,
-                                           **kwargs)  # fmt: skip
+    # numba's own NUMBA_NUM_THREADS cannot be given to the workers: Dask sets pre-spawn variables in
+    # this process too (numba here would then refuse its next compile), and a value set after the
+    # spawn comes after numba's import. refkern's tasks read this one and call numba.set_num_threads.
+    env = {THREADS_VAR: str(int(numba_threads))}
+    cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, memory_limit=memory_limit, silence_logs=40, env=env,
+                                       **kwargs)  # fmt: skip
     return distributed.Client(cluster)
 
 

@@ -112,7 +112,9 @@ def judge(kind, op, actual, args, kwargs):
     """On a worker: ``compare`` (kind "forward") or ``compare_backward`` (kind "backward") of the
     unpacked call, as ("ok", result) or ("error", "Type: message") (the analysis' own failure)."""
     import refkern
+    from refkern.scale._states import limit_threads
 
+    limit_threads()
     try:
         actual, args, kwargs = unpack(actual), unpack(args), unpack(kwargs)
         if kind == "forward":
@@ -142,6 +144,8 @@ class Job:
     done: bool = False
     tries: int = 0
     count: object = None  # the audit's counts key
+    operand_bytes: int = 0  # its output, inputs and keyword tensors, as they are
+    shipped_bytes: int = 0  # what was sent for it: bits, the pickled rest, parameters it scattered first
 
 
 class Remote:
@@ -154,6 +158,7 @@ class Remote:
         self.budget = budget
         self.jobs: list[Job] = []
         self.current = None  # the audit's op name (its counts' key) while it observes an op
+        self._scattered = 0  # bytes of parameters scattered for the job being packed
         self._params = {}  # _key -> (parameter or buffer, (future of its Bits, its version then) or None)
         self.stats = {"ops": 0, "operand_bytes": 0, "shipped_bytes": 0, "params_scattered": 0,
                       "param_bytes": 0, "resubmitted": 0}  # fmt: skip
@@ -179,7 +184,7 @@ class Remote:
             self._params[_key(t)] = (p, fut)
             self.stats["params_scattered"] += 1
             self.stats["param_bytes"] += b.nbytes
-            self.stats["shipped_bytes"] += b.nbytes + len(pickle.dumps(_skeleton(b)))
+            self._scattered += b.nbytes + len(pickle.dumps(_skeleton(b)))
         off, shape, stride = view
         return {"__refkern_view__": fut[0], "offset": off, "shape": shape, "stride": stride}
 
@@ -203,7 +208,10 @@ class Remote:
                 self.stats["resubmitted"] += 1
                 embed = True
                 time.sleep(0.2 * attempt)
-        self.stats["shipped_bytes"] += job.nbytes + len(pickle.dumps(_skeleton((job.kind, job.op, pa, pg, pk))))
+        sent = job.nbytes + len(pickle.dumps(_skeleton((job.kind, job.op, pa, pg, pk)))) + self._scattered
+        self._scattered = 0
+        job.shipped_bytes += sent
+        self.stats["shipped_bytes"] += sent
         job.tries += 1
 
     def _operand_bytes(self, obj):
@@ -219,8 +227,9 @@ class Remote:
     def submit(self, kind, op, actual, args, kwargs):
         job = Job(kind, op, (actual, tuple(args), dict(kwargs)), 0)
         job.count = self.current
+        job.operand_bytes = self._operand_bytes(job.raw)
         self.stats["ops"] += 1
-        self.stats["operand_bytes"] += self._operand_bytes(job.raw)
+        self.stats["operand_bytes"] += job.operand_bytes
         self._wait_for_room()
         self._submit(job)
         self.jobs.append(job)

@@ -35,6 +35,9 @@ def point(op, out, args, k, backend):
 
 
 def _remote_point(op, out: Bits, args: list, k, backend):
+    from refkern.scale._states import limit_threads
+
+    limit_threads()
     return point(op, from_bits(out), [from_bits(a) for a in args], k, backend)
 
 

@@ -1,0 +1,225 @@
+"""refkern on Dask (issue 28): the exact sum of a chunked array, a sweep and an audit on a cluster.
+
+    python benchmarks/bench_scale.py [--quick] [--json FILE]
+
+Issue 28's targets, each a ratio measured in this run:
+
+* ``sum_2e8_f32``: the exact sum of 2 x 10**8 float32 normals generated chunk by chunk
+  (``refkern.sum`` of a Dask array on a two-worker local cluster, chunks of 2**22) within 1.3x the
+  local time: the same blocks generated into one numpy array and summed by ``refkern.sum``. Both
+  sides generate the values (they are not stored anywhere); the peak memory of the Dask side
+  (every process of it) is reported beside the 800 MB the array takes. For information: the
+  same sum on the threaded scheduler, and Dask's overhead alone (``from_array`` of the array
+  already in memory, threaded scheduler, against ``refkern.sum`` of it).
+* ``sweep_200``: a sweep of 200 matmul points (m = n = 16, K = 16 .. 3200; the backend is
+  torch's CPU matmul, the analysis refkern's ``refkern sweep`` row) at least 1.7x faster with two
+  workers than serially in this process (numba on every core), rows identical. The cluster is
+  started and warmed before the timing.
+* ``audit_bytes``: an audit on the cluster (a small ResNet, fp32 and bf16): bytes shipped per
+  audited op at most 1.1x its operands and output (the largest ratio over ops, and the total),
+  each parameter scattered once, verdicts equal to the local audit's.
+
+Each side is timed in blocks of consecutive calls (benchmarks/_timing.py); the best block counts.
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from _timing import per_call  # noqa: E402
+
+import refkern as rk  # noqa: E402
+
+TARGETS = {"sum_2e8_f32": 1.3, "sweep_200": 1.7, "audit_bytes": 1.1}
+CHUNK = 1 << 22
+
+
+def _block(seed, n):
+    return np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
+
+
+def _gen(block_info=None):
+    ((lo, hi),) = block_info[None]["array-location"]
+    return _block(lo // CHUNK, hi - lo)
+
+
+def _local_sum(n):
+    x = np.empty(n, np.float32)
+    for s in range(0, n, CHUNK):
+        x[s : s + CHUNK] = _block(s // CHUNK, min(CHUNK, n - s))
+    return rk.sum(x)
+
+
+class Peak:
+    """The largest summed RSS of this process and its children while inside (sampled every 20 ms),
+    and ``base``, the sum on entry."""
+
+    def __enter__(self):
+        import psutil
+
+        self.peak, self._stop = 0, False
+        me = psutil.Process()
+        self.base = sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
+
+        def run():
+            while not self._stop:
+                try:
+                    procs = [me, *me.children(recursive=True)]
+                    self.peak = max(self.peak, sum(p.memory_info().rss for p in procs))
+                except Exception:
+                    pass
+                time.sleep(0.02)
+
+        self._t = threading.Thread(target=run, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop = True
+        self._t.join()
+
+
+def bench_sum(client, n, blocks):
+    import dask.array as da
+
+    x = da.map_blocks(_gen, chunks=((CHUNK,) * (n // CHUNK) + ((n % CHUNK,) if n % CHUNK else ()),),
+                      dtype=np.float32, meta=np.empty(0, np.float32))  # fmt: skip
+    lazy = rk.sum(x)
+    want = _local_sum(n)
+    got = client.compute(lazy, sync=True)
+    assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), (got, want)
+    assert np.asarray(lazy.compute(scheduler="threads")).tobytes() == np.asarray(want).tobytes()
+    t = per_call({"local": (lambda: _local_sum(n), 1), "dask_2_workers": (lambda: client.compute(lazy, sync=True), 1),
+                  "dask_threads": (lambda: lazy.compute(scheduler="threads"), 1)}, blocks)  # fmt: skip
+    with Peak() as pk:
+        client.compute(lazy, sync=True)
+    held = np.concatenate([_block(s // CHUNK, min(CHUNK, n - s)) for s in range(0, min(n, 8 * CHUNK), CHUNK)])
+    d = da.from_array(held, chunks=CHUNK)
+    t2 = per_call({"in_memory": (lambda: rk.sum(held), 5), "dask_from_array": (lambda: rk.sum(d).compute(), 5)},
+                  blocks)  # fmt: skip
+    return {"n": n, "chunk": CHUNK, "value": float(want), "seconds": t,
+            "ratio": t["dask_2_workers"] / t["local"], "ratio_threads": t["dask_threads"] / t["local"],
+            "peak_rss_dask_MB": pk.peak / 2**20, "rss_growth_dask_MB": (pk.peak - pk.base) / 2**20,
+            "array_MB": n * 4 / 2**20,
+            "overhead": {"n": held.size, "seconds": t2, "ratio": t2["dask_from_array"] / t2["in_memory"]}}  # fmt: skip
+
+
+def _sweep_inputs(npts):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(npts):
+        k = 16 * (i + 1)
+        a, b = torch.randn(16, k, generator=g), torch.randn(k, 16, generator=g)
+        out.append((k, a, b, torch.matmul(a, b)))
+    return out
+
+
+def bench_sweep(client, npts, blocks):
+    from refkern.scale.sweep import Points
+
+    pts = _sweep_inputs(npts)
+
+    def run(c):
+        p = Points(c)
+        for k, a, b, out in pts:
+            p.add("matmul", out, (a, b), k, "cpu")
+        return p.rows()
+
+    serial = run(None)
+    assert run(client) == serial
+    t = per_call({"serial": (lambda: run(None), 1), "two_workers": (lambda: run(client), 1)}, blocks)
+    return {"points": npts, "seconds": t, "speedup": t["serial"] / t["two_workers"]}
+
+
+def bench_audit(client):
+    import torch
+    from audit_models import resnet18
+
+    import refkern.torch as rkt
+
+    out = {}
+    for dt in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        m = resnet18(num_classes=10, width=8).to(dt).eval()
+        x = torch.randn(2, 3, 32, 32).to(dt)
+        with torch.no_grad(), rkt.audit(progress=False) as local:
+            m(x)
+        t0 = time.perf_counter()
+        with torch.no_grad(), rkt.audit(progress=False, client=client) as far:
+            m(x)
+        secs = time.perf_counter() - t0
+        r = far._remote
+        ratios = [j.shipped_bytes / j.operand_bytes for j in r.jobs if j.operand_bytes]
+        over = [j.operand_bytes for j in r.jobs if j.operand_bytes and j.shipped_bytes > 1.1 * j.operand_bytes]
+        out[str(dt).removeprefix("torch.")] = {
+            "ops": r.stats["ops"], "operand_bytes": r.stats["operand_bytes"], "shipped_bytes": r.stats["shipped_bytes"],
+            "total_ratio": r.stats["shipped_bytes"] / r.stats["operand_bytes"], "max_ratio_per_op": max(ratios),
+            "params": len(list(m.parameters())) + len(list(m.buffers())),
+            "params_scattered": r.stats["params_scattered"],
+            "same_verdicts": far.to_dict() == local.to_dict(), "seconds_on_cluster": secs,
+            "ops_over_1.1": len(over), "largest_operands_over_1.1": max(over, default=0),
+            "smallest_operands": min(j.operand_bytes for j in r.jobs)}  # fmt: skip
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="2 x 10**7 elements, 60 sweep points, one block")
+    p.add_argument("--json", metavar="FILE")
+    a = p.parse_args(argv)
+    from refkern.scale.cluster import local_client
+
+    n = 2 * 10**7 if a.quick else 2 * 10**8
+    npts = 60 if a.quick else 200
+    blocks = 1 if a.quick else 2
+    client = local_client(2)
+    try:
+        client.run(lambda: __import__("refkern.torch"))  # warm: imports and numba caches loaded on each worker
+        res = {"machine": {"cores": os.cpu_count(), "load_before": os.getloadavg()},
+               "sum": bench_sum(client, n, blocks), "sweep": bench_sweep(client, npts, blocks),
+               "audit": bench_audit(client)}  # fmt: skip
+        res["machine"]["load_after"] = os.getloadavg()
+    finally:
+        client.close()
+        client.cluster.close()
+    s, w, au = res["sum"], res["sweep"], res["audit"]
+    checks = {
+        "sum_2e8_f32": (s["ratio"], s["ratio"] <= TARGETS["sum_2e8_f32"]),
+        "sweep_200": (w["speedup"], w["speedup"] >= TARGETS["sweep_200"]),
+        "audit_bytes": (max(v["max_ratio_per_op"] for v in au.values()),
+                        all(v["max_ratio_per_op"] <= TARGETS["audit_bytes"] and v["same_verdicts"]
+                            and v["params_scattered"] <= v["params"] for v in au.values())),
+    }  # fmt: skip
+    res["targets"] = {k: {"value": v, "target": TARGETS[k], "met": ok} for k, (v, ok) in checks.items()}
+    print(f"{'measure':<44} {'value':>10} {'target':>8}  met")
+    print(f"{'sum 2e8 f32: dask 2 workers / local':<44} {s['ratio']:>10.3f} {'<= 1.3':>8}  {checks['sum_2e8_f32'][1]}")
+    print(f"{'  dask threads / local':<44} {s['ratio_threads']:>10.3f}")
+    print(f"{'  local s, dask s':<44} {s['seconds']['local']:>10.3f} {s['seconds']['dask_2_workers']:>8.3f}")
+    print(f"{'  dask side: RSS growth MB (peak), array MB':<44} {s['rss_growth_dask_MB']:>10.0f} {s['array_MB']:>8.0f}")
+    print(f"{'  overhead: from_array / in memory':<44} {s['overhead']['ratio']:>10.3f}")
+    print(f"{'sweep 200: serial / 2 workers':<44} {w['speedup']:>10.3f} {'>= 1.7':>8}  {checks['sweep_200'][1]}")
+    for dt, v in au.items():
+        print(f"{'audit ' + dt + ': shipped / operands, worst op':<44} {v['max_ratio_per_op']:>10.3f} {'<= 1.1':>8}  "
+              f"{v['max_ratio_per_op'] <= 1.1}")  # fmt: skip
+        print(f"{'  total; params scattered / params; same':<44} {v['total_ratio']:>10.3f} "
+              f"{v['params_scattered']:>4}/{v['params']:<4} {v['same_verdicts']}")  # fmt: skip
+        print(f"{'  ops over 1.1x of all; their largest operands B':<44} {v['ops_over_1.1']:>6}/{v['ops']:<3} "
+              f"{v['largest_operands_over_1.1']:>8}")  # fmt: skip
+    print(f"load average before {res['machine']['load_before']}, after {res['machine']['load_after']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -182,6 +182,26 @@ def _collect(und, counts, t, i0, i1, ii, jj):
     return c
 
 
+@jit
+def _collect_every(und, counts, t, i0, i1, step, ii, jj):
+    """(ii, jj) := every ``step``-th undecided element of rows i0:i1 of und[t] (the first of each
+    step), until ii is full: a sample spread over the block, without storing the others."""
+    c = 0
+    q = 0
+    for i in range(i0, i1):
+        if counts[t, i] == 0:
+            continue
+        row = und[t, i]
+        for j in range(row.size):
+            if row[j]:
+                if c % step == 0 and q < ii.size:
+                    ii[q] = i
+                    jj[q] = j
+                    q += 1
+                c += 1
+    return q
+
+
 @jit(parallel=True)
 def _exact_pairs(A, B, ri, rj, bias, has_bias, narrow, prec, emin, emax, out):
     """out[s] = bias[s] + sum_k A[ri[s], k] B[rj[s], k], exact, rounded once (the Numba engine's
@@ -359,9 +379,10 @@ class _Gemm:
                 blk = (slice(t, t + 1), slice(i0, i1))
                 ii = jj = None
                 if not tight and c > ABS_GEMM_COST * size:
-                    ii, jj = np.empty(c, np.int64), np.empty(c, np.int64)
-                    _collect(und, counts, t, i0, i1, ii, jj)
-                    if c * self._tight_fraction(V, t, ii, jj, k, fmt) > ABS_GEMM_COST * size:
+                    q = min(ABS_SAMPLE, c)  # every (c // q)-th undecided element, without collecting all c
+                    si, sj = np.empty(q, np.int64), np.empty(q, np.int64)
+                    _collect_every(und, counts, t, i0, i1, c // q, si, sj)
+                    if c * self._tight_fraction(V, t, si, sj, k, fmt) > ABS_GEMM_COST * size:
                         G = self.abs_gemm(t, i0, i1)[None]
                         cc = np.empty((1, i1 - i0), np.int64)
                         with _threads(1):
@@ -386,10 +407,10 @@ class _Gemm:
                 V[t, rows] = self._numba_rows(t, rows)
 
     def _tight_fraction(self, V, t, ii, jj, k, fmt):
-        """The fraction of (up to ABS_SAMPLE, evenly spaced) undecided elements (ii, jj) of V[t] that
-        the tight bound, sum |terms| formed directly, decides."""
-        pick = np.unique(np.linspace(0, ii.size - 1, min(ABS_SAMPLE, ii.size)).astype(np.int64))
-        si, sj = ii[pick], jj[pick]
+        """The fraction of the sampled undecided elements (ii, jj) of V[t] that the tight bound, sum
+        |terms| formed directly, decides."""
+        pick = np.arange(ii.size)
+        si, sj = ii, jj
         a = np.abs(self.A[self.ia[t]][si])
         b = np.abs(self.b_rows(t, sj))
         g = np.einsum("ik,ik->i", a, b)

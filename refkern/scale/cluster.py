@@ -34,7 +34,7 @@ def local_client(n_workers: int = 2, *, numba_threads: int = 1, memory_limit="au
     # spawn comes after numba's import. refkern's tasks read this one and call numba.set_num_threads.
     env = {THREADS_VAR: str(int(numba_threads))}
     cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, memory_limit=memory_limit, silence_logs=40, env=env,
+                                       dashboard_address=":0", memory_limit=memory_limit, silence_logs=40, env=env,
                                        **kwargs)  # fmt: skip
     return distributed.Client(cluster)
 

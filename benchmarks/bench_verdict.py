@@ -104,8 +104,8 @@ never the verdict's own envelope or scale.
   once to a half dtype); sums by 8 and 16 SIMD lanes in blocks; the two-pass folded norm; Hugging
   Face's RMSNorm (half: the normalised row rounded before the weight); online softmax over tiles of
   128; attention in float32 direct and online over tiles of 128 keys, (half) with P rounded to the
-  dtype before P V (Hugging Face eager, FlashAttention 2). Sequential float32 sums of offset data
-  beyond 10^5 terms are left out (they drift: a bug of their own).
+  dtype before P V (Hugging Face eager, FlashAttention 2). Sequential float32 sums of one-signed
+  terms (offset data, var's squares) beyond 10^5 terms are left out (they drift: a bug of their own).
 * bugs: torch's output plus a perturbation whose largest |value| is s x spread (s = 0.5 .. 32),
   rounded to the dtype (skipped where rounding swallows it): the whole tensor scaled by (1 + e), a
   constant offset, one row (norm or softmax row, query row, scan row) scaled, one feature offset or
@@ -2551,16 +2551,18 @@ def pw_correct(op, args, kw, dtype, good, data):
     and Chan-merged variances; norms direct, folded and divided; softmax by division and reciprocal),
     SIMD-lane sums, the two-pass folded norm, Hugging Face's RMSNorm (half: the normalised row rounded
     before the weight), online softmax over tiles of 128, attention direct, online over tiles of 128
-    keys, and (half) with P rounded before P V. Sequential float32 sums of offset data beyond 10^5
-    terms (they stagnate: a bug of their own) are left out."""
+    keys, and (half) with P rounded before P V. Sequential float32 sums of one-signed terms (offset data,
+    var's squares) beyond 10^5 terms (they drift towards stagnation: a bug of their own) are left out."""
     dt = DT[dtype]
     kwc = _pw_kw(kw)
     out = list(correct_env(op, args, kwc, dtype, good))
     if dtype != "float32":  # correct_env adds the float32 algorithms for float32 results only
         out += [(f"{k}, rounded", o.to(dt)) for k, o in alternatives(op, args, kwc, good.float())]
     n = args[0].shape[-1]
-    if op in ("sum", "mean", "var", "cumsum", "softmax", "log_softmax") and n > 100_000 and data == "offset":
-        seq = ("left-to-right", "reversed", "Welford fp32")
+    if n > 100_000 and (data == "offset" and op in ("sum", "mean", "cumsum") or op == "var"):
+        # one-signed terms (offset data; var's squares) summed sequentially in float32 drift towards
+        # stagnation (pytorch#38716): a bug of their own, not a correct implementation
+        seq = ("left-to-right", "reversed", "two-pass left-to-right", "Welford fp32")
         out = [(k, o) for k, o in out if not any(k.startswith(s) for s in seq)]
     half = dtype != "float32"
     X = _f32(args[0]).reshape(-1, n) if op != "scaled_dot_product_attention" else None
@@ -2967,6 +2969,31 @@ def print_power(s, log=print):
             )
 
 
+def power_markdown(s) -> str:
+    """The power table as markdown (docs/analysis.md): one row per op x size x data, per dtype the false
+    alarms, bugs >= 8x and 1-8x the spread caught, and torch's report's detectable over the spread."""
+    dts = ("float32", "bfloat16", "float16")
+    head = "| op | n | data | " + " | ".join(f"{d}: FA, >=8x, 1-8x, det/spread" for d in dts) + " |"
+    lines = [head, "|---|---:|---|" + "---|" * len(dts)]
+    by = {}
+    for t in s["cases"]:
+        by.setdefault((t["op"], t["n"], t["data"]), {})[t["dtype"]] = t
+    order = {op: i for i, op in enumerate(PW_OPS)}
+    for (op, n, data), ts in sorted(by.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1], kv[0][2])):
+        cells = []
+        for d in dts:
+            t = ts.get(d)
+            if t is None:
+                cells.append("-")
+                continue
+            fa = f"**{t['false_alarms']}**/{t['correct']}" if t["false_alarms"] else f"0/{t['correct']}"
+            ge = f"{t['caught >=8x']}/{t['bugs >=8x']}"
+            ge = ge if t["caught >=8x"] == t["bugs >=8x"] else f"**{ge}**"
+            cells.append(f"{fa}, {ge}, {t['caught 1-8x']}/{t['bugs 1-8x']}, {_num(t['det_over_spread'])}")
+        lines.append(f"| {op} | {n:g} | {data} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer K, lengths and regimes; bugs on fp32 results only")
@@ -2979,6 +3006,7 @@ def main(argv=None):
         "backward: the gradients (compare_backward); power: bugs sized in spreads of correct implementations",
     )
     ap.add_argument("--json", help="write rows and summary here")
+    ap.add_argument("--markdown", help="power family: write its table as markdown here")
     a = ap.parse_args(argv)
     torch.set_num_threads(2)
     result = {}
@@ -3029,6 +3057,9 @@ def main(argv=None):
         print_power(s)
         print(f"power family: {time.time() - t:.0f} s")
         result["power"] = {"summary": s, "rows": rows}
+        if a.markdown:
+            with open(a.markdown, "w") as f:
+                f.write(power_markdown(s) + "\n")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1, default=_jsonable)

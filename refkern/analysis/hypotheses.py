@@ -109,7 +109,7 @@ def models(out: Format, in_prec: int, has_bias: bool, op: str = "") -> list:
                 tag = ", truncated" if mode == TRUNCATE else ""
                 kind = f"{f.short} inputs ({_MODE[mode]}), fp32 accumulation"
                 ms.append(Model(f"{f.short} inputs{tag}", f.short, kind, out, FLOAT32, (f, mode, False)))
-            if has_bias and out is not FLOAT32:  # autocast into a half result: the bias is cast too
+            if has_bias:  # autocast, or a custom kernel: the bias is cast too (into any result format)
                 ms.append(Model(f"{f.short} inputs and bias", f.short,
                                 f"{f.short} inputs and bias, fp32 accumulation", out, FLOAT32, (f, NEAREST, True)))
         if out is FLOAT32:

@@ -47,7 +47,9 @@ from refkern.analysis.stats import ALPHA, level
 from refkern.analysis.structure import group_failures, n_groups
 from refkern.analysis.verdict import Decision, _classes, _element_test_arrays, overflowed
 
-__all__ = ["decide_inside", "StatFit"]
+__all__ = ["decide_inside", "StatFit", "INSIDE"]
+
+INSIDE = "statistical, inside the envelope"  #: the ``test`` of the thresholds and detectable of these reports
 
 _FULL = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -84,7 +86,7 @@ class StatFit:
         return {"kind": self.model.kind, "precision": self.model.precision, "explains": self.explains,
                 "tested_on": "every element", "unexplained": int(self.unexplained().sum()),
                 "failing_groups": len(self.groups), "max_ratio": self.max_z / self.lam,
-                "test": "statistical"}  # fmt: skip
+                "test": INSIDE}  # fmt: skip
 
 
 def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None) -> StatFit:
@@ -158,8 +160,8 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     only = tuple(ax for ax in nz.group_axes if x.shape[ax] >= 2)
     lam_grp = level(n_groups(x.shape, only))
     power = _power(nz.var, x, out, lam_el, nz.scale)
-    thresholds = {"alpha": ALPHA, "element": lam_el, "group": lam_grp, "test": "statistical", "envelope": 1.0}
-    det = {"element": power, "test": "statistical", "envelope": d.detectable.get("element"),
+    thresholds = {"alpha": ALPHA, "element": lam_el, "group": lam_grp, "test": INSIDE, "envelope": 1.0}
+    det = {"element": power, "test": INSIDE, "envelope": d.detectable.get("element"),
            "group_axes": [axes[i] for i in only]}  # fmt: skip
     if d.verdict == "exact":
         return _replace(d, det=det, thresholds=thresholds)

@@ -84,7 +84,8 @@ def test_cluster_audit_backward_and_sample(client):
     assert _audit(m, x, sample=7, client=client).to_dict() == _audit(m, x, sample=7).to_dict()
 
 
-def test_a_worker_killed_mid_audit_loses_nothing(client, monkeypatch):
+@pytest.mark.parametrize("bundle", [0, remote.BUNDLE], ids=["alone", "bundled"])
+def test_a_worker_killed_mid_audit_loses_nothing(client, monkeypatch, bundle):
     import signal
 
     m, x = _model(torch.float32, seed=3)
@@ -92,13 +93,15 @@ def test_a_worker_killed_mid_audit_loses_nothing(client, monkeypatch):
     pids = client.run(os.getpid)  # worker address -> process id
     submit = remote.Remote.submit
     killed = []
+    monkeypatch.setattr(remote, "BUNDLE", bundle)  # 0: every op its own task
 
     def kill_after_two(self, *args, **kwargs):
         job = submit(self, *args, **kwargs)
-        if len(self.jobs) == 2 and not killed:  # a worker (and the parameters scattered to it) dies mid-audit
-            held = self.client.who_has([job.future]).get(job.future.key) or sorted(pids)
-            killed.append(held[0])
-            os.kill(pids[held[0]], signal.SIGKILL)
+        if len(self.jobs) == 2 and not killed:  # a worker (its tasks, the parameters scattered to it) dies
+            futs = [f for f in (job.future, *(v[1][0] for v in self._params.values() if v[1])) if f is not None]
+            held = self.client.who_has(futs[:1]).get(futs[0].key) if futs else None
+            killed.append((held or sorted(pids))[0])
+            os.kill(pids[killed[0]], signal.SIGKILL)
         return job
 
     monkeypatch.setattr(remote.Remote, "submit", kill_after_two)

@@ -5,7 +5,8 @@ arguments) is shipped to a worker as raw bits (:class:`Bits`: bfloat16 and float
 conversion), the reference and the verdict are computed there, and only the Report comes back.
 A parameter (or buffer) of the audited model is scattered to the cluster once and named by its
 future in every op that reads it; activations travel once per op, after the ``sample=`` sub-grid
-has been cut. Submissions wait while the bytes in flight exceed a budget, so memory stays bounded.
+has been cut; ops below 64 KB of operands travel together, up to 64 KB a task (their bits packed
+when they run). Submissions wait while the bytes in flight exceed a budget, so memory stays bounded.
 A task lost with its worker is submitted again, with its data embedded (a scattered parameter
 that died with the worker is not needed): nothing is lost, and every verdict is the one a local
 audit gives (the same code on the same bits).
@@ -13,6 +14,7 @@ audit gives (the same code on the same bits).
 
 import pickle
 import sys
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +22,8 @@ import numpy as np
 __all__ = ["Bits", "pack", "unpack", "Remote", "judge", "remote_for", "resolve_audit", "DEFAULT_BUDGET"]
 
 DEFAULT_BUDGET = 1 << 30  # bytes of operands in flight
+BUNDLE = 1 << 16  # ops with fewer operand bytes travel together, up to this many bytes a task
+VIEW = "rk-view"  # [VIEW, parameter's future, offset, shape, stride]: a parameter read through a view
 
 
 @dataclass
@@ -98,9 +102,9 @@ def pack(obj, remote=None, embed=False):
 def unpack(obj):
     if isinstance(obj, Bits):
         return from_bits(obj)
-    if isinstance(obj, dict) and "__refkern_view__" in obj:  # a parameter (its bits, scattered) seen through a view
-        base = from_bits(obj["__refkern_view__"]).reshape(-1)
-        return base.as_strided(obj["shape"], obj["stride"], obj["offset"])
+    if isinstance(obj, list) and len(obj) == 5 and isinstance(obj[0], str) and obj[0] == VIEW:
+        _, bits, offset, shape, stride = obj  # a parameter (its bits, scattered) seen through a view
+        return from_bits(bits).reshape(-1).as_strided(shape, stride, offset)
     if isinstance(obj, (list, tuple)):
         return type(obj)(unpack(v) for v in obj) if isinstance(obj, tuple) else [unpack(v) for v in obj]
     if isinstance(obj, dict):
@@ -125,6 +129,11 @@ def judge(kind, op, actual, args, kwargs):
         return "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
 
+def judge_many(calls):
+    """On a worker: :func:`judge` of each (kind, op, actual, args, kwargs) of a bundle, in order."""
+    return [judge(*c) for c in calls]
+
+
 @dataclass
 class Pending:
     """A verdict being computed on the cluster (``key``: one gradient of a backward kernel's dict)."""
@@ -144,6 +153,8 @@ class Job:
     done: bool = False
     tries: int = 0
     count: object = None  # the audit's counts key
+    packed: tuple = None  # (kind, op, actual, args, kwargs) as shipped
+    index: object = None  # its place in a bundle's list of verdicts (None: submitted alone)
     operand_bytes: int = 0  # its output, inputs and keyword tensors, as they are
     shipped_bytes: int = 0  # what was sent for it: bits, the pickled rest, parameters it scattered first
 
@@ -159,6 +170,9 @@ class Remote:
         self.jobs: list[Job] = []
         self.current = None  # the audit's op name (its counts' key) while it observes an op
         self._scattered = 0  # bytes of parameters scattered for the job being packed
+        self._prefix, self._n = f"rk{uuid.uuid4().hex[:6]}-", 0  # scattered parameters' keys
+        self._bundle = []  # small jobs packed, not yet submitted
+        self._results = {}  # a bundle's future key -> its list of verdicts
         self._params = {}  # _key -> (parameter or buffer, (future of its Bits, its version then) or None)
         self.stats = {"ops": 0, "operand_bytes": 0, "shipped_bytes": 0, "params_scattered": 0,
                       "param_bytes": 0, "resubmitted": 0}  # fmt: skip
@@ -169,7 +183,7 @@ class Remote:
             self._params[_key(t)] = (t, None)
 
     def param_view(self, t):
-        """A parameter's view as {"__refkern_view__": its future, offset, shape, stride}, or None."""
+        """A parameter's view as [VIEW, its future, offset, shape, stride], or None."""
         got = self._params.get(_key(t))
         if got is None:
             return None
@@ -180,27 +194,40 @@ class Remote:
         if fut is None or fut[1] != p._version or fut[0].status != "finished":
             # not yet shipped, written to since (a running mean), or lost with its worker
             b = to_bits(p)
-            fut = (self.client.scatter(b, hash=False), p._version)
+            self._n += 1
+            key = f"{self._prefix}{self._n}"  # short: every op that reads it names it
+            fut = (self.client.scatter({key: b}, hash=False)[key], p._version)
             self._params[_key(t)] = (p, fut)
             self.stats["params_scattered"] += 1
             self.stats["param_bytes"] += b.nbytes
             self._scattered += b.nbytes + len(pickle.dumps(_skeleton(b)))
         off, shape, stride = view
-        return {"__refkern_view__": fut[0], "offset": off, "shape": shape, "stride": stride}
+        return [VIEW, fut[0], off, shape, stride]
+
+    def _pack(self, job: Job, embed=False):
+        """The job's tensors as bits now (an output written to in place later must not change what
+        is judged); the bytes it ships, and those of the parameters it scattered first."""
+        actual, args, kwargs = job.raw
+        pa, na = pack(actual, self, embed)
+        pg, ng = pack(args, self, embed)
+        pk, nk = pack(kwargs, self, embed)
+        job.nbytes = na + ng + nk
+        job.packed = (job.kind, job.op, pa, pg, pk)
+        sent = job.nbytes + self._scattered
+        self._scattered = 0
+        job.shipped_bytes += sent
+        self.stats["shipped_bytes"] += sent
 
     def _submit(self, job: Job, embed=False):
-        """Ship the job (parameters by their futures unless ``embed``); a failure to ship (a worker
-        lost while scattering to it) is retried with everything embedded, then after a pause."""
+        """Ship the job alone (parameters by their futures unless ``embed``); a failure to ship (a
+        worker lost while scattering to it) is retried with everything embedded, then after a pause."""
         import time
 
         for attempt in range(6):
             try:
-                actual, args, kwargs = job.raw
-                pa, na = pack(actual, self, embed)
-                pg, ng = pack(args, self, embed)
-                pk, nk = pack(kwargs, self, embed)
-                job.nbytes = na + ng + nk
-                job.future = self.client.submit(judge, job.kind, job.op, pa, pg, pk, pure=False)
+                self._pack(job, embed)
+                job.future = self.client.submit(judge, *job.packed, pure=False)
+                job.index = None
                 break
             except Exception:
                 if attempt == 5:
@@ -208,11 +235,33 @@ class Remote:
                 self.stats["resubmitted"] += 1
                 embed = True
                 time.sleep(0.2 * attempt)
-        sent = job.nbytes + len(pickle.dumps(_skeleton((job.kind, job.op, pa, pg, pk)))) + self._scattered
-        self._scattered = 0
-        job.shipped_bytes += sent
-        self.stats["shipped_bytes"] += sent
+        self._overhead([job], len(pickle.dumps(_skeleton(job.packed))))
         job.tries += 1
+
+    def _overhead(self, jobs, nbytes):
+        """What a message adds to its bits, shared by its jobs in proportion to their operands."""
+        total = sum(j.operand_bytes for j in jobs) or 1
+        for j in jobs:
+            share = nbytes * (j.operand_bytes or total / len(jobs)) / total
+            j.shipped_bytes += share
+            self.stats["shipped_bytes"] += share
+
+    def _flush(self):
+        """The small jobs waiting, in one task (their verdicts come back as one list)."""
+        jobs, self._bundle = self._bundle, []
+        if not jobs:
+            return
+        calls = [j.packed for j in jobs]
+        try:
+            fut = self.client.submit(judge_many, calls, pure=False)
+        except Exception:  # the cluster lost a worker while we shipped: each alone, embedded
+            for j in jobs:
+                self._submit(j, embed=True)
+            return
+        self._overhead(jobs, len(pickle.dumps(_skeleton(calls))))
+        for i, j in enumerate(jobs):
+            j.future, j.index = fut, i
+            j.tries += 1
 
     def _operand_bytes(self, obj):
         torch = sys.modules["torch"]
@@ -231,8 +280,18 @@ class Remote:
         self.stats["ops"] += 1
         self.stats["operand_bytes"] += job.operand_bytes
         self._wait_for_room()
-        self._submit(job)
         self.jobs.append(job)
+        if job.operand_bytes >= BUNDLE:
+            self._submit(job)
+            return job
+        try:
+            self._pack(job)
+        except Exception:  # a scatter to a worker that just died: this job's parameters embedded
+            self.stats["resubmitted"] += 1
+            self._pack(job, embed=True)
+        self._bundle.append(job)
+        if sum(j.operand_bytes for j in self._bundle) >= BUNDLE:
+            self._flush()
         return job
 
     def compare(self, actual, op, args, kwargs):
@@ -243,7 +302,7 @@ class Remote:
         return {k: Pending(job, k) for k in grads}
 
     def _in_flight(self):
-        return [j for j in self.jobs if not j.done]
+        return [j for j in self.jobs if not j.done and j.future is not None]
 
     def _wait_for_room(self):
         from distributed import wait
@@ -259,9 +318,17 @@ class Remote:
 
     def _collect(self, job: Job):
         """The job's result, submitting it again (data embedded) if its worker died with it."""
+        if job.future is None:
+            self._flush()
         while True:
             try:
-                job.result = job.future.result()
+                if job.index is None:
+                    job.result = job.future.result()
+                else:  # one of a bundle's verdicts (the list fetched once)
+                    key = job.future.key
+                    if key not in self._results:
+                        self._results[key] = job.future.result()
+                    job.result = self._results[key][job.index]
                 break
             except Exception:  # the task or its inputs were lost (a worker died): submit it again
                 if job.tries >= 4:
@@ -271,13 +338,16 @@ class Remote:
                 self._submit(job, embed=True)
         job.done = True
         job.future = None
+        job.packed = None
         if job.result[0] == "ok" or job.kind == "forward":
             job.raw = None  # its tensors are released (a backward kernel's, once judged, or judged one by one)
 
     def finish(self):
+        self._flush()
         for j in self.jobs:
             if not j.done:
                 self._collect(j)
+        self._results.clear()
 
     def resolve(self, p: Pending):
         """(report, None) or (None, note) for a pending verdict (after :meth:`finish`)."""

@@ -296,30 +296,38 @@ def _norm(lay, name, ref_rows, u, out, eta2):
 # --------------------------------------------------------------------------------- softmax, attention
 
 
+def _weights(Z):
+    """Per row of the logits Z: (the finite row maximum M as a column, z - M, t = exp(z - M), D = sum t,
+    the weights t / D), in float64."""
+    with np.errstate(all="ignore"):
+        M = np.max(np.where(np.isnan(Z), -np.inf, Z), axis=1, initial=-np.inf)
+        Mf = np.where(np.isfinite(M), M, 0.0)[:, None]
+        arg = Z - Mf
+        t = np.exp(arg)
+        D = t.sum(axis=1)
+        return Mf, arg, t, D, t / D[:, None]
+
+
 def _softmax_rows(X, u, u_m, log):
     """Before the stores: sigma**2 of log_softmax over the rows of the logits X; for softmax sigma**2
     relative to the weight's square (a weight far below 2**-511 has a variance that underflows)."""
     from refkern.analysis._envelope_softmax import EXP_ULPS, LOG_ULPS
 
+    Mf, arg, t, D, w = _weights(X)
     with np.errstate(all="ignore"):
-        M = np.max(np.where(np.isnan(X), -np.inf, X), axis=1, initial=-np.inf)
-        Mf = np.where(np.isfinite(M), M, 0.0)[:, None]
-        arg = X - Mf
-        t = np.exp(arg)
-        D = t.sum(axis=1)
-        w = t / D[:, None]
         beta2 = (2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + u_m**2  # u_m: each exp term stored
         beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
         wb = np.einsum("ij,ij->i", w * w, beta2)  # sum_j w_j**2 beta_j**2
         rec = _records(X)
-        sd2 = wb + u * u * _partial_sq(t) / (D * D) + rec * ((2.0 * EXP_ULPS + 1.0) * u) ** 2
+        adds = u * u * _partial_sq(t) / (D * D)  # the sum's own additions, relative
+        sd2 = wb + adds + rec * ((2.0 * EXP_ULPS + 1.0) * u) ** 2
         if log:
             L = np.log(D)
             y2 = (u * arg) ** 2 + (sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2)[:, None] + (u * (Mf + L[:, None])) ** 2
             y2 = y2 + (u * (arg - L[:, None])) ** 2 + u_m**2 * (arg * arg + (L * L)[:, None] + 1.0)
             return np.where(np.isfinite(y2), y2, 0.0)
         own = beta2 * (1.0 - 2.0 * w)
-        rel = (own + wb[:, None] + (u * u * _partial_sq(t) / (D * D) + 2.0 * u * u)[:, None]
+        rel = (own + wb[:, None] + (adds + 2.0 * u * u)[:, None]
                + (rec * ((2.0 * EXP_ULPS + 1.0) * u) ** 2)[:, None] + u_m**2)  # fmt: skip
         return np.where(np.isfinite(rel), np.maximum(rel, 0.0), 0.0)  # relative: sigma**2 / w**2
 
@@ -340,13 +348,8 @@ def _attention(lay, u, u_m, ref_rows):
         v = a.V[a.iv[b]]
         k = a.K[a.ik[b]]
         q = a.Q[a.iq[b]]
+        _, arg, t, D, w = _weights(z)
         with np.errstate(all="ignore"):
-            M = np.max(np.where(np.isnan(z), -np.inf, z), axis=1, initial=-np.inf)
-            Mf = np.where(np.isfinite(M), M, 0.0)[:, None]
-            arg = z - Mf
-            t = np.exp(arg)
-            D = t.sum(axis=1)
-            w = t / D[:, None]
             o = w @ v
             qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
             # the dot products' partial sums: per block of DOT_BLOCK features for float32 results; for half ones

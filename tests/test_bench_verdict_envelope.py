@@ -56,5 +56,8 @@ def test_envelope_calibration_subset(bv):
     print({k: v for k, v in s.items() if not isinstance(v, (list, dict))})
     assert s["false_alarms"] == 0, s["false_alarm_cases"]
     assert s["caught_ge_2x"] == s["bugs_ge_2x"] > 100, s["missed_ge_2x"]
-    assert s["caught_below_1x"] == 0  # the test is deterministic: below its envelope nothing is a mismatch
+    # inside the envelope the statistical test decides (refkern.analysis.inside): bugs below 1x the envelope,
+    # which the envelope alone passed, are now seen, and none of them is named a precision
+    assert 0 < s["caught_below_1x"] <= s["bugs_below_1x"]
+    assert s["bugs_named_a_precision"] == 0
     assert s["named_right"] > 20

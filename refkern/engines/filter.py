@@ -166,23 +166,6 @@ def _redecide(V, G, brow, bcol, k, prec, emin, emax, und, counts):
 
 
 @jit
-def _collect(und, counts, t, i0, i1, ii, jj):
-    """(ii, jj)[:c] := the undecided elements of rows i0:i1 of und[t], row by row (only the rows whose
-    count is nonzero are scanned); c."""
-    c = 0
-    for i in range(i0, i1):
-        if counts[t, i] == 0:
-            continue
-        row = und[t, i]
-        for j in range(row.size):
-            if row[j]:
-                ii[c] = i
-                jj[c] = j
-                c += 1
-    return c
-
-
-@jit
 def _collect_every(und, counts, t, i0, i1, step, ii, jj):
     """(ii, jj) := every ``step``-th undecided element of rows i0:i1 of und[t] (the first of each
     step), until ii is full: a sample spread over the block, without storing the others."""
@@ -399,7 +382,7 @@ class _Gemm:
                     continue
                 if ii is None:
                     ii, jj = np.empty(c, np.int64), np.empty(c, np.int64)
-                    _collect(und, counts, t, i0, i1, ii, jj)
+                    _collect_every(und, counts, t, i0, i1, 1, ii, jj)  # all c of them: step 1
                 self._pairs(V, t, ii, jj, k, fmt)
                 self._count("exact_elements", c)
             if numba_rows:

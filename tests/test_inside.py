@@ -224,3 +224,14 @@ def test_autocast_product_then_fp32_bias_is_named():
         p = x @ W.T
     rep = rk.compare(p.float() + b, "linear", x, W, b)
     assert (rep.verdict, rep.precision) == ("reduced-precision", "fp16")
+
+
+def test_tiny_float64_variance_is_scaled_without_overflow():
+    """var is of degree 2: its scale is computed on values times 2**500 (results times 2**1000), not
+    2**600 (2**1200 overflows): it raised OverflowError on bench_verdict's tiny float64 data."""
+    x = np.random.default_rng(0).standard_normal((4, 300)) * 1e-160
+    good = torch.from_numpy(x).var(-1)
+    assert _v(rk.compare(good, "var", x, -1)) in ("exact", "rounding")
+    assert _v(rk.compare(good * 1.1, "var", x, -1)) == "mismatch"
+    x = x * 1e-150  # near 1e-310: the squares underflow; the variance is 0 exactly as float64 holds it
+    assert _v(rk.compare(torch.from_numpy(x).var(-1), "var", x, -1)) in ("exact", "rounding")

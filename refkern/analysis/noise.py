@@ -433,18 +433,18 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
     u_m = out.u if out.prec < FLOAT32.prec else 0.0
     kind, nd = lay.kind, ref.ndim
     every = tuple(range(nd))
-    k = _tiny_scale(lay, out)  # values times k, exact: squares of float64 values near 2**-1022 underflow
     deg = 2 if kind == "var" else 1  # the homogeneous degree of the op's output in its input
-    if k != 1.0:
+    ek = _tiny_exponent(lay, out, deg)  # values times 2**ek, exact: squares of float64 values near 2**-1022 underflow
+    k = 2.0**ek
+    if ek:
         lay.X = lay.X * k
         lay.absmean = None if lay.absmean is None else lay.absmean * k
-        ref = ref * k**deg
-    ek = _TINY_E if k != 1.0 else 0  # k = 2**ek
+        ref = ref * 2.0 ** (deg * ek)
     eta_w = _eta(FLOAT64 if out is FLOAT64 else FLOAT32, deg * ek)
     stores = None  # the norms' kernel adds them itself
     if kind != "norm":
         stores = 2.0 * (out.u * ref) ** 2 + 2.0 * _eta(out, deg * ek) ** 2 + (lay.n + 4) * eta_w**2
-    sc = k**deg
+    sc = 2.0 ** (deg * ek)
     if kind == "max":
         return Noise(stores, [], every, sc)
     if kind in ("sum", "mean") and name in ("sum", "mean"):
@@ -493,20 +493,19 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
 
 TINY = 2.0**-300  #: below this largest |value|, a float64 call's scale is computed on values times 2**600
 _TINY_E = 600
-_TINY_K = 2.0**_TINY_E
 
 
-def _tiny_scale(lay, out) -> float:
-    """The power of two by which the values of a float64 sum, mean, scan, pool or variance are multiplied
-    before their scale is computed (1 elsewhere): below :data:`TINY` the squares of the terms underflow
-    (the variance of an error near 2**-1074 is 2**-2148), and a homogeneous op's scale may be computed
-    on values times 2**600 exactly, the test comparing values times the same (times its square for var)."""
+def _tiny_exponent(lay, out, deg) -> int:
+    """``e``: the values of a float64 sum, mean, scan, pool or variance are multiplied by ``2**e`` before
+    their scale is computed (0 elsewhere): below :data:`TINY` the squares of the terms underflow (the
+    variance of an error near 2**-1074 is 2**-2148), and a homogeneous op's scale may be computed on
+    values times 2**600 exactly, the test comparing values times the same; a variance, of degree 2, by
+    2**500 (its results times 2**1000, the largest power of two that stays finite)."""
     if out is not FLOAT64 or lay.kind not in ("sum", "mean", "cumsum", "var", "std", "max") or lay.X is None:
-        return 1.0
-    X = lay.X if lay.absmean is None or lay.kind != "mean" or lay.X.shape[0] == 1 else lay.X
+        return 0
     with np.errstate(invalid="ignore"):
-        m = float(np.max(np.abs(X), initial=0.0, where=np.isfinite(X)))
-    return _TINY_K if 0.0 < m < TINY else 1.0
+        m = float(np.max(np.abs(lay.X), initial=0.0, where=np.isfinite(lay.X)))
+    return min(_TINY_E, 1000 // deg) if 0.0 < m < TINY else 0
 
 
 def _cumsum_axes(name, args, nd):

@@ -235,3 +235,17 @@ def test_tiny_float64_variance_is_scaled_without_overflow():
     assert _v(rk.compare(good * 1.1, "var", x, -1)) == "mismatch"
     x = x * 1e-150  # near 1e-310: the squares underflow; the variance is 0 exactly as float64 holds it
     assert _v(rk.compare(torch.from_numpy(x).var(-1), "var", x, -1)) in ("exact", "rounding")
+
+
+def test_noise_is_not_an_output_stored_in_half():
+    """Noise of 1e-4 relative on every element of a float32 softmax was named 'fp16 output': the envelope
+    held for rounding, so the precision's storage was not taken from its envelope fit (no fp16 grid was
+    required, and its window held the noise). A value off fp16's grid is no fp16 output."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(4, 1000, generator=g)
+    good = F.softmax(x, -1)
+    noise = 1.0 + 1e-4 * torch.randn(good.shape, generator=g)
+    assert _v(rk.compare(good * noise, "softmax", x, -1)) == "mismatch"
+    for dt, p in ((torch.float16, "fp16"), (torch.bfloat16, "bf16")):
+        rep = rk.compare(good.to(dt).float(), "softmax", x, -1)
+        assert (rep.verdict, rep.precision) == ("reduced-precision", p)

@@ -151,7 +151,7 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     """The verdict for an op judged by envelopes, once :func:`~refkern.analysis.verdict.decide_envelope`
     has given ``d`` (module docstring). ``envs``: the envelope's hypotheses for the call (as
     :func:`~refkern.analysis.envelope.envelopes` gives them, lazy or run); ``axes``: the output axes' names."""
-    from refkern.analysis.envelope import ONE_PASS
+    from refkern.analysis.envelope import ONE_PASS, storage
 
     a = np.asarray(actual, np.float64)
     x = np.asarray(ref, np.float64)
@@ -195,10 +195,19 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
         env_fit = next((g for g in d.fits if g.model.key == key), None)
         if env_fit is not None and not env_fit.explains:
             continue  # its own envelope fails: certainly not it
-        c = env_fit.centre if env_fit is not None else (e[2] if e[2] is not None else e[3]()[0])
+        if env_fit is not None:
+            c, st, m = env_fit.centre, env_fit.model.storage, env_fit.model
+        else:  # the envelope held for rounding, so its precisions were not run: run this one, and its envelope
+            c, b = (e[2], e[3]) if e[2] is not None else e[3]()
+            c = np.asarray(c, np.float64).reshape(x.shape)
+            with np.errstate(invalid="ignore"):
+                if not np.all((a == c) | (np.abs(a - c) <= np.asarray(b, np.float64).reshape(x.shape))):
+                    continue  # its own envelope fails: certainly not it
+            # the format it stores in, as decide_envelope's fits take it: float32 under a float64 result, and
+            # p for an output stored in p (whose grid the test then requires)
+            st = FORMATS[_FULL[prec]] if key == f"{prec} output" else storage(out, prec)
+            m = Model(key, prec, key, st, st)
         c = np.asarray(c, np.float64).reshape(x.shape)
-        st = env_fit.model.storage if env_fit is not None else out
-        m = env_fit.model if env_fit is not None else Model(key, prec, key, st, st)
         nz_p = nz if st is out else noise(name, args, c, st, lam_el)  # computed in st's working precision
         var_p = nz_p.var
         if key != prec:  # P rounded before P @ V, or the output stored in p: one more rounding to p

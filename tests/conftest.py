@@ -26,3 +26,14 @@ def bv():
     finally:
         sys.path.pop(0)
     return bench_verdict
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A local dask.distributed cluster of two one-thread worker processes, per test module (refkern[dask])."""
+    from refkern.scale.cluster import local_client
+
+    c = local_client(2)
+    yield c
+    c.close()
+    c.cluster.close()

@@ -20,16 +20,6 @@ import refkern as rk  # noqa: E402
 SCHEDULERS = ("sync", "threads", "distributed")
 
 
-@pytest.fixture(scope="module")
-def client():
-    from refkern.scale.cluster import local_client
-
-    c = local_client(2)
-    yield c
-    c.close()
-    c.cluster.close()
-
-
 def _np_dtype(fmt):
     return ml_dtypes.bfloat16 if fmt == "bfloat16" else np.dtype(fmt)
 

@@ -15,16 +15,6 @@ import refkern.torch as rkt  # noqa: E402
 from refkern.scale import remote  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def client():
-    from refkern.scale.cluster import local_client
-
-    c = local_client(2)
-    yield c
-    c.close()
-    c.cluster.close()
-
-
 class Shared(nn.Module):
     """A linear layer used twice (its weight read by two ops), a norm, a conv, a softmax."""
 

@@ -1701,6 +1701,7 @@ BW_CONFIGS = (
     ("cumsum", "cumsum", (8, 128, 4096), ("randn", "lognormal", "tiny"), False),
 )
 BW_CFG = {c[0]: c for c in BW_CONFIGS}
+NORM_BW = ("layer_norm", "rms_norm", "group_norm", "batch_norm")  # torch sums their parameters' grads in half
 
 
 def _bw_values(shape, data, dt, g):
@@ -2083,7 +2084,11 @@ def bw_case(cfg, length, data, dtype, layout, seed, extras, bugs, quick, log_err
                     f"{cfg} {dtype} {n}: compare_backward raised {type(e).__name__}: {str(e).splitlines()[0][:100]}"
                 )
                 continue
-            rows.append(_bw_row(meta, n, rep, s, truth="correct", name=src))
+            # torch's CPU norms round grad_weight's and grad_bias's running sums to a half input's dtype: naming
+            # that precision is right, not an alarm (the float32 model fails it by hundreds of sigma at 64 rows)
+            half = {"float16": "fp16", "bfloat16": "bf16"}.get(dtype)
+            may = half if src == "torch autograd" and call["op"] in NORM_BW and n in ("weight", "bias") else None
+            rows.append(_bw_row(meta, n, rep, s, truth="correct", name=src, may_name=may))
             if src == "torch autograd":
                 base[n] = rep
     for prec, n, v in bw_reduced(call, gout) if extras else ():
@@ -2189,13 +2194,19 @@ def _must_catch(r):
     return r["size"] >= _must(r) * max(1.0, r.get("base_ratio", 0.0))
 
 
+def _alarm(r) -> bool:
+    """A correct gradient judged neither exact nor rounding, nor the reduced precision its kernel has."""
+    named = r["verdict"] == "reduced-precision" and r.get("may_name") and r["precision"] == r["may_name"]
+    return r["verdict"] not in ("exact", "rounding") and not named
+
+
 def summarise_backward(rows) -> dict:
     correct = [r for r in rows if r["truth"] == "correct"]
-    fa = [r for r in correct if r["verdict"] not in ("exact", "rounding")]
+    fa = [r for r in correct if _alarm(r)]
     by_op_dtype = {}
     for r in correct:
         e = by_op_dtype.setdefault(r["op"], {}).setdefault(r["dtype"], [0, 0])
-        e[0] += r["verdict"] not in ("exact", "rounding")
+        e[0] += _alarm(r)
         e[1] += 1
     slack = {}  # the largest ratio a correct result used, per config and test
     for r in correct:
@@ -2259,6 +2270,7 @@ def summarise_backward(rows) -> dict:
     return {
         "cases": len(rows),
         "correct": len(correct),
+        "correct_named_half_sums": sum(r["verdict"] == "reduced-precision" and not _alarm(r) for r in correct),
         "false_alarms": len(fa),
         "false_alarm_rate": len(fa) / max(len(correct), 1),
         "false_alarms_by_op_dtype": {o: {d: f"{a}/{b}" for d, (a, b) in v.items()} for o, v in by_op_dtype.items()},

@@ -810,45 +810,72 @@ def _envelope_report(op, got, g, a, who):
     act, afmt, device = _actual(got)
     if afmt.name != fmt.name:
         raise TypeError(f"{who}: the gradient of input must have the dtype of input, {fmt.name}; got {afmt.name}.")
+    from refkern.analysis.noise import Noise
+    from refkern.analysis.noise_backward import converted, softmax_noise
+
     ref_rows, _ = softmax_backward_rows(xr, gr, fmt, op == "log_softmax")
+    v, sc = softmax_noise(xr, gr, fmt_c, op == "log_softmax")
     if fmt_c.name == fmt.name:
         b_rows = bound(op, xr, gr, ref_rows, fmt)
     else:
         ref_c, _ = softmax_backward_rows(xr, gr, fmt_c, op == "log_softmax")
         b_rows = converted_bound(bound(op, xr, gr, ref_c, fmt_c), ref_c, fmt_c, fmt)
+        v = converted(v, ref_rows * sc, fmt)
     ref = np.asarray(back(ref_rows), np.float64)
     b = np.asarray(back(b_rows), np.float64)
-    return _envelope_finish(f"{op} backward", act.reshape(ref.shape), ref, b, fmt, device, int(xr.shape[1]), op)
+    axis = int(a["dim"]) % max(ref.ndim, 1)
+    nz = Noise(np.asarray(back(v), np.float64), [], (axis,) if ref.ndim else (),
+               np.asarray(back(sc), np.float64) if np.ndim(sc) else 1.0)  # fmt: skip
+    return _envelope_finish(f"{op} backward", act.reshape(ref.shape), ref, b, fmt, device, int(xr.shape[1]), op, nz)
 
 
-def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op):
-    """The Report of a gradient ``act`` judged against the reference ``ref`` by the envelope ``b``."""
+def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None):
+    """The Report of a gradient ``act`` judged against the reference ``ref`` by the envelope ``b`` and,
+    inside it, with ``nz`` (a :class:`~refkern.analysis.noise.Noise` of
+    :mod:`refkern.analysis.noise_backward`), by the statistical test of :mod:`refkern.analysis.inside`."""
     from refkern.analysis.compare import _ulps, _worst
+    from refkern.analysis.inside import decide_inside
     from refkern.analysis.report import VERDICTS, Report
     from refkern.analysis.verdict import decide_envelope
 
     d = decide_envelope(act, ref, [("rounding", None, ref, b)], fmt)
+    if nz is not None:
+        axes = tuple(f"dim{i}" for i in range(ref.ndim))
+        d = decide_inside(act, ref, [], d, label, {}, fmt, axes, nz=nz)
     ulps = _ulps(act, ref, fmt)
     r0 = d.fits[0].ratio
+    stat = nz is not None and d.z is not None
+    lam = d.thresholds.get("element", 1.0) if stat else 1.0
+    ratio = d.z / lam if stat else r0
     counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
     eligible = d.unexplained if d.verdict == "mismatch" else d.fits[0].state != 0
-    top, worst = _worst(eligible, r0, ref.shape)
+    top, worst = _worst(eligible, ratio, ref.shape)
     details = [{"index": list(w), "actual": float(act.reshape(-1)[f]), "reference": float(ref.reshape(-1)[f]),
                 "ulp": float(ulps.reshape(-1)[f]), "bound_ratio": float(r0.reshape(-1)[f]),
-                "test_ratio": float(r0.reshape(-1)[f]), "condition": 1.0} for w, f in zip(worst, top)]  # fmt: skip
+                "test_ratio": float(ratio.reshape(-1)[f]), "condition": 1.0} for w, f in zip(worst, top)]  # fmt: skip
     det = d.detectable["element"]
-    notes = [f["text"] for f in d.structure]  # the verdict's findings (an overflow) first
-    notes.append(
-        f"the gradient of {label} judged by its worst-case envelope (refkern.analysis._envelope_backward): "
-        f"an error below it, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding"
-    )
+    notes = [f["text"] for f in d.structure]  # the verdict's findings first
+    if stat:
+        notes.append(
+            f"the gradient of {label} judged by the statistical test inside its worst-case envelope "
+            f"(refkern.analysis.noise_backward): an error of one element from {det['median_ulps']:.3g} ulp (median) "
+            "is seen"
+        )  # fmt: skip
+    else:
+        notes.append(
+            f"the gradient of {label} judged by its worst-case envelope (refkern.analysis._envelope_backward): "
+            f"an error below it, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding"
+        )
     return Report(
         op=label, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=n_terms,
         verdict=d.verdict, precision=d.precision, max_ulp=float(ulps.max()) if ulps.size else 0.0,
-        max_bound_ratio=float(r0.max()) if r0.size else 0.0, max_prob_ratio=float(r0.max()) if r0.size else 0.0,
+        max_bound_ratio=float(r0.max()) if r0.size else 0.0,
+        max_prob_ratio=float(ratio.max()) if ratio.size else 0.0,
         worst=worst, worst_details=details, counts=counts, where={},
-        hypotheses={f.model.key: f.summary(1.0) for f in d.fits},
-        bound_ratios={f.model.key: {"worst_case": float(f.ratio.max(initial=0.0))} for f in d.fits},
+        hypotheses={(f.model.key + " (statistical)" if hasattr(f, "lam") else f.model.key): f.summary(1.0)
+                    for f in d.fits},
+        bound_ratios={f.model.key: {"worst_case": float(f.ratio.max(initial=0.0))} for f in d.fits
+                      if not hasattr(f, "lam")},
         condition={"median": 1.0, "max": 1.0}, tolerance=None, notes=notes,
         model=d.model.kind if d.model is not None else None, alternatives=[], structure=d.structure,
         detectable=d.detectable, thresholds=d.thresholds,
@@ -1063,13 +1090,29 @@ def _norm_report(op, name, got, g, a, who):
 
         ref = norm_backward_rows(c.X, c.G, c.W, c.center, c.eps, c.fmts, (name,), regroup=c.regroup)[name]
         b = norm_bound(op, name, c.X, c.G, c.W, c.eps, ref, c.fmts, **c.bound_kw)
+    from refkern.analysis import noise_backward as nb
+    from refkern.analysis.noise import Noise
+
+    precs, axes, coherent = [], (), None
+    if name == "input":
+        v = nb.norm_input_noise(c.X, c.G, c.W, c.center, c.eps, c.fmts, c.bound_kw.get("half_steps", False), c.given)
+        nd = len(c.shapes["input"])
+        if op in ("layer_norm", "rms_norm") and c.X.shape[1] == c.shapes["input"][-1] and nd:
+            axes = (nd - 1,)  # one normalised dimension: a group along it holds one element per row
+    else:
+        v, half, coherent = nb.norm_param_noise(name, c.X, c.G, c.center, c.eps, c.fmts, c.regroup, c.given)
+        if half is not None:
+            p = {"bfloat16": "bf16", "float16": "fp16"}[c.fmts["input"].name]
+            precs = [(p, f"{p} accumulation", f"the running sums over the rows rounded to {p} (torch's CPU kernels "
+                      "for half inputs)", half)]  # fmt: skip
     if name == "input" and c.back is not None:
-        ref, b = c.back(ref), c.back(b)
+        ref, b, v = c.back(ref), c.back(b), c.back(v)
     shape = c.shapes[name]
     R, n = c.X.shape
     n_terms = n if name == "input" else (R * n) // max(math.prod(shape), 1)
+    nz = Noise(np.asarray(v, np.float64).reshape(shape), [], axes, coherent=coherent, precisions=precs)
     return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(shape), ref.reshape(shape),
-                            b.reshape(shape), fmt, device, int(n_terms), op)  # fmt: skip
+                            b.reshape(shape), fmt, device, int(n_terms), op, nz)  # fmt: skip
 
 
 # ---------------------------------------------------------------- poolings
@@ -1160,10 +1203,14 @@ def _pool_report(op, got, g, a, who):
     if afmt.name != c.fmt.name:
         raise TypeError(f"{who}: the gradient of input must have the dtype of input, {c.fmt.name}; got {afmt.name}.")
     ref, asum, cnt = _pool_grads(c)
+    from refkern.analysis.noise import Noise
+    from refkern.analysis.noise_backward import pool_noise
+
     b = pool_bound(asum, cnt, ref, c.fmt, exact_terms=c.idx is not None)
+    nz = Noise(pool_noise(asum, cnt, ref, c.fmt, c.idx is not None).reshape(c.shape))
     n_terms = int(cnt.max()) if cnt.size else 0
     return _envelope_finish(f"{op} backward (input)", np.asarray(act, np.float64).reshape(c.shape),
-                            ref.reshape(c.shape), b.reshape(c.shape), c.fmt, device, n_terms, op)  # fmt: skip
+                            ref.reshape(c.shape), b.reshape(c.shape), c.fmt, device, n_terms, op, nz)  # fmt: skip
 
 
 # ---------------------------------------------------------------- scaled_dot_product_attention
@@ -1424,7 +1471,9 @@ def _reduction_report(op, name, got, g, a, who):
     act, afmt, device = _actual(got)
     if afmt.name != c.fmt.name:
         raise TypeError(f"{who}: the gradient of x must have the dtype of x, {c.fmt.name}; got {afmt.name}.")
-    n_terms, blind = 1, 0
+    from refkern.analysis import noise_backward as nb
+
+    n_terms, blind, v = 1, 0, None
     if op == "sum" or (op == "cumsum" and not (c.x.ndim and c.x.size)):
         ref = _red_grad("sum", c, a) if op == "sum" else _cumsum_values(c)
         b = np.zeros(ref.shape)
@@ -1434,11 +1483,14 @@ def _reduction_report(op, name, got, g, a, who):
         n = max(c.n, 1)
         ref = _red_grad(op, c, a)
         if c.fmt_c is c.fmt:
-            b = c.broadcast(envb.mean_bound(np.abs(c.G) / n, mean_backward_values(c.G, n, c.fmt), c.fmt))
+            ref_c = mean_backward_values(c.G, n, c.fmt)
+            b = c.broadcast(envb.mean_bound(np.abs(c.G) / n, ref_c, c.fmt))
+            v = c.broadcast(nb.mean_noise(c.G, n, ref_c, c.fmt))
         else:
             ref_c = mean_backward_values(c.G, n, c.fmt_c)
             b = c.broadcast(envb.converted_bound(envb.mean_bound(np.abs(c.G) / n, ref_c, c.fmt_c), ref_c, c.fmt_c,
                                                  c.fmt))  # fmt: skip
+            v = c.broadcast(nb.converted(nb.mean_noise(c.G, n, ref_c, c.fmt_c), ref_c, c.fmt))
     elif op == "cumsum":
         from refkern.accumulate.formats import round_array
 
@@ -1456,6 +1508,7 @@ def _reduction_report(op, name, got, g, a, who):
         corr = _correction(a["correction"], who)
         ref = _red_grad(op, c, a)
         b = back(envb.var_bound(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std", nodim))
+        v = back(nb.var_noise(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std"))
         n_terms = X.shape[1]
         dof = n_terms - corr
         if op == "var" and n_terms and (dof == 0 or (dof < 0 and nodim)):
@@ -1466,8 +1519,11 @@ def _reduction_report(op, name, got, g, a, who):
             amb = back(fin & (np.abs(d) <= e_d + slack)).reshape(c.x.shape) & ~np.isfinite(act.reshape(c.x.shape))
             ref = np.where(amb, act.reshape(c.x.shape), np.asarray(ref, np.float64).reshape(c.x.shape))
             blind = int(amb.sum())
+    from refkern.analysis.noise import Noise
+
+    nz = None if v is None else Noise(np.asarray(v, np.float64).reshape(c.x.shape))
     rep = _envelope_finish(f"{op} backward (x)", act.reshape(c.x.shape), np.asarray(ref, np.float64).reshape(
-        c.x.shape), np.asarray(b, np.float64).reshape(c.x.shape), c.fmt, device, int(n_terms), op)  # fmt: skip
+        c.x.shape), np.asarray(b, np.float64).reshape(c.x.shape), c.fmt, device, int(n_terms), op, nz)  # fmt: skip
     if blind:
         why = "the sign of x - mean there depends on the rounding of the mean (torch's rule inf * g * (x - mean))"
         rep.notes.append(f"{blind} elements of a zero-dof row take the backend's NaN or infinity: {why}")

@@ -193,7 +193,10 @@ def test_no_false_alarms_on_torch_cpu_gradients(dtype):
         got = _torch_grads(op, x, ns, w, b, g)
         args = (x, ns, w) + ((b,) if op == "layer_norm" else ())
         for k, rep in rk.compare_backward(got, op, g, *args).items():
-            assert rep.verdict in ("exact", "rounding"), (seed, op, shape, aff, k, rep.max_bound_ratio, rep.max_ulp)
+            # torch's CPU kernels round grad_weight's and grad_bias's running sums to a half dtype: that precision
+            half = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
+            reduced = rep.verdict == "reduced-precision" and k != "input" and rep.precision == half
+            assert rep.verdict in ("exact", "rounding") or reduced, (seed, op, shape, aff, k, rep.verdict, rep.max_ulp)
             judged += 1
     assert judged == 4 * 4 * ((1 + 2 + 3) + (1 + 2))  # seeds x shapes x gradients per affine variant
 

@@ -41,11 +41,11 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import FORMATS
 from refkern.analysis.hypotheses import Model
-from refkern.analysis.noise import noise
+from refkern.analysis.noise import Noise, noise
 from refkern.analysis.passes import ulps_at
 from refkern.analysis.stats import ALPHA, level
 from refkern.analysis.structure import group_failures, n_groups
-from refkern.analysis.verdict import Decision, _classes, _element_test_arrays, overflowed
+from refkern.analysis.verdict import Decision, _classes, _element_test_arrays, _scale_failure, overflowed
 
 __all__ = ["decide_inside", "StatFit", "INSIDE"]
 
@@ -73,6 +73,9 @@ class StatFit:
     def unexplained(self) -> np.ndarray:
         out = self.fails.copy()
         for g in self.groups:
+            if g["ax"] is None:  # the scale test: the elements whose residual has the scale's sign
+                out |= g["mask"]
+                continue
             sl = [slice(None)] * out.ndim
             sl[g["ax"]] = g["index"]
             out[tuple(sl)] = True
@@ -89,16 +92,31 @@ class StatFit:
                 "test": INSIDE}  # fmt: skip
 
 
-def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None) -> StatFit:
+def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None, coherent=None,
+          y=None) -> StatFit:  # fmt: skip
     """The element and group tests of one model of centre ``c`` and variance ``var`` (in units of values
     times ``scale``, a power of two: :attr:`~refkern.analysis.noise.Noise.scale`); with ``grid``, a
-    value off that format's grid is refused (a model that stores its result in a coarser format)."""
+    value off that format's grid is refused (a model that stores its result in a coarser format); with
+    ``coherent`` (:attr:`~refkern.analysis.noise.Noise.coherent`), the scale test of the GEMMs
+    (:func:`~refkern.analysis.verdict._scale_failure`) on the exact result ``y``, its variance widened by
+    the errors that several elements share."""
     if np.ndim(scale) or scale != 1.0:
         a, c = a * scale, c * scale
     z, fails, keep, r, vk = _element_test_arrays(a, c, var, lam_el, grid)
     z[over], fails[over] = np.inf, True
     groups = group_failures(r, vk, keep, c, a, axes, lam_grp, only) if only else []
+    if coherent is not None:
+        yk = np.where(keep, y, 0.0)
+        groups = groups + _scale_failure(r, vk + _spread(coherent(yk), yk), keep, y, lam_grp)
     return StatFit(model, c, var, z, fails, groups, lam_el)
+
+
+def _spread(extra, yk):
+    """``extra``, a variance of ``sum e y``, as per-element variances ``v`` with ``sum v y**2 = extra``
+    (:func:`~refkern.analysis.verdict._scale_failure` reads ``sum vk y**2``)."""
+    with np.errstate(all="ignore"):
+        s = float(np.sum(yk * yk))
+    return np.full(yk.shape, float(extra) / s) if s > 0 else np.zeros(yk.shape)
 
 
 def _at(scale, mask):
@@ -147,18 +165,21 @@ def _power_max(v, r, sc, lam, prec, emin):
     return best
 
 
-def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, axes) -> Decision:
+def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, axes, nz: Noise | None = None
+                  ) -> Decision:  # fmt: skip
     """The verdict for an op judged by envelopes, once :func:`~refkern.analysis.verdict.decide_envelope`
     has given ``d`` (module docstring). ``envs``: the envelope's hypotheses for the call (as
-    :func:`~refkern.analysis.envelope.envelopes` gives them, lazy or run); ``axes``: the output axes' names."""
+    :func:`~refkern.analysis.envelope.envelopes` gives them, lazy or run); ``axes``: the output axes' names;
+    ``nz``: the scale when the caller has it (a gradient's, :mod:`refkern.analysis.noise_backward`), else
+    the forward's of :func:`~refkern.analysis.noise.noise`."""
     from refkern.analysis.envelope import ONE_PASS, storage
 
     a = np.asarray(actual, np.float64)
     x = np.asarray(ref, np.float64)
     lam_el = level(x.size)
-    nz = noise(name, args, x, out, lam_el)
+    nz = noise(name, args, x, out, lam_el) if nz is None else nz
     only = tuple(ax for ax in nz.group_axes if x.shape[ax] >= 2)
-    lam_grp = level(n_groups(x.shape, only))
+    lam_grp = level(n_groups(x.shape, only) + (nz.coherent is not None))  # the scale test is one more group
     power = _power(nz.var, x, out, lam_el, nz.scale)
     thresholds = {"alpha": ALPHA, "element": lam_el, "group": lam_grp, "test": INSIDE, "envelope": 1.0}
     det = {"element": power, "test": INSIDE, "envelope": d.detectable.get("element"),
@@ -168,12 +189,13 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     over = overflowed(a, x)
     acc = d.fits[0].model.acc
     sc = nz.scale
+    coh = nz.coherent
     r0 = _test(Model("rounding", None, d.fits[0].model.kind, out, acc), a, x, nz.var, over, lam_el, lam_grp, axes,
-               only, sc)  # fmt: skip
+               only, sc, coherent=coh, y=x)  # fmt: skip
     fam = [r0]
     if not r0.explains:  # the other members of the family only where the standard formulas do not explain it
         fam += [_test(Model(f"rounding ({key})", None, text, out, acc), a, x, v(), over, lam_el, lam_grp, axes,
-                      only, sc) for key, text, v in nz.models]  # fmt: skip
+                      only, sc, coherent=coh, y=x) for key, text, v in nz.models]  # fmt: skip
     fits = list(d.fits) + fam
     exact = d.fits[0].state == 0
     notes = list(d.structure)
@@ -183,7 +205,9 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     if d.verdict == "rounding" and explaining:
         f = explaining[0]
         if f is not r0:
-            notes.append({"kind": "algorithm", "text": _folded_note(f, name, args)})
+            text = _folded_note(f, name, args) if f.model.key == "rounding (folded affine form)" else (
+                f"explained by {f.model.kind} only")  # fmt: skip
+            notes.append({"kind": "algorithm", "text": text})
         return Decision("rounding", None, f.model, _classes(exact, 1), fits, f.z, [], notes, det, thresholds)
     # rounding does not explain it: a precision with evidence, by fit, else a mismatch
     bad0 = r0.unexplained()
@@ -232,6 +256,16 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
         with np.errstate(all="ignore"):
             q = np.where(f.z == 0, 0.0, ((a - c) * nz.scale) ** 2 / nz.var)
         cands.append((float(np.sum(np.minimum(np.nan_to_num(q, nan=np.inf), lam_el**2))), f))
+    for prec, key, text, v in nz.precisions if coh is not None else ():
+        # same centre, a wider scale: the evidence a bug would not give is the scale test (a scale error is
+        # not accumulator noise) and the group tests, passed on its scale
+        f = _test(Model(key, prec, text, out, acc), a, x, v(), over, lam_el, lam_grp, axes, only, sc, coherent=coh,
+                  y=x)  # fmt: skip
+        fits.append(f)
+        if f.explains:
+            with np.errstate(all="ignore"):
+                q = np.where(f.z == 0, 0.0, ((a - x) * nz.scale) ** 2 / nz.var)
+            cands.append((float(np.sum(np.minimum(np.nan_to_num(q, nan=np.inf), lam_el**2))), f))
     if cands:
         cands.sort(key=lambda t: t[0])
         best, f = cands[0]
@@ -287,6 +321,10 @@ def _mismatch_notes(r0: StatFit, a, x, envs, name, args, out, over, bad) -> list
         notes.append({"kind": "elements", "text": f"{n_el} element{'s' if n_el > 1 else ''} beyond "
                       f"{r0.lam:.3g} sigma of a correct kernel's rounding (largest {r0.max_z:.3g} sigma)"})  # fmt: skip
     for g in r0.groups[:3]:
+        if g["ax"] is None:  # the scale test
+            notes.append({"kind": "group", "text": f"the residuals follow the result: a scale error of {g['mean']:.3g} "
+                          f"({g['z']:.3g} standard errors), not rounding noise"})  # fmt: skip
+            continue
         notes.append({"kind": "group", "text": f"{g['axis']} {g['index']} is off by {g['mean']:.3g} on average "
                       f"({g['z']:.3g} standard errors)"})  # fmt: skip
     for e in envs:

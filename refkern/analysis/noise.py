@@ -105,6 +105,12 @@ class Noise:
     models: list = field(default_factory=list)
     group_axes: tuple = ()
     scale: object = 1.0  # powers of two (a float, or one per element): ``var`` is in units of values times it
+    #: where the caller knows how the elements' errors correlate: ``coherent(y)``, the variance of ``sum e y``
+    #: beyond ``sum sigma**2 y**2`` (errors shared by several elements), for the scale test; None: no scale test
+    coherent: object = None
+    #: reduced precisions with the same centre, only a wider scale (a sum accumulated in the half format):
+    #: ``[(precision, key, text, thunk)]``; named only where the scale test ran (``coherent``) and passed
+    precisions: list = field(default_factory=list)
 
 
 def _eta(f: Format, e: int = 0) -> float:

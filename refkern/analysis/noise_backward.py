@@ -1,0 +1,409 @@
+"""The statistical scale of the gradients that the worst-case envelopes bound (softmax, log_softmax,
+the norms, the poolings, mean, var and std): how far a correct backward typically lands from the exact
+gradient, per element, by first-order propagation of each rounding, as :mod:`refkern.analysis.noise`
+does for the forwards. The worst-case envelope (:mod:`refkern.analysis._envelope_backward`) stays the
+outer certainty; inside it the statistical test of :mod:`refkern.analysis.inside` decides on this scale.
+
+A correct backward returns the exact gradient plus ``e = sum_j c_j v_j delta_j`` to first order, one
+term per rounding ``j`` of a value ``v_j`` (``|delta_j| <= u``), ``c_j`` the derivative of the gradient
+element with respect to that value, computed from the exact intermediates; with the deltas
+mean-independent, Azuma-Hoeffding bounds the tail by ``2 exp(-lam**2 / 2)`` at ``lam sigma`` with
+``sigma**2 = sum_j (u c_j v_j)**2`` plus the stores ``2 (u_o y)**2 + 2 eta_o**2`` (the reference's own
+rounding to the result format and the backend's store). The working unit ``u`` is float32's for fp16,
+bf16 and fp32 results (torch's opmath) and float64's for float64. A rounding whose value is shared by
+a row (a mean, an rstd, a row sum) enters each element with its own coefficient: its variance is
+``c_i**2`` times the shared value's, computed per element. Sums take the partial sums of the
+left-to-right and right-to-left orders, whichever is larger (:func:`~refkern.analysis.noise._partial_sq`:
+pairwise, blocked and tree orders have smaller ones on data without structure).
+
+What the backward reads of the forward is a value the backend stored, with the forward's own error
+(the softmax output, the log_softmax output, the statistics mean and rstd, std's result): that error is
+one more source, with the forward scale of :mod:`refkern.analysis.noise` (its shared part, the row's
+denominator, kept apart from the per-element part, because it moves a whole row coherently).
+
+Per family (``y`` the forward output, ``g`` grad_output, ``u_m`` the half result format's unit where
+torch keeps an intermediate in it, 0 otherwise):
+
+* **softmax** ``dx_i = y^_i (g_i - D^)``, ``D^ = sum_j g_j y^_j``. The stored weights carry a relative
+  error ``eps_j`` of their own (the exponential, the division, the store: variance ``nu_j``) and one
+  shared by the row, ``eps_S`` (the denominator: variance ``sigma_S**2``), so ``y^_j = y_j (1 + eps_j -
+  eps_S)``; then ``dx_i`` moves by ``y_i (g_i - D) eps_i - y_i sum_j g_j y_j eps_j`` and by ``-y_i (g_i - 2 D)
+  eps_S``; ``D``'s products and partial sums ``u**2 (sum (g y)**2 + S**2)`` (and ``u_m D`` stored),
+  the difference ``(u**2 + u_m**2) (g_i - D)**2`` and either product form ``u**2 ((y g)**2 + (y D)**2 +
+  dx**2)``. float64 results are scaled per element by a power of two of the weight, as the forward.
+* **log_softmax** ``dx_i = g_i - exp(l^_i) G^``, ``G = sum g``: the stored ``l^_i`` (its forward variance,
+  absolute) and the exponential (``2 EXP_ULPS u``, relative) move ``exp(l^_i)`` relatively; ``G``'s
+  partial sums (``u_m G`` stored); the product and the difference.
+* **layer_norm, rms_norm, group_norm, batch_norm**, grad_input ``dx_j = r (gw_j - S / n) - r**3 d_j C /
+  n`` (``d = x - mean``, ``gw = g w``, ``S = sum gw``, ``C = sum gw d``, ``r = (var + eps)**-1/2``): each
+  product ``gw_k`` (``d dx_j / d gw_k = r [j = k] - r / n - r**3 d_j d_k / n``, summed in closed form over
+  k from the row's moments of ``gw**2``), ``S``'s partial sums (through ``C = S mean^ - sum gw x`` too, in
+  torch's raw form), ``C``'s terms and partial sums in the larger of the raw form (``sum gw x``, then
+  ``S mean^ - ds``) and the centred one (``sum gw (x - mean^)``), the stored statistics (``r``'s
+  relative error, coefficient ``dx_j - 2 r**3 d_j C / n``; the mean's, ``r**3 (C + S d_j) / n``; as the
+  forward's scale has them, plus ``u_m`` where they are stored in the half format), and the assembly
+  ``dx = r gw + b x + c`` (``b = r**3 C / n``; ``b``'s own roundings cancel between ``b x`` and ``c = -b
+  mean^ - ...`` to ``b d_j``): ``u_a**2 (2 (r gw)**2 + 5 (b d)**2 + 2 (b x)**2 + 2 (b mean)**2 + 3 (r S /
+  n)**2 + 2 dx**2)``, ``u_a = u`` (``u + u_m`` for batch_norm's half kernel, which also stores S and C in
+  the half format). grad_weight and grad_bias sum ``g xhat^`` and ``g`` over the rows: ``xhat^``'s
+  shared errors move every term of one row in one column coherently (``r``'s by ``sum g xhat``, the
+  mean's by ``r sum g``), its own roundings and the product per term, the column's partial sums. torch's
+  CPU kernels for half inputs round those running sums to the half format: that is a second member of
+  the rounding family (``u_m`` on the partial sums), named in a note when only it explains the result.
+* **the poolings**: an average's grad_input is a sum of ``k`` terms ``g / d`` (``k`` windows hold the
+  element), a maximum's of ``k`` exact terms ``g``: the order-free ``(k + 1) (u_c A)**2`` (``A = sum |t|``,
+  ``u_c = u + u_m``: torch's CPU kernels add into the half gradient tensor).
+* **mean**: ``g / n``, MEAN_ROUNDINGS roundings. **var, std**: ``(2 / dof) q (x - mean^)`` with the
+  stored mean's error (shared), ``x - mean^`` and the factor's roundings (``u_c`` each: every tensor op
+  stores in the dtype), std's ``q = g / (2 s^)`` with the forward std's error.
+
+What is not first order is left out knowingly, as in the forward (products of two deltas).
+"""
+
+import numpy as np
+from numba import prange
+
+from refkern._jit import jit
+from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
+from refkern.analysis.noise import RSQRT_ULPS, _moments, _partial_sq, _softmax_rows, _weights
+
+__all__ = ["softmax_noise", "norm_input_noise", "norm_param_noise", "pool_noise", "mean_noise", "var_noise",
+           "converted"]  # fmt: skip
+
+ASSEMBLY = (2.0, 5.0, 2.0, 2.0, 3.0, 2.0)  #: roundings charged on r gw, b d, b x, b mean, r S / n, dx (docstring)
+
+
+def _units(out: Format):
+    """(u, u_m, u_o, eta_o, eta_w): the working unit, the half result format's unit (0 otherwise), the
+    result's unit, half its smallest subnormal, half the working format's smallest subnormal."""
+    work = FLOAT64 if out is FLOAT64 else FLOAT32
+    u_m = out.u if out.prec < FLOAT32.prec else 0.0
+    return work.u, u_m, out.u, 2.0 ** (out.emin - out.prec), 2.0 ** (work.emin - work.prec)
+
+
+def _stores(y, out: Format, k: float = 0.0):
+    """The reference's rounding and the backend's store, ``2 (u_o y)**2 + 2 eta_o**2``, and ``k`` working
+    operations that may underflow by ``eta_w`` each."""
+    _, _, u_o, eta_o, eta_w = _units(out)
+    return 2.0 * (u_o * y) ** 2 + 2.0 * eta_o**2 + k * eta_w**2
+
+
+def converted(var, ref, fmt: Format):
+    """The scale of a gradient computed in another format and converted to ``fmt`` (autograd's conversion
+    back with ``dtype=``): one more rounding, ``u |ref|`` (``fmt``'s unit), and the reference's own."""
+    return var + 2.0 * (fmt.u * np.asarray(ref, np.float64)) ** 2
+
+
+# ------------------------------------------------------------------------------------ softmax family
+
+
+def softmax_noise(xr, gr, out: Format, log: bool):
+    """(sigma**2 per element of the rows (R, n), the scale: a power of two per element, or 1) of the
+    softmax (log_softmax with ``log``) gradient over the rows ``xr`` of logits with grad_output ``gr``,
+    computed in ``out`` (module docstring)."""
+    from refkern.analysis._envelope_softmax import EXP_ULPS
+
+    u, u_m, u_o, eta_o, eta_w = _units(out)
+    eta_h = eta_o if u_m else 0.0  # D^ (G^) and g - D^ stored in the half format: a subnormal loses eta_o
+    X = np.asarray(xr, np.float64)
+    G = np.asarray(gr, np.float64)
+    R, n = X.shape
+    Mf, arg, t, Dn, y = _weights(X)
+    with np.errstate(all="ignore"):
+        y = np.where(np.isfinite(y), y, 0.0)
+        if log:
+            l2 = _softmax_rows(X, u, u_m, True) + 2.0 * (u_o * (arg - np.log(Dn)[:, None])) ** 2  # l^'s variance
+            Gs = G.sum(axis=1, keepdims=True)
+            vG = u * u * _partial_sq(G)[:, None] + (u_m * Gs) ** 2
+            yG = y * Gs
+            dx = G - yG
+            vG = vG + eta_h**2  # G stored in the half format may be subnormal
+            v = yG**2 * (l2 + (2.0 * EXP_ULPS * u) ** 2) + y * y * vG + u * u * (yG**2 + dx * dx)
+            v = v + u_m**2 * yG**2 + _stores(dx, out, n + 4)
+            return np.where(np.isfinite(v), v, np.inf), 1.0
+        # the forward's per-element and shared relative variances (noise._softmax_rows, split)
+        beta2 = (2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + u_m**2
+        beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)
+        nu = beta2 + 2.0 * u * u + u_o**2  # the exponential, the division, the store of y^
+        rec = _records(X)
+        sS = np.einsum("ij,ij->i", y * y, beta2) + u * u * _partial_sq(t) / (Dn * Dn) + rec * (
+            (2.0 * EXP_ULPS + 1.0) * u) ** 2  # fmt: skip
+        D = np.einsum("ij,ij->i", G, y)[:, None]
+        h = G - D
+        gy = G * y
+        vD = u * u * (np.einsum("ij,ij->i", gy, gy)[:, None] + _partial_sq(gy)[:, None]) + (u_m * D) ** 2 + eta_h**2
+        own = h * h * nu - 2.0 * h * G * y * nu + np.einsum("ij,ij->i", gy * gy, nu)[:, None]
+        rel = (
+            np.maximum(own, 0.0)
+            + (G - 2.0 * D) ** 2 * sS[:, None]
+            + vD
+            + (u * u + u_m**2) * h * h
+            + eta_h**2
+            + u * u * (G * G + D * D + h * h)
+        )  # fmt: skip  (relative to y**2: every term carries y_i)
+        rel = np.where(np.isfinite(rel), rel, np.inf)
+        dx = y * h
+        if out is not FLOAT64:
+            return rel * y * y + _stores(dx, out, n + 4), 1.0
+        # float64: in units of each weight's power of two (a tiny weight's variance would underflow)
+        _, e = np.frexp(np.where(y > 0, y, 1.0))
+        sc = np.ldexp(1.0, np.minimum(1 - e, 1000))
+        ys, dxs = y * sc, dx * sc
+        eta_s = np.ldexp(1.0, out.emin - out.prec + np.frexp(sc)[1] - 1)  # float64's eta (2**-1075) times sc
+        v = rel * ys * ys + 2.0 * (u_o * dxs) ** 2 + (n + 6) * eta_s**2
+        return v, sc
+
+
+def _records(X):
+    from refkern.analysis.noise import _records as rec
+
+    return rec(X)
+
+
+# ------------------------------------------------------------------------------------------------ norms
+
+
+def _stats(X, center, eps, u, u_stat):
+    """Per row: (mean, r, sigma**2 of the stored mean, relative sigma**2 of the stored r), as the
+    forward's scale has them (:func:`refkern.analysis.noise._norm`), plus ``u_stat`` (the half format's
+    unit where the statistics are stored in it)."""
+    R, n = X.shape
+    m2, mean, s2, smu2 = _moments(X, center, u)
+    var = m2 / max(n, 1)
+    sv2 = s2 / max(n, 1) ** 2 + (u * var) ** 2
+    with np.errstate(all="ignore"):
+        w = var + eps
+        r = 1.0 / np.sqrt(w)
+        srel2 = (sv2 + (u * w) ** 2) / (4.0 * w * w) + (2.0 * RSQRT_ULPS * u) ** 2 + u_stat**2
+    return mean, r, smu2 + (u_stat * mean) ** 2, srel2
+
+
+def _given_stats(RM, RV, eps, u, R):
+    """batch_norm in eval mode: the running statistics are exact inputs; ``invstd`` rounds ``rv + eps``
+    (twice: eps converted, the addition), then within RSQRT_ULPS ulps."""
+    mean = np.broadcast_to(np.asarray(RM, np.float64), (R,)).copy()
+    with np.errstate(all="ignore"):
+        r = 1.0 / np.sqrt(np.broadcast_to(np.asarray(RV, np.float64), (R,)) + eps)
+    return mean, r, np.zeros(R), np.full(R, (2.0 * u) ** 2 / 4.0 + (2.0 * RSQRT_ULPS * u) ** 2)
+
+
+@jit(error_model="numpy")
+def _psq(lp, sp, spp, t, n):
+    """max(left-to-right, right-to-left) sum of squared partial sums from a row's prefix accumulators
+    (``lp = sum_{j >= 1} P_j**2``, ``sp = sum_{j <= n-3} P_j``, ``spp = sum_{j <= n-3} P_j**2``, t the total)."""
+    if n < 2:
+        return 0.0
+    rp = t * t + (n - 2) * t * t - 2.0 * t * sp + spp if n > 2 else t * t
+    return max(lp, rp)
+
+
+@jit(parallel=True, error_model="numpy")
+def _norm_input_rows(X, G, W, mean, r, smu2, srel2, u, ua, us, u_o, eta_o, eta_w, asm, out):
+    """sigma**2 of a norm's grad_input per element of the rows (module docstring); W (P, n), row i uses
+    ``W[i % P]``; ``ua`` the assembly's unit, ``us`` the unit of S and C stored in the half format (0)."""
+    R, n = X.shape
+    P = W.shape[0]
+    for i in prange(R):
+        mu, ri = mean[i], r[i]
+        S, Cn, T0, T1, T2, Tgx2, Tgd2 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        # per sum (S, ds = sum gw x, C = sum gw d): lp, sp, spp of _psq
+        l0, l1, l2, p0, p1, p2, q0, q1, q2 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        ds = 0.0
+        for j in range(n):
+            x = X[i, j]
+            d = x - mu
+            gw = G[i, j] * W[i % P, j]
+            S += gw
+            ds += gw * x
+            Cn += gw * d
+            q = gw * gw
+            T0 += q
+            T1 += d * q
+            T2 += d * d * q
+            Tgx2 += (gw * x) ** 2
+            Tgd2 += (gw * d) ** 2
+            if j >= 1:
+                l0 += S * S
+                l1 += ds * ds
+                l2 += Cn * Cn
+            if j <= n - 3:
+                p0 += S
+                p1 += ds
+                p2 += Cn
+                q0 += S * S
+                q1 += ds * ds
+                q2 += Cn * Cn
+        PS = _psq(l0, p0, q0, S, n)
+        Pds = _psq(l1, p1, q1, ds, n)
+        PC = _psq(l2, p2, q2, Cn, n)
+        vraw = u * u * (Tgx2 + Pds + (S * mu) ** 2 + Cn * Cn)  # C = S mean^ - ds
+        vcen = u * u * (2.0 * Tgd2 + PC)  # C = sum gw (x - mean^)
+        vC = max(vraw, vcen) + (us * Cn) ** 2
+        a = ri / n
+        b = ri * ri * ri * Cn / n
+        for j in range(n):
+            x = X[i, j]
+            d = x - mu
+            gw = G[i, j] * W[i % P, j]
+            bj = ri * ri * ri * d / n
+            dx = ri * gw - a * S - bj * Cn
+            v1 = a * a * T0 + 2.0 * a * bj * T1 + bj * bj * T2 + (ri * ri - 2.0 * ri * (a + bj * d)) * gw * gw
+            v = u * u * max(v1, 0.0)
+            v += a * a * (u * u * PS * max(1.0, (1.0 + ri * ri * d * mu) ** 2) + (us * S) ** 2)
+            v += bj * bj * vC
+            cr = dx - 2.0 * bj * Cn
+            cm = ri * ri * ri * (Cn + S * d) / n
+            v += srel2[i] * cr * cr + smu2[i] * cm * cm
+            v += (
+                ua
+                * ua
+                * (
+                    asm[0] * (ri * gw) ** 2
+                    + asm[1] * (b * d) ** 2
+                    + asm[2] * (b * x) ** 2
+                    + asm[3] * (b * mu) ** 2
+                    + asm[4] * (a * S) ** 2
+                    + asm[5] * dx * dx
+                )
+            )
+            v += (
+                2.0 * (u_o * dx) ** 2
+                + 2.0 * eta_o * eta_o
+                + (n + 8) * (eta_w * ri) ** 2 * (1.0 + (ri * (abs(x) + abs(mu))) ** 2)
+            )
+            if us > 0.0:  # every step stored in the half format: each may land below its normals
+                v += 8.0 * eta_o * eta_o * (1.0 + ri * ri + (ri * ri * ri * (abs(x) + abs(mu))) ** 2)
+            out[i, j] = v if v == v else np.inf
+
+
+def norm_input_noise(X, G, W, center, eps, fmts, half_steps=False, given=None):
+    """sigma**2 of a norm's grad_input per element of the rows (R, n) (module docstring): X, G float64
+    rows, W (P, n) or None, ``fmts`` the arguments' formats; ``half_steps``: batch_norm's half kernel
+    (every step stored in the half format); ``given``: batch_norm in eval mode, (running_mean,
+    running_var), whose grad_input is ``g invstd w``."""
+    out = fmts["input"]
+    u, u_m, u_o, eta_o, eta_w = _units(out)
+    R, n = X.shape
+    Wk = np.ones((1, max(n, 1))) if W is None else np.ascontiguousarray(np.asarray(W, np.float64).reshape(-1, n))
+    if given is not None:
+        mean, r, smu2, srel2 = _given_stats(given[0], given[1], eps, u, R)
+        with np.errstate(all="ignore"):
+            dx = G * Wk[np.arange(R) % Wk.shape[0]] * r[:, None]
+            v = dx * dx * (srel2[:, None] + 2.0 * u * u) + _stores(dx, out, 2)
+        return np.where(np.isfinite(v), v, np.inf)
+    mean, r, smu2, srel2 = _stats(X, center, eps, u, u_m)  # half statistics stored in the input's format
+    if u_m:
+        smu2 = smu2 + eta_o**2  # a stored mean below the half format's normals
+    ua = u + (u_m if half_steps else 0.0)
+    v = np.empty((R, n))
+    if R and n:
+        _norm_input_rows(np.ascontiguousarray(X), np.ascontiguousarray(G), Wk, mean, r, smu2, srel2, u, ua,
+                         u_m if half_steps else 0.0, u_o, eta_o, eta_w, np.asarray(ASSEMBLY), v)  # fmt: skip
+    return v
+
+
+def norm_param_noise(name, X, G, center, eps, fmts, regroup=None, given=None):
+    """(sigma**2 of grad_weight or grad_bias (``name``) per element (C,), a thunk giving the same with the
+    running sums rounded to the half format (torch's CPU kernels for half inputs) or None, and
+    ``coherent(y)``: the variance of ``sum_c e_c y_c`` from the errors a row shares with every column, its
+    statistics', ``sum_rows srel2 (A y)**2 + smu2 r**2 (B y)**2`` with ``A``, ``B`` the (row, column) sums
+    of ``g xhat`` and ``g``; 0 for grad_bias, whose columns share nothing): the sums over the columns of
+    ``regroup(.)`` ((R, n) -> (T, C); default the columns of X) of ``g xhat^`` and ``g`` (module docstring)."""
+    fin, out = fmts["input"], fmts[name]
+    u, u_m, _, _, _ = _units(fin)
+    R, n = X.shape
+    if given is not None:
+        mean, r, smu2, srel2 = _given_stats(given[0], given[1], eps, u, R)
+    else:
+        mean, r, smu2, srel2 = _stats(X, center, eps, u, u_m)
+    rg = regroup if regroup is not None else (lambda A: A)
+    with np.errstate(all="ignore"):
+        if name == "bias":
+            terms = rg(G)
+            v = np.zeros(terms.shape[1])
+            coherent = lambda y: 0.0  # noqa: E731
+        else:
+            d = X - mean[:, None]
+            xh = d * r[:, None]
+            t = G * xh
+            own = u * u * (G * G * ((X * r[:, None]) ** 2 + (mean * r)[:, None] ** 2 + xh * xh) + t * t)
+            terms = rg(t)
+            T, C = terms.shape
+            rowid = rg(np.broadcast_to(np.arange(R)[:, None], (R, n)))
+            cols = np.broadcast_to(np.arange(C)[None, :], (T, C))
+            key = (rowid * C + cols).reshape(-1)
+            A = np.bincount(key, terms.reshape(-1), R * C).reshape(R, C)  # sum g xhat per (row, column)
+            B = np.bincount(key, rg(G).reshape(-1), R * C).reshape(R, C)  # sum g per (row, column)
+            v = (srel2[:, None] * A * A + (smu2 * r * r)[:, None] * B * B).sum(axis=0) + rg(own).sum(axis=0)
+
+            def coherent(y):
+                y = np.asarray(y, np.float64).reshape(-1)
+                with np.errstate(all="ignore"):
+                    e = float(np.sum(srel2 * (A @ y) ** 2) + np.sum(smu2 * r * r * (B @ y) ** 2))
+                return e if np.isfinite(e) else np.inf
+
+        P = _partial_sq(np.ascontiguousarray(terms.T))
+        res = terms.sum(axis=0)
+        v = v + u * u * P + _stores(res, out, terms.shape[0] + 2)
+        v = np.where(np.isfinite(v), v, np.inf)
+    half = None
+    if u_m:
+        half = lambda: np.where(np.isfinite(v), v + u_m * u_m * P, np.inf)  # noqa: E731
+    return v, half, coherent
+
+
+# ------------------------------------------------------------------------------------ pools, reductions
+
+
+def pool_noise(asum, cnt, ref, out: Format, exact_terms: bool):
+    """sigma**2 of a pooling's grad_input from each element's ``asum = sum |t|`` over its ``cnt`` terms:
+    the order-free ``(k + 1) (u_c A)**2`` (``k - 1`` for a maximum's exact terms), ``u_c = u + u_m``."""
+    u, u_m, _, _, _ = _units(out)
+    k = np.asarray(cnt, np.float64)
+    m = np.maximum(k - 1, 0) if exact_terms else k + 1
+    with np.errstate(all="ignore"):
+        v = m * ((u + u_m) * asum) ** 2 + _stores(ref, out, 2 * k)
+    return np.where(np.isfinite(v), v, np.inf)
+
+
+def mean_noise(G, n, ref_c, out: Format):
+    """sigma**2 of mean's gradient ``g / n`` computed in ``out``: MEAN_ROUNDINGS roundings of ``g / n``."""
+    from refkern.analysis._envelope_backward import MEAN_ROUNDINGS
+
+    u, _, _, _, _ = _units(out)
+    with np.errstate(all="ignore"):
+        v = MEAN_ROUNDINGS * (u * np.asarray(G, np.float64) / max(n, 1)) ** 2 + _stores(ref_c, out, 1)
+    return np.where(np.isfinite(v), v, np.inf)
+
+
+def var_noise(X, G, corr, ref, out: Format, want_std: bool):
+    """sigma**2 of var's (std's with ``want_std``) gradient ``(2 / dof) q (x - mean^)`` over the rows (R, n)
+    of X with one grad_output per row G (R,) (module docstring; ``q = g``, or ``g / (2 s^)``)."""
+    from refkern.analysis._envelope_backward import VAR_K_ROUNDINGS
+
+    u, u_m, _, eta_o, _ = _units(out)
+    uc = u + u_m
+    R, n = X.shape
+    dof = n - float(corr)
+    with np.errstate(all="ignore"):
+        fin = np.isfinite(X).all(axis=1) & np.isfinite(G)
+        Xf = np.where(fin[:, None], X, 0.0)
+        m2, mean, s2, smu2 = _moments(Xf, True, u)
+        smu2 = smu2 + (u_m * mean) ** 2
+        d = Xf - mean[:, None]
+        K = 2.0 / abs(dof) if dof else np.inf
+        q = np.asarray(G, np.float64)
+        rel = VAR_K_ROUNDINGS * uc * uc + u * u
+        if want_std:
+            var = m2 / dof if dof > 0 else np.full(R, np.nan)
+            s = np.sqrt(var)
+            sv2 = s2 / dof**2 + (u * var) ** 2
+            q = q / (2.0 * s)
+            rel = rel + sv2 / (4.0 * var * var) + u * u + u_m**2 + uc * uc  # s^'s error, q's rounding
+        kq = (K * q)[:, None]
+        rel = rel[:, None] if np.ndim(rel) else rel
+        v = kq * kq * (smu2[:, None] + uc * uc * d * d) + (kq * d) ** 2 * rel
+        # the stores of q, of t = K q and of x - mean^ may land below the result format's normals: eta_o each
+        v = v + (eta_o * d) ** 2 * ((K * K if want_std else 0.0) + 1.0) + (eta_o * kq) ** 2
+        v = v + _stores(np.asarray(ref, np.float64).reshape(R, n), out, 3)
+    return np.where(np.isfinite(v), v, np.inf)

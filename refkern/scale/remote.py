@@ -1,29 +1,54 @@
 """Audits and sweeps judged on a dask.distributed cluster.
 
 The model runs where it runs; what an op's verdict needs (its output, its inputs, its keyword
-arguments) is shipped to a worker as raw bits (:class:`Bits`: bfloat16 and float16 included, no
-conversion), the reference and the verdict are computed there, and only the Report comes back.
-A parameter (or buffer) of the audited model is scattered to the cluster once and named by its
-future in every op that reads it; activations travel once per op, after the ``sample=`` sub-grid
-has been cut; ops below 64 KB of operands travel together, up to 64 KB a task (their bits packed
-when they run). Submissions wait while the bytes in flight exceed a budget, so memory stays bounded.
-A task lost with its worker is submitted again, with its data embedded (a scattered parameter
-that died with the worker is not needed): nothing is lost, and every verdict is the one a local
-audit gives (the same code on the same bits).
+arguments) is shipped to a worker as raw bits (bfloat16 and float16 included, no conversion),
+the reference and the verdict are computed there, and only the Report comes back.
+
+What travels, and why (each figure measured at the TCP layer, :mod:`refkern.scale.wire`): a Dask
+task costs about 1.3 KB of Dask's own framing (its ``update-graph`` message), 0.1 KB to fetch its
+result and 0.15 KB to release it; a scatter about 0.5 KB; a numpy array inside a task about
+0.1 KB of pickled metadata. So an op does not travel alone, and its tensors are not arrays:
+
+* ops travel in **messages** of at least 64 KB of operands (an op that large alone): one task
+  whose arguments are one ``bytes`` blob (every embedded tensor's bits, back to back) and one
+  header. The header lists the message's distinct definitions once (an op's name, keywords and
+  structure; a dtype and shape; a view of a parameter), then each op as a tuple of small ints
+  naming them; one pickler writes it all (a repeat is a two-byte memo reference), and the op,
+  dtype and keyword names refkern knows are persistent references of three bytes, never sent
+  as text. A message is sent only when the next one already holds 64 KB, so the audit's tail
+  joins the last message instead of travelling short;
+* a **parameter** (or buffer) of the audited model is captured when an op first reads it (its
+  bits then, a new capture if written to since: a running mean) and named by a small integer
+  afterwards; the parameters captured since the last message travel in one scattered blob just
+  before it (inside it, for the audit's last message) and stay on the cluster until the audit
+  ends. A view of one is rebuilt on the worker;
+* activations travel once per op, after the ``sample=`` sub-grid has been cut.
+
+Submissions wait while the bytes in flight exceed a budget, so memory stays bounded. A message
+whose worker dies is run again by the scheduler (its data is in it); one that needs a parameter
+blob that died with its worker is sent again one op at a time, every tensor embedded: nothing is
+lost, and every verdict is the one a local audit gives (the same code on the same bits).
+:meth:`Remote.per_job` says what each op cost, from the payload or from the bytes measured on
+the wire.
 """
 
+import functools
+import io
+import math
 import pickle
 import sys
 import uuid
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Bits", "pack", "unpack", "Remote", "judge", "remote_for", "resolve_audit", "DEFAULT_BUDGET"]
+__all__ = ["Bits", "to_bits", "from_bits", "Remote", "judge", "judge_bundle", "remote_for", "resolve_audit",
+           "DEFAULT_BUDGET"]  # fmt: skip
 
 DEFAULT_BUDGET = 1 << 30  # bytes of operands in flight
-BUNDLE = 1 << 16  # ops with fewer operand bytes travel together, up to this many bytes a task
-VIEW = "rk-view"  # [VIEW, parameter's future, offset, shape, stride]: a parameter read through a view
+BUNDLE = 1 << 16  # operand bytes a message holds at least (an op this large travels alone)
+_PROTOCOL = 4  # the header's pickles, written unframed (a frame opcode is 9 bytes an op)
 
 
 @dataclass
@@ -60,6 +85,23 @@ def from_bits(b: Bits):
     return (raw.view(torch.bool) if dt == torch.bool else raw.view(dt)).reshape(b.shape)
 
 
+def _tensor(buf, offset: int, dtype: str, shape: tuple):
+    """The tensor whose bits start at ``offset`` of ``buf`` (a copy: aligned, writable)."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    size = dt.itemsize
+    raw = np.frombuffer(buf, np.uint8, math.prod(shape) * size, offset).view(_UINT[size]).copy()
+    t = torch.from_numpy(raw)
+    return (t.view(torch.bool) if dt == torch.bool else t.view(dt)).reshape(shape)
+
+
+def _nbytes(dtype: str, shape: tuple) -> int:
+    import torch
+
+    return math.prod(shape) * getattr(torch, dtype).itemsize
+
+
 def _key(t):
     """The storage a tensor reads (a parameter's views share it, and its version counter)."""
     return (t.untyped_storage().data_ptr(), t.dtype)
@@ -77,50 +119,98 @@ def _view_of(t, p):
     return off, tuple(t.shape), tuple(t.stride())
 
 
-def pack(obj, remote=None, embed=False):
-    """``obj`` with every tensor replaced by its :class:`Bits`, or by the future of a parameter
-    already scattered (``remote``, unless ``embed``): (packed, bytes embedded)."""
+class _Slot:
+    """Where a tensor stood in a shipped op's arguments (the class itself marks it, never an instance)."""
+
+
+# the words both sides know (a compression dictionary: a word missing costs bytes, never correctness):
+# the registry's op, operand and parameter names, and the keywords the products, convolutions and pools take
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+_KEYWORDS = ("stride", "padding", "dilation", "groups", "output_padding", "kernel_size", "ceil_mode",
+             "count_include_pad", "divisor_override", "return_indices", "output_size", "dim", "keepdim",
+             "correction", "unbiased", "eps", "normalized_shape", "num_groups", "scale", "is_causal",
+             "dtype")  # fmt: skip
+
+
+@functools.cache
+def _vocabulary() -> tuple:
+    from refkern import ops
+
+    words = set(_KEYWORDS)
+    for name, r in ops.REGISTRY.items():
+        words.update((name, *r.operands, *r.differentiable))
+        for c in r.calls:
+            words.update(c.params or ())
+    return ("forward", "backward", *_DTYPES, *sorted(words - set(_DTYPES)))
+
+
+@functools.cache
+def _digest() -> int:
+    return zlib.crc32("\0".join(_vocabulary()).encode())
+
+
+class _Writer(pickle._Pickler):
+    """Pickles one object a :meth:`dump`, unframed and without a protocol opcode (``STOP`` only),
+    its memo kept from dump to dump; the vocabulary's words as 3-byte persistent references.
+    (The pure-Python pickler: the C one frames every dump. Headers are a few KB a message.)"""
+
+    def __init__(self, file):
+        super().__init__(file, _PROTOCOL)
+        self._words = {w: i for i, w in enumerate(_vocabulary())}
+
+    def persistent_id(self, obj):
+        return self._words.get(obj) if type(obj) is str else None
+
+    def save_long(self, obj):
+        if -128 <= obj < 0:  # LONG1 of one byte: 3 bytes where BININT takes 5 (a dim of -1)
+            self.write(pickle.LONG1 + bytes((1,)) + obj.to_bytes(1, "little", signed=True))
+            return
+        super().save_long(obj)
+
+    dispatch = {**pickle._Pickler.dispatch, int: save_long}
+
+    def dump(self, obj):
+        self.save(obj)
+        self.write(pickle.STOP)
+
+
+class _Reader(pickle.Unpickler):
+    def persistent_load(self, pid):
+        return _vocabulary()[pid]
+
+
+def _strip(obj, tensors: list):
+    """``obj`` with every tensor replaced by :class:`_Slot`, the tensors appended in order."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
-        if remote is not None and not embed:
-            got = remote.param_view(obj)
-            if got is not None:
-                return got, 0
-        b = to_bits(obj)
-        return b, b.nbytes
+        tensors.append(obj)
+        return _Slot
     if isinstance(obj, (list, tuple)):
-        items = [pack(v, remote, embed) for v in obj]
-        return type(obj)(v for v, _ in items) if isinstance(obj, tuple) else [v for v, _ in items], sum(
-            n for _, n in items
-        )
+        items = [_strip(v, tensors) for v in obj]
+        return items if isinstance(obj, list) else tuple(items) if type(obj) is tuple else type(obj)(items)
     if isinstance(obj, dict):
-        items = {k: pack(v, remote, embed) for k, v in obj.items()}
-        return {k: v for k, (v, _) in items.items()}, sum(n for _, n in items.values())
-    return obj, 0
+        return {k: _strip(v, tensors) for k, v in obj.items()}
+    return obj
 
 
-def unpack(obj):
-    if isinstance(obj, Bits):
-        return from_bits(obj)
-    if isinstance(obj, list) and len(obj) == 5 and isinstance(obj[0], str) and obj[0] == VIEW:
-        _, bits, offset, shape, stride = obj  # a parameter (its bits, scattered) seen through a view
-        return from_bits(bits).reshape(-1).as_strided(shape, stride, offset)
+def _fill(obj, tensors):
+    """:func:`_strip` undone: each :class:`_Slot` replaced by the next of ``tensors`` (an iterator)."""
+    if obj is _Slot:
+        return next(tensors)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(unpack(v) for v in obj) if isinstance(obj, tuple) else [unpack(v) for v in obj]
+        items = [_fill(v, tensors) for v in obj]
+        return items if isinstance(obj, list) else tuple(items) if type(obj) is tuple else type(obj)(items)
     if isinstance(obj, dict):
-        return {k: unpack(v) for k, v in obj.items()}
+        return {k: _fill(v, tensors) for k, v in obj.items()}
     return obj
 
 
 def judge(kind, op, actual, args, kwargs):
     """On a worker: ``compare`` (kind "forward") or ``compare_backward`` (kind "backward") of the
-    unpacked call, as ("ok", result) or ("error", "Type: message") (the analysis' own failure)."""
+    call, as ("ok", result) or ("error", "Type: message") (the analysis' own failure)."""
     import refkern
-    from refkern.scale._states import limit_threads
 
-    limit_threads()
     try:
-        actual, args, kwargs = unpack(actual), unpack(args), unpack(kwargs)
         if kind == "forward":
             return "ok", refkern.compare(actual, op, *args, **kwargs)
         grad_output, *rest = args
@@ -129,12 +219,63 @@ def judge(kind, op, actual, args, kwargs):
         return "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
 
-def judge_many(calls):
-    """On a worker: :func:`judge` of each (kind, op, actual, args, kwargs) of a bundle, in order."""
-    return [judge(*c) for c in calls]
+def judge_bundle(header: bytes, blob: bytes, params: list) -> list:
+    """On a worker: the verdicts of a message's ops, in the header's order (see the module docstring).
+
+    ``header``, read by one unpickler (its memo carries over): (vocabulary digest, number of
+    definitions, number of ops, _Slot), the definitions (an op's template (op, structure), with
+    its kind after them unless "forward"; a ref:
+    (dtype, shape) for the next tensor of ``blob``, (pid, offset, shape, stride) for a view of a
+    parameter), then one tuple of ints per op: its template's index, then per tensor a
+    definition's index, or the number of definitions plus a parameter's pid (the whole parameter).
+    ``params``: the parameter blobs the ops read, each (first pid, [(dtype, shape)], their bits
+    back to back)."""
+    from refkern.scale._states import limit_threads
+
+    limit_threads()
+    up = _Reader(io.BytesIO(header))
+    digest, ndefs, nops, _ = up.load()
+    if digest != _digest():
+        why = "RuntimeError: refkern on this worker is not the client's version (its vocabulary differs); install one"
+        return [("error", why)] * nops
+    defs = [up.load() for _ in range(ndefs)]
+    where = {}  # pid -> (its blob's bits, offset, dtype, shape)
+    for first, metas, raw in params:
+        off = 0
+        for i, (dt, shape) in enumerate(metas):
+            where[first + i] = (raw, off, dt, shape)
+            off += _nbytes(dt, shape)
+    out, off = [], 0
+    for _ in range(nops):
+        items = up.load()
+        op, struct, *kind = defs[items[0]]
+        kind = kind[0] if kind else "forward"
+        refs = [defs[i] if i < ndefs else i - ndefs for i in items[1:]]
+        spots = []  # where each embedded tensor's bits are (the blob is read in order, whatever fails)
+        for r in refs:
+            if isinstance(r, tuple) and isinstance(r[0], str):
+                spots.append(off)
+                off += _nbytes(*r)
+        try:
+            at = iter(spots)
+            tensors = []
+            for r in refs:
+                if isinstance(r, int):
+                    tensors.append(_tensor(*where[r]))
+                elif isinstance(r[0], str):
+                    tensors.append(_tensor(blob, next(at), *r))
+                else:
+                    pid, o, shape, stride = r
+                    tensors.append(_tensor(*where[pid]).reshape(-1).as_strided(shape, stride, o))
+            actual, args, kwargs = _fill(struct, iter(tensors))
+        except Exception as exc:
+            out.append(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"))
+            continue
+        out.append(judge(kind, op, actual, args, kwargs))
+    return out
 
 
-@dataclass
+@dataclass(eq=False)
 class Pending:
     """A verdict being computed on the cluster (``key``: one gradient of a backward kernel's dict)."""
 
@@ -142,21 +283,38 @@ class Pending:
     key: object = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     kind: str
     op: str
     raw: tuple  # (actual, args, kwargs) as given, kept until the result is in (to submit again)
-    nbytes: int
+    nbytes: int = 0  # bits embedded
     future: object = None
     result: object = None
     done: bool = False
     tries: int = 0
     count: object = None  # the audit's counts key
-    packed: tuple = None  # (kind, op, actual, args, kwargs) as shipped
-    index: object = None  # its place in a bundle's list of verdicts (None: submitted alone)
+    entry: tuple = None  # (template (op, structure[, kind]), refs), interned, as shipped
+    parts: list = None  # the embedded tensors' bits (numpy arrays), in the order of refs
+    pids: tuple = ()  # the parameters it reads
+    index: int = 0  # its place in its task's list of verdicts
     operand_bytes: int = 0  # its output, inputs and keyword tensors, as they are
-    shipped_bytes: int = 0  # what was sent for it: bits, the pickled rest, parameters it scattered first
+    own: list = field(default_factory=list)  # (message, bytes of it that are this op's own)
+
+
+@dataclass(eq=False)
+class Message:
+    """One send: its Dask keys (the task's, and the parameter scatter's that went just before it), the
+    payload handed to Dask, and its ops (those it carries, those whose parameters it carried first)."""
+
+    keys: list
+    payload: int = 0
+    jobs: list = field(default_factory=list)
+
+    def add(self, job: Job, nbytes: float):
+        job.own.append((self, nbytes))
+        if not any(j is job for j in self.jobs):
+            self.jobs.append(job)
 
 
 class Remote:
@@ -168,100 +326,237 @@ class Remote:
         self.client = client
         self.budget = budget
         self.jobs: list[Job] = []
+        self.messages: list[Message] = []
         self.current = None  # the audit's op name (its counts' key) while it observes an op
-        self._scattered = 0  # bytes of parameters scattered for the job being packed
-        self._prefix, self._n = f"rk{uuid.uuid4().hex[:6]}-", 0  # scattered parameters' keys
-        self._bundle = []  # small jobs packed, not yet submitted
-        self._results = {}  # a bundle's future key -> its list of verdicts
-        self._params = {}  # _key -> (parameter or buffer, (future of its Bits, its version then) or None)
-        self.stats = {"ops": 0, "operand_bytes": 0, "shipped_bytes": 0, "params_scattered": 0,
-                      "param_bytes": 0, "resubmitted": 0}  # fmt: skip
+        self._prefix, self._n = f"rk{uuid.uuid4().hex[:6]}-", 0  # short Dask keys: every message names one
+        self._bundle = []  # jobs encoded, not yet sent
+        self._results = {}  # a message's key -> its list of verdicts
+        self._params = {}  # _key -> (parameter or buffer, (pid, its version then) or None)
+        self._pid_key = {}  # pid -> _key (to forget a capture lost with its worker)
+        self._next_pid = 0
+        self._captured = []  # (pid, Bits, job that read it first): not yet scattered
+        self._blobs = {}  # pid -> future of the scattered blob that holds it
+        self._interned = {}
+        self.stats = {"ops": 0, "operand_bytes": 0, "payload_bytes": 0, "tasks": 0, "scatters": 0,
+                      "params_scattered": 0, "param_bytes": 0, "resubmitted": 0}  # fmt: skip
 
-    # parameters: registered as the modules run, scattered on first use
+    def _name(self) -> str:
+        self._n += 1
+        return f"{self._prefix}{self._n}"
+
+    def _intern(self, obj):
+        """One object per value, so that the header's pickler writes a repeat as a memo reference."""
+        try:
+            k = (type(obj), pickle.dumps(obj, _PROTOCOL))
+        except Exception:
+            return obj
+        if len(self._interned) > 100_000:
+            self._interned.clear()
+        return self._interned.setdefault(k, obj)
+
+    # parameters: registered as the modules run, captured on first read, scattered with the next message
     def register(self, t):
         if t.is_contiguous() and t.numel() and _key(t) not in self._params:
             self._params[_key(t)] = (t, None)
 
-    def param_view(self, t):
-        """A parameter's view as [VIEW, its future, offset, shape, stride], or None."""
+    def _param_ref(self, t, job):
+        """A parameter's reference (its pid, or (pid, offset, shape, stride) for a view), or None."""
         got = self._params.get(_key(t))
         if got is None:
             return None
-        p, fut = got
+        p, cap = got
         view = _view_of(t, p)
         if view is None:
             return None
-        if fut is None or fut[1] != p._version or fut[0].status != "finished":
-            # not yet shipped, written to since (a running mean), or lost with its worker
+        if cap is None or cap[1] != p._version:  # not yet captured, or written to since (a running mean)
             b = to_bits(p)
-            self._n += 1
-            key = f"{self._prefix}{self._n}"  # short: every op that reads it names it
-            fut = (self.client.scatter({key: b}, hash=False)[key], p._version)
-            self._params[_key(t)] = (p, fut)
+            cap = (self._next_pid, p._version)
+            self._next_pid += 1
+            self._params[_key(t)] = (p, cap)
+            self._pid_key[cap[0]] = _key(t)
+            self._captured.append((cap[0], b, job))
             self.stats["params_scattered"] += 1
             self.stats["param_bytes"] += b.nbytes
-            self._scattered += b.nbytes + len(pickle.dumps(_skeleton(b)))
+        pid = cap[0]
         off, shape, stride = view
-        return [VIEW, fut[0], off, shape, stride]
+        if off == 0 and shape == tuple(p.shape) and stride == tuple(p.stride()):
+            return pid
+        return self._intern((pid, off, shape, stride))
 
-    def _pack(self, job: Job, embed=False):
-        """The job's tensors as bits now (an output written to in place later must not change what
-        is judged); the bytes it ships, and those of the parameters it scattered first."""
+    def _encode(self, job: Job, embed=False):
+        """The job's entry and bits, now (an output written to in place later must not change what
+        is judged); parameters by reference unless ``embed``."""
         actual, args, kwargs = job.raw
-        pa, na = pack(actual, self, embed)
-        pg, ng = pack(args, self, embed)
-        pk, nk = pack(kwargs, self, embed)
-        job.nbytes = na + ng + nk
-        job.packed = (job.kind, job.op, pa, pg, pk)
-        sent = job.nbytes + self._scattered
-        self._scattered = 0
-        job.shipped_bytes += sent
-        self.stats["shipped_bytes"] += sent
+        tensors = []
+        template = (job.op, _strip((actual, args, kwargs), tensors))
+        template = self._intern(template if job.kind == "forward" else (*template, job.kind))
+        refs, parts, pids = [], [], []
+        for t in tensors:
+            r = None if embed else self._param_ref(t, job)
+            if r is None:
+                b = to_bits(t)
+                parts.append(b.raw)
+                r = self._intern((b.dtype, b.shape))
+            else:
+                pids.append(r if isinstance(r, int) else r[0])
+            refs.append(r)
+        job.entry = (template, refs)
+        job.parts, job.pids = parts, tuple(pids)
+        job.nbytes = sum(p.nbytes for p in parts)
 
-    def _submit(self, job: Job, embed=False):
-        """Ship the job alone (parameters by their futures unless ``embed``); a failure to ship (a
-        worker lost while scattering to it) is retried with everything embedded, then after a pause."""
+    def _header(self, jobs: list, msg: Message) -> bytes:
+        """The header of a task carrying ``jobs`` (see :func:`judge_bundle`). Each op's own bytes:
+        its entry, and of each definition it uses the definition's bytes over the number of ops
+        using it; the first line is the message's."""
+        defs, users = {}, {}
+        for j in jobs:
+            template, refs = j.entry
+            for d in (template, *(r for r in refs if isinstance(r, tuple))):
+                defs.setdefault(id(d), d)
+                users.setdefault(id(d), set()).add(id(j))
+        index = {k: i for i, k in enumerate(defs)}
+        buf = io.BytesIO()
+        w = _Writer(buf)
+        w.dump((_digest(), len(defs), len(jobs), _Slot))  # _Slot memoized here: two bytes a tensor after
+        size = {}
+        for k, d in defs.items():
+            at = buf.tell()
+            w.dump(d)
+            size[k] = buf.tell() - at
+        for i, j in enumerate(jobs):
+            template, refs = j.entry
+            items = (index[id(template)], *(index[id(r)] if isinstance(r, tuple) else len(defs) + r for r in refs))
+            at = buf.tell()
+            w.dump(items)
+            used = {id(d) for d in (template, *refs) if isinstance(d, tuple)}
+            msg.add(j, j.nbytes + buf.tell() - at + sum(size[k] / len(users[k]) for k in used))
+            j.index = i
+        return buf.getvalue()
+
+    def _captured_blob(self, msg: Message):
+        """The parameters captured since the last send as one blob, (first pid, metas, bits): their
+        bits are the own bytes of the op that read each first."""
+        got, self._captured = self._captured, []
+        if not got:
+            return None
+        for _, b, job in got:
+            msg.add(job, b.nbytes)
+        first = got[0][0]
+        return first, [(b.dtype, b.shape) for _, b, _ in got], b"".join(b.raw.tobytes() for _, b, _ in got)
+
+    def _forget(self, pid):
+        """A parameter capture lost (its blob died with a worker): the next read captures it again."""
+        self._blobs.pop(pid, None)
+        k = self._pid_key.pop(pid, None)
+        if k in self._params and self._params[k][1] is not None and self._params[k][1][0] == pid:
+            self._params[k] = (self._params[k][0], None)
+
+    def _send(self, jobs: list, final=False):
+        """``jobs`` (encoded) in one task. The parameters captured since the last send go just before
+        it, scattered (later tasks name them), or inside it if ``final`` (no op comes after). Jobs
+        whose parameter blob was lost, or the whole message if the cluster fails while it is
+        shipped, go one by one with everything embedded."""
+        msg = Message([])
+        self.messages.append(msg)
+        blob_of = {}  # pid -> what the task is given for it: a scattered blob's future, or the blob itself
+        captured = self._captured_blob(msg)
+        if captured is not None:
+            first, metas, raw = captured
+            extra = len(raw) + len(pickle.dumps((first, metas), _PROTOCOL))
+            msg.payload += extra
+            self.stats["payload_bytes"] += extra
+            pids = range(first, first + len(metas))
+            if final:
+                blob_of.update((p, captured) for p in pids)
+            else:
+                key = self._name()
+                try:
+                    fut = self.client.scatter({key: captured}, hash=False)[key]
+                except Exception:  # a worker lost while scattering: captured again when next read
+                    for p in pids:
+                        self._forget(p)
+                    for j in jobs:
+                        self._alone(j)
+                    return
+                msg.keys.append(key)
+                self.stats["scatters"] += 1
+                for p in pids:
+                    self._blobs[p] = fut
+        ok = []
+        for j in jobs:
+            lost = [p for p in j.pids if p not in blob_of and getattr(self._blobs.get(p), "status", None) != "finished"]
+            for p in lost:
+                self._forget(p)
+            (self._alone(j) if lost else ok.append(j))
+        if not ok:
+            return
+        ok.sort(key=lambda j: -j.operand_bytes)  # a definition's first bytes written while the largest op reads
+        header = self._header(ok, msg)
+        blob = b"".join(p.tobytes() for j in ok for p in j.parts)
+        given = {}
+        for j in ok:
+            for p in j.pids:
+                g = blob_of.get(p) or self._blobs[p]
+                given[id(g)] = g
+        key = self._name()
+        try:
+            fut = self.client.submit(judge_bundle, header, blob, list(given.values()), key=key, pure=False)
+        except Exception:
+            for j in ok:
+                j.own = [(m, n) for m, n in j.own if m is not msg]
+                self._alone(j)
+            return
+        msg.keys.append(key)
+        msg.payload += len(header) + len(blob)
+        self.stats["tasks"] += 1
+        self.stats["payload_bytes"] += len(header) + len(blob)
+        for j in ok:
+            j.future = fut
+            j.tries += 1
+            j.parts = None
+
+    def _alone(self, job: Job):
+        """``job`` in a task of its own, every tensor embedded (after a loss); retried after a pause
+        while the cluster recovers."""
         import time
 
+        self.stats["resubmitted"] += 1
         for attempt in range(6):
+            msg = Message([])
             try:
-                self._pack(job, embed)
-                job.future = self.client.submit(judge, *job.packed, pure=False)
-                job.index = None
+                self._encode(job, embed=True)
+                header = self._header([job], msg)
+                blob = b"".join(p.tobytes() for p in job.parts)
+                key = self._name()
+                job.future = self.client.submit(judge_bundle, header, blob, [], key=key, pure=False)
                 break
             except Exception:
+                job.own = [(m, n) for m, n in job.own if m is not msg]
                 if attempt == 5:
                     raise
-                self.stats["resubmitted"] += 1
-                embed = True
                 time.sleep(0.2 * attempt)
-        self._overhead([job], len(pickle.dumps(_skeleton(job.packed))))
+        msg.keys.append(key)
+        msg.payload = len(header) + len(blob)
+        self.messages.append(msg)
+        self.stats["tasks"] += 1
+        self.stats["payload_bytes"] += msg.payload
+        job.parts = None
         job.tries += 1
 
-    def _overhead(self, jobs, nbytes):
-        """What a message adds to its bits, shared by its jobs in proportion to their operands."""
-        total = sum(j.operand_bytes for j in jobs) or 1
-        for j in jobs:
-            share = nbytes * (j.operand_bytes or total / len(jobs)) / total
-            j.shipped_bytes += share
-            self.stats["shipped_bytes"] += share
-
-    def _flush(self):
-        """The small jobs waiting, in one task (their verdicts come back as one list)."""
-        jobs, self._bundle = self._bundle, []
-        if not jobs:
+    def _flush(self, everything=True, final=False):
+        """Send the jobs waiting: all of them, or (``everything`` False) the oldest that hold at
+        least BUNDLE operand bytes, the rest waiting for the next message."""
+        if not self._bundle:
             return
-        calls = [j.packed for j in jobs]
-        try:
-            fut = self.client.submit(judge_many, calls, pure=False)
-        except Exception:  # the cluster lost a worker while we shipped: each alone, embedded
-            for j in jobs:
-                self._submit(j, embed=True)
-            return
-        self._overhead(jobs, len(pickle.dumps(_skeleton(calls))))
-        for i, j in enumerate(jobs):
-            j.future, j.index = fut, i
-            j.tries += 1
+        if everything:
+            jobs, self._bundle = self._bundle, []
+        else:
+            n, acc = 0, 0
+            while n < len(self._bundle) and acc < BUNDLE:
+                acc += self._bundle[n].operand_bytes
+                n += 1
+            jobs, self._bundle = self._bundle[:n], self._bundle[n:]
+        self._send(jobs, final=final)
 
     def _operand_bytes(self, obj):
         torch = sys.modules["torch"]
@@ -274,24 +569,20 @@ class Remote:
         return 0
 
     def submit(self, kind, op, actual, args, kwargs):
-        job = Job(kind, op, (actual, tuple(args), dict(kwargs)), 0)
+        job = Job(kind, op, (actual, tuple(args), dict(kwargs)))
         job.count = self.current
         job.operand_bytes = self._operand_bytes(job.raw)
         self.stats["ops"] += 1
         self.stats["operand_bytes"] += job.operand_bytes
         self._wait_for_room()
         self.jobs.append(job)
-        if job.operand_bytes >= BUNDLE:
-            self._submit(job)
+        self._encode(job)
+        if job.operand_bytes >= BUNDLE:  # large enough to travel alone
+            self._send([job])
             return job
-        try:
-            self._pack(job)
-        except Exception:  # a scatter to a worker that just died: this job's parameters embedded
-            self.stats["resubmitted"] += 1
-            self._pack(job, embed=True)
         self._bundle.append(job)
-        if sum(j.operand_bytes for j in self._bundle) >= BUNDLE:
-            self._flush()
+        if sum(j.operand_bytes for j in self._bundle) >= 2 * BUNDLE:  # the next message would be full too
+            self._flush(everything=False)
         return job
 
     def compare(self, actual, op, args, kwargs):
@@ -317,37 +608,56 @@ class Remote:
                     self._collect(j)
 
     def _collect(self, job: Job):
-        """The job's result, submitting it again (data embedded) if its worker died with it."""
+        """The job's result, sending it again (data embedded) if its worker died with it."""
         if job.future is None:
             self._flush()
         while True:
             try:
-                if job.index is None:
-                    job.result = job.future.result()
-                else:  # one of a bundle's verdicts (the list fetched once)
-                    key = job.future.key
-                    if key not in self._results:
-                        self._results[key] = job.future.result()
-                    job.result = self._results[key][job.index]
+                key = job.future.key
+                if key not in self._results:  # a task's list of verdicts, fetched once
+                    self._results[key] = job.future.result()
+                job.result = self._results[key][job.index]
                 break
-            except Exception:  # the task or its inputs were lost (a worker died): submit it again
+            except Exception:  # the task or its inputs were lost (a worker died): send it again
                 if job.tries >= 4:
                     job.result = ("error", "lost on the cluster 4 times")
                     break
-                self.stats["resubmitted"] += 1
-                self._submit(job, embed=True)
+                self._alone(job)
         job.done = True
         job.future = None
-        job.packed = None
+        job.entry = None
         if job.result[0] == "ok" or job.kind == "forward":
             job.raw = None  # its tensors are released (a backward kernel's, once judged, or judged one by one)
 
     def finish(self):
-        self._flush()
+        self._flush(final=True)
         for j in self.jobs:
             if not j.done:
                 self._collect(j)
         self._results.clear()
+        self._blobs.clear()  # the parameter blobs released on the cluster
+        self._params = {k: (p, None) for k, (p, _) in self._params.items()}
+
+    def per_job(self, wire=None) -> list:
+        """[(job, bytes sent for it)]. Per message: each op's own bytes (its embedded bits, its
+        header entry and its share of the definitions it uses, the bits of the parameters it read
+        first), and a share of the rest in proportion to operand bytes: the header's first line,
+        the parameters' list, and with ``wire`` (a :class:`refkern.scale.wire.Wire`) everything
+        Dask wrote for the message's keys (its framing, the result's request and release). With
+        ``wire``, its bytes that name no key (heartbeats, handshakes) are shared the same way."""
+        sent = {id(j): 0.0 for j in self.jobs}
+        for m in self.messages:
+            total = sum(wire.by_key.get(k, 0.0) for k in m.keys) if wire is not None else m.payload
+            own = {id(j): sum(n for g, n in j.own if g is m) for j in m.jobs}
+            rest = max(total - sum(own.values()), 0.0)
+            weight = sum(j.operand_bytes for j in m.jobs) or 1
+            for j in m.jobs:
+                sent[id(j)] += own[id(j)] + rest * j.operand_bytes / weight
+        if wire is not None:
+            weight = sum(j.operand_bytes for j in self.jobs) or 1
+            for j in self.jobs:
+                sent[id(j)] += wire.other * j.operand_bytes / weight
+        return [(j, sent[id(j)]) for j in self.jobs]
 
     def resolve(self, p: Pending):
         """(report, None) or (None, note) for a pending verdict (after :meth:`finish`)."""
@@ -359,23 +669,6 @@ class Remote:
         if p.key in value:
             return value[p.key], None
         return None, "not analysed: no gradient returned"
-
-
-def _skeleton(obj):
-    """What pickling adds around the raw bits: the structure, with arrays and futures as stubs."""
-    if isinstance(obj, Bits):
-        return (obj.dtype, obj.shape)
-    if isinstance(obj, (list, tuple)):
-        return [_skeleton(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _skeleton(v) for k, v in obj.items()}
-    if type(obj).__name__ == "Future":
-        return str(getattr(obj, "key", ""))
-    try:
-        pickle.dumps(obj)
-        return obj
-    except Exception:
-        return repr(obj)
 
 
 def remote_for(client, budget=None) -> Remote:

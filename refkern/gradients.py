@@ -1292,9 +1292,13 @@ def _attn_report(op, name, got, g, a, who):
         )
     ref = _attn_grads(c, (name,))[name]
     stack = {"query": c.a.Q, "key": c.a.K, "value": c.a.V}[name].shape
+    from refkern.analysis.noise import Noise
+    from refkern.analysis.noise_backward import attention_noise
+
     b, n_terms = attention_bound(c.a, c.G, name, ref.reshape(stack))
+    nz = Noise(attention_noise(c.a, c.G, name, ref.reshape(stack)).reshape(ref.shape))
     return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(ref.shape), ref,
-                            b.reshape(ref.shape), c.a.fmt, device, n_terms, op)  # fmt: skip
+                            b.reshape(ref.shape), c.a.fmt, device, n_terms, op, nz)  # fmt: skip
 
 
 # ---------------------------------------------------------------- sum, mean, var, std, cumsum, dot

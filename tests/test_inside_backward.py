@@ -172,3 +172,25 @@ def test_std_gradient_with_subnormal_intermediates_is_rounding():
         assert rep.verdict in ("exact", "rounding")
         worst = max(worst, rep.max_ulp)
     assert worst > 30  # the subnormal stores' size: what the scale had to take
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_attention_gradients_scaled_are_mismatches(dtype):
+    """Attention's three gradients (64 queries and keys, causal): torch's math backward is rounding with
+    room to spare (z / lam < 0.5); scaled by 1.1 (bfloat16, one ulp is 0.4-0.8%) or 1.01 (float32) each is
+    a mismatch (in bfloat16 inside the worst-case envelope, which let it pass)."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 64, 32, generator=gen).to(dtype).requires_grad_() for _ in range(3))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    g = torch.randn(o.shape, generator=gen).to(dtype)
+    o.backward(g)
+    args = dict(query=q.detach(), key=k.detach(), value=v.detach(), is_causal=True)
+    got = {"query": q.grad, "key": k.grad, "value": v.grad}
+    for name, rep in rk.compare_backward(got, "scaled_dot_product_attention", g, **args).items():
+        assert rep.verdict == "rounding" and rep.max_prob_ratio < 0.5, (name, rep)
+    f = 1.1 if dtype == torch.bfloat16 else 1.01
+    bad = {n: (t.double() * f).to(dtype) for n, t in got.items()}
+    reps = rk.compare_backward(bad, "scaled_dot_product_attention", g, **args)
+    assert {n: r.verdict for n, r in reps.items()} == dict.fromkeys(got, "mismatch")
+    if dtype == torch.bfloat16:  # inside the worst-case envelope: the statistical test saw it
+        assert all(r.max_bound_ratio < 1 for r in reps.values())

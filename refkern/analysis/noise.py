@@ -340,42 +340,70 @@ def _softmax_rows(X, u, u_m, log):
 
 def _attention(lay, u, u_m, ref_rows):
     """sigma**2 of scaled_dot_product_attention per output element (rows of (B, L, Ev)), before the stores."""
-    from refkern.analysis._envelope_softmax import EXP_ULPS, _logits
+    from refkern.analysis._envelope_softmax import _logits
 
     a = lay.extra["a"]
     S = a.K.shape[1]
     out = np.zeros(ref_rows.shape)
     if S == 0 or out.size == 0:
         return out
+    for b, z, mag, m, _ in _logits(a):
+        out[b] = attention_rows(a, b, z, mag, m, u, u_m).var
+    return out
+
+
+@dataclass
+class AttentionRows:
+    """One output batch of attention (L queries, S keys), the exact quantities and the first-order scale
+    of :func:`attention_rows`: the weights ``w``, the exponentials ``t`` and their sum ``D``, each weight's
+    own relative variance ``beta2`` (its logit and exponential), the row's shared one ``shared`` (the sum's
+    additions and the online rescales; the row's sensitivity ``sum w**2 beta2`` to every term's error),
+    the output ``o`` and its variance ``var`` (before the stores)."""
+
+    w: np.ndarray
+    t: np.ndarray
+    D: np.ndarray
+    beta2: np.ndarray
+    shared: np.ndarray
+    o: np.ndarray
+    var: np.ndarray
+
+
+def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
+    """The forward scale of one output batch ``b`` of the attention call ``a`` (module docstring), its
+    logits ``z`` with the mask ``m`` and ``mag = s sum |q k|`` (:func:`~refkern.analysis._envelope_softmax._logits`)."""
+    from refkern.analysis._envelope_softmax import EXP_ULPS
+
     s = abs(a.scale)
     uq = u_m + 2.0 * u  # q or k scaled (by fl(sqrt(s)): two roundings) and stored in the result format
     E = a.Q.shape[2]
-    for b, z, mag, m, _ in _logits(a):
-        v = a.V[a.iv[b]]
-        k = a.K[a.ik[b]]
-        q = a.Q[a.iq[b]]
-        _, arg, t, D, w = _weights(z)
-        with np.errstate(all="ignore"):
-            o = w @ v
-            qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
-            # the dot products' partial sums: per block of DOT_BLOCK features for float32 results; for half ones
-            # the order-free (E + 1) (s sum|q k|)**2, larger, and negligible next to the scores' store u_m |z|
-            part = (E + 1.0) * (mag / s) ** 2 if u_m else _block_partials(q, k.T, DOT_BLOCK)
-            logit = (u * s) ** 2 * (part + qk2) + (u * z) ** 2 + (uq * s) ** 2 * qk2
-            beta2 = ((2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + logit
-                     + np.where(np.isfinite(m) & (m != 0), (u * z) ** 2, 0.0) + (u_m * z) ** 2)  # fmt: skip
-            beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
-            g = w * w * beta2
-            A2 = g @ (v * v) - 2.0 * o * (g @ v) + o * o * g.sum(axis=1)[:, None]  # sum_j g_j (v_j - o)**2
-            var = np.maximum(A2, 0.0)
-            var = var + (uq * s) ** 2 * _shared_q(w, v, k, q, o)
-            rec = _records(z)
-            var = var + (u * u * _partial_sq(t) / (D * D) + 2.0 * rec * u * u)[:, None] * o * o
-            wv = np.abs(w) @ np.abs(v)
-            var = var + u * u * _block_partials(w, v) + 2.0 * (u * o) ** 2 + rec[:, None] * (u * wv) ** 2
-            var = var + u_m**2 * ((w * w) @ (v * v))  # P stored before P @ V (half results)
-        out[b] = np.where(np.isfinite(var), var, 0.0)
-    return out
+    v = a.V[a.iv[b]]
+    k = a.K[a.ik[b]]
+    q = a.Q[a.iq[b]]
+    _, arg, t, D, w = _weights(z)
+    with np.errstate(all="ignore"):
+        o = w @ v
+        qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
+        # the dot products' partial sums: per block of DOT_BLOCK features for float32 results; for half ones
+        # the order-free (E + 1) (s sum|q k|)**2, larger, and negligible next to the scores' store u_m |z|
+        part = (E + 1.0) * (mag / s) ** 2 if u_m else _block_partials(q, k.T, DOT_BLOCK)
+        logit = (u * s) ** 2 * (part + qk2) + (u * z) ** 2 + (uq * s) ** 2 * qk2
+        beta2 = ((2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + logit
+                 + np.where(np.isfinite(m) & (m != 0), (u * z) ** 2, 0.0) + (u_m * z) ** 2)  # fmt: skip
+        beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
+        g = w * w * beta2
+        A2 = g @ (v * v) - 2.0 * o * (g @ v) + o * o * g.sum(axis=1)[:, None]  # sum_j g_j (v_j - o)**2
+        var = np.maximum(A2, 0.0)
+        var = var + (uq * s) ** 2 * _shared_q(w, v, k, q, o)
+        rec = _records(z)
+        adds = u * u * _partial_sq(t) / (D * D) + 2.0 * rec * u * u
+        var = var + adds[:, None] * o * o
+        wv = np.abs(w) @ np.abs(v)
+        var = var + u * u * _block_partials(w, v) + 2.0 * (u * o) ** 2 + rec[:, None] * (u * wv) ** 2
+        var = var + u_m**2 * ((w * w) @ (v * v))  # P stored before P @ V (half results)
+        shared = adds + g.sum(axis=1)
+    return AttentionRows(w, t, D, beta2, np.where(np.isfinite(shared), shared, 0.0), o,
+                         np.where(np.isfinite(var), var, 0.0))  # fmt: skip
 
 
 def _shared_q(w, v, k, q, o):

@@ -68,7 +68,7 @@ from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.analysis.noise import RSQRT_ULPS, _moments, _partial_sq, _softmax_rows, _weights
 
 __all__ = ["softmax_noise", "norm_input_noise", "norm_param_noise", "pool_noise", "mean_noise", "var_noise",
-           "converted"]  # fmt: skip
+           "attention_noise", "converted"]  # fmt: skip
 
 ASSEMBLY = (2.0, 5.0, 2.0, 2.0, 3.0, 2.0)  #: roundings charged on r gw, b d, b x, b mean, r S / n, dx (docstring)
 
@@ -407,3 +407,75 @@ def var_noise(X, G, corr, ref, out: Format, want_std: bool):
         v = v + (eta_o * d) ** 2 * ((K * K if want_std else 0.0) + 1.0) + (eta_o * kq) ** 2
         v = v + _stores(np.asarray(ref, np.float64).reshape(R, n), out, 3)
     return np.where(np.isfinite(v), v, np.inf)
+
+
+# ------------------------------------------------------------------------------------------- attention
+
+
+def attention_noise(at, G, name: str, ref):
+    """sigma**2 of the gradient ``name`` ("query", "key", "value") of scaled_dot_product_attention per
+    element of its operand's 3-D stack (``ref``, the correctly rounded gradient, shaped so), for the call
+    normalised as ``at`` with grad_output G (B, L, Ev).
+
+    What a correct backward computes (torch's math backend and the flash kernels, as the envelope's
+    :func:`~refkern.analysis._envelope_backward.attention_bound` describes): the weights P recomputed
+    (each with the forward's relative variance ``beta2``, the row sharing ``shared``:
+    :func:`~refkern.analysis.noise.attention_rows`), ``dv = P^T dO``, ``dP = dO v^T``, ``Delta = rowsum(dO
+    O^)`` (the stored output, with its forward variance; or ``sum P dP``: both forms charged), ``dS = P (dP -
+    Delta)``, ``dq = s dS k``, ``dk = s dS^T q``. Every intermediate (P, dP, Delta, dS, the scaled q and k) may
+    be stored in a half result format (``u_c = u + u_m`` per store, torch's math backend); the products'
+    sums in the working precision, their partial sums bounded per block as the forward's P @ V. The shared
+    row errors (the row's sum, Delta) reach dq coherently (``shared dq**2``, ``var_Delta (s P k)**2``) and dk
+    and dv once per row (independent rows: variances add), as do the query heads of a GQA key."""
+    from refkern.analysis._envelope_softmax import _logits
+    from refkern.analysis.noise import DOT_BLOCK, _block_partials, attention_rows
+
+    fmt = at.fmt
+    u, u_m, u_o, eta_o, eta_w = _units(fmt)
+    uc = u + u_m
+    uq = u_m + 2.0 * u
+    s = abs(at.scale)
+    X = {"query": at.Q, "key": at.K, "value": at.V}[name]
+    idx = {"query": at.iq, "key": at.ik, "value": at.iv}[name]
+    var = np.zeros(X.shape)
+    S = at.K.shape[1]
+    if S == 0 or X.size == 0:
+        return var + _stores(np.asarray(ref, np.float64), fmt, 1)
+    for b, z, mag, m, _ in _logits(at):
+        rows = attention_rows(at, b, z, mag, m, u, u_m)
+        w, o = rows.w, rows.o
+        q, k, v = at.Q[at.iq[b]], at.K[at.ik[b]], at.V[at.iv[b]]
+        dO = G[b]
+        with np.errstate(all="ignore"):
+            bP = rows.beta2 + uc * uc  # each weight's own relative variance, its store
+            sh = rows.shared[:, None]
+            if name == "value":
+                t = (w * w * (bP + sh)).T @ (dO * dO)
+                t = t + u * u * (_block_partials(np.ascontiguousarray(w.T), dO) + (w * w).T @ (dO * dO))
+            else:
+                dP = dO @ v.T
+                vdP = u * u * (_block_partials(dO, np.ascontiguousarray(v.T), DOT_BLOCK) + (dO * dO) @ (v * v).T)
+                vdP = vdP + (uc * dP) ** 2
+                var_o = rows.var + 2.0 * (u_o * o) ** 2  # the stored forward output
+                Del = np.einsum("ic,ic->i", dO, o)
+                vDel = np.einsum("ic,ic->i", dO * dO, var_o) + u * u * (
+                    _partial_sq(dO * o) + np.einsum("ic,ic->i", (dO * o) ** 2, np.ones_like(o)))  # fmt: skip
+                vDel = vDel + np.einsum("ij,ij->i", (w * dP) ** 2, bP) + np.einsum("ij,ij->i", w * w, vdP)
+                vDel = (vDel + (uc * Del) ** 2)[:, None]
+                h = dP - Del[:, None]
+                dS = w * h
+                ind = dS * dS * (bP + 2.0 * uc * uc) + w * w * (vdP + (uc * h) ** 2)  # own: P, dP, h, product, store
+                if name == "query":
+                    dq = dS @ k
+                    t = ind @ (k * k) + sh * dq * dq + vDel * (w @ k) ** 2
+                    t = t + u * u * (_block_partials(dS, k) + (dS * dS) @ (k * k)) + uq * uq * ((dS * dS) @ (k * k))
+                    t = s * s * t + (u * s * dq) ** 2
+                else:
+                    dk = dS.T @ q
+                    t = (ind + dS * dS * sh + w * w * vDel).T @ (q * q)
+                    t = t + u * u * (_block_partials(np.ascontiguousarray(dS.T), q) + (dS * dS).T @ (q * q))
+                    t = t + uq * uq * ((dS * dS).T @ (q * q))
+                    t = s * s * t + (u * s * dk) ** 2
+            var[idx[b]] += np.where(np.isfinite(t), t, np.inf)
+    n = S if name == "query" else at.Q.shape[1]
+    return var + _stores(np.asarray(ref, np.float64), fmt, n + 8)

@@ -42,9 +42,11 @@ def _module_file(dotted: str) -> str | None:
 def _imports(path: str) -> frozenset:
     """The refkern source files ``path`` imports by name, by any import statement in it (inside
     functions too): for ``from a.b import c`` the file of ``a.b`` (where ``c`` is defined or
-    re-exported) and, if ``c`` is a module, its file. A kernel reads only the globals of its own
-    module and, through the jitted functions and constants it names, theirs: a package's
-    ``__init__`` that Python runs on the way is not among them unless something is imported from it."""
+    re-exported) unless every name imported is a module of ``a.b``, and the file of each such module.
+    A kernel reads only the globals of its own module and, through the jitted functions and constants
+    it names, theirs: a package's ``__init__`` that Python runs on the way is not among them unless
+    something is imported from it (``from refkern import engines`` reads refkern/engines, not the
+    package root, which defines no ``engines`` of its own)."""
     with open(path, "rb") as fh:
         tree = ast.parse(fh.read(), path)
     rel = os.path.relpath(path, _PKG)[: -len(".py")].split(os.sep)
@@ -57,7 +59,8 @@ def _imports(path: str) -> frozenset:
             mod = node.module or ""
             if node.level:
                 mod = ".".join(here[: len(here) - node.level + 1] + ([mod] if mod else []))
-            names += [mod] + [f"{mod}.{a.name}" for a in node.names]
+            subs = [f"{mod}.{a.name}" for a in node.names]
+            names += subs if all(map(_module_file, subs)) else [mod, *subs]
     return frozenset(f for f in map(_module_file, names) if f)
 
 

@@ -23,15 +23,10 @@ import platform
 import subprocess
 import sys
 
-from refkern._operands import OPERANDS, POSITIONAL, REQUIRED
+import refkern.ops as _ops
 from refkern._version import __version__
 
 JSON_VERSION = 1
-# Arguments without which the op cannot run from a command line, with an example each.
-NEEDS = {"cumsum": "dim=-1", "layer_norm": "normalized_shape=(768,)", "rms_norm": "normalized_shape=(768,)",
-         "group_norm": "num_groups=4", "avg_pool1d": "kernel_size=3", "avg_pool2d": "kernel_size=3",
-         "max_pool1d": "kernel_size=3", "max_pool2d": "kernel_size=3", "adaptive_avg_pool1d": "output_size=4",
-         "adaptive_avg_pool2d": "output_size=(4,4)", "softmax": "dim=-1", "log_softmax": "dim=-1"}  # fmt: skip
 
 
 OUTPUT_OPTIONS = ("json", "plot", "png", "csv")
@@ -232,7 +227,7 @@ def _backends(names, option="--device"):
 
 
 def cmd_demo(a):
-    from refkern import demo
+    import refkern.demo as demo
 
     if a.sums:
         return 1 if demo.run_sums() else 0
@@ -285,7 +280,8 @@ def _load_input(path, torch, names):
 
 
 def _inputs(a, torch, op):
-    names, need = OPERANDS[op], REQUIRED.get(op, 1)
+    rec = _ops.get(op)
+    names, need = rec.operands, rec.required
     if a.input:
         if a.shape:
             raise UsageError(f"--input {a.input!r} and --shape both give the operands; keep one of them")
@@ -321,14 +317,16 @@ def cmd_check(a):
     op = a.op
     fn = _torch_fn(op)
     kw = _kwargs(a.kw, op)
-    if op in NEEDS and NEEDS[op].split("=")[0] not in kw:
-        example = NEEDS[op]
-        if op in ("layer_norm", "rms_norm") and a.shape:  # the input's last dimension
+    rec = _ops.get(op)
+    needed = rec.needs.split("=")[0] if rec.needs else None  # an argument a command line must give
+    if needed and needed not in kw:
+        example = rec.needs
+        if needed == "normalized_shape" and a.shape:  # the input's last dimension
             example = f"normalized_shape=({a.shape[0][-1]},)"
-        raise UsageError(f"{op} needs {NEEDS[op].split('=')[0]}: add --kw {example}")
+        raise UsageError(f"{op} needs {needed}: add --kw {example}")
     tensors = _inputs(a, torch, op)
-    if op not in POSITIONAL:  # torch.nn.functional's signature: the tensors after the first by name
-        kw.update(zip(OPERANDS[op][1:], tensors[1:]))
+    if not rec.positional:  # torch.nn.functional's signature: the tensors after the first by name
+        kw.update(zip(rec.operands[1:], tensors[1:]))
         tensors = tensors[:1]
     backends = _backends(a.device)
     try:
@@ -526,7 +524,7 @@ def cmd_audit(a):
 def doctor_info() -> dict:
     import numba
 
-    from refkern import _jit
+    import refkern._jit as _jit
 
     def version(mod):
         try:
@@ -627,7 +625,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="FILE", help="write the verdicts and answers as JSON")
     d.set_defaults(run=cmd_demo)
 
-    ops = list(OPERANDS)
+    ops = list(_ops.REGISTRY)
     c = sub.add_parser("check", help="one op on random (or given) inputs, on every backend")
     c.add_argument("op", choices=ops, help="the op")
     c.add_argument(
@@ -647,7 +645,7 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(run=cmd_check)
 
     s = sub.add_parser("sweep", help="error against reduction length, with the fp32 bounds drawn")
-    s.add_argument("op", choices=["dot", "matmul", "linear"])
+    s.add_argument("op", choices=[n for n, r in _ops.REGISTRY.items() if r.sweep])
     s.add_argument("--k", required=True, metavar="START:STOP[:STEP]", help="reduction lengths, e.g. 16:4096:256")
     s.add_argument("--m", type=_positive("rows"), default=16, help="rows (default 16)")
     s.add_argument("--n", type=_positive("columns"), default=16, help="columns / out features (default 16)")

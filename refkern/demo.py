@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from refkern import reduce
+import refkern.reduce as reduce
 from refkern.accumulate.formats import FLOAT32, TFLOAT32, round_array
 from refkern.analysis.ulp import ulp_error
 from refkern.kernels import reduction
@@ -27,7 +27,9 @@ def _v(rep):
 def _numpy_conv_question(torch, F, rk):
     torch.manual_seed(2)
     x, w, b = torch.randn(1, 16, 28, 28), torch.randn(8, 16, 5, 5), torch.randn(8)
-    numpy_loop = rk.conv2d(x, w, b, accumulate="naive", accum_dtype="float32")  # the forum's float32 loop
+    from refkern.kernels.conv import conv2d
+
+    numpy_loop = conv2d(x, w, b, accumulate="naive", accum_dtype="float32")  # the forum's float32 loop
     out = F.conv2d(x, w, b)
     r_np = rk.compare(numpy_loop, "conv2d", x, w, b, rtol=1e-4, atol=0)
     r_t = rk.compare(out, "conv2d", x, w, b)
@@ -202,7 +204,7 @@ def run(out=print) -> dict:
     """Run the six questions; returns the JSON-able results (also printed through ``out``)."""
     import torch
 
-    import refkern as rk
+    import refkern.analysis.compare as rk  # rk.compare(...), as a user writes it
     import refkern.torch as rkt
 
     F = torch.nn.functional
@@ -243,7 +245,7 @@ _ORDER = ["naive", "pairwise", "kahan", "neumaier", "dot2", "exact"]
 def run_sums(out=print, seed=0) -> int:
     """Every accumulation method on classic float32 sums, against the correctly rounded result;
     returns the number of cases where exact disagreed with the mpmath ground truth (0)."""
-    from refkern import truth
+    import refkern.truth as truth
 
     failures = 0
     out("refkern demo --sums: every accumulation method against the correctly rounded result (float32)\n")

@@ -5,7 +5,9 @@ import sys
 import tracemalloc
 import types
 import weakref
+from fractions import Fraction
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -305,19 +307,24 @@ def test_audit_half_models(dtype):
 
 def test_audit_matmul_family_and_unsupported_calls():
     a_, b_, bias, c_ = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5), torch.randn(3, 5)
+    huge = (c_.double(), a_.double() * 1e300, b_.double())
     with rkt.audit() as a:
         _ = a_ @ b_
         _ = torch.mm(a_, b_)
         _ = torch.bmm(a_[None], b_[None])
         _ = torch.addmm(bias, a_, b_)
-        _ = torch.addmm(c_, a_, b_)  # a 2-D input is not a bias per column
+        _ = torch.addmm(c_, a_, b_)  # a 2-D input: the exact form [mat1 | input] @ [mat2 ; I]
         _ = torch.baddbmm(torch.zeros(1, 3, 5), a_[None], b_[None], beta=0)
-    assert [c.aten.split(".")[1] for c in a.calls] == ["mm", "mm", "bmm", "addmm", "addmm", "baddbmm"]
-    assert [c.op for c in a.calls] == ["matmul", "matmul", "matmul", "linear", "addmm", "matmul"]
+        _ = torch.baddbmm(c_[None], a_[None], b_[None], beta=0.5, alpha=-1.25)
+        _ = torch.addmm(*huge, alpha=0.1)  # float64 beyond TwoProduct's range
+    assert [c.aten.split(".")[1] for c in a.calls] == ["mm", "mm", "bmm", "addmm", "addmm", "baddbmm", "baddbmm",
+                                                       "addmm"]  # fmt: skip
+    assert [c.op for c in a.calls] == ["matmul", "matmul", "matmul", "linear", "matmul", "matmul", "matmul", "addmm"]
     assert [c.verdict for c in a.calls][:4] == [a.calls[0].verdict] * 4
-    assert a.calls[4].report is None and "not a bias per column" in a.calls[4].note
-    assert a.calls[5].verdict in ("exact", "rounding")
-    assert a.unchecked == {"addmm": 1} and a.summary().startswith("5 of 6 ops checked")
+    assert all(c.verdict in ("exact", "rounding") for c in a.calls[4:7]), a.report()
+    assert a.calls[4].shapes == [(3, 5), (3, 4), (4, 5)]  # the call's own operands, not the exact form's
+    assert a.calls[7].report is None and "beyond 2**995" in a.calls[7].note
+    assert a.unchecked == {"addmm": 1} and a.summary().startswith("7 of 8 ops checked")
 
 
 def _audit_peak(n_layers):
@@ -418,25 +425,61 @@ def test_real_directml_if_installed():
 # ------------------------------------------------- regressions found in review
 
 
+def _addmm_exact(inp, m1, m2, beta, alpha):
+    """beta * input + alpha * mat1 @ mat2 in Fractions, alpha and beta as float32 (torch's opmath for float32)."""
+    a, b = (Fraction(float(torch.tensor(float(v), dtype=torch.float32))) for v in (alpha, beta))
+    C, A, B = inp.expand(m1.shape[0], m2.shape[1]).tolist(), m1.tolist(), m2.tolist()
+    return [[b * Fraction(C[i][j]) + a * sum(Fraction(A[i][k]) * Fraction(B[k][j]) for k in range(len(B)))
+             for j in range(len(B[0]))] for i in range(len(A))]  # fmt: skip
+
+
+def _nearest_float32(got, want):
+    """Every element of the float32 tensor ``got`` is a float32 nearest to the Fraction ``want[i][j]``."""
+    for i in range(got.shape[0]):
+        for j in range(got.shape[1]):
+            g = np.float32(got[i, j].item())
+            err = abs(Fraction(float(g)) - want[i][j])
+            for side in (-np.inf, np.inf):
+                assert err <= abs(Fraction(float(np.nextafter(g, np.float32(side)))) - want[i][j]), (i, j)
+
+
 def test_addmm_with_a_row_bias_is_not_mistaken_for_a_column_bias():
     torch.manual_seed(11)
     inp, m1, m2 = torch.randn(3, 1), torch.randn(3, 4), torch.randn(4, 3)
     with torch.no_grad(), rkt.reference_mode() as mode:
         got = torch.addmm(inp, m1, m2)
-    assert torch.allclose(got, torch.addmm(inp, m1, m2)) and "(3, 1) is not a bias per column" in mode.passed_through[0]
+    assert mode.replaced == 1 and not mode.passed_through and got.dtype == torch.float32
+    _nearest_float32(got, _addmm_exact(inp, m1, m2, 1, 1))  # input (3, 1): a bias per row, not per column
     assert rkt.check(torch.addmm, torch.randn(3), m1, m2, devices="cpu").rows[0].report.verdict in ("exact", "rounding")
+
+
+@pytest.mark.parametrize("beta, alpha", [(0.7, 0.6), (0, 0.3), (2.5, 0), (-1, 1), (1, -3.1)])
+def test_addmm_any_alpha_beta_and_input_is_computed_exactly_and_judged(beta, alpha):
+    torch.manual_seed(3)
+    inp, m1, m2 = torch.randn(4, 5), torch.randn(4, 6), torch.randn(6, 5)
+    with torch.no_grad(), rkt.reference_mode() as mode:
+        got = torch.addmm(inp, m1, m2, beta=beta, alpha=alpha)
+    assert mode.replaced == 1 and not mode.passed_through
+    _nearest_float32(got, _addmm_exact(inp, m1, m2, beta, alpha))
+    res = rkt.check(torch.addmm, inp, m1, m2, beta=beta, alpha=alpha, devices="cpu")
+    assert res.rows[0].report.verdict in ("exact", "rounding")
+    if beta:  # the input scaled by beta * 1.001: a mismatch
+        spec = rkt.ops.from_call(torch.addmm, (inp, m1, m2), {"beta": beta, "alpha": alpha})
+        wrong = torch.addmm(inp, m1, m2, beta=beta * 1.001, alpha=alpha)
+        assert rk.compare(wrong, spec.op, *spec.args).verdict == "mismatch"
 
 
 def test_audit_says_when_calls_were_not_analysed():
     inp, m1, m2 = torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5)
+    huge = (inp.double(), m1.double() * 1e300, m2.double())
     with rkt.audit() as a:
-        torch.addmm(inp, m1, m2)
+        torch.addmm(*huge, alpha=0.1)  # float64 beyond TwoProduct's range
         torch.mm(m1, m2)
     assert a.first_failure is None and len(a.not_analysed) == 1
     lines = a.report().splitlines()
     assert lines[0] == "audit: 1 of 2 ops checked (1 rounding); every checked op is exact or rounding"
     assert lines[1] == "not checked: addmm x1"
-    assert lines[2].startswith("  addmm: a form refkern does not reproduce (addmm with input of shape (3, 5)")
+    assert lines[2].startswith("  addmm: a form refkern does not reproduce (addmm with alpha=0.1, beta=1: a product")
 
 
 def test_audit_allow_takes_a_precision():

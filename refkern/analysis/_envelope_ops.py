@@ -43,6 +43,10 @@ def _exact(t, name, op):
     return operand(t, name, op).values
 
 
+# the layout of an op without an output element: the kind whose envelope is 0 (nothing is reduced)
+_EMPTY = Layout("max", None, 1, back=lambda b: b)
+
+
 def layout(name: str, a: dict, shape: tuple) -> Layout:
     from refkern.kernels.reduction import _input, reduced_dims, rows_of
 
@@ -59,7 +63,8 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
             lay.divisor = max(n, 1)
             lay.absmean = np.abs(X).mean(axis=1) if n else np.zeros(X.shape[0])
         if name in ("var", "std"):
-            lay.divisor = n - float(a.get("correction", 1))
+            corr = a.get("correction")
+            lay.divisor = n - float(1 if corr is None else corr)  # None: torch's default, Bessel's
         return lay
     if name == "cumsum":
         _, _, v = _input(a["x"], name, a.get("dtype"))
@@ -69,6 +74,8 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
         return Layout("cumsum", X, X.shape[1],
                       back=lambda b: np.moveaxis(np.asarray(b).reshape(moved.shape), -1, axis) if v.ndim
                       else np.asarray(b).reshape(()))  # fmt: skip
+    if name in ("layer_norm", "rms_norm", "group_norm", "batch_norm") and _exact(a["input"], "input", name).size == 0:
+        return _EMPTY  # an empty input (torch takes one): no element, no error
     if name in ("layer_norm", "rms_norm"):
         x = _exact(a["input"], "input", name)
         ns = a["normalized_shape"]
@@ -117,9 +124,9 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
     if name.startswith("max_pool"):
         return Layout("max", None, 1, back=lambda b: b)
     if name.startswith("avg_pool") or name.startswith("adaptive_avg_pool"):
-        import refkern
+        from refkern.ops import get
 
-        fn = getattr(refkern, name)
+        fn = get(name).reference
         x = _f64(next(iter(a.values())), "input", name)
         rest = {k: v for k, v in list(a.items())[1:]}
         absmean = np.asarray(fn(np.abs(x), **rest), np.float64)

@@ -438,19 +438,18 @@ def _overflow_namer(flagged):
     return fn
 
 
-def _centre_namer(name, alt, out):
-    """Explains the mismatch when refkern's op on the modified arguments ``alt``, with its own rounding
-    envelope, explains every element."""
+def _centre_namer(name, alt, envelope):
+    """Explains the mismatch when refkern's op on the modified arguments ``alt``, within ``envelope(lay,
+    centre)`` (its own rounding envelope and the store, :func:`refkern.analysis.envelope.envelopes`
+    passes it: this module does not import that one, which imports it), explains every element."""
 
     def fn(actual, unexplained, ref):
-        import refkern
         from refkern.analysis._envelope_ops import layout
-        from refkern.analysis.envelope import _one, _store, working_unit
+        from refkern.ops import get
 
-        res = getattr(refkern, name)(**alt)
+        res = get(name).reference(**alt)
         c = _as_f64(res).reshape(ref.shape)
-        u, u_m = working_unit(out), (out.u if out.prec < FLOAT32.prec else 0.0)
-        b = _one(layout(name, alt, ref.shape), u + u_m, u_m, False, c, out) + _store(c, out.u, out)
+        b = envelope(layout(name, alt, ref.shape), c)
         with np.errstate(all="ignore"):
             same = (actual == c) | (np.isnan(actual) & np.isnan(c))
             return bool(np.all(same | (np.abs(actual - c) <= b)))
@@ -499,9 +498,10 @@ def _log_of_softmax_namer(out):
     return fn
 
 
-def named_bugs(name, args, lay, out):
+def named_bugs(name, args, lay, out, envelope):
     """``[(key, text, fn)]``: patterns a mismatch may be named by, each ``fn(actual, unexplained, ref) -> bool``
-    evaluated only when the verdict is already "mismatch" (a hypothesis that names, never one that excuses)."""
+    evaluated only when the verdict is already "mismatch" (a hypothesis that names, never one that excuses);
+    ``envelope(lay, centre)``: the rounding envelope and store of a call of layout ``lay`` centred on ``centre``."""
     if name in ("softmax", "log_softmax"):
 
         def flagged():
@@ -517,7 +517,7 @@ def named_bugs(name, args, lay, out):
             for d in range(len(shape)):
                 if d != dim and shape[d] == shape[dim]:
                     text = f"fits {name} over dim={d} instead of dim={dim}"
-                    found.append((f"dim {d}", text, _centre_namer(name, {**args, "dim": d}, out)))
+                    found.append((f"dim {d}", text, _centre_namer(name, {**args, "dim": d}, envelope)))
         return found
     a = lay.extra["a"]
     E, S, L = a.Q.shape[2], a.K.shape[1], a.Q.shape[1]
@@ -554,4 +554,4 @@ def named_bugs(name, args, lay, out):
     if S == E and S:
         text = "fits q @ k instead of q @ k^T: the key was used untransposed (possible here because S == E)"
         alts.append(("key untransposed", text, {"key": _swap(args["key"], -2, -1)}))
-    return found + [(key, text, _centre_namer(name, {**args, **alt}, out)) for key, text, alt in alts]
+    return found + [(key, text, _centre_namer(name, {**args, **alt}, envelope)) for key, text, alt in alts]

@@ -156,14 +156,13 @@ of the smallest normal.
 import numpy as np
 from numba import prange
 
+import refkern.ops as _ops
 from refkern._jit import jit
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Format
 
 __all__ = ["OPS", "envelopes", "working_unit", "storage"]
 
-OPS = ("sum", "mean", "var", "std", "cumsum", "layer_norm", "rms_norm", "group_norm", "batch_norm", "avg_pool1d",
-       "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "softmax",
-       "log_softmax", "scaled_dot_product_attention")  # fmt: skip
+OPS = _ops.names(error_model="envelope")  #: the ops judged by envelopes (the registry's)
 _SOFTMAX_KINDS = ("softmax", "log_softmax", "attention")
 ONE_PASS = "one-pass variance"
 ONE_PASS_TEXT = ("fits a one-pass variance E[x^2] - E[x]^2, whose cancellation no correct (two-pass or Welford) "
@@ -386,7 +385,10 @@ def envelopes(name: str, args: dict, ref: np.ndarray, out: Format, lazy: bool = 
         from refkern.analysis._envelope_softmax import named_bugs, reduced_hypotheses
 
         hyps += reduced_hypotheses(name, lay, ref, out, rounding)
-        hyps += [(key, text, fn, None) for key, text, fn in named_bugs(name, args, lay, out)]
+        def own(lay_alt, c):  # a named bug's centre with its own rounding envelope and the store
+            return _one(lay_alt, u + u_m, u_m, False, c, out) + _store(c, out.u, out)
+
+        hyps += [(key, text, fn, None) for key, text, fn in named_bugs(name, args, lay, out, own)]
     if not lazy:
         hyps = [(k, p, *e[3]()) if e[2] is None else e for e in hyps for k, p in [e[:2]]]
     return hyps, lay.n
@@ -396,12 +398,11 @@ def _reduced(name, args, ref, out, prec, fmt):
     """(centre, bound) of the reduced precision ``prec``: refkern's op on the inputs rounded to ``fmt``,
     the float32 envelope of that call from its own terms (bf16 rounds data near 1e4 to steps of 64),
     the store to :func:`storage` and then to ``out``."""
-    import refkern
     from refkern.analysis._envelope_ops import layout
 
     ref = np.asarray(ref, np.float64)
     rounded = _rounded_args(args, fmt)
-    res = getattr(refkern, name)(**rounded)
+    res = _ops.get(name).reference(**rounded)
     res = res[0] if isinstance(res, tuple) else res
     centre = np.asarray(res, np.float64).reshape(ref.shape)
     st = storage(out, prec)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import prange
 
+import refkern.ops as _ops
 from refkern._jit import jit
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.formats import Format, round_array
@@ -36,17 +37,7 @@ from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 
 __all__ = ["OPS", "Evaluation", "Problem", "evaluate", "problem", "op_name", "sample_run"]
 
-OPS = (
-    "dot",
-    "matmul",
-    "linear",
-    "conv1d",
-    "conv2d",
-    "conv3d",
-    "conv_transpose1d",
-    "conv_transpose2d",
-    "conv_transpose3d",
-)
+OPS = _ops.names(error_model="sum")  #: the ops whose every output element is one rounded sum of products
 
 
 @dataclass
@@ -63,22 +54,12 @@ class Evaluation:
 
 
 def op_name(op) -> str:
-    """'conv2d' from 'conv2d' or from refkern.conv2d (house-style error otherwise)."""
-    import refkern
-    from refkern.analysis.envelope import OPS as ENVELOPE_OPS
-
-    known = OPS + tuple(o for o in ENVELOPE_OPS if hasattr(refkern, o))
-    if isinstance(op, str) and op in known:
-        return op
-    for name in known:
-        if op is getattr(refkern, name):
-            return name
-    choices = ", ".join(repr(o) for o in known)
-    raise ValueError(f"compare: unknown op={op!r}; choose one of {choices} (or the refkern function itself).")
+    """'conv2d' from 'conv2d' or from refkern.conv2d (an error listing the registry's ops otherwise)."""
+    return _ops.lookup(op, "compare")
 
 
 def _bind(name, args, kwargs):
-    fn = getattr(__import__("refkern"), name)
+    fn = _ops.get(name).reference
     for bad in ("accumulate", "accum_dtype"):
         if bad in kwargs:
             raise ValueError(f"compare: {bad}= is not an argument of the op: the reference is always exact.")

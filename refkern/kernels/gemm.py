@@ -4,7 +4,7 @@ by a named method (correctly rounded with the default ``accumulate="exact"``).""
 import numpy as np
 from numba import prange
 
-from refkern import engines
+import refkern.engines as engines
 from refkern._arrays import is_tensor
 from refkern._jit import jit
 from refkern.accumulate.exact import BLOCK

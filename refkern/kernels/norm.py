@@ -275,7 +275,10 @@ def _exact_row(x, cols, w, b, center, eps, stats, fmt):
         if z > 0 and (a == 0 and bj == 0 or (a != 0 and bj != 0 and (a > 0) != (bj > 0) and a * a == bj * bj * z)):
             res.append(_zero_sign(xj, mean == 0 and mean_neg, center or stats is not None, wf, bf, a == 0))
             continue
-        if z <= 0:  # var + eps == 0: 0/0 or a/0, as IEEE arithmetic on the formula gives
+        if z < 0:  # var + eps < 0 (a negative eps): the square root of a negative number, NaN
+            res.append(math.nan)
+            continue
+        if z == 0:  # var + eps == 0: 0/0 or a/0, as IEEE arithmetic on the formula gives
             with np.errstate(all="ignore"):
                 res.append(float(np.float64(float(a)) / np.float64(0.0) + float(bj)))
             continue
@@ -301,11 +304,13 @@ def _zero_sign(x, mean_neg, centred, w, b, product_zero):
 
 
 def _eps(eps, op):
+    """eps as a float: any finite real, as torch takes it (a negative eps makes ``var + eps`` negative,
+    and its row NaN, where the variance is below ``-eps``)."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{op}: eps must be a float; got {eps!r}.")
+        raise TypeError(f"{op}: eps must be a float; got eps={eps!r}.")
     e = float(eps)
-    if not (math.isfinite(e) and e >= 0):
-        raise ValueError(f"{op}: eps must be a finite number >= 0; got {eps!r}.")
+    if not math.isfinite(e):
+        raise ValueError(f"{op}: eps must be a finite number; got eps={eps!r}.")
     return e
 
 
@@ -410,10 +415,18 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     variance (``M2 / (n - 1)``) for running_var, each real-valued and rounded once to the running
     tensor's dtype. The caller's tensors are never changed: with ``return_running_stats=True`` the
     result is ``(output, new_running_mean, new_running_var)`` (unchanged in eval; None stays None).
+    An empty input gives an empty output (any shape, as torch: its statistics are not read).
     """
     op = "batch_norm"
     o = operand(input, "input", op)
     x = o.values
+    e = _eps(eps, op)
+    if e < 0 or (training and e == 0):  # torch's own rule for F.batch_norm (the other norms take any eps)
+        need = "> 0 when training" if training else ">= 0"
+        raise ValueError(f"{op}: eps must be {need}, as torch requires; got eps={eps!r}.")
+    if x.size == 0:  # as torch: an empty input gives an empty output, the running statistics unchanged
+        y = deliver(np.empty(x.shape), o.fmt, o.torch or _any_tensor(running_mean, running_var, weight, bias))
+        return (y, running_mean, running_var) if return_running_stats else y
     if x.ndim < 2:
         raise ValueError(f"{op}: expected input of shape (N, C) or (N, C, *); got input.shape={tuple(x.shape)}.")
     c = x.shape[1]
@@ -421,7 +434,6 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     rv = _param(running_var, "running_var", op, (c,))
     w = _param(weight, "weight", op, (c,))
     b = _param(bias, "bias", op, (c,))
-    e = _eps(eps, op)
     Xc = np.ascontiguousarray(np.moveaxis(x, 1, 0).reshape(c, -1))  # channels as rows, float32 or float64
     per = x.size // c if c else 0
     if training and per <= 1:

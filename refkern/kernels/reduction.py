@@ -262,12 +262,16 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
 
 
 def _correction(correction, op):
+    """The correction as an exact Fraction: None is torch's default (Bessel's, 1); any finite real,
+    negative ones included (the divisor n - correction then exceeds n), as torch takes it."""
+    if correction is None:
+        return Fraction(1)
     if isinstance(correction, bool) or not isinstance(correction, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{op}: correction must be a number; got {correction!r}.")
+        raise TypeError(f"{op}: correction must be a number or None; got correction={correction!r}.")
     c = float(correction)
-    if not (math.isfinite(c) and c >= 0):
-        raise ValueError(f"{op}: correction must be a finite number >= 0; got {correction!r}.")
-    return Fraction(correction) if isinstance(correction, (int, np.integer)) else Fraction(c)
+    if not math.isfinite(c):
+        raise ValueError(f"{op}: correction must be a finite number; got correction={correction!r}.")
+    return Fraction(int(correction)) if isinstance(correction, (int, np.integer)) else Fraction(c)
 
 
 def _var_std(x, dim, correction, keepdim, op, want_std):
@@ -310,7 +314,8 @@ def var(x, dim=None, *, correction=1, keepdim=False):
     """Reference ``torch.var(x, dim, correction=correction, keepdim=keepdim)``.
 
     ``M2 / max(0, n - correction)`` with ``M2 = sum (x_i - mean)^2`` and the exact mean,
-    real-valued, rounded once to the input's dtype. M2 is computed from the exact moments
+    real-valued, rounded once to the input's dtype. ``correction`` is any finite real (a negative
+    one divides by more than n) or None, torch's default of 1. M2 is computed from the exact moments
     (:mod:`refkern.kernels._moments`), never by the cancelling ``E[x^2] - E[x]^2``. A NaN or inf
     in the reduced set gives NaN; a divisor <= 0 gives +inf (M2 > 0) or NaN (M2 == 0), as torch.
     """

@@ -23,6 +23,7 @@ from refkern.analysis.compare import compare
 from refkern.analysis.report import COLUMNS_NOTE
 from refkern.gradients import compare_backward
 from refkern.torch import dispatch as dsp
+from refkern.torch._bits import _same_bits, _top_is
 from refkern.torch.sample import restrict
 
 __all__ = ["audit", "Audit", "AuditCall", "BitReport"]
@@ -117,30 +118,6 @@ def _cpu(a, copy=False):
     if isinstance(a, torch.device):
         return torch.device("cpu")
     return a
-
-
-def _same_bits(actual, expected):
-    """(number of elements, number that differ, max ulp among them, first differing flat index)."""
-    a, e = actual.reshape(-1), expected.reshape(-1)
-    n = a.numel()
-    if a.shape != e.shape:
-        return n, n, math.inf, 0
-    if a.is_floating_point():
-        same = (a == e) & (torch.signbit(a) == torch.signbit(e)) | (torch.isnan(a) & torch.isnan(e))
-    else:
-        same = a == e
-    bad = (~same).nonzero()
-    if not bad.numel():
-        return n, 0, 0.0, None
-    ulp = math.inf
-    if a.is_floating_point():
-        ad, ed = a.double(), e.double()
-        spacing = torch.finfo(a.dtype).eps * torch.maximum(ed.abs(), torch.tensor(torch.finfo(a.dtype).tiny)).double()
-        with torch.no_grad():
-            d = ((ad - ed).abs() / spacing)[~same]
-        d = d[torch.isfinite(d)]
-        ulp = float(d.max()) if d.numel() else math.inf
-    return n, int(bad.numel()), ulp, int(bad[0, 0])
 
 
 class _Mode(TorchDispatchMode):
@@ -737,12 +714,6 @@ class _Suspend:
         o._stack[:] = self._stack
         o._istack[:] = self._istack
         return False
-
-
-def _top_is(mode):
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    return _get_current_dispatch_mode() is mode
 
 
 def audit(allow=("exact", "rounding"), *, sample=None, progress=None, client=None, budget=None) -> Audit:

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+import refkern.ops as _ops
 from refkern.analysis.compare import elements
-from refkern.analysis.envelope import OPS as ENVELOPE_OPS
-from refkern.analysis.evaluate import OPS as PRODUCT_OPS
 from refkern.analysis.evaluate import evaluate
 from refkern.analysis.explain import explain_arrays
 from refkern.analysis.report import COLUMNS_NOTE
@@ -19,7 +18,7 @@ from refkern.torch.ops import FUNCTIONS, OpCall, check_keywords, from_call, from
 
 __all__ = ["check", "CheckResult", "CheckRow", "GradRow"]
 
-OPS = PRODUCT_OPS + ENVELOPE_OPS
+OPS = tuple(_ops.REGISTRY)
 
 
 @dataclass
@@ -130,8 +129,7 @@ def _spec(fn, args, kwargs, op):
             )
         return spec
     if op is not None:
-        if op not in OPS:
-            raise ValueError(f"check: unknown op={op!r}; choose one of {', '.join(repr(o) for o in OPS)}.")
+        _ops.get(op, "check")  # an unknown name: one error listing the valid ones
         check_keywords(op, kwargs, "check")
         return OpCall(getattr(fn, "__name__", "fn"), op, args, kwargs)
     if fn in (F.conv1d, F.conv2d, F.conv3d) and "padding_mode" in kwargs:
@@ -345,10 +343,8 @@ def check(
     """
     spec = _spec(fn, args, kwargs, op)
     ref_args, ref_kwargs = spec.on_cpu()
-    if spec.op in ENVELOPE_OPS:  # bad shapes or arguments fail here, in refkern's words
-        import refkern
-
-        getattr(refkern, spec.op)(*ref_args, **ref_kwargs)
+    if _ops.get(spec.op).error_model == "envelope":  # bad shapes or arguments fail here, in refkern's words
+        _ops.get(spec.op).reference(*ref_args, **ref_kwargs)
     else:
         evaluate(spec.op, ref_args, ref_kwargs)
     if grad_output is not None and not backward:

@@ -340,7 +340,7 @@ class _Leaves:
             except Exception as exc:
                 layer.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
             return layer
-        from refkern.torch.audit import _same_bits
+        from refkern.torch._bits import _same_bits
 
         n, nd, ulp, _ = _same_bits(out.detach().cpu(), eager_out.cpu())
         layer.same_as_eager = nd == 0
@@ -436,7 +436,7 @@ class _FunctionRoute:
                     res.note = f"not judged: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
                     self.audit.compiled.append(res)
             return self.real(callback)
-        from refkern.torch.audit import _top_is
+        from refkern.torch._bits import _top_is
 
         if callback not in (None, False) and self.audit._mode is not None and _top_is(self.audit._mode):
             loc = f.f_locals

@@ -20,6 +20,7 @@ fast path. :func:`classify` says what the audit does with one:
 
 import torch
 
+import refkern.ops as _ops
 from refkern.torch.ops import OpCall, from_call
 
 __all__ = ["classify", "reason", "bind", "references", "Part", "op_name", "backward_call", "BackwardCall"]
@@ -68,15 +69,8 @@ _RANDOM = frozenset(
     "feature_dropout alpha_dropout".split()
 )  # fmt: skip
 
-_REFERENCED = frozenset(
-    "convolution _convolution mm bmm addmm baddbmm mv dot linear matmul _softmax _log_softmax _safe_softmax "
-    "native_layer_norm native_group_norm native_batch_norm _native_batch_norm_legit "
-    "_native_batch_norm_legit_no_training _native_batch_norm_legit_functional sum mean var std var_mean std_mean "
-    "cumsum avg_pool1d avg_pool2d max_pool1d max_pool2d max_pool1d_with_indices max_pool2d_with_indices "
-    "_adaptive_avg_pool2d adaptive_avg_pool2d adaptive_avg_pool1d _scaled_dot_product_flash_attention_for_cpu "
-    "_scaled_dot_product_efficient_attention _scaled_dot_product_flash_attention _scaled_dot_product_cudnn_attention "
-    "scaled_dot_product_attention _fused_rms_norm rms_norm layer_norm softmax log_softmax".split()
-)  # fmt: skip
+# The aten ops whose outputs a refkern op reproduces, and their backward kernels: the registry's.
+_REFERENCED = frozenset(a for r in _ops.REGISTRY.values() for a in r.aten)
 
 
 def op_name(func) -> str:
@@ -363,32 +357,35 @@ def _attention(name, b, out):
     return parts
 
 
-_MAP = {"convolution": _conv, "_convolution": _conv, "mm": _mm, "bmm": _mm, "mv": _mm, "dot": _mm, "addmm": _addmm,
-        "baddbmm": _addmm, "linear": _linear, "matmul": _linear, "_softmax": _softmax, "_log_softmax": _softmax,
-        "_safe_softmax": _softmax, "softmax": _softmax, "log_softmax": _softmax, "native_layer_norm": _layer_norm,
-        "layer_norm": _layer_norm, "rms_norm": _rms_norm, "_fused_rms_norm": _rms_norm,
-        "native_group_norm": _group_norm, "native_batch_norm": _batch_norm, "_native_batch_norm_legit": _batch_norm,
-        "_native_batch_norm_legit_no_training": _batch_norm, "_native_batch_norm_legit_functional": _batch_norm,
-        "sum": _reduction, "mean": _reduction, "var": _reduction, "std": _reduction, "var_mean": _reduction,
-        "std_mean": _reduction, "cumsum": _reduction, "avg_pool1d": _pool, "avg_pool2d": _pool,
-        "max_pool1d": _pool, "max_pool2d": _pool, "max_pool1d_with_indices": _pool,
-        "max_pool2d_with_indices": _pool, "_adaptive_avg_pool2d": _pool, "adaptive_avg_pool2d": _pool,
-        "adaptive_avg_pool1d": _pool, "_scaled_dot_product_flash_attention_for_cpu": _attention,
-        "_scaled_dot_product_efficient_attention": _attention, "_scaled_dot_product_flash_attention": _attention,
-        "_scaled_dot_product_cudnn_attention": _attention, "scaled_dot_product_attention": _attention}  # fmt: skip
+def _product(name, b, out):
+    if name in ("addmm", "baddbmm"):
+        return _addmm(name, b, out)
+    if name in ("linear", "matmul"):
+        return _linear(name, b, out)
+    return _mm(name, b, out)
+
+
+def _norm(name, b, out):
+    if "layer_norm" in name:
+        return _layer_norm(name, b, out)
+    if "rms_norm" in name:
+        return _rms_norm(name, b, out)
+    if "group_norm" in name:
+        return _group_norm(name, b, out)
+    return _batch_norm(name, b, out)
+
+
+# the aten ops of each family of the registry's records -> the function that binds their schema's arguments
+_FAMILY = {"product": _product, "conv": _conv, "conv_transpose": _conv, "reduction": _reduction, "norm": _norm,
+           "pool": _pool, "softmax": _softmax, "attention": _attention}  # fmt: skip
+_MAP = {a: _FAMILY[r.family] for r in _ops.REGISTRY.values() for a in r.aten}
 
 
 # ---------------------------------------------------------------- backward kernels
 
 # The backward kernels of refkern's ops, and what each needs from its forward that it does not
 # receive (``eps`` of a norm; the input of a softmax, whose backward receives its output).
-_BACKWARD = frozenset(
-    "convolution_backward native_layer_norm_backward native_group_norm_backward native_batch_norm_backward "
-    "_fused_rms_norm_backward _softmax_backward_data _log_softmax_backward_data max_pool2d_with_indices_backward "
-    "avg_pool2d_backward _adaptive_avg_pool2d_backward _scaled_dot_product_flash_attention_for_cpu_backward "
-    "_scaled_dot_product_flash_attention_backward _scaled_dot_product_efficient_attention_backward "
-    "_scaled_dot_product_cudnn_attention_backward _scaled_dot_product_fused_attention_overrideable_backward".split()
-)  # fmt: skip
+_BACKWARD = frozenset(a for r in _ops.REGISTRY.values() for a in r.aten_backward)
 # scaled_dot_product_attention's fused backward kernels (CPU flash; CUDA flash, memory-efficient, cuDNN; the
 # overrideable one of out-of-tree backends): their outputs in order, the gradient of the additive mask last
 _ATTN_BACKWARD = {"_scaled_dot_product_flash_attention_for_cpu_backward": ("query", "key", "value"),

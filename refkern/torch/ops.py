@@ -1,84 +1,35 @@
 """Which refkern op a torch call computes, and with which arguments.
 
-One table serves ``check`` (a function or module), ``audit`` and ``reference_mode`` (every
-call a model makes). A call that cannot be expressed exactly (``addmm`` with a 2-D
-``input``, or ``alpha``/``beta`` other than 1, attention with dropout, a sum of integers) is
-reported as unsupported, never approximated.
+The registry (:mod:`refkern.ops`: each op's torch callables and signature) serves ``check`` (a
+function or module), ``audit`` and ``reference_mode`` (every call a model makes). A call that
+cannot be expressed exactly (attention with dropout, a sum of integers) is reported as unsupported,
+never approximated. ``addmm``/``baddbmm`` with any ``alpha``, ``beta`` and input are one exact sum
+of products per element (:func:`_addmm`).
 """
 
 import torch
 import torch.nn.functional as F
 
-from refkern._operands import OPERANDS, POSITIONAL
+import refkern.ops as _ops
 
 __all__ = ["OpCall", "from_call", "from_module", "FUNCTIONS", "torch_function", "op_keywords", "check_keywords",
            "COMPOSITES", "composite_body", "operands"]  # fmt: skip
 
-FUNCTIONS = {
-    F.conv1d: "conv1d",
-    F.conv2d: "conv2d",
-    F.conv3d: "conv3d",
-    F.conv_transpose1d: "conv_transpose1d",
-    F.conv_transpose2d: "conv_transpose2d",
-    F.conv_transpose3d: "conv_transpose3d",
-    F.linear: "linear",
-    torch.matmul: "matmul",
-    torch.Tensor.matmul: "matmul",
-    torch.Tensor.__matmul__: "matmul",
-    torch.mm: "mm",
-    torch.Tensor.mm: "mm",
-    torch.bmm: "bmm",
-    torch.Tensor.bmm: "bmm",
-    torch.addmm: "addmm",
-    torch.Tensor.addmm: "addmm",
-    torch.baddbmm: "baddbmm",
-    torch.Tensor.baddbmm: "baddbmm",
-}
-
-# Calls whose arguments are refkern's op's own, in torch's positional order: callable -> (op,
-# torch's positional parameter names). "input" is the op's first operand whatever refkern calls it;
-# "_stacklevel" (F.softmax's) is dropped; "unbiased" (var/std's legacy form) becomes correction.
-_SAME = {
-    torch.sum: ("sum", ("input", "dim", "keepdim")),
-    torch.Tensor.sum: ("sum", ("input", "dim", "keepdim")),
-    torch.mean: ("mean", ("input", "dim", "keepdim")),
-    torch.Tensor.mean: ("mean", ("input", "dim", "keepdim")),
-    torch.var: ("var", ("input", "dim", "unbiased", "keepdim")),
-    torch.Tensor.var: ("var", ("input", "dim", "unbiased", "keepdim")),
-    torch.std: ("std", ("input", "dim", "unbiased", "keepdim")),
-    torch.Tensor.std: ("std", ("input", "dim", "unbiased", "keepdim")),
-    torch.cumsum: ("cumsum", ("input", "dim")),
-    torch.Tensor.cumsum: ("cumsum", ("input", "dim")),
-    torch.dot: ("dot", ("input", "tensor")),
-    torch.Tensor.dot: ("dot", ("input", "tensor")),
-    F.layer_norm: ("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps")),
-    F.rms_norm: ("rms_norm", ("input", "normalized_shape", "weight", "eps")),
-    F.group_norm: ("group_norm", ("input", "num_groups", "weight", "bias", "eps")),
-    F.batch_norm: ("batch_norm", ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
-                                  "eps")),
-    F.avg_pool1d: ("avg_pool1d", ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")),
-    F.avg_pool2d: ("avg_pool2d", ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
-                                  "divisor_override")),
-    F.max_pool1d: ("max_pool1d", ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
-                                  "return_indices")),
-    F.max_pool2d: ("max_pool2d", ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
-                                  "return_indices")),
-    F.max_pool1d_with_indices: ("max_pool1d", ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
-                                               "return_indices")),
-    F.max_pool2d_with_indices: ("max_pool2d", ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
-                                               "return_indices")),
-    F.adaptive_avg_pool1d: ("adaptive_avg_pool1d", ("input", "output_size")),
-    F.adaptive_avg_pool2d: ("adaptive_avg_pool2d", ("input", "output_size")),
-    F.softmax: ("softmax", ("input", "dim", "_stacklevel", "dtype")),
-    torch.softmax: ("softmax", ("input", "dim", "dtype")),
-    torch.Tensor.softmax: ("softmax", ("input", "dim", "dtype")),
-    F.log_softmax: ("log_softmax", ("input", "dim", "_stacklevel", "dtype")),
-    torch.log_softmax: ("log_softmax", ("input", "dim", "dtype")),
-    torch.Tensor.log_softmax: ("log_softmax", ("input", "dim", "dtype")),
-    F.scaled_dot_product_attention: ("scaled_dot_product_attention", ("query", "key", "value", "attn_mask",
-                                                                     "dropout_p", "is_causal", "scale")),
-}  # fmt: skip
-FUNCTIONS.update({f: op for f, (op, _) in _SAME.items()})
+# From the registry (:mod:`refkern.ops`): every torch callable an op stands for -> the name the audit
+# reports (the op's, or torch's own where it differs: "mm" for matmul); and the calls whose arguments
+# are refkern's op's own, in torch's positional order: callable -> (op, torch's positional parameter
+# names). "input" is the op's first operand whatever refkern calls it; "_stacklevel" (F.softmax's) is
+# dropped; "unbiased" (var/std's legacy form) becomes correction. The products and convolutions
+# (params None) are read by :func:`from_call` itself.
+FUNCTIONS = {}
+_SAME = {}
+for _rec in _ops.REGISTRY.values():
+    for _call in _rec.calls:
+        _f = _ops.resolve_path(_call.path)
+        FUNCTIONS[_f] = _call.torch_name or _rec.name
+        if _call.params is not None:
+            _SAME[_f] = (_rec.name, _call.params)
+del _rec, _call, _f
 
 # Functions made of several audited calls (projections, attention): audit and reference_mode run
 # their bodies with the mode still active (see :func:`composite_body`), so each call inside is
@@ -112,15 +63,21 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 class OpCall:
     """A refkern op and the arguments that reproduce a torch call (``unsupported`` says why not)."""
 
-    def __init__(self, torch_name, op=None, args=(), kwargs=None, unsupported=None):
+    def __init__(self, torch_name, op=None, args=(), kwargs=None, unsupported=None, shown=None, dtype=None):
         self.torch_name = torch_name
         self.op = op
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
         self.unsupported = unsupported
+        # where refkern's arguments are not the call's own tensors (addmm's exact form, float64 operands on
+        # the CPU): the call's tensors (their shapes, dtypes and device are reported), and its result dtype
+        self.shown = None if shown is None else tuple(shown)
+        self.dtype = dtype
 
     def tensors(self):
-        return [a for a in (*self.args, *self.kwargs.values()) if isinstance(a, torch.Tensor)]
+        """The call's tensors, as the user gave them."""
+        given = self.shown if self.shown is not None else (*self.args, *self.kwargs.values())
+        return [a for a in given if isinstance(a, torch.Tensor)]
 
     def on_cpu(self, copy=False):
         """The same call with every tensor detached and copied to the CPU (lossless); with ``copy``,
@@ -160,20 +117,78 @@ def from_call(func, args, kwargs) -> OpCall | None:
     # addmm(input, mat1, mat2, beta=1, alpha=1) = beta * input + alpha * mat1 @ mat2 (baddbmm: batched)
     inp, m1 = _get(args, kwargs, 0, "input"), _get(args, kwargs, 1, "mat1", _get(args, kwargs, 1, "batch1"))
     m2 = _get(args, kwargs, 2, "mat2", _get(args, kwargs, 2, "batch2"))
-    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-    if alpha != 1:
-        return OpCall(name, unsupported=f"{name} with alpha={alpha} is not a plain sum of products")
-    if beta == 0:
+    return _addmm(name, inp, m1, m2, kwargs.get("beta", 1), kwargs.get("alpha", 1))
+
+
+def _addmm(name, inp, m1, m2, beta, alpha) -> OpCall:
+    """addmm / baddbmm as refkern computes them: ``mat1 @ mat2`` (beta = 0, alpha = 1), ``linear`` with a
+    bias per column (beta = alpha = 1, an input that broadcasts along the rows), and otherwise the exact
+    form, one sum of products per element: ``[alpha mat1 | beta input] @ [mat2 ; I]`` (the identity's
+    zeros are exact terms) in float64 on the CPU, rounded once to the result dtype. alpha and beta are
+    first converted to the opmath type torch's kernels pass to their GEMMs (float32 for half and float32
+    tensors, float64 for float64); their products with a float32 (or narrower) operand are exact in
+    float64, with a float64 operand they are split into two float64 terms (Dekker's TwoProduct). beta = 0
+    ignores the input and alpha = 0 the product, as torch does (a NaN there does not propagate). The
+    exact form adds n terms (the input's) to each element's K products."""
+    tensors = [t for t in (inp, m1, m2) if isinstance(t, torch.Tensor)]
+    if len(tensors) < 3 or any(t.dtype not in _FLOATS for t in tensors) or len({t.dtype for t in tensors}) > 1:
+        got = ", ".join(str(getattr(t, "dtype", type(t).__name__)).removeprefix("torch.") for t in (inp, m1, m2))
+        return OpCall(name, unsupported=f"{name} of {got} (refkern takes three tensors of one floating dtype)")
+    if beta == 0 and alpha == 1:
         return OpCall(name, "matmul", (m1, m2))
-    if beta != 1:
-        return OpCall(name, unsupported=f"{name} with beta={beta} scales its input before adding it")
     n = m2.shape[-1]
-    if name == "baddbmm":
-        return OpCall(name, unsupported="baddbmm adds a batched input; only beta=0 is analysed")
-    if tuple(inp.shape) in ((), (1,), (n,), (1, 1), (1, n)):  # broadcasts along the rows: a bias per column
-        bias = inp.reshape(-1).expand(n).contiguous()
+    if name == "addmm" and beta == 1 and alpha == 1 and tuple(inp.shape) in ((), (1,), (n,), (1, 1), (1, n)):
+        bias = inp.reshape(-1).expand(n).contiguous()  # broadcasts along the rows: a bias per column
         return OpCall(name, "linear", (m1, m2.transpose(0, 1), bias))  # mat1 @ mat2 + bias, bias a term
-    return OpCall(name, unsupported=f"addmm with input of shape {tuple(inp.shape)} is not a bias per column")
+    wide = m1.dtype == torch.float64
+    opmath = torch.float64 if wide else torch.float32
+    blocks, rows = [], []  # the left operand's column blocks, the right operand's matching row blocks
+    a64, b64 = m1.detach().to("cpu", torch.float64), m2.detach().to("cpu", torch.float64)
+    out_shape = (*a64.shape[:-1], n)
+    eye = torch.eye(n, dtype=torch.float64).expand(*out_shape[:-2], n, n)
+    for scale, left, right in ((alpha, a64, b64), (beta, None, eye)):
+        if scale == 0:
+            continue
+        if left is None:
+            try:
+                left = inp.detach().to("cpu", torch.float64).expand(out_shape)
+            except RuntimeError:
+                return OpCall(name, unsupported=f"{name} with input of shape {tuple(inp.shape)}, which does not "
+                              f"broadcast to the result's {out_shape}")  # fmt: skip
+        s = float(torch.tensor(float(scale), dtype=opmath))
+        pair = _times(left, s, wide)
+        if pair is None:
+            return OpCall(name, unsupported=f"{name} with alpha={alpha}, beta={beta}: a product with a float64 "
+                          "operand beyond 2**995 or below 2**-969, whose error term float64 cannot hold")  # fmt: skip
+        for part in pair:
+            blocks.append(part)
+            rows.append(right)
+    if not blocks:  # alpha = beta = 0: every element is +0, the empty sum
+        blocks, rows = [a64[..., :0]], [b64[..., :0, :]]
+    left, right = torch.cat(blocks, -1).contiguous(), torch.cat(rows, -2).contiguous()
+    return OpCall(name, "matmul", (left, right), shown=(inp, m1, m2), dtype=m1.dtype)
+
+
+def _times(a, s, split):
+    """The float64 terms whose sum is ``s * a`` exactly: ``(s * a,)`` where float64 holds the product
+    (``split`` False: ``s`` a float32 value and ``a`` float32 or narrower, 24 + 24 bits; or ``s = +-1``),
+    else Dekker's ``(hi, lo)`` of float64 ``a`` and ``s``; None where that split is not exact (an operand
+    beyond 2**995 overflows it, a product below 2**-969 loses its error term)."""
+    p = a * s
+    if not split or s in (1.0, -1.0):
+        return (p,)
+    finite = torch.isfinite(p)
+    big = torch.where(finite, a.abs(), 0).max() if a.numel() else 0
+    tiny = ((p != 0) & finite & (p.abs() < 2.0**-969)).any() if a.numel() else False
+    if big > 2.0**995 or abs(s) > 2.0**995 or tiny:
+        return None
+    c = 134217729.0  # 2**27 + 1: Veltkamp's split into two halves of 26 bits
+    ah = a * c - (a * c - a)
+    al = a - ah
+    sh = s * c - (s * c - s)
+    sl = s - sh
+    lo = ((ah * sh - p) + ah * sl + al * sh) + al * sl
+    return p, torch.where(finite, lo, 0.0)
 
 
 def _same(func, args, kwargs) -> OpCall:
@@ -304,35 +319,10 @@ def _expand(v, nd):
     return t * nd if len(t) == 1 else t
 
 
-_TORCH_FUNCTIONS = {
-    "dot": torch.dot,
-    "matmul": torch.matmul,
-    "linear": F.linear,
-    "conv1d": _conv_padded(1),
-    "conv2d": _conv_padded(2),
-    "conv3d": _conv_padded(3),
-    "conv_transpose1d": F.conv_transpose1d,
-    "conv_transpose2d": F.conv_transpose2d,
-    "conv_transpose3d": F.conv_transpose3d,
-    "sum": torch.sum,
-    "mean": torch.mean,
-    "var": torch.var,
-    "std": torch.std,
-    "cumsum": torch.cumsum,
-    "layer_norm": F.layer_norm,
-    "rms_norm": F.rms_norm,
-    "group_norm": F.group_norm,
-    "batch_norm": F.batch_norm,
-    "avg_pool1d": F.avg_pool1d,
-    "avg_pool2d": F.avg_pool2d,
-    "max_pool1d": F.max_pool1d,
-    "max_pool2d": F.max_pool2d,
-    "adaptive_avg_pool1d": F.adaptive_avg_pool1d,
-    "adaptive_avg_pool2d": F.adaptive_avg_pool2d,
-    "softmax": F.softmax,
-    "log_softmax": F.log_softmax,
-    "scaled_dot_product_attention": F.scaled_dot_product_attention,
-}
+# op -> the torch callable computing it with every argument refkern's op takes (the registry's, the
+# convolutions with padding_mode applied as nn.Conv{n}d applies it)
+_TORCH_FUNCTIONS = {n: _conv_padded(int(n[-2])) if r.family == "conv" else _ops.resolve_path(r.torch_function)
+                    for n, r in _ops.REGISTRY.items()}  # fmt: skip
 
 
 def torch_function(op: str):
@@ -341,13 +331,9 @@ def torch_function(op: str):
     return _TORCH_FUNCTIONS[op]
 
 
-# refkern's own keywords (how the reference is computed or what it returns), never torch's.
-_REFKERN_ONLY = ("accumulate", "accum_dtype", "return_running_stats")
-
-
 def operands(op: str) -> tuple:
     """The tensor operands of ``op``, in order (a command line's shapes, a file's arrays)."""
-    return OPERANDS[op]
+    return _ops.get(op).operands
 
 
 def op_keywords(op: str) -> tuple:
@@ -355,15 +341,7 @@ def op_keywords(op: str) -> tuple:
     besides every operand of the products and convolutions, which take them positionally). The
     keywords that say how refkern computes the reference (``accumulate``, ``accum_dtype``,
     ``return_running_stats``) are excluded: a reference for a backend is always exact."""
-    import inspect
-
-    import refkern
-
-    params = list(inspect.signature(getattr(refkern, op)).parameters.values())
-    if op in POSITIONAL:
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        return tuple(p.name for p in params if p.kind in positional and p.name not in OPERANDS[op])
-    return tuple(p.name for p in params[1:] if p.name not in _REFKERN_ONLY)
+    return _ops.get(op).torch_keywords()
 
 
 def check_keywords(op: str, names, where: str) -> None:
@@ -372,12 +350,13 @@ def check_keywords(op: str, names, where: str) -> None:
     ``where`` starts the message ("check", or the command line's "--kw")."""
     import difflib
 
-    valid = op_keywords(op)
+    rec = _ops.get(op)
+    valid = rec.torch_keywords()
     for name in names:
         if name in valid:
             continue
-        if name in (OPERANDS[op] if op in POSITIONAL else OPERANDS[op][:1]):
-            place = ("first", "second", "third")[operands(op).index(name)]
+        if name in (rec.operands if rec.positional else rec.operands[:1]):
+            place = ("first", "second", "third")[rec.operands.index(name)]
             raise TypeError(
                 f"{where}: {name} is an operand of {op}, not a keyword argument; pass it as the {place} operand."
             )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch.overrides import TorchFunctionMode
 
-import refkern
+import refkern.ops as _ops
 from refkern.torch.ops import COMPOSITES, composite_body, from_call
 
 __all__ = ["reference_mode", "compare_outputs", "OutputComparison"]
@@ -36,7 +36,8 @@ class _Reference(TorchFunctionMode):
         cpu_args, cpu_kwargs = spec.on_cpu()
         dev = next(t.device for t in spec.tensors())
         if spec.op == "batch_norm" and cpu_kwargs.get("training"):  # torch updates the running statistics
-            out, mean, var = refkern.batch_norm(*cpu_args, **cpu_kwargs, return_running_stats=True)
+            batch_norm = _ops.get("batch_norm").reference
+            out, mean, var = batch_norm(*cpu_args, **cpu_kwargs, return_running_stats=True)
             for key, new in (("running_mean", mean), ("running_var", var)):
                 given = spec.kwargs.get(key)  # the model's own buffer, on its device
                 if given is not None:
@@ -44,7 +45,15 @@ class _Reference(TorchFunctionMode):
                         given.copy_(new)
             self.replaced += 1
             return out.to(dev)
-        out = getattr(refkern, spec.op)(*cpu_args, **cpu_kwargs)  # exact, rounded once, CPU tensor(s)
+        if spec.dtype is not None:  # an exact form with wider operands (addmm): rounded once to the result dtype
+            from refkern.accumulate.formats import FORMATS
+            from refkern.analysis.evaluate import evaluate
+
+            fmt = FORMATS[str(spec.dtype).removeprefix("torch.")]
+            values = evaluate(spec.op, cpu_args, cpu_kwargs, out=fmt).values
+            self.replaced += 1
+            return torch.from_numpy(values).to(spec.dtype).to(dev)  # values of fmt: the conversion is exact
+        out = _ops.get(spec.op).reference(*cpu_args, **cpu_kwargs)  # exact, rounded once, CPU tensor(s)
         self.replaced += 1
         if isinstance(out, tuple):  # max_pool's (values, indices)
             return tuple(t.to(dev) for t in out)

@@ -22,6 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+import refkern.ops as _ops
+
 __all__ = ["restrict"]
 
 
@@ -43,9 +45,12 @@ def _shrink(sizes, n):
 
 def restrict(op, actual, args, kwargs, n):
     """(actual at the sample, args, kwargs) of the smaller call, or None when ``op`` is judged whole."""
-    fn = _RESTRICT.get(op)
-    if fn is None:
+    rec = _ops.REGISTRY.get(op)
+    if rec is None or rec.sample is None:
         return None
+    fn = _KINDS[rec.sample]
+    if rec.sample == "rows":
+        return fn(actual, tuple(args), dict(kwargs), n, op)
     return fn(actual, tuple(args), dict(kwargs), n)
 
 
@@ -154,15 +159,5 @@ def _rows(actual, args, kwargs, n, op):
     return a2[rows].reshape(-1, *shape), (x2[rows].reshape(-1, *shape),), kwargs
 
 
-_RESTRICT = {
-    "linear": _linear,
-    "matmul": _matmul,
-    "conv1d": _conv,
-    "conv2d": _conv,
-    "conv3d": _conv,
-    "softmax": lambda a, args, kw, n: _rows(a, args, kw, n, "softmax"),
-    "log_softmax": lambda a, args, kw, n: _rows(a, args, kw, n, "log_softmax"),
-    "layer_norm": lambda a, args, kw, n: _rows(a, args, kw, n, "layer_norm"),
-    "rms_norm": lambda a, args, kw, n: _rows(a, args, kw, n, "rms_norm"),
-    "batch_norm": _batch_norm,
-}
+# the registry's sample kinds (:data:`refkern.ops.SAMPLE_KINDS`) -> the function that shrinks such a call
+_KINDS = {"linear": _linear, "matmul": _matmul, "conv": _conv, "batch_norm": _batch_norm, "rows": _rows}

@@ -15,18 +15,13 @@ from fractions import Fraction
 
 import numpy as np
 
+import refkern.ops as _ops
 from refkern._arrays import operand
 from refkern.truth.products import _exact_sum_of_products
 from refkern.truth.softmax import _decide, _ivq, iv
 
 __all__ = ["backward"]
 
-_DIFF = {"linear": ("x", "weight", "bias"), "matmul": ("a", "b"), "dot": ("x", "y"), "softmax": ("input",),
-         "log_softmax": ("input",),
-         "layer_norm": ("input", "weight", "bias"), "rms_norm": ("input", "weight"),
-         "group_norm": ("input", "weight", "bias"), "batch_norm": ("input", "weight", "bias"),
-         **{f"conv{d}d": ("x", "weight", "bias") for d in (1, 2, 3)},
-         **{f"conv_transpose{d}d": ("input", "weight", "bias") for d in (1, 2, 3)}}  # fmt: skip
 
 
 def _values(v, name, op):
@@ -1048,7 +1043,8 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
         G, og = _values(grad_output, "grad_output", "truth.backward")
         fn = {"group_norm": _group_norm_backward, "batch_norm": _batch_norm_backward}.get(name, _norm_backward)
         return fn(name, G, og, a, wrt)
-    ops = {k: _values(v, k, "truth.backward") for k, v in a.items() if k in _DIFF[name] and v is not None}
+    diff = _ops.get(name).differentiable
+    ops = {k: _values(v, k, "truth.backward") for k, v in a.items() if k in diff and v is not None}
     vals = {**a, **{k: v for k, (v, _) in ops.items()}}
     G, og = _values(grad_output, "grad_output", "truth.backward")
     if wrt is None:

@@ -381,9 +381,11 @@ def mean(x, dim=None, keepdim: bool = False, *, dtype=None):
 
 
 def _check_correction(op, correction) -> Fraction:
+    if correction is None:  # torch's default: Bessel's correction
+        return Fraction(1)
     real = isinstance(correction, (int, float, np.integer, np.floating)) and not isinstance(correction, bool)
     if not real or not math.isfinite(correction):
-        raise TypeError(f"{op}: correction must be a finite int or float; got correction={correction!r}.")
+        raise TypeError(f"{op}: correction must be a finite int or float, or None; got correction={correction!r}.")
     return Fraction(float(correction)) if not isinstance(correction, (int, np.integer)) else Fraction(int(correction))
 
 
@@ -401,7 +403,8 @@ def _variance(values: list, correction: Fraction):
 def var(x, dim=None, *, correction=1, keepdim: bool = False):
     """Ground truth of ``torch.var``: ``sum (x - mean)**2 / max(0, n - correction)``, exact, rounded once.
 
-    The mean is exact (not rounded first). ``correction`` is an int or float (torch allows any real).
+    The mean is exact (not rounded first). ``correction`` is an int or float (torch allows any real,
+    negative ones too) or None (torch's default, 1).
     M2 > 0 with divisor 0: +inf; M2 == 0 with divisor 0 (one value and correction 1, or no values): NaN.
     A NaN or inf among the values: NaN. The result dtype is ``x``'s.
     """
@@ -633,10 +636,15 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     with ``momentum`` the exact float64 value, rounded once to running_mean's / running_var's dtype.
     Inputs are never mutated. ``return_running_stats=True`` returns ``(output, new_running_mean,
     new_running_var)`` (eval mode: the running stats unchanged; None stays None). Training with one
-    value per channel is a ValueError, as torch raises.
+    value per channel is a ValueError, as torch raises; an empty input (any shape) gives an empty output.
     """
     op = "truth.batch_norm"
     x = operand(input, "input", op)
+    if math.prod(x.shape) == 0:  # as torch: an empty input gives an empty output, its statistics not read
+        given = (running_mean, running_var, weight, bias)
+        tensor = x.torch or any(type(v).__module__.startswith("torch") for v in given if v is not None)
+        y = _finish(np.empty(tuple(x.shape)), x.fmt, tensor)
+        return (y, running_mean, running_var) if return_running_stats else y
     if len(x.shape) < 2:
         raise ValueError(f"{op}: input must have shape (N, C) or (N, C, *); got input.shape={tuple(x.shape)}.")
     n, c = x.shape[0], x.shape[1]

@@ -1,0 +1,125 @@
+"""Torch's own samples as the parity test: for every registered op with an OpInfo (torch's op_db), its
+``sample_inputs`` in every floating dtype torch's CPU runs are accepted wherever torch accepts them and
+judged with no false alarm, and its ``error_inputs`` get refkern's clear errors (the op's name first).
+
+A torch call reaches refkern as the adapter sees it (refkern.torch.ops.from_call): the same path as
+``check``, ``audit`` and ``reference_mode``. Only calls no reference can reproduce are left out, with
+the adapter's reason: attention with dropout (a random mask). By default at most SAMPLES samples per
+op and dtype are judged (evenly spaced: every variant of the sample generator is reached); the test
+marked slow judges all of them."""
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("expecttest")  # torch's OpInfo database needs it
+
+import refkern.ops as ops  # noqa: E402
+from refkern.analysis.compare import compare  # noqa: E402
+from refkern.torch.ops import from_call  # noqa: E402
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+
+SAMPLES = 12
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+RANDOM = "dropout"  # the one reason the adapter gives for a call no reference can reproduce
+_BY_NAME = {n: r for r in ops.REGISTRY.values() for n in r.opinfo}
+INFOS = [o for o in op_db if o.name in _BY_NAME]
+
+
+def _id(o):
+    return o.name + (f".{o.variant_test_name}" if o.variant_test_name else "")
+
+
+def test_every_opinfo_name_of_the_registry_is_in_op_db():
+    missing = sorted(set(_BY_NAME) - {o.name for o in INFOS})
+    assert not missing, f"records name OpInfos torch does not have: {missing}"
+
+
+def _spec(o, args, kwargs):
+    """The adapter's OpCall of the sample: of OpInfo's callable, or of the record's torch function where the
+    OpInfo wraps it (attention's seeds its random generator first)."""
+    spec = from_call(o.op, args, kwargs)
+    if spec is None:
+        spec = from_call(ops.resolve_path(_BY_NAME[o.name].torch_function), args, kwargs)
+    return spec
+
+
+def _judge(o, dtype, limit):
+    samples = list(o.sample_inputs("cpu", dtype))
+    if limit and len(samples) > limit:
+        samples = [samples[round(i * (len(samples) - 1) / (limit - 1))] for i in range(limit)]
+    judged, random, verdicts, problems = 0, 0, {}, []
+    for s in samples:
+        args, kwargs = (s.input, *s.args), dict(s.kwargs)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = o.op(*args, **kwargs)
+        except Exception:  # torch refuses it: nothing to accept
+            continue
+        spec = _spec(o, args, kwargs)
+        where = f"{_id(o)} {dtype} input {tuple(s.input.shape)} args {s.args!r:.80} kwargs {s.kwargs!r:.80}"
+        if spec is None or spec.unsupported:
+            if spec is not None and RANDOM in spec.unsupported and kwargs.get("dropout_p", 0):
+                random += 1
+                continue
+            problems.append(f"{where}: refused ({spec.unsupported if spec else 'no OpCall'})")
+            continue
+        a, k = spec.on_cpu()
+        try:
+            rep = compare(out[0] if isinstance(out, tuple) else out, spec.op, *a, **k)
+        except Exception as exc:
+            problems.append(f"{where}: {type(exc).__name__}: {exc}")
+            continue
+        judged += 1
+        verdicts[rep.verdict] = verdicts.get(rep.verdict, 0) + 1
+        # torch's CPU kernels compute float32 and float64 in their own precision: a reduced precision there
+        # is a false alarm; for half inputs they may keep half intermediates: only a mismatch is one
+        allowed = ("exact", "rounding") if dtype in (torch.float32, torch.float64) else ("exact", "rounding",
+                                                                                        "reduced-precision")  # fmt: skip
+        if rep.verdict not in allowed:
+            problems.append(f"{where}: {rep.verdict} {rep.precision or ''}\n{rep}")
+    return judged, random, verdicts, problems
+
+
+_CASES = [pytest.param(o, d, id=f"{_id(o)}-{str(d).removeprefix('torch.')}") for o in INFOS for d in DTYPES
+          if d in o.supported_dtypes("cpu")]  # fmt: skip
+
+
+@pytest.mark.parametrize("info, dtype", _CASES)
+def test_sample_inputs_are_accepted_and_judged(info, dtype):
+    judged, random, verdicts, problems = _judge(info, dtype, SAMPLES)
+    assert not problems, "\n".join(problems[:5])
+    assert judged or random, "no sample torch accepts"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("info, dtype", _CASES)
+def test_every_sample_input_is_accepted_and_judged(info, dtype):
+    _, _, _, problems = _judge(info, dtype, None)
+    assert not problems, "\n".join(problems[:5])
+
+
+@pytest.mark.parametrize("info", [pytest.param(o, id=_id(o)) for o in INFOS if o.error_inputs_func is not None])
+def test_error_inputs_get_refkerns_errors(info):
+    """Every call torch refuses is refused by refkern too: the adapter says why, or the reference raises a
+    ValueError or TypeError that starts with the op's name."""
+    count = 0
+    for e in info.error_inputs("cpu"):
+        s = e.sample_input
+        args, kwargs = (s.input, *s.args), dict(s.kwargs)
+        with pytest.raises(Exception):  # noqa: B017 - torch's own error, whatever its class
+            info.op(*args, **kwargs)
+        spec = _spec(info, args, kwargs)
+        assert spec is not None
+        count += 1
+        if spec.unsupported:
+            continue
+        a, k = spec.on_cpu()
+        with pytest.raises((ValueError, TypeError), match=rf"^{spec.op}: "):
+            ops.get(spec.op).reference(*a, **k)
+    assert count

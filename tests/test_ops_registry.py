@@ -1,0 +1,145 @@
+"""The op registry (refkern.ops): every record resolves, agrees with what the library does with the op,
+and an unknown name gets one error listing the valid names."""
+
+import subprocess
+import sys
+
+import pytest
+
+import refkern
+import refkern.ops as ops
+from refkern.accumulate.formats import FLOAT16, FLOAT32
+
+NAMES = tuple(ops.REGISTRY)
+
+
+def test_unknown_name_lists_every_op():
+    with pytest.raises(ValueError, match=r"^ops: unknown op='conv4d'; choose one of 'dot', 'matmul'") as e:
+        ops.get("conv4d")
+    msg = str(e.value)
+    assert all(repr(n) in msg for n in NAMES)
+    assert msg.endswith("Did you mean 'conv3d'?")
+    with pytest.raises(ValueError, match=r"^compare: unknown op=<built-in function len>; choose one of 'dot'"):
+        ops.lookup(len, "compare")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_record_resolves_to_the_public_functions(name):
+    import refkern.truth
+
+    r = ops.get(name)
+    assert r.reference is getattr(refkern, name)
+    assert r.truth is getattr(refkern.truth, name)
+    assert ops.lookup(r.reference, "compare") == name
+    assert r.operands and 1 <= r.required <= len(r.operands)
+    assert list(r.signature.parameters)[: 1 if not r.positional else r.required] == list(
+        r.operands[: 1 if not r.positional else r.required]
+    )
+    assert set(r.differentiable) <= set(r.signature.parameters)
+
+
+def test_registry_order_and_error_models():
+    from refkern.analysis.envelope import OPS as ENVELOPE_OPS
+    from refkern.analysis.evaluate import OPS as SUM_OPS
+
+    assert SUM_OPS + ENVELOPE_OPS == NAMES  # the products first: compare's error lists them so
+    assert set(refkern.__all__) >= set(NAMES)
+
+
+def test_differentiable_arguments_match_the_gradients():
+    """refkern.gradients keeps its own table until it reads the registry: the two must agree."""
+    from refkern import gradients
+
+    assert set(gradients.OPS) == set(NAMES)
+    for name in NAMES:
+        assert gradients._BUILDERS[name][1] == ops.get(name).differentiable, name
+
+
+@pytest.mark.parametrize("name", ops.names(error_model="sum"))
+def test_sum_hypotheses_are_the_verdicts_models(name):
+    """The hypotheses a record names are the families of models the verdict weighs for it."""
+    from refkern.analysis.hypotheses import models
+
+    r = ops.get(name)
+    seen = set()
+    for out in (FLOAT16, FLOAT32):
+        for m in models(out, 53, "bias" in r.operands, name):
+            seen |= {"tf32"} if m.precision == "tf32" else set()
+            seen |= {"autocast"} if m.key.endswith("autocast") else set()
+            seen |= {"accumulators"} if m.order is not None else set()
+            seen |= {"epilogue"} if m.epilogue else set()
+            seen |= {"taps"} if m.taps else set()
+    assert seen == set(r.hypotheses)
+
+
+def test_torch_callables_and_aten_ops_resolve():
+    torch = pytest.importorskip("torch")
+    from refkern.torch import dispatch
+    from refkern.torch.ops import FUNCTIONS, from_call, torch_function
+
+    for name, r in ops.REGISTRY.items():
+        for c in r.calls:
+            f = ops.resolve_path(c.path)
+            assert FUNCTIONS[f] == (c.torch_name or name)
+        for a in (*r.aten, *r.aten_backward):
+            assert hasattr(torch.ops.aten, a), (name, a)  # a misspelt aten name would never match
+        assert set(r.aten) <= dispatch._REFERENCED and set(r.aten_backward) <= dispatch._BACKWARD
+        assert callable(torch_function(name))
+    x = torch.randn(3, 4)
+    assert from_call(torch.Tensor.sum, (x,), {"dim": 1}).op == "sum"
+    assert from_call(torch.mm, (x, x.T), {}).torch_name == "mm"
+
+
+def test_reading_the_registry_imports_neither_torch_nor_mpmath():
+    code = ("import sys, refkern.ops as o; [r.reference for r in o.REGISTRY.values()]; "
+            "print([m for m in ('torch', 'mpmath') if m in sys.modules])")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def _envelope_examples():
+    """A small float32 call of every envelope op (a new op must add one: the test below lists them all)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    img = rng.standard_normal((2, 3, 6)).astype(np.float32)
+    img2 = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    q = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    red = {"x": x, "dim": -1}
+    return {
+        "sum": red, "mean": red, "var": red, "std": red, "cumsum": red,
+        "layer_norm": {"input": x, "normalized_shape": (6,)}, "rms_norm": {"input": x, "normalized_shape": (6,)},
+        "group_norm": {"input": img, "num_groups": 3}, "batch_norm": {"input": img, "running_mean": None,
+                                                                      "running_var": None, "training": True},
+        "avg_pool1d": {"input": img, "kernel_size": 2}, "avg_pool2d": {"input": img2, "kernel_size": 2},
+        "max_pool1d": {"input": img, "kernel_size": 2}, "max_pool2d": {"input": img2, "kernel_size": 2},
+        "adaptive_avg_pool1d": {"input": img, "output_size": 4},
+        "adaptive_avg_pool2d": {"input": img2, "output_size": 4},
+        "softmax": {"input": x, "dim": -1}, "log_softmax": {"input": x, "dim": -1},
+        "scaled_dot_product_attention": {"query": q, "key": q, "value": q},
+    }  # fmt: skip
+
+
+def test_envelope_hypotheses_are_the_verdicts():
+    """The hypotheses an envelope record names are those refkern.analysis.envelope weighs for it (beyond a
+    correct rounding and rounded inputs)."""
+    import numpy as np
+
+    from refkern.analysis.envelope import envelopes
+
+    calls = _envelope_examples()
+    assert set(calls) == set(ops.names(error_model="envelope"))
+    for name, kw in calls.items():
+        r = ops.get(name)
+        a = r.signature.bind(**kw)
+        a.apply_defaults()
+        ref = r.reference(**kw)
+        ref = np.asarray(ref[0] if isinstance(ref, tuple) else ref, np.float64)
+        hyps, _ = envelopes(name, dict(a.arguments), ref, FLOAT32, lazy=True)
+        keys = {h[0] for h in hyps}
+        seen = {"one-pass variance"} & keys
+        seen |= {"stored output"} if {"fp16 output", "bf16 output"} & keys else set()
+        seen |= {"P@V"} if any("P@V" in k for k in keys) else set()
+        seen |= {"named bugs"} if "no max" in keys else set()
+        assert seen == set(r.hypotheses), (name, sorted(keys))

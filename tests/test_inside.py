@@ -249,3 +249,45 @@ def test_noise_is_not_an_output_stored_in_half():
     for dt, p in ((torch.float16, "fp16"), (torch.bfloat16, "bf16")):
         rep = rk.compare(good.to(dt).float(), "softmax", x, -1)
         assert (rep.verdict, rep.precision) == ("reduced-precision", p)
+
+
+def test_sequential_welford_drift_by_hand():
+    """The row [1, 2, 3] (mean 2, var 2/3, eps 0): prefix sums 1, 3, 6 (sum 10), suffix sums 5, 3 and the
+    total 6 (sum 14), sum |x - mean| = 2: B = u (14 + 2 * 2) / 3 = 6 u; r = sqrt(3/2), w = 1: the drift
+    member's bound on each element is (r B)**2 = 54 u**2."""
+    from refkern.analysis._envelope_ops import layout
+
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    args = {"input": x, "normalized_shape": (3,), "weight": None, "bias": None, "eps": 0.0}
+    lay = layout("layer_norm", args, x.shape)
+    ref = rk.layer_norm(x, (3,), eps=0.0)
+    _, _, drift = nz._norm(lay, "layer_norm", lay.rows(np.asarray(ref), np.float32), 2.0**-24, FLOAT32, 0.0)
+    assert drift()[0].tolist() == pytest.approx([54 * 2.0**-48] * 3, rel=4e-16)
+
+
+def test_sequential_welford_on_quantized_offset_rows_is_rounding():
+    """bf16 rows of mean 300 and spread 1 (three values: 298, 300, 302) over 4096 features: a float32
+    sequential Welford mean drifts about 700 float32 ulps (its roundings are not mean-independent on that
+    grid); the folded form on those statistics, rounded to bf16, is rounding and named; the same output
+    x 1.1 is a mismatch."""
+    g = torch.Generator().manual_seed(0)
+    x = (300 + torch.randn(4, 4096, generator=g, dtype=torch.float64)).bfloat16()
+    w = (1 + 0.1 * torch.randn(4096, generator=g)).bfloat16()
+    b = (0.1 * torch.randn(4096, generator=g)).bfloat16()
+    X = x.float().numpy()
+    m = np.zeros(4, np.float32)
+    for i in range(4):  # sequential Welford, float32
+        mk = np.float32(0.0)
+        for k in range(4096):
+            mk = np.float32(mk + np.float32(X[i, k] - mk) / np.float32(k + 1))
+        m[i] = mk
+    d = X - m[:, None]
+    var = (d * d).mean(axis=1, dtype=np.float32)
+    r = (1 / np.sqrt(var + np.float32(1e-5))).astype(np.float32)
+    rw = r[:, None] * w.float().numpy()
+    y = X * rw + (b.float().numpy() - m[:, None] * rw)  # the folded form
+    out = torch.from_numpy(y.astype(np.float32)).bfloat16()
+    rep = rk.compare(out, "layer_norm", x, (4096,), w, b)
+    assert rep.verdict == "rounding", rep
+    assert any("sequential Welford" in t for t in rep.notes)
+    assert rk.compare((out.double() * 1.1).bfloat16(), "layer_norm", x, (4096,), w, b).verdict == "mismatch"

@@ -143,3 +143,24 @@ def test_envelope_hypotheses_are_the_verdicts():
         seen |= {"P@V"} if any("P@V" in k for k in keys) else set()
         seen |= {"named bugs"} if "no max" in keys else set()
         assert seen == set(r.hypotheses), (name, sorted(keys))
+
+
+def test_autograd_nodes_are_torchs():
+    """Every autograd node a record names is the node torch records for that op (a misspelt one would never
+    match, and the audit would not know which parameter a gradient belongs to)."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    seen = {
+        F.conv2d(x, w).grad_fn.name(), F.linear(x[0, 0], x[0, 1], x[0, 2, 0]).grad_fn.name(),
+        (x[0, 0] @ x[0, 0]).grad_fn.name(), torch.bmm(x[0], x[0]).grad_fn.name(),
+        F.layer_norm(x, (8,), w[0, 0, 0].repeat(3)[:8], None).grad_fn.name(),
+        F.group_norm(x, 3, w[0, :, 0, 0]).grad_fn.name(), F.batch_norm(x, None, None, training=True).grad_fn.name(),
+        F.softmax(x, -1).grad_fn.name(), F.log_softmax(x, -1).grad_fn.name(), F.max_pool2d(x, 2).grad_fn.name(),
+        F.avg_pool2d(x, 2).grad_fn.name(), F.adaptive_avg_pool2d(x, 3).grad_fn.name(),
+        F.scaled_dot_product_attention(x, x, x).grad_fn.name(),  # 4-d: the fused CPU kernel
+    }  # fmt: skip
+    named = {node for r in ops.REGISTRY.values() for node, _ in r.autograd}
+    missing = {n for n in seen if n not in named}
+    assert not missing, missing

@@ -72,6 +72,9 @@ class Op:
     calls: tuple = ()  # Call records: the torch callables it stands for
     aten: tuple = ()  # aten ops (overload packets) whose outputs it reproduces
     aten_backward: tuple = ()  # aten backward kernels whose gradients refkern.compare_backward judges
+    backward_outputs: tuple = ()  # (kernel, its outputs' argument names): where not the differentiable ones
+    aten_memo: tuple = ()  # (forward aten op, what its backward needs kept: "eps" or "input")
+    autograd: tuple = ()  # (autograd node name, the forward arguments its inputs are, in order)
     sample: str | None = None  # one of SAMPLE_KINDS, or None
     needs: str | None = None  # "dim=-1": an argument a command line must give, with an example
     sweep: bool = False  # ``refkern sweep`` draws it against the reduction length
@@ -127,13 +130,18 @@ def resolve_path(path: str):
 def _build():
     from refkern.ops._records import RECORDS
 
-    reg = {}
+    reg, nodes = {}, {}
     for r in RECORDS:
         if r.name in reg:
             raise RuntimeError(f"ops: two records for {r.name!r}")
         bad = [h for h in r.hypotheses if h not in HYPOTHESES]
         if r.error_model not in ERROR_MODELS or bad or (r.sample is not None and r.sample not in SAMPLE_KINDS):
             raise RuntimeError(f"ops: record {r.name!r} has an unknown error model, hypothesis or sample kind")
+        if any(a not in r.aten for a, _ in r.aten_memo) or any(k not in r.aten_backward for k, _ in r.backward_outputs):
+            raise RuntimeError(f"ops: record {r.name!r} keeps a memo or outputs of an aten op it does not list")
+        for node, edges in r.autograd:  # a node several ops share (ConvolutionBackward0) has one order
+            if nodes.setdefault(node, edges) != edges:
+                raise RuntimeError(f"ops: two orders of the inputs of autograd node {node}")
         reg[r.name] = r
     return reg
 

@@ -16,10 +16,11 @@ def _methods(*names, params=None, torch_name=None):
     return tuple(Call(f"torch.{p}{n}", params, torch_name) for n in names for p in ("", "Tensor."))
 
 
-def _product(name, reference, operands, *, hypotheses, calls, aten, torch_function, sample=None, opinfo=()):
+def _product(name, reference, operands, *, hypotheses, calls, aten, torch_function, autograd=(), sample=None,
+             opinfo=()):  # fmt: skip
     return Op(name, "product", reference, f"refkern.truth.products:{name}", operands, "sum", required=2,
               positional=True, hypotheses=hypotheses, differentiable=operands,
-              torch_function=torch_function, calls=calls, aten=aten, sample=sample, sweep=True,
+              torch_function=torch_function, calls=calls, aten=aten, autograd=autograd, sample=sample, sweep=True,
               opinfo=opinfo)  # fmt: skip
 
 
@@ -32,6 +33,7 @@ def _conv(nd, transposed=False):
               hypotheses=(*_SUM_HYPOTHESES, "epilogue", *(("taps",) if transposed else ())),
               differentiable=(first, "weight", "bias"), torch_function=f"{_F}{name}",
               calls=(Call(f"{_F}{name}"),), aten=_CONV_CALL, aten_backward=("convolution_backward",),
+              autograd=(("ConvolutionBackward0", ("input", "weight", "bias")),),
               sample=None if transposed else "conv", opinfo=(f"nn.functional.{name}",))  # fmt: skip
 
 
@@ -41,34 +43,45 @@ def _reduction(name, params, *, aten=None, needs=None, hypotheses=()):
               calls=_methods(name, params=params), aten=aten or (name,), needs=needs, opinfo=(name,))  # fmt: skip
 
 
-def _norm(name, operands, params, *, aten, aten_backward, required=1, needs=None, sample=None, hypotheses=()):
+def _norm(name, operands, params, *, aten, aten_backward, autograd, memo=(), required=1, needs=None, sample=None,
+          hypotheses=()):  # fmt: skip
     return Op(name, "norm", f"refkern.kernels.norm:{name}", f"refkern.truth.reductions:{name}", operands,
               "envelope", required=required, hypotheses=hypotheses,
               differentiable=tuple(k for k in operands if k in ("input", "weight", "bias")),
               torch_function=f"{_F}{name}", calls=(Call(f"{_F}{name}", params),), aten=aten,
-              aten_backward=aten_backward, sample=sample, needs=needs, opinfo=(f"nn.functional.{name}",))  # fmt: skip
-
-
-def _pool(name, params, *, aten=None, aten_backward=(), extra_calls=(), needs):
-    return Op(name, "pool", f"refkern.kernels.pool:{name}", f"refkern.truth.reductions:{name}", ("input",),
-              "envelope", differentiable=("input",), torch_function=f"{_F}{name}",
-              calls=(Call(f"{_F}{name}", params), *(Call(f"{_F}{c}", params) for c in extra_calls)),
-              aten=aten or (name,), aten_backward=aten_backward, needs=needs,
+              aten_backward=aten_backward, aten_memo=memo, autograd=autograd, sample=sample, needs=needs,
               opinfo=(f"nn.functional.{name}",))  # fmt: skip
 
 
-def _softmax(name, aten, aten_backward):
+def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_calls=(), needs):
+    return Op(name, "pool", f"refkern.kernels.pool:{name}", f"refkern.truth.reductions:{name}", ("input",),
+              "envelope", differentiable=("input",), torch_function=f"{_F}{name}",
+              calls=(Call(f"{_F}{name}", params), *(Call(f"{_F}{c}", params) for c in extra_calls)),
+              aten=aten or (name,), aten_backward=aten_backward,
+              autograd=((autograd, ("input",)),) if autograd else (), needs=needs,
+              opinfo=(f"nn.functional.{name}",))  # fmt: skip
+
+
+def _softmax(name, aten, aten_backward, node):
     f_params, t_params = ("input", "dim", "_stacklevel", "dtype"), ("input", "dim", "dtype")
     return Op(name, "softmax", f"refkern.kernels.softmax:{name}", f"refkern.truth.softmax:{name}", ("input",),
               "envelope", hypotheses=("stored output", "named bugs"), differentiable=("input",),
               torch_function=f"{_F}{name}",
               calls=(Call(f"{_F}{name}", f_params), *_methods(name, params=t_params)), aten=aten,
-              aten_backward=aten_backward, sample="rows", needs="dim=-1", opinfo=(name,))  # fmt: skip
+              aten_backward=aten_backward, aten_memo=((aten[0], "input"),), autograd=((node, ("input",)),),
+              sample="rows", needs="dim=-1", opinfo=(name,))  # fmt: skip
 
 
 _AVG1 = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
 _MAX = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
 _SDPA = "_scaled_dot_product_"
+_QKV = ("query", "key", "value")
+# attention's fused backward kernels (CPU flash; CUDA flash, memory-efficient, cuDNN; the overrideable one of
+# out-of-tree backends) and their outputs in order, the gradient of the additive mask last
+_SDPA_BACKWARD = ((f"{_SDPA}flash_attention_for_cpu_backward", _QKV), (f"{_SDPA}flash_attention_backward", _QKV),
+                  (f"{_SDPA}efficient_attention_backward", (*_QKV, "attn_bias")),
+                  (f"{_SDPA}cudnn_attention_backward", _QKV),
+                  (f"{_SDPA}fused_attention_overrideable_backward", (*_QKV, "attn_bias")))  # fmt: skip
 
 RECORDS = (
     _product("dot", "refkern.reduce:dot", ("x", "y"), hypotheses=_SUM_HYPOTHESES,
@@ -79,9 +92,11 @@ RECORDS = (
                     *_methods("bmm", torch_name="bmm"), *_methods("addmm", torch_name="addmm"),
                     *_methods("baddbmm", torch_name="baddbmm")),
              aten=("mm", "bmm", "mv", "matmul", "addmm", "baddbmm"), torch_function="torch.matmul",
+             autograd=(("MmBackward0", ("input", "mat2")), ("BmmBackward0", ("input", "mat2"))),
              sample="matmul", opinfo=("matmul", "mm", "bmm", "addmm", "baddbmm")),
     _product("linear", "refkern.kernels.gemm:linear", ("x", "weight", "bias"),
              hypotheses=(*_SUM_HYPOTHESES, "epilogue"), calls=(Call(f"{_F}linear"),), aten=("linear",),
+             autograd=(("AddmmBackward0", ("bias", "input", "weight")),),
              torch_function=f"{_F}linear", sample="linear", opinfo=("nn.functional.linear",)),
     *(_conv(nd) for nd in (1, 2, 3)),
     *(_conv(nd, transposed=True) for nd in (1, 2, 3)),
@@ -94,32 +109,39 @@ RECORDS = (
     _reduction("cumsum", ("input", "dim"), needs="dim=-1"),
     _norm("layer_norm", ("input", "weight", "bias"), ("input", "normalized_shape", "weight", "bias", "eps"),
           aten=("native_layer_norm", "layer_norm"), aten_backward=("native_layer_norm_backward",),
+          memo=(("native_layer_norm", "eps"),), autograd=(("NativeLayerNormBackward0", ("input", "weight", "bias")),),
           needs="normalized_shape=(768,)", sample="rows", hypotheses=("one-pass variance",)),
     _norm("rms_norm", ("input", "weight"), ("input", "normalized_shape", "weight", "eps"),
           aten=("rms_norm", "_fused_rms_norm"), aten_backward=("_fused_rms_norm_backward",),
+          memo=(("_fused_rms_norm", "eps"),), autograd=(("FusedRmsNormBackward0", ("input", "weight")),),
           needs="normalized_shape=(768,)", sample="rows"),
     _norm("group_norm", ("input", "weight", "bias"), ("input", "num_groups", "weight", "bias", "eps"),
           aten=("native_group_norm",), aten_backward=("native_group_norm_backward",), needs="num_groups=4",
+          memo=(("native_group_norm", "eps"),), autograd=(("NativeGroupNormBackward0", ("input", "weight", "bias")),),
           hypotheses=("one-pass variance",)),
     _norm("batch_norm", ("input", "running_mean", "running_var", "weight", "bias"),
           ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
           aten=("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
                 "_native_batch_norm_legit_functional"),
           aten_backward=("native_batch_norm_backward",), required=3, sample="batch_norm",
+          autograd=(("NativeBatchNormBackward0", ("input", "weight", "bias")),),
           hypotheses=("one-pass variance",)),
     _pool("avg_pool1d", _AVG1, needs="kernel_size=3"),
     _pool("avg_pool2d", (*_AVG1, "divisor_override"), aten_backward=("avg_pool2d_backward",),
-          needs="kernel_size=3"),
+          autograd="AvgPool2DBackward0", needs="kernel_size=3"),
     _pool("max_pool1d", _MAX, aten=("max_pool1d", "max_pool1d_with_indices"),
           extra_calls=("max_pool1d_with_indices",), needs="kernel_size=3"),
     _pool("max_pool2d", _MAX, aten=("max_pool2d", "max_pool2d_with_indices"),
           aten_backward=("max_pool2d_with_indices_backward",), extra_calls=("max_pool2d_with_indices",),
+          autograd="MaxPool2DWithIndicesBackward0",
           needs="kernel_size=3"),
     _pool("adaptive_avg_pool1d", ("input", "output_size"), needs="output_size=4"),
     _pool("adaptive_avg_pool2d", ("input", "output_size"), aten=("adaptive_avg_pool2d", "_adaptive_avg_pool2d"),
-          aten_backward=("_adaptive_avg_pool2d_backward",), needs="output_size=(4,4)"),
-    _softmax("softmax", ("_softmax", "_safe_softmax", "softmax"), ("_softmax_backward_data",)),
-    _softmax("log_softmax", ("_log_softmax", "log_softmax"), ("_log_softmax_backward_data",)),
+          aten_backward=("_adaptive_avg_pool2d_backward",), autograd="AdaptiveAvgPool2DBackward0",
+          needs="output_size=(4,4)"),
+    _softmax("softmax", ("_softmax", "_safe_softmax", "softmax"), ("_softmax_backward_data",), "SoftmaxBackward0"),
+    _softmax("log_softmax", ("_log_softmax", "log_softmax"), ("_log_softmax_backward_data",),
+             "LogSoftmaxBackward0"),
     Op("scaled_dot_product_attention", "attention", "refkern.kernels.attention:scaled_dot_product_attention",
        "refkern.truth.softmax:scaled_dot_product_attention", ("query", "key", "value", "attn_mask"), "envelope",
        required=3, hypotheses=("P@V", "named bugs"), differentiable=("query", "key", "value"),
@@ -128,8 +150,12 @@ RECORDS = (
                    ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")),),
        aten=(f"{_SDPA}flash_attention_for_cpu", f"{_SDPA}efficient_attention", f"{_SDPA}flash_attention",
              f"{_SDPA}cudnn_attention", "scaled_dot_product_attention"),
-       aten_backward=(f"{_SDPA}flash_attention_for_cpu_backward", f"{_SDPA}flash_attention_backward",
-                      f"{_SDPA}efficient_attention_backward", f"{_SDPA}cudnn_attention_backward",
-                      f"{_SDPA}fused_attention_overrideable_backward"),
+       aten_backward=tuple(k for k, _ in _SDPA_BACKWARD),
+       backward_outputs=_SDPA_BACKWARD,
+       autograd=(("ScaledDotProductFlashAttentionForCpuBackward0", _QKV),
+                 ("ScaledDotProductFlashAttentionBackward0", _QKV),
+                 ("ScaledDotProductEfficientAttentionBackward0", (*_QKV, "attn_bias")),
+                 ("ScaledDotProductCudnnAttentionBackward0", _QKV),
+                 ("ScaledDotProductFusedAttentionOverrideableBackward0", (*_QKV, "attn_bias"))),
        opinfo=("nn.functional.scaled_dot_product_attention",)),
 )  # fmt: skip

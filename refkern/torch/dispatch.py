@@ -386,18 +386,11 @@ _MAP = {a: _FAMILY[r.family] for r in _ops.REGISTRY.values() for a in r.aten}
 # The backward kernels of refkern's ops, and what each needs from its forward that it does not
 # receive (``eps`` of a norm; the input of a softmax, whose backward receives its output).
 _BACKWARD = frozenset(a for r in _ops.REGISTRY.values() for a in r.aten_backward)
-# scaled_dot_product_attention's fused backward kernels (CPU flash; CUDA flash, memory-efficient, cuDNN; the
-# overrideable one of out-of-tree backends): their outputs in order, the gradient of the additive mask last
-_ATTN_BACKWARD = {"_scaled_dot_product_flash_attention_for_cpu_backward": ("query", "key", "value"),
-                  "_scaled_dot_product_flash_attention_backward": ("query", "key", "value"),
-                  "_scaled_dot_product_efficient_attention_backward": ("query", "key", "value", "attn_bias"),
-                  "_scaled_dot_product_cudnn_attention_backward": ("query", "key", "value"),
-                  "_scaled_dot_product_fused_attention_overrideable_backward": ("query", "key", "value",
-                                                                                "attn_bias")}  # fmt: skip
+# scaled_dot_product_attention's fused backward kernels: their outputs in order (the registry's)
+_ATTN_BACKWARD = {k: outs for r in _ops.REGISTRY.values() for k, outs in r.backward_outputs}
 
-# forward aten op -> what its backward needs kept from the forward (see :func:`forward_memo`)
-MEMO = {"native_layer_norm": "eps", "native_group_norm": "eps", "_fused_rms_norm": "eps", "_softmax": "input",
-        "_log_softmax": "input"}  # fmt: skip
+# forward aten op -> what its backward needs kept from the forward (see :func:`forward_memo`): the registry's
+MEMO = {a: need for r in _ops.REGISTRY.values() for a, need in r.aten_memo}
 
 
 class BackwardCall:
@@ -588,20 +581,9 @@ def _attention_backward(name, b, need, present):
 
 # ---------------------------------------------------------------- which gradient an op computes
 
-# The inputs of an autograd node, in its order (its next_functions): the forward op's arguments.
-_EDGES = {"ConvolutionBackward0": ("input", "weight", "bias"), "AddmmBackward0": ("bias", "input", "weight"),
-          "MmBackward0": ("input", "mat2"), "BmmBackward0": ("input", "mat2"),
-          "NativeLayerNormBackward0": ("input", "weight", "bias"),
-          "NativeGroupNormBackward0": ("input", "weight", "bias"),
-          "NativeBatchNormBackward0": ("input", "weight", "bias"), "FusedRmsNormBackward0": ("input", "weight"),
-          "SoftmaxBackward0": ("input",), "LogSoftmaxBackward0": ("input",),
-          "MaxPool2DWithIndicesBackward0": ("input",), "AvgPool2DBackward0": ("input",),
-          "AdaptiveAvgPool2DBackward0": ("input",),
-          "ScaledDotProductFlashAttentionForCpuBackward0": ("query", "key", "value"),
-          "ScaledDotProductFlashAttentionBackward0": ("query", "key", "value"),
-          "ScaledDotProductEfficientAttentionBackward0": ("query", "key", "value", "attn_bias"),
-          "ScaledDotProductCudnnAttentionBackward0": ("query", "key", "value"),
-          "ScaledDotProductFusedAttentionOverrideableBackward0": ("query", "key", "value", "attn_bias")}  # fmt: skip
+# The inputs of an autograd node, in its order (its next_functions): the forward op's arguments (the
+# registry's; a node several ops share, as ConvolutionBackward0, has one order)
+_EDGES = {node: edges for r in _ops.REGISTRY.values() for node, edges in r.autograd}
 # nodes whose backward only moves or restates the gradient: a parameter's gradient passes through
 _PASS = frozenset("TBackward0 TransposeBackward0 PermuteBackward0 ViewBackward0 UnsafeViewBackward0 "
                   "ReshapeAliasBackward0 UnsqueezeBackward0 SqueezeBackward0 SqueezeBackward1 AliasBackward0 "

@@ -4,7 +4,7 @@ per output element), then the ops judged by envelopes, each family in the order 
 Every name below is a string: nothing is imported here (the kernels, torch and mpmath are imported
 when a consumer first asks a record for its function)."""
 
-from refkern.ops import Call, Op
+from refkern.ops._record import Call, Op
 
 _F = "torch.nn.functional."
 _SUM_HYPOTHESES = ("tf32", "autocast", "accumulators")  # and "epilogue" where a bias is added

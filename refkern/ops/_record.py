@@ -1,0 +1,115 @@
+"""The record of one op (:class:`Op`), the torch callables it stands for (:class:`Call`) and the words
+its fields take. :mod:`refkern.ops` and its records (:mod:`refkern.ops._records`) both import this
+module, which imports neither of them."""
+
+import importlib
+import inspect
+from dataclasses import dataclass
+
+__all__ = ["Op", "Call", "ERROR_MODELS", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY", "resolve_path"]
+
+#: error models: "sum", one rounded sum of products per output element (the products and
+#: convolutions: :mod:`refkern.analysis.evaluate`, the statistical verdict of
+#: :mod:`refkern.analysis.verdict`); "envelope", an op that is more than one sum (a mean, a norm, a
+#: softmax): worst-case envelopes (:mod:`refkern.analysis.envelope`) with the inside test
+ERROR_MODELS = ("sum", "envelope")
+
+#: how the audit's ``sample=`` shrinks a call (:mod:`refkern.torch.sample`); None: judged whole
+SAMPLE_KINDS = ("linear", "matmul", "conv", "rows", "batch_norm")
+
+#: the hypotheses a verdict may weigh besides a correct rounding and the inputs rounded to a narrower
+#: format (which every op has):
+#: "tf32": tf32 inputs (three rounding modes); "autocast": fp16/bf16 inputs, bias and output under
+#: an fp32 result; "accumulators": fp16/bf16 (and fp32 under float64) accumulation, left-to-right or
+#: pairwise; "epilogue": the product sum rounded to a half result before the bias is added; "taps":
+#: per-tap sums in the result format (torch's col2im); "one-pass variance": E[x^2] - E[x]^2, only to
+#: name a mismatch; "stored output": a float32 result stored in fp16/bf16 on the way; "P@V": attention's
+#: weights rounded to fp16/bf16 before the product with V; "named bugs": mismatches with a name (no
+#: maximum subtracted, log of a softmax, a mask or scale dropped)
+HYPOTHESES = ("tf32", "autocast", "accumulators", "epilogue", "taps", "one-pass variance", "stored output", "P@V",
+              "named bugs")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Call:
+    """A torch callable an op stands for: ``path`` its dotted name (``"torch.Tensor.sum"``), ``params``
+    torch's positional parameter names where its arguments are refkern's op's own (bound by name and
+    renamed; None where the adapter reads them itself: the products and convolutions), ``torch_name``
+    the name the audit reports where it differs from the op's (``"mm"`` for matmul)."""
+
+    path: str
+    params: tuple | None = None
+    torch_name: str | None = None
+
+
+@dataclass(frozen=True)
+class Op:
+    """What refkern knows of one op (module docstring); built only in :mod:`refkern.ops._records`."""
+
+    name: str
+    family: str  # "product", "conv", "conv_transpose", "reduction", "norm", "pool", "softmax", "attention"
+    reference_path: str  # "refkern.kernels.conv:conv2d"
+    truth_path: str  # "refkern.truth.products:conv2d"
+    operands: tuple  # the tensor operands, in order (a command line's shapes, a file's arrays)
+    error_model: str  # one of ERROR_MODELS
+    required: int = 1  # how many operands a call needs (the rest are optional: bias, weight, mask)
+    positional: bool = False  # every operand positional (torch's order); else the tensors after the first by name
+    hypotheses: tuple = ()  # subset of HYPOTHESES
+    differentiable: tuple = ()  # the arguments refkern.backward gives gradients for
+    torch_function: str = ""  # the torch callable computing it with refkern's arguments
+    calls: tuple = ()  # Call records: the torch callables it stands for
+    aten: tuple = ()  # aten ops (overload packets) whose outputs it reproduces
+    aten_backward: tuple = ()  # aten backward kernels whose gradients refkern.compare_backward judges
+    backward_outputs: tuple = ()  # (kernel, its outputs' argument names): where not the differentiable ones
+    aten_memo: tuple = ()  # (forward aten op, what its backward needs kept: "eps" or "input")
+    autograd: tuple = ()  # (autograd node name, the forward arguments its inputs are, in order)
+    sample: str | None = None  # one of SAMPLE_KINDS, or None
+    needs: str | None = None  # "dim=-1": an argument a command line must give, with an example
+    sweep: bool = False  # ``refkern sweep`` draws it against the reduction length
+    opinfo: tuple = ()  # names in torch's OpInfo database (op_db)
+
+    @property
+    def reference(self):
+        """The reference function (``refkern.conv2d``)."""
+        return resolve_path(self.reference_path)
+
+    @property
+    def truth(self):
+        """The ground-truth function (``refkern.truth.conv2d``); imports mpmath."""
+        return resolve_path(self.truth_path)
+
+    @property
+    def signature(self) -> inspect.Signature:
+        return inspect.signature(self.reference)
+
+    def torch_keywords(self) -> tuple:
+        """The arguments of refkern's op that torch's op takes too, besides its first operand (and
+        besides every operand of the positional ops). Excluded: the keywords that say how refkern
+        computes the reference (``accumulate``, ``accum_dtype``, ``return_running_stats``)."""
+        params = list(self.signature.parameters.values())
+        if self.positional:
+            kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            return tuple(p.name for p in params if p.kind in kinds and p.name not in self.operands)
+        return tuple(p.name for p in params[1:] if p.name not in REFKERN_ONLY)
+
+
+#: refkern's own keywords (how the reference is computed or what it returns), never torch's
+REFKERN_ONLY = ("accumulate", "accum_dtype", "return_running_stats")
+
+
+def resolve_path(path: str):
+    """The object at ``"package.module:attribute"``, or at a dotted name (``"torch.Tensor.sum"``: the
+    longest importable prefix, then attributes)."""
+    if ":" in path:
+        module, _, attr = path.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for p in parts[i:]:
+            obj = getattr(obj, p)
+        return obj
+    raise ImportError(f"ops: no module in {path!r}")

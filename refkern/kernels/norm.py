@@ -35,6 +35,8 @@ from refkern.accumulate.formats import round_array
 from refkern.accumulate.ziv import decide, round_fraction, round_quotient_sqrt
 from refkern.kernels._common import deliver
 from refkern.kernels._moments import OK, SPECIAL, exact_moments, moments, new_workspace
+from refkern.ops._args import eps as _eps  # the gradients read them here too
+from refkern.ops._args import normalized_shape as _shape_arg
 
 __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "normalize"]
 
@@ -303,17 +305,6 @@ def _zero_sign(x, mean_neg, centred, w, b, product_zero):
     return -0.0 if q_neg and math.copysign(1.0, b) < 0 else 0.0
 
 
-def _eps(eps, op):
-    """eps as a float: any finite real, as torch takes it (a negative eps makes ``var + eps`` negative,
-    and its row NaN, where the variance is below ``-eps``)."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{op}: eps must be a float; got eps={eps!r}.")
-    e = float(eps)
-    if not math.isfinite(e):
-        raise ValueError(f"{op}: eps must be a finite number; got eps={eps!r}.")
-    return e
-
-
 def _param(t, name, op, shape):
     """An optional affine parameter as float64 of ``shape`` (any float dtype: torch allows a float32
     weight with a half input)."""
@@ -323,18 +314,6 @@ def _param(t, name, op, shape):
     if tuple(o.shape) != tuple(shape):
         raise ValueError(f"{op}: expected {name} of shape {tuple(shape)}; got {name}.shape={tuple(o.shape)}.")
     return np.ascontiguousarray(o.values, np.float64)
-
-
-def _shape_arg(normalized_shape, op):
-    if isinstance(normalized_shape, (int, np.integer)) and not isinstance(normalized_shape, bool):
-        return (int(normalized_shape),)
-    try:
-        shape = tuple(int(s) for s in normalized_shape)
-    except TypeError:
-        raise TypeError(
-            f"{op}: normalized_shape must be an int or a tuple of ints; got {normalized_shape!r}."
-        ) from None
-    return shape
 
 
 def _trailing(op, x, normalized_shape):

@@ -25,6 +25,7 @@ from refkern.accumulate.superacc import NNAN, NNINF, NPINF, SIZE, acc_init, acc_
 from refkern.accumulate.ziv import acc_copy, acc_dd, decide, round_fraction, round_quotient_sqrt
 from refkern.kernels._common import deliver
 from refkern.kernels._moments import OK, exact_moments, moments, new_workspace
+from refkern.ops._args import correction as _correction  # the gradients read it here too
 from refkern.scale._dispatch import dask_in, to_dask
 
 __all__ = ["sum", "mean", "var", "std", "cumsum", "rows_of", "reduced_dims"]
@@ -259,19 +260,6 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
         for r in np.flatnonzero(und):
             out[r] = round_fraction(builtins.sum(map(Fraction, X[r].tolist()), Fraction(0)) / X.shape[1], fmt)
     return _deliver(out.reshape(shape), fmt, o.torch)
-
-
-def _correction(correction, op):
-    """The correction as an exact Fraction: None is torch's default (Bessel's, 1); any finite real,
-    negative ones included (the divisor n - correction then exceeds n), as torch takes it."""
-    if correction is None:
-        return Fraction(1)
-    if isinstance(correction, bool) or not isinstance(correction, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{op}: correction must be a number or None; got correction={correction!r}.")
-    c = float(correction)
-    if not math.isfinite(c):
-        raise ValueError(f"{op}: correction must be a finite number; got correction={correction!r}.")
-    return Fraction(int(correction)) if isinstance(correction, (int, np.integer)) else Fraction(c)
 
 
 def _var_std(x, dim, correction, keepdim, op, want_std):

@@ -266,7 +266,8 @@ def _softmax_backward(name, G, og, a, wrt):
 def _norm_backward(name, G, og, a, wrt):
     """layer_norm / rms_norm gradients: their rows (the normalised dimensions flattened) to
     :func:`_norm_rows`; grad_weight and grad_bias sum over the rows, column by column."""
-    from refkern.kernels.norm import _eps, _shape_arg
+    from refkern.ops._args import eps as _eps
+    from refkern.ops._args import normalized_shape as _shape_arg
 
     x, ox = _values(a["input"], "input", "truth.backward")
     shape = _shape_arg(a["normalized_shape"], "truth.backward")
@@ -287,7 +288,7 @@ def _norm_backward(name, G, og, a, wrt):
 def _group_norm_backward(name, G, og, a, wrt):
     """group_norm: rows of (C / G, spatial) per (sample, group), the weight of each element's channel;
     grad_weight and grad_bias of channel c sum over every (sample, spatial position) of c."""
-    from refkern.kernels.norm import _eps
+    from refkern.ops._args import eps as _eps
 
     x, ox = _values(a["input"], "input", "truth.backward")
     nb, c = x.shape[:2]
@@ -307,7 +308,7 @@ def _group_norm_backward(name, G, og, a, wrt):
 def _batch_norm_backward(name, G, og, a, wrt):
     """batch_norm: training, a norm over each channel's (N, spatial) elements with its own weight;
     eval (the running statistics given), the affine map ``g w / sqrt(rv + eps)`` per element."""
-    from refkern.kernels.norm import _eps
+    from refkern.ops._args import eps as _eps
 
     x, ox = _values(a["input"], "input", "truth.backward")
     nb, c = x.shape[:2]
@@ -897,7 +898,8 @@ def _reduction_backward(name, G, og, a, wrt):
     loop; rational when ``dof M2`` is a square), each rounded once to x's format. Where torch's autograd
     formula has no real value (:mod:`refkern.kernels.reduction_backward`'s rules), its IEEE value."""
     from refkern.kernels._common import deliver
-    from refkern.kernels.reduction import _correction, reduced_dims
+    from refkern.kernels.reduction import reduced_dims
+    from refkern.ops._args import correction as _correction
 
     x, ox = _values(a["x"], "x", "truth.backward")
     fmt = ox.fmt

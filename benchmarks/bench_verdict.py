@@ -2086,8 +2086,7 @@ def bw_case(cfg, length, data, dtype, layout, seed, extras, bugs, quick, log_err
                 continue
             # torch's CPU norms round grad_weight's and grad_bias's running sums to a half input's dtype: naming
             # that precision is right, not an alarm (the float32 model fails it by hundreds of sigma at 64 rows)
-            half = {"float16": "fp16", "bfloat16": "bf16"}.get(dtype)
-            may = half if src == "torch autograd" and call["op"] in NORM_BW and n in ("weight", "bias") else None
+            may = _half_sums(call, n, dtype) if src == "torch autograd" else None
             rows.append(_bw_row(meta, n, rep, s, truth="correct", name=src, may_name=may))
             if src == "torch autograd":
                 base[n] = rep
@@ -2119,8 +2118,11 @@ def bw_case(cfg, length, data, dtype, layout, seed, extras, bugs, quick, log_err
         err = np.where(np.isnan(err), np.inf, err)
         det = (base[n].detectable or {}).get("element") if test == "statistical" else None
         size_det = float(err.max(initial=0.0) / det) if det else np.nan
+        # on torch's half-summed norm parameters (named that precision themselves), a bug below that precision's
+        # spread named it is no excuse: the kernel is that precision
+        own = base[n].precision if base[n].verdict == "reduced-precision" and _half_sums(call, n, dtype) else None
         rows.append(_bw_row(meta, n, rep, s, truth="bug", name=kind, size=_yard(rep)[1], size_det=size_det,
-                            base_ratio=_yard(base[n])[1]))  # fmt: skip
+                            base_ratio=_yard(base[n])[1], may_name=own))  # fmt: skip
     return rows
 
 
@@ -2194,10 +2196,20 @@ def _must_catch(r):
     return r["size"] >= _must(r) * max(1.0, r.get("base_ratio", 0.0))
 
 
+def _half_sums(call, grad, dtype):
+    """The half precision torch's CPU norms sum grad_weight and grad_bias in, for a half input (else None)."""
+    half = {"float16": "fp16", "bfloat16": "bf16"}.get(dtype)
+    return half if call["op"] in NORM_BW and grad in ("weight", "bias") else None
+
+
+def _named_own(r) -> bool:
+    """A reduced precision named that the kernel itself has (torch's half-summed norm parameters)."""
+    return r["verdict"] == "reduced-precision" and bool(r.get("may_name")) and r["precision"] == r["may_name"]
+
+
 def _alarm(r) -> bool:
     """A correct gradient judged neither exact nor rounding, nor the reduced precision its kernel has."""
-    named = r["verdict"] == "reduced-precision" and r.get("may_name") and r["precision"] == r["may_name"]
-    return r["verdict"] not in ("exact", "rounding") and not named
+    return r["verdict"] not in ("exact", "rounding") and not _named_own(r)
 
 
 def summarise_backward(rows) -> dict:
@@ -2292,7 +2304,8 @@ def summarise_backward(rows) -> dict:
         "caught_over_multiple_within_base": sum(r["caught"] for r in masked),
         "bugs_below_1x": len(below),
         "caught_below_1x": sum(r["caught"] for r in below),
-        "below_1x_named_a_precision": sum(r["verdict"] == "reduced-precision" for r in below),
+        "below_1x_named_a_precision": sum(r["verdict"] == "reduced-precision" and not _named_own(r) for r in below),
+        "below_1x_named_its_own_precision": sum(_named_own(r) for r in below),
         "bugs_named_a_precision": sum(r["verdict"] == "reduced-precision" for r in bugs),
         "statistical_by_detectable": {
             lab: _frac([r for r in stat_det if lo <= r["size_det"] < hi], lambda r: r["caught"])
@@ -2306,7 +2319,7 @@ def summarise_backward(rows) -> dict:
         "median_seconds": float(np.median([r["seconds"] for r in rows])) if rows else 0.0,
         "false_alarm_cases": fa[:40],
         "missed_must": [r for r in big if not r["caught"]][:60],
-        "named_a_precision": [r for r in bugs if r["verdict"] == "reduced-precision"][:40],
+        "named_a_precision": [r for r in bugs if r["verdict"] == "reduced-precision" and not _named_own(r)][:40],
         "misnamed": [r for r in reduced if r["outcome"] != "named right"][:40],
     }
 

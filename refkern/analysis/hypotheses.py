@@ -40,6 +40,7 @@ import numpy as np
 
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, TFLOAT32, Format, round_array
 from refkern.analysis.evaluate import Problem, sample_run
+from refkern.analysis.stats import level
 from refkern.kernels._element import ENERGY, EXACT, NAIVE, PAIRWISE
 
 __all__ = ["Model", "models", "centre", "centre_sample", "rounding_variance"]
@@ -62,6 +63,7 @@ class Model:
     taps: bool = False  # per-tap sums added tap after tap into an accumulator in ``storage``
     tap_store: bool = True  # with taps: each tap's sum is rounded to ``storage`` before it is added (col2im)
     tap_running: bool = True  # with taps: the running sum is held in ``storage`` (else summed in fp32, rounded once)
+    product: Format | None = None  # the product sum stored in this format, then a bias added in ``storage``
 
     @property
     def rounding(self) -> bool:
@@ -112,6 +114,13 @@ def models(out: Format, in_prec: int, has_bias: bool, op: str = "") -> list:
             if has_bias:  # autocast, or a custom kernel: the bias is cast too (into any result format)
                 ms.append(Model(f"{f.short} inputs and bias", f.short,
                                 f"{f.short} inputs and bias, fp32 accumulation", out, FLOAT32, (f, NEAREST, True)))
+        if out is FLOAT32 and has_bias:  # autocast's matmul in f, then the fp32 bias added (pytorch#137080)
+            for f in (FLOAT16, BFLOAT16):
+                if in_prec > f.prec:
+                    ms.append(Model(f"{f.short} autocast product, fp32 bias", f.short,
+                                    f"autocast: {f.short} inputs, fp32 accumulation, the product stored in {f.short}, "
+                                    "the fp32 bias added after", out, FLOAT32, (f, NEAREST, False),
+                                    product=f))  # fmt: skip
         if out is FLOAT32:
             for f in (FLOAT16, BFLOAT16):
                 ms.append(Model(f"{f.short} autocast", f.short,
@@ -182,6 +191,28 @@ def _n_taps(pr: Problem) -> int:
     return int(np.prod(w.shape[2:]))
 
 
+def _product_then_bias(p, mag, b, m: Model, n: int, lam: float):
+    """(c, var) of a model that stores the product sum in ``m.product`` and adds the bias in ``m.storage``:
+    ``c = fl_s(fl_p(p) + b)`` from the product ``p`` (float64, within 2**-53 of the exact sum; ``mag`` the
+    sum of its terms' magnitudes). The backend's own product carries its accumulation's rounding,
+    ``sigma_a = (1 + gamma_n) u_a sqrt(n + 1) mag``; where ``p`` lies within ``lam sigma_a`` (plus the float64
+    slack ``2**-52 |p|``) of a midpoint of ``m.product``'s grid, the backend may store the neighbouring value
+    instead: there, and only there, the scale widens by one ulp of that grid (``2 ulp**2``: the straddle
+    rule of the envelopes). Elsewhere the stored product is the centre's, exactly: the scale is the
+    rounding model's, the bias's addition and the stores."""
+    f = m.product
+    with np.errstate(all="ignore"):
+        q = round_array(np.ascontiguousarray(p, np.float64), *f.params)
+        c = round_array(q + b, *m.storage.params)
+        var = rounding_variance(m, n, mag + np.abs(b), c)
+        _, e = np.frexp(np.where(np.isfinite(p), np.abs(p), 0.0))
+        ulp = np.ldexp(1.0, np.maximum(e - 1, f.emin) - f.prec + 1)
+        sig = m.acc.u * (1.0 + _gamma(n, m.acc.u)) * np.sqrt(n + 1.0) * mag
+        near = ulp / 2 - np.abs(p - q) <= lam * sig + 2.0**-52 * np.abs(p)
+        var = var + np.where(near, 2.0 * ulp * ulp, 0.0)
+    return c, var
+
+
 def centre(pr: Problem, m: Model):
     """(c, var) of the model on every element of the problem, float64 arrays of its shape."""
     n = pr.n_terms
@@ -198,6 +229,9 @@ def centre(pr: Problem, m: Model):
             s, _ = pr.run(inputs=m.inputs, method=ENERGY, work=FLOAT64)
             c = _store(v, m)
             return c, _order_variance(m, n, s, c)
+        if m.product is not None:
+            prod, mag = pr.run(inputs=m.inputs, work=FLOAT64, want_mag=True, with_bias=False)
+            return _product_then_bias(prod, mag, pr.bias_values(), m, n, level(pr.size))
         if m.epilogue:
             prod, mag = pr.run(inputs=m.inputs, work=m.storage, want_mag=True, with_bias=False)
             b = pr.bias_values()
@@ -225,6 +259,9 @@ def centre_sample(terms, pr: Problem, m: Model):
             s, _ = run(ENERGY, FLOAT64)
             c = _store(v, m)
             return c, _order_variance(m, n, s, c)
+        if m.product is not None:
+            prod, mag = run(EXACT, FLOAT64, with_bias=False)
+            return _product_then_bias(prod, mag, b, m, n, level(pr.size))
         if m.epilogue:
             prod, mag = run(EXACT, m.storage, with_bias=False)
             c = round_array(prod + b, *m.storage.params)

@@ -43,7 +43,7 @@ from refkern.accumulate.formats import FORMATS
 from refkern.analysis.hypotheses import Model
 from refkern.analysis.noise import Noise, noise
 from refkern.analysis.passes import ulps_at
-from refkern.analysis.stats import ALPHA, level
+from refkern.analysis.stats import ALPHA, group_sums, level
 from refkern.analysis.structure import group_failures, n_groups
 from refkern.analysis.verdict import Decision, _classes, _element_test_arrays, _scale_failure, overflowed
 
@@ -104,19 +104,23 @@ def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=N
         a, c = a * scale, c * scale
     z, fails, keep, r, vk = _element_test_arrays(a, c, var, lam_el, grid)
     z[over], fails[over] = np.inf, True
-    groups = group_failures(r, vk, keep, c, a, axes, lam_grp, only) if only else []
+    groups = group_failures(r, vk, keep, c, a, axes, lam_grp, only) if only and _any_group(r, vk, keep, only,
+                                                                                          lam_grp) else []  # fmt: skip
     if coherent is not None:
-        yk = np.where(keep, y, 0.0)
-        groups = groups + _scale_failure(r, vk + _spread(coherent(yk), yk), keep, y, lam_grp)
+        groups = groups + _scale_failure(r, vk, keep, y, lam_grp, coherent)
     return StatFit(model, c, var, z, fails, groups, lam_el)
 
 
-def _spread(extra, yk):
-    """``extra``, a variance of ``sum e y``, as per-element variances ``v`` with ``sum v y**2 = extra``
-    (:func:`~refkern.analysis.verdict._scale_failure` reads ``sum vk y**2``)."""
-    with np.errstate(all="ignore"):
-        s = float(np.sum(yk * yk))
-    return np.full(yk.shape, float(extra) / s) if s > 0 else np.zeros(yk.shape)
+def _any_group(r, vk, keep, only, lam) -> bool:
+    """Does any group along the axes ``only`` fail, counting every element (the first test of
+    :func:`~refkern.analysis.structure.group_failures`, which peels and recounts only then): on a healthy
+    output the peeling's copies of r and vk are skipped."""
+    for ax in only:
+        g, v, _ = group_sums(r, vk, keep, ax)
+        with np.errstate(all="ignore"):
+            if np.any((g != 0) & ~(np.abs(g) <= lam * np.sqrt(v))):
+                return True
+    return False
 
 
 def _at(scale, mask):

@@ -23,6 +23,14 @@ def test_unknown_name_lists_every_op():
         ops.lookup(len, "compare")
 
 
+def test_torch_function_of_an_unknown_op_lists_the_ops():
+    pytest.importorskip("torch")
+    from refkern.torch import torch_function
+
+    with pytest.raises(ValueError, match=r"^torch_function: unknown op='lienar'; choose one of 'dot'.* Did you mean"):
+        torch_function("lienar")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_record_resolves_to_the_public_functions(name):
     import refkern.truth

@@ -327,8 +327,9 @@ _TORCH_FUNCTIONS = {n: _conv_padded(int(n[-2])) if r.family == "conv" else _ops.
 
 def torch_function(op: str):
     """The torch callable that computes refkern's ``op`` with every argument refkern's op takes
-    (``conv1d``/``conv2d``/``conv3d`` also take ``padding_mode``, which ``F.conv2d`` does not)."""
-    return _TORCH_FUNCTIONS[op]
+    (``conv1d``/``conv2d``/``conv3d`` also take ``padding_mode``, which ``F.conv2d`` does not); an unknown
+    name gets the registry's error listing the valid ones."""
+    return _TORCH_FUNCTIONS[_ops.get(op, "torch_function").name]
 
 
 def operands(op: str) -> tuple:
@@ -350,7 +351,7 @@ def check_keywords(op: str, names, where: str) -> None:
     ``where`` starts the message ("check", or the command line's "--kw")."""
     import difflib
 
-    rec = _ops.get(op)
+    rec = _ops.get(op, where)
     valid = rec.torch_keywords()
     for name in names:
         if name in valid:

@@ -4,16 +4,20 @@ Nothing here shares numerics with the fast path: values are built by mpmath at a
 precision derived from the inputs (never mpmath's default 53 bits), and the single rounding
 to the result format is done on Python integers. One module per family of ops:
 
-* :mod:`refkern.truth.products`: dot, sum, matmul, linear, the convolutions.
-* :mod:`refkern.truth.backward`: the gradients of the products and convolutions.
+* :mod:`refkern.truth.products`: dot, matmul, linear, the convolutions.
+* :mod:`refkern.truth.reductions`: sum, mean, var, std, cumsum, the norms, the pools.
+* :mod:`refkern.truth.softmax`: softmax, log_softmax, scaled_dot_product_attention.
+* :mod:`refkern.truth.backward`: the gradients of every op.
+
+``refkern.truth.<op>`` is the function the op's record names (:mod:`refkern.ops`): adding an op's
+record exports its ground truth here.
 """
 
+import refkern.ops as _ops
 from refkern.truth.backward import backward
-from refkern.truth.products import *  # noqa: F403
-from refkern.truth.products import __all__ as _products
-from refkern.truth.reductions import *  # noqa: F403 (after products: its sum replaces products' sum)
-from refkern.truth.reductions import __all__ as _reductions
-from refkern.truth.softmax import *  # noqa: F403
-from refkern.truth.softmax import __all__ as _softmax
+from refkern.truth.products import exact_precision, round_exact
+from refkern.truth.reductions import round_fraction, round_sqrt_form
 
-__all__ = ["backward", *_products, *(n for n in _reductions if n not in _products), *_softmax]
+globals().update({_name: _rec.truth for _name, _rec in _ops.REGISTRY.items()})
+
+__all__ = ["backward", *_ops.REGISTRY, "exact_precision", "round_exact", "round_fraction", "round_sqrt_form"]

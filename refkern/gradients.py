@@ -75,11 +75,11 @@ class Adjoint:
     judge_alt: "Callable[[], Adjoint] | None" = None  # a second formulation (another backend's structure)
 
     def run(self):
-        import refkern
+        from refkern import ops
 
         if self.compute is not None:
             return self.compute()
-        return self.to_grad(getattr(refkern, self.op)(*self.args, **self.kwargs))
+        return self.to_grad(ops.get(self.op).reference(*self.args, **self.kwargs))
 
 
 # ---------------------------------------------------------------- arrays or tensors, in their own dtype
@@ -131,9 +131,9 @@ def _pad(a, pads, mode="zeros"):
 
 
 def _bind(op, args, kwargs, who):
-    import refkern
+    from refkern import ops
 
-    fn = getattr(refkern, op)
+    fn = ops.get(op, who).reference
     sig = inspect.signature(fn)
     names = [p for p, v in sig.parameters.items() if v.kind is not inspect.Parameter.KEYWORD_ONLY]
     keyword = [p for p, v in sig.parameters.items() if v.kind is inspect.Parameter.KEYWORD_ONLY and p in _KEYWORDS]
@@ -572,11 +572,11 @@ class _Fold:
             return self._tap_judge(g, w, every, who)
 
         def compute():
-            import refkern
+            from refkern import ops
 
             rem = [q - (o - 1) * s - d * (k - 1) - 1 + lo + hi for q, o, s, d, k, (lo, hi)
                    in zip(self.in_size, self.o_size, self.stride, self.dilation, self.ksize, self.pads)]  # fmt: skip
-            xp = getattr(refkern, f"conv_transpose{self.nd}d")(
+            xp = ops.get(f"conv_transpose{self.nd}d").reference(
                 gb, w, stride=self.stride, padding=0, output_padding=tuple(rem), dilation=self.dilation,
                 groups=self.groups,
             )  # fmt: skip
@@ -587,7 +587,7 @@ class _Fold:
             for start in range(0, len(border), 256):  # chunks of positions bound the gathered memory
                 chunk = border[start : start + 256]
                 a, b = self.call(g, w, chunk)
-                v = refkern.matmul(a, b).reshape((n, c_in, len(chunk)))
+                v = ops.get("matmul").reference(a, b).reshape((n, c_in, len(chunk)))
                 idx = tuple(np.array([pos[q] for pos in chunk]) for q in range(self.nd))
                 out[(slice(None), slice(None)) + idx] = v
             return out[0] if self.unbatched else out
@@ -1136,16 +1136,16 @@ class _PoolCall:
 
 
 def _pool_call(op, g, a, who) -> _PoolCall:
-    import refkern
+    from refkern import ops
     from refkern.kernels import pool
 
     nd = 2 if op.endswith("2d") else 1
     fwd = {k: v for k, v in a.items() if k != "return_indices"}
     try:  # the forward validates every argument as torch does, and gives the output's shape (and indices)
         if op.startswith("max_pool"):
-            y, idx = getattr(refkern, op)(**fwd, return_indices=True)
+            y, idx = ops.get(op).reference(**fwd, return_indices=True)
         else:
-            y, idx = getattr(refkern, op)(**fwd), None
+            y, idx = ops.get(op).reference(**fwd), None
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{who}: {str(exc)}") from None
     x, X, lead = pool._pool_input(op, a["input"], nd)
@@ -1571,15 +1571,9 @@ OPS = tuple(_BUILDERS)
 
 
 def _op_name(op, who) -> str:
-    import refkern
+    from refkern import ops
 
-    if isinstance(op, str) and op in _BUILDERS:
-        return op
-    for name in _BUILDERS:
-        if op is getattr(refkern, name):
-            return name
-    choices = ", ".join(repr(o) for o in _BUILDERS)
-    raise ValueError(f"{who}: unknown op={op!r}; choose one of {choices} (or the refkern function itself).")
+    return ops.lookup(op, who, among=_BUILDERS)
 
 
 def differentiable(op, args, kwargs, who="backward") -> dict:

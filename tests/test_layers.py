@@ -10,16 +10,13 @@ from refkern import _jit
 PKG = _jit._PKG
 ROOT = os.path.join(PKG, "__init__.py")
 # modules that still import the package root to reach refkern.<op> (each should read the registry instead)
-STILL_IMPORT_ROOT = {"analysis/compare.py", "analysis/_envelope_backward.py", "gradients.py", "scale/remote.py",
-                     "scale/array.py"}  # fmt: skip
+STILL_IMPORT_ROOT = {"scale/remote.py", "scale/array.py"}
 # import cycles still to break: the engines call back into the kernels that call them (their Numba fallbacks);
 # every module that imports the package root is in one cycle with it
 STILL_CYCLIC = [
     {"engines/__init__.py", "engines/blas.py", "engines/filter.py", "kernels/conv.py", "kernels/conv_transpose.py",
      "kernels/gemm.py"},
-    {"__init__.py", *STILL_IMPORT_ROOT, "analysis/explain.py", "analysis/noise_backward.py", "torch/__init__.py",
-     "torch/audit.py", "torch/check.py", "torch/compiled.py", "torch/dispatch.py", "truth/__init__.py",
-     "truth/backward.py"},
+    {"__init__.py", *STILL_IMPORT_ROOT, "torch/__init__.py", "torch/audit.py"},
 ]  # fmt: skip
 
 

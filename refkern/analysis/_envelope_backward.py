@@ -196,16 +196,16 @@ def bound(op: str, x: np.ndarray, g: np.ndarray, ref: np.ndarray, out: Format) -
     last axis of the float64 (R, n) arrays ``x`` (logits) and ``g`` (grad_output), around ``ref``
     (the correctly rounded gradient, float64 (R, n)), for results in ``out`` (module docstring).
     Rows whose forward or ``g`` is not finite get 0 (the reference is NaN there: only NaN fits)."""
-    import refkern
+    from refkern import ops
     from refkern.analysis.envelope import envelopes
 
     log = op == "log_softmax"
     R, n = x.shape
     u, u_m, eta_w, eta_h, u_o, eta_o = _units(out)
     with np.errstate(all="ignore"):
-        y = np.asarray(refkern.softmax(x, -1), np.float64)  # the exact softmax, rounded to float64
+        y = np.asarray(ops.get("softmax").reference(x, -1), np.float64)  # the exact softmax, rounded to float64
         y = np.where(np.isnan(y), 0.0, y)
-        fwd = refkern.log_softmax(x, -1) if log else refkern.softmax(x, -1)
+        fwd = ops.get("log_softmax" if log else "softmax").reference(x, -1)
         fwd_out = np.asarray(fwd, np.float64)
         from refkern.accumulate.formats import round_array
 

@@ -202,11 +202,11 @@ def _f64(v):
 def _reference_as(name, args, kwargs, fmt, held=False):
     """The op's exact reference, rounded once to ``fmt`` (the format the backend returned), float64;
     with ``held``, float32 where ``fmt`` is narrower than float64 (each value exact in it)."""
-    import refkern
+    from refkern import ops
     from refkern.accumulate.formats import FLOAT64
 
     bound = _bind(name, args, kwargs)
-    fn = getattr(refkern, name)
+    fn = ops.get(name).reference
     res = fn(**bound)
     if isinstance(res, tuple):
         res = res[0]

@@ -1,9 +1,10 @@
 """Calibration of the verdict: a confusion matrix over ops, reduction lengths, data and truths.
 
-    python benchmarks/bench_verdict.py [--quick] [--family all|gemm|envelope|backward|power] [--json FILE] [--seeds N]
+    python benchmarks/bench_verdict.py [--quick] [--family all|gemm|envelope|backward|power|power-backward]
+                                       [--json FILE] [--seeds N] [--markdown FILE] [--markdown-backward FILE]
 
 Every case is an output whose truth is known, judged by ``refkern.compare`` (gradients: by
-``refkern.compare_backward``). Four families:
+``refkern.compare_backward``). Five families:
 
 **gemm** (matmul, linear, conv2d; the statistical test):
 
@@ -119,6 +120,40 @@ precision, the spread in ulps (median over elements of spread / ulp at the refer
 report's ``detectable`` element (median ulps) and their ratio (the issue asks <= 8), the median
 seconds per ``compare``; then every false alarm and miss with its case (``pw_case(op, n, data,
 dtype, seed, scales)`` reproduces it), and writes JSON (key ``power``).
+
+**power-backward** (the same calibration for the gradients, ``refkern.compare_backward``): softmax, log_softmax
+(4 rows of 1024 to 8192 keys; float32 up to 4096), layer_norm, rms_norm (4 rows of 1024, 4096, 8192 features),
+group_norm (4096, 8192 features per group), batch_norm in training (4096, 8192 elements per channel), avg_pool2d
+(kernels 3 and 8, stride 1), mean, var, std (4 rows of 10^5, 10^6 terms), scaled_dot_product_attention (q, k, v;
+16 queries over 64 to 1024 keys, float32 up to 256), and the GEMM adjoints of linear, matmul and conv2d (512 and
+4096 terms in grad_weight's sums); fp32, bf16, fp16; randn, and offset rows (mean 300) for layer_norm, var and std.
+Per gradient, the spread is the largest |grad - exact| over the correct implementations (exact: refkern.backward on
+float64 copies; attention: torch's float64 autograd), in absolute units (the table gives it in ulps too: the median
+over elements of spread / ulp(exact)).
+
+* correct (never ``mismatch``, nor a reduced precision other than the half running sum torch's CPU norms keep for
+  grad_weight / grad_bias, which the verdict may name): torch's CPU autograd; torch's float64 (and, for half
+  results, float32) autograd rounded once; float32 emulations rounded once: softmax from the stored output (or an
+  online-softmax forward), D summed pairwise, left to right, in blocks or by 8 lanes, ``y (g - D)`` and ``y g - y D``;
+  norms with two-pass, Welford-block and left-to-right statistics, the centred and torch's raw ``r gw + b x + c``
+  form, parameter sums in several orders, mean and rstd stored in the half dtype (torch's CPU layer, group and
+  batch norms), S and C too (torch's half batch_norm), Hugging Face's RMSNorm through autograd; the pool's taps in
+  order and reversed, ``g / d`` and ``g fl(1 / d)``, added into the half gradient; var and std with the mean summed
+  several ways and stored in the dtype; attention in the math order (Delta = rowsum(P dP) or rowsum(dO O)) and
+  FlashAttention 2's backward (P recomputed per tile of 128 keys from the log-sum-exp, dQ accumulated over tiles,
+  P and dS rounded to the dtype before their products); the GEMMs by sgemm, split-K blocks of 256 and sequential
+  rank-1 updates. Sequential sums of offset data beyond 10^5 terms are left out (as in the power family).
+* bugs: a correct gradient (torch's, or torch's float32 autograd rounded where torch keeps a half running sum) plus a
+  perturbation of s x spread (s = 0.5, 1, 2, 4, 8, 16, 64): the whole gradient scaled, a constant offset, one row /
+  sample / query or key row / batch scaled, one column / channel offset, one head or output channel scaled, one
+  element off; and the dropped terms at their natural size (softmax's D, the norms' mean term, their xhat term and
+  the 1/n of both, grad_weight without xhat, a batch element missing from a parameter's sum, attention's Delta and
+  scale, the divisor, 1/n, 2 or n - 1, the gradient x 1.1).
+
+It prints per family x gradient x dtype x size the false alarms, bugs >= 8x and 1-8x caught, below 1x named a
+precision, the named bugs caught, the spread in ulps, the base gradient's report's ``detectable`` element (median
+ulps; the GEMMs' absolute figure over each element's ulp) and its ratio to the spread, then every false alarm and
+miss (``pb_case(family, n, data, dtype, seed, scales)`` reproduces it), and writes JSON (key ``power_backward``).
 """
 
 import argparse
@@ -2658,10 +2693,11 @@ def pw_structure(op, shape):
     return []
 
 
-def pw_bugs(op, good, spread, scales, g):
+def pw_bugs(op, good, spread, scales, g, structure=None):
     """(kind, nominal size, output): the correct output plus a perturbation whose largest |value| is
     s x spread, rounded to the dtype: the whole tensor scaled by (1 + e), a constant offset, the structured
-    kinds of ``pw_structure``, one element off. One output element: the scaled one only."""
+    kinds of ``pw_structure`` (or ``structure``: (kind, index) pairs), one element off. One output element: the
+    scaled one only."""
     dt = good.dtype
     G = good.double()
     sgn = 1.0 if int(torch.randint(0, 2, (1,), generator=g)) else -1.0
@@ -2675,7 +2711,7 @@ def pw_bugs(op, good, spread, scales, g):
         if good.numel() == 1:
             continue
         out.append(("constant offset", s, (G + a).to(dt)))
-        for kind, idx in pw_structure(op, tuple(good.shape)):
+        for kind, idx in pw_structure(op, tuple(good.shape)) if structure is None else structure:
             y = G.clone()
             part = y[idx]
             if kind.endswith("scaled"):
@@ -3019,19 +3055,898 @@ def power_markdown(s) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- power family, gradients: bugs in absolute units
+#
+# The power family's yardstick for gradients: a bug's size is its largest |error| over the spread of correct
+# backward implementations, ``spread = max_k max_i |grad_k,i - exact_i|`` per gradient (exact: refkern.backward on
+# float64 copies of the inputs, in float64; attention: torch's float64 autograd, whose error is ~1e-9 of a float32
+# ulp), never the verdict's own envelope or scale. Correct implementations: torch's CPU autograd, torch in
+# float64 (and, for half results, float32) rounded once, and backward kernels emulated in float32 numpy with
+# other summation orders, forms and stores (``pb_correct``), each rounded once to the dtype.
+
+PB_FAMILIES = (
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "rms_norm",
+    "group_norm",
+    "batch_norm[train]",
+    "avg_pool2d",
+    "mean",
+    "var",
+    "std",
+    "sdpa",
+    "linear",
+    "matmul",
+    "conv2d",
+)
+PB_OP = {"batch_norm[train]": "batch_norm", "sdpa": "scaled_dot_product_attention"}
+PB_AXIS = {  # what a family's size counts
+    "softmax": "keys per row (4 rows)",
+    "log_softmax": "keys per row (4 rows)",
+    "layer_norm": "features (4 rows)",
+    "rms_norm": "features (4 rows)",
+    "group_norm": "features per group: (2, 32, n / 128, 32), 8 groups",
+    "batch_norm[train]": "elements per channel: (n / 1024, 4, 32, 32)",
+    "avg_pool2d": "kernel size (stride 1, padding k // 2) on (2, 8, 32, 32)",
+    "mean": "terms per row (4 rows)",
+    "var": "terms per row (4 rows)",
+    "std": "terms per row (4 rows)",
+    "sdpa": "keys, (1, 2, 16, 64) queries",
+    "linear": "tokens: x (n, 128), weight (64, 128)",
+    "matmul": "rows: a (4, n / 4, 64) @ b (64, 96)",
+    "conv2d": "N H W: x (4, 8, H, H), weight (16, 8, 3, 3), padding 1",
+}
+PB_SIZES = {  # (float32 sizes, bfloat16 / float16 sizes)
+    "softmax": ((1024, 4096), (1024, 8192)),
+    "log_softmax": ((1024, 4096), (1024, 8192)),
+    "layer_norm": ((1024, 4096, 8192), (1024, 4096, 8192)),
+    "rms_norm": ((1024, 4096, 8192), (1024, 4096, 8192)),
+    "group_norm": ((4096, 8192), (4096, 8192)),
+    "batch_norm[train]": ((4096, 8192), (4096, 8192)),
+    "avg_pool2d": ((3, 8), (3, 8)),
+    "mean": ((100_000, 1_000_000), (100_000, 1_000_000)),
+    "var": ((100_000, 1_000_000), (100_000, 1_000_000)),
+    "std": ((100_000, 1_000_000), (100_000, 1_000_000)),
+    "sdpa": ((64, 256), (64, 256, 1024)),
+    "linear": ((512, 4096), (512, 4096)),
+    "matmul": ((512, 4096), (512, 4096)),
+    "conv2d": ((1024, 4096), (1024, 4096)),
+}
+PB_SIZES_QUICK = {
+    "softmax": ((1024,), (1024,)),
+    "log_softmax": ((1024,), (1024,)),
+    "layer_norm": ((4096,), (4096,)),
+    "rms_norm": ((4096,), (4096,)),
+    "group_norm": ((4096,), (4096,)),
+    "batch_norm[train]": ((4096,), (4096,)),
+    "avg_pool2d": ((3,), (3,)),
+    "mean": ((100_000,), (100_000,)),
+    "var": ((100_000,), (100_000,)),
+    "std": ((100_000,), (100_000,)),
+    "sdpa": ((64,), (256,)),
+    "linear": ((512,), (512,)),
+    "matmul": ((512,), (512,)),
+    "conv2d": ((1024,), (1024,)),
+}
+PB_SCALES = (0.5, 1, 2, 4, 8, 16, 64)  # a bug's largest |error| in spreads
+PB_SCALES_QUICK = (0.5, 8, 64)
+PB_DATA = {"layer_norm": ("randn", "offset"), "var": ("randn", "offset"), "std": ("randn", "offset")}
+PB_DATA_QUICK = {}
+PB_HALF = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def pb_call(fam, n, data, dtype, seed):
+    """(call, grad_output): the call as ``bw_call`` gives it (op, fn, args, kw, diff) at size ``n`` (PB_AXIS), inputs
+    randn or offset (mean 300, std 1) in ``dtype``; norm weights 1 + 0.1 N(0, 1), biases 0.1 N(0, 1); grad_output
+    randn."""
+    dt = DT[dtype]
+    g = _gen("power-bw", fam, n, data, dtype, seed)
+
+    def rnd(*shape):
+        return torch.randn(shape, generator=g, dtype=torch.float64)
+
+    def x_(*shape):
+        x = rnd(*shape)
+        return (x + 300.0 if data == "offset" else x).to(dt)
+
+    def w_(c):
+        return (1.0 + 0.1 * rnd(c)).to(dt)
+
+    def b_(c):
+        return (0.1 * rnd(c)).to(dt)
+
+    if fam in ("softmax", "log_softmax"):
+        fn = torch.softmax if fam == "softmax" else torch.log_softmax
+        call = dict(op=fam, fn=fn, args=[x_(PW_ROWS, n), -1], kw={}, diff=dict(input=0))
+    elif fam == "layer_norm":
+        call = dict(op=fam, fn=F.layer_norm, args=[x_(PW_ROWS, n), (n,), w_(n), b_(n)], kw={"eps": 1e-5},
+                    diff=dict(input=0, weight=2, bias=3))  # fmt: skip
+    elif fam == "rms_norm":
+        call = dict(op=fam, fn=F.rms_norm, args=[x_(PW_ROWS, n), (n,), w_(n)], kw={"eps": RMS_EPS},
+                    diff=dict(input=0, weight=2))  # fmt: skip
+    elif fam == "group_norm":
+        call = dict(op=fam, fn=F.group_norm, args=[x_(2, 32, n // 128, 32), 8, w_(32), b_(32)], kw={"eps": 1e-5},
+                    diff=dict(input=0, weight=2, bias=3))  # fmt: skip
+    elif fam == "batch_norm[train]":
+        c = 4
+        call = dict(op="batch_norm", fn=_bn_fn, args=[x_(n // 1024, c, 32, 32), torch.zeros(c, dtype=dt),
+                    torch.ones(c, dtype=dt), w_(c), b_(c)], kw={"training": True},
+                    diff=dict(input=0, weight=3, bias=4))  # fmt: skip
+    elif fam == "avg_pool2d":
+        call = dict(op=fam, fn=F.avg_pool2d, args=[x_(2, 8, 32, 32)], kw=dict(kernel_size=n, stride=1, padding=n // 2),
+                    diff=dict(input=0))  # fmt: skip
+    elif fam in ("mean", "var", "std"):
+        kw = {} if fam == "mean" else {"correction": 1}
+        call = dict(op=fam, fn=getattr(torch, fam), args=[x_(PW_ROWS, n), -1], kw=kw, diff=dict(x=0))
+    elif fam == "sdpa":
+        call = dict(op=PB_OP[fam], fn=F.scaled_dot_product_attention, args=[x_(1, 2, 16, 64), x_(1, 2, n, 64),
+                    x_(1, 2, n, 64)], kw={}, diff=dict(query=0, key=1, value=2))  # fmt: skip
+    elif fam == "linear":
+        call = dict(op=fam, fn=F.linear, args=[x_(n, 128), rnd(64, 128).to(dt), rnd(64).to(dt)], kw={},
+                    diff=dict(x=0, weight=1, bias=2))  # fmt: skip
+    elif fam == "matmul":
+        call = dict(op=fam, fn=torch.matmul, args=[x_(4, n // 4, 64), rnd(64, 96).to(dt)], kw={}, diff=dict(a=0, b=1))
+    elif fam == "conv2d":
+        h = int(round(np.sqrt(n // 4)))
+        call = dict(op=fam, fn=F.conv2d, args=[x_(4, 8, h, h), rnd(16, 8, 3, 3).to(dt), rnd(16).to(dt)],
+                    kw={"padding": 1}, diff=dict(x=0, weight=1, bias=2))  # fmt: skip
+    else:
+        raise ValueError(f"pb_call: unknown family {fam!r}; choose one of {', '.join(PB_FAMILIES)}.")
+    with torch.no_grad():
+        out = call["fn"](*call["args"], **call["kw"])
+    return call, rnd(*out.shape).to(dt)
+
+
+def pb_exact(call, gout):
+    """{gradient name: float64 numpy}: refkern.backward on float64 copies of the inputs (exact, rounded once to
+    float64); attention: torch's float64 autograd (refkern's float64 attention backward takes minutes; its error,
+    ~1e-16 relative times the gradient's condition, is far below any float32 ulp; tests check it against refkern's
+    correctly rounded float32 gradient)."""
+    if call["op"] == "scaled_dot_product_attention":
+        return {k: v.numpy() for k, v in _autograd(dict(call, args=_bw_cast(call["args"], torch.float64)),
+                                                   gout.double()).items()}  # fmt: skip
+    ex = rk.backward(call["op"], gout.double(), *_bw_cast(call["args"], torch.float64), wrt=tuple(call["diff"]),
+                     **call["kw"])  # fmt: skip
+    return {k: np.asarray(v.numpy() if isinstance(v, torch.Tensor) else v, np.float64) for k, v in ex.items()}
+
+
+# the emulated backward kernels, float32 numpy
+
+
+def _pb_st(a, dt):
+    """A float32 array stored in the torch dtype ``dt`` (rounded once to nearest even) and read back as float32."""
+    a = np.ascontiguousarray(a, F32)
+    return a if dt == torch.float32 else torch.from_numpy(a).to(dt).float().numpy()
+
+
+def _pb_sum(X, how):
+    """float32 sums of the rows of the 2-D X in the order ``how``: left-to-right, reversed, tree, blocks of 128,
+    Kahan (``_sums``), or 8 lanes (8 strided accumulators in blocks of 128, ``_lanes``)."""
+    X = np.ascontiguousarray(X, F32)
+    return _lanes(X, 8, 128) if how == "8 lanes" else _sums(X, how)
+
+
+def _pb_mm(A, B, how):
+    """A @ B in float32 (A (M, K), B (K, N)), the K terms in the order ``how``: BLAS (numpy's sgemm), blocks of
+    256 (sgemm per block, the block products added left to right) or sequential (rank-1 updates left to right)."""
+    A, B = np.ascontiguousarray(A, F32), np.ascontiguousarray(B, F32)
+    if how == "BLAS":
+        return A @ B
+    out = np.zeros((A.shape[0], B.shape[1]), F32)
+    step = 256 if how == "blocks of 256" else 1
+    for s in range(0, A.shape[1], step):
+        out += A[:, s : s + step] @ B[s : s + step]  # a (M, 1) @ (1, N) product is one exact-then-rounded term
+    return out
+
+
+def _pb_softmax(X, G, Y, how, form, log):
+    """softmax (log_softmax) backward over float32 rows from the stored forward ``Y`` (float32 values of the stored
+    output): D = sum g y (log_softmax: sum g) in the order ``how``; softmax dx = y (g - D) (``form`` "difference", the
+    CPU kernels) or y g - y D ("split"); log_softmax dx = g - exp(l) sum g."""
+    if log:
+        return G - np.exp(Y) * _pb_sum(G, how)[:, None]
+    D = _pb_sum(G * Y, how)[:, None]
+    return Y * (G - D) if form == "difference" else Y * G - Y * D
+
+
+def _pb_norm_rows(X, G, W, eps, center, stats, how, form, stat_dt, sum_dt):
+    """A norm's grad_input over float32 rows, and xhat: statistics by ``stats`` (``_moments``; rms_norm: the mean
+    of squares summed by ``how``), mean and rstd stored in ``stat_dt``; S = sum g w and C in the order ``how``,
+    stored in ``sum_dt`` (torch's half batch_norm kernel); ``form`` "centred": r (gw - S / n) - r**3 d C / n with
+    C = sum gw d; "raw" (torch's CPU layer_norm): ds = sum gw x, b = (S mean - ds) r**3 / n, c = -b mean - S r / n,
+    dx = r gw + b x + c."""
+    n = X.shape[1]
+    nn = F32(n)
+    if center:
+        m, q = _moments(X, stats)
+        v = np.asarray(q, F32) / nn
+    else:
+        m, v = np.zeros(X.shape[0], F32), _pb_sum(X * X, how) / nn
+    r = F32(1.0) / np.sqrt(v + F32(eps))
+    m, r = _pb_st(m, stat_dt)[:, None], _pb_st(r, stat_dt)[:, None]
+    gw = G * W
+    S = _pb_st(_pb_sum(gw, how), sum_dt)[:, None] if center else F32(0.0)
+    r3 = r * r * r
+    if form == "centred":
+        d = X - m if center else X
+        C = _pb_st(_pb_sum(gw * d, how), sum_dt)[:, None]
+        dx = r * (gw - S / nn) - r3 * d * (C / nn)
+    else:
+        ds = _pb_st(_pb_sum(gw * X, how), sum_dt)[:, None]
+        b = (S * m - ds) * r3 / nn
+        c = -b * m - S * r / nn
+        dx = r * gw + b * X + c
+    return np.asarray(dx, F32), np.asarray((X - m) * r, F32)
+
+
+def _pb_norm(fam, call, gout, stats, how, form, psum, store):
+    """{name: gradient} of a norm family by ``_pb_norm_rows``, grad_weight and grad_bias summed over rows in the
+    order ``psum`` ("per sample, then over samples": group_norm's per (sample, channel) sums first, as torch's
+    CPU kernel); ``store``: None, "stats" (mean and rstd in the dtype, as torch's CPU kernels store them for half
+    inputs) or "stats and sums" (S and C too: torch's half batch_norm kernel). Rounded once to the dtype."""
+    a = call["args"]
+    dt = a[0].dtype
+    x, g = _f32(a[0]), _f32(gout)
+    stat_dt = dt if store else torch.float32
+    sum_dt = dt if store == "stats and sums" else torch.float32
+    center = fam != "rms_norm"
+    if fam in ("layer_norm", "rms_norm"):
+        n = x.shape[-1]
+        X, Gr, W = x.reshape(-1, n), g.reshape(-1, n), _f32(a[2]).reshape(1, n)
+
+        def back(t):
+            return t.reshape(x.shape)
+
+        def params(T):
+            return _pb_sum(np.ascontiguousarray(T.T), "tree" if psum == "per sample, then over samples" else psum)
+
+    elif fam == "group_norm":
+        N, C = x.shape[:2]
+        grp, hw = a[1], int(np.prod(x.shape[2:]))
+        X, Gr = x.reshape(N * grp, -1), g.reshape(N * grp, -1)
+        W = np.tile(np.repeat(_f32(a[2]).reshape(grp, C // grp), hw, axis=1), (N, 1))
+
+        def back(t):
+            return t.reshape(x.shape)
+
+        def params(T):
+            T3 = T.reshape(N, C, hw)
+            if psum == "per sample, then over samples":
+                s = _pb_sum(T3.reshape(N * C, hw), "tree").reshape(N, C)
+                return _pb_sum(np.ascontiguousarray(s.T), "left-to-right")
+            return _pb_sum(np.ascontiguousarray(T3.transpose(1, 0, 2)).reshape(C, -1), psum)
+
+    else:  # batch_norm, training: a channel's rows over (N, spatial)
+        C = x.shape[1]
+        X, Gr = (np.ascontiguousarray(np.moveaxis(t, 1, 0)).reshape(C, -1) for t in (x, g))
+        W = _f32(a[3]).reshape(C, 1)
+
+        def back(t):
+            return np.moveaxis(t.reshape(C, x.shape[0], *x.shape[2:]), 0, 1)
+
+        def params(T):
+            if psum == "per sample, then over samples":
+                s = _pb_sum(T.reshape(C * x.shape[0], -1), "tree").reshape(C, x.shape[0])
+                return _pb_sum(s, "left-to-right")
+            return _pb_sum(T, psum)
+
+    eps = call["kw"].get("eps", 1e-5)
+    dx, xh = _pb_norm_rows(X, Gr, W, eps, center, stats, how, form, stat_dt, sum_dt)
+    out = {"input": _to(back(dx), dt, x.shape)}
+    wi = 3 if fam.startswith("batch_norm") else 2
+    out["weight"] = _to(params(Gr * xh), dt, a[wi].shape)
+    if "bias" in call["diff"]:
+        out["bias"] = _to(params(Gr), dt, a[wi + 1].shape)
+    return out
+
+
+def _hf_rms_norm(x, normalized_shape, w, eps=None):
+    """Hugging Face's LlamaRMSNorm: x * rsqrt(mean(x**2) + eps) in float32, the row rounded to the input dtype, then
+    times w (in the dtype); autograd differentiates it op by op."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _pb_pool(call, gout, reverse, recip, acc_dt):
+    """avg_pool2d's grad_input (stride 1, count_include_pad): each window's g / d (``recip``: g fl(1 / d)) added
+    into the padded gradient tap by tap in float32 (``reverse``: the taps in reverse order), stored in ``acc_dt``
+    after every add where that is a half dtype (torch's CPU kernel adds into the half gradient tensor)."""
+    x = call["args"][0]
+    k, p = call["kw"]["kernel_size"], call["kw"]["padding"]
+    G = _f32(gout)
+    N, C, Ho, Wo = G.shape
+    H, W = x.shape[-2:]
+    d = F32(k * k)
+    t = G * (F32(1.0) / d) if recip else G / d
+    gp = np.zeros((N, C, H + 2 * p, W + 2 * p), F32)
+    taps = [(i, j) for i in range(k) for j in range(k)]
+    for i, j in reversed(taps) if reverse else taps:
+        gp[:, :, i : i + Ho, j : j + Wo] += t
+        if acc_dt is not None:
+            gp = _pb_st(gp, acc_dt)
+    return _to(gp[:, :, p : p + H, p : p + W], x.dtype, x.shape)
+
+
+def _pb_reduction(fam, call, gout, how, form, store):
+    """mean, var, std grad_input in float32: mean g / n (``form`` "divide") or g fl(1 / n); var (2 / dof) g (x - m)
+    ("factor first", torch's form) or 2 g (x - m) / dof, the mean m by ``how`` (or Welford blocks of 64), stored in
+    the dtype where ``store``; std the same with g / (2 s), s the float32 two-pass std (stored in the dtype for half
+    results, as the forward's output)."""
+    x = call["args"][0]
+    dt = x.dtype
+    X, g = _f32(x), _f32(gout)[:, None]
+    n = X.shape[1]
+    if fam == "mean":
+        y = g / F32(n) if form == "divide" else g * (F32(1.0) / F32(n))
+        return {"x": _to(np.broadcast_to(y, X.shape), dt, x.shape)}
+    dof = F32(n - call["kw"].get("correction", 1))
+    m = _moments(X, how)[0] if how.startswith("Welford") else _pb_sum(X, how) / F32(n)
+    m = _pb_st(m, dt if store else torch.float32)[:, None]
+    d = X - m
+    if fam == "std":
+        s = _pb_st(np.sqrt(_pb_sum(d * d, "tree") / dof), dt)[:, None]
+        g = g / (F32(2.0) * s)
+    y = (F32(2.0) / dof) * g * d if form == "factor first" else F32(2.0) * g * d / dof
+    return {"x": _to(y, dt, x.shape)}
+
+
+def _pb_attention(call, gout, tile, delta, half_gemms):
+    """Attention's q, k, v gradients in float32. ``tile`` None: the math backend's order (P = softmax(S) in float32,
+    dV = P^T dO, dP = dO V^T, dS = P (dP - Delta), dQ = dS K s, dK = dS^T Q s); a number: FlashAttention 2's
+    backward, P recomputed per tile of keys from the forward's float32 log-sum-exp, dQ accumulated over the tiles
+    in float32, and (``half_gemms``) P and dS rounded to the dtype before their products, Delta = rowsum(dO O) (the
+    stored output). ``delta`` (math order): "P dP" (rowsum of P dP) or "dO O"."""
+    q, k, v = call["args"]
+    dt = q.dtype
+    Q, K, V = (_f32(t) for t in (q, k, v))
+    dO = _f32(gout)
+    sc = F32(1.0 / np.sqrt(Q.shape[-1]))
+    kT = np.swapaxes(K, -1, -2)
+    S = (Q @ kT) * sc
+    mx = S.max(-1, keepdims=True)
+    E = np.exp(S - mx)
+    l = E.sum(-1, keepdims=True, dtype=F32)
+    with torch.no_grad():
+        O = _f32(F.scaled_dot_product_attention(q, k, v))  # the stored forward output
+    if tile is None:
+        P = E / l
+        dV = np.swapaxes(P, -1, -2) @ dO
+        dP = dO @ np.swapaxes(V, -1, -2)
+        D = (P * dP).sum(-1, keepdims=True, dtype=F32) if delta == "P dP" else (dO * O).sum(-1, keepdims=True,
+                                                                                             dtype=F32)  # fmt: skip
+        dS = P * (dP - D)
+        out = dict(query=(dS @ K) * sc, key=(np.swapaxes(dS, -1, -2) @ Q) * sc, value=dV)
+    else:
+        lse = mx + np.log(l)
+        D = (dO * O).sum(-1, keepdims=True, dtype=F32)
+        dQ = np.zeros_like(Q)
+        dK, dV = np.zeros_like(K), np.zeros_like(V)
+        hd = dt if half_gemms else torch.float32
+        for s in range(0, K.shape[-2], tile):
+            Kt, Vt = K[..., s : s + tile, :], V[..., s : s + tile, :]
+            P = np.exp((Q @ np.swapaxes(Kt, -1, -2)) * sc - lse)
+            dV[..., s : s + tile, :] = np.swapaxes(_pb_st(P, hd), -1, -2) @ dO
+            dP = dO @ np.swapaxes(Vt, -1, -2)
+            dS = _pb_st(P * (dP - D), hd)
+            dQ += (dS @ Kt) * sc
+            dK[..., s : s + tile, :] = (np.swapaxes(dS, -1, -2) @ Q) * sc
+        out = dict(query=dQ, key=dK, value=dV)
+    return {n: _to(t, dt, call["args"][i].shape) for i, (n, t) in enumerate(out.items())}
+
+
+def _pb_gemm(fam, call, gout, how, bias_how):
+    """linear, matmul and conv2d gradients as GEMMs in float32 (``_pb_mm``'s order ``how``); grad_bias summed by
+    ``bias_how``; conv2d's grad_input through F.fold (float32) of W^T g per sample."""
+    a = call["args"]
+    dt = a[0].dtype
+    G = _f32(gout)
+    out = {}
+    if fam == "linear":
+        X, W = _f32(a[0]), _f32(a[1])
+        out["x"] = _pb_mm(G, W, how)
+        out["weight"] = _pb_mm(G.T, X, how)
+        out["bias"] = _pb_sum(np.ascontiguousarray(G.T), bias_how)
+    elif fam == "matmul":
+        A, B = _f32(a[0]), _f32(a[1])
+        out["a"] = np.stack([_pb_mm(G[i], B.T, how) for i in range(A.shape[0])])
+        out["b"] = _pb_mm(A.reshape(-1, A.shape[-1]).T, G.reshape(-1, G.shape[-1]), how)
+    else:
+        x, w = a[0], _f32(a[1])
+        N, cin, h, wd = x.shape
+        cols = F.unfold(x.float(), 3, padding=1).numpy()  # (N, cin 9, h w): exact copies of x
+        cout = w.shape[0]
+        Wm = w.reshape(cout, -1)
+        G3 = G.reshape(N, cout, -1)
+        dcols = np.stack([_pb_mm(Wm.T, G3[i], how) for i in range(N)])
+        out["x"] = F.fold(torch.from_numpy(dcols), (h, wd), 3, padding=1).numpy()  # <= 9 taps added in float32
+        G2 = np.ascontiguousarray(G3.transpose(1, 0, 2)).reshape(cout, -1)
+        X2 = np.ascontiguousarray(cols.transpose(1, 0, 2)).reshape(cols.shape[1], -1)
+        out["weight"] = _pb_mm(G2, X2.T, how).reshape(w.shape)
+        out["bias"] = _pb_sum(G2, bias_how)
+    return {n: _to(t, dt, a[call["diff"][n]].shape) for n, t in out.items()}
+
+
+def pb_correct(fam, call, gout, dtype, data):
+    """(name, {gradient name: gradient}, may_name): correct backward implementations besides torch's autograd:
+    torch's float64 autograd rounded; (half) torch's float32 autograd rounded once; and the float32 emulations
+    (``_pb_*``), each rounded once to the dtype. ``may_name``: {gradient: the precision the verdict may name} for a
+    kernel that keeps a running sum in the half dtype (torch's CPU half norms' grad_weight and grad_bias,
+    Hugging Face's RMSNorm weight gradient: products rounded to the dtype, then summed)."""
+    dt = DT[dtype]
+    half = dtype != "float32"
+    out = [("torch fp64 autograd, rounded", _autograd(call, gout, torch.float64), {})]
+    if half:
+        out.append(("torch fp32 autograd, rounded", _autograd(call, gout, torch.float32), {}))
+    n = call["args"][0].shape[-1]
+    big = data == "offset" and n > 100_000  # one-signed running sums drift: pairwise orders only (as pw_correct)
+    if fam in ("softmax", "log_softmax"):
+        log = fam == "log_softmax"
+        X, G = _f32(call["args"][0]), _f32(gout)
+        with torch.no_grad():
+            Yt = _f32(call["fn"](*call["args"]))  # the stored forward output
+        Yo = _pb_st(_online_softmax(X, PW_TILE, log), dt)
+        if log:
+            plans = [
+                ("stored l, tree sum g", Yt, "tree", None),
+                ("stored l, left-to-right sum g", Yt, "left-to-right", None),
+                (f"online-softmax l (tiles of {PW_TILE}), 8 lanes sum g", Yo, "8 lanes", None),
+            ]
+        else:
+            plans = [
+                ("stored y, tree sum, y (g - D)", Yt, "tree", "difference"),
+                ("stored y, left-to-right sum, y g - y D", Yt, "left-to-right", "split"),
+                (f"online-softmax y (tiles of {PW_TILE}), blocks of 128, y (g - D)", Yo, "blocks of 128", "difference"),
+                ("stored y, 8 lanes in blocks of 128, y g - y D", Yt, "8 lanes", "split"),
+            ]
+        for name, Y, how, form in plans:
+            out.append((f"{name} fp32", {"input": _to(_pb_softmax(X, G, Y, how, form, log), dt, X.shape)}, {}))
+    elif fam in ("layer_norm", "rms_norm", "group_norm", "batch_norm[train]"):
+        if fam == "rms_norm":
+            plans = [("tree", "tree", "centred", "tree", None), ("-", "left-to-right", "raw", "left-to-right", None),
+                     ("-", "8 lanes", "centred", "blocks of 128", None)]  # fmt: skip
+        else:
+            plans = [
+                ("two-pass tree", "tree", "centred", "tree", None),
+                ("Welford blocks of 64, Chan merge", "left-to-right", "raw", "per sample, then over samples", None),
+                ("two-pass tree", "blocks of 128", "raw", "blocks of 128", None),
+                ("Welford blocks of 64, Chan merge", "8 lanes", "centred", "left-to-right", None),
+            ]
+            if data != "offset":
+                plans.append(("two-pass left-to-right", "left-to-right", "centred", "tree", None))
+        if half and fam != "rms_norm":  # torch's CPU layer, group and batch norms store mean and rstd in the dtype
+            plans.append((plans[0][0], "tree", "raw", "per sample, then over samples", "stats"))
+            if fam == "batch_norm[train]":
+                plans.append((plans[0][0], "tree", "centred", "per sample, then over samples", "stats and sums"))
+        for stats, how, form, psum, store in plans:
+            st = "" if fam == "rms_norm" else f"{stats} stats, "
+            name = f"{st}{how} sums, {form}, params {psum}" + (f", {store} in the dtype" if store else "") + " fp32"
+            out.append((name, _pb_norm(fam, call, gout, stats, how, form, psum, store), {}))
+        if fam == "rms_norm":
+            hf = _autograd(dict(call, fn=_hf_rms_norm), gout)
+            out.append(("Hugging Face RMSNorm (autograd: row rounded to the dtype, then times w)", hf,
+                        {"weight": PB_HALF[dtype]} if half else {}))  # fmt: skip
+    elif fam == "avg_pool2d":
+        out.append(("taps in order, g / d fp32", {"input": _pb_pool(call, gout, False, False, None)}, {}))
+        out.append(("taps reversed, g fl(1 / d) fp32", {"input": _pb_pool(call, gout, True, True, None)}, {}))
+        if half:
+            out.append(("taps added into the half gradient (torch CPU)", {"input": _pb_pool(call, gout, False, False,
+                                                                                              dt)}, {}))  # fmt: skip
+    elif fam == "mean":
+        out.append(("g / n fp32", _pb_reduction(fam, call, gout, None, "divide", False), {}))
+        out.append(("g fl(1 / n) fp32", _pb_reduction(fam, call, gout, None, "reciprocal", False), {}))
+    elif fam in ("var", "std"):
+        hows = ["tree", "8 lanes", "Welford blocks of 64, Chan merge"] + ([] if big else ["left-to-right"])
+        for i, how in enumerate(hows):
+            form = "factor first" if i % 2 == 0 else "factor last"
+            out.append((f"mean by {how}, {form} fp32", _pb_reduction(fam, call, gout, how, form, False), {}))
+        if half:
+            out.append(("mean by tree stored in the dtype, factor first fp32",
+                        _pb_reduction(fam, call, gout, "tree", "factor first", True), {}))  # fmt: skip
+    elif fam == "sdpa":
+        out.append(("math fp32, Delta = rowsum(P dP)", _pb_attention(call, gout, None, "P dP", False), {}))
+        out.append(("math fp32, Delta = rowsum(dO O)", _pb_attention(call, gout, None, "dO O", False), {}))
+        out.append((f"FlashAttention 2 style, tiles of {PW_TILE}, fp32 P and dS",
+                    _pb_attention(call, gout, PW_TILE, "dO O", False), {}))  # fmt: skip
+        if half:
+            out.append((f"FlashAttention 2 style, tiles of {PW_TILE}, P and dS in the dtype",
+                        _pb_attention(call, gout, PW_TILE, "dO O", True), {}))  # fmt: skip
+    else:  # linear, matmul, conv2d: GEMM adjoints
+        for how, bias_how in (("BLAS", "tree"), ("blocks of 256", "blocks of 128"), ("sequential", "left-to-right")):
+            out.append((f"{how} fp32", _pb_gemm(fam, call, gout, how, bias_how), {}))
+    return out
+
+
+def pb_structure(fam, name, shape):
+    """(kind, index) of the structured bugs of one gradient: one row (a norm's or softmax's row, a query / key row,
+    a token, a sample) scaled, one column (a feature, a channel) offset, one head scaled (attention), one output
+    channel scaled (a weight)."""
+    nd = len(shape)
+    if nd == 4 and fam == "sdpa":
+        return [(f"one {'query' if name == 'query' else 'key'} row scaled", (0, 1, shape[2] // 3)),
+                ("one head scaled", (0, 1))]  # fmt: skip
+    if nd == 4:  # (N, C, H, W): a sample, a channel; conv2d's weight (Cout, Cin, kh, kw): an output channel
+        if fam == "conv2d" and name == "weight":
+            return [("one output channel scaled", (shape[0] // 3,)), ("one input channel offset", (slice(None), 1))]
+        return [("one sample scaled", (1,)), ("one channel offset", (slice(None), shape[1] // 3))]
+    if nd == 3:  # matmul's a (B, M, K): one batch, one row
+        return [("one batch scaled", (1,)), ("one row scaled", (0, shape[1] // 3))]
+    if nd == 2 and shape[0] > 1:
+        return [("one row scaled", (1,)), ("one column offset", (slice(None), shape[1] // 3))]
+    return []
+
+
+def _pb_manual_norm(call, gout, drop):
+    """A norm's grad_input in float64 with one term dropped: "mean" (its -mean(g w) term: S / n) or "xhat" (its
+    -xhat mean(g w xhat) term); float64, cast to the dtype."""
+    op, a = call["op"], call["args"]
+    x, g = a[0].double(), gout.double()
+    if op == "batch_norm":
+        c = x.shape[1]
+        X, G = (t.movedim(1, 0).reshape(c, -1) for t in (x, g))
+        W = a[3].double()[:, None]
+    elif op == "group_norm":
+        N, C = x.shape[:2]
+        grp = a[1]
+        X, G = x.reshape(N * grp, -1), g.reshape(N * grp, -1)
+        W = a[2].double().reshape(grp, C // grp).repeat_interleave(X.shape[1] * grp // C, 1).repeat(N, 1)
+    else:
+        n = x.shape[-1]
+        X, G, W = x.reshape(-1, n), g.reshape(-1, n), a[2].double()[None, :]
+    eps = call["kw"].get("eps", 1e-5)
+    center = op != "rms_norm"
+    m = X.mean(1, keepdim=True) if center else torch.zeros(())
+    v = X.var(1, keepdim=True, correction=0) if center else (X * X).mean(1, keepdim=True)
+    r = torch.rsqrt(v + eps)
+    xh = (X - m) * r
+    gw = G * W
+    s1 = gw.mean(1, keepdim=True) if center and drop != "mean" else 0.0
+    s2 = (gw * xh).mean(1, keepdim=True) if drop != "xhat" else 0.0
+    y = r * (gw - s1 - xh * s2)
+    if op == "batch_norm":
+        y = y.reshape(c, x.shape[0], *x.shape[2:]).movedim(0, 1)
+    return y.reshape(x.shape).to(a[0].dtype)
+
+
+def pb_named(fam, call, gout, good):
+    """(gradient name, kind, output): the dropped-term bugs at their natural size: bench_verdict's backward family's
+    (``bw_natural_bugs``: a batch element missing from a parameter's sum, the batch sum as a mean, the norms'
+    grad_input without the 1/n of its mean terms, softmax's row-sum term dropped, dk / dq without the scale,
+    the divisor, 1/n, 2 or n - 1 forgotten) and: a norm's grad_input without its mean(g w) term or without its
+    xhat term, grad_weight summed without xhat (the bias's sum), softmax's and log_softmax's formulas swapped,
+    attention's dS without Delta, the gradient x 1.1."""
+    op = call["op"]
+    out = [(n, k, o) for n, k, o in bw_natural_bugs(call, gout, good) if n in good]
+    for n, v in good.items():
+        out.append((n, "gradient x 1.1", (v.double() * 1.1).to(v.dtype)))
+    if op in ("layer_norm", "group_norm", "batch_norm", "rms_norm"):
+        if op != "rms_norm":
+            out.append(("input", "grad_input without its mean(g w) term", _pb_manual_norm(call, gout, "mean")))
+        out.append(("input", "grad_input without its xhat mean(g w xhat) term", _pb_manual_norm(call, gout, "xhat")))
+        x = call["args"][0]
+        axes = tuple(i for i in range(x.ndim) if i != (x.ndim - 1 if op in ("layer_norm", "rms_norm") else 1))
+        gsum = gout.double().sum(axes)
+        out.append(("weight", "grad_weight summed without xhat (the bias's sum)", gsum.to(good["weight"].dtype)))
+    if op in ("softmax", "log_softmax"):
+        y, gd = torch.softmax(call["args"][0].double(), -1), gout.double()
+        if op == "softmax":
+            out.append(
+                ("input", "log_softmax's formula g - y sum g", (gd - y * gd.sum(-1, keepdim=True)).to(gout.dtype))
+            )
+        else:
+            out.append(("input", "softmax's formula y (g - sum g y)", (y * (gd - (gd * y).sum(-1, keepdim=True))).to(
+                gout.dtype)))  # fmt: skip
+    if op == "scaled_dot_product_attention":
+        q, k, v = (t.double() for t in call["args"])
+        sc = 1.0 / np.sqrt(q.shape[-1])
+        P = torch.softmax(q @ k.transpose(-1, -2) * sc, -1)
+        dS = P * (gout.double() @ v.transpose(-1, -2))  # Delta dropped
+        out.append(("query", "dS without Delta", (dS @ k * sc).to(good["query"].dtype)))
+        out.append(("key", "dS without Delta", (dS.transpose(-1, -2) @ q * sc).to(good["key"].dtype)))
+    return out
+
+
+def _pb_det(rep, exact, dtype):
+    """(median, max) ulps of the report's detectable element: the inside test's own figure, or the GEMMs' absolute
+    one over the ulp of each element's exact value."""
+    det = (rep.detectable or {}).get("element")
+    if isinstance(det, dict):
+        return float(det.get("median_ulps", np.nan)), float(det.get("max_ulps", np.nan))
+    if det is None or not np.isfinite(det):
+        return np.nan, np.nan
+    fin = np.isfinite(exact)
+    r = float(det) / ulp_of(exact[fin], dtype)
+    return (float(np.median(r)), float(r.max())) if r.size else (np.nan, np.nan)
+
+
+def pb_case(fam, n, data, dtype, seed, scales, log=print, grads=None):
+    """Every truth for one backward call, per gradient (``grads``: those names only): torch's autograd and the
+    other correct implementations (the spread: the largest |error| of those with no half-precision running sum,
+    ``may_name``), the injected bugs of ``pw_bugs`` in spreads on a correct base (torch's gradient, or torch's
+    float32 autograd rounded where torch's own keeps a half running sum), the named dropped-term bugs. Rows of
+    dicts."""
+    call, gout = pb_call(fam, n, data, dtype, seed)
+    half = dtype != "float32"
+    good = _autograd(call, gout)
+    may_torch = {k: PB_HALF[dtype] for k in ("weight", "bias")} if half and call["op"] in NORM_BW else {}
+    correct = [("torch", good, may_torch)] + pb_correct(fam, call, gout, dtype, data)
+    exact = pb_exact(call, gout)
+    rows = []
+    named = pb_named(fam, call, gout, good)
+    for gname in call["diff"] if grads is None else grads:
+        ex = exact[gname].reshape(good[gname].shape)
+        meta = dict(op=fam, grad=gname, n=n, data=data, dtype=dtype, seed=seed, case=[fam, n, data, dtype, seed])
+        errs = []
+        for _, grads, _may in correct:
+            if gname not in grads:
+                errs.append(None)
+                continue
+            e = np.abs(_np(grads[gname]) - ex)
+            errs.append(np.where(np.isnan(e), np.inf, e))
+        rounding = [e for e, (_, grads, may) in zip(errs, correct) if e is not None and gname not in may]
+        spread_el = np.max(rounding, axis=0)
+        spread = float(spread_el.max())
+        worst = max((float(e.max()), k) for e, (k, _, may) in zip(errs, correct) if e is not None and gname not in may)
+        ulp = ulp_of(ex, dtype)
+        fin = np.isfinite(ex)
+        meta.update(spread=spread, spread_ulps=float(np.median((spread / ulp)[fin])),
+                    spread_el_ulps=float(np.median((spread_el / ulp)[fin])), spread_by=worst[1])  # fmt: skip
+        base_name = "torch" if gname not in may_torch else "torch fp32 autograd, rounded"
+        base = dict((k, grads) for k, grads, _ in correct)[base_name][gname]
+        for (cname, grads, may), e in zip(correct, errs):
+            if e is None:
+                continue
+            rep, s = _judge_bw(call, gout, gname, grads[gname])
+            dm, dx = _pb_det(rep, ex, dtype)
+            rows.append(dict(verdict=rep.verdict, precision=rep.precision, seconds=s, det_ulps=dm, det_max_ulps=dx,
+                             truth="correct", name=cname, may_name=may.get(gname), base=cname == base_name,
+                             err=float(e.max()) / spread if spread else 0.0, **meta))  # fmt: skip
+        sc = scales
+        if spread == 0 or not np.isfinite(spread):
+            log(f"  {fam} {n} {data} {dtype} {gname}: spread {spread}; no injected bugs")
+            sc = ()
+        g = _gen("power-bw-bug", fam, n, data, dtype, seed, gname)
+        structure = pb_structure(fam, gname, tuple(base.shape))
+        bugs = [(k, s_, o) for k, s_, o in pw_bugs(fam, base, spread, sc, g, structure=structure)]
+        bugs += [(k, None, o) for gn, k, o in named if gn == gname]
+        B = _np(base)
+        for kind, nominal, o in bugs:
+            if o.shape != base.shape:
+                continue
+            inj = float(np.abs(_np(o) - B).max())
+            if inj == 0:
+                continue  # rounding to the dtype swallowed the perturbation
+            rep, s = _judge_bw(call, gout, gname, o)
+            dm, dx = _pb_det(rep, ex, dtype)
+            rows.append(dict(verdict=rep.verdict, precision=rep.precision, seconds=s, det_ulps=dm, det_max_ulps=dx,
+                             truth="bug" if nominal is not None else "named", name=kind, nominal=nominal,
+                             size=inj / spread if spread else np.inf,
+                             err_size=float(np.abs(_np(o) - ex).max()) / spread if spread else np.inf,
+                             **meta))  # fmt: skip
+    return rows
+
+
+def pb_plan(quick=False, families=PB_FAMILIES, dtypes=PW_DTYPES, sizes=None, data=None):
+    """[(family, n, data, dtype)] of a run."""
+    sizes = (PB_SIZES_QUICK if quick else PB_SIZES) if sizes is None else sizes
+    data = (PB_DATA_QUICK if quick else PB_DATA) if data is None else data
+    out = []
+    for fam in families:
+        for dtype in dtypes:
+            for n in sizes[fam][dtype != "float32"]:
+                for d in data.get(fam, ("randn",)):
+                    out.append((fam, n, d, dtype))
+    return out
+
+
+def run_power_backward(quick=False, seeds=1, families=PB_FAMILIES, dtypes=PW_DTYPES, sizes=None, scales=None,
+                       data=None, log=print):  # fmt: skip
+    """The gradients' power rows (see summarise_power_backward)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*degrees of freedom is <= 0.*")
+    scales = (PB_SCALES_QUICK if quick else PB_SCALES) if scales is None else scales
+    rows = []
+    for seed in range(seeds):
+        for fam, n, d, dtype in pb_plan(quick, families, dtypes, sizes, data):
+            t0 = time.perf_counter()
+            rows += pb_case(fam, n, d, dtype, seed, scales, log)
+            log(f"power-backward {fam} n={n} {d} {dtype}: {time.perf_counter() - t0:.1f} s")
+    return rows
+
+
+def _pb_alarm(r) -> bool:
+    """A correct gradient called mismatch, or a reduced precision other than the one its kernel may be named."""
+    return r["verdict"] == "mismatch" or (r["verdict"] == "reduced-precision" and r["precision"] != r.get("may_name"))
+
+
+def _pb_key(r):
+    return (r["op"], r["grad"], r["dtype"], r["n"], r["data"])
+
+
+def summarise_power_backward(rows) -> dict:
+    """Per (family, gradient, dtype, size, data): false alarms (``_pb_alarm``), injected bugs caught by size bin in
+    spreads, below 1x named a precision, the base's report's detectable element (median ulps) over the spread (median
+    over elements of spread / ulp(exact)), the median seconds per compare_backward; totals per dtype; the lists of
+    false alarms, misses (>= 8x not a mismatch), bugs below 1x named a precision and the named bugs."""
+    table = {}
+    for r in rows:
+        t = table.setdefault(
+            _pb_key(r),
+            dict(op=r["op"], grad=r["grad"], dtype=r["dtype"], n=r["n"], data=r["data"], correct=0, false_alarms=0,
+                 seconds=[], spread=r["spread"], spread_ulps=r["spread_ulps"], spread_el_ulps=r["spread_el_ulps"],
+                 spread_by=r["spread_by"], det_ulps=np.nan, det_over_spread=np.nan,
+                 **{f"bugs {b}": 0 for b, _, _ in PW_BINS}, **{f"caught {b}": 0 for b, _, _ in PW_BINS},
+                 named_precision_below_1x=0, named_bugs=0, named_caught=0),
+        )  # fmt: skip
+        t["seconds"].append(r["seconds"])
+        if r["truth"] == "correct":
+            t["correct"] += 1
+            t["false_alarms"] += _pb_alarm(r)
+            if r["base"]:
+                t["det_ulps"] = r["det_ulps"]
+                with np.errstate(all="ignore"):
+                    t["det_over_spread"] = r["det_ulps"] / r["spread_ulps"] if r["spread_ulps"] else np.inf
+        elif r["truth"] == "bug":
+            for b, lo, hi in PW_BINS:
+                if lo <= r["size"] < hi:
+                    t[f"bugs {b}"] += 1
+                    t[f"caught {b}"] += r["verdict"] == "mismatch"
+            if r["size"] < 1:
+                t["named_precision_below_1x"] += r["verdict"] == "reduced-precision"
+        else:
+            t["named_bugs"] += 1
+            t["named_caught"] += r["verdict"] == "mismatch"
+    cases = []
+    for t in table.values():
+        t["median_seconds"] = float(np.median(t.pop("seconds")))
+        cases.append(t)
+    bugs = [r for r in rows if r["truth"] == "bug"]
+    correct = [r for r in rows if r["truth"] == "correct"]
+    named = [r for r in rows if r["truth"] == "named"]
+    s = dict(
+        cases=cases,
+        compares=len(rows),
+        correct=len(correct),
+        false_alarms=sum(_pb_alarm(r) for r in correct),
+        correct_named_their_half_sum=sum(r["verdict"] == "reduced-precision" and not _pb_alarm(r) for r in correct),
+        bugs_ge_8x=sum(r["size"] >= 8 for r in bugs),
+        caught_ge_8x=sum(r["size"] >= 8 and r["verdict"] == "mismatch" for r in bugs),
+        bugs_1_to_8x=sum(1 <= r["size"] < 8 for r in bugs),
+        caught_1_to_8x=sum(1 <= r["size"] < 8 and r["verdict"] == "mismatch" for r in bugs),
+        bugs_below_1x=sum(r["size"] < 1 for r in bugs),
+        below_1x_named_a_precision=sum(r["size"] < 1 and r["verdict"] == "reduced-precision" for r in bugs),
+        below_1x_mismatch=sum(r["size"] < 1 and r["verdict"] == "mismatch" for r in bugs),
+        named_bugs=len(named),
+        named_caught=sum(r["verdict"] == "mismatch" for r in named),
+        named_ge_8x=sum(r["size"] >= 8 for r in named),
+        named_ge_8x_caught=sum(r["size"] >= 8 and r["verdict"] == "mismatch" for r in named),
+        detectable_infinite=sum(1 for t in cases if not np.isfinite(t["det_ulps"])),
+        detectable_over_8x=sum(1 for t in cases if not t["det_over_spread"] <= 8),
+        median_seconds=float(np.median([r["seconds"] for r in rows])) if rows else np.nan,
+        false_alarm_cases=[r for r in correct if _pb_alarm(r)],
+        missed=[r for r in bugs if r["size"] >= 8 and r["verdict"] != "mismatch"],
+        below_1x_named=[r for r in bugs if r["size"] < 1 and r["verdict"] == "reduced-precision"],
+        named=named,
+    )  # fmt: skip
+    s["by_dtype"] = {}
+    for dtype in PW_DTYPES:
+        sel = [r for r in bugs if r["dtype"] == dtype]
+        cor = [r for r in correct if r["dtype"] == dtype]
+        s["by_dtype"][dtype] = dict(
+            false_alarms=f"{sum(_pb_alarm(r) for r in cor)}/{len(cor)}",
+            caught_ge_8x=f"{sum(r['size'] >= 8 and r['verdict'] == 'mismatch' for r in sel)}/"
+            f"{sum(r['size'] >= 8 for r in sel)}",
+            below_1x_named=f"{sum(r['size'] < 1 and r['verdict'] == 'reduced-precision' for r in sel)}/"
+            f"{sum(r['size'] < 1 for r in sel)}",
+        )
+    s["power_by"] = {}
+    for key in ("op", "dtype", "name"):
+        for v in sorted({r[key] for r in bugs}):
+            sel = [r for r in bugs if r[key] == v]
+            s["power_by"][f"{key}={v}"] = {
+                b: f"{sum(lo <= r['size'] < hi and r['verdict'] == 'mismatch' for r in sel)}/"
+                f"{sum(lo <= r['size'] < hi for r in sel)}"
+                for b, lo, hi in PW_BINS
+            }
+    worst = sorted((t for t in cases if np.isfinite(t["det_over_spread"])), key=lambda t: -t["det_over_spread"])
+    s["worst_det_over_spread"] = [
+        f"{t['op']} {t['grad']} {t['dtype']} n={t['n']} {t['data']}: {t['det_over_spread']:.3g}" for t in worst[:12]
+    ]
+    return s
+
+
+def _pb_text(r):
+    return f"{r['op']} {r['grad']} n={r['n']} {r['data']} {r['dtype']} seed={r['seed']}"
+
+
+def print_power_backward(s, log=print):
+    log(f"\n== power family, gradients: {s['compares']} compare_backward calls, "
+        f"median {s['median_seconds']:.2f} s each")  # fmt: skip
+    log(f"false alarms on correct gradients: {s['false_alarms']} / {s['correct']} "
+        f"(named their own half running sum, allowed: {s['correct_named_their_half_sum']})")  # fmt: skip
+    log(f"bugs >= 8x the spread of correct implementations caught: {s['caught_ge_8x']} / {s['bugs_ge_8x']}")
+    log(f"bugs 1-8x the spread caught: {s['caught_1_to_8x']} / {s['bugs_1_to_8x']}")
+    log(f"bugs below 1x the spread named a precision: {s['below_1x_named_a_precision']} / {s['bugs_below_1x']} "
+        f"(called mismatch: {s['below_1x_mismatch']})")  # fmt: skip
+    log(f"named dropped-term bugs caught: {s['named_caught']} / {s['named_bugs']} (>= 8x the spread: "
+        f"{s['named_ge_8x_caught']} / {s['named_ge_8x']})")  # fmt: skip
+    log(f"cases whose detectable is infinite: {s['detectable_infinite']}; above 8x the spread: "
+        f"{s['detectable_over_8x']} / {len(s['cases'])}")  # fmt: skip
+    for d, v in s["by_dtype"].items():
+        log(f"  {d:<9} false alarms {v['false_alarms']}, >= 8x caught {v['caught_ge_8x']}, "
+            f"below 1x named {v['below_1x_named']}")  # fmt: skip
+    log(
+        f"{'family':<18} {'grad':<7} {'dtype':<9} {'n':>8} {'data':<6} {'FA':>5} {'>=8x':>7} {'1-8x':>7} "
+        f"{'<1x prec':>8} {'named':>6} {'spread ulp':>10} {'det ulp':>9} {'det/spr':>8} {'s/call':>6}  spread set by"
+    )
+    order = {f: i for i, f in enumerate(PB_FAMILIES)}
+    for t in sorted(s["cases"], key=lambda t: (order.get(t["op"], 99), t["grad"], t["dtype"], t["n"], t["data"])):
+        log(
+            f"{t['op']:<18} {t['grad']:<7} {t['dtype']:<9} {t['n']:>8} {t['data'][:6]:<6} "
+            f"{t['false_alarms']:>2}/{t['correct']:<2} {t['caught >=8x']:>3}/{t['bugs >=8x']:<3} "
+            f"{t['caught 1-8x']:>3}/{t['bugs 1-8x']:<3} {t['named_precision_below_1x']:>3}/{t['bugs <1x']:<4} "
+            f"{t['named_caught']:>2}/{t['named_bugs']:<3} {_num(t['spread_ulps']):>10} {_num(t['det_ulps']):>9} "
+            f"{_num(t['det_over_spread']):>8} {t['median_seconds']:>6.2f}  {t['spread_by']}"
+        )
+    log("power by family, dtype and kind (caught / bugs, by size in spreads):")
+    for k, v in s["power_by"].items():
+        log(f"  {k:<40} " + "  ".join(f"{b}: {x}" for b, x in v.items()))
+    log("worst detectable / spread: " + "; ".join(s["worst_det_over_spread"]))
+    for r in s["named"]:
+        if r["verdict"] != "mismatch":
+            log(f"  named, not caught: {_pb_text(r)} {r['name']}: {r['verdict']} {r['precision'] or ''} "
+                f"size {_num(r['size'])}x")  # fmt: skip
+    for key in ("false_alarm_cases", "missed", "below_1x_named"):
+        for r in s[key]:
+            log(
+                f"  {key}: {_pb_text(r)} {r['truth']} {r['name']}: {r['verdict']} {r['precision'] or ''} "
+                f"size {_num(r.get('size', r.get('err')))}x"
+            )
+
+
+def power_backward_markdown(s) -> str:
+    """The gradients' power table as markdown (docs/analysis.md): one row per family x gradient x size x data, per
+    dtype the false alarms, bugs >= 8x and 1-8x the spread caught, and the detectable over the spread."""
+    dts = PW_DTYPES
+    lines = ["| family | grad | n | data | " + " | ".join(f"{d}: FA, >=8x, 1-8x, det/spread" for d in dts) + " |",
+             "|---|---|---:|---|" + "---|" * len(dts)]  # fmt: skip
+    by = {}
+    for t in s["cases"]:
+        by.setdefault((t["op"], t["grad"], t["n"], t["data"]), {})[t["dtype"]] = t
+    order = {f: i for i, f in enumerate(PB_FAMILIES)}
+    for (op, grad, n, data), ts in sorted(by.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1], kv[0][2],
+                                                                      kv[0][3])):  # fmt: skip
+        cells = []
+        for d in dts:
+            t = ts.get(d)
+            if t is None:
+                cells.append("-")
+                continue
+            fa = f"**{t['false_alarms']}**/{t['correct']}" if t["false_alarms"] else f"0/{t['correct']}"
+            ge = f"{t['caught >=8x']}/{t['bugs >=8x']}"
+            ge = ge if t["caught >=8x"] == t["bugs >=8x"] else f"**{ge}**"
+            cells.append(f"{fa}, {ge}, {t['caught 1-8x']}/{t['bugs 1-8x']}, {_num(t['det_over_spread'])}")
+        lines.append(f"| {op} | {grad} | {n:g} | {data} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer K, lengths and regimes; bugs on fp32 results only")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument(
         "--family",
-        choices=("all", "gemm", "envelope", "backward", "power"),
+        choices=("all", "gemm", "envelope", "backward", "power", "power-backward"),
         default="all",
         help="gemm: matmul/linear/conv2d (statistical test); envelope: reductions, norms, pools; "
-        "backward: the gradients (compare_backward); power: bugs sized in spreads of correct implementations",
+        "backward: the gradients (compare_backward); power: bugs sized in spreads of correct implementations; "
+        "power-backward: the same for the gradients",
     )
     ap.add_argument("--json", help="write rows and summary here")
     ap.add_argument("--markdown", help="power family: write its table as markdown here")
+    ap.add_argument("--markdown-backward", help="power-backward family: write its table as markdown here")
     a = ap.parse_args(argv)
     torch.set_num_threads(2)
     result = {}
@@ -3085,6 +4000,16 @@ def main(argv=None):
         if a.markdown:
             with open(a.markdown, "w") as f:
                 f.write(power_markdown(s) + "\n")
+    if a.family in ("all", "power-backward"):
+        t = time.time()
+        rows = run_power_backward(quick=a.quick, seeds=a.seeds)
+        s = summarise_power_backward(rows)
+        print_power_backward(s)
+        print(f"power family, gradients: {time.time() - t:.0f} s")
+        result["power_backward"] = {"summary": s, "rows": rows}
+        if a.markdown_backward:
+            with open(a.markdown_backward, "w") as f:
+                f.write(power_backward_markdown(s) + "\n")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1, default=_jsonable)

@@ -47,9 +47,11 @@ torch keeps an intermediate in it, 0 otherwise):
   n)**2 + 2 dx**2)``, ``u_a = u`` (``u + u_m`` for batch_norm's half kernel, which also stores S and C in
   the half format). grad_weight and grad_bias sum ``g xhat^`` and ``g`` over the rows: ``xhat^``'s
   shared errors move every term of one row in one column coherently (``r``'s by ``sum g xhat``, the
-  mean's by ``r sum g``), its own roundings and the product per term, the column's partial sums. torch's
-  CPU kernels for half inputs round those running sums to the half format: that is a second member of
-  the rounding family (``u_m`` on the partial sums), named in a note when only it explains the result.
+  mean's by ``r sum g``), its own roundings and the product per term, the column's partial sums; group_norm
+  and batch_norm with half inputs store each block's (row's) sum in the half format (``u_m`` of it). torch's
+  CPU layer_norm and rms_norm for half inputs round the running sums over the rows to the half format
+  (the float32 model refuses its bf16 grad_bias by 484 sigma at 64 rows): that is a reduced precision of
+  its own (``u_m`` on the partial sums), named with the scale test as its evidence.
 * **the poolings**: an average's grad_input is a sum of ``k`` terms ``g / d`` (``k`` windows hold the
   element), a maximum's of ``k`` exact terms ``g``: the order-free ``(k + 1) (u_c A)**2`` (``A = sum |t|``,
   ``u_c = u + u_m``: torch's CPU kernels add into the half gradient tensor).
@@ -322,6 +324,12 @@ def norm_param_noise(name, X, G, center, eps, fmts, regroup=None, given=None):
             terms = rg(G)
             v = np.zeros(terms.shape[1])
             coherent = lambda y: 0.0  # noqa: E731
+            if regroup is not None and u_m:  # group_norm, batch_norm: each block's sum stored in the half format
+                T, C = terms.shape
+                rowid = rg(np.broadcast_to(np.arange(R)[:, None], (R, n)))
+                key = (rowid * C + np.broadcast_to(np.arange(C)[None, :], (T, C))).reshape(-1)
+                B = np.bincount(key, terms.reshape(-1), R * C).reshape(R, C)
+                v = v + (u_m * u_m) * (B * B).sum(axis=0)
         else:
             d = X - mean[:, None]
             xh = d * r[:, None]
@@ -335,6 +343,8 @@ def norm_param_noise(name, X, G, center, eps, fmts, regroup=None, given=None):
             A = np.bincount(key, terms.reshape(-1), R * C).reshape(R, C)  # sum g xhat per (row, column)
             B = np.bincount(key, rg(G).reshape(-1), R * C).reshape(R, C)  # sum g per (row, column)
             v = (srel2[:, None] * A * A + (smu2 * r * r)[:, None] * B * B).sum(axis=0) + rg(own).sum(axis=0)
+            if regroup is not None and u_m:  # group_norm, batch_norm: each block's sum stored in the half format
+                v = v + (u_m * u_m) * (A * A).sum(axis=0)
 
             def coherent(y):
                 y = np.asarray(y, np.float64).reshape(-1)
@@ -347,7 +357,7 @@ def norm_param_noise(name, X, G, center, eps, fmts, regroup=None, given=None):
         v = v + u * u * P + _stores(res, out, terms.shape[0] + 2)
         v = np.where(np.isfinite(v), v, np.inf)
     half = None
-    if u_m:
+    if u_m and regroup is None:  # layer_norm, rms_norm: torch's CPU running sums over the rows in half (measured)
         half = lambda: np.where(np.isfinite(v), v + u_m * u_m * P, np.inf)  # noqa: E731
     return v, half, coherent
 

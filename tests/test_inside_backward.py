@@ -194,3 +194,27 @@ def test_attention_gradients_scaled_are_mismatches(dtype):
     assert {n: r.verdict for n, r in reps.items()} == dict.fromkeys(got, "mismatch")
     if dtype == torch.bfloat16:  # inside the worst-case envelope: the statistical test saw it
         assert all(r.max_bound_ratio < 1 for r in reps.values())
+
+
+def test_hugging_face_rms_norm_gradient_in_float16_is_rounding():
+    """Hugging Face's RMSNorm (w * h.to(dtype)) at 8192 features in float16: its backward forms g w in float16
+    (a rounding of u_m each, in the family); seeds 0, 2 and 4 were a mismatch (one element 1 ulp off at ~10
+    sigma) when the scale charged g w only float32's unit. Scaled by 1.1 it stays a mismatch."""
+    eps = torch.finfo(torch.float32).eps
+
+    def hf(x, w):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return w * h.to(x.dtype)
+
+    for seed in (0, 2, 4):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(4, 8192, generator=g).half()
+        w = (1 + 0.1 * torch.randn(8192, generator=g)).half()
+        dy = torch.randn(4, 8192, generator=g).half()
+        xs = x.clone().requires_grad_()
+        hf(xs, w).backward(dy)
+        rep = rk.compare_backward({"input": xs.grad}, "rms_norm", dy, x, (8192,), w, eps=eps)["input"]
+        assert rep.verdict == "rounding", (seed, rep)
+        bad = (xs.grad.double() * 1.1).half()
+        assert rk.compare_backward({"input": bad}, "rms_norm", dy, x, (8192,), w, eps=eps)["input"].verdict == "mismatch"

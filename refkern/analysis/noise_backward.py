@@ -36,7 +36,8 @@ torch keeps an intermediate in it, 0 otherwise):
   partial sums (``u_m G`` stored); the product and the difference.
 * **layer_norm, rms_norm, group_norm, batch_norm**, grad_input ``dx_j = r (gw_j - S / n) - r**3 d_j C /
   n`` (``d = x - mean``, ``gw = g w``, ``S = sum gw``, ``C = sum gw d``, ``r = (var + eps)**-1/2``): each
-  product ``gw_k`` (``d dx_j / d gw_k = r [j = k] - r / n - r**3 d_j d_k / n``, summed in closed form over
+  product ``gw_k`` (charged ``u + u_m``: Hugging Face's RMSNorm forms it in the half dtype;
+  ``d dx_j / d gw_k = r [j = k] - r / n - r**3 d_j d_k / n``, summed in closed form over
   k from the row's moments of ``gw**2``), ``S``'s partial sums (through ``C = S mean^ - sum gw x`` too, in
   torch's raw form), ``C``'s terms and partial sums in the larger of the raw form (``sum gw x``, then
   ``S mean^ - ds``) and the centred one (``sum gw (x - mean^)``), the stored statistics (``r``'s
@@ -200,7 +201,7 @@ def _psq(lp, sp, spp, t, n):
 
 
 @jit(parallel=True, error_model="numpy")
-def _norm_input_rows(X, G, W, mean, r, smu2, srel2, u, ua, us, u_o, eta_o, eta_w, asm, out):
+def _norm_input_rows(X, G, W, mean, r, smu2, srel2, u, ug, ua, us, u_o, eta_o, eta_w, asm, out):
     """sigma**2 of a norm's grad_input per element of the rows (module docstring); W (P, n), row i uses
     ``W[i % P]``; ``ua`` the assembly's unit, ``us`` the unit of S and C stored in the half format (0)."""
     R, n = X.shape
@@ -250,7 +251,7 @@ def _norm_input_rows(X, G, W, mean, r, smu2, srel2, u, ua, us, u_o, eta_o, eta_w
             bj = ri * ri * ri * d / n
             dx = ri * gw - a * S - bj * Cn
             v1 = a * a * T0 + 2.0 * a * bj * T1 + bj * bj * T2 + (ri * ri - 2.0 * ri * (a + bj * d)) * gw * gw
-            v = u * u * max(v1, 0.0)
+            v = ug * ug * max(v1, 0.0)
             v += a * a * (u * u * PS * max(1.0, (1.0 + ri * ri * d * mu) ** 2) + (us * S) ** 2)
             v += bj * bj * vC
             cr = dx - 2.0 * bj * Cn
@@ -299,7 +300,9 @@ def norm_input_noise(X, G, W, center, eps, fmts, half_steps=False, given=None):
     ua = u + (u_m if half_steps else 0.0)
     v = np.empty((R, n))
     if R and n:
-        _norm_input_rows(np.ascontiguousarray(X), np.ascontiguousarray(G), Wk, mean, r, smu2, srel2, u, ua,
+        # g w may be formed in the half format (Hugging Face's RMSNorm: w * h.to(dtype), whose backward rounds
+        # g w to it): its rounding is charged u + u_m
+        _norm_input_rows(np.ascontiguousarray(X), np.ascontiguousarray(G), Wk, mean, r, smu2, srel2, u, u + u_m, ua,
                          u_m if half_steps else 0.0, u_o, eta_o, eta_w, np.asarray(ASSEMBLY), v)  # fmt: skip
     return v
 

@@ -3030,6 +3030,15 @@ def print_power(s, log=print):
             )
 
 
+def _pw_cell(t) -> str:
+    """One dtype's cell of a power table: false alarms, bugs >= 8x caught (bold when not all), 1-8x caught,
+    detectable over spread."""
+    fa = f"**{t['false_alarms']}**/{t['correct']}" if t["false_alarms"] else f"0/{t['correct']}"
+    ge = f"{t['caught >=8x']}/{t['bugs >=8x']}"
+    ge = ge if t["caught >=8x"] == t["bugs >=8x"] else f"**{ge}**"
+    return f"{fa}, {ge}, {t['caught 1-8x']}/{t['bugs 1-8x']}, {_num(t['det_over_spread'])}"
+
+
 def power_markdown(s) -> str:
     """The power table as markdown (docs/analysis.md): one row per op x size x data, per dtype the false
     alarms, bugs >= 8x and 1-8x the spread caught, and torch's report's detectable over the spread."""
@@ -3047,10 +3056,7 @@ def power_markdown(s) -> str:
             if t is None:
                 cells.append("-")
                 continue
-            fa = f"**{t['false_alarms']}**/{t['correct']}" if t["false_alarms"] else f"0/{t['correct']}"
-            ge = f"{t['caught >=8x']}/{t['bugs >=8x']}"
-            ge = ge if t["caught >=8x"] == t["bugs >=8x"] else f"**{ge}**"
-            cells.append(f"{fa}, {ge}, {t['caught 1-8x']}/{t['bugs 1-8x']}, {_num(t['det_over_spread'])}")
+            cells.append(_pw_cell(t))
         lines.append(f"| {op} | {n:g} | {data} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -3924,10 +3930,7 @@ def power_backward_markdown(s) -> str:
             if t is None:
                 cells.append("-")
                 continue
-            fa = f"**{t['false_alarms']}**/{t['correct']}" if t["false_alarms"] else f"0/{t['correct']}"
-            ge = f"{t['caught >=8x']}/{t['bugs >=8x']}"
-            ge = ge if t["caught >=8x"] == t["bugs >=8x"] else f"**{ge}**"
-            cells.append(f"{fa}, {ge}, {t['caught 1-8x']}/{t['bugs 1-8x']}, {_num(t['det_over_spread'])}")
+            cells.append(_pw_cell(t))
         lines.append(f"| {op} | {grad} | {n:g} | {data} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -68,7 +68,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
-from refkern.analysis.noise import RSQRT_ULPS, _moments, _partial_sq, _softmax_rows, _weights
+from refkern.analysis.noise import RSQRT_ULPS, _moments, _partial_sq, _records, _softmax_rows, _weights
 
 __all__ = ["softmax_noise", "norm_input_noise", "norm_param_noise", "pool_noise", "mean_noise", "var_noise",
            "attention_noise", "converted"]  # fmt: skip
@@ -155,12 +155,6 @@ def softmax_noise(xr, gr, out: Format, log: bool):
         eta_s = np.ldexp(1.0, out.emin - out.prec + np.frexp(sc)[1] - 1)  # float64's eta (2**-1075) times sc
         v = rel * ys * ys + 2.0 * (u_o * dxs) ** 2 + (n + 6) * eta_s**2
         return v, sc
-
-
-def _records(X):
-    from refkern.analysis.noise import _records as rec
-
-    return rec(X)
 
 
 # ------------------------------------------------------------------------------------------------ norms
@@ -307,6 +301,15 @@ def norm_input_noise(X, G, W, center, eps, fmts, half_steps=False, given=None):
     return v
 
 
+def _row_col_sums(rg, R, n, *values):
+    """Per (row, column) of ``rg`` ((R, n) -> (T, C)): the sum of each (R, n) array's terms that the row puts
+    in that column, (R, C) each (a row's errors move those terms together)."""
+    rowid = rg(np.broadcast_to(np.arange(R)[:, None], (R, n)))
+    T, C = rowid.shape
+    key = (rowid * C + np.broadcast_to(np.arange(C)[None, :], (T, C))).reshape(-1)
+    return [np.bincount(key, rg(a).reshape(-1), R * C).reshape(R, C) for a in values]
+
+
 def norm_param_noise(name, X, G, center, eps, fmts, regroup=None, given=None):
     """(sigma**2 of grad_weight or grad_bias (``name``) per element (C,), a thunk giving the same with the
     running sums rounded to the half format (torch's CPU kernels for half inputs) or None, and
@@ -328,10 +331,7 @@ def norm_param_noise(name, X, G, center, eps, fmts, regroup=None, given=None):
             v = np.zeros(terms.shape[1])
             coherent = lambda y: 0.0  # noqa: E731
             if regroup is not None and u_m:  # group_norm, batch_norm: each block's sum stored in the half format
-                T, C = terms.shape
-                rowid = rg(np.broadcast_to(np.arange(R)[:, None], (R, n)))
-                key = (rowid * C + np.broadcast_to(np.arange(C)[None, :], (T, C))).reshape(-1)
-                B = np.bincount(key, terms.reshape(-1), R * C).reshape(R, C)
+                (B,) = _row_col_sums(rg, R, n, G)
                 v = v + (u_m * u_m) * (B * B).sum(axis=0)
         else:
             d = X - mean[:, None]
@@ -339,12 +339,7 @@ def norm_param_noise(name, X, G, center, eps, fmts, regroup=None, given=None):
             t = G * xh
             own = u * u * (G * G * ((X * r[:, None]) ** 2 + (mean * r)[:, None] ** 2 + xh * xh) + t * t)
             terms = rg(t)
-            T, C = terms.shape
-            rowid = rg(np.broadcast_to(np.arange(R)[:, None], (R, n)))
-            cols = np.broadcast_to(np.arange(C)[None, :], (T, C))
-            key = (rowid * C + cols).reshape(-1)
-            A = np.bincount(key, terms.reshape(-1), R * C).reshape(R, C)  # sum g xhat per (row, column)
-            B = np.bincount(key, rg(G).reshape(-1), R * C).reshape(R, C)  # sum g per (row, column)
+            A, B = _row_col_sums(rg, R, n, t, G)  # sum g xhat and sum g per (row, column)
             v = (srel2[:, None] * A * A + (smu2 * r * r)[:, None] * B * B).sum(axis=0) + rg(own).sum(axis=0)
             if regroup is not None and u_m:  # group_norm, batch_norm: each block's sum stored in the half format
                 v = v + (u_m * u_m) * (A * A).sum(axis=0)
@@ -471,8 +466,8 @@ def attention_noise(at, G, name: str, ref):
                 vdP = vdP + (uc * dP) ** 2
                 var_o = rows.var + 2.0 * (u_o * o) ** 2  # the stored forward output
                 Del = np.einsum("ic,ic->i", dO, o)
-                vDel = np.einsum("ic,ic->i", dO * dO, var_o) + u * u * (
-                    _partial_sq(dO * o) + np.einsum("ic,ic->i", (dO * o) ** 2, np.ones_like(o)))  # fmt: skip
+                do = dO * o
+                vDel = np.einsum("ic,ic->i", dO * dO, var_o) + u * u * (_partial_sq(do) + (do * do).sum(axis=1))
                 vDel = vDel + np.einsum("ij,ij->i", (w * dP) ** 2, bP) + np.einsum("ij,ij->i", w * w, vdP)
                 vDel = (vDel + (uc * Del) ** 2)[:, None]
                 h = dP - Del[:, None]

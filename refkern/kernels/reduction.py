@@ -164,51 +164,52 @@ def _row_var(X, corr_h, corr_l, want_std, prec, emin, emax, out, status):
             status[r] = 2
 
 
-@jit(parallel=True)
-def _cumsum_rows(X, prec, emin, emax, out):
-    """out[r, i] = sum_{j <= i} X[r, j] exactly, rounded once per element.
+@jit(inline="always")
+def cumsum_row(x, acc, tmp, scratch, s, t, bound, neg_zero, prec, emin, emax, out):
+    """out[i] = (P + sum_{j <= i} x[j]) exactly, rounded once per element, where ``acc`` holds the
+    exact prefix P (none: zero), ``s + t`` is P within ``bound``, and ``neg_zero`` says whether
+    every term of P is -0 (true for none). ``acc`` is left holding P plus the terms it took in.
 
     A running pair decides almost every element: ``s = fl(s + x)`` with its exact error (TwoSum)
     added into ``t``, whose own roundings (each at most ``u |t|``, or ``2**-1074`` near underflow)
     are summed into a bound, so that ``|S_i - (s + t)| <= bound``; :func:`decide` rounds when it
     can. An element it cannot decide (a tie, a zero, a sum beyond its range), and every element
     after an inf, a NaN or an overflow of ``s``, reads the exact accumulator instead: it first
-    takes in, exactly, the terms since it was last read."""
-    n = X.shape[1]
+    takes in, exactly, the terms since it was last read. (refkern.scale starts it from the exact
+    state of the chunks before a chunk of a Dask array.)"""
+    fast = True
+    synced = 0  # x[:synced] is in acc
+    for i in range(x.size):
+        v = x[i]
+        neg_zero = neg_zero and v == 0.0 and np.signbit(v)
+        y = np.nan
+        if fast:
+            if (s + v) - (s + v) != 0.0:  # an inf or NaN term or prefix, or s overflows: exact from here on
+                fast = False
+            else:
+                s, e = two_sum(s, v)  # exact: s + e == s_old + v
+                t = t + e
+                bound += 2.0**-53 * abs(t) + 2.0**-1074  # this rounding of t
+                h, lo = two_sum(s, t)
+                # 2i roundings of the positive sum bound: a factor (1 + u)**(2i) <= 1 + 4iu
+                y = decide(h, lo, bound * (1.0 + (i + 4) * 2.0**-50), prec, emin, emax)
+        if y != y:
+            _sum_range(x, synced, i + 1, acc, scratch)
+            synced = i + 1
+            acc_copy(tmp, acc)
+            y = acc_round(tmp, prec, emin, emax)
+            if y == 0.0 and neg_zero and tmp[NNAN] + tmp[NPINF] + tmp[NNINF] == 0:
+                y = -0.0
+        out[i] = y
+
+
+@jit(parallel=True)
+def _cumsum_rows(X, prec, emin, emax, out):
+    """out[r, i] = sum_{j <= i} X[r, j] exactly, rounded once per element (:func:`cumsum_row` from zero)."""
     for r in prange(X.shape[0]):
         acc = np.empty(SIZE, np.int64)
         acc_init(acc)
-        tmp = np.empty(SIZE, np.int64)
-        scratch = np.empty(BLOCK)
-        x = X[r]
-        s = 0.0
-        t = 0.0
-        bound = 0.0
-        fast = True
-        synced = 0  # x[:synced] is in acc
-        neg_zero = True
-        for i in range(n):
-            v = x[i]
-            neg_zero = neg_zero and v == 0.0 and np.signbit(v)
-            y = np.nan
-            if fast:
-                if (s + v) - (s + v) != 0.0:  # an inf or NaN term, or s overflows: exact from here on
-                    fast = False
-                else:
-                    s, e = two_sum(s, v)  # exact: s + e == s_old + v
-                    t = t + e
-                    bound += 2.0**-53 * abs(t) + 2.0**-1074  # this rounding of t
-                    h, lo = two_sum(s, t)
-                    # 2i roundings of the positive sum bound: a factor (1 + u)**(2i) <= 1 + 4iu
-                    y = decide(h, lo, bound * (1.0 + (i + 4) * 2.0**-50), prec, emin, emax)
-            if y != y:
-                _sum_range(x, synced, i + 1, acc, scratch)
-                synced = i + 1
-                acc_copy(tmp, acc)
-                y = acc_round(tmp, prec, emin, emax)
-                if y == 0.0 and neg_zero and tmp[NNAN] + tmp[NPINF] + tmp[NNINF] == 0:
-                    y = -0.0
-            out[r, i] = y
+        cumsum_row(X[r], acc, np.empty(SIZE, np.int64), np.empty(BLOCK), 0.0, 0.0, 0.0, True, prec, emin, emax, out[r])
 
 
 def sum(x, dim=None, keepdim=False, *, dtype=None, accumulate: str = "exact", accum_dtype=None):  # noqa: A001

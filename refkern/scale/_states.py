@@ -23,7 +23,6 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate._bits import bits
 from refkern.accumulate.dd import EPS, dd_div
-from refkern.accumulate.eft import two_sum
 from refkern.accumulate.exact import BLOCK, _dot_range, _sum_range
 from refkern.accumulate.superacc import (
     JMAX,
@@ -37,7 +36,8 @@ from refkern.accumulate.superacc import (
     acc_normalize,
     acc_round,
 )
-from refkern.accumulate.ziv import acc_copy, acc_dd, acc_fraction, decide, round_fraction, round_quotient_sqrt
+from refkern.accumulate.ziv import acc_dd, acc_fraction, decide, round_fraction, round_quotient_sqrt
+from refkern.kernels.reduction import cumsum_row
 
 __all__ = ["THREADS_VAR", "limit_threads", "State", "row_states", "merge", "merge_all", "round_states",
            "mean_states", "var_states", "cumsum_from", "gemm_tile"]  # fmt: skip
@@ -340,43 +340,15 @@ def var_states(s: State, q: State, n: int, corr: Fraction, fmt, want_std: bool) 
 
 @jit(inline="always")
 def _cumsum_row(X, lo, c, sp, nz, prec, emin, emax, out, r):
-    """out[r, i] = (prefix of row r + sum_{j <= i} X[r, j]) exactly, rounded once per element.
-
-    refkern.cumsum's kernel (a running pair decides, the exact accumulator otherwise) started
-    from the exact prefix state: the pair starts at the prefix's double-word, which errs by at
-    most 2**-106 of it plus 2**-1074, added to the bound."""
-    n = X.shape[1]
+    """out[r, i] = (prefix of row r + sum_{j <= i} X[r, j]) exactly, rounded once per element:
+    refkern.cumsum's own row scan, started from the exact prefix state. The running pair starts at
+    the prefix's double-word, which errs by at most 2**-106 of it plus 2**-1075: the bound starts there."""
     acc = np.empty(SIZE, np.int64)
     tmp = np.empty(SIZE, np.int64)
-    scratch = np.empty(BLOCK)
     _load(acc, lo, c, sp, r)
-    x = X[r]
     s, t = acc_dd(acc, tmp)
     bound = 2.0**-105 * abs(s) + 2.0**-1074
-    fast = True
-    synced = 0  # x[:synced] is in acc
-    neg_zero = nz[r]
-    for i in range(n):
-        v = x[i]
-        neg_zero = neg_zero and v == 0.0 and np.signbit(v)
-        y = np.nan
-        if fast:
-            if (s + t + v) - (s + t + v) != 0.0:  # a special prefix or term, or an overflow
-                fast = False
-            else:
-                s, e = two_sum(s, v)
-                t = t + e
-                bound += 2.0**-53 * abs(t) + 2.0**-1074
-                h, lw = two_sum(s, t)
-                y = decide(h, lw, bound * (1.0 + (i + 4) * 2.0**-50), prec, emin, emax)
-        if y != y:
-            _sum_range(x, synced, i + 1, acc, scratch)
-            synced = i + 1
-            acc_copy(tmp, acc)
-            y = acc_round(tmp, prec, emin, emax)
-            if y == 0.0 and neg_zero and tmp[NNAN] + tmp[NPINF] + tmp[NNINF] == 0:
-                y = -0.0
-        out[r, i] = y
+    cumsum_row(X[r], acc, tmp, np.empty(BLOCK), s, t, bound, nz[r], prec, emin, emax, out[r])
 
 
 @jit(parallel=True)

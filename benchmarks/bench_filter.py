@@ -32,6 +32,7 @@ from _timing import per_call  # benchmarks/_timing.py, beside this script
 
 import refkern as rk
 from refkern.engines import filter as filt
+from refkern.engines import filter_conv
 from refkern.kernels import conv as conv_mod
 from refkern.kernels._common import plan
 from refkern.kernels.gemm import matmul_operands
@@ -134,7 +135,7 @@ def bench_conv(blocks, quick):
         p = plan("conv2d", {"x": xx, "weight": ww, "bias": None}, ("x", "weight"), "exact", None)
         c = conv_mod.conv_operands(p, 2, 1, 1, 1, 1, "zeros")
         st = {}
-        filt.conv(p, c, stats=st)
+        filter_conv.conv(p, c, stats=st)
         rows.append(dict(op="conv2d", case=f"resnet {shape}x64x3x3", dtype=dtype, exact_s=t["exact"],
                          torch_f64_s=t["torch_f64"], ratio=t["exact"] / t["torch_f64"],
                          target=TARGETS["conv2d_resnet_vs_torch_f64"], **st))  # fmt: skip

@@ -280,7 +280,7 @@ def _matmul(op, g, a, wrt, who):
 
 
 def _conv_pads(op, nd, padding, dilation, ksize):
-    from refkern.kernels.conv import _pair
+    from refkern.ops._args import spatial as _pair
 
     if isinstance(padding, str):
         if padding == "valid":

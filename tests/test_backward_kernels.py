@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import refkern as rk
-from refkern.kernels import conv
+from refkern.kernels import _conv_numba, conv
 
 torch = pytest.importorskip("torch")
 
@@ -94,7 +94,7 @@ def test_fast_path_matches_the_truth_and_the_blas_engine(dtype, monkeypatch):
     wl = torch.randn(16, 32, 3, 3, generator=g).to(dtype)
     yl = rk.conv2d(xl, wl, padding=1)
     assert torch.equal(yl, rk.conv2d(xl, wl, padding=1, engine="blas"))
-    monkeypatch.setattr(conv, "_CHUNK_BYTES", 2 * 8 * 3 * 3 * 2)  # two columns per chunk: 2, 2, 2, 1 ...
+    monkeypatch.setattr(_conv_numba, "_CHUNK_BYTES", 2 * 8 * 3 * 3 * 2)  # two columns per chunk: 2, 2, 2, 1 ...
     assert torch.equal(y, rk.conv2d(x, w, b, **kw))
 
 
@@ -102,7 +102,7 @@ def test_chunked_patches_match_the_truth_and_gradients_stay_exact(monkeypatch):
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(2, 3, 7, generator=g), torch.randn(4, 3, 3, generator=g)
     go = torch.randn(2, 4, 7, generator=g)
-    monkeypatch.setattr(conv, "_CHUNK_BYTES", 8 * 9 * 2)  # two columns per chunk
+    monkeypatch.setattr(_conv_numba, "_CHUNK_BYTES", 8 * 9 * 2)  # two columns per chunk
     fast = rk.backward("conv1d", go, x, w, padding=1)
     truth = rk.truth.backward("conv1d", go, x, w, padding=1)
     assert all(torch.equal(fast[k], truth[k]) for k in fast)

@@ -10,6 +10,7 @@ from test_engines import _all_same, _data, _rng
 import refkern as rk
 from refkern import engines, truth
 from refkern.engines import filter as filt
+from refkern.engines import filter_conv
 
 torch = pytest.importorskip("torch")
 
@@ -354,7 +355,7 @@ def test_conv1d_conv3d_and_chunks(monkeypatch):
     x, w = _data(rng, (3, 4, 20), "float32", "cancel"), _data(rng, (6, 4, 3), "float32", "normal")
     _all_same(rk.conv1d(x, w, padding=2, engine="filter"), rk.conv1d(x, w, padding=2, engine="numba"))
     x, w = _data(rng, (2, 3, 5, 6, 7), "bfloat16", "spread"), _data(rng, (4, 3, 2, 3, 3), "bfloat16", "normal")
-    monkeypatch.setattr(filt, "MEMORY", 1)  # one image per im2col chunk
+    monkeypatch.setattr(filter_conv, "MEMORY", 1)  # one image per im2col chunk
     kw = dict(stride=(1, 2, 1), padding=1)
     _all_same(rk.conv3d(x, w, engine="filter", **kw), rk.conv3d(x, w, engine="numba", **kw))
 
@@ -405,9 +406,9 @@ def test_conv_transpose_filter(case, dtype, kind):
 
 
 def test_conv_chunk():
-    assert filt.conv_chunk(8, 3136, 576, 1 << 28) == 8
-    assert filt.conv_chunk(64, 3136, 576, 1 << 28) == 18  # 2**28 // (8 * 3136 * 576)
-    assert filt.conv_chunk(8, 3136, 576, 1) == 1
+    assert filter_conv.conv_chunk(8, 3136, 576, 1 << 28) == 8
+    assert filter_conv.conv_chunk(64, 3136, 576, 1 << 28) == 18  # 2**28 // (8 * 3136 * 576)
+    assert filter_conv.conv_chunk(8, 3136, 576, 1) == 1
 
 
 def test_magnitudes_for_the_verdict():
@@ -427,7 +428,7 @@ def test_magnitudes_for_the_verdict():
     x, w, bb = _data(rng, (2, 6, 9, 9), "float16", "normal"), _data(rng, (8, 6, 3, 3), "float16", "normal"), None
     p = plan("conv2d", {"x": x, "weight": w, "bias": bb}, ("x", "weight"), "exact", None)
     c = conv.conv_operands(p, 2, 1, 1, 1, 1, "zeros")
-    v1, m1 = filt.conv(p, c, want_mag=True)
+    v1, m1 = filter_conv.conv(p, c, want_mag=True)
     v2, m2 = conv.run_conv_numba(p, c, want_mag=True)
     _all_same(torch.from_numpy(v1), torch.from_numpy(v2))
     assert np.all(np.abs(m1 - m2) <= 2 * 55 * 2.0**-53 * m2)

@@ -11,11 +11,8 @@ PKG = _jit._PKG
 ROOT = os.path.join(PKG, "__init__.py")
 # modules that still import the package root to reach refkern.<op> (each should read the registry instead)
 STILL_IMPORT_ROOT = {"scale/remote.py", "scale/array.py"}
-# import cycles still to break: the engines call back into the kernels that call them (their Numba fallbacks);
-# every module that imports the package root is in one cycle with it
+# import cycles still to break: every module that imports the package root is in one cycle with it
 STILL_CYCLIC = [
-    {"engines/__init__.py", "engines/blas.py", "engines/filter.py", "kernels/conv.py", "kernels/conv_transpose.py",
-     "kernels/gemm.py"},
     {"__init__.py", *STILL_IMPORT_ROOT, "torch/__init__.py", "torch/audit.py"},
 ]  # fmt: skip
 

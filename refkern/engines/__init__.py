@@ -28,7 +28,7 @@ is usable here.
 
 import importlib.util
 
-__all__ = ["ENGINES", "status", "check_engine", "choose", "AUTO_MIN_WORK", "AUTO_MIN_SIDE", "AUTO_MIN_K",
+__all__ = ["ENGINES", "status", "check_engine", "choose", "run_gemm", "AUTO_MIN_WORK", "AUTO_MIN_SIDE", "AUTO_MIN_K",
            "FILTER_MIN_WORK"]  # fmt: skip
 
 ENGINES = ("auto", "blas", "filter", "numba")
@@ -71,6 +71,23 @@ def choose(engine: str, accumulate: str, m: int, n: int, k: int, device=None, fi
         return "numba"
     big = m * n * k >= AUTO_MIN_WORK and min(m, n) >= AUTO_MIN_SIDE and k >= AUTO_MIN_K
     return "blas" if big else "numba"
+
+
+def run_gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False, device=None):
+    """The exact GEMM on prepared operands (:mod:`refkern.kernels._gemm_numba`): (values, magnitudes
+    or None) as float64 arrays of out_shape, by the filtering engine where :func:`choose` picks it for
+    ``engine="auto"`` (exact, float32-or-narrower factors, large enough), else by the Numba kernel
+    (:func:`~refkern.kernels._gemm_numba.run_numba`). Both give the same values; the magnitudes agree
+    within gamma_K."""
+    from refkern.engines import filter as filt
+    from refkern.kernels._element import EXACT
+    from refkern.kernels._gemm_numba import run_numba
+
+    m, n, k = A3.shape[1], Bt3.shape[1], A3.shape[2]
+    acc = "exact" if p.method == EXACT else "other"
+    if choose("auto", acc, m * len(ia), n, k, device, filterable=filt.applies(p)) == "filter":
+        return filt.gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag, device)
+    return run_numba(p, A3, Bt3, ia, ib, bias, out_shape, want_mag)
 
 
 def status() -> dict:

@@ -16,7 +16,7 @@ sum rounded once to the result format, for float64 tensors holding the inputs' e
    to their nonzero columns: only a row's smallest elements reach them.
 3. **Fallback.** Rows needing more than ``MAX_SLICES`` slices or holding inf or NaN, and the
    same for columns, are zero in the slices; their outputs are then recomputed by the Numba
-   kernel (:func:`refkern.kernels.gemm.run_gemm`, on the CPU), which is exact on every input.
+   kernel (:func:`refkern.engines.run_gemm`, on the CPU), which is exact on every input.
 4. **Tiles.** Outputs in tiles of ``tm x tn``, K in chunks of ``tk`` (the digit planes are
    integers, so chunks add exactly; ``w`` follows from the whole K). The tile sizes halve
    until :func:`peak_bytes` fits ``memory`` (default ``MEMORY`` = 512 MiB).
@@ -277,7 +277,7 @@ def gemm(A, Bt, bias, fmt, formats, fallback, *, memory=None, max_slices=None, c
 
 def _numba_fallback(p, A, Bt, bias):
     """fallback(rows, cols) for :func:`gemm`: the Numba kernel on those rows of A and of Bt."""
-    from refkern.kernels.gemm import run_gemm
+    from refkern.engines import run_gemm
 
     zero = np.zeros(1, np.int64)
 
@@ -297,7 +297,7 @@ def _tensor(x, dev):
 
 
 def run_batched(p, A3, Bt3, ia, ib, bias, out_shape, formats, device=None):
-    """The BLAS engine on :func:`refkern.kernels.gemm.matmul_operands`' prepared operands:
+    """The BLAS engine on :func:`refkern.kernels._gemm_numba.matmul_operands`' prepared operands:
     float64 numpy values of ``out_shape``, as ``run_gemm(...)[0]`` gives them. ``formats``:
     those of the inputs of A3, Bt3 and bias (None without bias)."""
     dev = torch.device("cpu") if device is None else device

@@ -2,6 +2,8 @@
 and the gradients read these normalisers, never each other's private ones. Each takes the value and
 the name of the op (the start of its error message) and returns the value as the numerics use it.
 
+The convolutions' stride, padding, dilation and output_padding are read by :func:`spatial`.
+
 The ground truth of the forward ops keeps its own reading of its arguments (refkern.truth.reductions),
 on purpose: it is the independent check of these, and shares no code with the fast path."""
 
@@ -10,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["correction", "eps", "normalized_shape"]
+__all__ = ["correction", "eps", "normalized_shape", "spatial", "tuple_of", "is_int"]
 
 
 def correction(value, op) -> Fraction:
@@ -45,3 +47,30 @@ def normalized_shape(value, op) -> tuple:
         return tuple(int(s) for s in value)
     except TypeError:
         raise TypeError(f"{op}: normalized_shape must be an int or a tuple of ints; got {value!r}.") from None
+
+
+def is_int(v) -> bool:
+    """An int (numpy's too), not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def tuple_of(nd) -> str:
+    """How a message names a spatial argument's tuple."""
+    return "a tuple of 1 int" if nd == 1 else f"a tuple of 1 or {nd} ints"
+
+
+def spatial(v, name, op, nd, minimum):
+    """An int or a tuple of 1 or ``nd`` ints, each >= minimum, as a tuple of ``nd`` ints.
+
+    As torch's convolutions do, a one-element tuple or list is expanded to every spatial
+    dimension: ``conv2d(x, w, stride=(2,))`` is ``stride=(2, 2)``.
+    """
+    t = (v,) * nd if is_int(v) else v
+    if isinstance(t, (tuple, list)) and len(t) == 1:
+        t = tuple(t) * nd
+    if not isinstance(t, (tuple, list)) or len(t) != nd or not all(is_int(i) for i in t):
+        raise ValueError(f"{op}: {name} must be an int or {tuple_of(nd)}; got {name}={v!r}.")
+    if any(i < minimum for i in t):
+        what = "positive" if minimum > 0 else "non-negative"
+        raise ValueError(f"{op}: {name} must be {what}; got {name}={v!r}.")
+    return tuple(int(i) for i in t)

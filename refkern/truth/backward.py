@@ -91,7 +91,7 @@ def _matmul(op, G, a, grads):
 
 
 def _conv_geometry(op, nd, a, xshape, wshape):
-    from refkern.kernels.conv import _pair
+    from refkern.ops._args import spatial as _pair
 
     stride = _pair(a["stride"], "stride", op, nd, 1)
     dilation = _pair(a["dilation"], "dilation", op, nd, 1)
@@ -153,7 +153,7 @@ def _conv(nd, op, G, a, grads):
 
 
 def _conv_transpose(nd, op, G, a, grads):
-    from refkern.kernels.conv import _pair
+    from refkern.ops._args import spatial as _pair
 
     x, w = a["input"], a["weight"]
     unbatched = x.ndim == nd + 1

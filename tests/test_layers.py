@@ -10,11 +10,9 @@ from refkern import _jit
 PKG = _jit._PKG
 ROOT = os.path.join(PKG, "__init__.py")
 # modules that still import the package root to reach refkern.<op> (each should read the registry instead)
-STILL_IMPORT_ROOT = {"scale/remote.py", "scale/array.py"}
-# import cycles still to break: every module that imports the package root is in one cycle with it
-STILL_CYCLIC = [
-    {"__init__.py", *STILL_IMPORT_ROOT, "torch/__init__.py", "torch/audit.py"},
-]  # fmt: skip
+STILL_IMPORT_ROOT = set()
+# import cycles still to break (none: a module importing the package root would be in one with it)
+STILL_CYCLIC = []
 
 
 def _rel(p):

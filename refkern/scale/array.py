@@ -19,6 +19,7 @@ from refkern._arrays import format_of, operand, same_dtype
 from refkern.accumulate.formats import BFLOAT16, round_array
 from refkern.kernels._common import deliver
 from refkern.kernels.reduction import _correction, reduced_dims
+from refkern.scale import INSTALL
 from refkern.scale._states import (
     State,
     cumsum_from,
@@ -32,8 +33,6 @@ from refkern.scale._states import (
 )
 
 __all__ = ["sum", "mean", "var", "std", "cumsum", "dot", "matmul", "require"]
-
-INSTALL = "pip install 'refkern[dask]'"
 
 
 def require(what: str):
@@ -130,10 +129,10 @@ def _reduction(op, x, dims, keepdim, fmt, chunk, finalize, split_every):
 
 def _zero_d(op, x, func, **kw):
     """A 0-d Dask array: the numpy function on its one block."""
-    import refkern
+    from refkern.kernels import reduction
 
     fmt = kw.pop("_fmt")
-    return x.map_blocks(lambda b: np.asarray(getattr(refkern, func)(b, **kw)), dtype=_out_dtype(fmt),
+    return x.map_blocks(lambda b: np.asarray(getattr(reduction, func)(b, **kw)), dtype=_out_dtype(fmt),
                         meta=np.empty((), _out_dtype(fmt)))  # fmt: skip
 
 

@@ -9,8 +9,8 @@ workers x threads never exceeds the cores.
 
 import os
 
+from refkern.scale import INSTALL
 from refkern.scale._states import THREADS_VAR
-from refkern.scale.array import INSTALL
 
 __all__ = ["local_client", "connect", "client_for"]
 

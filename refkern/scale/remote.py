@@ -2,7 +2,8 @@
 
 The model runs where it runs; what an op's verdict needs (its output, its inputs, its keyword
 arguments) is shipped to a worker as raw bits (bfloat16 and float16 included, no conversion),
-the reference and the verdict are computed there, and only the Report comes back.
+the reference and the verdict are computed there (:mod:`refkern.scale.worker`), and only the
+Report comes back.
 
 What travels, and why (each figure measured at the TCP layer, :mod:`refkern.scale.wire`): a Dask
 task costs about 1.3 KB of Dask's own framing (its ``update-graph`` message), 0.1 KB to fetch its
@@ -10,13 +11,14 @@ result and 0.15 KB to release it; a scatter about 0.5 KB; a numpy array inside a
 0.1 KB of pickled metadata. So an op does not travel alone, and its tensors are not arrays:
 
 * ops travel in **messages** of at least 64 KB of operands (an op that large alone): one task
-  whose arguments are one ``bytes`` blob (every embedded tensor's bits, back to back) and one
-  header. The header lists the message's distinct definitions once (an op's name, keywords and
-  structure; a dtype and shape; a view of a parameter), then each op as a tuple of small ints
-  naming them; one pickler writes it all (a repeat is a two-byte memo reference), and the op,
-  dtype and keyword names refkern knows are persistent references of three bytes, never sent
-  as text. A message is sent only when the next one already holds 64 KB, so the audit's tail
-  joins the last message instead of travelling short;
+  whose arguments are one ``bytes`` blob (every embedded tensor's bits: :mod:`refkern.scale.bits`)
+  and one header (:mod:`refkern.scale.header`: the message's distinct definitions once, an op's
+  name, keywords and structure, a dtype and shape, a view of a parameter; then each op as a row
+  of varints naming them; the names refkern knows are never sent as text). A message is sent
+  only when the next one already holds 64 KB, so the audit's tail joins the last message instead
+  of travelling short. A blob under 64 KB (an audit that small, an op sent again alone) travels
+  as byte planes deflated, where that is smaller: Dask's framing of about 1 KB a message is
+  otherwise more than a tenth of an audit under 10 KB;
 * a **parameter** (or buffer) of the audited model is captured when an op first reads it (its
   bits then, a new capture if written to since: a running mean) and named by a small integer
   afterwards; the parameters captured since the last message travel in one scattered blob just
@@ -32,74 +34,19 @@ lost, and every verdict is the one a local audit gives (the same code on the sam
 the wire.
 """
 
-import functools
-import io
-import math
 import pickle
 import sys
 import uuid
-import zlib
 from dataclasses import dataclass, field
 
-import numpy as np
+from refkern.scale.bits import pack, to_bits
+from refkern.scale.header import PROTOCOL, HeaderWriter, strip
+from refkern.scale.worker import judge_bundle
 
-__all__ = ["Bits", "to_bits", "from_bits", "Remote", "judge", "judge_bundle", "remote_for", "resolve_audit",
-           "DEFAULT_BUDGET"]  # fmt: skip
+__all__ = ["Remote", "Pending", "remote_for", "resolve_audit", "DEFAULT_BUDGET", "BUNDLE"]
 
 DEFAULT_BUDGET = 1 << 30  # bytes of operands in flight
 BUNDLE = 1 << 16  # operand bytes a message holds at least (an op this large travels alone)
-_PROTOCOL = 4  # the header's pickles, written unframed (a frame opcode is 9 bytes an op)
-
-
-@dataclass
-class Bits:
-    """A tensor as its raw bits: dtype name, shape and a contiguous numpy array of unsigned integers."""
-
-    dtype: str
-    shape: tuple
-    raw: np.ndarray
-
-    @property
-    def nbytes(self) -> int:
-        return self.raw.nbytes
-
-
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def to_bits(t) -> Bits:
-    torch = sys.modules["torch"]
-    c = t.detach().to("cpu").contiguous()
-    if c.dtype == torch.bool:
-        raw = c.numpy().view(np.uint8)
-    else:
-        raw = c.view(getattr(torch, f"uint{8 * c.element_size()}") if c.element_size() > 1 else torch.uint8).numpy()
-    return Bits(str(c.dtype).removeprefix("torch."), tuple(c.shape), raw.reshape(-1).copy())
-
-
-def from_bits(b: Bits):
-    import torch
-
-    raw = torch.from_numpy(b.raw.view(_UINT[b.raw.itemsize]).copy())
-    dt = getattr(torch, b.dtype)
-    return (raw.view(torch.bool) if dt == torch.bool else raw.view(dt)).reshape(b.shape)
-
-
-def _tensor(buf, offset: int, dtype: str, shape: tuple):
-    """The tensor whose bits start at ``offset`` of ``buf`` (a copy: aligned, writable)."""
-    import torch
-
-    dt = getattr(torch, dtype)
-    size = dt.itemsize
-    raw = np.frombuffer(buf, np.uint8, math.prod(shape) * size, offset).view(_UINT[size]).copy()
-    t = torch.from_numpy(raw)
-    return (t.view(torch.bool) if dt == torch.bool else t.view(dt)).reshape(shape)
-
-
-def _nbytes(dtype: str, shape: tuple) -> int:
-    import torch
-
-    return math.prod(shape) * getattr(torch, dtype).itemsize
 
 
 def _key(t):
@@ -117,162 +64,6 @@ def _view_of(t, p):
     if off < 0 or top >= max(p.numel(), 1):
         return None
     return off, tuple(t.shape), tuple(t.stride())
-
-
-class _Slot:
-    """Where a tensor stood in a shipped op's arguments (the class itself marks it, never an instance)."""
-
-
-# the words both sides know (a compression dictionary: a word missing costs bytes, never correctness):
-# the registry's op, operand and parameter names, and the keywords the products, convolutions and pools take
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
-_KEYWORDS = ("stride", "padding", "dilation", "groups", "output_padding", "kernel_size", "ceil_mode",
-             "count_include_pad", "divisor_override", "return_indices", "output_size", "dim", "keepdim",
-             "correction", "unbiased", "eps", "normalized_shape", "num_groups", "scale", "is_causal",
-             "dtype")  # fmt: skip
-
-
-@functools.cache
-def _vocabulary() -> tuple:
-    from refkern import ops
-
-    words = set(_KEYWORDS)
-    for name, r in ops.REGISTRY.items():
-        words.update((name, *r.operands, *r.differentiable))
-        for c in r.calls:
-            words.update(c.params or ())
-    return ("forward", "backward", *_DTYPES, *sorted(words - set(_DTYPES)))
-
-
-@functools.cache
-def _digest() -> int:
-    return zlib.crc32("\0".join(_vocabulary()).encode())
-
-
-class _Writer(pickle._Pickler):
-    """Pickles one object a :meth:`dump`, unframed and without a protocol opcode (``STOP`` only),
-    its memo kept from dump to dump; the vocabulary's words as 3-byte persistent references.
-    (The pure-Python pickler: the C one frames every dump. Headers are a few KB a message.)"""
-
-    def __init__(self, file):
-        super().__init__(file, _PROTOCOL)
-        self._words = {w: i for i, w in enumerate(_vocabulary())}
-
-    def persistent_id(self, obj):
-        return self._words.get(obj) if type(obj) is str else None
-
-    def save_long(self, obj):
-        if -128 <= obj < 0:  # LONG1 of one byte: 3 bytes where BININT takes 5 (a dim of -1)
-            self.write(pickle.LONG1 + bytes((1,)) + obj.to_bytes(1, "little", signed=True))
-            return
-        super().save_long(obj)
-
-    dispatch = {**pickle._Pickler.dispatch, int: save_long}
-
-    def dump(self, obj):
-        self.save(obj)
-        self.write(pickle.STOP)
-
-
-class _Reader(pickle.Unpickler):
-    def persistent_load(self, pid):
-        return _vocabulary()[pid]
-
-
-def _strip(obj, tensors: list):
-    """``obj`` with every tensor replaced by :class:`_Slot`, the tensors appended in order."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return _Slot
-    if isinstance(obj, (list, tuple)):
-        items = [_strip(v, tensors) for v in obj]
-        return items if isinstance(obj, list) else tuple(items) if type(obj) is tuple else type(obj)(items)
-    if isinstance(obj, dict):
-        return {k: _strip(v, tensors) for k, v in obj.items()}
-    return obj
-
-
-def _fill(obj, tensors):
-    """:func:`_strip` undone: each :class:`_Slot` replaced by the next of ``tensors`` (an iterator)."""
-    if obj is _Slot:
-        return next(tensors)
-    if isinstance(obj, (list, tuple)):
-        items = [_fill(v, tensors) for v in obj]
-        return items if isinstance(obj, list) else tuple(items) if type(obj) is tuple else type(obj)(items)
-    if isinstance(obj, dict):
-        return {k: _fill(v, tensors) for k, v in obj.items()}
-    return obj
-
-
-def judge(kind, op, actual, args, kwargs):
-    """On a worker: ``compare`` (kind "forward") or ``compare_backward`` (kind "backward") of the
-    call, as ("ok", result) or ("error", "Type: message") (the analysis' own failure)."""
-    import refkern
-
-    try:
-        if kind == "forward":
-            return "ok", refkern.compare(actual, op, *args, **kwargs)
-        grad_output, *rest = args
-        return "ok", refkern.compare_backward(actual, op, grad_output, *rest, **kwargs)
-    except Exception as exc:  # reported as the op's note, as a local audit does
-        return "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-
-
-def judge_bundle(header: bytes, blob: bytes, params: list) -> list:
-    """On a worker: the verdicts of a message's ops, in the header's order (see the module docstring).
-
-    ``header``, read by one unpickler (its memo carries over): (vocabulary digest, number of
-    definitions, number of ops, _Slot), the definitions (an op's template (op, structure), with
-    its kind after them unless "forward"; a ref:
-    (dtype, shape) for the next tensor of ``blob``, (pid, offset, shape, stride) for a view of a
-    parameter), then one tuple of ints per op: its template's index, then per tensor a
-    definition's index, or the number of definitions plus a parameter's pid (the whole parameter).
-    ``params``: the parameter blobs the ops read, each (first pid, [(dtype, shape)], their bits
-    back to back)."""
-    from refkern.scale._states import limit_threads
-
-    limit_threads()
-    up = _Reader(io.BytesIO(header))
-    digest, ndefs, nops, _ = up.load()
-    if digest != _digest():
-        why = "RuntimeError: refkern on this worker is not the client's version (its vocabulary differs); install one"
-        return [("error", why)] * nops
-    defs = [up.load() for _ in range(ndefs)]
-    where = {}  # pid -> (its blob's bits, offset, dtype, shape)
-    for first, metas, raw in params:
-        off = 0
-        for i, (dt, shape) in enumerate(metas):
-            where[first + i] = (raw, off, dt, shape)
-            off += _nbytes(dt, shape)
-    out, off = [], 0
-    for _ in range(nops):
-        items = up.load()
-        op, struct, *kind = defs[items[0]]
-        kind = kind[0] if kind else "forward"
-        refs = [defs[i] if i < ndefs else i - ndefs for i in items[1:]]
-        spots = []  # where each embedded tensor's bits are (the blob is read in order, whatever fails)
-        for r in refs:
-            if isinstance(r, tuple) and isinstance(r[0], str):
-                spots.append(off)
-                off += _nbytes(*r)
-        try:
-            at = iter(spots)
-            tensors = []
-            for r in refs:
-                if isinstance(r, int):
-                    tensors.append(_tensor(*where[r]))
-                elif isinstance(r[0], str):
-                    tensors.append(_tensor(blob, next(at), *r))
-                else:
-                    pid, o, shape, stride = r
-                    tensors.append(_tensor(*where[pid]).reshape(-1).as_strided(shape, stride, o))
-            actual, args, kwargs = _fill(struct, iter(tensors))
-        except Exception as exc:
-            out.append(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"))
-            continue
-        out.append(judge(kind, op, actual, args, kwargs))
-    return out
 
 
 @dataclass(eq=False)
@@ -347,7 +138,7 @@ class Remote:
     def _intern(self, obj):
         """One object per value, so that the header's pickler writes a repeat as a memo reference."""
         try:
-            k = (type(obj), pickle.dumps(obj, _PROTOCOL))
+            k = (type(obj), pickle.dumps(obj, PROTOCOL))
         except Exception:
             return obj
         if len(self._interned) > 100_000:
@@ -388,7 +179,7 @@ class Remote:
         is judged); parameters by reference unless ``embed``."""
         actual, args, kwargs = job.raw
         tensors = []
-        template = (job.op, _strip((actual, args, kwargs), tensors))
+        template = (job.op, strip((actual, args, kwargs), tensors))
         template = self._intern(template if job.kind == "forward" else (*template, job.kind))
         refs, parts, pids = [], [], []
         for t in tensors:
@@ -405,8 +196,8 @@ class Remote:
         job.nbytes = sum(p.nbytes for p in parts)
 
     def _header(self, jobs: list, msg: Message) -> bytes:
-        """The header of a task carrying ``jobs`` (see :func:`judge_bundle`). Each op's own bytes:
-        its entry, and of each definition it uses the definition's bytes over the number of ops
+        """The header of a task carrying ``jobs`` (:mod:`refkern.scale.header`). Each op's own bytes:
+        its row, and of each definition it uses the definition's bytes over the number of ops
         using it; the first line is the message's."""
         defs, users = {}, {}
         for j in jobs:
@@ -415,34 +206,38 @@ class Remote:
                 defs.setdefault(id(d), d)
                 users.setdefault(id(d), set()).add(id(j))
         index = {k: i for i, k in enumerate(defs)}
-        buf = io.BytesIO()
-        w = _Writer(buf)
-        w.dump((_digest(), len(defs), len(jobs), _Slot))  # _Slot memoized here: two bytes a tensor after
-        size = {}
-        for k, d in defs.items():
-            at = buf.tell()
-            w.dump(d)
-            size[k] = buf.tell() - at
+        w = HeaderWriter()
+        w.first(len(defs), len(jobs))
+        size = {k: w.define(d) for k, d in defs.items()}
         for i, j in enumerate(jobs):
             template, refs = j.entry
             items = (index[id(template)], *(index[id(r)] if isinstance(r, tuple) else len(defs) + r for r in refs))
-            at = buf.tell()
-            w.dump(items)
             used = {id(d) for d in (template, *refs) if isinstance(d, tuple)}
-            msg.add(j, j.nbytes + buf.tell() - at + sum(size[k] / len(users[k]) for k in used))
+            msg.add(j, w.row(items) + sum(size[k] / len(users[k]) for k in used))
             j.index = i
-        return buf.getvalue()
+        return w.getvalue()
+
+    @staticmethod
+    def _pack(parts: list, owners: list, msg: Message) -> bytes:
+        """``parts`` (numpy arrays of bits, each of the job in ``owners`` at its place) as one blob,
+        byte planes deflated if it is smaller than BUNDLE (:func:`refkern.scale.bits.pack`): Dask's
+        own framing, about 1 KB a message, is then more than 1.5% of it. Each job's own bytes:
+        the blob's bytes in proportion to its bits in it (a deflated stream is not cut by op)."""
+        raw = sum(p.nbytes for p in parts)
+        blob = pack(parts, planes=raw < BUNDLE)
+        for p, j in zip(parts, owners):
+            msg.add(j, (len(blob) - 1) * p.nbytes / (raw or 1))
+        return blob
 
     def _captured_blob(self, msg: Message):
-        """The parameters captured since the last send as one blob, (first pid, metas, bits): their
-        bits are the own bytes of the op that read each first."""
+        """The parameters captured since the last send as one blob, (first pid, metas, packed bits):
+        their bytes are the own bytes of the op that read each first."""
         got, self._captured = self._captured, []
         if not got:
             return None
-        for _, b, job in got:
-            msg.add(job, b.nbytes)
         first = got[0][0]
-        return first, [(b.dtype, b.shape) for _, b, _ in got], b"".join(b.raw.tobytes() for _, b, _ in got)
+        blob = self._pack([b.raw for _, b, _ in got], [job for _, _, job in got], msg)
+        return first, [(b.dtype, b.shape) for _, b, _ in got], blob
 
     def _forget(self, pid):
         """A parameter capture lost (its blob died with a worker): the next read captures it again."""
@@ -462,7 +257,7 @@ class Remote:
         captured = self._captured_blob(msg)
         if captured is not None:
             first, metas, raw = captured
-            extra = len(raw) + len(pickle.dumps((first, metas), _PROTOCOL))
+            extra = len(raw) + len(pickle.dumps((first, metas), PROTOCOL))
             msg.payload += extra
             self.stats["payload_bytes"] += extra
             pids = range(first, first + len(metas))
@@ -492,7 +287,7 @@ class Remote:
             return
         ok.sort(key=lambda j: -j.operand_bytes)  # a definition's first bytes written while the largest op reads
         header = self._header(ok, msg)
-        blob = b"".join(p.tobytes() for j in ok for p in j.parts)
+        blob = self._pack([p for j in ok for p in j.parts], [j for j in ok for _ in j.parts], msg)
         given = {}
         for j in ok:
             for p in j.pids:
@@ -526,7 +321,7 @@ class Remote:
             try:
                 self._encode(job, embed=True)
                 header = self._header([job], msg)
-                blob = b"".join(p.tobytes() for p in job.parts)
+                blob = self._pack(job.parts, [job] * len(job.parts), msg)
                 key = self._name()
                 job.future = self.client.submit(judge_bundle, header, blob, [], key=key, pure=False)
                 break
@@ -721,11 +516,11 @@ def resolve_audit(a) -> None:
 
 
 def _backward_alone(p: Pending):
-    import refkern
+    from refkern.gradients import compare_backward
 
     grads, args, kwargs = p.job.raw
     try:
-        rep = refkern.compare_backward({p.key: grads[p.key]}, p.job.op, args[0], *args[1:], **kwargs)[p.key]
+        rep = compare_backward({p.key: grads[p.key]}, p.job.op, args[0], *args[1:], **kwargs)[p.key]
         return rep, None
     except Exception as exc:
         return None, f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"

@@ -11,7 +11,8 @@ import atexit
 
 import numpy as np
 
-from refkern.scale.remote import DEFAULT_BUDGET, Bits, from_bits, to_bits
+from refkern.scale.bits import Bits, from_bits, to_bits
+from refkern.scale.remote import DEFAULT_BUDGET
 
 __all__ = ["point", "Points", "client_from_options", "ClientError"]
 

@@ -1,0 +1,431 @@
+"""Correctly rounded elementwise math: exp, exp2, expm1, log, log2, log1p, sqrt, rsqrt, reciprocal,
+tanh, sigmoid, silu, gelu (erf and tanh forms), erf, softplus, sin, cos and pow (tensor ** scalar), with
+torch's signatures and special values.
+
+Every element is the real function of the input value rounded once (to nearest, ties to even) to the
+input's dtype (float16, bfloat16, float32, float64), subnormal results and overflow to +-inf included.
+Ziv's strategy, in three steps:
+
+1. a jitted double-word evaluation with a rigorous error bound (:mod:`refkern.kernels._ew_scalar`,
+   :mod:`refkern.kernels._ew_dd`), parallel over the elements;
+2. the rounding decided from that bound (:func:`refkern.kernels._transcendental.decide_scaled`: every
+   real within the bound rounds alike), which settles all but about ``2**-40`` of float32 elements and
+   ``2**-45`` of float64 ones;
+3. the rest on the exact path (:mod:`refkern.kernels._ew_exact`): integer intervals raised in precision
+   until they decide; exact and midpoint results (integer and dyadic powers) are computed as rationals.
+
+``sqrt`` and ``reciprocal`` need no bound: float64's sqrt and division are correctly rounded, and
+rounding their float64 result once more to a format of ``p <= 24`` bits is innocuous, since
+``53 >= 2 p + 2`` (Figueroa, "When is double rounding innocuous?", SIGNUM 1995).
+"""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from numba import prange
+
+from refkern._arrays import operand
+from refkern._jit import jit
+from refkern.accumulate.formats import round_to
+from refkern.kernels import _ew_exact as xe
+from refkern.kernels import _ew_scalar as s
+from refkern.kernels._common import deliver
+from refkern.kernels._transcendental import decide_scaled
+
+__all__ = ["exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid",
+           "silu", "gelu", "erf", "softplus", "sin", "cos", "pow", "values", "UNARY"]  # fmt: skip
+
+
+@jit(inline="always")
+def _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i):
+    """mode 0: the rounding of the value where the bound decides it (else ``und``); mode 1: the value
+    itself, ``out + lo`` (float64 pair, scale applied), for the yardstick."""
+    if mode == 1:
+        out[i] = math.ldexp(qh, k)
+        lo[i] = math.ldexp(ql, k)
+        und[i] = not ok
+        return
+    if not ok:
+        und[i] = True
+        return
+    if e == 0.0 and (qh == 0.0 or qh != qh or abs(qh) == math.inf):
+        out[i] = qh  # a special result, a zero with its sign
+        return
+    r, dec = decide_scaled(qh, ql, e, k, prec, emin, emax)
+    out[i] = r
+    und[i] = not dec
+
+
+# one kernel per function (each compiles alone, cached): x flat float64, results into out/lo/und
+@jit(parallel=True)
+def _k_exp(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_exp(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_exp2(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_exp2(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_expm1(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_expm1(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_log(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_log(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_log2(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_log2(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_log1p(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_log1p(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_rsqrt(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_rsqrt(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_tanh(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_tanh(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_sigmoid(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_sigmoid(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_silu(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_silu(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_gelu(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_gelu(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_gelu_tanh(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_gelu_tanh(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_erf(x, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_erf(x[i])
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_sin_cos(x, want_cos, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_sin_cos(x[i], want_cos)
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_softplus(x, beta, threshold, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_softplus(x[i], beta, threshold)
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_pow(x, y, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        qh, ql, e, k, ok = s.v_pow(x[i], y)
+        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
+
+
+@jit(parallel=True)
+def _k_sqrt(x, recip, prec, emin, emax, mode, out, lo, und):
+    for i in prange(x.size):
+        v = 1.0 / x[i] if recip else np.sqrt(x[i])  # correctly rounded in float64 (module docstring)
+        out[i] = round_to(v, prec, emin, emax) if mode == 0 else v
+        lo[i] = 0.0
+
+
+_K = {"exp": _k_exp, "exp2": _k_exp2, "expm1": _k_expm1, "log": _k_log, "log2": _k_log2, "log1p": _k_log1p,
+      "rsqrt": _k_rsqrt, "tanh": _k_tanh, "sigmoid": _k_sigmoid, "silu": _k_silu, "gelu": _k_gelu,
+      "gelu_tanh": _k_gelu_tanh, "erf": _k_erf}  # fmt: skip
+UNARY = ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "silu",
+         "gelu", "erf", "softplus", "sin", "cos", "pow")  # fmt: skip
+
+
+def _launch(fn, x, fmt, params, mode):
+    """(out, lo, und) of the kernel of ``fn`` ("gelu_tanh" for the tanh form) on the flat float64 x."""
+    out, lo, und = np.empty(x.size), np.zeros(x.size), np.zeros(x.size, np.bool_)
+    args = (*fmt.params, mode, out, lo, und)
+    if fn in _K:
+        _K[fn](x, *args)
+    elif fn in ("sin", "cos"):
+        _k_sin_cos(x, fn == "cos", *args)
+    elif fn == "softplus":
+        _k_softplus(x, params[0], params[1], *args)
+    elif fn == "pow":
+        _k_pow(x, params[0], *args)
+    else:
+        _k_sqrt(x, fn == "reciprocal", *args)
+    return out, lo, und
+
+
+# ---------------------------------------------------------------- the exact path (Python integers)
+
+
+def _kappa(w):
+    return (44715 << w) // 10**6, -((-44715 << w) // 10**6), -w
+
+
+def _sigmoid_iv(y, w):
+    return xe.div(xe.point(1.0), xe.add(xe.point(1.0), xe.exp(xe.neg(y), w), w), w)
+
+
+def _interval(fn, x: float, params, w: int):
+    """An interval of the exact value of ``fn`` at x (module docstring of :mod:`~refkern.kernels._ew_exact`)."""
+    X = xe.point(x)
+    one = xe.point(1.0)
+    if fn == "exp":
+        return xe.exp(X, w)
+    if fn == "exp2":
+        return xe.exp(xe.mul(X, xe.const("ln2", w + 16), w + 8), w)
+    if fn == "expm1":
+        return xe.add(xe.exp(X, w + 64), xe.neg(one), w)
+    if fn == "log":
+        return xe.log(X, w)
+    if fn == "log2":
+        return xe.div(xe.log(X, w + 8), xe.const("ln2", w + 8), w)
+    if fn == "log1p":
+        return xe.log(xe.point(Fraction(x) + 1), w)
+    if fn == "rsqrt":
+        return xe.div(one, xe.sqrt(X, w + 8), w)
+    if fn == "tanh":
+        t = xe.exp(xe.mul(xe.point(2.0), X, w), w + 64)
+        return xe.div(xe.add(t, xe.neg(one), w + 32), xe.add(t, one, w + 32), w)
+    if fn == "sigmoid":
+        return _sigmoid_iv(X, w)
+    if fn == "silu":
+        return xe.mul(X, _sigmoid_iv(X, w + 8), w)
+    if fn in ("sin", "cos"):
+        return xe.sin_cos(X, w, fn)
+    if fn == "erf":
+        v = xe.erf(xe.point(abs(x)), w)
+        return v if x > 0 else xe.neg(v)
+    if fn == "gelu":
+        z = xe.mul(xe.point(abs(x)), xe.const("1/sqrt(2)", w + 16), w + 16)
+        if x > 0:
+            phi = xe.add(one, xe.erf(z, w + 8), w + 8)
+        else:
+            phi = xe.erf(z, w + 8, complement=True)
+        return xe.mul(xe.mul(X, xe.point(0.5), w + 8), phi, w)
+    if fn == "gelu_tanh":
+        a = xe.add(one, xe.mul(_kappa(w + 16), xe.mul(X, X, w + 16), w + 16), w + 16)
+        u2 = xe.mul(xe.mul(xe.const("sqrt(2/pi)", w + 16), xe.point(2 * Fraction(x)), w + 16), a, w + 16)
+        return xe.mul(X, _sigmoid_iv(u2, w + 8), w)
+    if fn == "softplus":
+        beta = xe.point(params[0])
+        y = xe.point(Fraction(x) * Fraction(params[0]))
+        return xe.div(xe.log(xe.add(one, xe.exp(y, w + 16), w + 16), w + 8), beta, w)
+    if fn == "pow":
+        v = xe.exp(xe.mul(xe.point(params[0]), xe.log(xe.point(abs(x)), w + 64), w + 32), w)
+        return xe.neg(v) if (x < 0 and params[0] % 2 == 1) else v
+    raise KeyError(fn)
+
+
+def _root(q: Fraction, t: int):
+    """q ** (1 / 2**t) when it is rational, else None."""
+    for _ in range(t):
+        n, d = q.numerator, q.denominator
+        rn, rd = math.isqrt(n), math.isqrt(d)
+        if rn * rn != n or rd * rd != d:
+            return None
+        q = Fraction(rn, rd)
+    return q
+
+
+def _pow_rational(x: float, y: float):
+    """x ** y as an exact Fraction when it is rational and of moderate size, else None (y not 0)."""
+    X = Fraction(abs(x))
+    yn, yd = Fraction(y).numerator, Fraction(y).denominator  # yd a power of two
+    t = yd.bit_length() - 1
+    bits = max(X.numerator.bit_length(), X.denominator.bit_length())
+    if abs(yn) * bits > 1 << 16:
+        return None  # an integer power that large is neither representable nor a midpoint (odd m >= 3)
+    r = _root(X, t) if t else X
+    if r is None:
+        return None
+    v = r ** abs(yn)
+    v = 1 / v if yn < 0 else v
+    return -v if (x < 0 and yd == 1 and yn % 2) else v
+
+
+def _exact(fn, x: float, params, fmt) -> float:
+    """The correctly rounded value of one element the double-word bound left undecided."""
+    prec, emin, emax = fmt.params
+    if fn == "pow":
+        q = _pow_rational(x, params[0])
+        if q is not None:
+            return xe.round_rational(q.numerator, q.denominator, prec, emin, emax)
+    return xe.ziv(lambda w: _interval(fn, x, params, w), prec, emin, emax)
+
+
+def _apply(name, fn, input, params=()):  # noqa: A002
+    o = operand(input, "input", name)
+    x = np.ascontiguousarray(o.values, np.float64).reshape(-1)
+    out, _, und = _launch(fn, x, o.fmt, params, 0)
+    for i in np.flatnonzero(und):
+        out[i] = _exact(fn, float(x[i]), params, o.fmt)
+    return deliver(out.reshape(o.shape), o.fmt, o.torch)
+
+
+def values(fn: str, x: np.ndarray, fmt, params=()):
+    """The unrounded values ``hi + lo`` of ``fn`` at the float64 array x (within ``2**-95`` relative where
+    the bound is defined; NaN hi where the exact path alone knows the value), for the yardstick."""
+    x = np.ascontiguousarray(x, np.float64).reshape(-1)
+    out, lo, und = _launch(fn, x, fmt, params, 1)
+    out[und] = np.nan
+    return out, lo
+
+
+def _number(value, name, what):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: {what} must be a real number; got {what}={value!r}.")
+    return float(value)
+
+
+def exp(input):  # noqa: A002
+    """Reference ``torch.exp(input)``: e**x correctly rounded to the input's dtype (module docstring)."""
+    return _apply("exp", "exp", input)
+
+
+def exp2(input):  # noqa: A002
+    """Reference ``torch.exp2(input)``: 2**x correctly rounded."""
+    return _apply("exp2", "exp2", input)
+
+
+def expm1(input):  # noqa: A002
+    """Reference ``torch.expm1(input)``: e**x - 1 correctly rounded."""
+    return _apply("expm1", "expm1", input)
+
+
+def log(input):  # noqa: A002
+    """Reference ``torch.log(input)``: the natural logarithm correctly rounded (log(0) = -inf, log(x < 0) = NaN)."""
+    return _apply("log", "log", input)
+
+
+def log2(input):  # noqa: A002
+    """Reference ``torch.log2(input)``: correctly rounded; exact integers at powers of two."""
+    return _apply("log2", "log2", input)
+
+
+def log1p(input):  # noqa: A002
+    """Reference ``torch.log1p(input)``: log(1 + x) correctly rounded."""
+    return _apply("log1p", "log1p", input)
+
+
+def sqrt(input):  # noqa: A002
+    """Reference ``torch.sqrt(input)``: correctly rounded (sqrt(-0) = -0)."""
+    return _apply("sqrt", "sqrt", input)
+
+
+def rsqrt(input):  # noqa: A002
+    """Reference ``torch.rsqrt(input)``: 1/sqrt(x) correctly rounded (one rounding, not two)."""
+    return _apply("rsqrt", "rsqrt", input)
+
+
+def reciprocal(input):  # noqa: A002
+    """Reference ``torch.reciprocal(input)``: 1/x correctly rounded."""
+    return _apply("reciprocal", "reciprocal", input)
+
+
+def tanh(input):  # noqa: A002
+    """Reference ``torch.tanh(input)``: correctly rounded."""
+    return _apply("tanh", "tanh", input)
+
+
+def sigmoid(input):  # noqa: A002
+    """Reference ``torch.sigmoid(input)``: 1 / (1 + e**-x) correctly rounded."""
+    return _apply("sigmoid", "sigmoid", input)
+
+
+def silu(input):  # noqa: A002
+    """Reference ``torch.nn.functional.silu(input)``: x / (1 + e**-x) correctly rounded (silu(-inf) is NaN,
+    as torch's formula gives)."""
+    return _apply("silu", "silu", input)
+
+
+def gelu(input, approximate: str = "none"):  # noqa: A002
+    """Reference ``torch.nn.functional.gelu(input, approximate=...)``: ``"none"``, x Phi(x) = x/2 (1 +
+    erf(x / sqrt 2)); ``"tanh"``, x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3))) with the real constants;
+    each correctly rounded (gelu(-inf) is NaN, as torch's formula gives)."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: unknown approximate={approximate!r}; choose one of 'none', 'tanh'.")
+    return _apply("gelu", "gelu" if approximate == "none" else "gelu_tanh", input)
+
+
+def erf(input):  # noqa: A002
+    """Reference ``torch.erf(input)``: correctly rounded."""
+    return _apply("erf", "erf", input)
+
+
+def softplus(input, beta: float = 1.0, threshold: float = 20.0):  # noqa: A002
+    """Reference ``torch.nn.functional.softplus(input, beta, threshold)``: x where ``beta x > threshold``
+    (the exact product), else log(1 + e**(beta x)) / beta, correctly rounded; beta and threshold are taken
+    as the float64 values given."""
+    b = _number(beta, "softplus", "beta")
+    t = _number(threshold, "softplus", "threshold")
+    return _apply("softplus", "softplus", input, (b, t))
+
+
+def sin(input):  # noqa: A002
+    """Reference ``torch.sin(input)``: correctly rounded for every finite argument (exact reduction by pi/2)."""
+    return _apply("sin", "sin", input)
+
+
+def cos(input):  # noqa: A002
+    """Reference ``torch.cos(input)``: correctly rounded for every finite argument (exact reduction by pi/2)."""
+    return _apply("cos", "cos", input)
+
+
+def pow(input, exponent):  # noqa: A001, A002
+    """Reference ``torch.pow(input, exponent)`` for a number ``exponent``: x**y correctly rounded, with
+    C99's special values (pow(x, 0) = 1, pow(1, y) = 1, pow(negative, non-integer) = NaN) and torch's
+    ``y = 0.5`` as sqrt, ``y = -0.5`` as rsqrt. A tensor exponent is not supported yet."""
+    if hasattr(exponent, "shape") and getattr(exponent, "ndim", 0) > 0:
+        raise TypeError("pow: exponent must be a number (a tensor exponent is not supported yet); got a "
+                        f"{type(exponent).__name__} of shape {tuple(exponent.shape)}.")  # fmt: skip
+    if hasattr(exponent, "item"):
+        exponent = exponent.item()
+    return _apply("pow", "pow", input, (_number(exponent, "pow", "exponent"),))

@@ -264,7 +264,7 @@ def test_a_gradient_that_forgets_the_fold_is_caught(mode):
     rep = rk.compare_backward({"x": unfolded}, op, g, x, w, b, **kw)["x"]
     assert rep.verdict == "mismatch", str(rep)
     assert rk.compare_backward({"x": grads["x"]}, op, g, x, w, b, **kw)["x"].verdict in ("exact", "rounding")
-    from refkern.gradients import _Fold
+    from refkern.kernels.conv_grad import _Fold
 
     old = _Fold.LIMIT
     try:

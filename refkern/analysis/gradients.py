@@ -1,0 +1,293 @@
+"""The judging of gradients (:func:`refkern.compare_backward`): a gradient of a product or a convolution
+by :func:`refkern.compare` on its adjoint call; softmax, the norms, the poolings, attention and the
+reductions by their envelopes (:mod:`refkern.analysis._envelope_backward`) and noise models
+(:mod:`refkern.analysis.noise_backward`), the inside test and the verdict."""
+
+import math
+
+import numpy as np
+
+from refkern.kernels.attention_grad import _attn_call, _attn_grads
+from refkern.kernels.norm_grad import _NORM_CALLS
+from refkern.kernels.pool_grad import _pool_call, _pool_grads
+from refkern.kernels.reduction_grad import _cumsum_values, _red_call, _red_grad, _reversed_cumsum, _to_rows
+from refkern.kernels.softmax_grad import _softmax_call
+
+ENVELOPE_OPS = ("softmax", "log_softmax")  # judged by worst-case envelopes (refkern.analysis._envelope_backward)
+NORM_OPS = ("layer_norm", "rms_norm", "group_norm", "batch_norm")  # judged by the norm envelopes (same module)
+POOL_OPS = tuple(f"{k}{d}d" for k in ("avg_pool", "max_pool", "adaptive_avg_pool") for d in (1, 2))  # pool_bound
+REDUCTION_OPS = ("sum", "mean", "var", "std")  # judged by _reduction_report (cumsum too where no adjoint call runs)
+
+
+def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="compare_backward"):
+    """The Report of one gradient ``got`` of argument ``k`` of op ``name`` (its :class:`Adjoint` ``adj``,
+    the call bound as ``bound``): the envelope judges of the ops that have them, else :func:`refkern.compare`
+    on the adjoint call (and on its second formulation, the better fit the verdict)."""
+    from refkern.analysis.compare import compare
+
+    if name in REDUCTION_OPS or (name == "cumsum" and adj.compute is not None):
+        return _reduction_report(name, k, got, grad_output, bound, who)
+    if adj.op == "scaled_dot_product_attention":
+        return _attn_report(adj.op, k, got, grad_output, bound, who)
+    if adj.op in POOL_OPS:
+        return _pool_report(adj.op, got, grad_output, bound, who)
+    if adj.op in NORM_OPS:
+        return _norm_report(adj.op, k, got, grad_output, bound, who)
+    if adj.op in ENVELOPE_OPS:
+        return _envelope_report(adj.op, got, grad_output, bound, who)
+    a = adj.judge() if adj.judge is not None else adj
+    rep = compare(a.from_grad(got), a.op, *a.args, rtol=rtol, atol=atol, **a.kwargs)
+    if adj.judge_alt is not None and rep.verdict not in ("exact", "rounding"):
+        b = adj.judge_alt()  # the other structure of a correct backend: the better fit is the verdict
+        alt = compare(b.from_grad(got), b.op, *b.args, rtol=rtol, atol=atol, **b.kwargs)
+        if _RANK[alt.verdict] < _RANK[rep.verdict]:
+            return alt
+    return rep
+
+
+def _envelope_report(op, got, g, a, who):
+    """compare_backward's Report for a gradient judged by :mod:`refkern.analysis._envelope_backward`
+    (with ``dtype=``: the envelope of the computation in that dtype, then the conversion back,
+    :func:`~refkern.analysis._envelope_backward.converted_bound`)."""
+    from refkern.analysis._envelope_backward import bound, converted_bound
+    from refkern.analysis.compare import _actual
+    from refkern.kernels.softmax_backward import softmax_backward_rows
+
+    xr, gr, back, fmt, _, fmt_c = _softmax_call(op, g, a, who)
+    act, afmt, device = _actual(got)
+    if afmt.name != fmt.name:
+        raise TypeError(f"{who}: the gradient of input must have the dtype of input, {fmt.name}; got {afmt.name}.")
+    from refkern.analysis.noise import Noise
+    from refkern.analysis.noise_backward import converted, softmax_noise
+
+    ref_rows, _ = softmax_backward_rows(xr, gr, fmt, op == "log_softmax")
+    v, sc = softmax_noise(xr, gr, fmt_c, op == "log_softmax")
+    if fmt_c.name == fmt.name:
+        b_rows = bound(op, xr, gr, ref_rows, fmt)
+    else:
+        ref_c, _ = softmax_backward_rows(xr, gr, fmt_c, op == "log_softmax")
+        b_rows = converted_bound(bound(op, xr, gr, ref_c, fmt_c), ref_c, fmt_c, fmt)
+        v = converted(v, ref_rows * sc, fmt)
+    ref = np.asarray(back(ref_rows), np.float64)
+    b = np.asarray(back(b_rows), np.float64)
+    axis = int(a["dim"]) % max(ref.ndim, 1)
+    nz = Noise(np.asarray(back(v), np.float64), [], (axis,) if ref.ndim else (),
+               np.asarray(back(sc), np.float64) if np.ndim(sc) else 1.0)  # fmt: skip
+    return _envelope_finish(f"{op} backward", act.reshape(ref.shape), ref, b, fmt, device, int(xr.shape[1]), op, nz)
+
+
+def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None):
+    """The Report of a gradient ``act`` judged against the reference ``ref`` by the envelope ``b`` and,
+    inside it, with ``nz`` (a :class:`~refkern.analysis.noise.Noise` of
+    :mod:`refkern.analysis.noise_backward`), by the statistical test of :mod:`refkern.analysis.inside`."""
+    from refkern.analysis.compare import _ulps, _worst
+    from refkern.analysis.inside import decide_inside
+    from refkern.analysis.report import VERDICTS, Report
+    from refkern.analysis.verdict import decide_envelope
+
+    d = decide_envelope(act, ref, [("rounding", None, ref, b)], fmt)
+    if nz is not None:
+        axes = tuple(f"dim{i}" for i in range(ref.ndim))
+        d = decide_inside(act, ref, [], d, label, {}, fmt, axes, nz=nz)
+    ulps = _ulps(act, ref, fmt)
+    r0 = d.fits[0].ratio
+    stat = nz is not None and d.z is not None
+    lam = d.thresholds.get("element", 1.0) if stat else 1.0
+    ratio = d.z / lam if stat else r0
+    counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
+    eligible = d.unexplained if d.verdict == "mismatch" else d.fits[0].state != 0
+    top, worst = _worst(eligible, ratio, ref.shape)
+    details = [{"index": list(w), "actual": float(act.reshape(-1)[f]), "reference": float(ref.reshape(-1)[f]),
+                "ulp": float(ulps.reshape(-1)[f]), "bound_ratio": float(r0.reshape(-1)[f]),
+                "test_ratio": float(ratio.reshape(-1)[f]), "condition": 1.0} for w, f in zip(worst, top)]  # fmt: skip
+    det = d.detectable["element"]
+    notes = [f["text"] for f in d.structure]  # the verdict's findings first
+    if stat:
+        notes.append(
+            f"the gradient of {label} judged by the statistical test inside its worst-case envelope "
+            f"(refkern.analysis.noise_backward): an error of one element from {det['median_ulps']:.3g} ulp (median) "
+            "is seen"
+        )  # fmt: skip
+    else:
+        notes.append(
+            f"the gradient of {label} judged by its worst-case envelope (refkern.analysis._envelope_backward): "
+            f"an error below it, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding"
+        )
+    return Report(
+        op=label, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=n_terms,
+        verdict=d.verdict, precision=d.precision, max_ulp=float(ulps.max()) if ulps.size else 0.0,
+        max_bound_ratio=float(r0.max()) if r0.size else 0.0,
+        max_prob_ratio=float(ratio.max()) if ratio.size else 0.0,
+        worst=worst, worst_details=details, counts=counts, where={},
+        hypotheses={(f.model.key + " (statistical)" if hasattr(f, "lam") else f.model.key): f.summary(1.0)
+                    for f in d.fits},
+        bound_ratios={f.model.key: {"worst_case": float(f.ratio.max(initial=0.0))} for f in d.fits
+                      if not hasattr(f, "lam")},
+        condition={"median": 1.0, "max": 1.0}, tolerance=None, notes=notes,
+        model=d.model.kind if d.model is not None else None, alternatives=[], structure=d.structure,
+        detectable=d.detectable, thresholds=d.thresholds,
+    )  # fmt: skip
+
+
+def _norm_report(op, name, got, g, a, who):
+    """compare_backward's Report for one gradient of a norm, judged by its envelope."""
+    from refkern.analysis._envelope_backward import BATCH_INPUT_ROUNDINGS, batch_norm_eval_bound, norm_bound
+    from refkern.analysis.compare import _actual
+
+    c = _NORM_CALLS[op](op, g, a, who)
+    act, afmt, device = _actual(got)
+    fmt = c.fmts[name]
+    if afmt.name != fmt.name:
+        raise TypeError(f"{who}: the gradient of {name} must have the dtype of {name}, {fmt.name}; got {afmt.name}.")
+    if c.given is not None:
+        from refkern.kernels.batch_norm_backward import batch_norm_eval_backward
+
+        ref = batch_norm_eval_backward(c.X, c.G, c.W, c.given[0], c.given[1], c.eps, c.fmts, (name,))[name]
+        b = batch_norm_eval_bound(name, c.X, c.G, c.W, c.given[0], c.given[1], c.eps, ref, c.fmts)
+    else:
+        from refkern.kernels.norm_backward import norm_backward_rows
+
+        ref = norm_backward_rows(c.X, c.G, c.W, c.center, c.eps, c.fmts, (name,), regroup=c.regroup)[name]
+        kw = {**c.bound_kw, **({"input_roundings": BATCH_INPUT_ROUNDINGS} if op == "batch_norm" else {})}
+        b = norm_bound(op, name, c.X, c.G, c.W, c.eps, ref, c.fmts, **kw)
+    from refkern.analysis import noise_backward as nb
+    from refkern.analysis.noise import Noise
+
+    precs, axes, coherent = [], (), None
+    if name == "input":
+        v = nb.norm_input_noise(c.X, c.G, c.W, c.center, c.eps, c.fmts, c.bound_kw.get("half_steps", False), c.given)
+        nd = len(c.shapes["input"])
+        if op in ("layer_norm", "rms_norm") and c.X.shape[1] == c.shapes["input"][-1] and nd:
+            axes = (nd - 1,)  # one normalised dimension: a group along it holds one element per row
+    else:
+        v, half, coherent = nb.norm_param_noise(name, c.X, c.G, c.center, c.eps, c.fmts, c.regroup, c.given)
+        if half is not None:
+            p = {"bfloat16": "bf16", "float16": "fp16"}[c.fmts["input"].name]
+            precs = [(p, f"{p} accumulation", f"the running sums over the rows rounded to {p} (torch's CPU kernels "
+                      "for half inputs)", half)]  # fmt: skip
+    if name == "input" and c.back is not None:
+        ref, b, v = c.back(ref), c.back(b), c.back(v)
+    shape = c.shapes[name]
+    R, n = c.X.shape
+    n_terms = n if name == "input" else (R * n) // max(math.prod(shape), 1)
+    nz = Noise(np.asarray(v, np.float64).reshape(shape), [], axes, coherent=coherent, precisions=precs)
+    return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(shape), ref.reshape(shape),
+                            b.reshape(shape), fmt, device, int(n_terms), op, nz)  # fmt: skip
+
+
+def _pool_report(op, got, g, a, who):
+    """compare_backward's Report for a pooling's gradient, judged by its envelope."""
+    from refkern.analysis._envelope_backward import pool_bound
+    from refkern.analysis.compare import _actual
+
+    c = _pool_call(op, g, a, who)
+    act, afmt, device = _actual(got)
+    if afmt.name != c.fmt.name:
+        raise TypeError(f"{who}: the gradient of input must have the dtype of input, {c.fmt.name}; got {afmt.name}.")
+    ref, asum, cnt = _pool_grads(c)
+    from refkern.analysis.noise import Noise
+    from refkern.analysis.noise_backward import pool_noise
+
+    b = pool_bound(asum, cnt, ref, c.fmt, exact_terms=c.idx is not None)
+    nz = Noise(pool_noise(asum, cnt, ref, c.fmt, c.idx is not None).reshape(c.shape))
+    n_terms = int(cnt.max()) if cnt.size else 0
+    return _envelope_finish(f"{op} backward (input)", np.asarray(act, np.float64).reshape(c.shape),
+                            ref.reshape(c.shape), b.reshape(c.shape), c.fmt, device, n_terms, op, nz)  # fmt: skip
+
+
+def _attn_report(op, name, got, g, a, who):
+    """compare_backward's Report for one gradient of scaled_dot_product_attention, judged by its envelope."""
+    from refkern.analysis._envelope_backward import attention_bound
+    from refkern.analysis.compare import _actual
+
+    c = _attn_call(op, g, a, who)
+    act, afmt, device = _actual(got)
+    if afmt.name != c.a.fmt.name:
+        raise TypeError(
+            f"{who}: the gradient of {name} must have the dtype of {name}, {c.a.fmt.name}; got {afmt.name}."
+        )
+    ref = _attn_grads(c, (name,))[name]
+    stack = {"query": c.a.Q, "key": c.a.K, "value": c.a.V}[name].shape
+    from refkern.analysis.noise import Noise
+    from refkern.analysis.noise_backward import attention_noise
+
+    b, n_terms = attention_bound(c.a, c.G, name, ref.reshape(stack))
+    nz = Noise(attention_noise(c.a, c.G, name, ref.reshape(stack)).reshape(ref.shape))
+    return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(ref.shape), ref,
+                            b.reshape(ref.shape), c.a.fmt, device, n_terms, op, nz)  # fmt: skip
+
+
+def _reduction_report(op, name, got, g, a, who):
+    """compare_backward's Report for the gradient of sum, mean, var, std (and cumsum's ``compute`` cases),
+    judged by its envelope: sum's and a 0-d cumsum's is 0 (a correct backend copies or converts g once:
+    ``exact`` or ``mismatch``, as max_pool's forward), mean's :func:`~refkern.analysis._envelope_backward.mean_bound`
+    (with ``dtype=``: computed in that dtype, then converted back, ``converted_bound``), var's and std's
+    ``var_bound``, cumsum's the forward cumsum envelope of the converted grad_output around its own exact
+    reference, plus the known distance between the two references."""
+    from refkern.analysis import _envelope_backward as envb
+    from refkern.analysis.compare import _actual
+
+    c = _red_call(op, g, a, who)
+    act, afmt, device = _actual(got)
+    if afmt.name != c.fmt.name:
+        raise TypeError(f"{who}: the gradient of x must have the dtype of x, {c.fmt.name}; got {afmt.name}.")
+    from refkern.analysis import noise_backward as nb
+
+    n_terms, blind, v = 1, 0, None
+    if op == "sum" or (op == "cumsum" and not (c.x.ndim and c.x.size)):
+        ref = _red_grad("sum", c, a) if op == "sum" else _cumsum_values(c)
+        b = np.zeros(ref.shape)
+    elif op == "mean":
+        from refkern.kernels.reduction_backward import mean_backward_values
+
+        n = max(c.n, 1)
+        ref = _red_grad(op, c, a)
+        if c.fmt_c is c.fmt:
+            ref_c = mean_backward_values(c.G, n, c.fmt)
+            b = c.broadcast(envb.mean_bound(np.abs(c.G) / n, ref_c, c.fmt))
+            v = c.broadcast(nb.mean_noise(c.G, n, ref_c, c.fmt))
+        else:
+            ref_c = mean_backward_values(c.G, n, c.fmt_c)
+            b = c.broadcast(envb.converted_bound(envb.mean_bound(np.abs(c.G) / n, ref_c, c.fmt_c), ref_c, c.fmt_c,
+                                                 c.fmt))  # fmt: skip
+            v = c.broadcast(nb.converted(nb.mean_noise(c.G, n, ref_c, c.fmt_c), ref_c, c.fmt))
+    elif op == "cumsum":
+        from refkern.accumulate.formats import round_array
+
+        axis = c.dims[0]
+        ref = _reversed_cumsum(c.G, axis, c.fmt)
+        gp = round_array(np.ascontiguousarray(c.G), *c.fmt.params) if c.G.size else c.G  # grad.to(x.dtype)
+        ref_p = _reversed_cumsum(gp, axis, c.fmt)
+        b = envb.cumsum_converted_bound(gp, axis, ref_p, ref, c.fmt)
+        n_terms = c.x.shape[axis]
+    else:
+        from refkern.kernels.reduction import _correction
+
+        X, back = c.rows()
+        nodim = a["dim"] is None or c.x.ndim == 0
+        corr = _correction(a["correction"], who)
+        ref = _red_grad(op, c, a)
+        b = back(envb.var_bound(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std", nodim))
+        v = back(nb.var_noise(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std"))
+        n_terms = X.shape[1]
+        dof = n_terms - corr
+        if op == "var" and n_terms and (dof == 0 or (dof < 0 and nodim)):
+            # torch's IEEE rule (NaN or an infinity) reads the sign of x - mean^ (or x == mean^): where the exact
+            # x - mu lies within the stored mean's error, each of NaN, +inf, -inf is a correct backend's value
+            fin = np.isfinite(X).all(axis=1, keepdims=True) & np.isfinite(c.G.reshape(-1, 1))
+            d, e_d, slack = envb.centred(np.where(fin, X, 0.0), c.fmt)
+            amb = back(fin & (np.abs(d) <= e_d + slack)).reshape(c.x.shape) & ~np.isfinite(act.reshape(c.x.shape))
+            ref = np.where(amb, act.reshape(c.x.shape), np.asarray(ref, np.float64).reshape(c.x.shape))
+            blind = int(amb.sum())
+    from refkern.analysis.noise import Noise
+
+    nz = None if v is None else Noise(np.asarray(v, np.float64).reshape(c.x.shape))
+    rep = _envelope_finish(f"{op} backward (x)", act.reshape(c.x.shape), np.asarray(ref, np.float64).reshape(
+        c.x.shape), np.asarray(b, np.float64).reshape(c.x.shape), c.fmt, device, int(n_terms), op, nz)  # fmt: skip
+    if blind:
+        why = "the sign of x - mean there depends on the rounding of the mean (torch's rule inf * g * (x - mean))"
+        rep.notes.append(f"{blind} elements of a zero-dof row take the backend's NaN or infinity: {why}")
+    return rep
+
+
+_RANK = {"exact": 0, "rounding": 1, "reduced-precision": 2, "mismatch": 3}  # a better fit ranks lower

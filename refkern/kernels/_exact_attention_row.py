@@ -1,0 +1,298 @@
+"""The exact path of the attention backward (:mod:`refkern.kernels.attention_backward`, whose docstring
+derives it), part 1: one row's exact logits and dP as sums of integer products (:class:`_Ints`), its
+exponentials as rigorous integer intervals, and its P and dS as dyadic Fraction intervals (:class:`_Row`)."""
+
+import math
+import operator
+from fractions import Fraction
+
+import numpy as np
+
+from refkern._jit import jit
+from refkern.kernels import _exact_real as xr
+from refkern.kernels._transcendental import EXP_DD_REL, X_MIN, exp_dd
+from refkern.kernels.softmax_backward import _exp_iv, _iv_add, _iv_mul, _iv_scale
+
+OP = "scaled_dot_product_attention"
+_W0 = 96  # the first width of Ziv's loop: the exponentials from exp_dd (relative 2**-99)
+
+def _snap(iv, w: int):
+    """The interval widened outward to dyadics with about w + 8 bits below its magnitude (keeps the
+    Fractions small; moves each end by at most 2**-(w + 8) of the magnitude)."""
+    lo, hi = iv
+    m = max(abs(lo), abs(hi))
+    if m == 0:
+        return iv
+    e = m.numerator.bit_length() - m.denominator.bit_length()
+    sc = w + 8 - e
+    f = Fraction(2) ** sc
+    return Fraction(math.floor(lo * f)) / f, Fraction(math.ceil(hi * f)) / f
+
+
+@jit
+def _exp_dd_all(xh, xl, vh, vl, m):
+    """e**(xh[j] + xl[j]) = (vh[j] + vl[j]) 2**m[j] within relative EXP_DD_REL; X_MIN <= xh + xl <= 0."""
+    for j in range(xh.size):
+        vh[j], vl[j], m[j] = exp_dd(xh[j], xl[j])
+
+
+def _fix(n: int, e: int, W: int, up: bool) -> int:
+    """``n 2**e`` in units of ``2**-W``, rounded down (up: rounded up)."""
+    k = e + W
+    if k >= 0:
+        return n << k
+    return -((-n) >> -k) if up else n >> -k
+
+
+def _dyadic_iv(lo: int, hi: int, k: int, e: int):
+    """The interval ``[lo, hi] 2**(e - k)`` as Fractions."""
+    sh = e - k
+    if sh >= 0:
+        return Fraction(lo << sh), Fraction(hi << sh)
+    return Fraction(lo, 1 << -sh), Fraction(hi, 1 << -sh)
+
+
+class _Ints:
+    """A float64 stack holding values of a format of ``prec`` bits, as Python ints at one exponent,
+    exactly: ``X[b] = n * 2**e`` elementwise (``m 2**prec`` is an integer for every value ``m 2**ex``,
+    ``1/2 <= |m| < 1``, of the format, subnormals too); the rows of one batch built once, on first use,
+    so that exact dot products are sums of small integers."""
+
+    def __init__(self, X: np.ndarray, prec: int):
+        self.X, self.prec = X, prec
+        nz = X[X != 0]
+        self.e = int(np.frexp(nz)[1].min()) - prec if nz.size else 0
+        self._b = {}
+
+    def rows(self, b: int) -> list:
+        r = self._b.get(b)
+        if r is None:
+            m, ex = np.frexp(self.X[b])
+            mant = (m * 2.0**self.prec).astype(np.int64)  # exact: an integer below 2**prec
+            sh = np.maximum(ex.astype(np.int64) - self.prec - self.e, 0)  # >= 0 where nonzero (0 has mant 0)
+            r = [[a << s for a, s in zip(ma, sa)] for ma, sa in zip(mant.tolist(), sh.tolist())]
+            self._b[b] = r
+        return r
+
+
+def _idot(a: list, b: list) -> int:
+    return sum(map(operator.mul, a, b))
+
+
+def _frac(n: int, e: int) -> Fraction:
+    return Fraction(n << e) if e >= 0 else Fraction(n, 1 << -e)
+
+
+def _to_float(n: int, e: int) -> float:
+    """``n 2**e`` correctly rounded to float64 (integer true division rounds correctly, subnormals too)."""
+    return float(n << e) if e >= 0 else n / (1 << -e)
+
+
+class _Row:
+    """One row (b, i), exactly: its state ("nan", "masked", "ok"), the finite logits' offsets
+    ``a_j = an[j] 2**ae`` (``key``: rows with equal keys have equal P), the values' batch ``vkey``, and the
+    exact ``dP_j = dpn[j] 2**edp`` of its gradient row; ``rational`` (every finite logit equal: ``P = 1/c``);
+    :meth:`dS_exact` the exact dS_j when it is rational (0 by the group test, or the rational row's value),
+    else None. :meth:`combined` is the row with the gradient row ``sum_r c_r g_r`` of rows of equal logits
+    and values (dS and dP are linear in it: its dP in Fractions), sharing the exponentials' intervals."""
+
+    def __init__(self, z, ze: int, vkey, dpn=None, edp=0):
+        """z: the logits, "nan", "+inf", "-inf" or an integer n (the logit ``n 2**ze``)."""
+        self.dpn, self.edp = dpn, edp
+        self.state = "ok"
+        if any(t in ("nan", "+inf") for t in z):
+            self.state = "nan"
+            return
+        self.fin = [j for j, t in enumerate(z) if not isinstance(t, str)]
+        if not self.fin:
+            self.state = "masked"
+            return
+        M = max(z[j] for j in self.fin)
+        an = [z[j] - M for j in self.fin]
+        tz = min(((x & -x).bit_length() - 1 for x in an if x), default=0)  # a canonical exponent: equal keys
+        self.an = {j: x >> tz for j, x in zip(self.fin, an)}
+        self.ae = ze + tz if any(an) else 0
+        self.key = (self.ae, tuple(self.an.items()))
+        self.vkey = vkey
+        self.rational = not any(an)
+        self.groups = {}
+        for j in self.fin:
+            self.groups.setdefault(self.an[j], []).append(j)
+        self._exp = {}  # w -> the exponentials' intervals: shared by the combined rows
+        self._a = None
+        self._set_dP(None)
+
+    @property
+    def a(self):
+        """{j: a_j} as Fractions."""
+        if self._a is None:
+            self._a = {j: _frac(n, self.ae) for j, n in self.an.items()}
+        return self._a
+
+    @property
+    def dP(self):
+        """{j: dP_j} as Fractions."""
+        if self._dP is None:
+            self._dP = {j: _frac(n, self.edp) for j, n in self.dpn.items()}
+        return self._dP
+
+    def _set_dP(self, dP):
+        self._dP = dP
+        self._dS = {}
+        self._iv = {}
+        self._T = {}
+
+    def combined(self, parts):
+        """The row whose gradient row is ``sum c g_r`` over parts ``(row, c)`` (rows of this key and vkey)."""
+        r = object.__new__(_Row)
+        r.__dict__.update(self.__dict__)
+        r._set_dP({j: sum((c * p.dP[j] for p, c in parts), Fraction(0)) for j in self.fin})
+        r.dpn = None  # its intervals in Fractions
+        return r
+
+    def P_exact(self, j):
+        return Fraction(1, len(self.fin)) if self.rational else None
+
+    def dS_exact(self, j):
+        if j not in self._dS:
+            if self.dpn is not None:  # on integers: dP_j = dpn[j] 2**edp
+                d = self.dpn
+                if self.rational:
+                    c = len(self.fin)
+                    self._dS[j] = _frac(c * d[j] - sum(d.values()), self.edp) / (c * c)
+                elif all(len(grp) * d[j] - sum(d[k] for k in grp) == 0 for grp in self.groups.values()):
+                    self._dS[j] = Fraction(0)
+                else:
+                    self._dS[j] = None
+                return self._dS[j]
+            dP = self.dP
+            if self.rational:
+                c = len(self.fin)
+                self._dS[j] = (dP[j] - sum(dP.values(), Fraction(0)) / c) / c
+            elif all(sum((dP[j] - dP[k] for k in grp), Fraction(0)) == 0 for grp in self.groups.values()):
+                self._dS[j] = Fraction(0)
+            else:
+                self._dS[j] = None
+        return self._dS[j]
+
+    def _exps(self, w):
+        if w not in self._exp:
+            Ei = {j: ((Fraction(1), Fraction(1)) if a == 0 else _exp_iv(a, w)) for j, a in self.a.items()}
+            S = (sum(e[0] for e in Ei.values()), sum(e[1] for e in Ei.values()))  # >= 1: the top logit's e**0
+            self._exp[w] = (Ei, S, (S[0] * S[0], S[1] * S[1]))
+        return self._exp[w]
+
+    def _fixed(self, w):
+        """The exponentials on integers in units of ``2**-W`` (``W = w + 16``): ``({j: lo}, {j: hi}, S_lo,
+        S_hi)`` with ``lo <= e**a_j 2**W <= hi``. At the first width from exp_dd (relative EXP_DD_REL, plus
+        ``1.01 |a - xh - xl| <= 2**-105 |a| + 2**-1074`` for a_j as the double-word ``xh + xl``), then from
+        :func:`refkern.kernels._exact_real.exp_interval`; ``[0, 1]`` where ``e**a_j < 2**-(W + 8)``."""
+        key = ("fixed", w)
+        if key in self._exp:
+            return self._exp[key]
+        W = w + 16
+        one = 1 << W
+        lo, hi = {}, {}
+        far = -(W + 8) * 0.6931
+        todo = []
+        e = self.ae
+        for j, n in self.an.items():
+            if n == 0:
+                lo[j] = hi[j] = one
+                continue
+            d = xr.approx(n, e)
+            if d < far:
+                lo[j], hi[j] = 0, 1
+            elif w == _W0 and d > X_MIN:
+                todo.append(j)
+            else:
+                l, h, sh = xr.exp_interval(n, e, w)
+                lo[j], hi[j] = _fix(l, sh, W, False), _fix(h, sh, W, True)
+        if todo:
+            xh, xl = [], []
+            for j in todo:  # a_j = xh + xl + t, |t| <= u |xl| + 2**-1075 <= 2**-106 |a_j| + 2**-1074
+                n = self.an[j]
+                x = _to_float(n, e)
+                hn, he = xr.dyadic(x)
+                k = min(e, he)
+                xh.append(x)
+                xl.append(_to_float((n << (e - k)) - (hn << (he - k)), k))
+            xh, xl = np.array(xh), np.array(xl)
+            vh, vl, m = np.empty_like(xh), np.empty_like(xh), np.zeros(xh.size, np.int64)
+            _exp_dd_all(xh, xl, vh, vl, m)
+            for j, x, h_, l_, mm in zip(todo, xh.tolist(), vh.tolist(), vl.tolist(), m.tolist()):
+                r = (EXP_DD_REL + 2.0**-105 * abs(x) * 1.01 + 2.0**-1072) * (1.0 + 2.0**-40)
+                rn = math.ceil(math.ldexp(r, 200)) + 1  # R = rn 2**-200 >= r
+                nh, eh = xr.dyadic(h_)
+                nl, el = xr.dyadic(l_)
+                e0 = min(eh, el)
+                V = (nh << (eh - e0)) + (nl << (el - e0))  # (vh + vl) = V 2**e0, exactly
+                lo[j] = _fix(V * ((1 << 200) - rn), e0 + mm - 200, W, False)
+                hi[j] = _fix(V * ((1 << 200) + rn), e0 + mm - 200, W, True)
+        res = (lo, hi, sum(lo.values()), sum(hi.values()))
+        self._exp[key] = res
+        return res
+
+    def _interval_fixed(self, j, kind, w: int):
+        """As :meth:`interval`, on integers (a row built from the inputs: dP_j = dpn[j] 2**edp)."""
+        lo, hi, Sl, Sh = self._fixed(w)
+        bits = w + 8
+        if kind == "P":
+            k = bits - (hi[j].bit_length() - Sl.bit_length()) + 2  # P_j = E_j / S, in units of 2**-k
+            if k >= 0:
+                ql, qh = (lo[j] << k) // Sh, -((-(hi[j] << k)) // Sl)
+            else:
+                ql, qh = lo[j] // (Sh << -k), -((-hi[j]) // (Sl << -k))
+            return _dyadic_iv(ql, qh, k, 0)
+        dpn = self.dpn
+        T = self._T.get(w)
+        if T is None:  # T = sum_k dP_k E_k, in units of 2**(edp - W): exact integer sums
+            tl = th = 0
+            for k_, d in dpn.items():
+                if d > 0:
+                    tl += d * lo[k_]
+                    th += d * hi[k_]
+                elif d < 0:
+                    tl += d * hi[k_]
+                    th += d * lo[k_]
+            T = self._T[w] = (tl, th)
+        d = dpn[j]
+        nl = d * (Sl if d >= 0 else Sh) - T[1]  # N = dP_j S - T
+        nh = d * (Sh if d >= 0 else Sl) - T[0]
+        ml = (lo[j] if nl >= 0 else hi[j]) * nl  # E_j N, in units of 2**(edp - 2W)
+        mh = (hi[j] if nh >= 0 else lo[j]) * nh
+        S2l, S2h = Sl * Sl, Sh * Sh  # S**2 in units of 2**-2W
+        dl, dh = (S2h if ml >= 0 else S2l), (S2l if mh >= 0 else S2h)
+        k = bits - (max(abs(ml), abs(mh)).bit_length() - S2l.bit_length()) + 2
+        if k >= 0:
+            ql, qh = (ml << k) // dl, -((-(mh << k)) // dh)
+        else:
+            ql, qh = ml // (dl << -k), -((-mh) // (dh << -k))
+        return _dyadic_iv(ql, qh, k, self.edp)
+
+    def interval(self, j, kind, w: int):
+        """P_j ("P") or dS_j ("dS") as an interval of Fractions at width w. ``dS_j = E_j (dP_j S - T) / S**2``
+        with ``T = sum_k dP_k E_k`` (one interval per row and width: every j of the row reads it)."""
+        if (j, kind, w) in self._iv:
+            return self._iv[(j, kind, w)]
+        if self.dpn is not None:
+            v = self._iv[(j, kind, w)] = self._interval_fixed(j, kind, w)
+            return v
+        Ei, S, S2 = self._exps(w)
+        if kind == "P":
+            v = _snap((Ei[j][0] / S[1], Ei[j][1] / S[0]), w)
+        else:
+            T = self._T.get(w)
+            if T is None:
+                T = (Fraction(0), Fraction(0))
+                for k in self.fin:
+                    if self.dP[k] != 0:
+                        T = _iv_add(T, _iv_scale(self.dP[k], Ei[k]))
+                T = self._T[w] = _snap(T, w + 8)
+            N = _iv_add(_iv_scale(self.dP[j], S), (-T[1], -T[0]))
+            num = _iv_mul(Ei[j], N)
+            lo = num[0] / S2[1] if num[0] >= 0 else num[0] / S2[0]
+            hi = num[1] / S2[0] if num[1] >= 0 else num[1] / S2[1]
+            v = _snap((lo, hi), w)
+        self._iv[(j, kind, w)] = v
+        return v

@@ -38,6 +38,9 @@ def assert_same(got, want, what):
     assert np.array_equal(_bits(got)[~nan.reshape(-1)], _bits(want)[~nan.reshape(-1)]), (what, got, want)
 
 
+_TINY = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149, "float64": 2.0**-1074}  # least subnormal
+
+
 def _chunks(draw, n):
     """Chunk sizes summing to n, empty chunks included."""
     cuts = sorted(draw(st.lists(st.integers(0, n), max_size=4)))
@@ -62,6 +65,9 @@ def chunked(draw, ndim_max=2, specials=True):
             x[i], x[j] = big, -big
     if n and draw(st.booleans()):
         x[draw(st.integers(0, n - 1))] = -0.0
+    if n and draw(st.booleans()):  # subnormals (a uniform bit pattern is rarely one in float32/float64)
+        for i in draw(st.lists(st.integers(0, n - 1), max_size=3)):
+            x[i] = draw(st.integers(-(2**10), 2**10)) * _TINY[fmt]
     arr = x.astype(_np_dtype(fmt)).reshape(shape)
     chunks = tuple(_chunks(draw, s) for s in shape)
     return arr, chunks, fmt
@@ -82,19 +88,19 @@ def _check_reductions(scheduler, client, data, arr, chunks, fmt):
     axis = data.draw(st.integers(-ndim, ndim - 1), label="cumsum dim")
     split_every = data.draw(st.integers(2, 5), label="split_every")
     cast = data.draw(st.sampled_from([None, "float32", "float16"]), label="dtype")
-    lazy = {
-        "sum": rk.sum(d, dim, keepdim),
-        "sum dtype": rk.sum(d, dim, keepdim, dtype=cast),
-        "mean": rk.mean(d, dim, keepdim),
-        "var": rk.var(d, dim, correction=corr, keepdim=keepdim),
-        "std": rk.std(d, dim, correction=corr, keepdim=keepdim),
-        "cumsum": rk.cumsum(d, axis),
-        "cumsum dtype": rk.cumsum(d, axis, dtype=cast),
-    }
+    with dask.config.set(split_every=split_every):  # read when the graph is built
+        lazy = {
+            "sum": rk.sum(d, dim, keepdim),
+            "sum dtype": rk.sum(d, dim, keepdim, dtype=cast),
+            "mean": rk.mean(d, dim, keepdim),
+            "var": rk.var(d, dim, correction=corr, keepdim=keepdim),
+            "std": rk.std(d, dim, correction=corr, keepdim=keepdim),
+            "cumsum": rk.cumsum(d, axis),
+            "cumsum dtype": rk.cumsum(d, axis, dtype=cast),
+        }
     for v in lazy.values():
         assert isinstance(v, da.Array)
-    with dask.config.set(split_every=split_every):
-        got = dict(zip(lazy, _compute(scheduler, client, *lazy.values())))
+    got = dict(zip(lazy, _compute(scheduler, client, *lazy.values())))
     want = {
         "sum": rk.sum(arr, dim, keepdim),
         "sum dtype": rk.sum(arr, dim, keepdim, dtype=cast),
@@ -125,7 +131,8 @@ def _check_products(scheduler, client, data, fmt):
     dy = da.from_array(y, chunks=(_chunks(data.draw, K),))
     dA = da.from_array(a, chunks=(_chunks(data.draw, M), ck))
     dB = da.from_array(b, chunks=(ck, _chunks(data.draw, N)))
-    lazy = [rk.dot(dx, dy), rk.matmul(dA, dB), rk.matmul(dA, dy), rk.matmul(dx, dB)]
+    with dask.config.set(split_every=data.draw(st.integers(2, 4), label="split_every")):  # read when built
+        lazy = [rk.dot(dx, dy), rk.matmul(dA, dB), rk.matmul(dA, dy), rk.matmul(dx, dB)]
     got = _compute(scheduler, client, *lazy)
     want = [rk.dot(x, y), rk.matmul(a, b), rk.matmul(a, y), rk.matmul(x, b)]
     for g, w, what in zip(got, want, ("dot", "matmul", "matmul 2-D @ 1-D", "matmul 1-D @ 2-D")):
@@ -167,6 +174,35 @@ def test_dot_matmul_bit_for_bit(scheduler):
         _check_products(name, client, data, fmt)
 
     run()
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_pinned_hard_cases(scheduler, fmt):
+    """Every case of issue 28 at once, in each format and scheduler: subnormals, both zeros, inf and
+    NaN, +B and -B in different chunks (cancellation across chunks), empty and one-element chunks,
+    split_every 2, every op."""
+    name, client = scheduler
+    tiny = _TINY[fmt]
+    big = {"float16": 6e4, "bfloat16": 3e38, "float32": 3e38, "float64": 1e308}[fmt]
+    finite = np.array([big, 3 * tiny, -0.0, 1.5, -tiny, 0.0, 2.5, -big, 7 * tiny, -0.0, 0.25, 1.0], np.float64)
+    special = finite.copy()
+    special[[4, 10]] = np.inf, np.nan
+    zeros = np.array([-0.0, -0.0, -0.0, -0.0], np.float64)
+    for x, chunks in ((finite, (0, 1, 1, 3, 0, 7)), (special, (5, 0, 1, 6)), (zeros, (1, 0, 3))):
+        arr = x.astype(_np_dtype(fmt))
+        d = da.from_array(arr, chunks=(chunks,))
+        m = da.from_array(arr.reshape(3, -1) if arr.size % 3 == 0 else arr.reshape(2, -1), chunks=1)
+        with dask.config.set(split_every=2):  # read when the graph is built
+            lazy = {"sum": rk.sum(d), "mean": rk.mean(d), "var": rk.var(d), "std": rk.std(d, correction=0),
+                    "cumsum": rk.cumsum(d, 0), "dot": rk.dot(d, d[::-1]), "matmul": rk.matmul(m, m.T),
+                    "sum rows": rk.sum(m, 1)}  # fmt: skip
+        got = dict(zip(lazy, _compute(name, client, *lazy.values())))
+        mm = np.asarray(m.compute())
+        want = {"sum": rk.sum(arr), "mean": rk.mean(arr), "var": rk.var(arr), "std": rk.std(arr, correction=0),
+                "cumsum": rk.cumsum(arr, 0), "dot": rk.dot(arr, arr[::-1].copy()), "matmul": rk.matmul(mm, mm.T.copy()),
+                "sum rows": rk.sum(mm, 1)}  # fmt: skip
+        for k in lazy:
+            assert_same(got[k], want[k], f"{k} {fmt} chunks={chunks}")
 
 
 def test_three_dims_and_batched_matmul():

@@ -1,4 +1,4 @@
-"""refkern.truth's reductions, normalizations and poolings (refkern/truth/reductions.py).
+"""refkern.truth's reductions, normalizations and poolings (refkern/truth/reductions.py, norms.py, pools.py).
 
 Three independent checks:
 

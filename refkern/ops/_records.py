@@ -45,7 +45,7 @@ def _reduction(name, params, *, aten=None, needs=None, hypotheses=()):
 
 def _norm(name, operands, params, *, aten, aten_backward, autograd, memo=(), required=1, needs=None, sample=None,
           hypotheses=()):  # fmt: skip
-    return Op(name, "norm", f"refkern.kernels.norm:{name}", f"refkern.truth.reductions:{name}", operands,
+    return Op(name, "norm", f"refkern.kernels.norm:{name}", f"refkern.truth.norms:{name}", operands,
               "envelope", required=required, hypotheses=hypotheses,
               differentiable=tuple(k for k in operands if k in ("input", "weight", "bias")),
               torch_function=f"{_F}{name}", calls=(Call(f"{_F}{name}", params),), aten=aten,
@@ -54,7 +54,7 @@ def _norm(name, operands, params, *, aten, aten_backward, autograd, memo=(), req
 
 
 def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_calls=(), needs):
-    return Op(name, "pool", f"refkern.kernels.pool:{name}", f"refkern.truth.reductions:{name}", ("input",),
+    return Op(name, "pool", f"refkern.kernels.pool:{name}", f"refkern.truth.pools:{name}", ("input",),
               "envelope", differentiable=("input",), torch_function=f"{_F}{name}",
               calls=(Call(f"{_F}{name}", params), *(Call(f"{_F}{c}", params) for c in extra_calls)),
               aten=aten or (name,), aten_backward=aten_backward,

@@ -5,7 +5,9 @@ precision derived from the inputs (never mpmath's default 53 bits), and the sing
 to the result format is done on Python integers. One module per family of ops:
 
 * :mod:`refkern.truth.products`: dot, matmul, linear, the convolutions.
-* :mod:`refkern.truth.reductions`: sum, mean, var, std, cumsum, the norms, the pools.
+* :mod:`refkern.truth.reductions`: sum, mean, var, std, cumsum.
+* :mod:`refkern.truth.norms`: layer_norm, rms_norm, group_norm, batch_norm.
+* :mod:`refkern.truth.pools`: the poolings.
 * :mod:`refkern.truth.softmax`: softmax, log_softmax, scaled_dot_product_attention.
 * :mod:`refkern.truth.backward`: the gradients of every op.
 

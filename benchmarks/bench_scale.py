@@ -15,8 +15,10 @@ Issue 28's targets, each a ratio measured in this run:
   torch's CPU matmul, the analysis refkern's ``refkern sweep`` row) at least 1.7x faster with two
   workers than serially in this process (numba on every core), rows identical. The cluster is
   started and warmed before the timing.
-* ``audit_bytes``: an audit on the cluster (a small ResNet, fp32 and bf16): bytes shipped per
-  audited op at most 1.1x its operands and output (the largest ratio over ops, and the total),
+* ``audit_bytes``: an audit on the cluster (a small ResNet, and the 7-op model of the tests whose
+  one message is under 15 KB; fp32 and bf16): bytes shipped per audited op at most 1.1x its
+  operands and output (the largest ratio over ops, and the total; for the 7-op model also without
+  deflating its bits, what an audit whose bits do not deflate would cost),
   each parameter scattered once, verdicts equal to the local audit's. The bytes are those the
   client writes, counted at the TCP layer (:class:`refkern.scale.wire.Wire`): Dask's framing of
   every task and scatter, the requests for results and their releases, heartbeats included; the
@@ -144,51 +146,96 @@ def bench_sweep(client, npts, blocks):
     return {"points": npts, "seconds": t, "speedup": t["serial"] / t["two_workers"]}
 
 
-def bench_audit(client):
-    """Bytes the client writes per audited op, measured at the TCP layer (refkern.scale.wire): each op
-    its own bytes (bits, header entry, parameters it read first) and a share, in proportion to
-    operands, of its message's framing and of the bytes that name no Dask key."""
-    import pickle
+class Tiny:
+    """The 7-op model of tests/test_scale_audit.py (14.6 KB of operands in fp32, 7.6 KB in bf16: one
+    message, where Dask's own framing of about 1 KB is more than a tenth of it)."""
 
+    @staticmethod
+    def make():
+        import torch
+        from torch import nn
+
+        class Shared(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc, self.norm = nn.Linear(24, 24), nn.LayerNorm(24)
+                self.conv, self.out = nn.Conv1d(1, 2, 3, padding=1), nn.Linear(48, 10)
+
+            def forward(self, x):
+                h = self.norm(self.fc(torch.relu(self.fc(x))))
+                return torch.softmax(self.out(self.conv(h[:, None, :]).flatten(1)), -1)
+
+        return Shared(), (6, 24)
+
+
+def _audit_once(client, m, x, deflate=True):
+    """(local audit, cluster audit, Wire, seconds on the cluster); ``deflate`` False ships every blob
+    back to back (what an audit whose bits do not deflate costs)."""
     import torch
-    from audit_models import resnet18
 
     import refkern.torch as rkt
+    from refkern.scale import bits, remote
     from refkern.scale.wire import Wire
 
-    out = {}
-    for dt in (torch.float32, torch.bfloat16):
-        torch.manual_seed(0)
-        m = resnet18(num_classes=10, width=8).to(dt).eval()
-        x = torch.randn(2, 3, 32, 32).to(dt)
-        with torch.no_grad(), rkt.audit(progress=False) as local:
-            m(x)
+    with torch.no_grad(), rkt.audit(progress=False) as local:
+        m(x)
+    remote.pack = bits.pack if deflate else (lambda arrays, planes=True: bits.pack(arrays, False))
+    try:
         t0 = time.perf_counter()
         with Wire(client) as w:
             with torch.no_grad(), rkt.audit(progress=False, client=client) as far:
                 m(x)
             secs = time.perf_counter() - t0
             time.sleep(0.5)  # the releases sent once the verdicts are in
-        r = far._remote
-        ops = r.stats["operand_bytes"]
-        sent = r.per_job(w)
-        ratios = [(b / j.operand_bytes, j) for j, b in sent if j.operand_bytes]
-        worst, wj = max(ratios, key=lambda t: t[0])
-        payload = max(b / j.operand_bytes for j, b in r.per_job() if j.operand_bytes)
-        back = sum(len(pickle.dumps(j.result)) for j in r.jobs)  # the verdicts, pickled (a measure of what returns)
-        out[str(dt).removeprefix("torch.")] = {
-            "ops": r.stats["ops"], "operand_bytes": ops, "wire_bytes": w.total, "total_ratio": w.total / ops,
-            "max_ratio_per_op": worst, "worst_op": {"op": wj.op, "operand_bytes": wj.operand_bytes},
-            "attributed_bytes": sum(b for _, b in sent), "max_payload_ratio_per_op": payload,
-            "payload_bytes": r.stats["payload_bytes"], "tasks": r.stats["tasks"], "scatters": r.stats["scatters"],
-            "wire_by_message": {k: {"bytes": v[0], "count": v[1]} for k, v in w.by_op.items()},
-            "unkeyed_bytes": w.other, "verdict_bytes_back": back, "verdict_ratio_back": back / ops,
-            "params": len(list(m.parameters())) + len(list(m.buffers())),
-            "params_scattered": r.stats["params_scattered"], "param_bytes": r.stats["param_bytes"],
-            "same_verdicts": far.to_dict() == local.to_dict(), "seconds_on_cluster": secs,
-            "ops_over_1.1": sum(q > 1.1 for q, _ in ratios),
-            "largest_operands_over_1.1": max((j.operand_bytes for q, j in ratios if q > 1.1), default=0),
-            "smallest_operands": min(j.operand_bytes for j in r.jobs)}  # fmt: skip
+    finally:
+        remote.pack = bits.pack
+    return local, far, w, secs
+
+
+def bench_audit(client):
+    """Bytes the client writes per audited op, measured at the TCP layer (refkern.scale.wire): each op
+    its own bytes (bits, header row and share of definitions, parameters it read first) and a share,
+    in proportion to operands, of its message's framing and of the bytes that name no Dask key. A
+    small ResNet (several messages) and the 7-op model (one message), fp32 and bf16."""
+    import pickle
+
+    import torch
+    from audit_models import resnet18
+
+    models = {"resnet18_w8": (lambda: resnet18(num_classes=10, width=8), (2, 3, 32, 32)), "tiny_7ops": Tiny.make}
+    out = {}
+    for name, make in models.items():
+        for dt in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            m, shape = make() if name == "tiny_7ops" else (make[0](), make[1])
+            m = m.to(dt).eval()
+            x = torch.randn(*shape).to(dt)
+            local, far, w, secs = _audit_once(client, m, x)
+            r = far._remote
+            ops = r.stats["operand_bytes"]
+            sent = r.per_job(w)
+            ratios = [(b / j.operand_bytes, j) for j, b in sent if j.operand_bytes]
+            worst, wj = max(ratios, key=lambda t: t[0])
+            payload = max(b / j.operand_bytes for j, b in r.per_job() if j.operand_bytes)
+            back = sum(len(pickle.dumps(j.result)) for j in r.jobs)  # the verdicts, pickled (what returns)
+            row = {
+                "ops": r.stats["ops"], "operand_bytes": ops, "wire_bytes": w.total, "total_ratio": w.total / ops,
+                "max_ratio_per_op": worst, "worst_op": {"op": wj.op, "operand_bytes": wj.operand_bytes},
+                "attributed_bytes": sum(b for _, b in sent), "max_payload_ratio_per_op": payload,
+                "payload_bytes": r.stats["payload_bytes"], "tasks": r.stats["tasks"], "scatters": r.stats["scatters"],
+                "wire_by_message": {k: {"bytes": v[0], "count": v[1]} for k, v in w.by_op.items()},
+                "unkeyed_bytes": w.other, "verdict_bytes_back": back, "verdict_ratio_back": back / ops,
+                "params": len(list(m.parameters())) + len(list(m.buffers())),
+                "params_scattered": r.stats["params_scattered"], "param_bytes": r.stats["param_bytes"],
+                "same_verdicts": far.to_dict() == local.to_dict(), "seconds_on_cluster": secs,
+                "ops_over_1.1": sum(q > 1.1 for q, _ in ratios),
+                "largest_operands_over_1.1": max((j.operand_bytes for q, j in ratios if q > 1.1), default=0),
+                "smallest_operands": min(j.operand_bytes for j in r.jobs)}  # fmt: skip
+            if name == "tiny_7ops":  # for information: the same audit with no blob deflated
+                _, far2, w2, _ = _audit_once(client, m, x, deflate=False)
+                q2 = max(b / j.operand_bytes for j, b in far2._remote.per_job(w2) if j.operand_bytes)
+                row["without_deflate"] = {"wire_bytes": w2.total, "total_ratio": w2.total / ops, "max_ratio_per_op": q2}
+            out[f"{name}_{str(dt).removeprefix('torch.')}"] = row
     return out
 
 
@@ -240,8 +287,11 @@ def main(argv=None):
         print(f"{'sweep 200: serial / 2 workers':<44} {w['speedup']:>10.3f} {'>= 1.7':>8}  {checks['sweep_200'][1]}")
     for dt, v in (au or {}).items():
         q, wo = v["max_ratio_per_op"], v["worst_op"]
-        print(f"{'audit ' + dt + ': wire bytes / operands, worst op':<44} {q:>10.3f} {'<= 1.1':>8}  {q <= 1.1}"
+        print(f"{'audit ' + dt + ': wire / operands, worst op':<44} {q:>10.3f} {'<= 1.1':>8}  {q <= 1.1}"
               f"   ({wo['op']}, {wo['operand_bytes']} B)")  # fmt: skip
+        if "without_deflate" in v:
+            nd = v["without_deflate"]
+            print(f"{'  not deflated: worst op, total':<44} {nd['max_ratio_per_op']:>10.3f} {nd['total_ratio']:>8.3f}")
         print(f"{'  total; params scattered / params; same':<44} {v['total_ratio']:>10.3f} "
               f"{v['params_scattered']:>4}/{v['params']:<4} {v['same_verdicts']}")  # fmt: skip
         print(f"{'  ops over 1.1x of all; their largest operands B':<44} {v['ops_over_1.1']:>6}/{v['ops']:<3} "

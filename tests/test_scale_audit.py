@@ -229,6 +229,44 @@ def test_a_worker_killed_mid_audit_loses_nothing(client, monkeypatch, bundle):
     client.wait_for_workers(2, timeout=60)  # the nanny restarts it
 
 
+def test_a_worker_of_another_vocabulary_refuses_the_message(monkeypatch):
+    """The words both sides know are sent as numbers: a worker whose refkern names other ops cannot
+    read them, and says so for every op rather than judging the wrong one."""
+    from refkern.scale import header
+
+    w = header.HeaderWriter()
+    w.first(1, 2)
+    w.define(("sum", (header.Slot, (header.Slot,), {"dim": -1})))
+    w.row((0, 1, 2))
+    w.row((0, 1, 2))
+    h = w.getvalue()
+    dig, defs, rows = header.read_header(h)
+    assert defs == [("sum", (header.Slot, (header.Slot,), {"dim": -1}))] and rows == [[0, 1, 2]] * 2
+    monkeypatch.setattr(header, "digest", lambda: dig + 1)
+    got = worker.judge_bundle(h, bits.pack([]), [])
+    assert got == [("error", got[0][1])] * 2 and "not the client's version" in got[0][1]
+
+
+def test_workers_run_numba_on_the_threads_refkern_gives_them(client):
+    """Dask's nanny caps BLAS/OpenMP threads, not numba's: refkern's tasks set numba's threads from
+    REFKERN_NUMBA_THREADS, one per worker by default (two one-thread workers on two cores)."""
+    from refkern.scale._states import THREADS_VAR
+
+    def probe():
+        import numba
+
+        from refkern.scale._states import limit_threads
+
+        before = numba.get_num_threads()
+        limit_threads()
+        return os.environ.get(THREADS_VAR), before, numba.get_num_threads()
+
+    workers = client.scheduler_info()["workers"]
+    assert len(workers) == 2 and all(w["nthreads"] == 1 for w in workers.values())
+    got = [client.submit(probe, pure=False, workers=[w]).result() for w in workers]
+    assert [(var, after) for var, _, after in got] == [("1", 1)] * 2, got
+
+
 def test_raw_bits_round_trip():
     for dt in (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.bool):
         t = (torch.randn(3, 5) * 1e3).to(dt)

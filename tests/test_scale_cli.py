@@ -61,6 +61,15 @@ def test_no_scheduler_answering_is_one_line():
     _one_line(r, "refkern sweep: error: no Dask scheduler answered at")
 
 
+def test_no_scheduler_answering_the_audit_is_one_line(tmp_path):
+    (tmp_path / "m.py").write_text(MODEL)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = _run("audit", "m:make", "--input-shape", "2,3,6,6", "--scheduler", f"tcp://127.0.0.1:{port}", cwd=tmp_path)
+    _one_line(r, "refkern audit: error: no Dask scheduler answered at")
+
+
 def test_missing_dask_is_one_line(tmp_path):
     (tmp_path / "m.py").write_text(MODEL)
     block = "import sys; sys.modules['distributed'] = None; sys.modules['dask'] = None; sys.argv[0] = 'refkern'; "

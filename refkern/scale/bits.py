@@ -3,8 +3,8 @@ as one blob: back to back, or as byte planes deflated where that is smaller.
 
 A float's top byte (sign and exponent) varies little across a tensor, its low bytes much: the
 byte planes of a blob (every tensor's first bytes, then their second bytes, ..., per item size)
-deflate to about 0.86 of float32 normals and 0.72 of bfloat16 ones, more after a ReLU. A blob
-costs one byte saying which form it takes; :func:`unpack` gives back the bytes back to back.
+deflate (zlib level 1) to about 0.86 of float32 normals, 0.72 of bfloat16 ones and 0.63 after a
+ReLU. A blob costs one byte saying which form it takes; :func:`unpack` gives the bytes back to back.
 """
 
 import math
@@ -82,7 +82,7 @@ def pack(arrays: list, planes: bool = True) -> bytes:
     back to back. Arrays of unsigned integers, each of its tensor's item size."""
     plain = b"".join(a.tobytes() for a in arrays)
     if planes and plain:
-        z = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate: no zlib header or checksum
+        z = zlib.compressobj(1, zlib.DEFLATED, -15)  # raw deflate (no header, no checksum), the fastest level
         packed = z.compress(_planes(arrays)) + z.flush()
         if len(packed) < len(plain):
             return bytes((PLANES,)) + packed

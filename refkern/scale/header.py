@@ -18,6 +18,7 @@ A header is a varint (the length of its pickles), the pickles, then one row per 
 import functools
 import io
 import pickle
+import sys
 import zlib
 
 __all__ = ["Slot", "strip", "fill", "HeaderWriter", "read_header", "vocabulary", "digest", "PROTOCOL"]
@@ -58,8 +59,6 @@ def digest() -> int:
 
 def strip(obj, tensors: list):
     """``obj`` with every tensor replaced by :class:`Slot`, the tensors appended in order."""
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         tensors.append(obj)

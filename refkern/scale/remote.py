@@ -16,9 +16,9 @@ result and 0.15 KB to release it; a scatter about 0.5 KB; a numpy array inside a
   name, keywords and structure, a dtype and shape, a view of a parameter; then each op as a row
   of varints naming them; the names refkern knows are never sent as text). A message is sent
   only when the next one already holds 64 KB, so the audit's tail joins the last message instead
-  of travelling short. A blob under 64 KB (an audit that small, an op sent again alone) travels
-  as byte planes deflated, where that is smaller: Dask's framing of about 1 KB a message is
-  otherwise more than a tenth of an audit under 10 KB;
+  of travelling short. A message of under 64 KB of operands (an audit that small, an op sent
+  again alone) carries its bits as byte planes deflated, where that is smaller: Dask's framing of
+  about 1 KB a message is otherwise more than a tenth of an audit under 10 KB;
 * a **parameter** (or buffer) of the audited model is captured when an op first reads it (its
   bits then, a new capture if written to since: a running mean) and named by a small integer
   afterwards; the parameters captured since the last message travel in one scattered blob just
@@ -218,25 +218,26 @@ class Remote:
         return w.getvalue()
 
     @staticmethod
-    def _pack(parts: list, owners: list, msg: Message) -> bytes:
+    def _pack(parts: list, owners: list, msg: Message, small: bool) -> bytes:
         """``parts`` (numpy arrays of bits, each of the job in ``owners`` at its place) as one blob,
-        byte planes deflated if it is smaller than BUNDLE (:func:`refkern.scale.bits.pack`): Dask's
-        own framing, about 1 KB a message, is then more than 1.5% of it. Each job's own bytes:
-        the blob's bytes in proportion to its bits in it (a deflated stream is not cut by op)."""
+        byte planes deflated if the message is ``small`` (under BUNDLE operand bytes: Dask's own
+        framing, about 1 KB a message, is then more than 1.5% of it; a larger one is not worth
+        the client's time) and that is smaller (:func:`refkern.scale.bits.pack`). Each job's own
+        bytes: the blob's bytes in proportion to its bits in it (a deflated stream is not cut by op)."""
         raw = sum(p.nbytes for p in parts)
-        blob = pack(parts, planes=raw < BUNDLE)
+        blob = pack(parts, planes=small)
         for p, j in zip(parts, owners):
             msg.add(j, (len(blob) - 1) * p.nbytes / (raw or 1))
         return blob
 
-    def _captured_blob(self, msg: Message):
+    def _captured_blob(self, msg: Message, small: bool):
         """The parameters captured since the last send as one blob, (first pid, metas, packed bits):
         their bytes are the own bytes of the op that read each first."""
         got, self._captured = self._captured, []
         if not got:
             return None
         first = got[0][0]
-        blob = self._pack([b.raw for _, b, _ in got], [job for _, _, job in got], msg)
+        blob = self._pack([b.raw for _, b, _ in got], [job for _, _, job in got], msg, small)
         return first, [(b.dtype, b.shape) for _, b, _ in got], blob
 
     def _forget(self, pid):
@@ -254,7 +255,8 @@ class Remote:
         msg = Message([])
         self.messages.append(msg)
         blob_of = {}  # pid -> what the task is given for it: a scattered blob's future, or the blob itself
-        captured = self._captured_blob(msg)
+        small = sum(j.operand_bytes for j in jobs) < BUNDLE  # an audit that small (all of it in one message)
+        captured = self._captured_blob(msg, small)
         if captured is not None:
             first, metas, raw = captured
             extra = len(raw) + len(pickle.dumps((first, metas), PROTOCOL))
@@ -287,7 +289,7 @@ class Remote:
             return
         ok.sort(key=lambda j: -j.operand_bytes)  # a definition's first bytes written while the largest op reads
         header = self._header(ok, msg)
-        blob = self._pack([p for j in ok for p in j.parts], [j for j in ok for _ in j.parts], msg)
+        blob = self._pack([p for j in ok for p in j.parts], [j for j in ok for _ in j.parts], msg, small)
         given = {}
         for j in ok:
             for p in j.pids:
@@ -321,7 +323,7 @@ class Remote:
             try:
                 self._encode(job, embed=True)
                 header = self._header([job], msg)
-                blob = self._pack(job.parts, [job] * len(job.parts), msg)
+                blob = self._pack(job.parts, [job] * len(job.parts), msg, job.operand_bytes < BUNDLE)
                 key = self._name()
                 job.future = self.client.submit(judge_bundle, header, blob, [], key=key, pure=False)
                 break

@@ -11,8 +11,8 @@ import numpy as np
 from refkern.accumulate.formats import Format
 from refkern.accumulate.ziv import round_fraction
 from refkern.kernels import _exact_real as xr
-from refkern.kernels._exact_attention_row import _W0, OP, _frac, _idot, _Ints, _Row
-from refkern.kernels.attention import Attention, _exact_logits, _mask_row
+from refkern.kernels._exact_attention_row import _W0, OP, _exact_logits, _frac, _idot, _Ints, _Row
+from refkern.kernels.attention import Attention, _mask_row
 from refkern.kernels.softmax_backward import _decided, _iv_add, _iv_scale
 
 
@@ -30,7 +30,7 @@ class _Exact:
 
     def _logits(self, b: int, i: int):
         """The row's logits as (z, ze): each "nan", "+inf", "-inf" or an integer n, the logit ``n 2**ze``
-        (as :func:`refkern.kernels.attention._exact_logits` defines them)."""
+        (as :func:`refkern.kernels._exact_attention_row._exact_logits` defines them)."""
         a = self.a
         mrow = _mask_row(a, b, i).tolist()
         if self.sF is None or a.Q.shape[2] == 0:

@@ -9,6 +9,8 @@ from fractions import Fraction
 import numpy as np
 
 from refkern._jit import jit
+from refkern.accumulate.formats import Format
+from refkern.accumulate.ziv import round_fraction
 from refkern.kernels import _exact_real as xr
 from refkern.kernels._transcendental import EXP_DD_REL, X_MIN, exp_dd
 from refkern.kernels.softmax_backward import _exp_iv, _iv_add, _iv_mul, _iv_scale
@@ -296,3 +298,118 @@ class _Row:
             v = _snap((lo, hi), w)
         self._iv[(j, kind, w)] = v
         return v
+
+
+def _exact_logits(q, K, mrow, s):
+    """The logits of one row: a list of ("nan" | "+inf" | "-inf" | Fraction) (module docstring's rules)."""
+    sF = Fraction(s) if math.isfinite(s) else None
+    out = []
+    for j in range(K.shape[0]):
+        m = float(mrow[j])
+        nan = pinf = ninf = False
+        tot = Fraction(0)
+        for a, b in zip(q.tolist(), K[j].tolist()):
+            if not (math.isfinite(a) and math.isfinite(b)):
+                if a != a or b != b or a == 0 or b == 0:
+                    nan = True
+                elif (a > 0) == (b > 0):
+                    pinf = True
+                else:
+                    ninf = True
+            else:
+                tot += Fraction(a) * Fraction(b)
+        if q.size == 0:
+            x = 0.0  # E = 0: the logit is the mask
+        elif nan or (pinf and ninf):
+            x = math.nan
+        elif pinf or ninf:
+            x = (math.inf if pinf else -math.inf) * s
+        elif sF is None:
+            x = s * (0.0 if tot == 0 else (1.0 if tot > 0 else -1.0))  # inf * 0 is NaN
+        else:
+            x = None
+        if x is not None:
+            v = x + m
+            out.append("nan" if v != v else ("+inf" if v == math.inf else ("-inf" if v == -math.inf else Fraction(v))))
+        elif m != m or m == math.inf:
+            out.append("nan" if m != m else "+inf")
+        elif m == -math.inf:
+            out.append("-inf")
+        else:
+            out.append(sF * tot + Fraction(m))
+    return out
+
+
+def exact_row(q, K, V, mrow, s: float, cols, fmt: Format) -> dict:
+    """The exact path for one query row: {c: RN(out_c)} for c in cols. q (E,), K (S, E), V (S, Ev)
+    float64, mrow (S,) the additive mask of the row (causal included)."""
+    z = _exact_logits(q, K, mrow, s)
+    res = {}
+    if any(t in ("nan", "+inf") for t in z):
+        return {c: math.nan for c in cols}
+    fin = [j for j, t in enumerate(z) if not isinstance(t, str)]
+    Vl = V.tolist()
+    if not fin:
+        return {c: (math.nan if any(not math.isfinite(Vl[j][c]) for j in range(len(z))) else 0.0) for c in cols}
+    M = max(z[j] for j in fin)
+    d = {j: z[j] - M for j in fin}
+    groups = {}
+    for j in fin:
+        groups.setdefault(d[j], []).append(j)
+    todo = []
+    for c in cols:
+        col = [Vl[j][c] for j in range(len(z))]
+        if any(v != v for v in col) or any(math.isinf(col[j]) and j not in d for j in range(len(z))):
+            res[c] = math.nan
+            continue
+        infs = {math.copysign(1.0, col[j]) for j in fin if math.isinf(col[j])}
+        if infs:
+            res[c] = math.nan if len(infs) == 2 else math.copysign(math.inf, infs.pop())
+            continue
+        means = {sum((Fraction(col[j]) for j in g), Fraction(0)) / len(g) for g in groups.values()}
+        if len(means) == 1:  # rational: every group of equal logits has this mean
+            res[c] = round_fraction(means.pop(), fmt)
+            continue
+        todo.append(c)
+    P = 64
+    dy = {j: xr.dyadic(d[j]) for j in fin}
+    nb = len(z).bit_length() + 4
+    while todo:
+        W = P + 16 + nb
+        ints = {}
+        for j in fin:
+            n, e = dy[j]
+            if n == 0:
+                ints[j] = (1 << W, 1 << W, -W)
+            elif xr.approx(n, e) < -(W + 8) * 0.6931:
+                ints[j] = (0, 1, -W)
+            else:
+                ints[j] = xr.exp_interval(n, e, W)
+        d_lo, d_hi = xr.add_intervals(ints.values(), -W)
+        left = []
+        for c in todo:
+            terms = []
+            emin_v = 0
+            for j in fin:
+                v = Vl[j][c]
+                if v != 0:
+                    nv, ev = xr.dyadic(v)
+                    lo, hi, sh = ints[j]
+                    a, b = (lo * nv, hi * nv) if nv > 0 else (hi * nv, lo * nv)
+                    terms.append((a, b, sh + ev))
+                    emin_v = min(emin_v, ev)
+            sN = -W - nb + emin_v
+            n_lo, n_hi = xr.add_intervals(terms, sN)
+            F = P + 16 + max(0, d_hi.bit_length() - max(abs(n_lo), abs(n_hi), 1).bit_length())  # P + 16 bits
+            lo = (n_lo << F) // (d_hi if n_lo >= 0 else d_lo)
+            hi = -((-(n_hi << F)) // (d_lo if n_hi >= 0 else d_hi))
+            v = xr.round_interval(lo, hi, sN + W - F, *fmt.params)
+            if v is None:
+                left.append(c)
+            else:
+                res[c] = v
+        todo = left
+        P *= 2
+        if P > 1 << 20:
+            raise RuntimeError(f"{OP}: the exact path did not converge (a bug: please report the input)")
+    return res

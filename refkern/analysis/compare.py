@@ -15,9 +15,12 @@ from refkern.analysis.passes import median, top_k
 from refkern.analysis.report import VERDICTS, Report, where_summary
 from refkern.analysis.ulp import ulp_errors
 from refkern.analysis.verdict import decide, decide_envelope
+from refkern.ops import names as _op_names
 from refkern.scale._dispatch import computed, dask_in
 
 __all__ = ["compare", "assert_matches_reference", "elements"]
+
+ELEMENTWISE_OPS = _op_names(error_model="elementwise")  #: judged by refkern.analysis.elementwise
 
 
 def _actual(actual, held=False):
@@ -111,6 +114,10 @@ def _analyse(actual, op, args, kwargs, rtol, atol, arrays=False):
     if dask_in(actual, *args, *kwargs.values()):  # Dask arrays: computed together, then judged
         actual, args, kwargs = computed(actual, args, kwargs)
     name = op_name(op)
+    if name in ELEMENTWISE_OPS:  # one function per element: the accuracy-class yardstick
+        from refkern.analysis.elementwise import compare_call
+
+        return compare_call(actual, name, args, kwargs, rtol, atol, arrays)
     act, fmt, device = _actual(actual, held=name in ENVELOPE_OPS and not arrays)
     if fmt.name not in FORMATS:
         raise TypeError(f"compare: actual must be a float16, bfloat16, float32 or float64 result; got {fmt.name}.")

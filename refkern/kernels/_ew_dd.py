@@ -42,7 +42,7 @@ from fractions import Fraction
 import numpy as np
 
 from refkern._jit import jit
-from refkern.accumulate.dd import EPS, dd_add, dd_add_fp, dd_div, dd_div_fp, dd_mul, dd_mul_fp
+from refkern.accumulate.dd import EPS, dd_add, dd_add_fp, dd_div, dd_div_fp, dd_mul
 from refkern.accumulate.eft import fast_two_sum, two_product, two_sum
 from refkern.kernels import _ew_exact as xe
 from refkern.kernels._transcendental import _G_HI, _G_LO, EXP_DD_REL, exp_dd, log_dd
@@ -89,7 +89,7 @@ _LN2H, _LN2L = K_LN2
 _FH, _FL = np.ascontiguousarray(_FACT[:, 0]), np.ascontiguousarray(_FACT[:, 1])
 
 
-@jit(inline="always")
+@jit
 def exp_core(xh, xl, ex):
     """e**(xh + xl + t), |t| <= ex <= 2**-40, for -2000 <= xh <= 1100: (vh, vl, rel, m) with the value
     within ``rel (vh + vl) 2**m`` of ``(vh + vl) 2**m``."""
@@ -97,7 +97,7 @@ def exp_core(xh, xl, ex):
     return vh, vl, (EXP_DD_REL + 1.01 * ex) * 1.0001, m
 
 
-@jit(inline="always")
+@jit
 def log1p_small(th, tl):
     """log(1 + T), T = th + tl, |T| <= 1/32: (lh, ll, e_abs) (module docstring)."""
     if abs(th) < 2.0**-300:
@@ -110,7 +110,7 @@ def log1p_small(th, tl):
     return lh, ll, (4.0 * EPS + 2.0**-125) * abs(lh) * 1.0001
 
 
-@jit(inline="always")
+@jit
 def log_core(ah, al, ka, rel):
     """log(a 2**ka (1 + t)), a = ah + al > 0, |t| <= rel <= 2**-40: (lh, ll, e_abs) (module docstring)."""
     if ah < 1.0:
@@ -143,7 +143,7 @@ def log_core(ah, al, ka, rel):
     return lh, ll, (e + e_k + EPS * abs(lh)) * 1.0001
 
 
-@jit(inline="always")
+@jit
 def _erf_sum(zh, zl, t2h, t2l, t2):
     """z sum_n t2**n / (2n+1)!!, t2 = 2 z**2 (double-word t2h + t2l, float64 t2): (sh, sl, rel)."""
     t, n = 1.0, 0
@@ -159,7 +159,7 @@ def _erf_sum(zh, zl, t2h, t2l, t2):
     return sh, sl, (3.0 * (n + 2) * EPS + 2.0**-110) * 1.0001
 
 
-@jit(inline="always")
+@jit
 def erf_core(zh, zl, z2h, z2l, zrel):
     """erf z for 0 < z <= 6.5, z = zh + zl within relative ``zrel`` (<= 2**-100) and ``z2h + z2l`` its
     square (exact): (qh, ql, e_abs), the value below 1."""
@@ -173,7 +173,7 @@ def erf_core(zh, zl, z2h, z2l, zrel):
     return qh, ql, rel * abs(qh) * 1.0001
 
 
-@jit(inline="always")
+@jit
 def _cf(zh, zl, n, tail):
     """The depth-n continued fraction z + (1/2)/(z + (2/2)/(... (z + tail))), backward."""
     dh, dl = dd_add_fp(zh, zl, tail)
@@ -183,7 +183,7 @@ def _cf(zh, zl, n, tail):
     return dh, dl
 
 
-@jit(inline="always")
+@jit
 def erfc_core(zh, zl, z2h, z2l, zrel):
     """erfc z for z > 0 (z, its square as in :func:`erf_core`): (qh, ql, e_abs, k), value (qh + ql) 2**k;
     z < 3: 1 - erf z; else the bracketing continued fraction (module docstring); z**2 <= 2000."""
@@ -206,7 +206,7 @@ def erfc_core(zh, zl, z2h, z2l, zrel):
     return qh, ql, rel * abs(qh) * 1.0001, m
 
 
-@jit(inline="always")
+@jit
 def _reduce(ax):
     """|x| = (n + f) pi/2: (n mod 4, rh, rl, e_abs) with r = f pi/2 in [-pi/4, pi/4] (module docstring);
     ax >= 0.5 finite."""
@@ -247,7 +247,7 @@ def _reduce(ax):
     return n, rh, rl, 2.0**-163 + (EPS + 2.0**-101 + CONST_REL) * abs(rh) * 1.0001
 
 
-@jit(inline="always")
+@jit
 def _sin_cos_series(rh, rl):
     """(sin r, cos r) as double-words for |r| <= 0.8 (module docstring), 15 terms each."""
     sh, sl = dd_mul(rh, rl, rh, rl)
@@ -262,7 +262,7 @@ def _sin_cos_series(rh, rl):
     return ph, pl, ch, cl
 
 
-@jit(inline="always")
+@jit
 def sin_cos_core(x, want_cos):
     """sin x or cos x for a finite float64 x with |x| >= 2**-450: (qh, ql, e_abs)."""
     ax = abs(x)

@@ -21,8 +21,20 @@ import numpy as np
 from refkern._jit import jit
 from refkern.accumulate.dd import EPS, dd_add, dd_add_fp, dd_div, dd_div_fp, dd_mul, dd_mul_fp, dd_sqrt
 from refkern.accumulate.eft import two_product
-from refkern.kernels._ew_dd import (CONST_REL, K_2SQPI, K_KAPPA, K_LN2, K_RSQRT2, K_SQRT2PI, erf_core, erfc_core,
-                                    exp_core, log1p_small, log_core, sin_cos_core)  # fmt: skip
+from refkern.kernels._ew_dd import (
+    CONST_REL,
+    K_2SQPI,
+    K_KAPPA,
+    K_LN2,
+    K_RSQRT2,
+    K_SQRT2PI,
+    erf_core,
+    erfc_core,
+    exp_core,  # fmt: skip
+    log1p_small,
+    log_core,
+    sin_cos_core,
+)
 from refkern.kernels._transcendental import _F_HI, _F_LO
 
 _NAN = math.nan
@@ -43,7 +55,7 @@ def _scaled(x):
     return 2.0 * m, ex - 1
 
 
-@jit(inline="always")
+@jit
 def v_exp(x):
     if x != x:
         return _special(_NAN)
@@ -55,7 +67,7 @@ def v_exp(x):
     return vh, vl, rel * vh, m, True
 
 
-@jit(inline="always")
+@jit
 def v_exp2(x):
     if x != x:
         return _special(_NAN)
@@ -73,7 +85,7 @@ def v_exp2(x):
     return vh, vl, rel * vh, m + int(n), True
 
 
-@jit(inline="always")
+@jit
 def _expm1_small(x):
     """e**x - 1 for |x| <= 0.0055: exp_dd's polynomial (relative error 2.02 EPS, module docstring there)."""
     hh, hl = _F_HI[11], _F_LO[11]
@@ -84,7 +96,7 @@ def _expm1_small(x):
     return qh, ql, 3.0 * EPS * abs(qh)
 
 
-@jit(inline="always")
+@jit
 def v_expm1(x):
     if x != x or x == _INF:
         return _special(x)
@@ -107,13 +119,13 @@ def v_expm1(x):
     return dh, dl, rel * math.ldexp(vh, m) + EPS * abs(dh) + 2.0**-1073, 0, True
 
 
-@jit(inline="always")
+@jit
 def _log_pos(x):
     a, j = _scaled(x)
     return log_core(a, 0.0, j, 0.0)
 
 
-@jit(inline="always")
+@jit
 def v_log(x):
     if x != x or x < 0.0:
         return _special(_NAN)
@@ -125,7 +137,7 @@ def v_log(x):
     return lh, ll, e, 0, True
 
 
-@jit(inline="always")
+@jit
 def v_log2(x):
     if x != x or x < 0.0:
         return _special(_NAN)
@@ -141,7 +153,7 @@ def v_log2(x):
     return qh, ql, (e / 0.69 + (EPS + CONST_REL) * abs(qh)) * 1.0001, 0, True
 
 
-@jit(inline="always")
+@jit
 def _log1p_of(th, tl, e_t):
     """log(1 + T) for a double-word T > -1 known within e_t: (lh, ll, e_abs), scale 0."""
     if abs(th) <= 0.03125:
@@ -152,7 +164,7 @@ def _log1p_of(th, tl, e_t):
     return log_core(a, math.ldexp(sl, -j), j, 1.0001 * e_t / sh)
 
 
-@jit(inline="always")
+@jit
 def v_log1p(x):
     if x != x or x < -1.0:
         return _special(_NAN)
@@ -166,7 +178,7 @@ def v_log1p(x):
     return lh, ll, e, 0, True
 
 
-@jit(inline="always")
+@jit
 def v_rsqrt(x):
     if x != x or x < 0.0:
         return _special(_NAN)
@@ -184,7 +196,7 @@ def v_rsqrt(x):
     return qh, ql, 2.01 * EPS * qh, -(j // 2), True
 
 
-@jit(inline="always")
+@jit
 def _sigmoid_dd(yh, yl, ey):
     """1 / (1 + e**-y) for a double-word y known within ey (<= 2**-60): (qh, ql, e, k) (|y| <= 2000)."""
     if yh >= 0.0:
@@ -200,7 +212,7 @@ def _sigmoid_dd(yh, yl, ey):
     return qh, ql, (2.0 * rel + 2.0 * EPS + 2.0**-1073) * qh * 1.0001, m
 
 
-@jit(inline="always")
+@jit
 def v_sigmoid(x):
     if x != x:
         return _special(_NAN)
@@ -212,7 +224,7 @@ def v_sigmoid(x):
     return qh, ql, e, k, True
 
 
-@jit(inline="always")
+@jit
 def _times_x(qh, ql, e, k, x):
     """x times the scaled value (qh + ql +- e) 2**k."""
     xs, j = _scaled(x)
@@ -220,7 +232,7 @@ def _times_x(qh, ql, e, k, x):
     return ph, pl, (e * abs(xs) + EPS * abs(ph)) * 1.0001, k + j, True
 
 
-@jit(inline="always")
+@jit
 def v_silu(x):
     if x != x or x == -_INF:
         return _special(_NAN)  # torch: x / (1 + e**-x) is -inf / inf
@@ -234,7 +246,7 @@ def v_silu(x):
     return _times_x(qh, ql, e, k, x)
 
 
-@jit(inline="always")
+@jit
 def v_tanh(x):
     if x != x:
         return _special(_NAN)
@@ -251,7 +263,7 @@ def v_tanh(x):
     return s * qh, s * ql, (e / th + 2.0 * EPS) * qh * 1.0001, 0, True
 
 
-@jit(inline="always")
+@jit
 def v_erf(x):
     if x != x:
         return _special(_NAN)
@@ -270,7 +282,7 @@ def v_erf(x):
     return s * qh, s * ql, e, 0, True
 
 
-@jit(inline="always")
+@jit
 def v_gelu(x):
     """x Phi(x) = x/2 (1 + erf(x / sqrt 2)) = x/2 erfc(-x / sqrt 2)."""
     if x != x or x == -_INF:
@@ -296,7 +308,7 @@ def v_gelu(x):
     return _times_x(0.5 * qh, 0.5 * ql, 0.5 * e, k, x)
 
 
-@jit(inline="always")
+@jit
 def v_gelu_tanh(x):
     """x sigmoid(2 u), u = sqrt(2/pi) (x + 0.044715 x**3): 0.5 x (1 + tanh u) without cancellation."""
     if x != x or x == -_INF:
@@ -321,7 +333,7 @@ def v_gelu_tanh(x):
     return _times_x(qh, ql, e, k, x)
 
 
-@jit(inline="always")
+@jit
 def v_softplus(x, beta, threshold):
     """torch's softplus: x where beta x > threshold, else log(1 + e**(beta x)) / beta."""
     if x != x:
@@ -361,7 +373,7 @@ def v_softplus(x, beta, threshold):
     return qh, ql, (e / abs(beta) + EPS * abs(qh)) * 1.0001, 0, True
 
 
-@jit(inline="always")
+@jit
 def v_sin_cos(x, want_cos):
     if x != x or abs(x) == _INF:
         return _special(_NAN)
@@ -380,10 +392,10 @@ def _is_int(y):
 
 @jit(inline="always")
 def _is_odd(y):
-    return _is_int(y) and abs(y) < 2.0**53 and math.fmod(y, 2.0) != 0.0
+    return _is_int(y) and abs(y) < 2.0**53 and y - 2.0 * math.floor(0.5 * y) != 0.0  # exact below 2**53
 
 
-@jit(inline="always")
+@jit
 def v_pow(x, y):
     """x ** y, y a float: C99/IEEE 754 pow's special values (as torch's), torch's y = 1/2 as sqrt and
     y = -1/2 as rsqrt (pow(-0, 0.5) = -0, pow(-inf, 0.5) = nan)."""
@@ -418,7 +430,7 @@ def v_pow(x, y):
     return _pos_pow(abs(x), y, s)
 
 
-@jit(inline="always")
+@jit
 def _pos_pow(ax, y, s):
     """s |x|**y = s e**(y log|x|), |x| > 0 finite, y finite."""
     lh, ll, e = _log_pos(ax)

@@ -11,8 +11,9 @@ __all__ = ["Op", "Call", "ERROR_MODELS", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_
 #: error models: "sum", one rounded sum of products per output element (the products and
 #: convolutions: :mod:`refkern.analysis.evaluate`, the statistical verdict of
 #: :mod:`refkern.analysis.verdict`); "envelope", an op that is more than one sum (a mean, a norm, a
-#: softmax): worst-case envelopes (:mod:`refkern.analysis.envelope`) with the inside test
-ERROR_MODELS = ("sum", "envelope")
+#: softmax): worst-case envelopes (:mod:`refkern.analysis.envelope`) with the inside test; "elementwise",
+#: one function per element, judged against its math library's documented accuracy (:mod:`refkern.analysis.elementwise`)
+ERROR_MODELS = ("sum", "envelope", "elementwise")
 
 #: how the audit's ``sample=`` shrinks a call (:mod:`refkern.torch.sample`); None: judged whole
 SAMPLE_KINDS = ("linear", "matmul", "conv", "rows", "batch_norm")

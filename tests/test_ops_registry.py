@@ -50,7 +50,8 @@ def test_registry_order_and_error_models():
     from refkern.analysis.envelope import OPS as ENVELOPE_OPS
     from refkern.analysis.evaluate import OPS as SUM_OPS
 
-    assert SUM_OPS + ENVELOPE_OPS == NAMES  # the products first: compare's error lists them so
+    elementwise = ops.names(error_model="elementwise")  # judged by refkern.analysis.elementwise
+    assert SUM_OPS + ENVELOPE_OPS + elementwise == NAMES  # the products first: compare's error lists them so
     assert set(refkern.__all__) >= set(NAMES)
 
 
@@ -58,8 +59,9 @@ def test_differentiable_arguments_match_the_gradients():
     """refkern.gradients keeps its own table until it reads the registry: the two must agree."""
     from refkern import gradients
 
-    assert set(gradients.OPS) == set(NAMES)
-    for name in NAMES:
+    with_backward = tuple(n for n in NAMES if ops.get(n).differentiable)  # the elementwise ops: not yet
+    assert set(gradients.OPS) == set(with_backward)
+    for name in with_backward:
         assert gradients._BUILDERS[name][1] == ops.get(name).differentiable, name
 
 

@@ -11,13 +11,11 @@ import numpy as np
 
 import refkern.reduce as reduce
 from refkern.accumulate.formats import FLOAT32, TFLOAT32, round_array
+from refkern.analysis.report import SEVERITY as _SEVERITY  # the one order of verdicts
 from refkern.analysis.ulp import ulp_error
 from refkern.kernels import reduction
 
 __all__ = ["run", "run_sums", "cases", "model"]
-
-
-_SEVERITY = {"mismatch": 0, "reduced-precision": 1, "rounding": 2, "exact": 3, None: -1}
 
 
 def _v(rep):

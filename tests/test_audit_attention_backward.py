@@ -15,6 +15,7 @@ from audit_models import BrokenKernel, backward_audit  # noqa: E402
 import refkern.torch as rkt  # noqa: E402
 from refkern.gradients import compare_backward  # noqa: E402
 from refkern.torch import dispatch as dsp  # noqa: E402
+from refkern.torch import dispatch_backward as dbw  # noqa: E402
 
 aten = torch.ops.aten
 OK = ("exact", "rounding")
@@ -181,7 +182,7 @@ def _qkvg(hq=2, hk=2, L=4, S=5, E=8):
 
 def _spec(func, args, kwargs, outs):
     b = dsp.bind(func, args, kwargs)
-    return dsp.backward_call(func, b, None, lambda i: i < len(outs) and isinstance(outs[i], torch.Tensor))
+    return dbw.backward_call(func, b, None, lambda i: i < len(outs) and isinstance(outs[i], torch.Tensor))
 
 
 @pytest.mark.parametrize("name", CUDA_KERNELS)

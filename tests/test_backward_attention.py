@@ -335,7 +335,7 @@ def test_truth_cross_row_test_capped_fails_honestly(monkeypatch):
     bounded loop and a RuntimeError, not a guess."""
     import importlib
 
-    tb = importlib.import_module("refkern.truth.backward")  # the module (refkern.truth.backward is the function)
+    tb = importlib.import_module("refkern.truth._backward_softmax")  # where truth's attention backward reads it
     q = torch.tensor([[1.0, 0.5], [1.0, 0.5]])
     k = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
     v, g = torch.ones(4, 1), torch.tensor([[1.0], [-2.0]])

@@ -69,3 +69,14 @@ def test_no_new_import_cycle():
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, name=str) == [{"a", "b", "c"}]
     assert _cycles({"a": {"b"}, "b": set()}, name=str) == []
+
+
+# modules still over MAX_LINES (each to be split by concept): analysis/noise.py is under the forward speed work
+STILL_LONG = {"analysis/noise.py"}
+MAX_LINES = 600
+
+
+def test_no_new_module_over_600_lines():
+    files = glob.glob(os.path.join(PKG, "**", "*.py"), recursive=True)
+    long = {_rel(f): n for f in files if (n := sum(1 for _ in open(f, encoding="utf-8"))) > MAX_LINES}
+    assert set(long) <= STILL_LONG, f"split these by concept: {dict(sorted(long.items()))}"

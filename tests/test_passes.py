@@ -113,7 +113,7 @@ def test_envelope_pass_summaries_match_their_definitions(fmt, constant_bound):
     """The fit of the rounding envelope, in one pass, against numpy on the same arrays: the ratio and
     state of every element, their counts, the ten worst, the largest ratio, the median and largest
     bound in ulps (ties overflow the sampled bracket: the two-pass fallback) and the largest error."""
-    from refkern.analysis.verdict import _envelope_fits
+    from refkern.analysis.verdict_envelope import _envelope_fits
 
     rng = np.random.default_rng(7 + fmt.prec)
     n = 50_001
@@ -146,7 +146,7 @@ def test_compare_counts_from_the_pass_are_the_classes_counts():
     from refkern.analysis.compare import _actual, _reference_as
     from refkern.analysis.envelope import envelopes
     from refkern.analysis.report import VERDICTS
-    from refkern.analysis.verdict import decide_envelope
+    from refkern.analysis.verdict_envelope import decide_envelope
 
     torch.manual_seed(1)
     x, w, b = torch.randn(20, 50), torch.randn(50), torch.randn(50)
@@ -191,7 +191,7 @@ def test_ulps_at_is_the_exact_quotient_at_every_ulp_exponent():
 def test_envelope_pass_reads_float32_as_float64(fmt):
     """compare hands the pass an fp16/bf16/fp32 result and its reference as float32 (no float64
     copies): every figure of the fit is the one of the same values widened to float64 first."""
-    from refkern.analysis.verdict import _envelope_fits
+    from refkern.analysis.verdict_envelope import _envelope_fits
 
     rng = np.random.default_rng(11)
     act, ref, b = _fit_case(rng, 50_001, fmt)

@@ -19,7 +19,7 @@ import pytest
 
 import refkern as rk
 from refkern.accumulate.formats import FLOAT16, FLOAT32, FLOAT64
-from refkern.analysis import bounds, structure, verdict
+from refkern.analysis import bounds, structure, verdict, verdict_envelope
 from refkern.analysis.evaluate import problem
 from refkern.analysis.hypotheses import (
     _gamma,
@@ -383,7 +383,7 @@ def _decide4(actual, hyp):
     """decide_envelope on four float32 elements, the reference 0 with rounding's window [-1, 1] each, and one
     more hypothesis ``(key, precision, centre, bound)``; the output's other elements lie in every window."""
     ref = np.zeros(4)
-    return verdict.decide_envelope(np.array([actual, 0.5, -0.5, 0.0]), ref, [("rounding", None, ref, np.ones(4)), hyp],
+    return verdict_envelope.decide_envelope(np.array([actual, 0.5, -0.5, 0.0]), ref, [("rounding", None, ref, np.ones(4)), hyp],
                                    FLOAT32)  # fmt: skip
 
 

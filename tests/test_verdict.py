@@ -390,7 +390,7 @@ def _envelope_decision(actual, centre_p):
     and an fp16 hypothesis whose first centre is ``centre_p`` (the others 0), with windows of 1; the
     output's other elements lie in both windows."""
     from refkern.accumulate.formats import FLOAT32
-    from refkern.analysis.verdict import decide_envelope
+    from refkern.analysis.verdict_envelope import decide_envelope
 
     ref, one = np.zeros(4), np.ones(4)
     hyps = [("rounding", None, ref, one), ("fp16", "fp16", np.array([centre_p, 0.0, 0.0, 0.0]), one)]

@@ -12,9 +12,10 @@ from refkern.analysis.envelope import envelopes
 from refkern.analysis.evaluate import _bind, op_name, problem
 from refkern.analysis.inside import decide_inside
 from refkern.analysis.passes import median, top_k
-from refkern.analysis.report import VERDICTS, Report, where_summary
+from refkern.analysis.report import VERDICTS, Report, passes, where_summary
 from refkern.analysis.ulp import ulp_errors
-from refkern.analysis.verdict import decide, decide_envelope
+from refkern.analysis.verdict import decide
+from refkern.analysis.verdict_envelope import decide_envelope
 from refkern.ops import names as _op_names
 from refkern.scale._dispatch import computed, dask_in
 
@@ -311,8 +312,7 @@ def assert_matches_reference(actual, op, *args, allow=("exact", "rounding"), **k
     """
     __tracebackhide__ = True
     rep = compare(actual, op, *args, **kwargs)
-    ok = rep.verdict in allow or (rep.verdict == "reduced-precision" and rep.precision in allow)
-    if not ok:
+    if not passes(rep.verdict, rep.precision, allow):
         n = rep.n_elements
         fp = "fp64" if rep.dtype == "float64" else "fp32"
         what = f"{rep.verdict} ({rep.precision})" if rep.precision else rep.verdict

@@ -24,6 +24,7 @@ def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="c
     the call bound as ``bound``): the envelope judges of the ops that have them, else :func:`refkern.compare`
     on the adjoint call (and on its second formulation, the better fit the verdict)."""
     from refkern.analysis.compare import compare
+    from refkern.analysis.report import VERDICTS
 
     if name in REDUCTION_OPS or (name == "cumsum" and adj.compute is not None):
         return _reduction_report(name, k, got, grad_output, bound, who)
@@ -40,7 +41,7 @@ def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="c
     if adj.judge_alt is not None and rep.verdict not in ("exact", "rounding"):
         b = adj.judge_alt()  # the other structure of a correct backend: the better fit is the verdict
         alt = compare(b.from_grad(got), b.op, *b.args, rtol=rtol, atol=atol, **b.kwargs)
-        if _RANK[alt.verdict] < _RANK[rep.verdict]:
+        if VERDICTS.index(alt.verdict) < VERDICTS.index(rep.verdict):  # a better fit ranks lower
             return alt
     return rep
 
@@ -83,7 +84,7 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None):
     from refkern.analysis.compare import _ulps, _worst
     from refkern.analysis.inside import decide_inside
     from refkern.analysis.report import VERDICTS, Report
-    from refkern.analysis.verdict import decide_envelope
+    from refkern.analysis.verdict_envelope import decide_envelope
 
     d = decide_envelope(act, ref, [("rounding", None, ref, b)], fmt)
     if nz is not None:
@@ -290,4 +291,3 @@ def _reduction_report(op, name, got, g, a, who):
     return rep
 
 
-_RANK = {"exact": 0, "rounding": 1, "reduced-precision": 2, "mismatch": 3}  # a better fit ranks lower

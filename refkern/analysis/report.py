@@ -5,9 +5,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Report", "where_summary", "VERDICTS", "COLUMNS_NOTE"]
+__all__ = ["Report", "BitReport", "where_summary", "VERDICTS", "SEVERITY", "passes", "COLUMNS_NOTE"]
 
+#: the one order of the verdicts, best first: every ranking of verdicts reads it
 VERDICTS = ("exact", "rounding", "reduced-precision", "mismatch")
+#: verdict -> severity, worst lowest (mismatch 0 .. exact 3; None, not judged: -1): the worst has the least
+SEVERITY = {None: -1, **{v: len(VERDICTS) - 1 - i for i, v in enumerate(VERDICTS)}}
+
+
+def passes(verdict, precision, allow) -> bool:
+    """The one pass/fail rule: ``verdict`` is in ``allow``, or it is ``reduced-precision`` in a precision that
+    ``allow`` names (``("exact", "rounding", "tf32")`` accepts a result explained by TF32)."""
+    return verdict in allow or (verdict == "reduced-precision" and precision in allow)
+
 #: one line under every table that shows ulps: what the columns mean, scale first
 COLUMNS_NOTE = (
     "error/noise: the largest error over the rounding noise scale sqrt(n) u M (a correct result stays "
@@ -16,6 +26,34 @@ COLUMNS_NOTE = (
     "is large where outputs are near zero (the terms cancel) and means little there"
 )
 
+
+class BitReport:
+    """The Report of an op whose result is defined to the bit (IEEE 754 add, mul, div, sqrt,
+    comparisons, selections, integer arithmetic): recomputed on the CPU in the same dtype, from the
+    same inputs; ``exact`` when every element is the same (NaN matching NaN), else ``mismatch`` (the audit's
+    judge of the ops refkern has no reference for; the same verdicts, order and pass rule as :class:`Report`)."""
+
+    precision = None
+    notes = ()
+
+    def __init__(self, n, n_diff, max_ulp, first=None):
+        self.n = n
+        self.n_diff = n_diff
+        self.max_ulp = max_ulp
+        self.first = first  # index of the first differing element
+        self.verdict = "exact" if n_diff == 0 else "mismatch"
+        self.max_bound_ratio = math.inf if n_diff else 0.0
+        self.max_prob_ratio = math.inf if n_diff else 0.0
+
+    def to_dict(self):
+        return {"verdict": self.verdict, "kind": "bitwise", "n": self.n, "n_diff": self.n_diff,
+                "max_ulp": self.max_ulp, "first": self.first}  # fmt: skip
+
+    def __str__(self):
+        if not self.n_diff:
+            return f"exact: all {self.n} elements equal the CPU's IEEE result"
+        return (f"mismatch: {self.n_diff} of {self.n} elements differ from the CPU's IEEE result (first at index "
+                f"{self.first}, up to {self.max_ulp:.3g} ulp)")  # fmt: skip
 
 def where_summary(idx: np.ndarray, shape: tuple, axes: tuple) -> dict:
     """For the multi-indices ``idx`` (k, ndim) of unexplained elements: per axis, which

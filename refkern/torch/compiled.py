@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 import torch
 
 from refkern.analysis.compare import compare
+from refkern.analysis.report import SEVERITY as _SEVERITY  # the one order of verdicts
+from refkern.analysis.report import passes
 from refkern.torch.ops import from_module
 
 __all__ = ["CompiledAudit", "LayerVerdict", "intercept"]
-
-_SEVERITY = {"mismatch": 0, "reduced-precision": 1, "rounding": 2, "exact": 3, None: -1}
 
 
 @dataclass
@@ -113,7 +113,7 @@ class CompiledAudit:
         return out
 
     def _ok(self, v, prec=None):
-        return v in self.allow or (v == "reduced-precision" and prec in self.allow)
+        return passes(v, prec, self.allow)
 
     @property
     def first_divergence(self):

@@ -1,6 +1,8 @@
 """Ground truth of the gradients of softmax, log_softmax and scaled_dot_product_attention
 (:func:`refkern.truth.backward`): exact rationals where the values are rational, intervals of the real
-exp and log elsewhere, rounded once."""
+exp and log elsewhere, rounded once. The tests of rationality across rows (:func:`_xmul`, :func:`_ratio`,
+:func:`_rational_across`) repeat the algebra of the fast path's (:mod:`refkern.kernels._exact_attention`) on
+purpose: the ground truth shares no code with what it checks."""
 
 import math
 from fractions import Fraction

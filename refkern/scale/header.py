@@ -1,30 +1,30 @@
 """The header of a message of ops: what each op is (its name, keywords and structure, its tensors'
 dtypes and shapes, the parameters it reads), written compactly, read on a worker.
 
-A header is a varint (the length of its pickles), the pickles, then one row per op:
+A header is a sequence of values in a small tagged encoding (below), then one row per op:
 
-* the pickles, one public ``pickle.Pickler`` (protocol 2: no frames) writing several objects in
-  turn, its memo kept from one to the next (a repeated object is a two-byte reference): first
-  (vocabulary digest, number of definitions, number of ops, :data:`Slot`), then the message's
-  distinct definitions: an op's template (op, structure, and its kind unless "forward"), a
-  tensor's (dtype, shape), a view of a parameter (pid, offset, shape, stride). The words both
-  sides know (op, operand, keyword and dtype names) are persistent references of three bytes, and
-  so are the small negative ints (a ``dim=-1``), never text or five-byte ints;
+* first (vocabulary digest, number of definitions, number of ops), then the message's distinct
+  definitions: an op's template (op, structure, and its kind unless "forward"), a tensor's
+  (dtype, shape), a view of a parameter (pid, offset, shape, stride);
 * the rows, each a varint count then varints: the op's template index, then per tensor a
   definition's index (embedded bits, or a view), or the number of definitions plus a parameter's
   pid (the whole parameter). An op of three tensors costs five bytes.
+
+The encoding: one tag byte, then its payload. An int in [0, 192) is its tag alone; a word both
+sides know (an op, operand, keyword or dtype name: :func:`vocabulary`) is a tag and a varint;
+other ints are varints, floats their 8 bytes, strings UTF-8, tuples, lists and dicts a count and
+their items; :class:`Slot` (where a tensor stood) one byte; anything else (a ``torch.dtype``
+keyword, say) its pickle. A bfloat16 tensor of shape (2, 32, 1, 1) is defined in 10 bytes; the
+template of a ``mean`` over dims (-1, -2) with keepdim in 23.
 """
 
 import functools
-import io
 import pickle
+import struct
 import sys
 import zlib
 
-__all__ = ["Slot", "strip", "fill", "HeaderWriter", "read_header", "vocabulary", "digest", "PROTOCOL"]
-
-PROTOCOL = 2  # the oldest with the binary opcodes; no frames (protocol 4 frames each object, 11 bytes)
-_NEG = 128  # ints in [-_NEG, 0) are persistent references
+__all__ = ["Slot", "strip", "fill", "HeaderWriter", "read_header", "encode", "vocabulary", "digest"]
 
 
 class Slot:
@@ -103,23 +103,102 @@ def _read_varint(buf, at: int):
         shift += 7
 
 
-class _Pickler(pickle.Pickler):
-    def __init__(self, file):
-        super().__init__(file, PROTOCOL)
-        self._words = {w: i for i, w in enumerate(vocabulary())}
-
-    def persistent_id(self, obj):
-        if type(obj) is str:
-            return self._words.get(obj)
-        if type(obj) is int and -_NEG <= obj < 0:
-            return len(self._words) - 1 - obj  # past the words
-        return None
+# tags: [0, _SMALL) the int itself; then the kinds below
+_SMALL = 192
+_NONE, _FALSE, _TRUE, _INT, _NEG, _FLOAT, _WORD, _STR, _TUPLE, _LIST, _DICT, _SLOT, _PICKLE = range(_SMALL, _SMALL + 13)
 
 
-class _Unpickler(pickle.Unpickler):
-    def persistent_load(self, pid):
-        words = vocabulary()
-        return words[pid] if pid < len(words) else len(words) - 1 - pid
+@functools.cache
+def _word_index() -> dict:
+    return {w: i for i, w in enumerate(vocabulary())}
+
+
+def _enc(obj, out: bytearray):
+    t = type(obj)
+    if t is int:
+        if 0 <= obj < _SMALL:
+            out.append(obj)
+        else:
+            out.append(_INT if obj >= 0 else _NEG)
+            out += _varint(abs(obj))
+    elif obj is None:
+        out.append(_NONE)
+    elif t is bool:
+        out.append(_TRUE if obj else _FALSE)
+    elif t is float:
+        out.append(_FLOAT)
+        out += struct.pack("<d", obj)
+    elif t is str:
+        i = _word_index().get(obj)
+        if i is not None:
+            out.append(_WORD)
+            out += _varint(i)
+        else:
+            b = obj.encode()
+            out.append(_STR)
+            out += _varint(len(b)) + b
+    elif t is tuple or t is list:
+        out.append(_TUPLE if t is tuple else _LIST)
+        out += _varint(len(obj))
+        for v in obj:
+            _enc(v, out)
+    elif t is dict:
+        out.append(_DICT)
+        out += _varint(len(obj))
+        for k, v in obj.items():
+            _enc(k, out)
+            _enc(v, out)
+    elif obj is Slot:
+        out.append(_SLOT)
+    else:  # a torch.dtype keyword, a named tuple, ...: pickled whole
+        b = pickle.dumps(obj, 4)
+        out.append(_PICKLE)
+        out += _varint(len(b)) + b
+
+
+def encode(obj) -> bytes:
+    """``obj`` in the header's encoding (the bytes also serve as its identity when interning)."""
+    out = bytearray()
+    _enc(obj, out)
+    return bytes(out)
+
+
+def _dec(buf, at: int):
+    tag = buf[at]
+    at += 1
+    if tag < _SMALL:
+        return tag, at
+    if tag in (_INT, _NEG):
+        n, at = _read_varint(buf, at)
+        return (n if tag == _INT else -n), at
+    if tag in (_NONE, _FALSE, _TRUE):
+        return (None, False, True)[tag - _NONE], at
+    if tag == _FLOAT:
+        return struct.unpack_from("<d", buf, at)[0], at + 8
+    if tag == _WORD:
+        i, at = _read_varint(buf, at)
+        return vocabulary()[i], at
+    if tag in (_STR, _PICKLE):
+        n, at = _read_varint(buf, at)
+        raw = bytes(buf[at : at + n])
+        return (raw.decode() if tag == _STR else pickle.loads(raw)), at + n
+    if tag in (_TUPLE, _LIST):
+        n, at = _read_varint(buf, at)
+        items = []
+        for _ in range(n):
+            v, at = _dec(buf, at)
+            items.append(v)
+        return (tuple(items) if tag == _TUPLE else items), at
+    if tag == _DICT:
+        n, at = _read_varint(buf, at)
+        d = {}
+        for _ in range(n):
+            k, at = _dec(buf, at)
+            d[k], at = _dec(buf, at)
+        return d, at
+    if tag == _SLOT:
+        return Slot, at
+    raise ValueError(f"header: unknown tag {tag} at byte {at - 1}; the client's refkern is not this one.")
 
 
 class HeaderWriter:
@@ -127,44 +206,38 @@ class HeaderWriter:
     each returns the bytes it added (an op's own bytes are exact). :meth:`getvalue` the header."""
 
     def __init__(self):
-        self._buf = io.BytesIO()
-        self._pickler = _Pickler(self._buf)
-        self._rows = bytearray()
+        self._buf = bytearray()
 
-    def _dump(self, obj) -> int:
-        at = self._buf.tell()
-        self._pickler.dump(obj)
-        return self._buf.tell() - at
+    def _put(self, b: bytes) -> int:
+        self._buf += b
+        return len(b)
 
     def first(self, ndefs: int, nops: int) -> int:
-        return self._dump((digest(), ndefs, nops, Slot))  # Slot memoized here: two bytes a tensor after
+        return self._put(_varint(digest()) + _varint(ndefs) + _varint(nops))
 
     def define(self, d) -> int:
-        return self._dump(d)
+        return self._put(encode(d))
 
     def row(self, items) -> int:
-        row = _varint(len(items)) + b"".join(_varint(i) for i in items)
-        self._rows += row
-        return len(row)
-
-    def prefix(self) -> int:
-        return len(_varint(self._buf.tell()))
+        return self._put(_varint(len(items)) + b"".join(_varint(i) for i in items))
 
     def getvalue(self) -> bytes:
-        pickles = self._buf.getvalue()
-        return _varint(len(pickles)) + pickles + bytes(self._rows)
+        return bytes(self._buf)
 
 
 def read_header(header: bytes):
     """(digest, definitions, rows) of a header, or (digest, None, nops) if the digest is not this
     side's (its vocabulary differs: the definitions cannot be read)."""
-    n, at = _read_varint(header, 0)
-    up = _Unpickler(io.BytesIO(memoryview(header)[at : at + n]))
-    dig, ndefs, nops, _ = up.load()
+    dig, at = _read_varint(header, 0)
+    ndefs, at = _read_varint(header, at)
+    nops, at = _read_varint(header, at)
     if dig != digest():
         return dig, None, nops
-    defs = [up.load() for _ in range(ndefs)]
-    rows, at = [], at + n
+    defs = []
+    for _ in range(ndefs):
+        d, at = _dec(header, at)
+        defs.append(d)
+    rows = []
     for _ in range(nops):
         k, at = _read_varint(header, at)
         items = []

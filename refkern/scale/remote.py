@@ -40,7 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from refkern.scale.bits import pack, to_bits
-from refkern.scale.header import PROTOCOL, HeaderWriter, strip
+from refkern.scale.header import HeaderWriter, encode, strip
 from refkern.scale.worker import judge_bundle
 
 __all__ = ["Remote", "Pending", "remote_for", "resolve_audit", "DEFAULT_BUDGET", "BUNDLE"]
@@ -136,9 +136,9 @@ class Remote:
         return f"{self._prefix}{self._n}"
 
     def _intern(self, obj):
-        """One object per value, so that the header's pickler writes a repeat as a memo reference."""
+        """One object per value (its header encoding), so that a message defines it once."""
         try:
-            k = (type(obj), pickle.dumps(obj, PROTOCOL))
+            k = encode(obj)
         except Exception:
             return obj
         if len(self._interned) > 100_000:
@@ -259,7 +259,7 @@ class Remote:
         captured = self._captured_blob(msg, small)
         if captured is not None:
             first, metas, raw = captured
-            extra = len(raw) + len(pickle.dumps((first, metas), PROTOCOL))
+            extra = len(raw) + len(pickle.dumps((first, metas)))  # as Dask pickles it, about
             msg.payload += extra
             self.stats["payload_bytes"] += extra
             pids = range(first, first + len(metas))

@@ -348,3 +348,21 @@ def test_half_conv_bias_gradient_added_image_after_image_is_rounding():
     assert rep.verdict in ("exact", "rounding"), str(rep)
     mean_b = (args[2].grad.double() / 36).bfloat16()
     assert rk.compare_backward({"bias": mean_b}, "conv2d", g, x, w, b, **kw)["bias"].verdict == "mismatch"
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "mean", "avg_pool1d", "linear"])
+def test_compare_backward_reports_rtol_atol_for_every_judge(op):
+    """rtol/atol mean what they mean for compare: the Report's tolerance counts the elements beyond
+    ``atol + rtol |ref|``, whether the gradient is judged by compare on an adjoint call or by an envelope."""
+    rng = np.random.default_rng(25)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    args, kw = {"softmax": ((x,), {"dim": -1}), "layer_norm": ((x, (8,)), {}), "mean": ((x,), {"dim": 1}),
+                "avg_pool1d": ((x[None],), {"kernel_size": 2}),
+                "linear": ((x, rng.standard_normal((5, 8)).astype(np.float32)), {})}[op]  # fmt: skip
+    y = getattr(rk, op)(*args, **kw)
+    g = rng.standard_normal(np.shape(y)).astype(np.float32)
+    name = "x" if op in ("mean", "linear") else "input"
+    got = rk.backward(op, g, *args, **kw)[name]
+    rep = rk.compare_backward({name: got}, op, g, *args, rtol=1e-3, atol=0.0, **kw)[name]
+    assert rep.tolerance == {"rtol": 1e-3, "atol": 0.0, "failing": 0, "failing_explained_by_rounding": 0}
+    assert rk.compare_backward({name: got}, op, g, *args, **kw)[name].tolerance is None

@@ -27,15 +27,15 @@ def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="c
     from refkern.analysis.report import VERDICTS
 
     if name in REDUCTION_OPS or (name == "cumsum" and adj.compute is not None):
-        return _reduction_report(name, k, got, grad_output, bound, who)
+        return _reduction_report(name, k, got, grad_output, bound, who, rtol, atol)
     if adj.op == "scaled_dot_product_attention":
-        return _attn_report(adj.op, k, got, grad_output, bound, who)
+        return _attn_report(adj.op, k, got, grad_output, bound, who, rtol, atol)
     if adj.op in POOL_OPS:
-        return _pool_report(adj.op, got, grad_output, bound, who)
+        return _pool_report(adj.op, got, grad_output, bound, who, rtol, atol)
     if adj.op in NORM_OPS:
-        return _norm_report(adj.op, k, got, grad_output, bound, who)
+        return _norm_report(adj.op, k, got, grad_output, bound, who, rtol, atol)
     if adj.op in ENVELOPE_OPS:
-        return _envelope_report(adj.op, got, grad_output, bound, who)
+        return _envelope_report(adj.op, got, grad_output, bound, who, rtol, atol)
     a = adj.judge() if adj.judge is not None else adj
     rep = compare(a.from_grad(got), a.op, *a.args, rtol=rtol, atol=atol, **a.kwargs)
     if adj.judge_alt is not None and rep.verdict not in ("exact", "rounding"):
@@ -46,7 +46,7 @@ def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="c
     return rep
 
 
-def _envelope_report(op, got, g, a, who):
+def _envelope_report(op, got, g, a, who, rtol=None, atol=None):
     """compare_backward's Report for a gradient judged by :mod:`refkern.analysis._envelope_backward`
     (with ``dtype=``: the envelope of the computation in that dtype, then the conversion back,
     :func:`~refkern.analysis._envelope_backward.converted_bound`)."""
@@ -74,14 +74,16 @@ def _envelope_report(op, got, g, a, who):
     axis = int(a["dim"]) % max(ref.ndim, 1)
     nz = Noise(np.asarray(back(v), np.float64), [], (axis,) if ref.ndim else (),
                np.asarray(back(sc), np.float64) if np.ndim(sc) else 1.0)  # fmt: skip
-    return _envelope_finish(f"{op} backward", act.reshape(ref.shape), ref, b, fmt, device, int(xr.shape[1]), op, nz)
+    return _envelope_finish(f"{op} backward", act.reshape(ref.shape), ref, b, fmt, device, int(xr.shape[1]), op, nz,
+                            rtol, atol)
 
 
-def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None):
+def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None, rtol=None, atol=None):
     """The Report of a gradient ``act`` judged against the reference ``ref`` by the envelope ``b`` and,
     inside it, with ``nz`` (a :class:`~refkern.analysis.noise.Noise` of
-    :mod:`refkern.analysis.noise_backward`), by the statistical test of :mod:`refkern.analysis.inside`."""
-    from refkern.analysis.compare import _ulps, _worst
+    :mod:`refkern.analysis.noise_backward`), by the statistical test of :mod:`refkern.analysis.inside`. With
+    ``rtol``/``atol``, its ``tolerance`` as :func:`refkern.compare` reports it for any op."""
+    from refkern.analysis.compare import _tolerance, _ulps, _worst
     from refkern.analysis.inside import decide_inside
     from refkern.analysis.report import VERDICTS, Report
     from refkern.analysis.verdict_envelope import decide_envelope
@@ -114,6 +116,11 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None):
             f"the gradient of {label} judged by its worst-case envelope (refkern.analysis._envelope_backward): "
             f"an error below it, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding"
         )
+    tol = None
+    if rtol is not None or atol is not None:  # compare's rule: the elements equal to the reference err by 0
+        with np.errstate(all="ignore"):
+            err = np.where(d.fits[0].state == 0, 0.0, np.abs(np.asarray(act, np.float64) - ref))
+        tol = _tolerance(np.where(np.isnan(err), np.inf, err), ref, d.classes, rtol, atol)
     return Report(
         op=label, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=n_terms,
         verdict=d.verdict, precision=d.precision, max_ulp=float(ulps.max()) if ulps.size else 0.0,
@@ -124,13 +131,13 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None):
                     for f in d.fits},
         bound_ratios={f.model.key: {"worst_case": float(f.ratio.max(initial=0.0))} for f in d.fits
                       if not hasattr(f, "lam")},
-        condition={"median": 1.0, "max": 1.0}, tolerance=None, notes=notes,
+        condition={"median": 1.0, "max": 1.0}, tolerance=tol, notes=notes,
         model=d.model.kind if d.model is not None else None, alternatives=[], structure=d.structure,
         detectable=d.detectable, thresholds=d.thresholds,
     )  # fmt: skip
 
 
-def _norm_report(op, name, got, g, a, who):
+def _norm_report(op, name, got, g, a, who, rtol=None, atol=None):
     """compare_backward's Report for one gradient of a norm, judged by its envelope."""
     from refkern.analysis._envelope_backward import BATCH_INPUT_ROUNDINGS, batch_norm_eval_bound, norm_bound
     from refkern.analysis.compare import _actual
@@ -173,10 +180,10 @@ def _norm_report(op, name, got, g, a, who):
     n_terms = n if name == "input" else (R * n) // max(math.prod(shape), 1)
     nz = Noise(np.asarray(v, np.float64).reshape(shape), [], axes, coherent=coherent, precisions=precs)
     return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(shape), ref.reshape(shape),
-                            b.reshape(shape), fmt, device, int(n_terms), op, nz)  # fmt: skip
+                            b.reshape(shape), fmt, device, int(n_terms), op, nz, rtol, atol)  # fmt: skip
 
 
-def _pool_report(op, got, g, a, who):
+def _pool_report(op, got, g, a, who, rtol=None, atol=None):
     """compare_backward's Report for a pooling's gradient, judged by its envelope."""
     from refkern.analysis._envelope_backward import pool_bound
     from refkern.analysis.compare import _actual
@@ -193,10 +200,11 @@ def _pool_report(op, got, g, a, who):
     nz = Noise(pool_noise(asum, cnt, ref, c.fmt, c.idx is not None).reshape(c.shape))
     n_terms = int(cnt.max()) if cnt.size else 0
     return _envelope_finish(f"{op} backward (input)", np.asarray(act, np.float64).reshape(c.shape),
-                            ref.reshape(c.shape), b.reshape(c.shape), c.fmt, device, n_terms, op, nz)  # fmt: skip
+                            ref.reshape(c.shape), b.reshape(c.shape), c.fmt, device, n_terms, op, nz, rtol,
+                            atol)  # fmt: skip
 
 
-def _attn_report(op, name, got, g, a, who):
+def _attn_report(op, name, got, g, a, who, rtol=None, atol=None):
     """compare_backward's Report for one gradient of scaled_dot_product_attention, judged by its envelope."""
     from refkern.analysis._envelope_backward import attention_bound
     from refkern.analysis.compare import _actual
@@ -215,10 +223,10 @@ def _attn_report(op, name, got, g, a, who):
     b, n_terms = attention_bound(c.a, c.G, name, ref.reshape(stack))
     nz = Noise(attention_noise(c.a, c.G, name, ref.reshape(stack)).reshape(ref.shape))
     return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(ref.shape), ref,
-                            b.reshape(ref.shape), c.a.fmt, device, n_terms, op, nz)  # fmt: skip
+                            b.reshape(ref.shape), c.a.fmt, device, n_terms, op, nz, rtol, atol)  # fmt: skip
 
 
-def _reduction_report(op, name, got, g, a, who):
+def _reduction_report(op, name, got, g, a, who, rtol=None, atol=None):
     """compare_backward's Report for the gradient of sum, mean, var, std (and cumsum's ``compute`` cases),
     judged by its envelope: sum's and a 0-d cumsum's is 0 (a correct backend copies or converts g once:
     ``exact`` or ``mismatch``, as max_pool's forward), mean's :func:`~refkern.analysis._envelope_backward.mean_bound`
@@ -262,7 +270,7 @@ def _reduction_report(op, name, got, g, a, who):
         b = envb.cumsum_converted_bound(gp, axis, ref_p, ref, c.fmt)
         n_terms = c.x.shape[axis]
     else:
-        from refkern.kernels.reduction import _correction
+        from refkern.ops._args import correction as _correction
 
         X, back = c.rows()
         nodim = a["dim"] is None or c.x.ndim == 0
@@ -284,7 +292,8 @@ def _reduction_report(op, name, got, g, a, who):
 
     nz = None if v is None else Noise(np.asarray(v, np.float64).reshape(c.x.shape))
     rep = _envelope_finish(f"{op} backward (x)", act.reshape(c.x.shape), np.asarray(ref, np.float64).reshape(
-        c.x.shape), np.asarray(b, np.float64).reshape(c.x.shape), c.fmt, device, int(n_terms), op, nz)  # fmt: skip
+        c.x.shape), np.asarray(b, np.float64).reshape(c.x.shape), c.fmt, device, int(n_terms), op, nz, rtol,
+        atol)  # fmt: skip
     if blind:
         why = "the sign of x - mean there depends on the rounding of the mean (torch's rule inf * g * (x - mean))"
         rep.notes.append(f"{blind} elements of a zero-dof row take the backend's NaN or infinity: {why}")

@@ -43,7 +43,8 @@ def _norm_fmts(a, o, names, who):
 
 
 def _layer_norm_call(op, g, a, who) -> _NormCall:
-    from refkern.kernels.norm import _eps, _param, _trailing
+    from refkern.kernels.norm import _param, _trailing
+    from refkern.ops._args import eps as _eps
 
     o = operand(a["input"], "input", who)
     shape = _trailing(who, o.values, a["normalized_shape"])
@@ -69,7 +70,8 @@ def _group_norm_call(op, g, a, who) -> _NormCall:
     """group_norm: a layer_norm over each group's (C / G, spatial) elements (rows (N G, n)), its
     per-channel weight repeated over the spatial positions (row r: group r % G); grad_weight and
     grad_bias sum over (N, spatial) per channel, formed per block of spatial positions by torch."""
-    from refkern.kernels.norm import _eps, _param
+    from refkern.kernels.norm import _param
+    from refkern.ops._args import eps as _eps
 
     o = operand(a["input"], "input", who)
     x = o.values
@@ -109,7 +111,8 @@ def _batch_norm_call(op, g, a, who) -> _NormCall:
     """batch_norm: the rows are channels, (C, N * spatial). Training: a layer_norm over each row with
     the batch statistics and the row's weight; grad_weight and grad_bias are the rows' own sums. Eval:
     the running statistics, ``given``."""
-    from refkern.kernels.norm import _eps, _param
+    from refkern.kernels.norm import _param
+    from refkern.ops._args import eps as _eps
 
     o = operand(a["input"], "input", who)
     x = o.values

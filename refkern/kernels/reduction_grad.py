@@ -88,8 +88,8 @@ def _red_grad(op, c: _RedCall, a) -> np.ndarray:
         from refkern.kernels.reduction_backward import mean_backward_values
 
         return np.array(c.broadcast(mean_backward_values(c.G, c.n, c.fmt)))
-    from refkern.kernels.reduction import _correction
     from refkern.kernels.reduction_backward import var_backward_rows
+    from refkern.ops._args import correction as _correction
 
     X, back = c.rows()
     nodim = a["dim"] is None or c.x.ndim == 0  # torch's var_backward: dim=None (or 0-d) has its own dof <= 0 rule

@@ -71,8 +71,8 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": set()}, name=str) == []
 
 
-# modules still over MAX_LINES (each to be split by concept): analysis/noise.py is under the forward speed work
-STILL_LONG = {"analysis/noise.py"}
+# modules still over MAX_LINES (each to be split by concept)
+STILL_LONG = set()
 MAX_LINES = 600
 
 

@@ -67,7 +67,9 @@ float32 envelope plus one p-ulp only on the terms whose interval straddles a rou
 """
 
 import numpy as np
+from numba import prange
 
+from refkern._jit import jit
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Format, round_array
 
 __all__ = [
@@ -111,16 +113,20 @@ def _eta_h(u_m, out: Format) -> float:
 
 
 def _ranks(c, thr):
-    """Per row: how many entries of ``c`` are >= each entry of ``thr`` (both (R, n)), by one stable sort."""
+    """Per row: how many entries of ``c`` are >= each entry of ``thr`` (both (R, n)): each row of ``c`` sorted
+    once, each threshold found by bisection (ties count as >=; a NaN sorts last, above every threshold)."""
+    c, thr = np.ascontiguousarray(c, np.float64), np.ascontiguousarray(thr, np.float64)
+    out = np.empty(c.shape, np.int64)
+    _ranks_rows(c, thr, out)
+    return out
+
+
+@jit(parallel=True)
+def _ranks_rows(c, thr, out):
     R, n = c.shape
-    vals = np.concatenate([thr, c], axis=1)  # a threshold sorts before the equal c values: ties count as >=
-    order = np.argsort(vals, axis=1, kind="stable")
-    is_c = order >= n
-    below = np.cumsum(is_c, axis=1)
-    pick = ~is_c
-    cnt = np.empty((R, n), np.int64)
-    np.put_along_axis(cnt, order[pick].reshape(R, n), below[pick].reshape(R, n), axis=1)
-    return n - cnt
+    for i in prange(R):
+        s = np.sort(c[i])
+        out[i] = n - np.searchsorted(s, thr[i], side="left")
 
 
 class _Rows:

@@ -3,7 +3,7 @@
 import numpy as np
 from numba import prange
 
-from refkern._arrays import is_tensor, operand
+from refkern._arrays import converted_once, is_tensor, operand
 from refkern._jit import jit
 from refkern.accumulate.formats import FORMATS
 from refkern.analysis.bounds import bound1, precision_ratios, working_units
@@ -112,6 +112,11 @@ def elements(actual, op, *args, **kwargs) -> dict:
 
 
 def _analyse(actual, op, args, kwargs, rtol, atol, arrays=False):
+    with converted_once():  # each input tensor converted once, however many readers it has
+        return _analyse_once(actual, op, args, kwargs, rtol, atol, arrays)
+
+
+def _analyse_once(actual, op, args, kwargs, rtol, atol, arrays):
     if dask_in(actual, *args, *kwargs.values()):  # Dask arrays: computed together, then judged
         actual, args, kwargs = computed(actual, args, kwargs)
     name = op_name(op)

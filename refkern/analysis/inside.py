@@ -42,7 +42,7 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FORMATS
 from refkern.analysis.hypotheses import Model
 from refkern.analysis.noise import Noise, noise
-from refkern.analysis.passes import ulps_at
+from refkern.analysis.passes import chunks, ulps_at
 from refkern.analysis.stats import ALPHA, group_sums, level
 from refkern.analysis.structure import group_failures, n_groups
 from refkern.analysis.verdict import Decision, _classes, _element_test_arrays, _scale_failure, overflowed
@@ -92,6 +92,88 @@ class StatFit:
                 "test": INSIDE}  # fmt: skip
 
 
+def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out):
+    """:func:`_test` of the standard model on a result it explains, in one pass that keeps no residual
+    array (:func:`_healthy_pass`): a :class:`StatFit` with no failure, and the largest ``lam sigma`` in ulps
+    of the result (:func:`_power`'s, which that pass computes on the way); None where an element or a group
+    fails, and the caller runs :func:`_test` to say which. ``a`` and ``c`` as they are held (float32 or
+    float64, widened per element)."""
+    shape = np.shape(c)
+    af, cf = (np.ascontiguousarray(v).reshape(-1) for v in (a, c))
+    sc = np.ascontiguousarray(np.broadcast_to(np.asarray(scale, np.float64), shape) if np.ndim(scale) else
+                              np.asarray([scale], np.float64)).reshape(-1)  # fmt: skip
+    n = cf.size
+    strides = [int(np.prod(shape[ax + 1 :], dtype=np.int64)) for ax in only]
+    lens = [shape[ax] for ax in only]
+    nch = chunks(n)
+    gs = np.zeros((nch, len(only), max(lens, default=1)))
+    gv = np.zeros_like(gs)
+    z, peak = np.empty(n), np.zeros(nch)
+    nfail = _healthy_pass(af, cf, np.ascontiguousarray(var, np.float64).reshape(-1), sc, lam_el, out.prec, out.emin,
+                          np.asarray(strides, np.int64), np.asarray(lens, np.int64), z, gs, gv, peak)  # fmt: skip
+    if nfail:
+        return None
+    fails = np.zeros(n, np.bool_)  # none (pages of zeros, never written)
+    g, v = gs.sum(axis=0), gv.sum(axis=0)
+    with np.errstate(all="ignore"):
+        if np.any((g != 0) & ~(np.abs(g) <= lam_grp * np.sqrt(v))):
+            return None
+    f = StatFit(model, c, var, z.reshape(shape), fails.reshape(shape), [], lam_el)
+    f.peak = float(peak.max(initial=0.0))
+    return f
+
+
+@jit(parallel=True, error_model="numpy")
+def _healthy_pass(a, c, var, sc, lam, prec, emin, strides, lens, z, gs, gv, peak):
+    """Per element, as :func:`~refkern.analysis.verdict._element_test` with ``a`` and ``c`` scaled by ``sc``
+    (one value, or one per element: powers of two, exact): ``z`` and the count of ``z > lam``; the kept
+    elements' residuals and variances summed per index along each group axis (its stride and length; the index kept as a
+    counter, no division per element), per chunk; and per chunk the largest ``lam sqrt(var) / sc`` in ulps
+    of the result format (prec, emin) at the finite ``c`` (:func:`_power_max`). Returns the number of
+    failing elements."""
+    n = a.size
+    nch = gs.shape[0]
+    nax = strides.size
+    one = sc.size == 1
+    nfail = 0
+    for ch in prange(nch):
+        best = 0.0
+        bad_here = 0
+        start = ch * n // nch
+        gi, sub = np.empty(nax, np.int64), np.empty(nax, np.int64)
+        for t in range(nax):
+            gi[t] = (start // strides[t]) % lens[t]
+            sub[t] = start % strides[t]
+        for i in range(start, (ch + 1) * n // nch):
+            s = sc[0] if one else sc[i]
+            x, y0, v = np.float64(a[i]), np.float64(c[i]), var[i]
+            x, y = x * s, y0 * s
+            sv = np.sqrt(v)
+            if x == y or (x != x and y != y):
+                zi = 0.0
+            else:
+                zi = abs(x - y) / sv
+                if zi != zi:
+                    zi = np.inf
+            z[i] = zi
+            bad = zi > lam
+            bad_here += bad
+            if not bad and x - x == 0.0 and y - y == 0.0:
+                for t in range(nax):
+                    gs[ch, t, gi[t]] += x - y
+                    gv[ch, t, gi[t]] += v
+            for t in range(nax):
+                sub[t] += 1
+                if sub[t] == strides[t]:
+                    sub[t] = 0
+                    gi[t] = gi[t] + 1 if gi[t] + 1 < lens[t] else 0
+            if y0 - y0 == 0.0:
+                best = max(best, ulps_at(y0, y0, lam * sv / s, True, prec, emin)[0])
+        peak[ch] = best
+        nfail += bad_here
+    return nfail
+
+
 def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None, coherent=None,
           y=None) -> StatFit:  # fmt: skip
     """The element and group tests of one model of centre ``c`` and variance ``var`` (in units of values
@@ -138,11 +220,11 @@ def _ulp(ref, out):
 _POWER_SAMPLE = 1 << 16  #: elements (a seeded uniform sample) whose median gives the reported median power
 
 
-def _power(var, ref, out, lam, scale=1.0) -> dict:
+def _power(var, ref, out, lam, scale=1.0, peak=None) -> dict:
     """The smallest error of one element that the element test flags, ``lam sigma``, in ulps of the result
     at the reference: the median over a seeded sample of at most :data:`_POWER_SAMPLE` finite elements
-    (every element when there are fewer), and the largest over every finite element. ``var`` is in units
-    of values times ``scale``."""
+    (every element when there are fewer), and the largest over every finite element (``peak`` where a
+    pass has computed it, :func:`_healthy_pass`). ``var`` is in units of values times ``scale``."""
     v, r = var.reshape(-1), ref.reshape(-1)
     sc = np.broadcast_to(np.asarray(scale, np.float64), ref.shape).reshape(-1)
     n = r.size
@@ -151,10 +233,12 @@ def _power(var, ref, out, lam, scale=1.0) -> dict:
     idx = np.arange(n) if n <= _POWER_SAMPLE else np.sort(np.random.default_rng(0x5EED).choice(n, _POWER_SAMPLE,
                                                                                                    replace=False))
     with np.errstate(all="ignore"):
-        d = lam * np.sqrt(v[idx]) / (_ulp(r[idx], out) * sc[idx])
-    d = d[np.isfinite(r[idx])]
+        rs = np.asarray(r[idx], np.float64)
+        d = lam * np.sqrt(v[idx]) / (_ulp(rs, out) * sc[idx])
+    d = d[np.isfinite(rs)]
     return {"median_ulps": float(np.median(d)) if d.size else 0.0,
-            "max_ulps": _power_max(v, r, sc, lam, out.prec, out.emin)}  # fmt: skip
+            "max_ulps": _power_max(v, np.asarray(r, np.float64), sc, lam, out.prec, out.emin) if peak is None
+            else peak}  # fmt: skip
 
 
 @jit(parallel=True)
@@ -178,24 +262,30 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     the forward's of :func:`~refkern.analysis.noise.noise`."""
     from refkern.analysis.envelope import ONE_PASS, storage
 
-    a = np.asarray(actual, np.float64)
-    x = np.asarray(ref, np.float64)
+    x = np.asarray(ref)  # as it is held (float32 for fp16, bf16 and fp32 results); float64 below the quick path
     lam_el = level(x.size)
     nz = noise(name, args, x, out, lam_el) if nz is None else nz
     only = tuple(ax for ax in nz.group_axes if x.shape[ax] >= 2)
     lam_grp = level(n_groups(x.shape, only) + (nz.coherent is not None))  # the scale test is one more group
-    power = _power(nz.var, x, out, lam_el, nz.scale)
     thresholds = {"alpha": ALPHA, "element": lam_el, "group": lam_grp, "test": INSIDE, "envelope": 1.0}
-    det = {"element": power, "test": INSIDE, "envelope": d.detectable.get("element"),
-           "group_axes": [axes[i] for i in only]}  # fmt: skip
-    if d.verdict == "exact":
-        return _replace(d, det=det, thresholds=thresholds)
-    over = overflowed(a, x)
-    acc = d.fits[0].model.acc
+    det = {"test": INSIDE, "envelope": d.detectable.get("element"), "group_axes": [axes[i] for i in only]}
+    m0 = Model("rounding", None, d.fits[0].model.kind, out, d.fits[0].model.acc)
     sc = nz.scale
     coh = nz.coherent
-    r0 = _test(Model("rounding", None, d.fits[0].model.kind, out, acc), a, x, nz.var, over, lam_el, lam_grp, axes,
-               only, sc, coherent=coh, y=x)  # fmt: skip
+    # a result rounding explains, tested in one pass over the values as they are held (no float64 copy of
+    # the output, no residual arrays); any other goes through _test, which says what fails
+    r0 = _healthy(m0, actual, x, nz.var, lam_el, lam_grp, only, sc, out) if (
+        d.verdict == "rounding" and coh is None) else None  # fmt: skip
+    det = {"element": _power(nz.var, x, out, lam_el, sc, peak=getattr(r0, "peak", None)), **det}
+    if d.verdict == "exact":
+        return _replace(d, det=det, thresholds=thresholds)
+    if r0 is not None:
+        return Decision("rounding", None, m0, _classes(d.fits[0].state == 0, 1), list(d.fits) + [r0], r0.z, [],
+                        list(d.structure), det, thresholds)  # fmt: skip
+    a, x = np.asarray(actual, np.float64), np.asarray(x, np.float64)
+    over = overflowed(a, x)
+    acc = m0.acc
+    r0 = _test(m0, a, x, nz.var, over, lam_el, lam_grp, axes, only, sc, coherent=coh, y=x)
     fam = [r0]
     if not r0.explains:  # the other members of the family only where the standard formulas do not explain it
         fam += [_test(Model(f"rounding ({key})", None, text, out, acc), a, x, v(), over, lam_el, lam_grp, axes,

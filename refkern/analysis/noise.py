@@ -91,12 +91,12 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
+from refkern.analysis._rows import _partial_sq, _records, _weights
+from refkern.analysis.noise_attention import attention_noise
 
-__all__ = ["Noise", "noise", "RSQRT_ULPS", "BLOCK", "DOT_BLOCK"]
+__all__ = ["Noise", "noise", "RSQRT_ULPS"]
 
 RSQRT_ULPS = 2  #: 1/sqrt within 2 ulps (CUDA's rsqrtf, documented maximum; sqrt then a division: 2 roundings)
-BLOCK = 32  #: keys per block in the bound on attention's P @ V partial sums (any block size gives a bound)
-DOT_BLOCK = 4  #: features per block in the same bound on the logits' partial sums (q . k over E)
 
 
 @dataclass
@@ -131,31 +131,6 @@ def _stores(y, out: Format):
     return 2.0 * (out.u * y) ** 2 + 2.0 * _eta(out) ** 2
 
 
-def _partial_sq(X):
-    """Per row of ``X`` (R, n): ``max(sum_k P_k**2, sum_k Q_k**2)`` over the n - 1 partial sums that the
-    left-to-right (prefix sums P_1 .. P_(n-1), 0-based) and the right-to-left (suffix sums) orders form."""
-    R, n = X.shape
-    if n < 2:
-        return np.zeros(R)
-    with np.errstate(all="ignore"):
-        P = np.cumsum(X, axis=1)
-        left = np.einsum("ij,ij->i", P[:, 1:], P[:, 1:])
-        Q = P[:, -1:] - P[:, :-2] if n > 2 else np.zeros((R, 0))  # suffix sums from k = 1 .. n - 2
-        right = P[:, -1] ** 2 + np.einsum("ij,ij->i", Q, Q)
-    return np.maximum(left, right)
-
-
-def _records(X):
-    """Per row: the number of strict rises of the running maximum, read left to right or right to
-    left (the larger), each row's first finite value not counted."""
-    with np.errstate(invalid="ignore"):
-        Y = np.where(np.isnan(X), -np.inf, X)
-        lr = (Y[:, 1:] > np.maximum.accumulate(Y, axis=1)[:, :-1]).sum(axis=1)
-        Z = Y[:, ::-1]
-        rl = (Z[:, 1:] > np.maximum.accumulate(Z, axis=1)[:, :-1]).sum(axis=1)
-    return np.maximum(lr, rl).astype(np.float64)
-
-
 # ------------------------------------------------------------------------------------------------ sums
 
 
@@ -169,62 +144,67 @@ def _sum_rows(X, u, kind, n):
 
 @jit(parallel=True, error_model="numpy")
 def _m2_rows(X, center, u, out_m2, out_mean, out_s2, out_smu2):
-    """Per row of X (R, n), float64: M2 = sum (x - mean)**2 (``center`` False: sum x**2), the mean, and
-    the first-order variances of M2 (two-pass and Welford, module docstring) and of the mean."""
+    """Per row of X (R, n), float32 or float64 (widened as read): M2 = sum (x - mean)**2 (``center`` False:
+    sum x**2), the mean, and the first-order variances of M2 (two-pass and Welford, module docstring) and
+    of the mean. Rows go in chunks, one buffer of Welford's steps per chunk."""
     R, n = X.shape
-    for i in prange(R):
-        t = 0.0
-        lp, sp, spp = 0.0, 0.0, 0.0
-        for j in range(n):
-            t += X[i, j]
-            if j >= 1:
-                lp += t * t  # left-to-right partial sums of x
-            if j <= n - 3:
-                sp += t
-                spp += t * t
-        mean = t / n if center else 0.0
-        rp = t * t + (n - 2) * t * t - 2.0 * t * sp + spp if n > 2 else (t * t if n == 2 else 0.0)
-        psx = max(lp, rp)
-        smu2 = u * u * (psx / (n * n) + mean * mean) if center else 0.0
-        m2, d4, lq, sq, sqq = 0.0, 0.0, 0.0, 0.0, 0.0
-        for j in range(n):
-            d = X[i, j] - mean
-            q = d * d
-            m2 += q
-            d4 += q * q
-            if j >= 1:
-                lq += m2 * m2
-            if j <= n - 3:
-                sq += m2
-                sqq += m2 * m2
-        rq = m2 * m2 + (n - 2) * m2 * m2 - 2.0 * m2 * sq + sqq if n > 2 else (m2 * m2 if n == 2 else 0.0)
-        s2 = u * u * (5.0 * d4 + max(lq, max(rq, 0.0)))
-        if center and n > 1:  # Welford's running means (module docstring)
-            g = np.empty(n)
-            m = X[i, 0]
-            g[0] = 0.0
-            for j in range(1, n):
-                dl = X[i, j] - m
-                g[j] = dl / (j + 1)
-                m = m + dl / (j + 1)
-            tail, m, w = 0.0, mean, 0.0
-            for j in range(n - 1, 0, -1):  # e_(j-1) in m_(j-1), 1-based k = j, reaches M2 as 2 k |T_k|
-                tail += g[j]
-                mk = m - g[j]  # m_(j-1) from m_j (the exact running means, backwards)
-                e = u * (abs(mk) + 2.0 * abs(g[j - 1]))
-                c = 2.0 * j * abs(tail) * e
-                w += c * c
-                m = mk
-            s2 += w
-            emu = u * (np.sqrt(psx) / n + abs(mean))
-            s2 += (n * emu * emu) ** 2  # the mean's error at second order (module docstring)
-        out_m2[i], out_mean[i], out_s2[i], out_smu2[i] = m2, mean, s2, smu2
+    nch = min(R, 64)
+    for ch in prange(nch):
+        g = np.empty(n)
+        for i in range(ch * R // nch, (ch + 1) * R // nch):
+            t = 0.0
+            lp, sp, spp = 0.0, 0.0, 0.0
+            for j in range(n):
+                t += np.float64(X[i, j])
+                if j >= 1:
+                    lp += t * t  # left-to-right partial sums of x
+                if j <= n - 3:
+                    sp += t
+                    spp += t * t
+            mean = t / n if center else 0.0
+            rp = t * t + (n - 2) * t * t - 2.0 * t * sp + spp if n > 2 else (t * t if n == 2 else 0.0)
+            psx = max(lp, rp)
+            smu2 = u * u * (psx / (n * n) + mean * mean) if center else 0.0
+            m2, d4, lq, sq, sqq = 0.0, 0.0, 0.0, 0.0, 0.0
+            for j in range(n):
+                d = np.float64(X[i, j]) - mean
+                q = d * d
+                m2 += q
+                d4 += q * q
+                if j >= 1:
+                    lq += m2 * m2
+                if j <= n - 3:
+                    sq += m2
+                    sqq += m2 * m2
+            rq = m2 * m2 + (n - 2) * m2 * m2 - 2.0 * m2 * sq + sqq if n > 2 else (m2 * m2 if n == 2 else 0.0)
+            s2 = u * u * (5.0 * d4 + max(lq, max(rq, 0.0)))
+            if center and n > 1:  # Welford's running means (module docstring)
+                m = np.float64(X[i, 0])
+                g[0] = 0.0
+                for j in range(1, n):
+                    step = (np.float64(X[i, j]) - m) / (j + 1)
+                    g[j] = step
+                    m = m + step
+                tail, m, w = 0.0, mean, 0.0
+                for j in range(n - 1, 0, -1):  # e_(j-1) in m_(j-1), 1-based k = j, reaches M2 as 2 k |T_k|
+                    tail += g[j]
+                    mk = m - g[j]  # m_(j-1) from m_j (the exact running means, backwards)
+                    e = u * (abs(mk) + 2.0 * abs(g[j - 1]))
+                    c = 2.0 * j * abs(tail) * e
+                    w += c * c
+                    m = mk
+                s2 += w
+                emu = u * (np.sqrt(psx) / n + abs(mean))
+                s2 += (n * emu * emu) ** 2  # the mean's error at second order (module docstring)
+            out_m2[i], out_mean[i], out_s2[i], out_smu2[i] = m2, mean, s2, smu2
 
 
 def _moments(X, center, u):
     R = X.shape[0]
     m2, mean, s2, smu2 = (np.empty(R) for _ in range(4))
-    _m2_rows(np.ascontiguousarray(X, np.float64), bool(center), float(u), m2, mean, s2, smu2)
+    X = np.asarray(X)
+    _m2_rows(np.ascontiguousarray(X, X.dtype if X.dtype in (np.float32, np.float64) else np.float64), bool(center),
+             float(u), m2, mean, s2, smu2)  # fmt: skip
     return m2, mean, s2, smu2
 
 
@@ -319,18 +299,6 @@ def _norm(lay, name, ref_rows, u, out, eta2):
 # --------------------------------------------------------------------------------- softmax, attention
 
 
-def _weights(Z):
-    """Per row of the logits Z: (the finite row maximum M as a column, z - M, t = exp(z - M), D = sum t,
-    the weights t / D), in float64."""
-    with np.errstate(all="ignore"):
-        M = np.max(np.where(np.isnan(Z), -np.inf, Z), axis=1, initial=-np.inf)
-        Mf = np.where(np.isfinite(M), M, 0.0)[:, None]
-        arg = Z - Mf
-        t = np.exp(arg)
-        D = t.sum(axis=1)
-        return Mf, arg, t, D, t / D[:, None]
-
-
 def _softmax_rows(X, u, u_m, log):
     """Before the stores: sigma**2 of log_softmax over the rows of the logits X; for softmax sigma**2
     relative to the weight's square (a weight far below 2**-511 has a variance that underflows)."""
@@ -355,115 +323,6 @@ def _softmax_rows(X, u, u_m, log):
         return np.where(np.isfinite(rel), np.maximum(rel, 0.0), 0.0)  # relative: sigma**2 / w**2
 
 
-def _attention(lay, u, u_m, ref_rows):
-    """sigma**2 of scaled_dot_product_attention per output element (rows of (B, L, Ev)), before the stores."""
-    from refkern.analysis._envelope_softmax import _logits
-
-    a = lay.extra["a"]
-    S = a.K.shape[1]
-    out = np.zeros(ref_rows.shape)
-    if S == 0 or out.size == 0:
-        return out
-    for b, z, mag, m, _ in _logits(a):
-        out[b] = attention_rows(a, b, z, mag, m, u, u_m).var
-    return out
-
-
-@dataclass
-class AttentionRows:
-    """One output batch of attention (L queries, S keys), the exact quantities and the first-order scale
-    of :func:`attention_rows`: the weights ``w``, the exponentials ``t`` and their sum ``D``, each weight's
-    own relative variance ``beta2`` (its logit and exponential), the row's shared one ``shared`` (the sum's
-    additions and the online rescales; the row's sensitivity ``sum w**2 beta2`` to every term's error),
-    the output ``o`` and its variance ``var`` (before the stores)."""
-
-    w: np.ndarray
-    t: np.ndarray
-    D: np.ndarray
-    beta2: np.ndarray
-    shared: np.ndarray
-    o: np.ndarray
-    var: np.ndarray
-
-
-def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
-    """The forward scale of one output batch ``b`` of the attention call ``a`` (module docstring), its
-    logits ``z`` with the mask ``m`` and ``mag = s sum |q k|`` (:func:`~refkern.analysis._envelope_softmax._logits`)."""
-    from refkern.analysis._envelope_softmax import EXP_ULPS
-
-    s = abs(a.scale)
-    uq = u_m + 2.0 * u  # q or k scaled (by fl(sqrt(s)): two roundings) and stored in the result format
-    E = a.Q.shape[2]
-    v = a.V[a.iv[b]]
-    k = a.K[a.ik[b]]
-    q = a.Q[a.iq[b]]
-    _, arg, t, D, w = _weights(z)
-    with np.errstate(all="ignore"):
-        o = w @ v
-        qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
-        # the dot products' partial sums: per block of DOT_BLOCK features for float32 results; for half ones
-        # the order-free (E + 1) (s sum|q k|)**2, larger, and negligible next to the scores' store u_m |z|
-        part = (E + 1.0) * (mag / s) ** 2 if u_m else _block_partials(q, k.T, DOT_BLOCK)
-        logit = (u * s) ** 2 * (part + qk2) + (u * z) ** 2 + (uq * s) ** 2 * qk2
-        beta2 = ((2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + logit
-                 + np.where(np.isfinite(m) & (m != 0), (u * z) ** 2, 0.0) + (u_m * z) ** 2)  # fmt: skip
-        beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
-        g = w * w * beta2
-        A2 = g @ (v * v) - 2.0 * o * (g @ v) + o * o * g.sum(axis=1)[:, None]  # sum_j g_j (v_j - o)**2
-        var = np.maximum(A2, 0.0)
-        var = var + (uq * s) ** 2 * _shared_q(w, v, k, q, o)
-        rec = _records(z)
-        adds = u * u * _partial_sq(t) / (D * D) + 2.0 * rec * u * u
-        var = var + adds[:, None] * o * o
-        wv = np.abs(w) @ np.abs(v)
-        var = var + u * u * _block_partials(w, v) + 2.0 * (u * o) ** 2 + rec[:, None] * (u * wv) ** 2
-        var = var + u_m**2 * ((w * w) @ (v * v))  # P stored before P @ V (half results)
-        shared = adds + g.sum(axis=1)
-    return AttentionRows(w, t, D, beta2, np.where(np.isfinite(shared), shared, 0.0), o,
-                         np.where(np.isfinite(var), var, 0.0))  # fmt: skip
-
-
-def _shared_q(w, v, k, q, o):
-    """sum_l q_l**2 C_cl**2 per row and output column, ``C_cl = sum_j w_j (v_jc - o_c) k_jl``: q's rounding
-    (``eps_l``, shared by the row's logits) moves ``o_c`` by ``s sum_l eps_l q_l C_cl``. ``C`` of every row in
-    one GEMM, ``w @ [v_j k_j^T]_j`` (the (S, Ev E) outer products of each key), less ``o (w @ k)``; in chunks
-    of keys so that no temporary exceeds about 64 MiB."""
-    L, S = w.shape
-    Ev, E = v.shape[1], k.shape[1]
-    C = np.zeros((L, Ev * E))
-    step = max(1, (1 << 23) // max(Ev * E, 1))
-    for s0 in range(0, S, step):
-        outer = (v[s0 : s0 + step, :, None] * k[s0 : s0 + step, None, :]).reshape(-1, Ev * E)
-        C += w[:, s0 : s0 + step] @ outer
-    C = C.reshape(L, Ev, E) - o[:, :, None] * (w @ k)[:, None, :]
-    return np.einsum("lce,le->lc", C * C, q * q)
-
-
-def _block_partials(w, v, block=None):
-    """sum_k P_k**2 over the partial sums of each element of ``w @ v`` along the contracted index, bounded
-    per block of ``block`` (default :data:`BLOCK`) indices by ``block (|P_b| + A_b)**2`` (module docstring),
-    the larger of the two directions; in chunks of rows, so that no temporary exceeds about 32 MiB."""
-    block = BLOCK if block is None else block
-    L, S = w.shape
-    N = v.shape[1]
-    nb = -(-S // block)
-    pad = nb * block - S
-    vp = np.pad(v, ((0, pad), (0, 0))).reshape(nb, block, N)
-    avp = np.abs(vp)
-    out = np.empty((L, N))
-    step = max(1, (1 << 22) // max(nb * N, 1))
-    for r0 in range(0, L, step):
-        wp = np.pad(w[r0 : r0 + step], ((0, 0), (0, pad))).reshape(-1, nb, block)
-        blocks = np.einsum("lbk,bke->lbe", wp, vp)
-        absb = np.einsum("lbk,bke->lbe", np.abs(wp), avp)
-        start = np.cumsum(blocks, axis=1) - blocks
-        end = (start[:, -1:] + blocks[:, -1:]) - start - blocks
-        left = ((np.abs(start) + absb) ** 2).sum(axis=1)
-        right = ((np.abs(end) + absb) ** 2).sum(axis=1)
-        out[r0 : r0 + step] = block * np.maximum(left, right)
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ API
 
 
@@ -478,11 +337,11 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
 
         args = dict(args, eps=2.0**-52 if operand(args["input"], "input", name).fmt.prec == 53 else 2.0**-23)
     ref_held = np.asarray(ref) if np.asarray(ref).dtype in (np.float32, np.float64) else np.asarray(ref, np.float64)
-    ref = np.asarray(ref, np.float64)
-    lay = layout(name, args, ref.shape)
+    lay = layout(name, args, ref_held.shape)
     u = FLOAT64.u if out is FLOAT64 else FLOAT32.u
     u_m = out.u if out.prec < FLOAT32.prec else 0.0
-    kind, nd = lay.kind, ref.ndim
+    kind, nd = lay.kind, ref_held.ndim
+    ref = ref_held if kind == "norm" else np.asarray(ref_held, np.float64)  # the norms' kernel widens as it reads
     every = tuple(range(nd))
     deg = 2 if kind == "var" else 1  # the homogeneous degree of the op's output in its input
     ek = _tiny_exponent(lay, out, deg)  # values times 2**ek, exact: squares of float64 values near 2**-1022 underflow
@@ -543,7 +402,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         v = rel * ys * ys + 2.0 * (out.u * ys) ** 2 + 2.0 * eta_o**2 + (lay.n + 4) * eta_w**2
         return Noise(v, [], axes, sc)
     if kind == "attention":
-        v = lay.back(_attention(lay, u, u_m, lay.rows(ref)))
+        v = lay.back(attention_noise(lay, u, u_m, lay.rows(ref)))
         return Noise(v + stores, [], (nd - 1,) if nd else ())
     raise AssertionError(kind)  # pragma: no cover - every kind of layout() is handled
 

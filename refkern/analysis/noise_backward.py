@@ -68,7 +68,8 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
-from refkern.analysis.noise import RSQRT_ULPS, _moments, _partial_sq, _records, _softmax_rows, _weights
+from refkern.analysis._rows import _partial_sq, _records, _weights
+from refkern.analysis.noise import RSQRT_ULPS, _moments, _softmax_rows
 
 __all__ = ["softmax_noise", "norm_input_noise", "norm_param_noise", "pool_noise", "mean_noise", "var_noise",
            "attention_noise", "converted"]  # fmt: skip
@@ -428,7 +429,7 @@ def attention_noise(at, G, name: str, ref):
     What a correct backward computes (torch's math backend and the flash kernels, as the envelope's
     :func:`~refkern.analysis._envelope_backward.attention_bound` describes): the weights P recomputed
     (each with the forward's relative variance ``beta2``, the row sharing ``shared``:
-    :func:`~refkern.analysis.noise.attention_rows`), ``dv = P^T dO``, ``dP = dO v^T``, ``Delta = rowsum(dO
+    :func:`~refkern.analysis.noise_attention.attention_rows`), ``dv = P^T dO``, ``dP = dO v^T``, ``Delta = rowsum(dO
     O^)`` (the stored output, with its forward variance; or ``sum P dP``: both forms charged), ``dS = P (dP -
     Delta)``, ``dq = s dS k``, ``dk = s dS^T q``. Every intermediate (P, dP, Delta, dS, the scaled q and k) may
     be stored in a half result format (``u_c = u + u_m`` per store, torch's math backend); the products'
@@ -436,7 +437,7 @@ def attention_noise(at, G, name: str, ref):
     row errors (the row's sum, Delta) reach dq coherently (``shared dq**2``, ``var_Delta (s P k)**2``) and dk
     and dv once per row (independent rows: variances add), as do the query heads of a GQA key."""
     from refkern.analysis._envelope_softmax import _logits
-    from refkern.analysis.noise import DOT_BLOCK, _block_partials, attention_rows
+    from refkern.analysis.noise_attention import DOT_BLOCK, _block_partials, attention_rows
 
     fmt = at.fmt
     u, u_m, u_o, eta_o, eta_w = _units(fmt)

@@ -253,18 +253,22 @@ def median_bracket(ref, bound, prec: int, emin: int) -> tuple:
     )
 
 
-def median_in_bracket(kept, n_kept, n_below, n: int):
-    """The exact median (``np.median``'s) of n values from the values kept in the bracket, per chunk
-    (rows of ``kept``, ``n_kept`` of them each, counted even beyond the room), and the count below
-    it; None when the room overflowed or the middle rank(s) fall outside the bracket."""
+def median_in_bracket(kept, n_kept, n_below, n: int, lo=None, hi=None):
+    """The exact median (``np.median``'s) of n values from the values kept in the bracket [lo, hi], per
+    chunk (rows of ``kept``, ``n_kept`` of them each, counted even beyond the room), and the count below
+    it; None when the middle rank(s) fall outside the bracket, or when the room overflowed and the
+    bracket is not one value (a bracket ``lo == hi`` holds that value only: every bound infinite, as
+    in bfloat16 beyond 32 terms, needs no kept value)."""
     if not n:
         return 0.0
-    if np.any(n_kept > kept.shape[1]):
-        return None
     ranks = (n // 2,) if n % 2 else (n // 2 - 1, n // 2)
     below = int(n_below.sum())
     local = tuple(r - below for r in ranks)
     if local[0] < 0 or local[-1] >= int(n_kept.sum()):
+        return None
+    if lo is not None and lo == hi:
+        return float(lo)
+    if np.any(n_kept > kept.shape[1]):
         return None
     vals = np.concatenate([kept[c, : n_kept[c]] for c in range(kept.shape[0])])  # each chunk's filled prefix
     vals.partition(local)
@@ -347,5 +351,5 @@ def median(v) -> float:
     _bracket_pass(v, lo, hi, kept, n_kept, n_below, n_nan)
     if n_nan.any():
         return float("nan")
-    m = median_in_bracket(kept, n_kept, n_below, n)
+    m = median_in_bracket(kept, n_kept, n_below, n, lo, hi)
     return float(np.median(v)) if m is None else m

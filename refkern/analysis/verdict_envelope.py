@@ -122,7 +122,7 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
                          blind=int(counts[:, 4].sum()), top=top)  # fmt: skip
         f.max_ratio = float(f.ratio_at(top[:1]).max(initial=0.0))
         if ulps:
-            f.median_ulps = median_in_bracket(kept, n_kept, n_below, a.size)
+            f.median_ulps = median_in_bracket(kept, n_kept, n_below, a.size, lo, hi)
             if f.median_ulps is None:  # outside the sampled bracket: two passes of its own
                 f.median_ulps = median_max_bound_ulps(np.asarray(c, np.float64), b, out.prec, out.emin)[0]
             f.max_ulps, f.max_error_ulps = (float(peak.max()), float(uerr.max())) if a.size else (0.0, 0.0)

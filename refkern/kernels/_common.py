@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refkern._arrays import Operand, operand, promote, same_dtype
+from refkern._arrays import Operand, operand, promote, remember, same_dtype
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, Format, round_to
 from refkern.kernels._element import METHOD_CODES
@@ -75,7 +75,7 @@ def deliver(out64: np.ndarray, fmt: Format, tensor: bool):
     if tensor:
         torch = sys.modules["torch"]
         out64 = out64 if out64.flags.c_contiguous else out64.copy()  # (ascontiguousarray makes 0-d 1-d)
-        return torch.from_numpy(out64).to(getattr(torch, fmt.name))
+        return remember(torch.from_numpy(out64).to(getattr(torch, fmt.name)), out64, fmt)
     if fmt.name == "bfloat16":
         try:
             import ml_dtypes

@@ -1,0 +1,129 @@
+"""The statistical scale of ``scaled_dot_product_attention`` (the derivation is in the docstring of
+:mod:`refkern.analysis.noise`): per output element, the first-order variance of a correct kernel's
+roundings, from the exact logits, weights and values, forward (:func:`attention_noise`) and as the
+backward's scales read them (:func:`attention_rows`)."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from refkern.analysis._rows import _partial_sq, _records, _weights
+
+__all__ = ["attention_noise", "attention_rows", "AttentionRows", "BLOCK", "DOT_BLOCK"]
+
+BLOCK = 32  #: keys per block in the bound on attention's P @ V partial sums (any block size gives a bound)
+DOT_BLOCK = 4  #: features per block in the same bound on the logits' partial sums (q . k over E)
+
+
+def attention_noise(lay, u, u_m, ref_rows):
+    """sigma**2 of scaled_dot_product_attention per output element (rows of (B, L, Ev)), before the stores."""
+    from refkern.analysis._envelope_softmax import _logits
+
+    a = lay.extra["a"]
+    S = a.K.shape[1]
+    out = np.zeros(ref_rows.shape)
+    if S == 0 or out.size == 0:
+        return out
+    for b, z, mag, m, _ in _logits(a):
+        out[b] = attention_rows(a, b, z, mag, m, u, u_m).var
+    return out
+
+
+@dataclass
+class AttentionRows:
+    """One output batch of attention (L queries, S keys), the exact quantities and the first-order scale
+    of :func:`attention_rows`: the weights ``w``, the exponentials ``t`` and their sum ``D``, each weight's
+    own relative variance ``beta2`` (its logit and exponential), the row's shared one ``shared`` (the sum's
+    additions and the online rescales; the row's sensitivity ``sum w**2 beta2`` to every term's error),
+    the output ``o`` and its variance ``var`` (before the stores)."""
+
+    w: np.ndarray
+    t: np.ndarray
+    D: np.ndarray
+    beta2: np.ndarray
+    shared: np.ndarray
+    o: np.ndarray
+    var: np.ndarray
+
+
+def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
+    """The forward scale of one output batch ``b`` of the attention call ``a`` (module docstring), its
+    logits ``z`` with the mask ``m`` and ``mag = s sum |q k|`` (:func:`~refkern.analysis._envelope_softmax._logits`)."""
+    from refkern.analysis._envelope_softmax import EXP_ULPS
+
+    s = abs(a.scale)
+    uq = u_m + 2.0 * u  # q or k scaled (by fl(sqrt(s)): two roundings) and stored in the result format
+    E = a.Q.shape[2]
+    v = a.V[a.iv[b]]
+    k = a.K[a.ik[b]]
+    q = a.Q[a.iq[b]]
+    _, arg, t, D, w = _weights(z)
+    with np.errstate(all="ignore"):
+        o = w @ v
+        qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
+        # the dot products' partial sums: per block of DOT_BLOCK features for float32 results; for half ones
+        # the order-free (E + 1) (s sum|q k|)**2, larger, and negligible next to the scores' store u_m |z|
+        part = (E + 1.0) * (mag / s) ** 2 if u_m else _block_partials(q, k.T, DOT_BLOCK)
+        logit = (u * s) ** 2 * (part + qk2) + (u * z) ** 2 + (uq * s) ** 2 * qk2
+        beta2 = ((2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + logit
+                 + np.where(np.isfinite(m) & (m != 0), (u * z) ** 2, 0.0) + (u_m * z) ** 2)  # fmt: skip
+        beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
+        g = w * w * beta2
+        A2 = g @ (v * v) - 2.0 * o * (g @ v) + o * o * g.sum(axis=1)[:, None]  # sum_j g_j (v_j - o)**2
+        var = np.maximum(A2, 0.0)
+        var = var + (uq * s) ** 2 * _shared_q(w, v, k, q, o)
+        rec = _records(z)
+        adds = u * u * _partial_sq(t) / (D * D) + 2.0 * rec * u * u
+        var = var + adds[:, None] * o * o
+        wv = np.abs(w) @ np.abs(v)
+        var = var + u * u * _block_partials(w, v) + 2.0 * (u * o) ** 2 + rec[:, None] * (u * wv) ** 2
+        var = var + u_m**2 * ((w * w) @ (v * v))  # P stored before P @ V (half results)
+        shared = adds + g.sum(axis=1)
+    return AttentionRows(w, t, D, beta2, np.where(np.isfinite(shared), shared, 0.0), o,
+                         np.where(np.isfinite(var), var, 0.0))  # fmt: skip
+
+
+def _shared_q(w, v, k, q, o):
+    """sum_l q_l**2 C_cl**2 per row and output column, ``C_cl = sum_j w_j (v_jc - o_c) k_jl``: q's rounding
+    (``eps_l``, shared by the row's logits) moves ``o_c`` by ``s sum_l eps_l q_l C_cl``. ``C`` of every row in
+    one GEMM, ``w @ [v_j k_j^T]_j`` (the (S, Ev E) outer products of each key), less ``o (w @ k)``; in chunks
+    of keys so that no temporary exceeds about 64 MiB. That GEMM (L S Ev E products, 64 times the output's)
+    runs in float32 on v centred by its mean over the keys (the same C: sum_j w_j = 1): a variance needs
+    a few correct digits of C, and the centring keeps v's mean from cancelling them away."""
+    L, S = w.shape
+    Ev, E = v.shape[1], k.shape[1]
+    vbar = v.mean(axis=0) if S else np.zeros(Ev)
+    vc = (v - vbar).astype(np.float32)
+    k32, w32 = k.astype(np.float32), w.astype(np.float32)
+    C = np.zeros((L, Ev * E), np.float32)
+    step = max(1, (1 << 24) // max(Ev * E, 1))
+    for s0 in range(0, S, step):
+        outer = (vc[s0 : s0 + step, :, None] * k32[s0 : s0 + step, None, :]).reshape(-1, Ev * E)
+        C += w32[:, s0 : s0 + step] @ outer
+    C = C.reshape(L, Ev, E).astype(np.float64) - (o - vbar)[:, :, None] * (w @ k)[:, None, :]
+    return np.einsum("lce,le->lc", C * C, q * q)
+
+
+def _block_partials(w, v, block=None):
+    """sum_k P_k**2 over the partial sums of each element of ``w @ v`` along the contracted index, bounded
+    per block of ``block`` (default :data:`BLOCK`) indices by ``block (|P_b| + A_b)**2`` (module docstring),
+    the larger of the two directions; in chunks of rows, so that no temporary exceeds about 32 MiB."""
+    block = BLOCK if block is None else block
+    L, S = w.shape
+    N = v.shape[1]
+    nb = -(-S // block)
+    pad = nb * block - S
+    vp = np.pad(v, ((0, pad), (0, 0))).reshape(nb, block, N)
+    avp = np.abs(vp)
+    out = np.empty((L, N))
+    step = max(1, (1 << 22) // max(nb * N, 1))
+    for r0 in range(0, L, step):
+        wp = np.pad(w[r0 : r0 + step], ((0, 0), (0, pad))).reshape(-1, nb, block)
+        blocks = np.einsum("lbk,bke->lbe", wp, vp)
+        absb = np.einsum("lbk,bke->lbe", np.abs(wp), avp)
+        start = np.cumsum(blocks, axis=1) - blocks
+        end = (start[:, -1:] + blocks[:, -1:]) - start - blocks
+        left = ((np.abs(start) + absb) ** 2).sum(axis=1)
+        right = ((np.abs(end) + absb) ** 2).sum(axis=1)
+        out[r0 : r0 + step] = block * np.maximum(left, right)
+    return out

@@ -26,29 +26,10 @@ from refkern.accumulate.ziv import acc_copy, acc_dd, decide, round_fraction, rou
 from refkern.kernels._common import deliver
 from refkern.kernels._moments import OK, exact_moments, moments, new_workspace
 from refkern.ops._args import correction as _correction  # the gradients read it here too
+from refkern.ops._args import dims as reduced_dims  # re-exported: the analysis reads it here
 from refkern.scale._dispatch import dask_in, to_dask
 
 __all__ = ["sum", "mean", "var", "std", "cumsum", "rows_of", "reduced_dims"]
-
-
-def reduced_dims(dim, ndim: int, op: str) -> tuple:
-    """torch's ``dim`` argument as a sorted tuple of non-negative axes (None, () or [] = all)."""
-    if dim is None:
-        return tuple(range(ndim))
-    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
-    if not dims:
-        return tuple(range(ndim))
-    span = max(ndim, 1)  # a 0-d tensor takes dim 0 or -1, as torch
-    out = []
-    for d in dims:
-        if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
-            raise TypeError(f"{op}: dim must be an int or a tuple of ints; got {dim!r}.")
-        if not -span <= d < span:
-            raise IndexError(f"{op}: dim={d} is out of range for a {ndim}-d input (expected {-span}..{span - 1}).")
-        out.append(int(d) % span)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{op}: dim={dim!r} names a dimension twice.")
-    return tuple(sorted(out)) if ndim else ()
 
 
 def rows_of(values: np.ndarray, dims: tuple, keepdim: bool):

@@ -50,7 +50,7 @@ class _RedCall:
 
 def _red_call(op, g, a, who) -> _RedCall:
     from refkern._arrays import format_of
-    from refkern.kernels.reduction import reduced_dims
+    from refkern.ops._args import dims as reduced_dims
 
     o = operand(a["x"], "x", who)
     fmt_c = o.fmt if a.get("dtype") is None else format_of(a["dtype"], "dtype", who)

@@ -2,7 +2,8 @@
 and the gradients read these normalisers, never each other's private ones. Each takes the value and
 the name of the op (the start of its error message) and returns the value as the numerics use it.
 
-The convolutions' stride, padding, dilation and output_padding are read by :func:`spatial`.
+The convolutions' stride, padding, dilation and output_padding are read by :func:`spatial`, a reduction's
+``dim`` by :func:`dims`.
 
 The ground truth of the forward ops keeps its own reading of its arguments (refkern.truth.reductions),
 on purpose: it is the independent check of these, and shares no code with the fast path."""
@@ -12,7 +13,7 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["correction", "eps", "normalized_shape", "spatial", "tuple_of", "is_int"]
+__all__ = ["correction", "eps", "normalized_shape", "dims", "spatial", "tuple_of", "is_int"]
 
 
 def correction(value, op) -> Fraction:
@@ -74,3 +75,23 @@ def spatial(v, name, op, nd, minimum):
         what = "positive" if minimum > 0 else "non-negative"
         raise ValueError(f"{op}: {name} must be {what}; got {name}={v!r}.")
     return tuple(int(i) for i in t)
+
+
+def dims(dim, ndim: int, op: str) -> tuple:
+    """torch's ``dim`` argument as a sorted tuple of non-negative axes (None, () or [] = all)."""
+    if dim is None:
+        return tuple(range(ndim))
+    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    if not dims:
+        return tuple(range(ndim))
+    span = max(ndim, 1)  # a 0-d tensor takes dim 0 or -1, as torch
+    out = []
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
+            raise TypeError(f"{op}: dim must be an int or a tuple of ints; got {dim!r}.")
+        if not -span <= d < span:
+            raise IndexError(f"{op}: dim={d} is out of range for a {ndim}-d input (expected {-span}..{span - 1}).")
+        out.append(int(d) % span)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: dim={dim!r} names a dimension twice.")
+    return tuple(sorted(out)) if ndim else ()

@@ -106,8 +106,8 @@ def _reduction_backward(name, G, og, a, wrt):
     loop; rational when ``dof M2`` is a square), each rounded once to x's format. Where torch's autograd
     formula has no real value (:mod:`refkern.kernels.reduction_backward`'s rules), its IEEE value."""
     from refkern.kernels._common import deliver
-    from refkern.kernels.reduction import reduced_dims
     from refkern.ops._args import correction as _correction
+    from refkern.ops._args import dims as reduced_dims
 
     x, ox = _values(a["x"], "x", "truth.backward")
     fmt = ox.fmt

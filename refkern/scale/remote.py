@@ -6,9 +6,10 @@ the reference and the verdict are computed there (:mod:`refkern.scale.worker`), 
 Report comes back.
 
 What travels, and why (each figure measured at the TCP layer, :mod:`refkern.scale.wire`): a Dask
-task costs about 1.3 KB of Dask's own framing (its ``update-graph`` message), 0.1 KB to fetch its
-result and 0.15 KB to release it; a scatter about 0.5 KB; a numpy array inside a task about
-0.1 KB of pickled metadata. So an op does not travel alone, and its tensors are not arrays:
+task of ``bytes`` arguments costs about 0.75 KB of Dask's own framing (its ``update-graph``
+message), 0.06 KB to fetch its result and 0.12 KB to release it; a scatter about 0.5 KB; a numpy
+array inside a task about 0.1 KB of pickled metadata. So an op does not travel alone, and its
+tensors are not arrays:
 
 * ops travel in **messages** of at least 64 KB of operands (an op that large alone): one task
   whose arguments are one ``bytes`` blob (every embedded tensor's bits: :mod:`refkern.scale.bits`)

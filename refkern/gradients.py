@@ -90,9 +90,6 @@ def adjoints(op, grad_output, *args, wrt=None, who="backward", **kwargs) -> dict
     without ``wrt``), validated as torch validates the forward call."""
     name = _op_name(op, who)
     build, diff = _BUILDERS[name]
-    for bad in ("accumulate", "accum_dtype", "engine"):
-        if bad in kwargs:
-            raise ValueError(f"{who}: {bad}= is not an argument of the op: the gradients are always exact.")
     a = _bind(name, args, kwargs, who)
     given = tuple(k for k in diff if a.get(k) is not None)
     if wrt is None:

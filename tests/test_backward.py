@@ -366,3 +366,22 @@ def test_compare_backward_reports_rtol_atol_for_every_judge(op):
     rep = rk.compare_backward({name: got}, op, g, *args, rtol=1e-3, atol=0.0, **kw)[name]
     assert rep.tolerance == {"rtol": 1e-3, "atol": 0.0, "failing": 0, "failing_explained_by_rounding": 0}
     assert rk.compare_backward({name: got}, op, g, *args, **kw)[name].tolerance is None
+
+
+def test_keywords_mean_the_same_for_compare_and_the_gradients():
+    """One binder (refkern.ops._bind): engine= is taken by compare and by the gradients alike (it changes no
+    bit), accumulate=/accum_dtype= are refused by both, an unknown keyword gets the same message."""
+    rng = np.random.default_rng(25)
+    a, b = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+    y = rk.matmul(a, b)
+    ga = rk.backward("matmul", y, a, b)["a"]
+    assert rk.compare(y, "matmul", a, b, engine="numba").verdict == "exact"
+    assert rk.compare_backward({"a": ga}, "matmul", y, a, b, engine="numba")["a"].verdict == "exact"
+    for who, call in (("compare", lambda **kw: rk.compare(y, "matmul", a, b, **kw)),
+                      ("compare_backward", lambda **kw: rk.compare_backward({"a": ga}, "matmul", y, a, b, **kw)),
+                      ("backward", lambda **kw: rk.backward("matmul", y, a, b, **kw))):  # fmt: skip
+        for bad in ("accumulate", "accum_dtype"):
+            with pytest.raises(ValueError, match=rf"^{who}: {bad}= is not an argument of the op"):
+                call(**{bad: "float32"})
+        with pytest.raises(TypeError, match=rf"^{who}: matmul has no argument 'bogus'\. It takes a, b\."):
+            call(bogus=1)

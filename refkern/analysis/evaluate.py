@@ -19,8 +19,6 @@ evaluation as one record, kept for callers that need only that.
 """
 
 import dataclasses
-import difflib
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +32,7 @@ from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.kernels import conv, conv_transpose, gemm
 from refkern.kernels._common import plan
 from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
+from refkern.ops._bind import bind
 
 __all__ = ["OPS", "Evaluation", "Problem", "evaluate", "problem", "op_name", "sample_run"]
 
@@ -59,23 +58,7 @@ def op_name(op) -> str:
 
 
 def _bind(name, args, kwargs):
-    fn = _ops.get(name).reference
-    for bad in ("accumulate", "accum_dtype"):
-        if bad in kwargs:
-            raise ValueError(f"compare: {bad}= is not an argument of the op: the reference is always exact.")
-    sig = inspect.signature(fn)
-    names = [p for p, v in sig.parameters.items() if v.kind is not inspect.Parameter.KEYWORD_ONLY]
-    for k in kwargs:
-        if k not in sig.parameters:
-            near = difflib.get_close_matches(k, names, n=1)
-            hint = f" Did you mean {near[0]}=?" if near else f" It takes {', '.join(names)}."
-            raise TypeError(f"compare: {name} has no argument {k!r}.{hint}")
-    try:
-        bound = sig.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TypeError(f"compare: {name} takes ({', '.join(names)}); {exc}.") from None
-    bound.apply_defaults()
-    return bound.arguments
+    return bind(name, args, kwargs, "compare", keywords=None, why="the reference is always exact")
 
 
 @dataclass

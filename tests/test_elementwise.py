@@ -1,0 +1,147 @@
+"""The elementwise references (refkern.kernels.elementwise) against their mpmath ground truth
+(refkern.truth.elementwise): every element bit for bit, on hypothesis' values of each format (every bit
+pattern alike: subnormals, huge values, specials) and on each function's own domain, plus hard cases
+pinned by hand (overflow and underflow thresholds, ties, large arguments of sin and cos)."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import refkern
+import refkern.truth as truth
+from tests.strategies import FORMAT_NAMES, same, to_array, values
+
+# (op, keyword arguments, the range where the function is not constant in every format)
+CASES = [
+    ("exp", {}, 750), ("exp2", {}, 1100), ("expm1", {}, 750), ("log", {}, 1e6), ("log2", {}, 1e6),
+    ("log1p", {}, 1e6), ("sqrt", {}, 1e6), ("rsqrt", {}, 1e6), ("reciprocal", {}, 1e6), ("tanh", {}, 25),
+    ("sigmoid", {}, 800), ("silu", {}, 800), ("gelu", {}, 70), ("gelu", {"approximate": "tanh"}, 70),
+    ("erf", {}, 7), ("softplus", {}, 800), ("softplus", {"beta": 2.0, "threshold": 5.0}, 800), ("sin", {}, 1e6),
+    ("cos", {}, 1e6), ("pow", {"exponent": 2.5}, 300), ("pow", {"exponent": -3.0}, 300),
+    ("pow", {"exponent": 2.0}, 1e3), ("pow", {"exponent": 0.5}, 1e3), ("pow", {"exponent": -0.5}, 1e3),
+    ("pow", {"exponent": 1.0 / 3.0}, 1e3),
+]  # fmt: skip
+IDS = [f"{op}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for op, kw, _ in CASES]
+
+
+def _check(op, kw, xs, fmt):
+    x = to_array(xs, fmt)
+    got = getattr(refkern, op)(x, **kw)
+    want = getattr(truth, op)(x, **kw)
+    g = np.asarray(got.float() if hasattr(got, "float") else got, np.float64).reshape(-1)
+    w = np.asarray(want.float() if hasattr(want, "float") else want, np.float64).reshape(-1)
+    bad = [(xs[i], g[i], w[i]) for i in range(len(xs)) if not same(g[i], w[i])]
+    assert not bad, f"{op}{kw} {fmt}: (x, reference, truth) {bad[:5]}"
+
+
+def _as_float(a):
+    return float(a.float()[0]) if hasattr(a, "float") else float(a[0])
+
+
+def _domain(fmt, span):
+    return st.floats(-span, span, allow_nan=False).map(lambda v: float(np.asarray(v).astype(np.float32))
+                                                       if fmt != "float64" else v)  # fmt: skip
+
+
+@pytest.mark.parametrize("op,kw,span", CASES, ids=IDS)
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_correctly_rounded_against_the_truth(op, kw, span, fmt, data):
+    xs = data.draw(st.lists(st.one_of(values(fmt, specials=True), _domain(fmt, span)), min_size=1, max_size=12))
+    if fmt in ("float16", "bfloat16"):  # a float32 value from _domain is rounded to the format on the way in
+        xs = [_as_float(to_array([v], fmt)) for v in xs]
+    _check(op, kw, xs, fmt)
+
+
+HARD = {
+    "float32": [88.72283935546875, 88.72283172607422, -103.97207641601562, -87.33654022216797, 1e5, -1e5, 3.4e38,
+                1.401298464324817e-45, 1.1754943508222875e-38, 0.9999999403953552, 1.0000001192092896, 4097.0,
+                -4097.0, 1e-8, -1e-8, 20.0, 20.000001907348633, -8.5, 8.5, 5.5, -5.5, 0.5, 2.0**-24],
+    "float64": [709.782712893384, 709.7827128933841, -745.1332191019411, -745.1332191019412, -708.3964185322641,
+                1e22, 6381956970095103 * 2.0**797, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
+                0.9999999999999999, 1.0000000000000002, 94906267.0, 1e-300, -1e-300, 20.0, 20.000000000000004,
+                -38.5, 38.5, 6.0, -6.0, 2.0**-60, -(2.0**-61), 1e5, 1e308],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op,kw,span", CASES, ids=IDS)
+@pytest.mark.parametrize("fmt", ["float32", "float64"])
+def test_hard_cases(op, kw, span, fmt):
+    """Thresholds of overflow and underflow, the smallest subnormal, 1 +- ulp, a square that is a tie
+    (4097**2 = 2**24 + 8193, 94906267**2 in float64), sin/cos of 1e22 and of the float64 closest to a
+    multiple of pi/2 (Muller, Elementary Functions, 6381956970095103 * 2**797)."""
+    _check(op, kw, HARD[fmt], fmt)
+
+
+def test_large_arguments_of_sin_and_cos_are_reduced_exactly():
+    """cos(1e5) in float32 (rotary angles): the float32 value 1e5 = 100000 exactly."""
+    assert float(refkern.cos(np.float32([1e5]))[0]) == pytest.approx(float(np.float32(math.cos(1e5))), abs=0)
+    assert float(refkern.sin(np.array([1e22]))[0]) == pytest.approx(-0.8522008497671888, abs=0)  # Muller's table
+    assert float(refkern.cos(np.array([1e22]))[0]) == pytest.approx(0.523214785395139, abs=0)  # 0.52321478539513894549...
+
+
+def test_ties_round_to_even():
+    """4097**2 = 16785409 lies halfway between the float32 neighbours 16785408 and 16785410: to even."""
+    assert float(refkern.pow(np.float32([4097.0]), 2)[0]) == 16785408.0
+    assert float(refkern.pow(np.float32([4099.0]), 2)[0]) == 16801800.0  # 16801801 = 2**24 + 24585: to even
+
+
+def test_special_values_follow_torch():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    x = torch.tensor([-math.inf, math.inf, math.nan, -0.0, 0.0, -1.0], dtype=torch.float64)
+    pairs = [(refkern.exp, torch.exp), (refkern.log, torch.log), (refkern.log1p, torch.log1p),
+             (refkern.rsqrt, torch.rsqrt), (refkern.tanh, torch.tanh), (refkern.sigmoid, torch.sigmoid),
+             (refkern.silu, F.silu), (refkern.gelu, F.gelu), (refkern.erf, torch.erf), (refkern.sin, torch.sin),
+             (refkern.expm1, torch.expm1), (refkern.log2, torch.log2), (refkern.softplus, F.softplus)]  # fmt: skip
+    def special(v):
+        return not math.isfinite(v) or v == 0
+
+    for ours, theirs in pairs:  # where torch's result is special (-1.0: out of log's and rsqrt's domain)
+        a, b = ours(x), theirs(x)
+        assert all(same(float(p), float(q)) for p, q in zip(a, b) if special(float(q))), (ours.__name__, a, b)
+    for y in (0.0, 0.5, -0.5, 2.0, 3.0, -1.0, -2.0, math.inf, -math.inf, 2.5):
+        a, b = refkern.pow(x, y), torch.pow(x, y)
+        assert all(same(float(p), float(q)) for p, q in zip(a, b) if special(float(q))), (y, a, b)
+
+
+def test_results_keep_the_kind_and_dtype():
+    torch = pytest.importorskip("torch")
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        y = refkern.exp(torch.ones(3, 2, dtype=dt))
+        assert isinstance(y, torch.Tensor) and y.dtype == dt and y.shape == (3, 2)
+    assert refkern.exp(np.ones(4, np.float32)).dtype == np.float32
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"^gelu: unknown approximate='erf'; choose one of 'none', 'tanh'"):
+        refkern.gelu(np.ones(2, np.float32), approximate="erf")
+    with pytest.raises(TypeError, match=r"^pow: exponent must be a number \(a tensor exponent"):
+        refkern.pow(np.ones(2, np.float32), np.ones(2, np.float32))
+    with pytest.raises(TypeError, match=r"^softplus: beta must be a real number; got beta='2'"):
+        refkern.softplus(np.ones(2, np.float32), beta="2")
+    with pytest.raises(TypeError, match=r"^exp: expected floating-point inputs"):
+        refkern.exp(np.ones(2, np.int64))
+
+
+@example(x=2.0**-1074)
+@given(st.floats(-50, 50, allow_nan=False) | st.floats(allow_nan=False, allow_infinity=False))
+@settings(max_examples=40, deadline=None)
+def test_values_hold_the_exact_value(x):
+    """The yardstick's exact values (hi + lo) are within 2**-95 of the truth (relative), where defined."""
+    import mpmath
+
+    from refkern.accumulate.formats import FLOAT64
+    from refkern.kernels.elementwise import values
+
+    for fn, f in (("exp", mpmath.exp), ("tanh", mpmath.tanh), ("sin", mpmath.sin)):
+        hi, lo = values(fn, np.array([x]), FLOAT64)
+        with mpmath.workprec(400):
+            t = f(mpmath.mpf(x))
+            if math.isnan(hi[0]) or not math.isfinite(float(t)) or t == 0 or abs(t) < mpmath.mpf(2) ** -900:
+                continue
+            assert abs((mpmath.mpf(hi[0]) + mpmath.mpf(lo[0])) - t) <= abs(t) * mpmath.mpf(2) ** -95, (fn, x)

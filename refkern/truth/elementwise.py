@@ -7,10 +7,10 @@ of gelu composed from them) at a precision that doubles from 80 bits until both 
 (hypergeometric series and asymptotic expansions, not the fast path's series and continued fraction)
 at precision P, charged ``2**-(P-24)`` relative. mpmath's interval functions are not rigorous enclosures at
 their last bits (an 80-bit ``iv.exp(2.5 iv.log(1 + 2**-52))`` excluded the value, which lies 1.9 2**-104
-above a float64 midpoint): every interval is widened by ``2**-(P-16)`` relative before it is rounded. Values that are rational -- 2**n, log2 of a power of
-two, sigmoid(0), pow with an integer exponent or a dyadic one whose root is exact -- are computed as
-fractions and rounded by :func:`refkern.truth.reductions.round_fraction`; every other value is
-irrational, so the loop ends.
+above a float64 midpoint): every interval is widened by ``2**-(P-16)`` relative before it is rounded.
+Values that are rational -- 2**n, log2 of a power of two, sigmoid(0), pow with an integer exponent or a
+dyadic one whose root is exact -- are computed as fractions and rounded by
+:func:`refkern.truth.reductions.round_fraction`; every other value is irrational, so the loop ends.
 
 Special values are read here on their own (not from the fast path): IEEE 754 / C99 Annex F, and
 torch's formulas where torch departs from the limits (silu(-inf) and gelu(-inf) are NaN, pow(x, 0.5)

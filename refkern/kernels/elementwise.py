@@ -52,6 +52,9 @@ def _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i):
     if e == 0.0 and (qh == 0.0 or qh != qh or abs(qh) == math.inf):
         out[i] = qh  # a special result, a zero with its sign
         return
+    if e == 0.0 and ql == 0.0 and -1074 <= k + math.frexp(qh)[1] <= 1024:  # an exact dyadic value (ties too)
+        out[i] = round_to(math.ldexp(qh, k), prec, emin, emax)
+        return
     r, dec = decide_scaled(qh, ql, e, k, prec, emin, emax)
     out[i] = r
     und[i] = not dec
@@ -294,6 +297,9 @@ def _pow_rational(x: float, y: float):
 def _exact(fn, x: float, params, fmt) -> float:
     """The correctly rounded value of one element the double-word bound left undecided."""
     prec, emin, emax = fmt.params
+    if fn == "exp2" and float(x).is_integer():
+        n = int(min(max(x, -4000.0), 4000.0))
+        return xe.round_rational(1 << max(n, 0), 1 << max(-n, 0), prec, emin, emax)
     if fn == "pow":
         q = _pow_rational(x, params[0])
         if q is not None:

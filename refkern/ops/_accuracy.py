@@ -16,6 +16,9 @@ Sources:
   sum |a_i| t <= 4.5, i.e. 4.5 each; the products with t and the exp: 3; exp's 1 ulp; the final
   subtraction: 1), each at most ``2**-24``: charged ``1.5e-7 + 32 * 2**-24`` absolute. (Found by
   measurement: torch.erf of a bfloat16 9.4e-8 is 228 ulp off; float32 torch.erf is within 0.74 ulp.)
+* **oneMKL VM** (Intel oneMKL Vector Mathematics, accuracy modes: HA, the default, within 1 ulp): ATen's
+  ``vml`` sqrt calls it where torch is built with MKL; torch's CPU sqrt is not correctly rounded
+  (measured: 0.74 ulp in float32, 1 ulp in float64), so the torch CPU class charges sqrt 1 ulp.
 * **glibc libm** (GNU C Library manual, "Known Maximum Errors in Math Functions", x86_64 column): the
   largest errors its test suite exposes; torch's scalar (non-vectorised) paths call it.
 * **CUDA** (CUDA C++ Programming Guide, appendix "Mathematical Functions", tables "Single-Precision
@@ -52,10 +55,12 @@ class Library:
 
 _AS_ERF = ("abs", 1.5e-7 + 32 * 2.0**-24)
 _U10 = {f: 1.0 for f in ("exp", "exp2", "expm1", "log", "log2", "log1p", "sin", "cos", "tanh", "erf", "pow")}
+_MKL_SQRT = 1.0  # ATen's vml sqrt is oneMKL's vsSqrt/vdSqrt where MKL is built in: VM's HA mode, <= 1 ulp
 
 LIBRARIES = (
-    Library("torch CPU (SLEEF u10)", {**_U10, "erf_vec": _AS_ERF}, "SLEEF function reference: _u10 = 1.0 ulp; "
-            "ATen Vectorized<float>::erf = A&S 7.1.26", devices=("cpu", "numpy"), half={"erf": _AS_ERF}),
+    Library("torch CPU (SLEEF u10)", {**_U10, "erf_vec": _AS_ERF, "sqrt": _MKL_SQRT},
+            "SLEEF function reference: _u10 = 1.0 ulp; ATen Vectorized<float>::erf = A&S 7.1.26; oneMKL VM HA sqrt",
+            devices=("cpu", "numpy"), half={"erf": _AS_ERF}),
     Library("glibc libm", {"exp": 1.0, "exp2": 1.0, "expm1": 1.0, "log": 1.0, "log2": 1.0, "log1p": 1.0,
                            "sin": 1.0, "cos": 1.0, "tanh": 2.0, "erf": 1.0, "pow": 1.0, "erf_vec": 1.0},
             "GNU C Library manual, Known Maximum Errors in Math Functions (x86_64)", devices=("cpu", "numpy")),

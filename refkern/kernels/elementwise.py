@@ -6,7 +6,9 @@ Every element is the real function of the input value rounded once (to nearest, 
 input's dtype (float16, bfloat16, float32, float64), subnormal results and overflow to +-inf included.
 Ziv's strategy, in three steps:
 
-1. a jitted double-word evaluation with a rigorous error bound (:mod:`refkern.kernels._ew_scalar`,
+1. for results of at most 24 bits, exp, sigmoid and silu first try a float64 evaluation with a
+   rigorous bound (exp_fast, then one rounding per operation); then, or else,
+   a jitted double-word evaluation with a rigorous error bound (:mod:`refkern.kernels._ew_scalar`,
    :mod:`refkern.kernels._ew_dd`), parallel over the elements;
 2. the rounding decided from that bound (:func:`refkern.kernels._transcendental.decide_scaled`: every
    real within the bound rounds alike), which settles all but about ``2**-40`` of float32 elements and
@@ -64,6 +66,11 @@ def _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i):
 @jit(parallel=True)
 def _k_exp(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
+            r, dec = s.f_exp(x[i], prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_exp(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 
@@ -120,6 +127,11 @@ def _k_tanh(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_sigmoid(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
+            r, dec = s.f_sigmoid(x[i], False, prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_sigmoid(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 
@@ -127,6 +139,11 @@ def _k_sigmoid(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_silu(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
+            r, dec = s.f_sigmoid(x[i], True, prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_silu(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 

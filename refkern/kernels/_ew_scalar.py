@@ -459,7 +459,9 @@ def _pos_pow(ax, y, s):
 
 
 # ---------------------------------------------------------------- the float64 tier (results of <= 24 bits)
-# exp_fast (refkern.kernels._transcendental) gives e**x = v 2**m within 2u relative for -2000 <= x <= 1.
+# exp_fast (refkern.kernels._transcendental) gives e**x = v 2**m within 2u relative for -2000 <= x <= 1, and
+# up to x <= 1100 by the argument _ew_dd states for exp_dd (n < 2**17: n C1 and x - n C1 exact; the rounding
+# of n C2 (|n C2| <= 2**-25) and the missing n C3 stay below 2**-77, inside its 2**-70 allowance).
 # With one rounding per further operation (u each; the underflow of v 2**m costs at most 2**-1074 against
 # 1 + E >= 1): exp within 2u; sigmoid(x >= 0) = 1 / (1 + E), E = e**-x, within 2u E/(1+E) + 2u <= 4u;
 # sigmoid(x < 0) = v / (1 + E) (scale 2**m), E = e**x, within 2u + 2u + 2u = 6u; silu one product more,
@@ -469,7 +471,7 @@ def _pos_pow(ax, y, s):
 
 @jit
 def f_exp(x, prec, emin, emax):
-    if not (-2000.0 <= x <= 1.0):
+    if not (-2000.0 <= x <= 1100.0):
         return math.nan, False
     v, m = exp_fast(x)
     return decide_scaled(v, 0.0, 2.02 * _U * v, m, prec, emin, emax)

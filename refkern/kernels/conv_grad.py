@@ -382,33 +382,21 @@ def _patches(a, o_size, ksize, stride, dilation):
     return a.reshape((n, c, math.prod(o_size), math.prod(ksize)))
 
 
-def _weight_judge(xp, gb, ksize, o_size, stride, dilation, groups):
-    """grad_weight of a convolution, grad_W[co, ci, t] = sum_n (sum_o grad_output[n, co, o]
-    x_p[n, ci, o s + t d]), as a :func:`_tap_judge` whose taps are the images."""
-    n, c_in = _shape(xp)[:2]
-    c_out = _shape(gb)[1]
-    cin_g, cout_g = c_in // groups, c_out // groups
-    o, t = math.prod(o_size), math.prod(ksize)
-    lt = _perm(_patches(xp, o_size, ksize, stride, dilation).reshape((n, groups, cin_g, o, t)), (1, 0, 2, 4, 3))
-    rt = _perm(gb.reshape((n, groups, cout_g, o)), (1, 0, 3, 2))
-    shape = (c_out, cin_g) + tuple(ksize)
-    return _tap_judge("weight", lt.reshape((groups, n, cin_g * t, o)), rt, lambda v: v.reshape(shape),
-                      lambda v: v.reshape((1, c_out, cin_g * t)))  # fmt: skip
-
-
-def _convt_weight_judge(x, gp, ksize, stride, dilation, groups):
-    """grad_weight of a transposed convolution, grad_W[ci, co, t] = sum_n (sum_i x[n, ci, i]
-    grad_output_p[n, co, i s + t d]), as a :func:`_tap_judge` whose taps are the images."""
-    n, c_in = _shape(x)[:2]
-    in_size = _shape(x)[2:]
-    c_out = _shape(gp)[1]
-    cin_g, cout_g = c_in // groups, c_out // groups
-    i, t = math.prod(in_size), math.prod(ksize)
-    lt = _perm(_patches(gp, in_size, ksize, stride, dilation).reshape((n, groups, cout_g, i, t)), (1, 0, 2, 4, 3))
-    rt = _perm(x.reshape((n, groups, cin_g, i)), (1, 0, 3, 2))
-    shape = (c_in, cout_g) + tuple(ksize)
-    return _tap_judge("weight", lt.reshape((groups, n, cout_g * t, i)), rt, lambda v: v.reshape(shape),
-                      lambda v: v.reshape((1, c_in, cout_g * t)))  # fmt: skip
+def _weight_judge(patched, other, ksize, size, stride, dilation, groups):
+    """grad_weight as a :func:`_tap_judge` whose taps are the images: of a convolution (``patched`` the padded
+    input x_p, ``other`` grad_output, ``size`` the output's: grad_W[co, ci, t] = sum_n (sum_o grad_output[n, co,
+    o] x_p[n, ci, o s + t d])), or of a transposed convolution (``patched`` the padded grad_output, ``other``
+    the input x, ``size`` the input's: grad_W[ci, co, t] = sum_n (sum_i x[n, ci, i] grad_output_p[n, co, i s + t
+    d]))."""
+    n, c_p = _shape(patched)[:2]
+    c_o = _shape(other)[1]
+    p_g, o_g = c_p // groups, c_o // groups
+    o, t = math.prod(size), math.prod(ksize)
+    lt = _perm(_patches(patched, size, ksize, stride, dilation).reshape((n, groups, p_g, o, t)), (1, 0, 2, 4, 3))
+    rt = _perm(other.reshape((n, groups, o_g, o)), (1, 0, 3, 2))
+    shape = (c_o, p_g) + tuple(ksize)
+    return _tap_judge("weight", lt.reshape((groups, n, p_g * t, o)), rt, lambda v: v.reshape(shape),
+                      lambda v: v.reshape((1, c_o, p_g * t)))  # fmt: skip
 
 
 def _conv_transpose(nd, op, g, a, wrt, who):
@@ -444,8 +432,8 @@ def _conv_transpose(nd, op, g, a, wrt, who):
         xb = x.reshape((1,) + sx) if unbatched else x
         out["weight"] = Adjoint("weight", f"conv{nd}d", (gs, _swap01(xb)),
                                 dict(stride=dilation, dilation=stride, groups=groups), to_grad=_swap01,
-                                from_grad=_swap01, judge=lambda: _convt_weight_judge(xb, gp, ksize, stride, dilation,
-                                                                                     groups))  # fmt: skip
+                                from_grad=_swap01, judge=lambda: _weight_judge(gp, xb, ksize, _shape(xb)[2:], stride,
+                                                                               dilation, groups))  # fmt: skip
     if "bias" in wrt:
         out["bias"] = _bias_sum(g, unbatched)
     return out

@@ -71,7 +71,8 @@ LIBRARIES = (
     Library("CUDA fast-math intrinsics", {"exp": ("expf_fast",), "exp2": 2.0, "log": ("logf_fast",),
                                           "log2": ("logf_fast",), "sin": ("sincos_fast",), "cos": ("sincos_fast",),
                                           "tanh": ("rel", 2.0**-10.987)},
-            "CUDA C++ Programming Guide, Intrinsic Functions (-use_fast_math)", reduced=True),
+            "CUDA C++ Programming Guide, Intrinsic Functions (-use_fast_math)", devices=("cuda", "numpy"),
+            reduced=True),
 )  # fmt: skip
 
 

@@ -437,6 +437,9 @@ def v_pow(x, y):
         return _special(-0.0 if odd else 0.0)
     if x < 0.0 and not _is_int(y):
         return _special(_NAN)
+    if y == 2.0 and 2.0**-500 < abs(x) < 2.0**500:  # x * x exactly, as a double word (torch's x * x)
+        ph, pl = two_product(x, x)
+        return ph, pl, 0.0, 0, True
     s = -1.0 if (x < 0.0 and odd) else 1.0
     return _pos_pow(abs(x), y, s)
 

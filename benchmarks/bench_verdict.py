@@ -161,6 +161,7 @@ import json
 import sys
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -2576,6 +2577,51 @@ def _online_softmax(X, tile, log):
     return np.exp(X - m[:, None]) / l[:, None]
 
 
+def _exp_u20_softmax(X, log, online):
+    """softmax (log_softmax) of the float32 rows X with torch's ``Vectorized<float>::exp_u20`` (emulated bit
+    for bit, calibrate_exp_u20.py), float32: two passes (the maximum, then the exps and their sum), or
+    ``online`` per element (Milakov and Gimelshein's running normaliser: the sum rescaled by an exp at every
+    new maximum, as a thread's sequential loop in a warp-level softmax does)."""
+    if "rows" not in _EXP_U20:
+        import importlib.util
+
+        from numba import njit
+
+        path = Path(__file__).with_name("calibrate_exp_u20.py")
+        spec = importlib.util.spec_from_file_location("calibrate_exp_u20", path)
+        cal = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cal)
+        exp = cal.exp_u20
+
+        @njit
+        def rows(X, log, online):
+            R, n = X.shape
+            Y = np.empty((R, n), np.float32)
+            for i in range(R):
+                m, d = np.float32(-np.inf), np.float32(0.0)
+                if online:
+                    for j in range(n):
+                        mn = max(m, X[i, j])
+                        d = np.float32(np.float32(d * exp(np.float32(m - mn))) + exp(np.float32(X[i, j] - mn)))
+                        m = mn
+                else:
+                    for j in range(n):
+                        m = max(m, X[i, j])
+                    for j in range(n):
+                        d = np.float32(d + exp(np.float32(X[i, j] - m)))
+                ld = np.float32(np.log(d))
+                for j in range(n):
+                    t = np.float32(X[i, j] - m)
+                    Y[i, j] = np.float32(t - ld) if log else np.float32(exp(t) / d)
+            return Y
+
+        _EXP_U20["rows"] = rows
+    return _EXP_U20["rows"](np.ascontiguousarray(X, F32), log, online)
+
+
+_EXP_U20 = {}
+
+
 def _attn_np(q, k, v, tile=None, p_dtype=None):
     """Attention in float32 numpy: scores q k^T / sqrt(d), softmax, P V; ``tile``: online over tiles of
     keys (running max, rescaled sum and output); ``p_dtype``: P rounded to that torch dtype before P V
@@ -2610,7 +2656,8 @@ def pw_correct(op, args, kw, dtype, good, data):
     bench_verdict's ``alternatives`` (sums left to right, reversed, tree, blocked, Kahan; two-pass, Welford
     and Chan-merged variances; norms direct, folded and divided; softmax by division and reciprocal),
     SIMD-lane sums, the two-pass folded norm, Hugging Face's RMSNorm (half: the normalised row rounded
-    before the weight), online softmax over tiles of 128, attention direct, online over tiles of 128
+    before the weight), online softmax over tiles of 128, softmax with torch's exp_u20 in two passes and
+    online per element, attention direct, online over tiles of 128
     keys, and (half) with P rounded before P V. Sequential float32 sums of one-signed terms (offset data,
     var's squares) beyond 10^5 terms (they drift towards stagnation: a bug of their own) are left out."""
     dt = DT[dtype]
@@ -2645,6 +2692,9 @@ def pw_correct(op, args, kw, dtype, good, data):
     if op in ("softmax", "log_softmax"):
         y = _online_softmax(X, PW_TILE, op == "log_softmax")
         out.append((f"online softmax, tiles of {PW_TILE} fp32", _to(y, dt, good.shape)))
+        for online in (False, True):  # torch's exp_u20 (its CPU attention and softmax kernels' exp)
+            y = _exp_u20_softmax(X, op == "log_softmax", online)
+            out.append((f"exp_u20 fp32, {'online per element' if online else 'two passes'}", _to(y, dt, good.shape)))
     if op == "scaled_dot_product_attention":
         q, k, v = args[:3]
         out.append(("attention fp32, direct", _to(_attn_np(q, k, v), dt, good.shape)))

@@ -10,6 +10,7 @@ import pytest
 import refkern as rk
 from refkern.accumulate.formats import FLOAT32
 from refkern.analysis import noise as nz
+from refkern.analysis import noise_attention as nz_att
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -26,8 +27,8 @@ def _v(rep):
 
 def test_constants_by_hand():
     assert nz.RSQRT_ULPS == 2
-    assert nz.BLOCK == 32
-    assert nz.DOT_BLOCK == 4
+    assert nz_att.BLOCK == 32
+    assert nz_att.DOT_BLOCK == 4
     assert nz.TINY == pytest.approx(2.0**-300, abs=0)
 
 
@@ -340,3 +341,27 @@ def test_sequential_welford_on_quantized_offset_rows_is_rounding():
     assert rep.verdict == "rounding", rep
     assert any("sequential Welford" in t for t in rep.notes)
     assert rk.compare((out.double() * 1.1).bfloat16(), "layer_norm", x, (4096,), w, b).verdict == "mismatch"
+
+
+def test_row_coherent_by_hand():
+    """Two rows of 3, shared variances 1 and 4, loadings 1: (A**2 - sum a**2) per row, 36 - 14 = 22 and
+    4 (9 - 3) = 24."""
+
+    class Lay:
+        rows = staticmethod(lambda w: np.asarray(w, np.float64).reshape(2, 3))
+
+    coherent = nz._row_coherent(Lay, np.array([1.0, 4.0]), np.ones((2, 3)))
+    assert coherent(np.array([1.0, 2.0, 3.0, 1.0, 1.0, 1.0])) == pytest.approx(46.0, abs=0)
+    assert nz._row_coherent(Lay, np.array([np.inf, 0.0]), np.ones((2, 3)))(np.ones(6)) == np.inf  # no test
+
+
+def test_a_softmax_scale_error_is_seen_by_the_scale_test():
+    """The rows' shared errors (the sum D, its rescales) enter the scale test as coherent variance: a whole
+    softmax scaled by 1 + 16 u is a mismatch although no element is near its own threshold."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    y = torch.softmax(x, -1)
+    assert rk.compare(y, "softmax", x, -1).verdict == "rounding"
+    rep = rk.compare(y * (1 + 16 * 2.0**-24), "softmax", x, -1)
+    assert rep.verdict == "mismatch" and rep.max_prob_ratio < 0.5
+    assert any("a scale error" in n for n in rep.notes)

@@ -32,13 +32,14 @@ def test_pool_scale_by_hand():
 
 
 def test_softmax_scale_by_hand():
-    """x = [0, 0], g = [1, -1]: y = 1/2, D = 0, dx = +-1/2. Per element nu = (2 EXP_ULPS u)**2 + 2 u**2 + u_o**2
-    = 1603 u**2; the shared sS = sum y**2 beta**2 + u**2 S**2 / D**2 = 800 u**2 + u**2; D's vD = u**2 sum (g y)**2
-    = u**2 / 2; own = nu (h**2 - 2 h g y + sum (g y)**2) = 1603 / 2 u**2; relative: own + g**2 sS + vD + u**2 h**2
-    + u**2 (g**2 + h**2) = 1606 u**2, times y**2 = 1/4; the stores 2 (u / 2)**2 and (n + 4 + 2) eta**2."""
+    """x = [0, 0], g = [1, -1]: y = 1/2, D = 0, dx = +-1/2. Per element nu = (2 B u)**2 + 2 u**2 + u_o**2 with
+    B = 2 (the exp at 0, EXP_SCALE_BINADES) = 19 u**2; the shared sS = sum y**2 beta**2 + u**2 S**2 / D**2 =
+    8 u**2 + u**2; D's vD = u**2 sum (g y)**2 = u**2 / 2; own = nu (h**2 - 2 h g y + sum (g y)**2) = 19 / 2 u**2;
+    relative: own + g**2 sS + vD + u**2 h**2 + u**2 (g**2 + h**2) = 22 u**2, times y**2 = 1/4; the stores
+    2 (u / 2)**2 and (n + 4 + 2) eta**2."""
     v, sc = nb.softmax_noise(np.array([[0.0, 0.0]]), np.array([[1.0, -1.0]]), FLOAT32, False)
     assert sc == 1.0
-    assert v[0, 0] == pytest.approx(1606 * U**2 / 4 + U**2 / 2 + 8 * ETA2, abs=0)
+    assert v[0, 0] == pytest.approx(22 * U**2 / 4 + U**2 / 2 + 8 * ETA2, abs=0)
     assert v[0, 1] == pytest.approx(v[0, 0], abs=0)
 
 

@@ -74,6 +74,10 @@ from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Form
 
 __all__ = [
     "EXP_ULPS",
+    "EXP_SCALE_ULPS",
+    "EXP_SCALE_BINADES",
+    "exp_scale_ulps",
+    "LOG_SCALE_ULPS",
     "LOG_ULPS",
     "ARG_ROUNDINGS",
     "LOGIT_ROUNDINGS",
@@ -85,6 +89,38 @@ __all__ = [
 
 EXP_ULPS = 20  #: exp within 20 ulps of the working format (torch's exp_u20 on AVX2/AVX-512), exp(0) = 1 exactly
 LOG_ULPS = 4  #: log within 4 ulps (glibc, Sleef u10 and CUDA's logf are within 1)
+#: The statistical scale's exp (:mod:`refkern.analysis.noise`): the largest error, on a softmax's arguments
+#: ``x <= 0`` with a normal result, of the exps that correct float32 kernels call, per binade of ``|x|``
+#: (upper end, ulps). torch's ``Vectorized<float>::exp_u20`` (AVX2 and AVX-512 share its algorithm; documented
+#: "ULP=20"), measured over every float32 in [-88, 0] by a bit-exact emulation
+#: (``benchmarks/calibrate_exp_u20.py --binades``): 1.88, 1.85, 1.84, 1.91, 2.06, 2.30, 2.84, 3.95 and 4.70
+#: ulp in [0, 1/2), [1/2, 1), [1, 2), ..., [32, 64), [64, 128) (its reduction's n (ln 2 - ln2_f) grows with
+#: |x|); CUDA's expf is documented within 2, SLEEF's u10 and glibc's within 1. Each rounded up to a quarter
+#: (exact in binary), at least 2. A deterministic error bounded by B has a second moment of at most B**2, so
+#: ``(2 B u)**2`` is charged as each term's relative variance. float64 kernels' exps (SLEEF u10, glibc, CUDA's
+#: exp) are within 1 ulp. (The envelope keeps the documented EXP_ULPS: it bounds, it does not average. Below
+#: the normal range exp_u20 flushes to 0, an absolute error of at most 1.42 float32 minima, the underflow
+#: terms' share.)
+EXP_SCALE_BINADES = ((0.5, 2.0), (1.0, 2.0), (2.0, 2.0), (4.0, 2.0), (8.0, 2.25), (16.0, 2.5), (32.0, 3.0),
+                     (64.0, 4.0), (np.inf, 4.75))  # fmt: skip
+EXP_SCALE_ULPS = EXP_SCALE_BINADES[-1][1]  #: the largest of them (float32), 4.75
+EXP_SCALE_ULPS_F64 = 1.0  #: float64's
+
+
+def exp_scale_ulps(arg, u):
+    """The bound B of :data:`EXP_SCALE_BINADES` at each exp argument ``arg`` (an array; the largest where it is
+    not finite) for the working unit ``u`` (float64's: :data:`EXP_SCALE_ULPS_F64`)."""
+    a = np.abs(np.asarray(arg, np.float64))
+    if u <= FLOAT64.u:
+        return np.full(a.shape, EXP_SCALE_ULPS_F64)
+    out = np.full(a.shape, EXP_SCALE_ULPS)
+    with np.errstate(invalid="ignore"):
+        for top, b in reversed(EXP_SCALE_BINADES[:-1]):
+            out = np.where(a < top, b, out)
+    return out
+#: The statistical scale's log (log_softmax's log D): SLEEF u10, glibc and CUDA's logf are within 1 ulp
+#: (their documented maxima, :mod:`refkern.ops._accuracy`); torch's CPU log_softmax takes std::log of the sum.
+LOG_SCALE_ULPS = 1.0
 ARG_ROUNDINGS = 3  #: the exp argument (z - m) c: the subtraction, c's own rounding, the product
 LOGIT_ROUNDINGS = 6  #: a logit's roundings beyond its E - 1 additions: fl(sqrt(s)) twice (2 each), q sqrt(s),
 #: k sqrt(s) (torch's math backend; the fused kernels round fewer), the product

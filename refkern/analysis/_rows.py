@@ -1,10 +1,11 @@
 """Per-row quantities that the statistical scales of :mod:`refkern.analysis.noise` and
 :mod:`refkern.analysis.noise_attention` share: the partial sums' squares of the two summation orders,
-the records of a running maximum (an online softmax's rescales), and a row's softmax weights."""
+the records of a running maximum (an online softmax's rescales), a row's softmax weights, and the
+bound on its exponentials."""
 
 import numpy as np
 
-__all__ = ["_partial_sq", "_records", "_weights"]
+__all__ = ["_partial_sq", "_records", "_weights", "exp_ulps_rows"]
 
 
 def _partial_sq(X):
@@ -42,3 +43,15 @@ def _weights(Z):
         t = np.exp(arg)
         D = t.sum(axis=1)
         return Mf, arg, t, D, t / D[:, None]
+
+
+def exp_ulps_rows(arg, t, u):
+    """(B, B_row): the bound in ulps of each term's exponential at its argument ``arg = z - M``
+    (:func:`~refkern.analysis._envelope_softmax.exp_scale_ulps`), and per row the largest over its live terms
+    (``t > 0``): an online softmax's rescale takes the exp of a difference of running maxima, within the row's
+    range of live logits, so within that largest |arg| (the bound grows with |x|)."""
+    from refkern.analysis._envelope_softmax import exp_scale_ulps
+
+    B = exp_scale_ulps(arg, u)
+    live = np.isfinite(arg) & (t > 0)
+    return B, np.max(np.where(live, B, 0.0), axis=1, initial=0.0)

@@ -55,7 +55,8 @@ a sum of fewer consecutive terms), and a CPU scalar loop is the left-to-right or
   statistics and a half result stores the statistics in the result format (torch's CPU kernel):
   ``u_o |mean|`` and ``u_o var`` more.
 * **softmax, log_softmax, attention**: each term ``t_j = exp(z_j - M)`` carries a relative error
-  ``beta_j``: the exponential within :data:`~refkern.analysis._envelope_softmax.EXP_ULPS` ulps, the
+  ``beta_j``: the exponential within B ulps at its argument (torch's exp_u20 measured per binade of |x|:
+  :data:`~refkern.analysis._envelope_softmax.EXP_SCALE_BINADES`, 2 to 4.75), the
   subtraction ``u |z_j - M|``, for attention the logit's dot product (its partial sums over E, bounded per
   block of :data:`DOT_BLOCK` features as P @ V's below, and its products ``sum_l (q_l k_jl)**2``), the
   scale's product ``u |z_j|``, q and k scaled by ``fl(sqrt(s))`` (two roundings each, ``u_o`` more where
@@ -70,7 +71,8 @@ a sum of fewer consecutive terms), and a CPU scalar loop is the left-to-right or
   and the denominator, the two products remain). attention's ``P @ V``: the partial sums, bounded per
   block of :data:`BLOCK` keys by ``BLOCK (|P_b| + A_b)**2`` (``P_b`` the partial sum at the block's start,
   ``A_b`` the block's ``sum |w v|``), and the division (two roundings: reciprocal and product).
-  log_softmax: ``log D`` within LOG_ULPS ulps, its relative error ``sigma_D``, the subtractions.
+  log_softmax: ``log D`` within :data:`~refkern.analysis._envelope_softmax.LOG_SCALE_ULPS` ulps, its
+  relative error ``sigma_D``, the subtractions.
 
 **Half results** (fp16, bf16) are computed in float32 and stored once; the kernels people run also
 round one or two intermediates to the result format (measured within 1-3 of its ulps), and those are in
@@ -91,7 +93,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
-from refkern.analysis._rows import _partial_sq, _records, _weights
+from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
 from refkern.analysis.noise_attention import attention_noise
 
 __all__ = ["Noise", "noise", "RSQRT_ULPS"]
@@ -299,28 +301,33 @@ def _norm(lay, name, ref_rows, u, out, eta2):
 # --------------------------------------------------------------------------------- softmax, attention
 
 
-def _softmax_rows(X, u, u_m, log):
+def _softmax_rows(X, u, u_m, log, shared=False):
     """Before the stores: sigma**2 of log_softmax over the rows of the logits X; for softmax sigma**2
-    relative to the weight's square (a weight far below 2**-511 has a variance that underflows)."""
-    from refkern.analysis._envelope_softmax import EXP_ULPS, LOG_ULPS
+    relative to the weight's square (a weight far below 2**-511 has a variance that underflows). With
+    ``shared``, also the part every element of a row shares, per row: softmax's relative ``sum_j w_j beta_j``
+    and ``D``'s errors (additions, rescales), log_softmax's ``log D`` and ``M + log D`` (absolute)."""
+    from refkern.analysis._envelope_softmax import LOG_SCALE_ULPS as LOG_ULPS
 
     Mf, arg, t, D, w = _weights(X)
     with np.errstate(all="ignore"):
-        beta2 = (2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + u_m**2  # u_m: each exp term stored
+        B, Brow = exp_ulps_rows(arg, t, u)
+        beta2 = (2.0 * B * u) ** 2 + (u * arg) ** 2 + u_m**2  # u_m: each exp term stored
         beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
         wb = np.einsum("ij,ij->i", w * w, beta2)  # sum_j w_j**2 beta_j**2
         rec = _records(X)
         adds = u * u * _partial_sq(t) / (D * D)  # the sum's own additions, relative
-        sd2 = wb + adds + rec * ((2.0 * EXP_ULPS + 1.0) * u) ** 2
+        sd2 = wb + adds + rec * ((2.0 * Brow + 1.0) * u) ** 2
         if log:
             L = np.log(D)
             y2 = (u * arg) ** 2 + (sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2)[:, None] + (u * (Mf + L[:, None])) ** 2
             y2 = y2 + (u * (arg - L[:, None])) ** 2 + u_m**2 * (arg * arg + (L * L)[:, None] + 1.0)
-            return np.where(np.isfinite(y2), y2, 0.0)
+            y2 = np.where(np.isfinite(y2), y2, 0.0)
+            return (y2, sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2 + (u * (Mf + L)) ** 2) if shared else y2
         own = beta2 * (1.0 - 2.0 * w)
         rel = (own + wb[:, None] + (adds + 2.0 * u * u)[:, None]
-               + (rec * ((2.0 * EXP_ULPS + 1.0) * u) ** 2)[:, None] + u_m**2)  # fmt: skip
-        return np.where(np.isfinite(rel), np.maximum(rel, 0.0), 0.0)  # relative: sigma**2 / w**2
+               + (rec * ((2.0 * Brow + 1.0) * u) ** 2)[:, None] + u_m**2)  # fmt: skip
+        rel = np.where(np.isfinite(rel), np.maximum(rel, 0.0), 0.0)  # relative: sigma**2 / w**2
+        return (rel, sd2) if shared else rel
 
 
 # ------------------------------------------------------------------------------------------------ API
@@ -389,9 +396,11 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         return Noise(lay.back(std), models, axes)
     axes = (_softmax_axis(args, nd),) if nd and kind in ("softmax", "log_softmax") else ()
     if kind == "log_softmax":
-        return Noise(lay.back(_softmax_rows(lay.X, u, u_m, True)) + stores, [], axes)
+        y2, sh = _softmax_rows(lay.X, u, u_m, True, shared=True)
+        return Noise(lay.back(y2) + stores, [], axes, coherent=_row_coherent(lay, sh, np.ones(lay.X.shape)))
     if kind == "softmax":  # in units of each weight's power of two: tiny weights' variances do not underflow
-        rel = lay.back(_softmax_rows(lay.X, u, u_m, False))
+        rel, sh = _softmax_rows(lay.X, u, u_m, False, shared=True)
+        rel = lay.back(rel)
         with np.errstate(all="ignore"):
             _, e = np.frexp(np.where(np.isfinite(ref) & (ref != 0), np.abs(ref), 1.0))
         sc = np.ldexp(1.0, np.minimum(1 - e, 1000))  # ref * sc in [1, 2); 1 for weights of 0 and 1
@@ -400,11 +409,28 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         eta_w, eta_o = (_eta(f) * sc if np.ndim(sc) == 0 else np.ldexp(1.0, f.emin - f.prec + np.frexp(sc)[1] - 1)
                         for f in (FLOAT64 if out is FLOAT64 else FLOAT32, out))  # fmt: skip
         v = rel * ys * ys + 2.0 * (out.u * ys) ** 2 + 2.0 * eta_o**2 + (lay.n + 4) * eta_w**2
-        return Noise(v, [], axes, sc)
+        return Noise(v, [], axes, sc, coherent=_row_coherent(lay, sh, lay.rows(np.broadcast_to(ys, ref.shape))))
     if kind == "attention":
         v = lay.back(attention_noise(lay, u, u_m, lay.rows(ref)))
         return Noise(v + stores, [], (nd - 1,) if nd else ())
     raise AssertionError(kind)  # pragma: no cover - every kind of layout() is handled
+
+
+def _row_coherent(lay, shared, loading):
+    """``coherent(w)`` of :class:`Noise` for errors a row shares: the row's error ``eps_r`` (variance
+    ``shared[r]``) moves its element ``i`` by ``loading_ri eps_r`` (row layout, in the units of the test), so
+    ``sum e w`` has ``shared[r] ((sum_i l_i w_i)**2 - sum_i (l_i w_i)**2)`` beyond ``sum sigma**2 w**2`` per row,
+    whose elements' ``sigma**2`` hold that error once each (the weights' negative covariance with the row's
+    ``sum_j w_j beta_j`` is left out: more variance, a more cautious test)."""
+    S = np.asarray(shared, np.float64)
+
+    def coherent(w):
+        with np.errstate(all="ignore"):
+            a = lay.rows(w) * loading
+            A = a.sum(axis=1)
+            return float(np.sum(np.where(S > 0, S * (A * A - (a * a).sum(axis=1)), 0.0)))
+
+    return coherent
 
 
 TINY = 2.0**-300  #: below this largest |value|, a float64 call's scale is computed on values times 2**600

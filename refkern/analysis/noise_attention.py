@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refkern.analysis._rows import _partial_sq, _records, _weights
+from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
 
 __all__ = ["attention_noise", "attention_rows", "AttentionRows", "BLOCK", "DOT_BLOCK"]
 
@@ -49,8 +49,6 @@ class AttentionRows:
 def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
     """The forward scale of one output batch ``b`` of the attention call ``a`` (module docstring), its
     logits ``z`` with the mask ``m`` and ``mag = s sum |q k|`` (:func:`~refkern.analysis._envelope_softmax._logits`)."""
-    from refkern.analysis._envelope_softmax import EXP_ULPS
-
     s = abs(a.scale)
     uq = u_m + 2.0 * u  # q or k scaled (by fl(sqrt(s)): two roundings) and stored in the result format
     E = a.Q.shape[2]
@@ -65,7 +63,8 @@ def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
         # the order-free (E + 1) (s sum|q k|)**2, larger, and negligible next to the scores' store u_m |z|
         part = (E + 1.0) * (mag / s) ** 2 if u_m else _block_partials(q, k.T, DOT_BLOCK)
         logit = (u * s) ** 2 * (part + qk2) + (u * z) ** 2 + (uq * s) ** 2 * qk2
-        beta2 = ((2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + logit
+        B = exp_ulps_rows(arg, t, u)[0]
+        beta2 = ((2.0 * B * u) ** 2 + (u * arg) ** 2 + logit
                  + np.where(np.isfinite(m) & (m != 0), (u * z) ** 2, 0.0) + (u_m * z) ** 2)  # fmt: skip
         beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
         g = w * w * beta2

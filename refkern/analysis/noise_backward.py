@@ -32,8 +32,8 @@ torch keeps an intermediate in it, 0 otherwise):
   the difference ``(u**2 + u_m**2) (g_i - D)**2`` and either product form ``u**2 ((y g)**2 + (y D)**2 +
   dx**2)``. float64 results are scaled per element by a power of two of the weight, as the forward.
 * **log_softmax** ``dx_i = g_i - exp(l^_i) G^``, ``G = sum g``: the stored ``l^_i`` (its forward variance,
-  absolute) and the exponential (``2 EXP_ULPS u``, relative) move ``exp(l^_i)`` relatively; ``G``'s
-  partial sums (``u_m G`` stored); the product and the difference.
+  absolute) and the exponential (``2 B u`` relative, B of ``exp_scale_ulps`` at l^) move ``exp(l^_i)``
+  relatively; ``G``'s partial sums (``u_m G`` stored); the product and the difference.
 * **layer_norm, rms_norm, group_norm, batch_norm**, grad_input ``dx_j = r (gw_j - S / n) - r**3 d_j C /
   n`` (``d = x - mean``, ``gw = g w``, ``S = sum gw``, ``C = sum gw d``, ``r = (var + eps)**-1/2``): each
   product ``gw_k`` (charged ``u + u_m``: Hugging Face's RMSNorm forms it in the half dtype;
@@ -68,7 +68,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
-from refkern.analysis._rows import _partial_sq, _records, _weights
+from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
 from refkern.analysis.noise import RSQRT_ULPS, _moments, _softmax_rows
 
 __all__ = ["softmax_noise", "norm_input_noise", "norm_param_noise", "pool_noise", "mean_noise", "var_noise",
@@ -105,7 +105,7 @@ def softmax_noise(xr, gr, out: Format, log: bool):
     """(sigma**2 per element of the rows (R, n), the scale: a power of two per element, or 1) of the
     softmax (log_softmax with ``log``) gradient over the rows ``xr`` of logits with grad_output ``gr``,
     computed in ``out`` (module docstring)."""
-    from refkern.analysis._envelope_softmax import EXP_ULPS
+    from refkern.analysis._envelope_softmax import exp_scale_ulps
 
     u, u_m, u_o, eta_o, eta_w = _units(out)
     eta_h = eta_o if u_m else 0.0  # D^ (G^) and g - D^ stored in the half format: a subnormal loses eta_o
@@ -122,16 +122,18 @@ def softmax_noise(xr, gr, out: Format, log: bool):
             yG = y * Gs
             dx = G - yG
             vG = vG + eta_h**2  # G stored in the half format may be subnormal
-            v = yG**2 * (l2 + (2.0 * EXP_ULPS * u) ** 2) + y * y * vG + u * u * (yG**2 + dx * dx)
+            Bl = exp_scale_ulps(arg - np.log(Dn)[:, None], u)  # exp of the stored l^ = z - M - log D
+            v = yG**2 * (l2 + (2.0 * Bl * u) ** 2) + y * y * vG + u * u * (yG**2 + dx * dx)
             v = v + u_m**2 * yG**2 + _stores(dx, out, n + 4)
             return np.where(np.isfinite(v), v, np.inf), 1.0
         # the forward's per-element and shared relative variances (noise._softmax_rows, split)
-        beta2 = (2.0 * EXP_ULPS * u) ** 2 + (u * arg) ** 2 + u_m**2
+        B, Brow = exp_ulps_rows(arg, t, u)
+        beta2 = (2.0 * B * u) ** 2 + (u * arg) ** 2 + u_m**2
         beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)
         nu = beta2 + 2.0 * u * u + u_o**2  # the exponential, the division, the store of y^
         rec = _records(X)
         sS = np.einsum("ij,ij->i", y * y, beta2) + u * u * _partial_sq(t) / (Dn * Dn) + rec * (
-            (2.0 * EXP_ULPS + 1.0) * u) ** 2  # fmt: skip
+            (2.0 * Brow + 1.0) * u) ** 2  # fmt: skip
         D = np.einsum("ij,ij->i", G, y)[:, None]
         h = G - D
         gy = G * y

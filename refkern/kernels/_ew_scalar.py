@@ -36,7 +36,7 @@ from refkern.kernels._ew_dd import (
     log_core,
     sin_cos_core,
 )
-from refkern.kernels._transcendental import _F_HI, _F_LO, decide_scaled, exp_fast
+from refkern.kernels._transcendental import _F_HI, _F_LO, decide_scaled, exp_fast, log_fast
 
 _NAN = math.nan
 _INF = math.inf
@@ -500,3 +500,37 @@ def f_sigmoid(x, times_x, prec, emin, emax):
         xs, j = _scaled(x)
         q, rel, k = q * xs, rel + 1.01 * _U, k + j
     return decide_scaled(q, 0.0, rel * abs(q), k, prec, emin, emax)
+
+
+@jit
+def f_tanh(x, prec, emin, emax):
+    """tanh|x| = (1 - E) / (1 + E), E = e**(-2|x|) within 2u (exp_fast), for 1/16 <= |x| <= 40: the
+    relative error is at most ``2u 2E / ((1 - E)(1 + E)) + 3u`` (the sensitivity of the quotient to E, then
+    1 - E, 1 + E and the division, one rounding each), charged with a factor 1.01."""
+    ax = abs(x)
+    if not (0.0625 <= ax <= 40.0):
+        return math.nan, False
+    v, m = exp_fast(-2.0 * ax)
+    E = math.ldexp(v, m)
+    q = (1.0 - E) / (1.0 + E)
+    rel = (2.02 * _U * 2.0 * E / ((1.0 - E) * (1.0 + E)) + 3.0 * _U) * 1.01
+    r, ok = decide_scaled(q, 0.0, rel * q, 0, prec, emin, emax)
+    return (r if x > 0.0 else -r), ok
+
+
+@jit
+def f_log(x, prec, emin, emax):
+    """log x = log(S) - k ln 2, x = S 2**-k with S in [1, 2): log(S) by log_fast (libm's log checked through
+    exp_fast: a rigorous bound), k ln 2 as ``two_product(k, ln2_hi) + k ln2_lo`` (ln 2 within 2**-104
+    relative; the product's rounding and the sum's, u of each), two additions (u each of their results)."""
+    if not (0.0 < x < math.inf):
+        return math.nan, False
+    S, j = _scaled(x)
+    L, eL = log_fast(1.0, S - 1.0, 0.0)  # S - 1 exact
+    k = float(j)
+    kh, kl = two_product(k, K_LN2[0])
+    kl += k * K_LN2[1]
+    a = L + kh
+    b = a + kl
+    e = eL + abs(k) * 2.0**-103 + _U * (abs(k * K_LN2[1]) + abs(kl) + abs(a) + abs(b)) * 1.01
+    return decide_scaled(b, 0.0, e, 0, prec, emin, emax)

@@ -365,3 +365,23 @@ def test_a_softmax_scale_error_is_seen_by_the_scale_test():
     rep = rk.compare(y * (1 + 16 * 2.0**-24), "softmax", x, -1)
     assert rep.verdict == "mismatch" and rep.max_prob_ratio < 0.5
     assert any("a scale error" in n for n in rep.notes)
+
+
+def test_row_bound_coherent_by_hand():
+    """Rows of 2, sigma (1, 2) and (3, 4), w = (1, -1, 2, 1): per row (sum sigma |w|)**2 - sum sigma**2 w**2:
+    9 - 5 = 4 and 100 - 52 = 48."""
+    coherent = nz._row_bound_coherent(lambda w: np.asarray(w).reshape(2, 2), np.array([[1.0, 2.0], [3.0, 4.0]]))
+    assert coherent(np.array([1.0, -1.0, 2.0, 1.0])) == pytest.approx(52.0, abs=0)
+
+
+def test_an_attention_scale_error_is_seen_by_the_scale_test():
+    """A query's outputs may share errors in any way: the scale test takes them at their largest within a row,
+    and still sees a whole fp32 attention scaled by 1 + 8 u far below any element's threshold."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 256, 32, generator=g) for _ in range(3))
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert rk.compare(o, "scaled_dot_product_attention", q, k, v).verdict == "rounding"
+    rep = rk.compare(o * (1 + 8 * 2.0**-24), "scaled_dot_product_attention", q, k, v)
+    assert rep.verdict == "mismatch" and rep.max_prob_ratio < 0.5
+    assert any("a scale error" in n for n in rep.notes)

@@ -411,8 +411,12 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         v = rel * ys * ys + 2.0 * (out.u * ys) ** 2 + 2.0 * eta_o**2 + (lay.n + 4) * eta_w**2
         return Noise(v, [], axes, sc, coherent=_row_coherent(lay, sh, lay.rows(np.broadcast_to(ys, ref.shape))))
     if kind == "attention":
-        v = lay.back(attention_noise(lay, u, u_m, lay.rows(ref)))
-        return Noise(v + stores, [], (nd - 1,) if nd else ())
+        v = lay.back(attention_noise(lay, u, u_m, lay.rows(ref))) + stores
+        Ev = ref.shape[-1] if nd else 1
+        # a query's outputs share its sum D, its weights' errors, q's rounding, with correlations the scale
+        # does not carry: within a row the scale test takes them at their largest (Cauchy-Schwarz)
+        coherent = _row_bound_coherent(lambda w: np.asarray(w, np.float64).reshape(-1, Ev), np.sqrt(v).reshape(-1, Ev))
+        return Noise(v, [], (nd - 1,) if nd else (), coherent=coherent)
     raise AssertionError(kind)  # pragma: no cover - every kind of layout() is handled
 
 
@@ -429,6 +433,19 @@ def _row_coherent(lay, shared, loading):
             a = lay.rows(w) * loading
             A = a.sum(axis=1)
             return float(np.sum(np.where(S > 0, S * (A * A - (a * a).sum(axis=1)), 0.0)))
+
+    return coherent
+
+
+def _row_bound_coherent(rows, sigma):
+    """``coherent(w)`` of :class:`Noise` where a row's elements may be correlated in any way: ``Var(sum_i e_i
+    w_i) <= (sum_i sigma_i |w_i|)**2`` within a row (Cauchy-Schwarz), rows independent; beyond ``sum sigma**2
+    w**2``. ``rows(w)``: an output-shaped array in rows (R, n); ``sigma`` in rows, the units of the test."""
+
+    def coherent(w):
+        with np.errstate(all="ignore"):
+            a = sigma * np.abs(rows(w))
+            return float(np.sum(a.sum(axis=1) ** 2 - (a * a).sum(axis=1)))
 
     return coherent
 

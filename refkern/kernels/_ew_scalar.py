@@ -416,9 +416,8 @@ def v_pow(x, y):
         return _special(_NAN)
     if y == 0.5:  # sqrt: correctly rounded in float64, and rounding it again is innocuous (53 >= 2 p + 2)
         return np.sqrt(x), 0.0, 0.0, 0, True
-    if y == -0.5:
-        if x < 0.0 or x == 0.0 or x == _INF:
-            return v_rsqrt(x)
+    if y == -0.5:  # rsqrt, special values included (torch's)
+        return v_rsqrt(x)
     odd = _is_odd(y)
     if x == 0.0:
         if y < 0.0:

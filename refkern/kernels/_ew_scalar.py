@@ -23,12 +23,14 @@ from refkern._jit import jit
 from refkern.accumulate.dd import EPS, dd_add, dd_add_fp, dd_div, dd_div_fp, dd_mul, dd_mul_fp, dd_sqrt
 from refkern.accumulate.eft import two_product
 from refkern.kernels._ew_dd import (
+    _FH,
     CONST_REL,
     K_2SQPI,
     K_KAPPA,
     K_LN2,
     K_RSQRT2,
     K_SQRT2PI,
+    _reduce,
     erf_core,
     erfc_core,
     exp_core,  # fmt: skip
@@ -533,3 +535,43 @@ def f_log(x, prec, emin, emax):
     b = a + kl
     e = eL + abs(k) * 2.0**-103 + _U * (abs(k * K_LN2[1]) + abs(kl) + abs(a) + abs(b)) * 1.01
     return decide_scaled(b, 0.0, e, 0, prec, emin, emax)
+
+
+@jit
+def f_sin_cos(x, want_cos, prec, emin, emax):
+    """sin x or cos x for 2**-450 <= |x| finite: r from the exact reduction (_ew_dd._reduce, its high word:
+    the low word is below u |r|), then Taylor in float64, 11 terms (truncation below 2**-72 of the
+    value for |r| <= pi/4), by Horner in s = r**2: Higham's bound gamma_22 sum |c_k| s**k, with sum |c_k|
+    s**k / |p(s)| at most sinh(r) / sin(r) <= 1.23 (sin) and cosh(r) / cos(r) <= 1.88 (cos), the rounded
+    coefficients and s one u more each, the product by r one u: at most 28u (sin) and 41u (cos) relative,
+    charged 64u; plus the reduction's error and the dropped low word (|d sin|, |d cos| <= |dr|)."""
+    ax = abs(x)
+    if not (2.0**-450 <= ax < math.inf):
+        return math.nan, False
+    if ax <= 0.78:
+        n, rh, rl, er = 0, ax, 0.0, 0.0
+    else:
+        n, rh, rl, er = _reduce(ax)
+    sq = rh * rh
+    ps = _FH[21]
+    pc = _FH[20]
+    for k in range(9, -1, -1):
+        ps = _FH[2 * k + 1] - sq * ps
+        pc = _FH[2 * k] - sq * pc
+    sn = rh * ps
+    cs = pc
+    dr = er + abs(rl)
+    e_s = 64.0 * _U * abs(sn) + dr
+    e_c = 64.0 * _U * abs(cs) + dr
+    sg = -1.0 if (x < 0.0 and not want_cos) else 1.0
+    q = n if not want_cos else (n + 1) & 3  # cos x = sin(x + pi/2)
+    if q == 0:
+        v, e = sn, e_s
+    elif q == 1:
+        v, e = cs, e_c
+    elif q == 2:
+        v, e = -sn, e_s
+    else:
+        v, e = -cs, e_c
+    r, ok = decide_scaled(sg * v, 0.0, e, 0, prec, emin, emax)
+    return r, ok

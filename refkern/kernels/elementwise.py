@@ -6,7 +6,7 @@ Every element is the real function of the input value rounded once (to nearest, 
 input's dtype (float16, bfloat16, float32, float64), subnormal results and overflow to +-inf included.
 Ziv's strategy, in three steps:
 
-1. for results of at most 24 bits, exp, log, tanh, sigmoid and silu first try a float64 evaluation with a
+1. for results of at most 24 bits, exp, log, tanh, sigmoid, silu, sin and cos first try a float64 evaluation with a
    rigorous bound (exp_fast, then one rounding per operation); then, or else,
    a jitted double-word evaluation with a rigorous error bound (:mod:`refkern.kernels._ew_scalar`,
    :mod:`refkern.kernels._ew_dd`), parallel over the elements;
@@ -182,6 +182,11 @@ def _k_erf(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_sin_cos(x, want_cos, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
+            r, dec = s.f_sin_cos(x[i], want_cos, prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_sin_cos(x[i], want_cos)
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 

@@ -212,6 +212,8 @@ def value(fn: str, x: float, params=(), fmt=None):
         sp = _special(fn, x, params)
         if sp is not None:
             return round_fraction(Fraction(sp), fmt) if (math.isfinite(sp) and sp != 0) else sp
+    if fn in ("gelu", "gelu_tanh") and abs(x) >= 64:  # x Phi(x) within |x| e**(-x**2/2) < 2**-2900 of x or of 0
+        return x if x > 0 else -0.0  # (the tanh form: e**(2u) with 2u < -18000): x itself, or -0
     q = _rational(fn, x, params)
     if q is not None:
         return round_fraction(q, fmt) if q != 0 else 0.0

@@ -1,0 +1,72 @@
+"""What compare costs next to the reference it computes (issue 24: at most 3x on the two cases below).
+
+    python benchmarks/bench_compare_cost.py [--blocks 3] [--json out.json]
+
+Cases: layer_norm over (32, 512, 768) bfloat16 (torch's output, weight and bias) and
+scaled_dot_product_attention (1, 8, 1024, 64) bfloat16, torch's CPU outputs (correct results: the
+verdict is rounding). Each side is timed in blocks of consecutive calls (benchmarks/_timing.py), the
+best block counts; the ratio is compare's time over the reference's, in the same run. Process CPU
+time is reported beside wall time: on a machine shared with other work the CPU ratio is the steadier.
+"""
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+from _timing import per_call
+
+import refkern as rk
+
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 512, 768, generator=g).bfloat16()
+    w, b = torch.randn(768, generator=g).bfloat16(), torch.randn(768, generator=g).bfloat16()
+    out = F.layer_norm(x, (768,), w, b)
+    yield ("layer_norm (32, 512, 768) bf16", lambda: rk.layer_norm(x, (768,), w, b),
+           lambda: rk.compare(out, "layer_norm", x, (768,), w, b))  # fmt: skip
+    q, k, v = (torch.randn(1, 8, 1024, 64, generator=g).bfloat16() for _ in range(3))
+    o = F.scaled_dot_product_attention(q, k, v)
+    yield ("scaled_dot_product_attention (1, 8, 1024, 64) bf16", lambda: rk.scaled_dot_product_attention(q, k, v),
+           lambda: rk.compare(o, "scaled_dot_product_attention", q, k, v))  # fmt: skip
+
+
+def _cpu(fn, blocks):
+    best = float("inf")
+    for _ in range(blocks):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best
+
+
+def run(blocks=3, log=print):
+    rows = []
+    for name, ref, cmp in cases():
+        verdict = cmp().verdict
+        wall = per_call({"reference": (ref, 1), "compare": (cmp, 1)}, blocks)
+        cpu = {"reference": _cpu(ref, blocks), "compare": _cpu(cmp, blocks)}
+        row = {"case": name, "verdict": verdict, "wall": wall, "cpu": cpu,
+               "ratio_wall": wall["compare"] / wall["reference"],
+               "ratio_cpu": cpu["compare"] / cpu["reference"]}  # fmt: skip
+        log(f"{name}: {verdict}; reference {wall['reference']:.3f} s, compare {wall['compare']:.3f} s: "
+            f"{row['ratio_wall']:.1f}x wall, {row['ratio_cpu']:.1f}x CPU (target 3x)")  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    rows = run(a.blocks)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

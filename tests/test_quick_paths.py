@@ -82,3 +82,11 @@ def test_each_tensor_is_converted_once_per_block(monkeypatch):
     np.testing.assert_array_equal(again.values, 2 * first.values)
     _arrays.operand(x, "input", "t")  # outside a block: every call converts
     assert len(calls) == 3
+
+
+def test_class_counts_as_bincount():
+    from refkern.analysis.report import VERDICTS, counts
+
+    c = np.random.default_rng(4).integers(0, 4, 1000).astype(np.int8)
+    assert counts(c) == dict(zip(VERDICTS, np.bincount(c, minlength=4).tolist()))
+    assert counts(np.zeros((2, 0), np.int8)) == dict.fromkeys(VERDICTS, 0)

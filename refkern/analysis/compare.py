@@ -12,7 +12,8 @@ from refkern.analysis.envelope import envelopes
 from refkern.analysis.evaluate import _bind, op_name, problem
 from refkern.analysis.inside import decide_inside
 from refkern.analysis.passes import median, top_k
-from refkern.analysis.report import VERDICTS, Report, passes, where_summary
+from refkern.analysis.report import Report, passes, where_summary
+from refkern.analysis.report import counts as class_counts
 from refkern.analysis.ulp import ulp_errors
 from refkern.analysis.verdict import decide
 from refkern.analysis.verdict_envelope import decide_envelope
@@ -143,7 +144,7 @@ def _analyse_once(actual, op, args, kwargs, rtol, atol, arrays):
     bound0, scale = (np.empty(ref.shape if arrays else 0) for _ in range(2))
     flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (act, ref, mag))
     _figures(*flat, pr.n_terms, u_acc, u_out, arrays, *(v.reshape(-1) for v in (err, bound0, r0, scale, prob, cond)))
-    counts = {v: int(np.count_nonzero(d.classes == k)) for k, v in enumerate(VERDICTS)}
+    counts = class_counts(d.classes)
     unexplained = d.unexplained
     eligible = (unexplained if d.verdict == "mismatch" else err > 0).reshape(-1)
     key = d.z if d.verdict == "mismatch" else prob
@@ -261,7 +262,7 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
     ulps = _ulps(act, ref, fmt) if arrays else None  # else only the max and the worst elements' (no array)
     f0, lam = d.fits[0], d.thresholds["element"]
     stat = next((f for f in d.fits if f.model is d.model and hasattr(f, "lam")), None)  # the statistical model
-    counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
+    counts = class_counts(d.classes)
     if stat is not None and d.verdict == "mismatch":  # the unexplained elements, largest z first
         top, worst = _worst(d.unexplained, d.z, ref.shape)
     else:  # the ten largest envelope ratios among the unequal elements, from the envelope's own pass

@@ -85,7 +85,8 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None, rtol
     ``rtol``/``atol``, its ``tolerance`` as :func:`refkern.compare` reports it for any op."""
     from refkern.analysis.compare import _tolerance, _ulps, _worst
     from refkern.analysis.inside import decide_inside
-    from refkern.analysis.report import VERDICTS, Report
+    from refkern.analysis.report import Report
+    from refkern.analysis.report import counts as class_counts
     from refkern.analysis.verdict_envelope import decide_envelope
 
     d = decide_envelope(act, ref, [("rounding", None, ref, b)], fmt)
@@ -97,7 +98,7 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None, rtol
     stat = nz is not None and d.z is not None
     lam = d.thresholds.get("element", 1.0) if stat else 1.0
     ratio = d.z / lam if stat else r0
-    counts = dict(zip(VERDICTS, np.bincount(d.classes.reshape(-1), minlength=4).tolist()))
+    counts = class_counts(d.classes)
     eligible = d.unexplained if d.verdict == "mismatch" else d.fits[0].state != 0
     top, worst = _worst(eligible, ratio, ref.shape)
     details = [{"index": list(w), "actual": float(act.reshape(-1)[f]), "reference": float(ref.reshape(-1)[f]),

@@ -33,21 +33,12 @@ def cases():
            lambda: rk.compare(o, "scaled_dot_product_attention", q, k, v))  # fmt: skip
 
 
-def _cpu(fn, blocks):
-    best = float("inf")
-    for _ in range(blocks):
-        t = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t)
-    return best
-
-
 def run(blocks=3, log=print):
     rows = []
     for name, ref, cmp in cases():
         verdict = cmp().verdict
-        wall = per_call({"reference": (ref, 1), "compare": (cmp, 1)}, blocks)
-        cpu = {"reference": _cpu(ref, blocks), "compare": _cpu(cmp, blocks)}
+        sides = {"reference": (ref, 1), "compare": (cmp, 1)}
+        wall, cpu = per_call(sides, blocks), per_call(sides, blocks, time.process_time)
         row = {"case": name, "verdict": verdict, "wall": wall, "cpu": cpu,
                "ratio_wall": wall["compare"] / wall["reference"],
                "ratio_cpu": cpu["compare"] / cpu["reference"]}  # fmt: skip

@@ -4043,26 +4043,21 @@ def main(argv=None):
         print_backward(s)
         print(f"backward family: {time.time() - t:.0f} s")
         result["backward"] = {"summary": {k: v for k, v in s.items() if not isinstance(v, list)}, "rows": rows}
-    if a.family in ("all", "power"):
+    power = (("power", "power family", run_power, summarise_power, print_power, a.markdown, power_markdown),
+             ("power_backward", "power family, gradients", run_power_backward, summarise_power_backward,
+              print_power_backward, a.markdown_backward, power_backward_markdown))  # fmt: skip
+    for key, label, run_f, summarise_f, print_f, md_path, md_f in power:
+        if a.family not in ("all", key.replace("_", "-")):
+            continue
         t = time.time()
-        rows = run_power(quick=a.quick, seeds=a.seeds)
-        s = summarise_power(rows)
-        print_power(s)
-        print(f"power family: {time.time() - t:.0f} s")
-        result["power"] = {"summary": s, "rows": rows}
-        if a.markdown:
-            with open(a.markdown, "w") as f:
-                f.write(power_markdown(s) + "\n")
-    if a.family in ("all", "power-backward"):
-        t = time.time()
-        rows = run_power_backward(quick=a.quick, seeds=a.seeds)
-        s = summarise_power_backward(rows)
-        print_power_backward(s)
-        print(f"power family, gradients: {time.time() - t:.0f} s")
-        result["power_backward"] = {"summary": s, "rows": rows}
-        if a.markdown_backward:
-            with open(a.markdown_backward, "w") as f:
-                f.write(power_backward_markdown(s) + "\n")
+        rows = run_f(quick=a.quick, seeds=a.seeds)
+        s = summarise_f(rows)
+        print_f(s)
+        print(f"{label}: {time.time() - t:.0f} s")
+        result[key] = {"summary": s, "rows": rows}
+        if md_path:
+            with open(md_path, "w") as f:
+                f.write(md_f(s) + "\n")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1, default=_jsonable)

@@ -69,6 +69,18 @@ def exp_u20(x):
     return np.float32(np.float32(res * tp) * np.float32(2.0))
 
 
+@nb.njit(cache=True)
+def _error(x):
+    """(exp_u20(x) - exp(x) in float32 ulps at exp(x), exp(x), the absolute error), exp in float64."""
+    y, ex = np.float64(exp_u20(x)), math.exp(np.float64(x))
+    return (y - ex) / math.ldexp(1.0, math.frexp(ex)[1] - 24), ex, abs(y - ex)
+
+
+def _bit_range(lo, hi):
+    """The float32 bit patterns of [lo, hi] (both <= 0; one sign, so one order): (first, past the last)."""
+    return (int(np.float32(hi).view(np.uint32)) if hi < 0 else 0x80000000), int(np.float32(lo).view(np.uint32)) + 1
+
+
 @nb.njit(parallel=True, cache=True)
 def _scan(b0, b1, stride, tiny, out):
     """Over the float32 bit patterns b0, b0 + stride, ... < b1 (one sign, so one order), per chunk: the
@@ -80,17 +92,14 @@ def _scan(b0, b1, stride, tiny, out):
         w = wb = s2 = k = a_w = 0.0
         for t in range(c * n // nch, (c + 1) * n // nch):
             b = b0 + t * stride
-            x = _bits(np.uint32(b))
-            y, ex = np.float64(exp_u20(x)), math.exp(np.float64(x))
+            err, ex, ae = _error(_bits(np.uint32(b)))
             if ex >= 4.0 * tiny:
-                e = math.frexp(ex)[1]
-                err = (y - ex) / math.ldexp(1.0, e - 24)
                 if abs(err) > w:
                     w, wb = abs(err), float(b)
                 s2 += err * err
                 k += 1.0
             else:
-                a_w = max(a_w, abs(y - ex) / tiny)
+                a_w = max(a_w, ae / tiny)
         out[c, 0], out[c, 1], out[c, 2], out[c, 3], out[c, 4] = w, wb, s2, k, a_w
 
 
@@ -106,28 +115,24 @@ def _binades(b0, b1, stride, tiny, out):
     for c in nb.prange(nch):
         for t in range(c * n // nch, (c + 1) * n // nch):
             x = _bits(np.uint32(b0 + t * stride))
-            y, ex = np.float64(exp_u20(x)), math.exp(np.float64(x))
+            err, ex, _ = _error(x)
             if ex >= 4.0 * tiny:
-                err = abs(y - ex) / math.ldexp(1.0, math.frexp(ex)[1] - 24)
                 k = min(max(math.frexp(abs(np.float64(x)))[1] + 1, 0), NB - 1) if x != 0 else 0
-                out[c, k] = max(out[c, k], err)
+                out[c, k] = max(out[c, k], abs(err))
 
 
 def binades(lo=-88.0, hi=0.0, stride=1) -> list:
     """exp_u20's largest error per binade of |x| over every ``stride``-th float32 in [lo, hi] (<= 0): a
     list of (upper end of the binade, ulps)."""
-    b_hi = int(np.float32(hi).view(np.uint32)) if hi < 0 else 0x80000000
     out = np.zeros((64, NB))
-    _binades(b_hi, int(np.float32(lo).view(np.uint32)) + 1, stride, 2.0**-126, out)
+    _binades(*_bit_range(lo, hi), stride, 2.0**-126, out)
     return [(2.0 ** (k - 1), float(v)) for k, v in enumerate(out.max(axis=0))]
 
 
 def scan(lo=-88.0, hi=0.0, stride=1) -> dict:
     """exp_u20's error over every ``stride``-th float32 in [lo, hi] (both <= 0)."""
-    b_hi = int(np.float32(hi).view(np.uint32)) if hi < 0 else 0x80000000
-    b_lo = int(np.float32(lo).view(np.uint32)) + 1
     out = np.zeros((64, 5))
-    _scan(b_hi, b_lo, stride, 2.0**-126, out)
+    _scan(*_bit_range(lo, hi), stride, 2.0**-126, out)
     i = int(np.argmax(out[:, 0]))
     return {"lo": lo, "hi": hi, "stride": stride, "arguments": int(out[:, 3].sum()),
             "max_ulp": float(out[i, 0]), "at": float(_bits(np.uint32(int(out[i, 1])))),

@@ -45,7 +45,7 @@ from refkern.analysis.noise import Noise, noise
 from refkern.analysis.passes import chunks, ulps_at
 from refkern.analysis.stats import ALPHA, group_sums, level
 from refkern.analysis.structure import group_failures, n_groups
-from refkern.analysis.verdict import Decision, _classes, _element_test_arrays, _scale_failure, overflowed
+from refkern.analysis.verdict import Decision, _classes, _element_test_arrays, _scale_failure, overflowed, z_one
 
 __all__ = ["decide_inside", "StatFit", "INSIDE"]
 
@@ -149,12 +149,7 @@ def _healthy_pass(a, c, var, sc, lam, prec, emin, strides, lens, z, gs, gv, peak
             x, y0, v = np.float64(a[i]), np.float64(c[i]), var[i]
             x, y = x * s, y0 * s
             sv = np.sqrt(v)
-            if x == y or (x != x and y != y):
-                zi = 0.0
-            else:
-                zi = abs(x - y) / sv
-                if zi != zi:
-                    zi = np.inf
+            zi = z_one(x, y, sv)
             z[i] = zi
             bad = zi > lam
             bad_here += bad

@@ -246,18 +246,22 @@ def _element_test_arrays(a, c, var, lam, grid):
     return z, fails, keep, r, vk
 
 
+@jit
+def z_one(x, y, sd):
+    """One element's z, ``|x - y| / sd``: 0 where equal or both NaN, inf where undefined."""
+    if x == y or (x != x and y != y):
+        return 0.0
+    z = abs(x - y) / sd
+    return np.inf if z != z else z
+
+
 @jit(parallel=True)
 def _element_test(a, c, var, lam, grid, prec, emin, emax, z, fails, keep, r, vk):
     """One pass of :func:`_zscore` and the element test: z, z > lam, and the residual and variance
     of the elements kept for the group tests (passed and finite), 0 elsewhere."""
     for i in prange(a.size):
         x, y = a[i], c[i]
-        if x == y or (x != x and y != y):
-            zi = 0.0
-        else:
-            zi = abs(x - y) / np.sqrt(var[i])
-            if zi != zi:
-                zi = np.inf
+        zi = z_one(x, y, np.sqrt(var[i]))
         if grid and x == x and round_to(x, prec, emin, emax) != x:
             zi = np.inf  # off the grid of the format the model stores in
         z[i] = zi

@@ -42,6 +42,7 @@ from refkern.kernels.pool import (
     max_pool1d,
     max_pool2d,
 )
+from refkern.kernels.loss import cross_entropy, nll_loss
 from refkern.kernels.reduction import cumsum, mean, std, sum, var  # noqa: A004
 from refkern.kernels.softmax import log_softmax, softmax
 from refkern.reduce import METHODS, dot
@@ -82,6 +83,8 @@ __all__ = [
     "log1p",
     "log2",
     "log_softmax",
+    "nll_loss",
+    "cross_entropy",
     "matmul",
     "max_pool1d",
     "max_pool2d",

@@ -51,7 +51,8 @@ def test_registry_order_and_error_models():
     from refkern.analysis.evaluate import OPS as SUM_OPS
 
     elementwise = ops.names(error_model="elementwise")  # judged by refkern.analysis.elementwise
-    assert SUM_OPS + ENVELOPE_OPS + elementwise == NAMES  # the products first: compare's error lists them so
+    losses = ops.names(error_model="loss")  # judged by refkern.analysis.losses
+    assert SUM_OPS + ENVELOPE_OPS + elementwise + losses == NAMES  # the products first: compare's error lists them so
     assert set(refkern.__all__) >= set(NAMES)
 
 

@@ -376,9 +376,15 @@ def _norm(name, b, out):
     return _batch_norm(name, b, out)
 
 
+def _loss(name, b, out):
+    from refkern.torch._losses import loss_parts
+
+    return loss_parts(name, b, out, Part)
+
+
 # the aten ops of each family of the registry's records -> the function that binds their schema's arguments
 _FAMILY = {"product": _product, "conv": _conv, "conv_transpose": _conv, "reduction": _reduction, "norm": _norm,
-           "pool": _pool, "softmax": _softmax, "attention": _attention}  # fmt: skip
+           "pool": _pool, "softmax": _softmax, "attention": _attention, "loss": _loss}  # fmt: skip
 _MAP = {a: _FAMILY[r.family] for r in _ops.REGISTRY.values() for a in r.aten}
 
 

@@ -1,0 +1,220 @@
+"""The yardstick of the losses (nll_loss, cross_entropy): the worst-case envelope of every correct
+implementation of torch's composition, and the verdict on it (:mod:`refkern.analysis.verdict_envelope`).
+
+A correct cross_entropy is torch's: ``logp = log_softmax(x)`` in the input's dtype, then nll_loss on
+``logp`` (and, with label smoothing, ``-(logp * w).sum(class)``); every step is an operation of the
+standard model with the working unit ``u`` (float32 for float16/bfloat16/float32 results, torch's opmath;
+float64 for float64) and, for a half result, a store of its result to that format (``u_m = u_out``; 0
+otherwise); ``ua = u + u_m``. First order, with ``gamma_k(u) = k u (1 + 4 k u) / (1 - k u)`` (infinite
+beyond ``k u = 1/8``: nothing is claimed), for row r, target t, weight w, ``l_rc = -logp_rc`` and ``b_rc``
+the log_softmax envelope of :mod:`refkern.analysis.envelope` (the computed ``logp`` within ``b_rc`` of
+the exact one; 0 for nll_loss, whose log-probabilities are given):
+
+* ``nll_r = w_t l_rt`` within ``e_nll = |w_t| b_rt + ua |nll_r|`` (the product, stored);
+* ``s_r = sum_c w_c l_rc`` within ``e_s = sum_c |w_c| (b_rc + ua l_rc) + gamma_{C-1}(u) sum_c |w_c| l_rc + u_m
+  |s_r|`` (the products stored, the sum in any order, stored);
+* probability targets: ``q_r = sum_c w_c t'_rc l_rc``, ``t' = P (1 - eps) + eps / C`` computed (two
+  operations and a constant), then the products by ``logp`` and by ``w``: ``gamma_5(ua)`` per term;
+* a sum over the R rows of any of these: the rows' bounds, ``gamma_{R-1}(u)`` of the magnitudes, ``u_m``
+  (stored); a mean: ``(e_N + |N / D| e_D) / (|D| - e_D) + ua |N / D|`` with ``e_D = gamma_{R-1}(u) sum
+  |w_t| + u_m |D|`` (the sum of the counted weights);
+* the smoothing: ``y = (1 - eps) N + (eps / C) S``: each constant rounded (u), each product and the sum
+  ``ua``: ``(1 - eps) (e_N + (u + ua) |N|) + (eps / C) (e_S + (u + ua) |S|) + ua |y|``;
+* the centre, the correctly rounded reference, is one store away from the exact value, and a half
+  result computed in float32 is stored once more: ``u_out |y| + eta`` once (float32, float64) or twice
+  (half), eta half the smallest subnormal.
+
+Every bound is multiplied by 1.01 (the magnitudes are float64 evaluations within ``(C + R) 2**-52`` of
+their values, and the second-order remainders of the products of ``(1 + d)`` factors). A half result
+whose stored intermediate (a row's smoothing sum, a reduction's numerator or divisor) exceeds the
+format's largest finite value may overflow in a correct implementation (torch's float16 cross_entropy
+with label smoothing: ``smooth_loss.sum()`` is inf beyond 65504): no bound is claimed there.
+
+What a bug looks like: an nll_loss that ignores ``ignore_index`` (the ignored rows counted with some
+class) or a mean over every row instead of the counted weights moves the result by the ignored rows'
+share, far beyond ``gamma_R``; that is a mismatch. An error below the envelope cannot be told from
+rounding: the Report's ``detectable`` gives its size in ulps.
+"""
+
+import numpy as np
+
+from refkern.accumulate.formats import FLOAT32, FLOAT64
+from refkern.kernels._loss_call import loss_call
+from refkern.kernels.loss import cross_entropy_values, gamma, log_sums, nll_values
+
+__all__ = ["compare_call", "envelope"]
+
+_SLACK = 1.01
+
+
+def _logsoftmax_bound(c, fmt, u, u_m):
+    """Per (row, class): the log_softmax envelope (a correct implementation's distance to the exact
+    value, its centre's rounding included)."""
+    from refkern.analysis._envelope_ops import layout
+    from refkern.analysis.envelope import _one
+    from refkern.kernels.softmax import softmax_rows
+
+    X = np.ascontiguousarray(c.X, np.float64)
+    ref, _ = softmax_rows(X, fmt, True)
+    lay = layout("log_softmax", {"input": X, "dim": 1}, X.shape)
+    return np.asarray(_one(lay, u + u_m, u_m, False, ref, fmt, store=True), np.float64).reshape(X.shape)
+
+
+def _reduce(vals, errs, u, u_m):
+    """(value, bound) of the sum over rows of values within errs."""
+    s = float(vals.sum())
+    return s, float(errs.sum() + gamma(max(vals.size - 1, 0), u) * np.abs(vals).sum() + u_m * abs(s))
+
+
+def _div(N, eN, D, eD, ua):
+    with np.errstate(all="ignore"):
+        y = N / D
+        e = (eN + abs(y) * eD) / (abs(D) - eD) + ua * abs(y) if eD < abs(D) else np.inf
+    return y, e
+
+
+def envelope(c, fmt) -> tuple[np.ndarray, list, bool]:
+    """The bound per output element (module docstring), notes, and whether a stored intermediate may
+    overflow (then an infinite or NaN result is accepted too)."""
+    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
+    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
+    ua = u + u_m
+    top = fmt.max if hasattr(fmt, "max") else 2.0 ** fmt.emax * (2.0 - 2.0 ** (1 - fmt.prec))
+    R, C = c.X.shape
+    w = np.ones(C) if c.weight is None else c.weight
+    eps = c.label_smoothing
+    notes = []
+    with np.errstate(all="ignore"):
+        if c.op == "nll_loss":
+            lp_all = -c.X
+            b_all = np.zeros_like(lp_all)
+        else:
+            M, L, _, _ = log_sums(c.X)
+            lp_all = (M[:, None] - c.X) + L[:, None]  # l_rc = -logp_rc >= 0
+            b_all = _logsoftmax_bound(c, fmt, u, u_m)
+        valid = c.valid
+        over = False  # a stored intermediate beyond the format's range (half results)
+        if c.probs is not None:
+            t = c.probs * (1.0 - eps) + eps / C
+            terms = w[None, :] * t * lp_all
+            q = terms.sum(axis=1)
+            eq = ((np.abs(w[None, :] * t) * b_all + gamma(5, ua) * np.abs(terms)).sum(axis=1)
+                  + gamma(C - 1, u) * np.abs(terms).sum(axis=1) + u_m * np.abs(q))  # fmt: skip
+            N, eN, S, eS, D, eD = q, eq, None, None, float(R), 0.0
+            if c.reduction != "none":
+                N, eN = _reduce(q, eq, u, u_m)
+        else:
+            t = np.where(valid, c.target, 0)
+            wt = np.where(valid, w[t], 0.0)
+            lt = lp_all[np.arange(R), t]
+            nll = np.where(valid, wt * lt, 0.0)
+            e_nll = np.where(valid, np.abs(wt) * b_all[np.arange(R), t] + ua * np.abs(nll), 0.0)
+            N, eN = nll, e_nll
+            S = eS = None
+            if eps:
+                aw = np.abs(w)[None, :]
+                s = np.where(valid, (w[None, :] * lp_all).sum(axis=1), 0.0)
+                mag = (aw * np.abs(lp_all)).sum(axis=1)
+                es = (aw * (b_all + ua * np.abs(lp_all))).sum(axis=1) + gamma(C - 1, u) * mag + u_m * np.abs(s)
+                S, eS = s, np.where(valid, es, 0.0)
+                over |= bool(u_m and np.any(np.where(valid, mag, 0.0) * (1 + 2 * C * ua) > top))
+            wv = wt[valid]
+            D, eD = float(wv.sum()), float(gamma(max(wv.size - 1, 0), u) * np.abs(wv).sum() + u_m * abs(wv.sum()))
+            if c.reduction != "none":
+                N, eN = _reduce(nll, e_nll, u, u_m)
+                if S is not None:
+                    over |= bool(u_m and np.abs(np.where(valid, mag, 0.0)).sum() * (1 + 2 * R * ua) > top)
+                    S, eS = _reduce(S, eS, u, u_m)
+        if c.reduction == "mean":
+            over |= bool(u_m and abs(D) + eD > top)
+            N, eN = _div(N, eN, D, eD, ua)
+            if S is not None:
+                S, eS = _div(S, eS, D, eD, ua)
+        if S is not None:
+            y = (1.0 - eps) * N + (eps / C) * S
+            e = (1.0 - eps) * (eN + (u + ua) * np.abs(N)) + (eps / C) * (eS + (u + ua) * np.abs(S)) + ua * np.abs(y)
+        else:
+            y, e = N, eN
+        y = np.asarray(y, np.float64)
+        eta = 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1)
+        stores = 2 if u_m else 1
+        b = np.asarray(e, np.float64) * _SLACK + stores * (fmt.u * np.abs(y) + eta)
+        b = np.where(np.isnan(b), np.inf, b)
+    over = bool(over or (u_m and c.reduction != "none" and np.abs(N).max(initial=0.0) > top))
+    if over:
+        notes.append(f"an intermediate stored in {fmt.name} (a sum over the rows or classes) exceeds its range: a "
+                     "correct implementation may overflow there: an infinite or NaN result is accepted")  # fmt: skip
+    return b.reshape(c.out_shape), notes, over
+
+
+def _report(name, act, ref, b, fmt, device, n_terms, rtol, atol, notes):
+    """The Report of a loss judged by its envelope ``b`` around the reference ``ref``
+    (:func:`~refkern.analysis.verdict_envelope.decide_envelope`: exact, rounding or mismatch)."""
+    from refkern.analysis.report import Report, counts, where_summary
+    from refkern.analysis.ulp import ulp_errors
+    from refkern.analysis.verdict_envelope import decide_envelope
+
+    d = decide_envelope(act, ref, [("rounding", None, ref, b)], fmt)
+    f0 = d.fits[0]
+    with np.errstate(all="ignore"):
+        err = np.where(f0.state == 0, 0.0, np.abs(act - ref))
+        err = np.where(np.isnan(err), np.inf, err)
+        ratio = np.where(f0.state == 0, 0.0, err / b)
+    ulps = ulp_errors(act, ref, fmt)
+    bad = f0.state == 3
+    key = np.where(bad if d.verdict == "mismatch" else err > 0, np.nan_to_num(ratio, nan=np.inf), -1.0).reshape(-1)
+    top = [int(i) for i in np.argsort(-key, kind="stable")[:10] if key[i] >= 0]
+    worst = [tuple(int(j) for j in np.unravel_index(i, ref.shape)) for i in top]
+    details = [{"index": list(w), "actual": float(act.reshape(-1)[i]), "reference": float(ref.reshape(-1)[i]),
+                "ulp": float(ulps.reshape(-1)[i]), "bound_ratio": float(ratio.reshape(-1)[i]),
+                "test_ratio": float(ratio.reshape(-1)[i]), "condition": 1.0} for w, i in zip(worst, top)]  # fmt: skip
+    tol = None
+    if rtol is not None or atol is not None:
+        rt, at = float(rtol or 0.0), float(atol or 0.0)
+        failing = ~(err <= at + rt * np.abs(ref))
+        tol = {"rtol": rt, "atol": at, "failing": int(failing.sum()),
+               "failing_explained_by_rounding": int((failing & (d.classes == 1)).sum())}  # fmt: skip
+    where = {}
+    if d.verdict == "mismatch" and ref.ndim:
+        where = where_summary(np.argwhere(bad), ref.shape, tuple(f"dim{i}" for i in range(ref.ndim)))
+    peak = float(np.max(ratio, initial=0.0))
+    return Report(
+        op=name, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=n_terms, verdict=d.verdict,
+        precision=d.precision, max_ulp=float(np.max(ulps, initial=0.0)), max_bound_ratio=peak, max_prob_ratio=peak,
+        worst=worst, worst_details=details, counts=counts(d.classes), where=where,
+        hypotheses={"rounding": {"explains": f0.explains, "max_ratio": peak}},
+        bound_ratios={"rounding": {"worst_case": peak}}, condition={"median": 1.0, "max": 1.0}, tolerance=tol,
+        notes=notes, model=d.model.kind if d.model is not None else None, alternatives=[], structure=d.structure,
+        detectable=d.detectable, thresholds=d.thresholds,
+    )  # fmt: skip
+
+
+def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False):
+    """:func:`refkern.compare` for a loss: (Report, per-element arrays or None)."""
+    from refkern._arrays import is_tensor, operand
+    from refkern.analysis.evaluate import _bind
+
+    device = str(actual.device) if is_tensor(actual) else "numpy"
+    c = loss_call(name, **_bind(name, args, kwargs))
+    act = operand(actual, "actual", "compare")
+    if tuple(act.shape) != tuple(c.out_shape):
+        raise ValueError(f"compare: actual.shape={tuple(act.shape)} differs from the shape {name} gives for these "
+                         f"inputs, {tuple(c.out_shape)}; pass the same arguments that produced it.")  # fmt: skip
+    if act.fmt != c.fmt:
+        raise TypeError(f"compare: {name} returns the input's dtype ({c.fmt.name}); got actual.dtype={act.fmt.name}.")
+    ref = np.asarray(nll_values(c) if name == "nll_loss" else cross_entropy_values(c), np.float64).reshape(c.out_shape)
+    b, notes, over = envelope(c, c.fmt)
+    a64 = np.asarray(act.values, np.float64).reshape(c.out_shape)
+    spilled = over & ~np.isfinite(a64) & np.isfinite(ref)
+    if spilled.any():  # the intermediate's overflow: inf or NaN is what such a correct implementation returns
+        ref = np.where(spilled, a64, ref)
+    n_terms = c.C if c.reduction == "none" else c.X.size
+    rep = _report(name, a64, ref, b, c.fmt, device, int(n_terms), rtol, atol, notes)
+    rep.notes = rep.notes + [
+        f"{name} judged by the worst-case envelope of torch's composition (refkern.analysis.losses): an error below "
+        f"it, median {rep.detectable['element']['median_ulps']:.3g} ulp here, cannot be told from rounding"]
+    k = int(np.count_nonzero(spilled))
+    if k and rep.verdict in ("exact", "rounding"):  # an overflow of a correct implementation is no exact result
+        rep.verdict = "rounding"
+        rep.counts = {**rep.counts, "exact": rep.counts["exact"] - k, "rounding": rep.counts["rounding"] + k}
+    return rep, ({"reference": ref, "actual": a64, "bound": b, "report": rep} if arrays else None)

@@ -1,0 +1,23 @@
+"""The records of the losses (issue 26): nll_loss and cross_entropy, judged by the envelope of torch's
+composition (error model "loss": :mod:`refkern.analysis.losses`).
+
+Each op is this record and its kernel (:mod:`refkern.kernels.loss`) and truth (:mod:`refkern.truth.losses`).
+cross_entropy never reaches torch's dispatcher whole (it is ``log_softmax`` then ``nll_loss_forward``, or
+``nll_loss2d_forward`` for images, plus the smoothing's products and sums): the audit judges those parts;
+``compare`` and ``check`` judge the whole."""
+
+from refkern.ops._record import Call, Op
+
+_F = "torch.nn.functional."
+_PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction")
+
+RECORDS = (
+    Op("nll_loss", "loss", "refkern.kernels.loss:nll_loss", "refkern.truth.losses:nll_loss",
+       ("input", "target", "weight"), "loss", required=2, positional=True, torch_function=f"{_F}nll_loss",
+       calls=(Call(f"{_F}nll_loss", _PARAMS),), aten=("nll_loss_forward", "nll_loss2d_forward"),
+       opinfo=("nn.functional.nll_loss",)),
+    Op("cross_entropy", "loss", "refkern.kernels.loss:cross_entropy", "refkern.truth.losses:cross_entropy",
+       ("input", "target", "weight"), "loss", required=2, positional=True, torch_function=f"{_F}cross_entropy",
+       calls=(Call(f"{_F}cross_entropy", (*_PARAMS, "label_smoothing")),),
+       opinfo=("nn.functional.cross_entropy",)),
+)  # fmt: skip

@@ -1,0 +1,174 @@
+"""Ground truth of the losses: nll_loss, cross_entropy (mpmath intervals, rounded once).
+
+Read from torch's definitions, with their own reading of the arguments (the reference's is
+:mod:`refkern.kernels._loss_call`): the class axis is dim 1 (dim 0 of a (C,) input), ``-log p_rc =
+log sum_k e**(x_rk) - x_rc`` is enclosed by ``mpmath.iv`` (exp and log outward-rounded, the logits as
+exact rationals shifted by the row's maximum), the weights, smoothing and reduction are applied to the
+intervals as written in torch's functional form (``(1 - eps) nll + eps / C * smooth``, the mean divided by
+the weights of the counted targets, or by the number of samples for probability targets), and the
+precision doubles from ``precision`` bits until both ends round alike
+(:func:`refkern.truth.softmax._decide`). nll_loss is rational: its sums are Fractions, rounded once.
+Special values (NaN rows, -inf logits, an empty or all-ignored mean) are torch's IEEE results, evaluated
+in float64 on the same formula, only where the result is not finite.
+"""
+
+import math
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+
+from refkern._arrays import operand
+from refkern.truth.reductions import round_fraction
+from refkern.truth.softmax import _decide, _ivq
+
+__all__ = ["nll_loss", "cross_entropy"]
+
+iv = mpmath.iv
+
+
+def _red(reduction, size_average, reduce):
+    if size_average is not None or reduce is not None:
+        sa = True if size_average is None else bool(size_average)
+        return "none" if reduce is False else ("mean" if sa else "sum")
+    return reduction
+
+
+def _read(op, input, target, weight):  # noqa: A002
+    o = operand(input, "input", op)
+    x = np.asarray(o.values, np.float64).reshape(o.shape)
+    rows = x.reshape(1, -1) if x.ndim == 1 else np.moveaxis(x, 1, -1).reshape(-1, x.shape[1])
+    shape = () if x.ndim == 1 else (x.shape[0], *x.shape[2:])
+    C = rows.shape[1]
+    w = [1.0] * C
+    if weight is not None:
+        w = [float(v) for v in np.asarray(operand(weight, "weight", op).values).reshape(-1)]
+    probs = None
+    if hasattr(target, "is_floating_point") and target.is_floating_point() or (
+            not hasattr(target, "detach") and np.asarray(target).dtype.kind == "f"):
+        t = np.asarray(operand(target, "target", op).values, np.float64).reshape(x.shape)
+        probs = t.reshape(1, -1) if x.ndim == 1 else np.moveaxis(t, 1, -1).reshape(-1, C)
+        tg = None
+    else:
+        tg = (target.detach().cpu().numpy() if hasattr(target, "detach") else np.asarray(target)).astype(np.int64)
+        tg = tg.reshape(-1)
+    return rows, tg, probs, w, shape, o.fmt
+
+
+def _ieee(values):
+    return float(np.sum(np.asarray(values, np.float64)))
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
+             reduction="mean", *, precision: int = 64):  # fmt: skip
+    """Ground truth of :func:`refkern.nll_loss` (exact rationals, rounded once)."""
+    rows, tg, _, w, shape, fmt = _read("nll_loss", input, target, weight)
+    red = _red(reduction, size_average, reduce)
+    terms, ws, special = [], [], []
+    for r, t in enumerate(tg):
+        if t == ignore_index:
+            terms.append(None)
+            continue
+        x = float(rows[r, t])
+        if not (math.isfinite(x) and math.isfinite(w[t])):
+            special.append(-(w[t] * x))
+            terms.append(-(w[t] * x))
+            continue
+        terms.append(-Fraction(w[t]) * Fraction(x))
+        ws.append(Fraction(w[t]))
+    if red == "none":
+        out = [0.0 if q is None else (q if isinstance(q, float) else round_fraction(q, fmt)) for q in terms]
+        return np.asarray(out, np.float64).reshape(shape)
+    num = sum((q for q in terms if isinstance(q, Fraction)), Fraction(0))
+    if special:
+        s = _ieee(special)
+        return np.float64(s / float(sum(ws) + 0) if red == "mean" and sum(ws) else s)
+    if red == "sum":
+        return np.float64(round_fraction(num, fmt))
+    D = sum(ws, Fraction(0)) if weight is not None else Fraction(len(ws))
+    if D == 0:
+        return np.float64(math.nan if num == 0 else math.copysign(math.inf, num))
+    return np.float64(round_fraction(num / D, fmt))
+
+
+def _lse(row):
+    """A function giving log sum_k e**(x_k - M) as an interval at the current precision, and M."""
+    fin = [Fraction(v) for v in row if v != -math.inf]
+    M = max(fin)
+    d = [q - M for q in fin]
+
+    def make():
+        if len(d) == 1:
+            return iv.mpf(0)
+        s = iv.mpf(0)
+        for q in d:
+            s += iv.exp(_ivq(q)) if q != 0 else iv.mpf(1)
+        return iv.log(s)
+
+    return make, M
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
+                  reduction="mean", label_smoothing=0.0, *, precision: int = 64):  # fmt: skip
+    """Ground truth of :func:`refkern.cross_entropy` (module docstring)."""
+    rows, tg, probs, w, shape, fmt = _read("cross_entropy", input, target, weight)
+    red = _red(reduction, size_average, reduce)
+    R, C = rows.shape
+    eps = Fraction(float(label_smoothing))
+    coefs = []  # per row: {class: exact coefficient}, or None for an ignored row
+    for r in range(R):
+        if probs is not None:
+            coefs.append({c: Fraction(w[c]) * (Fraction(float(probs[r, c])) * (1 - eps) + eps / C) for c in range(C)})
+        elif tg[r] == ignore_index:
+            coefs.append(None)
+        else:
+            a = {c: eps / C * Fraction(w[c]) for c in range(C)} if eps else {}
+            a[int(tg[r])] = a.get(int(tg[r]), Fraction(0)) + (1 - eps) * Fraction(w[int(tg[r])])
+            coefs.append(a)
+    special = {}
+    for r in range(R):
+        row = [float(v) for v in rows[r]]
+        if coefs[r] is None:
+            continue
+        if any(v != v or v == math.inf for v in row) or all(v == -math.inf for v in row):
+            special[r] = math.nan
+        elif any(row[c] == -math.inf for c in coefs[r]):
+            special[r] = _ieee([float(a) * math.inf for c, a in coefs[r].items() if row[c] == -math.inf])
+    makers = {r: _lse([float(v) for v in rows[r]]) for r in range(R) if coefs[r] is not None and r not in special}
+
+    def row_value(r):
+        make, M = makers[r]
+        L = make()
+        tot = iv.mpf(0)
+        for c, a in coefs[r].items():
+            tot += _ivq(a) * (_ivq(M - Fraction(float(rows[r, c]))) + L)
+        return tot
+
+    if red == "none":
+        out = []
+        for r in range(R):
+            if coefs[r] is None:
+                out.append(0.0)
+            elif r in special:
+                out.append(special[r])
+            else:
+                out.append(_decide(fmt, lambda r=r: row_value(r), precision))
+        return np.asarray(out, np.float64).reshape(shape)
+    if probs is not None:
+        D = Fraction(R)
+    else:
+        D = sum((Fraction(w[int(t)]) for t in tg if t != ignore_index), Fraction(0))
+    if special:
+        s = _ieee(list(special.values()))
+        return np.float64(s / float(D) if red == "mean" else s)
+
+    def total():
+        s = iv.mpf(0)
+        for r in makers:
+            s += row_value(r)
+        return s / _ivq(D) if red == "mean" else s
+
+    if red == "mean" and D == 0:
+        num = _decide(fmt, lambda: sum((row_value(r) for r in makers), iv.mpf(0)), precision) if makers else 0.0
+        return np.float64(math.nan if num == 0 else math.copysign(math.inf, num))
+    return np.float64(_decide(fmt, total, precision))

@@ -1,0 +1,150 @@
+"""nll_loss and cross_entropy: the references against the mpmath truth, the yardstick against torch's CPU
+results (no false alarm) and against injected bugs, its bound written by hand, errors."""
+
+import math
+
+import numpy as np
+import pytest
+
+import refkern as rk
+from refkern.truth import losses as truth
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+OPTIONS = ({}, {"weight": True}, {"label_smoothing": 0.1}, {"weight": True, "label_smoothing": 0.3})
+
+
+def _data(dtype, shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+    C = shape[0] if len(shape) == 1 else shape[1]
+    t = torch.randint(0, C, () if len(shape) == 1 else (shape[0], *shape[2:]), generator=g)
+    if t.dim():
+        t.view(-1)[::3] = -100
+    w = torch.rand(C, generator=g).to(dtype)
+    p = torch.softmax(torch.randn(*shape, generator=g), 0 if len(shape) == 1 else 1).to(dtype)
+    return x, t, w, p
+
+
+def _kw(opt, w):
+    return {k: (w if k == "weight" else v) for k, v in opt.items()}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(6, 5), (3, 4, 2), (5,)])
+def test_references_equal_the_truth(dtype, shape):
+    x, t, w, p = _data(dtype, shape)
+    for target in (t, p):
+        for opt in OPTIONS:
+            for red in ("mean", "sum", "none"):
+                kw = _kw(opt, w)
+                got = np.asarray(rk.cross_entropy(x, target, reduction=red, **kw).double())
+                assert np.array_equal(got, truth.cross_entropy(x, target, reduction=red, **kw), equal_nan=True)
+    lp = torch.log_softmax(x.float(), -1 if len(shape) == 1 else 1).to(dtype)
+    for red in ("mean", "sum", "none"):
+        for kw in ({}, {"weight": w}):
+            got = np.asarray(rk.nll_loss(lp, t, reduction=red, **kw).double())
+            assert np.array_equal(got, truth.nll_loss(lp, t, reduction=red, **kw), equal_nan=True)
+
+
+def test_special_values_as_torch():
+    x = torch.tensor([[0.0, 1.0, -math.inf], [math.nan, 0.0, 1.0], [2.0, 2.0, 2.0], [5.0, -math.inf, -math.inf]])
+    t = torch.tensor([2, 0, 1, 0])
+    for red in ("none", "sum", "mean"):
+        want = np.asarray(F.cross_entropy(x, t, reduction=red))
+        got = np.asarray(rk.cross_entropy(x, t, reduction=red).double())
+        assert np.array_equal(got, truth.cross_entropy(x, t, reduction=red), equal_nan=True), red
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want)), red
+    t_ign = torch.full((4,), -100)  # every row ignored: 0 rows, a mean of 0 / 0
+    assert rk.cross_entropy(x, t_ign, reduction="sum").item() == 0.0
+    assert math.isnan(rk.cross_entropy(x, t_ign).item()) and math.isnan(truth.cross_entropy(x, t_ign))
+    # log(3) exactly for equal logits, 0 for one finite logit
+    assert rk.cross_entropy(x[2:], t[2:], reduction="none", ).tolist() == [np.float32(math.log(3)), 0.0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_cpu_is_no_false_alarm(dtype):
+    x, t, w, p = _data(dtype, (64, 40), seed=1)
+    for target in (t, p):
+        for opt in OPTIONS:
+            for red in ("mean", "sum", "none"):
+                kw = _kw(opt, w)
+                rep = rk.compare(F.cross_entropy(x, target, reduction=red, **kw), "cross_entropy", x, target,
+                                 reduction=red, **kw)  # fmt: skip
+                assert rep.verdict in ("exact", "rounding"), (target.dtype, opt, red, str(rep))
+    lp = torch.log_softmax(x.float(), 1).to(dtype)
+    for red in ("mean", "sum", "none"):
+        rep = rk.compare(F.nll_loss(lp, t, weight=w, reduction=red), "nll_loss", lp, t, weight=w, reduction=red)
+        assert rep.verdict in ("exact", "rounding"), (red, str(rep))
+
+
+def test_float16_smoothing_overflow_is_accepted_and_named():
+    x, t, _, _ = _data(torch.float16, (256, 100), seed=2)
+    y = F.cross_entropy(x, t, label_smoothing=0.1)
+    assert torch.isinf(y)  # torch's smooth_loss.sum() overflows float16
+    rep = rk.compare(y, "cross_entropy", x, t, label_smoothing=0.1)
+    assert rep.verdict == "rounding" and any("exceeds its range" in n for n in rep.notes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bugs_are_mismatches(dtype):
+    x, t, w, _ = _data(dtype, (128, 30), seed=3)
+    ign = t == -100
+    x[ign] = (x[ign].float() * 4).to(dtype)  # padding positions: logits unlike the others (as in a language model)
+    for red in ("mean", "sum"):
+        t0 = torch.where(ign, 0, t)  # nll_loss that ignores ignore_index: the ignored rows counted as class 0
+        assert rk.compare(F.cross_entropy(x, t0, reduction=red), "cross_entropy", x, t, reduction=red).verdict == \
+            "mismatch"  # fmt: skip
+        lp = torch.log_softmax(x.float(), 1).to(dtype)
+        assert rk.compare(F.nll_loss(lp, t0, reduction=red), "nll_loss", lp, t, reduction=red).verdict == "mismatch"
+    over_all = (F.cross_entropy(x, t, reduction="sum").float() / t.numel()).to(dtype)  # mean over every row
+    assert rk.compare(over_all, "cross_entropy", x, t).verdict == "mismatch"
+    none = F.cross_entropy(x, t, reduction="none")
+    none[ign] = 0.5  # an ignored row must be exactly 0
+    assert rk.compare(none, "cross_entropy", x, t, reduction="none").verdict == "mismatch"
+
+
+def test_bound_written_by_hand():
+    """nll_loss float32 sum of three products: gamma_2(u) (1 + 8u) sum|w x| * 1.01 + u_out |y| + eta."""
+    from refkern.analysis.losses import envelope
+    from refkern.kernels._loss_call import loss_call
+
+    x = np.array([[-1.0, -2.0], [-0.5, -3.0], [-4.0, -0.25]], np.float32)
+    t = np.array([0, 1, 1])
+    c = loss_call("nll_loss", x, t, reduction="sum")
+    b, notes, over = envelope(c, c.fmt)
+    u = 2.0**-24
+    mag = 1.0 + 3.0 + 0.25
+    g2 = 2 * u / (1 - 2 * u) * (1 + 8 * u)
+    # per row: ua |nll| (the product); the sum: gamma_2 sum |nll|; y = 4.25, stored once (float32)
+    want = (u * mag + g2 * mag) * 1.01 + (u * 4.25 + 2.0**-150)
+    assert float(b) == pytest.approx(want, abs=0)
+    assert not notes and not over
+
+
+def test_errors_name_the_argument():
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r"^cross_entropy: reduction must be one of"):
+        rk.cross_entropy(x, torch.tensor([0, 1, 2, 0]), reduction="avg")
+    with pytest.raises(IndexError, match=r"^nll_loss: target 3 is out of bounds"):
+        rk.nll_loss(x, torch.tensor([0, 1, 3, 0]))
+    with pytest.raises(ValueError, match=r"^cross_entropy: target must have shape \(4,\)"):
+        rk.cross_entropy(x, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"^cross_entropy: weight must have shape \(C,\) = \(3,\)"):
+        rk.cross_entropy(x, torch.tensor([0, 1, 2, 0]), weight=torch.ones(4))
+    with pytest.raises(ValueError, match=r"^cross_entropy: label_smoothing must be a number in \[0, 1\]"):
+        rk.cross_entropy(x, torch.tensor([0, 1, 2, 0]), label_smoothing=1.5)
+    with pytest.raises(TypeError, match=r"^nll_loss: target must hold class indices"):
+        rk.nll_loss(x, torch.rand(4, 3))
+
+
+def test_the_audit_judges_nll_loss_forward():
+    from refkern.torch import audit
+
+    x, t, _, _ = _data(torch.float32, (16, 10), seed=4)
+    with audit() as a:
+        F.cross_entropy(x, t)
+    names = {c.op for c in a.calls if c.verdict is not None}
+    assert "nll_loss" in names and "log_softmax" in names

@@ -37,6 +37,8 @@ of a convolution).
 from refkern.kernels._grad import Adjoint, _shape
 from refkern.kernels.attention_grad import _attention
 from refkern.kernels.conv_grad import _conv, _conv_transpose
+from refkern.kernels.elementwise_grad import OPS as _EW_OPS
+from refkern.kernels.elementwise_grad import _elementwise
 from refkern.kernels.gemm_grad import _dot, _linear, _matmul
 from refkern.kernels.norm_grad import _norm
 from refkern.kernels.pool_grad import _pool
@@ -67,6 +69,7 @@ _BUILDERS = {
     **{k: (_reduction, ("x",)) for k in ("sum", "mean", "var", "std")},
     "cumsum": (_cumsum, ("x",)),
     "dot": (_dot, ("x", "y")),
+    **{k: (_elementwise, ("input",)) for k in _EW_OPS},  # tanh, sigmoid, silu, gelu
 }
 OPS = tuple(_BUILDERS)
 

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from refkern.kernels.attention_grad import _attn_call, _attn_grads
+from refkern.kernels.elementwise_grad import OPS as EW_OPS
 from refkern.kernels.norm_grad import _NORM_CALLS
 from refkern.kernels.pool_grad import _pool_call, _pool_grads
 from refkern.kernels.reduction_grad import _cumsum_values, _red_call, _red_grad, _reversed_cumsum, _to_rows
@@ -26,6 +27,10 @@ def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="c
     from refkern.analysis.compare import compare
     from refkern.analysis.report import VERDICTS
 
+    if name in EW_OPS:  # the activations' gradients: their backward formulas' accuracy
+        from refkern.analysis.elementwise_grad import judge_grad
+
+        return judge_grad(name, got, grad_output, bound, who, rtol, atol)
     if name in REDUCTION_OPS or (name == "cumsum" and adj.compute is not None):
         return _reduction_report(name, k, got, grad_output, bound, who, rtol, atol)
     if adj.op == "scaled_dot_product_attention":

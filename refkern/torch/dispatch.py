@@ -358,6 +358,29 @@ def _attention(name, b, out):
     return parts
 
 
+def _elementwise(name, b, out):
+    """An elementwise function (exp, rsqrt, silu, gelu with its ``approximate``, softplus with ``beta`` and
+    ``threshold``, pow of a tensor to a number): refkern's op of the same name on the same input."""
+    x = b.get("self")
+    y = _tensors(out)
+    if not _float(x) or not y or y[0].dtype != x.dtype:
+        got = "a number" if not isinstance(x, torch.Tensor) else str(x.dtype).removeprefix("torch.")
+        return [Part("out", 0, OpCall(name, unsupported=f"{name} of {got} (refkern's {name} takes a float16, "
+                                      "bfloat16, float32 or float64 tensor, its result in that dtype)"))]  # fmt: skip
+    kw = {}
+    if name == "gelu":
+        kw["approximate"] = b["approximate"]
+    elif name == "softplus":
+        kw = {"beta": b["beta"], "threshold": b["threshold"]}
+    elif name == "pow":
+        e = b.get("exponent")
+        if isinstance(e, torch.Tensor):
+            return [Part("out", 0, OpCall(name, unsupported="pow with a tensor exponent (refkern's pow takes a "
+                                          "number)"))]  # fmt: skip
+        kw["exponent"] = e
+    return [Part("out", 0, OpCall(name, name, (x,), kw))]
+
+
 def _product(name, b, out):
     if name in ("addmm", "baddbmm"):
         return _addmm(name, b, out)
@@ -384,7 +407,8 @@ def _loss(name, b, out):
 
 # the aten ops of each family of the registry's records -> the function that binds their schema's arguments
 _FAMILY = {"product": _product, "conv": _conv, "conv_transpose": _conv, "reduction": _reduction, "norm": _norm,
-           "pool": _pool, "softmax": _softmax, "attention": _attention, "loss": _loss}  # fmt: skip
+           "pool": _pool, "softmax": _softmax, "attention": _attention, "elementwise": _elementwise,
+           "loss": _loss}  # fmt: skip
 _MAP = {a: _FAMILY[r.family] for r in _ops.REGISTRY.values() for a in r.aten}
 
 

@@ -109,6 +109,8 @@ def backward_call(func, b, memo, present) -> BackwardCall:
         return _pool_backward(name, b, need)
     if name in _ATTN_BACKWARD:
         return _attention_backward(name, b, need, present)
+    if name in _EW_BACKWARD:
+        return _elementwise_backward(name, b, memo, need)
     eps = memo.get("eps") if memo else None
     if name == "native_batch_norm_backward":
         eps = b["eps"]
@@ -152,6 +154,35 @@ def backward_call(func, b, memo, present) -> BackwardCall:
         return BackwardCall("batch_norm", b["grad_out"], (x, b["running_mean"], b["running_var"]), kw,
                             [(i, n) for i, n in grads if present(i)])  # fmt: skip
     return BackwardCall(unsupported=f"{name}: no backward reference in refkern")
+
+
+# the activations' backward kernels -> their op (silu_backward -> silu): the registry's
+_EW_BACKWARD = {k: r.name for r in _ops.REGISTRY.values() if r.error_model == "elementwise" for k in r.aten_backward}
+
+
+def _elementwise_backward(name, b, memo, need):
+    """silu_backward and gelu_backward receive the forward's input; tanh_backward and sigmoid_backward its
+    output, so their input is the one the audit kept at the forward (as for softmax)."""
+    op = _EW_BACKWARD[name]
+    if need(op):
+        return BackwardCall(unsupported=need(op))
+    g = b["grad_output"]
+    x = b.get("self")
+    if x is None:
+        if memo is not None and memo.get("released"):
+            return BackwardCall(unsupported=f"{op}'s input, kept for the first backward through this graph, was "
+                                "released after it")  # fmt: skip
+        if memo is None or memo.get("input") is None:
+            return BackwardCall(unsupported=f"{op}'s input: its backward receives the {op}'s output, and the forward "
+                                "ran outside the audit")  # fmt: skip
+        x = memo["input"]
+        if x._version != memo["version"]:
+            return BackwardCall(unsupported=f"{op}'s input was modified in place after the forward")
+        x = x.detach().to("cpu")
+    if x.dtype != g.dtype or tuple(x.shape) != tuple(g.shape):
+        return BackwardCall(unsupported=f"{name} with grad_output of another dtype or shape than the input's")
+    kw = {"approximate": b["approximate"]} if op == "gelu" else {}
+    return BackwardCall(op, g, (x,), kw, [(0, "input")])
 
 
 def _pool_backward(name, b, need):

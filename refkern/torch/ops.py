@@ -202,6 +202,7 @@ def _same(func, args, kwargs) -> OpCall:
     for k, v in kwargs.items():
         vals["dim" if k == "axis" else k] = v
     vals.pop("_stacklevel", None)
+    vals.pop("inplace", None)  # F.silu's: where the result goes, not what it is
     first = vals.get("input", vals.get("query"))
     if not isinstance(first, torch.Tensor) or first.dtype not in _FLOATS:
         got = str(first.dtype if isinstance(first, torch.Tensor) else type(first).__name__).removeprefix("torch.")
@@ -214,6 +215,10 @@ def _same(func, args, kwargs) -> OpCall:
             vals["correction"] = int(bool(vals.pop("unbiased")))
     if op in ("softmax", "log_softmax") and vals.get("dim") is None:  # torch's implicit dim (deprecated)
         vals["dim"] = 0 if first.dim() in (0, 1, 3) else 1
+    if op == "pow" and not isinstance(vals.get("exponent"), (int, float)):
+        kind = type(vals.get("exponent")).__name__
+        return OpCall(torch_name, unsupported=f"{torch_name} with exponent of type {kind} (refkern's pow takes a "
+                      "tensor to a number)")  # fmt: skip
     if op == "dot":  # torch.dot(input, tensor): refkern.dot(x, y), both operands
         y = vals.get("tensor")
         if not isinstance(y, torch.Tensor) or y.dtype != first.dtype or set(vals) != {"input", "tensor"}:

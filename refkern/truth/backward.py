@@ -14,11 +14,13 @@ import itertools
 import numpy as np
 
 import refkern.ops as _ops
+from refkern.kernels.elementwise_grad import OPS as EW_OPS
 from refkern.ops._bind import bind
 from refkern.truth._backward_common import _values
 from refkern.truth._backward_norm import _batch_norm_backward, _group_norm_backward, _norm_backward
 from refkern.truth._backward_reductions import _pool_backward, _reduction_backward
 from refkern.truth._backward_softmax import _attention_backward, _softmax_backward
+from refkern.truth.elementwise_grad import backward as elementwise_backward
 from refkern.truth.products import _exact_sum_of_products
 
 __all__ = ["backward"]
@@ -216,6 +218,8 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
     if name in ("sum", "mean", "var", "std", "cumsum"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _reduction_backward(name, G, og, a, wrt)
+    if name in EW_OPS:
+        return elementwise_backward(name, grad_output, a, wrt)
     if name in ("layer_norm", "rms_norm", "group_norm", "batch_norm"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         fn = {"group_norm": _group_norm_backward, "batch_norm": _batch_norm_backward}.get(name, _norm_backward)

@@ -1,0 +1,249 @@
+"""Correctly rounded gradients of the elementwise activations: ``grad_input = grad_output * f'(x)``, the
+real derivative at the input x times grad_output g, rounded once (to nearest even) to the input's dtype,
+for f = tanh, sigmoid, silu and gelu (both forms): the gradients torch's ``tanh_backward``,
+``sigmoid_backward``, ``silu_backward`` and ``gelu_backward`` compute.
+
+The derivatives, written without cancellation except at the zero of silu' and gelu' (s = sigma):
+
+=============  ===========================================================================
+tanh           ``4 s(2x) s(-2x)`` (= 1 - tanh**2)
+sigmoid        ``s(x) s(-x)``
+silu           ``s(x) (1 + x s(-x))``
+gelu           ``Phi(x) + x phi(x)``, ``Phi(x) = gelu(x) / x``, ``phi(x) = e**(-x**2/2) / sqrt(2 pi)``
+gelu (tanh)    ``s(2u) (1 + 2 x u' s(-2u))``, ``u = sqrt(2/pi) (x + 0.044715 x**3)``, ``u' = sqrt(2/pi) (1 +
+               3 0.044715 x**2)`` (``(1 + tanh u)/2 = s(2u)``, ``1 - tanh**2 u = 4 s(2u) s(-2u)``)
+=============  ===========================================================================
+
+Ziv's strategy, in three steps:
+
+1. **Saturation** (exact): where ``|g f'(x)|`` differs from g by less than ``2**-1000 |g|``, or is below
+   ``2**-1100``, the rounding is g or a signed zero: tanh for ``|x| > 400`` (``4 e**(-2|x|)``), sigmoid for
+   ``|x| > 800``, silu for ``|x| > 800`` (``1 + x e**(-x)`` above, ``e**x (1 + x)`` below), gelu for
+   ``|x| > 40`` (``phi(40) = e**-800``), the tanh form for ``|2u| > 2200`` (``|2 x u'| <= 3 |2u|``); any g
+   (|g| < 2**1024) times what is left is below half the smallest subnormal.
+2. **Ball arithmetic in float64**: each quantity a value and a radius; s, e**y and gelu from
+   :func:`refkern.kernels.elementwise.values` (within ``2**-95`` relative, charged ``2**-90`` plus
+   ``2**-1074`` absolute: underflow), a function at an inexact argument charged its derivative times the
+   radius (``s(t + d) <= s(t) e**|d|``, ``e**(y + d) - e**y <= e**y expm1|d|``), each float64 operation
+   ``2**-52 |result| + 2**-1074``; the radii's own roundings covered by ``1 + 2**-40``. The rounding is
+   decided where both ends of the ball round alike.
+3. **The exact path** for the rest (about ``2**-40`` of float32 elements): the same formulas in the integer
+   intervals of :mod:`refkern.kernels._ew_exact`, raised in precision until they decide. At x = 0 the
+   derivative is rational (1, 1/4, 1/2, 1/2, 1/2) and ``g f'(0)`` is rounded as a fraction; elsewhere
+   ``f'(x)`` is transcendental (Lindemann-Weierstrass), so a finite precision decides.
+
+Non-finite g or x: torch's formulas in IEEE float64 (``silu_backward`` and ``gelu_backward`` give NaN at
+``x = +-inf``: ``inf * 0``; ``tanh_backward`` and ``sigmoid_backward`` 0, from the saturated output).
+"""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from refkern._arrays import operand
+from refkern.accumulate.formats import FLOAT64, round_array
+from refkern.kernels import _ew_exact as xe
+from refkern.kernels import elementwise as ew
+from refkern.kernels._common import deliver
+from refkern.kernels._grad import Adjoint
+
+__all__ = ["OPS", "gradient", "values", "grad_fn"]
+
+OPS = ("tanh", "sigmoid", "silu", "gelu")  #: the ops with a backward here
+_U, _TINY, _WIDE = 2.0**-52, 2.0**-1074, 1.0 + 2.0**-40
+_KAPPA = 0.044715
+_BETA = math.sqrt(2.0 / math.pi)
+_SAT = {"tanh": 400.0, "sigmoid": 800.0, "silu": 800.0, "gelu": 40.0}
+_AT_ZERO = {"tanh": Fraction(1), "sigmoid": Fraction(1, 4), "silu": Fraction(1, 2), "gelu": Fraction(1, 2),
+            "gelu_tanh": Fraction(1, 2)}  # fmt: skip
+
+
+def grad_fn(name, bound) -> str:
+    """The kernel name of op ``name``'s derivative ("gelu_tanh" for gelu with approximate="tanh")."""
+    if name != "gelu":
+        return name
+    a = bound.get("approximate", "none")
+    if a not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh'; got approximate={a!r}.")
+    return "gelu" if a == "none" else "gelu_tanh"
+
+
+# ---------------------------------------------------------------- balls: (value, radius) float64 arrays
+
+
+def _r(v):
+    return _U * np.abs(v) + _TINY
+
+
+def _add(a, b):
+    v = a[0] + b[0]
+    return v, a[1] + b[1] + _r(v)
+
+
+def _mul(a, b):
+    v = a[0] * b[0]
+    return v, np.abs(a[0]) * b[1] + np.abs(b[0]) * a[1] + a[1] * b[1] + _r(v)
+
+
+def _const(c):
+    return np.float64(c), np.float64(_U * abs(c))  # a constant rounded to float64
+
+
+def _fn(fn, arg):
+    """fn at the ball ``arg`` (fn increasing or decreasing, with the derivative bounds of the docstring)."""
+    hi, lo = ew.values(fn, arg[0], FLOAT64)
+    v = np.where(np.isnan(hi), np.nan, hi)  # NaN: the exact path decides these elements
+    rad = np.abs(lo) + 2.0**-90 * np.abs(v) + _TINY
+    return v, rad + np.abs(v) * np.expm1(arg[1]) * _WIDE  # s(t + d) <= s(t) e**|d|; e**(y + d) likewise
+
+
+def _ball(fn, x):
+    """(value, radius) of f'(x) at finite x (step 2 of the module docstring)."""
+    X = (x, np.zeros_like(x))
+    with np.errstate(all="ignore"):
+        if fn == "tanh":
+            return _mul(_mul(_fn("sigmoid", (2 * x, X[1])), _fn("sigmoid", (-2 * x, X[1]))), (4.0, 0.0))
+        if fn == "sigmoid":
+            return _mul(_fn("sigmoid", X), _fn("sigmoid", (-x, X[1])))
+        if fn == "silu":
+            s, c = _fn("sigmoid", X), _fn("sigmoid", (-x, X[1]))
+            return _mul(s, _add((1.0, 0.0), _mul(X, c)))
+        if fn == "gelu":
+            g = _fn("gelu", X)
+            cdf = (g[0] / x, g[1] / np.abs(x) + _r(g[0] / x))  # Phi(x) = gelu(x) / x, x exact
+            h = _mul(_mul(X, X), (-0.5, 0.0))
+            pdf = _mul(_fn("exp", h), _const(0.5 * _BETA))  # 1 / sqrt(2 pi) = sqrt(2/pi) / 2
+            return _add(cdf, _mul(X, pdf))
+        x2 = _mul(X, X)
+        u = _mul(_const(_BETA), _add(X, _mul(_const(_KAPPA), _mul(x2, X))))
+        du = _mul(_const(_BETA), _add((1.0, 0.0), _mul(_const(3 * _KAPPA), x2)))
+        s, c = _fn("sigmoid", (2 * u[0], 2 * u[1])), _fn("sigmoid", (-2 * u[0], 2 * u[1]))
+        return _mul(s, _add((1.0, 0.0), _mul(_mul((2 * x, X[1]), du), c)))
+
+
+# ---------------------------------------------------------------- the exact path (Python integers)
+
+
+def _interval(fn, x: float, g: float, w: int):
+    """An interval of ``g f'(x)`` (:mod:`refkern.kernels._ew_exact`)."""
+    X, one, sig = xe.point(x), xe.point(1.0), ew._sigmoid_iv
+    if fn == "tanh":
+        two = xe.mul(xe.point(2.0), X, w)
+        d = xe.mul(xe.point(4.0), xe.mul(sig(two, w + 8), sig(xe.neg(two), w + 8), w + 8), w + 8)
+    elif fn == "sigmoid":
+        d = xe.mul(sig(X, w + 8), sig(xe.neg(X), w + 8), w + 8)
+    elif fn == "silu":
+        d = xe.mul(sig(X, w + 16), xe.add(one, xe.mul(X, sig(xe.neg(X), w + 16), w + 16), w + 16), w + 8)
+    elif fn == "gelu":
+        z = xe.mul(xe.point(abs(x)), xe.const("1/sqrt(2)", w + 24), w + 24)
+        phi_c = xe.add(one, xe.erf(z, w + 16), w + 16) if x > 0 else xe.erf(z, w + 16, complement=True)
+        e = xe.exp(xe.neg(xe.mul(xe.point(0.5), xe.mul(X, X, w + 24), w + 24)), w + 16)
+        pdf = xe.mul(xe.mul(xe.point(0.5), xe.const("sqrt(2/pi)", w + 24), w + 24), e, w + 16)
+        d = xe.add(xe.mul(xe.point(0.5), phi_c, w + 16), xe.mul(X, pdf, w + 16), w + 8)
+    else:  # gelu_tanh
+        beta, kap = xe.const("sqrt(2/pi)", w + 24), ew._kappa(w + 24)
+        x2 = xe.mul(X, X, w + 24)
+        u2 = xe.mul(xe.mul(xe.point(2.0), beta, w + 24), xe.add(X, xe.mul(kap, xe.mul(x2, X, w + 24), w + 24),
+                                                                   w + 24), w + 24)  # fmt: skip
+        du = xe.mul(beta, xe.add(one, xe.mul(xe.mul(xe.point(3.0), kap, w + 24), x2, w + 24), w + 24), w + 24)
+        inner = xe.mul(xe.mul(xe.mul(xe.point(2.0), X, w + 24), du, w + 24), sig(xe.neg(u2), w + 16), w + 16)
+        d = xe.mul(sig(u2, w + 16), xe.add(one, inner, w + 16), w + 8)
+    return xe.mul(xe.point(g), d, w)
+
+
+def _special(fn, g, x):
+    """torch's formulas in IEEE float64 at non-finite g or x (module docstring)."""
+    with np.errstate(all="ignore"):
+        if fn in ("tanh", "sigmoid"):
+            y = np.tanh(x) if fn == "tanh" else 1.0 / (1.0 + np.exp(-x))
+            return g * (1.0 - y * y) if fn == "tanh" else g * (1.0 - y) * y
+        if fn == "silu":
+            s = 1.0 / (1.0 + np.exp(-x))
+            return g * s * (1.0 + x * (1.0 - s))
+        erf = np.vectorize(math.erf, otypes=[np.float64])
+        if fn == "gelu":  # 0.5 (1 + erf(x / sqrt 2)) + x e**(-x**2/2) / sqrt(2 pi): NaN at x = +-inf (inf * 0)
+            d = 0.5 * (1.0 + erf(x / math.sqrt(2.0))) + x * (0.5 * _BETA) * np.exp(-0.5 * x * x)
+        else:  # the tanh form: 0.5 (1 + t) + 0.5 x (1 - t**2) u'
+            t = np.tanh(_BETA * (x + _KAPPA * x * x * x))
+            d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _BETA * (1.0 + 3 * _KAPPA * x * x)
+        return g * d
+
+
+def values(fn, g, x, fmt):
+    """(value, radius, rounded, decided): the ball of ``g f'(x)`` at the flat float64 arrays g, x and its
+    rounding to fmt where decided (steps 1-2 of the module docstring)."""
+    prec, emin, emax = fmt.params
+    n = x.size
+    v, rad = np.zeros(n), np.zeros(n)
+    out, done = np.zeros(n), np.zeros(n, np.bool_)
+    fin = np.isfinite(x) & np.isfinite(g)
+    with np.errstate(all="ignore"):
+        special = ~fin
+        out[special] = round_array(_special(fn, g[special], x[special]), prec, emin, emax)
+        v[special], done[special] = out[special], True
+        base = "gelu" if fn == "gelu_tanh" else fn
+        lim = 2200.0 if fn == "gelu_tanh" else _SAT[base]
+        arg = np.abs(_BETA * 2 * (x + _KAPPA * x * x * x)) if fn == "gelu_tanh" else np.abs(x)  # |2u| or |x|
+        big = fin & ~done & (arg > lim)
+        up = big & (x > 0) & (fn in ("silu", "gelu", "gelu_tanh"))  # f' -> 1: g itself
+        out[up], v[up] = g[up], g[up]
+        low = big & ~up  # f' -> 0 from above (tanh, sigmoid) or below (silu, gelu at -inf)
+        neg = fn in ("silu", "gelu", "gelu_tanh")
+        out[low] = np.where(neg, -1.0, 1.0) * np.copysign(0.0, g[low])
+        done |= big
+        zero = fin & ~done & (x == 0)
+        for i in np.flatnonzero(zero):
+            q = Fraction(float(g[i])) * _AT_ZERO[fn]
+            out[i] = v[i] = xe.round_rational(q.numerator, q.denominator, prec, emin, emax)
+        done |= zero
+        rest = np.flatnonzero(~done)
+        if rest.size:
+            d, dr = _ball(fn, x[rest])
+            vv, rr = _mul((g[rest], 0.0), (d, dr))
+            rr = rr * _WIDE
+            lo = round_array(vv - rr, prec, emin, emax)
+            hi = round_array(vv + rr, prec, emin, emax)
+            ok = (lo == hi) & (np.signbit(lo) == np.signbit(hi)) & np.isfinite(vv) & np.isfinite(rr)
+            v[rest], rad[rest] = vv, np.where(np.isfinite(rr), rr, np.inf)
+            out[rest[ok]] = lo[ok]
+            done[rest[ok]] = True
+    return v, rad, out, done
+
+
+def reference(fn, g, x, fmt):
+    """The correctly rounded ``g f'(x)`` (flat float64 arrays in, float64 array of fmt's values out)."""
+    _, _, out, done = values(fn, g, x, fmt)
+    prec, emin, emax = fmt.params
+    for i in np.flatnonzero(~done):
+        out[i] = xe.ziv(lambda w, i=i: _interval(fn, float(x[i]), float(g[i]), w), prec, emin, emax)
+    return out
+
+
+def _operands(name, grad_output, a, who):
+    x = operand(a["input"], "input", who)
+    g = operand(grad_output, "grad_output", who)
+    if tuple(g.shape) != tuple(x.shape):
+        raise ValueError(f"{who}: grad_output must have the shape of {name}'s output, {tuple(x.shape)}; got shape "
+                         f"{tuple(g.shape)}.")  # fmt: skip
+    if g.fmt.name != x.fmt.name:
+        raise TypeError(f"{who}: grad_output must have the dtype of {name}'s output, {x.fmt.name}; got "
+                        f"grad_output.dtype={g.fmt.name}.")  # fmt: skip
+    return x, g, tuple(np.ascontiguousarray(o.values, np.float64).reshape(-1) for o in (g, x))
+
+
+def gradient(name, grad_output, a, who="backward"):
+    """The gradient of op ``name`` at its bound arguments ``a`` (``input``; gelu's ``approximate``) for
+    ``grad_output``: an array (a CPU tensor when any input is one) of the input's dtype."""
+    fn = grad_fn(name, a)
+    x, g, (gf, xf) = _operands(name, grad_output, a, who)
+    out = reference(fn, gf, xf, x.fmt)
+    return deliver(out.reshape(x.shape), x.fmt, x.torch or g.torch)
+
+
+def _elementwise(name, grad_output, a, wrt, who):
+    """The :class:`Adjoint` of ``input`` (refkern.gradients' builder): computed here, judged by
+    :mod:`refkern.analysis.elementwise_grad`."""
+    grad_fn(name, a)
+    _operands(name, grad_output, a, who)  # validated now, as torch validates the call
+    return {"input": Adjoint("input", name, (), compute=lambda: gradient(name, grad_output, a, who))}

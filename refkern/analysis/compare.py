@@ -11,9 +11,8 @@ from refkern.analysis.envelope import OPS as ENVELOPE_OPS
 from refkern.analysis.envelope import envelopes
 from refkern.analysis.evaluate import _bind, op_name, problem
 from refkern.analysis.inside import decide_inside
-from refkern.analysis.passes import median, top_k
-from refkern.analysis.report import Report, passes, where_summary
-from refkern.analysis.report import counts as class_counts
+from refkern.analysis.passes import median
+from refkern.analysis.report import Report, envelope_hypotheses, errors, from_decision, passes, peak, worst_of
 from refkern.analysis.ulp import ulp_errors
 from refkern.analysis.verdict import decide
 from refkern.analysis.verdict_envelope import decide_envelope
@@ -66,25 +65,7 @@ def _figures(a, ref, mag, n, u_acc, u_out, arrays, err, bound0, r0, scale, prob,
         cond[i] = 1.0 if m == 0.0 else m / abs(y)
 
 
-def _worst(eligible, key, shape):
-    """The (at most) ten eligible elements with the largest ``key``, worst first (NaN counts as
-    inf; ties: the lower index first): flat indices and multi-indices."""
-    top = top_k(np.ascontiguousarray(eligible, np.bool_).reshape(-1), np.ascontiguousarray(key, np.float64).reshape(-1),
-                10)  # fmt: skip
-    worst = [tuple(int(i) for i in np.unravel_index(f, shape)) for f in top] if shape else [()] * len(top)
-    return top, worst
-
-
-def _tolerance(err, ref, classes, rtol, atol):
-    """With rtol/atol: how many elements fail ``err <= atol + rtol |ref|``, and how many of those the
-    rounding hypothesis explains anyway (None without a tolerance)."""
-    if rtol is None and atol is None:
-        return None
-    rt, at = float(rtol or 0.0), float(atol or 0.0)
-    with np.errstate(invalid="ignore"):
-        failing = ~(err <= at + rt * np.abs(ref))
-    return {"rtol": rt, "atol": at, "failing": int(failing.sum()),
-            "failing_explained_by_rounding": int((failing & (classes == 1)).sum())}  # fmt: skip
+_worst = worst_of  # (flat indices, multi-indices) of the worst elements: report.worst_of
 
 
 def compare(actual, op, *args, rtol: float | None = None, atol: float | None = None, **kwargs) -> Report:
@@ -149,66 +130,29 @@ def _analyse_once(actual, op, args, kwargs, rtol, atol, arrays):
     bound0, scale = (np.empty(ref.shape if arrays else 0) for _ in range(2))
     flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (act, ref, mag))
     _figures(*flat, pr.n_terms, u_acc, u_out, arrays, *(v.reshape(-1) for v in (err, bound0, r0, scale, prob, cond)))
-    counts = class_counts(d.classes)
-    unexplained = d.unexplained
-    eligible = (unexplained if d.verdict == "mismatch" else err > 0).reshape(-1)
-    key = d.z if d.verdict == "mismatch" else prob
-    top, worst = _worst(eligible, key, ref.shape)
+    eligible = (d.unexplained if d.verdict == "mismatch" else err > 0).reshape(-1)
+    top, _ = _worst(eligible, d.z if d.verdict == "mismatch" else prob, ref.shape)
     lam = d.thresholds["element"]
-    details = [
-        {
-            "index": list(w),
-            "actual": float(act.reshape(-1)[f]),
-            "reference": float(ref.reshape(-1)[f]),
-            "ulp": float(ulps.reshape(-1)[f]),
-            "bound_ratio": float(r0.reshape(-1)[f]),
-            "test_ratio": float(d.z.reshape(-1)[f] / lam),
-            "condition": float(cond.reshape(-1)[f]),
-        }  # fmt: skip
-        for w, f in zip(worst, top)
-    ]
-    where = {}
-    if d.verdict == "mismatch" and ref.ndim:
-        where = where_summary(np.argwhere(unexplained), ref.shape, pr.axes)
-    tol = _tolerance(err, ref, d.classes, rtol, atol)
-    notes = [f["text"] for f in d.structure]
+    notes = []
     if d.verdict == "mismatch" and d.model is not None and not d.model.rounding:
         notes.append(f"measured against {d.model.kind}, which explains every other element")
-    if d.verdict == "mismatch" and counts["mismatch"] and bool(np.all(r0[unexplained] <= 1.0)):
+    if d.verdict == "mismatch" and bool(np.any(d.unexplained)) and bool(np.all(r0[d.unexplained] <= 1.0)):
         notes.append("every unexplained element lies within the worst-case bound, but beyond what rounding "
                      "produces at this false-alarm rate: implausible as rounding, not impossible")  # fmt: skip
     if d.alternatives:
         notes.append(f"{' and '.join(sorted(set(d.alternatives)))} fit as well: indistinguishable on these inputs")
     finite = np.isfinite(cond)
-    rep = Report(
-        op=name,
-        device=device,
-        dtype=fmt.name,
-        shape=tuple(ref.shape),
-        n_terms=pr.n_terms,
-        verdict=d.verdict,
-        precision=d.precision,
-        max_ulp=float(ulps.max()) if ulps.size else 0.0,
-        max_bound_ratio=float(r0.max()) if r0.size else 0.0,
-        max_prob_ratio=float(prob.max()) if prob.size else 0.0,
-        worst=worst,
-        worst_details=details,
-        counts=counts,
-        where=where,
+    rep = from_decision(
+        d, op=name, device=device, dtype=fmt.name, shape=ref.shape, n_terms=pr.n_terms, actual=act, reference=ref,
+        top=top, at_worst={"ulp": ulps.reshape(-1)[top], "bound_ratio": r0.reshape(-1)[top],
+                           "test_ratio": d.z.reshape(-1)[top] / lam, "condition": cond.reshape(-1)[top]},
+        max_ulp=peak(ulps), max_bound_ratio=peak(r0), max_prob_ratio=peak(prob),
         hypotheses={f.model.key: f.summary(lam) for f in d.fits},
         bound_ratios=precision_ratios(err, pr.n_terms, mag, ref, fmt),
-        condition={
-            "median": median(cond) if cond.size else 1.0,
-            "max": float(cond[finite].max()) if finite.any() else float("inf"),
-        },  # fmt: skip
-        tolerance=tol,
-        notes=notes,
-        model=d.model.kind if d.model is not None else None,
-        alternatives=sorted(set(d.alternatives)),
-        structure=d.structure,
-        detectable=d.detectable,
-        thresholds=d.thresholds,
-    )
+        condition={"median": median(cond) if cond.size else 1.0,
+                   "max": float(cond[finite].max()) if finite.any() else float("inf")},
+        error=err, rtol=rtol, atol=atol, axes=pr.axes, notes=notes,
+    )  # fmt: skip
     arrays = {"reference": ref, "actual": act, "error": err, "bound": bound0, "magnitude": mag, "ulp": ulps,
               "scale": scale, "test_ratio": d.z / lam, "report": rep}  # fmt: skip
     return rep, arrays
@@ -267,28 +211,13 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
     ulps = _ulps(act, ref, fmt) if arrays else None  # else only the max and the worst elements' (no array)
     f0, lam = d.fits[0], d.thresholds["element"]
     stat = next((f for f in d.fits if f.model is d.model and hasattr(f, "lam")), None)  # the statistical model
-    counts = class_counts(d.classes)
     if stat is not None and d.verdict == "mismatch":  # the unexplained elements, largest z first
-        top, worst = _worst(d.unexplained, d.z, ref.shape)
+        top, _ = _worst(d.unexplained, d.z, ref.shape)
     else:  # the ten largest envelope ratios among the unequal elements, from the envelope's own pass
         top = f0.top[f0.state.reshape(-1)[f0.top] == 3] if d.verdict == "mismatch" else f0.top
-        worst = [tuple(int(i) for i in np.unravel_index(f, ref.shape)) for f in top] if ref.ndim else [()] * len(top)
-    top_ulps = ulp_errors(_f64(act.reshape(-1)[top]), _f64(ref.reshape(-1)[top]), fmt)
-    top_r = f0.ratio_at(top)
     z = d.z.reshape(-1) if d.z is not None else np.zeros(ref.size)
-    details = [{"index": list(w), "actual": float(act.reshape(-1)[f]), "reference": float(ref.reshape(-1)[f]),
-                "ulp": float(e), "bound_ratio": float(r), "test_ratio": float(z[f] / lam),
-                "condition": 1.0} for w, f, e, r in zip(worst, top, top_ulps, top_r)]  # fmt: skip
-    where = {}
-    if d.verdict == "mismatch" and ref.ndim:
-        where = where_summary(np.argwhere(d.unexplained), ref.shape, tuple(f"dim{i}" for i in range(ref.ndim)))
-    err = None
-    if rtol is not None or atol is not None or arrays:
-        with np.errstate(all="ignore"):
-            err = np.where(d.fits[0].state == 0, 0.0, np.abs(_f64(act) - ref))
-        err = np.where(np.isnan(err), np.inf, err)
-    tol = _tolerance(err, _f64(ref), d.classes, rtol, atol) if err is not None else None
-    notes = [f["text"] for f in d.structure]
+    err = errors(act, ref, f0.state == 0) if rtol is not None or atol is not None or arrays else None
+    notes = []
     if d.alternatives:
         notes.append(f"{' and '.join(sorted(set(d.alternatives)))} inputs fit as well: indistinguishable on these "
                      "inputs")  # fmt: skip
@@ -296,18 +225,13 @@ def _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays):
     if blind:  # n u > 1/8 in the working precision, or an interval that reaches a pole: no bound is claimed
         notes.append(f"no worst-case envelope holds for {blind} of {ref.size} elements (too many operations for the "
                      "working precision to bound): the statistical test alone judges them")  # fmt: skip
-    rep = Report(
-        op=name, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=int(n), verdict=d.verdict,
-        precision=d.precision, max_ulp=f0.max_error_ulps,
-        max_bound_ratio=f0.max_ratio, max_prob_ratio=float(np.max(z, initial=0.0)) / lam,
-        worst=worst, worst_details=details, counts=counts, where=where,
-        hypotheses={(f.model.key + " (statistical)" if hasattr(f, "lam") else f.model.key): f.summary(1.0)
-                    for f in d.fits},
-        bound_ratios={f.model.key: {"worst_case": f.max_ratio} for f in d.fits if not hasattr(f, "lam")},
-        condition={"median": 1.0, "max": 1.0}, tolerance=tol, notes=notes,
-        model=d.model.kind if d.model is not None else None, alternatives=sorted(set(d.alternatives)),
-        structure=d.structure,
-        detectable=d.detectable, thresholds=d.thresholds,
+    hyps, ratios = envelope_hypotheses(d.fits)
+    rep = from_decision(
+        d, op=name, device=device, dtype=fmt.name, shape=ref.shape, n_terms=n, actual=act, reference=ref, top=top,
+        at_worst={"ulp": ulp_errors(_f64(act.reshape(-1)[top]), _f64(ref.reshape(-1)[top]), fmt),
+                  "bound_ratio": f0.ratio_at(top), "test_ratio": z[top] / lam, "condition": 1.0},
+        max_ulp=f0.max_error_ulps, max_bound_ratio=f0.max_ratio, max_prob_ratio=peak(z) / lam, hypotheses=hyps,
+        bound_ratios=ratios, error=err, rtol=rtol, atol=atol, axes=axes, notes=notes,
     )  # fmt: skip
     out = {"reference": ref, "actual": act, "error": err, "bound": d.fits[0].bound, "magnitude": np.abs(ref),
            "ulp": ulps, "scale": f0.bound, "test_ratio": f0.ratio, "report": rep} if arrays else None  # fmt: skip

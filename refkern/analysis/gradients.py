@@ -88,10 +88,9 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None, rtol
     inside it, with ``nz`` (a :class:`~refkern.analysis.noise.Noise` of
     :mod:`refkern.analysis.noise_backward`), by the statistical test of :mod:`refkern.analysis.inside`. With
     ``rtol``/``atol``, its ``tolerance`` as :func:`refkern.compare` reports it for any op."""
-    from refkern.analysis.compare import _tolerance, _ulps, _worst
+    from refkern.analysis.compare import _ulps
     from refkern.analysis.inside import decide_inside
-    from refkern.analysis.report import Report
-    from refkern.analysis.report import counts as class_counts
+    from refkern.analysis.report import envelope_hypotheses, errors, from_decision, peak, worst_of
     from refkern.analysis.verdict_envelope import decide_envelope
 
     d = decide_envelope(act, ref, [("rounding", None, ref, b)], fmt)
@@ -99,47 +98,28 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None, rtol
         axes = tuple(f"dim{i}" for i in range(ref.ndim))
         d = decide_inside(act, ref, [], d, label, {}, fmt, axes, nz=nz)
     ulps = _ulps(act, ref, fmt)
-    r0 = d.fits[0].ratio
+    f0 = d.fits[0]
+    r0 = f0.ratio
     stat = nz is not None and d.z is not None
     lam = d.thresholds.get("element", 1.0) if stat else 1.0
     ratio = d.z / lam if stat else r0
-    counts = class_counts(d.classes)
-    eligible = d.unexplained if d.verdict == "mismatch" else d.fits[0].state != 0
-    top, worst = _worst(eligible, ratio, ref.shape)
-    details = [{"index": list(w), "actual": float(act.reshape(-1)[f]), "reference": float(ref.reshape(-1)[f]),
-                "ulp": float(ulps.reshape(-1)[f]), "bound_ratio": float(r0.reshape(-1)[f]),
-                "test_ratio": float(ratio.reshape(-1)[f]), "condition": 1.0} for w, f in zip(worst, top)]  # fmt: skip
+    eligible = d.unexplained if d.verdict == "mismatch" else f0.state != 0
+    top, _ = worst_of(eligible, ratio, ref.shape)
     det = d.detectable["element"]
-    notes = [f["text"] for f in d.structure]  # the verdict's findings first
     if stat:
-        notes.append(
-            f"the gradient of {label} judged by the statistical test inside its worst-case envelope "
-            f"(refkern.analysis.noise_backward): an error of one element from {det['median_ulps']:.3g} ulp (median) "
-            "is seen"
-        )  # fmt: skip
+        note = (f"the gradient of {label} judged by the statistical test inside its worst-case envelope "
+                f"(refkern.analysis.noise_backward): an error of one element from {det['median_ulps']:.3g} ulp "
+                "(median) is seen")  # fmt: skip
     else:
-        notes.append(
-            f"the gradient of {label} judged by its worst-case envelope (refkern.analysis._envelope_backward): "
-            f"an error below it, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding"
-        )
-    tol = None
-    if rtol is not None or atol is not None:  # compare's rule: the elements equal to the reference err by 0
-        with np.errstate(all="ignore"):
-            err = np.where(d.fits[0].state == 0, 0.0, np.abs(np.asarray(act, np.float64) - ref))
-        tol = _tolerance(np.where(np.isnan(err), np.inf, err), ref, d.classes, rtol, atol)
-    return Report(
-        op=label, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=n_terms,
-        verdict=d.verdict, precision=d.precision, max_ulp=float(ulps.max()) if ulps.size else 0.0,
-        max_bound_ratio=float(r0.max()) if r0.size else 0.0,
-        max_prob_ratio=float(ratio.max()) if ratio.size else 0.0,
-        worst=worst, worst_details=details, counts=counts, where={},
-        hypotheses={(f.model.key + " (statistical)" if hasattr(f, "lam") else f.model.key): f.summary(1.0)
-                    for f in d.fits},
-        bound_ratios={f.model.key: {"worst_case": float(f.ratio.max(initial=0.0))} for f in d.fits
-                      if not hasattr(f, "lam")},
-        condition={"median": 1.0, "max": 1.0}, tolerance=tol, notes=notes,
-        model=d.model.kind if d.model is not None else None, alternatives=[], structure=d.structure,
-        detectable=d.detectable, thresholds=d.thresholds,
+        note = (f"the gradient of {label} judged by its worst-case envelope (refkern.analysis._envelope_backward): "
+                f"an error below it, median {det['median_ulps']:.3g} ulp here, cannot be told from rounding")
+    hyps, ratios = envelope_hypotheses(d.fits)
+    return from_decision(
+        d, op=label, device=device, dtype=fmt.name, shape=ref.shape, n_terms=n_terms, actual=act, reference=ref,
+        top=top, at_worst={"ulp": ulps.reshape(-1)[top], "bound_ratio": r0.reshape(-1)[top],
+                           "test_ratio": ratio.reshape(-1)[top], "condition": 1.0},
+        max_ulp=peak(ulps), max_bound_ratio=f0.max_ratio, max_prob_ratio=peak(ratio), hypotheses=hyps,
+        bound_ratios=ratios, error=lambda: errors(act, ref, f0.state == 0), rtol=rtol, atol=atol, notes=[note],
     )  # fmt: skip
 
 

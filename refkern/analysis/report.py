@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Report", "BitReport", "where_summary", "VERDICTS", "SEVERITY", "passes", "counts", "COLUMNS_NOTE"]
+__all__ = ["Report", "BitReport", "where_summary", "VERDICTS", "SEVERITY", "passes", "counts", "COLUMNS_NOTE",
+           "build", "from_decision", "worst_of", "tolerance", "errors", "peak", "envelope_hypotheses"]
 
 #: the one order of the verdicts, best first: every ranking of verdicts reads it
 VERDICTS = ("exact", "rounding", "reduced-precision", "mismatch")
@@ -35,6 +36,99 @@ COLUMNS_NOTE = (
 )
 
 
+def peak(a) -> float:
+    """The largest value of the non-negative figures ``a`` (NaN if one is NaN), 0.0 for none."""
+    return float(np.max(a, initial=0.0))
+
+
+def errors(actual, reference, equal) -> np.ndarray:
+    """|actual - reference| per element, float64: 0 where ``equal`` (the same value, NaN matching NaN),
+    inf where the difference is undefined (a NaN against a number, inf - inf): the error every route
+    measures, and that ``rtol``/``atol`` are tested against."""
+    with np.errstate(all="ignore"):
+        err = np.where(equal, 0.0, np.abs(np.asarray(actual, np.float64) - reference))
+    return np.where(np.isnan(err), np.inf, err)
+
+
+def tolerance(err, reference, classes, rtol, atol) -> dict | None:
+    """With rtol/atol: how many elements fail ``err <= atol + rtol |reference|`` (torch's allclose with
+    ``equal_nan=False``: an element whose reference is NaN fails), and how many of those the rounding
+    hypothesis explains anyway (class 1); None without a tolerance."""
+    if rtol is None and atol is None:
+        return None
+    rt, at = float(rtol or 0.0), float(atol or 0.0)
+    with np.errstate(invalid="ignore"):
+        failing = ~(err <= at + rt * np.abs(np.asarray(reference, np.float64)))
+    return {"rtol": rt, "atol": at, "failing": int(failing.sum()),
+            "failing_explained_by_rounding": int((failing & (np.asarray(classes) == 1)).sum())}  # fmt: skip
+
+
+def _unravel(top, shape) -> list:
+    return [tuple(int(i) for i in np.unravel_index(f, shape)) for f in top] if len(shape) else [()] * len(top)
+
+
+def worst_of(eligible, key, shape):
+    """The (at most) ten eligible elements with the largest ``key``, worst first (NaN counts as inf; ties:
+    the lower index first): flat indices and multi-indices."""
+    from refkern.analysis.passes import top_k
+
+    top = top_k(np.ascontiguousarray(eligible, np.bool_).reshape(-1), np.ascontiguousarray(key, np.float64).reshape(-1),
+                10)  # fmt: skip
+    return top, _unravel(top, shape)
+
+
+def envelope_hypotheses(fits) -> tuple:
+    """(hypotheses, bound_ratios) of a Report judged by worst-case envelopes (and the statistical test
+    inside them, whose fits carry ``lam``): each fit's summary, and each envelope's largest ratio."""
+    hyps = {(f.model.key + " (statistical)" if hasattr(f, "lam") else f.model.key): f.summary(1.0) for f in fits}
+    return hyps, {f.model.key: {"worst_case": f.max_ratio} for f in fits if not hasattr(f, "lam")}
+
+
+def build(*, op, device, dtype, shape, n_terms, verdict, precision, classes, actual, reference, top, at_worst,
+          max_ulp, max_bound_ratio, max_prob_ratio, hypotheses, bound_ratios, model=None, alternatives=(),
+          structure=None, detectable=None, thresholds=None, error=None, rtol=None, atol=None, axes=None, notes=(),
+          condition=None) -> "Report":
+    """The one builder of a :class:`Report`, for every route (compare's statistical test and envelopes, the
+    gradients' envelopes, the elementwise yardstick): what the verdict decided (``verdict``, ``precision``,
+    ``model`` (its description), ``alternatives``, ``structure``, ``detectable``, ``thresholds``, and
+    ``classes``, 0..3 per element in :data:`VERDICTS` order) and the route's figures, read the same way.
+
+    ``counts`` are the elements per class; ``worst`` the multi-indices of the flat indices ``top`` (worst
+    first), each detailed with its actual and reference value and the figures ``at_worst`` (name -> value
+    per element of ``top``, or one value for all); ``where`` (only with ``axes``, the names of the axes)
+    the positions of the unexplained elements of a mismatch; ``tolerance`` with ``rtol``/``atol``,
+    :func:`tolerance` of ``error`` (:func:`errors`; an array, or a function computing it, called only
+    then); ``notes``: the structure found first, then the route's own."""
+    flat_a, flat_r = np.asarray(actual).reshape(-1), np.asarray(reference).reshape(-1)
+    cols = {k: (v if np.ndim(v) else np.full(len(top), v, np.float64)) for k, v in at_worst.items()}
+    worst = _unravel(top, shape)
+    details = [{"index": list(w), "actual": float(flat_a[f]), "reference": float(flat_r[f]),
+                **{k: float(v[j]) for k, v in cols.items()}} for j, (w, f) in enumerate(zip(worst, top))]  # fmt: skip
+    where = {}
+    if verdict == "mismatch" and axes is not None and len(shape):
+        where = where_summary(np.argwhere(np.asarray(classes).reshape(shape) == 3), tuple(shape), axes)
+    tol = None
+    if rtol is not None or atol is not None:
+        tol = tolerance(error() if callable(error) else error, reference, classes, rtol, atol)
+    return Report(
+        op=op, device=device, dtype=dtype, shape=tuple(shape), n_terms=int(n_terms), verdict=verdict,
+        precision=precision, max_ulp=max_ulp, max_bound_ratio=max_bound_ratio, max_prob_ratio=max_prob_ratio,
+        worst=worst, worst_details=details, counts=counts(classes), where=where, hypotheses=hypotheses,
+        bound_ratios=bound_ratios, condition=condition if condition is not None else {"median": 1.0, "max": 1.0},
+        tolerance=tol, notes=[f["text"] for f in structure or ()] + list(notes), model=model,
+        alternatives=sorted(set(alternatives)), structure=structure if structure is not None else [],
+        detectable=detectable if detectable is not None else {}, thresholds=thresholds if thresholds is not None
+        else {},
+    )  # fmt: skip
+
+
+def from_decision(d, **kw) -> "Report":
+    """:func:`build` with what the verdict's :class:`~refkern.analysis.verdict.Decision` ``d`` decided."""
+    return build(verdict=d.verdict, precision=d.precision, classes=d.classes,
+                 model=d.model.kind if d.model is not None else None, alternatives=d.alternatives,
+                 structure=d.structure, detectable=d.detectable, thresholds=d.thresholds, **kw)  # fmt: skip
+
+
 class BitReport:
     """The Report of an op whose result is defined to the bit (IEEE 754 add, mul, div, sqrt,
     comparisons, selections, integer arithmetic): recomputed on the CPU in the same dtype, from the
@@ -49,9 +143,22 @@ class BitReport:
         self.n_diff = n_diff
         self.max_ulp = max_ulp
         self.first = first  # index of the first differing element
-        self.verdict = "exact" if n_diff == 0 else "mismatch"
+        self.verdict = VERDICTS[0] if n_diff == 0 else VERDICTS[-1]  # exact, else mismatch: nothing in between
         self.max_bound_ratio = math.inf if n_diff else 0.0
         self.max_prob_ratio = math.inf if n_diff else 0.0
+
+    @property
+    def counts(self) -> dict:
+        """Elements per verdict, as :attr:`Report.counts`: the equal ones exact, the others mismatch."""
+        return {**dict.fromkeys(VERDICTS, 0), VERDICTS[0]: self.n - self.n_diff, VERDICTS[-1]: self.n_diff}
+
+    @property
+    def n_elements(self) -> int:
+        return self.n
+
+    @property
+    def explained(self) -> bool:
+        return self.verdict != "mismatch"
 
     def to_dict(self):
         return {"verdict": self.verdict, "kind": "bitwise", "n": self.n, "n_diff": self.n_diff,

@@ -53,7 +53,7 @@ import math
 import numpy as np
 
 from refkern.accumulate.formats import FLOAT32, FLOAT64
-from refkern.analysis.report import VERDICTS, Report, where_summary
+from refkern.analysis.report import build
 from refkern.kernels import elementwise as ew
 from refkern.ops._accuracy import LIBRARIES
 
@@ -304,36 +304,22 @@ def analyse(act, fmt, device, fn, op, x, params, rtol=None, atol=None):
     key = np.where(classes == 3, ratio, 0.0) if verdict == "mismatch" else ratio
     order = np.argsort(-np.nan_to_num(key, nan=np.inf), kind="stable")[:10]
     order = [int(i) for i in order if key[i] > 0] if a.size else []
-    worst = [tuple(int(j) for j in np.unravel_index(i, shape)) for i in order] if shape else [()] * len(order)
-    details = [{"index": list(wi), "actual": float(a[i]), "reference": float(ref[i]), "ulp": float(ulps[i]),
-                "bound_ratio": float(ratio[i]), "test_ratio": float(ratio[i]), "condition": 1.0, "input": float(xf[i])}
-               for wi, i in zip(worst, order)]  # fmt: skip
-    counts = {name: int(np.count_nonzero(classes == k)) for k, name in enumerate(VERDICTS)}
-    where = {}
-    if verdict == "mismatch" and len(shape):
-        axes = tuple(f"dim{i}" for i in range(len(shape)))
-        where = where_summary(np.argwhere(classes.reshape(shape) == 3), shape, axes)
     notes = []
     if verdict == "rounding":
         notes.append(f"within the documented accuracy of {model} (the largest error is "
                      f"{float(np.max(ratio, initial=0.0)):.3g}x its bound)")  # fmt: skip
-    tol = None
-    if rtol is not None or atol is not None:
-        rt_, at_ = float(rtol or 0.0), float(atol or 0.0)
-        failing = ~(err <= at_ + rt_ * np.abs(ref))
-        tol = {"rtol": rt_, "atol": at_, "failing": int(failing.sum()),
-               "failing_explained_by_rounding": int((failing & (classes == 1)).sum())}  # fmt: skip
-    finite = np.isfinite(ulps)
-    return Report(
-        op=op, device=device, dtype=fmt.name, shape=tuple(shape), n_terms=1, verdict=verdict, precision=precision,
+    finite, top = np.isfinite(ulps), np.asarray(order, np.int64)
+    return build(
+        op=op, device=device, dtype=fmt.name, shape=shape, n_terms=1, verdict=verdict, precision=precision,
+        classes=classes, model=model, actual=a, reference=ref, top=top,
+        at_worst={"ulp": ulps[top], "bound_ratio": ratio[top], "test_ratio": ratio[top], "condition": 1.0,
+                  "input": xf[top]},
         max_ulp=float(np.max(np.where(finite, ulps, 0.0), initial=0.0)) if finite.any() else float("inf"),
         max_bound_ratio=float(np.max(ratio, initial=0.0)), max_prob_ratio=float(np.max(ratio, initial=0.0)),
-        worst=worst, worst_details=details, counts=counts, where=where,
         hypotheses={n: {"explains": bool(f[1].all()), "max_ratio": float(np.max(f[2], initial=0.0)),
                         "unexplained": int((~f[1]).sum()), "reduced": f[0].reduced} for n, f in fits.items()},
         bound_ratios={n: {"worst_case": float(np.max(f[2], initial=0.0))} for n, f in fits.items()},
-        condition={"median": 1.0, "max": 1.0}, tolerance=tol, notes=notes, model=model,
-        detectable={},
+        error=err, rtol=rtol, atol=atol, axes=tuple(f"dim{i}" for i in range(len(shape))), notes=notes,
     )  # fmt: skip
 
 

@@ -32,7 +32,9 @@ from refkern.kernels.elementwise import (
     sqrt,
     tanh,
 )
+from refkern.kernels.embedding import embedding, embedding_dense_backward
 from refkern.kernels.gemm import linear, matmul
+from refkern.kernels.loss import cross_entropy, nll_loss
 from refkern.kernels.norm import batch_norm, group_norm, layer_norm, rms_norm
 from refkern.kernels.pool import (
     adaptive_avg_pool1d,
@@ -42,7 +44,6 @@ from refkern.kernels.pool import (
     max_pool1d,
     max_pool2d,
 )
-from refkern.kernels.loss import cross_entropy, nll_loss
 from refkern.kernels.reduction import cumsum, mean, std, sum, var  # noqa: A004
 from refkern.kernels.softmax import log_softmax, softmax
 from refkern.reduce import METHODS, dot
@@ -85,6 +86,8 @@ __all__ = [
     "log_softmax",
     "nll_loss",
     "cross_entropy",
+    "embedding",
+    "embedding_dense_backward",
     "matmul",
     "max_pool1d",
     "max_pool2d",

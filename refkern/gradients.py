@@ -39,6 +39,7 @@ from refkern.kernels.attention_grad import _attention
 from refkern.kernels.conv_grad import _conv, _conv_transpose
 from refkern.kernels.elementwise_grad import OPS as _EW_OPS
 from refkern.kernels.elementwise_grad import _elementwise
+from refkern.kernels.embedding_grad import _embedding
 from refkern.kernels.gemm_grad import _dot, _linear, _matmul
 from refkern.kernels.norm_grad import _norm
 from refkern.kernels.pool_grad import _pool
@@ -69,6 +70,7 @@ _BUILDERS = {
     **{k: (_reduction, ("x",)) for k in ("sum", "mean", "var", "std")},
     "cumsum": (_cumsum, ("x",)),
     "dot": (_dot, ("x", "y")),
+    "embedding": (_embedding, ("weight",)),
     **{k: (_elementwise, ("input",)) for k in _EW_OPS},  # tanh, sigmoid, silu, gelu
 }
 OPS = tuple(_BUILDERS)

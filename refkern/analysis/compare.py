@@ -23,6 +23,7 @@ __all__ = ["compare", "assert_matches_reference", "elements"]
 
 ELEMENTWISE_OPS = _op_names(error_model="elementwise")  #: judged by refkern.analysis.elementwise
 LOSS_OPS = _op_names(error_model="loss")  #: judged by refkern.analysis.losses
+GATHER_OPS = _op_names(error_model="gather")  #: judged bit for bit by refkern.analysis.embedding
 
 
 def _actual(actual, held=False):
@@ -111,6 +112,10 @@ def _analyse_once(actual, op, args, kwargs, rtol, atol, arrays):
         from refkern.analysis.losses import compare_call as loss_call
 
         return loss_call(actual, name, args, kwargs, rtol, atol, arrays)
+    if name in GATHER_OPS:  # a lookup: the selected values, bit for bit
+        from refkern.analysis.embedding import compare_call as gather_call
+
+        return gather_call(actual, name, args, kwargs, rtol, atol, arrays)
     act, fmt, device = _actual(actual, held=name in ENVELOPE_OPS and not arrays)
     if fmt.name not in FORMATS:
         raise TypeError(f"compare: actual must be a float16, bfloat16, float32 or float64 result; got {fmt.name}.")

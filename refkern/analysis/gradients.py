@@ -35,6 +35,10 @@ def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="c
         return _reduction_report(name, k, got, grad_output, bound, who, rtol, atol)
     if adj.op == "scaled_dot_product_attention":
         return _attn_report(adj.op, k, got, grad_output, bound, who, rtol, atol)
+    if adj.op == "embedding":  # a scatter-add: the envelope of a sum in any order (refkern.analysis.embedding)
+        from refkern.analysis.embedding import grad_report
+
+        return grad_report(got, grad_output, bound, who, rtol, atol)
     if adj.op in POOL_OPS:
         return _pool_report(adj.op, got, grad_output, bound, who, rtol, atol)
     if adj.op in NORM_OPS:

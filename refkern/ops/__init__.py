@@ -17,6 +17,7 @@ the valid names (``ops: unknown op='conv2'; choose one of 'dot', 'matmul', ... D
 from refkern.ops._record import ERROR_MODELS, HYPOTHESES, REFKERN_ONLY, SAMPLE_KINDS, Call, Op, resolve_path
 from refkern.ops._records import RECORDS
 from refkern.ops._records_elementwise import RECORDS as _ELEMENTWISE
+from refkern.ops._records_embedding import RECORDS as _EMBEDDING
 from refkern.ops._records_losses import RECORDS as _LOSSES
 
 __all__ = ["Op", "Call", "REGISTRY", "names", "get", "lookup", "resolve_path", "ERROR_MODELS", "SAMPLE_KINDS",
@@ -25,7 +26,7 @@ __all__ = ["Op", "Call", "REGISTRY", "names", "get", "lookup", "resolve_path", "
 
 def _build():
     reg, nodes = {}, {}
-    for r in RECORDS + _ELEMENTWISE + _LOSSES:
+    for r in RECORDS + _ELEMENTWISE + _LOSSES + _EMBEDDING:
         if r.name in reg:
             raise RuntimeError(f"ops: two records for {r.name!r}")
         bad = [h for h in r.hypotheses if h not in HYPOTHESES]

@@ -12,10 +12,11 @@ __all__ = ["Op", "Call", "ERROR_MODELS", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_
 #: convolutions: :mod:`refkern.analysis.evaluate`, the statistical verdict of
 #: :mod:`refkern.analysis.verdict`); "envelope", an op that is more than one sum (a mean, a norm, a
 #: softmax): worst-case envelopes (:mod:`refkern.analysis.envelope`) with the inside test; "elementwise",
-#: one function per element, judged against its math library's documented accuracy (:mod:`refkern.analysis.elementwise`);
-#: "loss", a composition (log_softmax, then weighted sums and a division) judged by the envelope of torch's
-#: composition (:mod:`refkern.analysis.losses`)
-ERROR_MODELS = ("sum", "envelope", "elementwise", "loss")
+#: one function per element, judged against its math library's documented accuracy
+#: (:mod:`refkern.analysis.elementwise`); "loss", a composition (log_softmax, then weighted sums and a
+#: division) judged by the envelope of torch's composition (:mod:`refkern.analysis.losses`); "gather", values
+#: selected, judged bit for bit (embedding's lookup: :mod:`refkern.analysis.embedding`)
+ERROR_MODELS = ("sum", "envelope", "elementwise", "loss", "gather")
 
 #: how the audit's ``sample=`` shrinks a call (:mod:`refkern.torch.sample`); None: judged whole
 SAMPLE_KINDS = ("linear", "matmul", "conv", "rows", "batch_norm")

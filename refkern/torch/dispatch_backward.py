@@ -105,6 +105,14 @@ def backward_call(func, b, memo, present) -> BackwardCall:
             return BackwardCall(unsupported=f"{op} computed in another dtype than its input's (half_to_float)")
         x = x.detach().to("cpu")
         return BackwardCall(op, g, (x,), {"dim": b["dim"]}, [(0, "input")])
+    if name == "embedding_dense_backward":  # the gradient of weight at the indices it received (weight's values
+        if need("embedding"):  # do not enter: a zero tensor of its shape stands for it)
+            return BackwardCall(unsupported=need("embedding"))
+        g, ix = b["grad_output"], b["indices"]
+        pad = b["padding_idx"]
+        w = torch.zeros((b["num_weights"], g.shape[-1]), dtype=g.dtype)
+        kw = {"padding_idx": None if pad == -1 else pad, "scale_grad_by_freq": bool(b["scale_grad_by_freq"])}
+        return BackwardCall("embedding", g, (ix, w), kw, [(0, "weight")])
     if name in ("max_pool2d_with_indices_backward", "avg_pool2d_backward", "_adaptive_avg_pool2d_backward"):
         return _pool_backward(name, b, need)
     if name in _ATTN_BACKWARD:

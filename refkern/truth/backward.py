@@ -206,6 +206,10 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
     name = _ops.lookup(op, "truth.backward", among=[n for n in _ops.REGISTRY if _ops.get(n).differentiable])
     adjoints(name, grad_output, *args, wrt=wrt, who="truth.backward", **kwargs)  # validation only: no kernel runs
     a = bind(name, args, kwargs, "truth.backward")
+    if name == "embedding":  # a scatter-add of grad_output's rows: exact Fractions (refkern.truth.embeddings)
+        from refkern.truth.embeddings import backward as embedding_backward
+
+        return embedding_backward(grad_output, a, wrt)
     if name in ("softmax", "log_softmax"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _softmax_backward(name, G, og, a, wrt)

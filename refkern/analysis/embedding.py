@@ -1,0 +1,95 @@
+"""The yardstick of embedding (a lookup: bit for bit) and of its gradient (a scatter-add: the worst-case
+envelope of a sum in any order).
+
+Row ``v`` of the gradient of ``weight`` sums the k rows of grad_output whose index is v. A correct
+implementation adds them in any order in its working precision; torch's CPU kernel (``index_add_`` on the
+result) rounds every addition to the result dtype (measured: bfloat16 within 2 of its units times the
+terms' magnitude over 80 terms). So with ``u`` float32's unit for float16/bfloat16/float32 results
+(float64's for float64) and ``u_m`` the result's unit for a half result (0 otherwise), ``ua = u + u_m``:
+
+* ``|computed - exact| <= gamma_{k-1}(ua) sum |g_i|`` (Higham (4.4); ``gamma_k(u) = k u (1 + 4 k u) / (1 -
+  k u)``, infinite beyond ``k u = 1/8``: no bound is claimed, and the Report counts those elements);
+* with ``scale_grad_by_freq`` each term is first multiplied by ``fl(1 / k)`` (two roundings): ``+ 2 ua sum
+  |g_i| / k``, and the sum's bound is over k;
+* plus the centre's store, ``u_out |ref| + eta`` (twice for a half result); a row of one term without
+  scaling is a copy: its bound is 0 (bit for bit), as is every row no index reaches and the padding row.
+
+A gradient that keeps one of a repeated token's rows drops the others, each as large as the kept one:
+far beyond ``gamma_{k-1}``, a mismatch (for ``k ua <= 1/8``: k up to 31 in bfloat16, 255 in float16).
+"""
+
+import numpy as np
+
+from refkern.accumulate.formats import FLOAT32, FLOAT64
+from refkern.kernels.loss import gamma
+
+__all__ = ["compare_call", "grad_report", "grad_bound"]
+
+
+def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False):
+    """:func:`refkern.compare` for embedding's lookup: every element must be the looked-up value."""
+    from refkern._arrays import is_tensor, operand
+    from refkern.analysis.evaluate import _bind
+    from refkern.analysis.losses import _report
+    from refkern.kernels.embedding import embedding
+
+    device = str(actual.device) if is_tensor(actual) else "numpy"
+    bound = _bind(name, args, kwargs)
+    ref = operand(embedding(**bound), "reference", "compare")
+    act = operand(actual, "actual", "compare")
+    if tuple(act.shape) != tuple(ref.shape) or act.fmt != ref.fmt:
+        raise ValueError(f"compare: actual ({tuple(act.shape)}, {act.fmt.name}) differs from what embedding gives for "
+                         f"these inputs ({tuple(ref.shape)}, {ref.fmt.name}); pass the same arguments.")  # fmt: skip
+    a64, r64 = (np.asarray(o.values, np.float64).reshape(o.shape) for o in (act, ref))
+    rep = _report(name, a64, r64, np.zeros(r64.shape), ref.fmt, device, 1, rtol, atol,
+                  ["a lookup copies values: judged bit for bit"])  # fmt: skip
+    return rep, ({"reference": r64, "actual": a64, "report": rep} if arrays else None)
+
+
+def grad_bound(c, ref) -> np.ndarray:
+    """The envelope (V, D) of the module docstring for the validated call ``c``
+    (:class:`~refkern.kernels.embedding.EmbeddingGrad`) and its reference."""
+    fmt = c.fmt
+    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
+    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
+    ua = u + u_m
+    N, D = c.G.shape
+    keep = np.ones(N, np.bool_) if c.padding is None else c.idx != c.padding
+    k = np.bincount(c.idx[keep], minlength=c.V).astype(np.float64)
+    m = np.zeros((c.V, D))
+    np.add.at(m, c.idx[keep], np.abs(c.G[keep]))
+    with np.errstate(all="ignore"):
+        if c.scale:
+            b = (gamma(np.maximum(k - 1, 0), ua)[:, None] * m + 2.0 * ua * m) / np.maximum(k, 1)[:, None]
+        else:
+            b = gamma(np.maximum(k - 1, 0), ua)[:, None] * m
+        stores = 2 if u_m else 1
+        b = b * 1.01 + stores * (fmt.u * np.abs(ref) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1))
+    copy = (k <= 1) & (not c.scale) | (k == 0)
+    if c.padding is not None:
+        copy[c.padding] = True
+    return np.where(copy[:, None], 0.0, np.where(np.isnan(b), np.inf, b))
+
+
+def grad_report(got, g, a, who, rtol=None, atol=None):
+    """compare_backward's Report for the gradient of embedding's weight."""
+    from refkern._arrays import is_tensor, operand
+    from refkern.analysis.losses import _report
+    from refkern.kernels.embedding import grad_weight
+    from refkern.kernels.embedding_grad import call_of
+
+    c = call_of(g, a, who)
+    act = operand(got, "the gradient of weight", who)
+    if act.fmt != c.fmt:
+        raise TypeError(f"{who}: the gradient of weight must have the dtype of weight, {c.fmt.name}; got "
+                        f"{act.fmt.name}.")  # fmt: skip
+    ref = grad_weight(c)
+    b = grad_bound(c, ref)
+    blind = int(np.count_nonzero(np.isinf(b)))
+    notes = ["the gradient of embedding judged by the worst-case envelope of a scatter-add in any order "
+             "(refkern.analysis.embedding): rows of one term are copies, judged bit for bit"]  # fmt: skip
+    if blind:
+        notes.append(f"no bound is claimed for {blind} elements (a token repeated beyond 1/(8 u) times)")
+    device = str(got.device) if is_tensor(got) else "numpy"
+    a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
+    return _report("embedding backward (weight)", a64, ref, b, c.fmt, device, int(c.G.shape[0]), rtol, atol, notes)

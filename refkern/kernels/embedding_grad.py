@@ -1,0 +1,31 @@
+"""Backward rule of embedding: the gradient of ``weight`` is an exact scatter-add of grad_output's rows
+(:func:`refkern.kernels.embedding.grad_weight`); the indices have no gradient."""
+
+from refkern.kernels._common import deliver
+from refkern.kernels._grad import Adjoint
+
+__all__ = ["_embedding", "call_of"]
+
+
+def call_of(g, a, who):
+    """The validated backward call of ``embedding(**a)`` for grad_output ``g`` (its shape and dtype: the
+    lookup's, ``input.shape + (D,)`` in weight's dtype)."""
+    from refkern._arrays import operand
+    from refkern.kernels.embedding import embedding_grad_call
+
+    ow = operand(a["weight"], "weight", who)
+    og = operand(g, "grad_output", who)
+    if og.fmt.name != ow.fmt.name:
+        raise TypeError(f"{who}: grad_output must have the dtype of the output of embedding, {ow.fmt.name}; "
+                        f"got grad_output.dtype={og.fmt.name}.")  # fmt: skip
+    if len(ow.shape) != 2 or (og.shape and og.shape[-1] != ow.shape[1]):
+        raise ValueError(f"{who}: grad_output must have shape input.shape + ({ow.shape[-1]},); got grad_output.shape="
+                         f"{tuple(og.shape)}.")  # fmt: skip
+    return embedding_grad_call(g, a["input"], ow.shape[0], a.get("padding_idx"), a.get("scale_grad_by_freq"), who)
+
+
+def _embedding(op, g, a, wrt, who):
+    from refkern.kernels.embedding import grad_weight
+
+    c = call_of(g, a, who)
+    return {"weight": Adjoint("weight", op, (), compute=lambda: deliver(grad_weight(c), c.fmt, c.tensor))}

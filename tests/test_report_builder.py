@@ -101,6 +101,23 @@ def test_tolerance_rule():
     assert rp.tolerance(err, ref, cls, 0.25, None) == {"rtol": 0.25, "atol": 0.0, "failing": 4,
                                                        "failing_explained_by_rounding": 1}  # fmt: skip
     assert rp.tolerance(err, ref, cls, 0.0, 0.5)["failing"] == 3  # 0.5 <= 0.5 passes
+    # an infinity equal to its reference passes with rtol=0 (0 * inf is NaN; torch's isclose: equal is close)
+    inf = np.array([np.inf, -np.inf, np.inf])
+    e = rp.errors(np.array([np.inf, -np.inf, 1e38]), inf, np.array([True, True, False]))
+    assert e.tolist() == [0.0, 0.0, np.inf]
+    for rt in (None, 0.0, 1e-3):
+        assert rp.tolerance(e, inf, np.zeros(3, np.int8), rt, 1.0)["failing"] == 1
+
+
+def test_an_equal_infinity_passes_the_tolerance_on_every_route():
+    x = np.array([1.0, 100.0, 2.0], np.float32)  # exp(100) overflows float32
+    with np.errstate(over="ignore"):
+        y = np.exp(x.astype(np.float64)).astype(np.float32)
+    rep = compare(y, "exp", x, atol=1e-3)
+    assert rep.tolerance["failing"] == 0
+    s = np.array([[3e38, 3e38], [1.0, 2.0]], np.float32)  # the first row's sum overflows
+    rep = compare(np.array([np.inf, 3.0], np.float32), "sum", s, dim=1, atol=1e-3)
+    assert rep.tolerance["failing"] == 0
 
 
 def test_build_fills_every_field_from_the_decision():

@@ -51,14 +51,17 @@ def errors(actual, reference, equal) -> np.ndarray:
 
 
 def tolerance(err, reference, classes, rtol, atol) -> dict | None:
-    """With rtol/atol: how many elements fail ``err <= atol + rtol |reference|`` (torch's allclose with
-    ``equal_nan=False``: an element whose reference is NaN fails), and how many of those the rounding
-    hypothesis explains anyway (class 1); None without a tolerance."""
+    """With rtol/atol: how many elements fail ``err <= atol + rtol |reference|`` as torch's isclose reads
+    it (``equal_nan=False``): an element equal to its reference passes, an infinity included, whatever
+    rtol; an infinite error fails, whatever the bound (a NaN or a finite value against an infinity); an
+    element whose reference is NaN fails. And how many of those the rounding hypothesis explains anyway
+    (class 1); None without a tolerance."""
     if rtol is None and atol is None:
         return None
     rt, at = float(rtol or 0.0), float(atol or 0.0)
-    with np.errstate(invalid="ignore"):
-        failing = ~(err <= at + rt * np.abs(np.asarray(reference, np.float64)))
+    ref = np.asarray(reference, np.float64)
+    with np.errstate(invalid="ignore"):  # 0 * inf is NaN: an equal infinity passes by the first test
+        failing = ~(((err == 0) & ~np.isnan(ref)) | (np.isfinite(err) & (err <= at + rt * np.abs(ref))))
     return {"rtol": rt, "atol": at, "failing": int(failing.sum()),
             "failing_explained_by_rounding": int((failing & (np.asarray(classes) == 1)).sum())}  # fmt: skip
 

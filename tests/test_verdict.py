@@ -125,8 +125,26 @@ def test_report_states_its_thresholds_and_power():
     assert rep.thresholds["group"] == pytest.approx(level(16 + 24 + 1), abs=1e-12)  # groups and the scale test
     assert rep.thresholds["alpha"] == 1e-6
     det = rep.detectable
-    # the element threshold lam * sigma_0, in units of sqrt(n) u M: lam sqrt((n + 1) / n) at least
-    assert level(384) * math.sqrt(102 / 101) <= det["element_in_scale_units"] <= level(384) * 1.1
+    # the element threshold lam * sigma_0 in units of sqrt(n) u M, sigma_0 from the partial sums of the orders
+    # backends use (refkern.analysis.partials), here formed one by one: 100 products and a bias per element,
+    # blocks of 32; the order-free scale gave lam sqrt((n + 1) / n)
+    xd, wd, bd = (t.double().numpy() for t in (x, w, b))
+    u, want = 2.0**-24, []
+    ref = F.linear(x.double(), w.double(), b.double()).float().double().numpy()
+    for i in range(16):
+        for j in range(24):
+            t = np.concatenate([xd[i] * wd[j], np.zeros(28)]).reshape(4, 32)
+            S, A = t.sum(axis=1), np.abs(t).sum(axis=1) + abs(bd[j])
+            P = np.concatenate([[0.0], np.cumsum(S)[:-1]])
+            Q = S.sum() - P - S
+            M = np.abs(t).sum() + abs(bd[j])
+            part = 32 * max(((np.abs(P) + A) ** 2).sum(), ((np.abs(Q) + A) ** 2).sum()) + (t * t).sum() + M * M
+            part = min(part, 102 * M * M)
+            ua = u * (1 + 101 * u / (1 - 101 * u))
+            var = ua**2 * part + 2 * (u * ref[i, j]) ** 2 + 2 * 2.0 ** (2 * (-126 - 24)) + 102 * 2.0 ** (2 * (-126 - 24))
+            want.append(level(384) * math.sqrt(var) / (math.sqrt(101) * u * M))
+    assert det["element_in_scale_units"] == pytest.approx(float(np.median(want)), rel=1e-9)
+    assert det["element_in_scale_units"] < 0.5 * level(384)  # mixed signs: under half the order-free threshold
     assert set(det["groups"]) == {"dim0", "out_feature"}
     # a whole row of 24 elements: sqrt(24) times finer than one element, lam_grp / lam_el aside
     ratio = det["element"] / det["groups"]["dim0"]

@@ -50,8 +50,12 @@ def _sq_partials(t, order):
 def test_bound_holds_for_the_orders_backends_use(data):
     g = np.random.default_rng(7)
     K = 700
-    a = {"randn": g.standard_normal((6, K)), "relu": np.maximum(g.standard_normal((6, K)), 0),
-         "positive": g.random((6, K)), "offset": 300 + g.standard_normal((6, K))}[data].astype(np.float32)
+    a = {
+        "randn": g.standard_normal((6, K)),
+        "relu": np.maximum(g.standard_normal((6, K)), 0),
+        "positive": g.random((6, K)),
+        "offset": 300 + g.standard_normal((6, K)),
+    }[data].astype(np.float32)
     b = g.standard_normal((K, 5)).astype(np.float32)
     pr = problem("matmul", (a, b), {})
     _, mag = pr.run(want_mag=True)
@@ -113,8 +117,13 @@ def test_correct_kernels_are_rounding(data):
     else:  # signs that repeat with the lanes: the contiguous bound does not hold for lanes; the check sees it
         a = _f32(((-1.0) ** np.arange(K)) * (1 + 0.1 * g.standard_normal((16, K))))
         b = _f32(1 + 0.01 * g.standard_normal((K, 16)))
-    outs = {"torch": (torch.from_numpy(a) @ torch.from_numpy(b)).numpy(), "sequential": _sequential(a, b),
-            "reversed": _sequential(a[:, ::-1], b[::-1]), "2 lanes": _lanes(a, b, 2), "16 lanes": _lanes(a, b, 16)}
+    outs = {
+        "torch": (torch.from_numpy(a) @ torch.from_numpy(b)).numpy(),
+        "sequential": _sequential(a, b),
+        "reversed": _sequential(a[:, ::-1], b[::-1]),
+        "2 lanes": _lanes(a, b, 2),
+        "16 lanes": _lanes(a, b, 16),
+    }
     for name, out in outs.items():
         assert rk.compare(out, "matmul", a, b).verdict == "rounding", name
 

@@ -148,3 +148,68 @@ def test_the_audit_judges_nll_loss_forward():
         F.cross_entropy(x, t)
     names = {c.op for c in a.calls if c.verdict is not None}
     assert "nll_loss" in names and "log_softmax" in names
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(64, 10), (4, 10, 3), (10,)])
+def test_nll_loss_gradient(dtype, shape):
+    """Reference == truth; torch's CPU gradient exact or rounding; ignore_index ignored in the backward a
+    mismatch."""
+    import refkern.truth
+
+    g0 = torch.Generator().manual_seed(5)
+    x = torch.log_softmax(torch.randn(*shape, generator=g0), 0 if len(shape) == 1 else 1).to(dtype)
+    C = shape[0] if len(shape) == 1 else shape[1]
+    t = torch.randint(0, C, () if len(shape) == 1 else (shape[0], *shape[2:]), generator=g0)
+    if t.dim():
+        t.view(-1)[::4] = -100
+    w = torch.rand(C, generator=g0).to(dtype)
+    for red in ("none", "sum", "mean"):
+        def grad(target, red=red):
+            xx = x.clone().requires_grad_()
+            y = F.nll_loss(xx, target, weight=w, reduction=red)
+            gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6)).to(dtype)
+            y.backward(gy)
+            return xx.grad, gy
+
+        got, g = grad(t)
+        kw = dict(weight=w, reduction=red)
+        ref = rk.backward("nll_loss", g, x, t, **kw)["input"]
+        assert np.array_equal(ref.double().numpy(), refkern.truth.backward("nll_loss", g, x, t, **kw)["input"])
+        rep = rk.compare_backward({"input": got}, "nll_loss", g, x, t, **kw)["input"]
+        assert rep.verdict in ("exact", "rounding"), str(rep)
+        if t.dim():
+            bug, _ = grad(torch.where(t == -100, 0, t))
+            assert rk.compare_backward({"input": bug}, "nll_loss", g, x, t, **kw)["input"].verdict == "mismatch"
+
+
+def test_nll_gradient_bound_written_by_hand():
+    """mean over two counted rows of weights 1 and 3 (float32): |y| (e_D / (D - e_D) + gamma_2(u)) * 1.01 + u |y|
+    + eta, e_D = gamma_1(u) (1 + 3)."""
+    from refkern.analysis.losses import grad_bound
+    from refkern.kernels.loss_grad import nll_grad, nll_grad_call
+
+    x = np.zeros((3, 2), np.float32)
+    t = np.array([0, 1, -100])
+    w = np.array([1.0, 3.0], np.float32)
+    c, G = nll_grad_call(np.float32(1.0), dict(input=x, target=t, weight=w), "test")
+    ref = nll_grad(c, G)
+    b = grad_bound(c, G, ref)
+    u = 2.0**-24
+    g1, g2 = u / (1 - u) * (1 + 4 * u), 2 * u / (1 - 2 * u) * (1 + 8 * u)
+    eD = g1 * 4.0
+    y = 3.0 / 4.0
+    assert ref[1, 1] == -0.75 and ref[2].tolist() == [0.0, 0.0] and ref[0, 1] == 0.0
+    assert b[1, 1] == pytest.approx(y * (eD / (4.0 - eD) + g2) * 1.01 + u * y + 2.0**-150, abs=0)
+    assert b[0, 1] == 0.0 and b[2, 0] == 0.0
+
+
+def test_the_audit_judges_nll_loss_backward():
+    from refkern.torch import audit
+
+    x, t, _, _ = _data(torch.float32, (16, 10), seed=4)
+    x.requires_grad_()
+    with audit() as a:
+        F.cross_entropy(x, t).backward()
+    judged = {c.op: c.verdict for c in a.calls}
+    assert judged.get("nll_loss backward") in ("exact", "rounding"), judged

@@ -218,3 +218,55 @@ def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False)
         rep.verdict = "rounding"
         rep.counts = {**rep.counts, "exact": rep.counts["exact"] - k, "rounding": rep.counts["rounding"] + k}
     return rep, ({"reference": ref, "actual": a64, "bound": b, "report": rep} if arrays else None)
+
+
+def grad_bound(c, G, ref_rows) -> np.ndarray:
+    """The envelope (R, C) of nll_loss's gradient (row layout): at each counted row's target ``y = -w_t g``
+    (a product: ``gamma_1(ua)``) or, for "mean", ``-w_t g / D`` with D the forward's sum of the counted
+    weights as it stored it (``e_D = gamma_{R-1}(u) sum |w_t| + u_m |D|``, the backward reads that stored
+    value) and a division: ``|y| (e_D / (|D| - e_D) + gamma_2(ua))``; plus the centre's store(s). Every
+    other element is 0, bit for bit."""
+    fmt = c.fmt
+    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
+    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
+    ua = u + u_m
+    R, C = c.X.shape
+    b = np.zeros((R, C))
+    rows = np.flatnonzero(c.valid)
+    if not rows.size:
+        return b
+    t = c.target[rows]
+    y = np.abs(ref_rows[rows, t])
+    with np.errstate(all="ignore"):
+        if c.reduction == "mean":
+            w = np.ones(C) if c.weight is None else c.weight
+            wt = w[t]
+            D = abs(float(wt.sum()))
+            eD = float(gamma(max(rows.size - 1, 0), u) * np.abs(wt).sum() + u_m * D)
+            e = y * ((eD / (D - eD) if eD < D else np.inf) + gamma(2, ua))
+        else:
+            e = y * gamma(1, ua)
+        stores = 2 if u_m else 1
+        e = e * _SLACK + stores * (fmt.u * y + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1))
+    b[rows, t] = np.where(np.isnan(e), np.inf, e)
+    return b
+
+
+def grad_report(got, g, a, who, rtol=None, atol=None):
+    """compare_backward's Report for the gradient of nll_loss's input."""
+    from refkern._arrays import is_tensor, operand
+    from refkern.kernels.loss_grad import _back, nll_grad, nll_grad_call
+
+    c, G = nll_grad_call(g, a, who)
+    act = operand(got, "the gradient of input", who)
+    if act.fmt != c.fmt:
+        raise TypeError(f"{who}: the gradient of input must have the dtype of input, {c.fmt.name}; got "
+                        f"{act.fmt.name}.")  # fmt: skip
+    ref_rows = nll_grad(c, G)
+    b = _back(c, grad_bound(c, G, ref_rows))
+    ref = np.asarray(_back(c, ref_rows), np.float64)
+    device = str(got.device) if is_tensor(got) else "numpy"
+    a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
+    notes = ["the gradient of nll_loss judged by its worst-case envelope (refkern.analysis.losses): -w_t g (over the "
+             "stored sum of the counted weights for a mean) at each counted target, 0 bit for bit elsewhere"]
+    return _report("nll_loss backward (input)", a64, ref, b, c.fmt, device, 1, rtol, atol, notes)

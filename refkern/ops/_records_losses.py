@@ -13,8 +13,10 @@ _PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce"
 
 RECORDS = (
     Op("nll_loss", "loss", "refkern.kernels.loss:nll_loss", "refkern.truth.losses:nll_loss",
-       ("input", "target", "weight"), "loss", required=2, positional=True, torch_function=f"{_F}nll_loss",
-       calls=(Call(f"{_F}nll_loss", _PARAMS),), aten=("nll_loss_forward", "nll_loss2d_forward"),
+       ("input", "target", "weight"), "loss", required=2, positional=True, differentiable=("input",),
+       torch_function=f"{_F}nll_loss", calls=(Call(f"{_F}nll_loss", _PARAMS),),
+       aten=("nll_loss_forward", "nll_loss2d_forward"), aten_backward=("nll_loss_backward", "nll_loss2d_backward"),
+       autograd=(("NllLossBackward0", ("input",)), ("NllLoss2DBackward0", ("input",))),
        opinfo=("nn.functional.nll_loss",)),
     Op("cross_entropy", "loss", "refkern.kernels.loss:cross_entropy", "refkern.truth.losses:cross_entropy",
        ("input", "target", "weight"), "loss", required=2, positional=True, torch_function=f"{_F}cross_entropy",

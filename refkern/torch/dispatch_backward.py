@@ -113,6 +113,12 @@ def backward_call(func, b, memo, present) -> BackwardCall:
         w = torch.zeros((b["num_weights"], g.shape[-1]), dtype=g.dtype)
         kw = {"padding_idx": None if pad == -1 else pad, "scale_grad_by_freq": bool(b["scale_grad_by_freq"])}
         return BackwardCall("embedding", g, (ix, w), kw, [(0, "weight")])
+    if name in ("nll_loss_backward", "nll_loss2d_backward"):  # at the log-probabilities and targets it received
+        if need("nll_loss"):  # (total_weight, the forward's stored sum of weights, is not needed: refkern's is exact)
+            return BackwardCall(unsupported=need("nll_loss"))
+        red = b["reduction"]
+        kw = {"weight": b["weight"], "reduction": ("none", "mean", "sum")[red], "ignore_index": int(b["ignore_index"])}
+        return BackwardCall("nll_loss", b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
     if name in ("max_pool2d_with_indices_backward", "avg_pool2d_backward", "_adaptive_avg_pool2d_backward"):
         return _pool_backward(name, b, need)
     if name in _ATTN_BACKWARD:

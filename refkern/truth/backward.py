@@ -210,6 +210,10 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
         from refkern.truth.embeddings import backward as embedding_backward
 
         return embedding_backward(grad_output, a, wrt)
+    if name == "nll_loss":  # -w_t g (/ D) at the targets: exact Fractions (refkern.truth.losses)
+        from refkern.truth.losses import nll_backward
+
+        return nll_backward(grad_output, a, wrt)
     if name in ("softmax", "log_softmax"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _softmax_backward(name, G, og, a, wrt)

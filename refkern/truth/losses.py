@@ -172,3 +172,29 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         num = _decide(fmt, lambda: sum((row_value(r) for r in makers), iv.mpf(0)), precision) if makers else 0.0
         return np.float64(math.nan if num == 0 else math.copysign(math.inf, num))
     return np.float64(_decide(fmt, total, precision))
+
+
+def nll_backward(grad_output, a, wrt) -> dict:
+    """``{"input": gradient}`` of nll_loss's call ``a``: ``-w_t g`` (over the exact sum of the counted weights
+    for "mean") at each counted row's target, 0 elsewhere; exact Fractions rounded once."""
+    rows, tg, _, w, shape, fmt = _read("nll_loss", a["input"], a["target"], a.get("weight"))
+    red = _red(a.get("reduction", "mean"), a.get("size_average"), a.get("reduce"))
+    ign = a.get("ignore_index", -100)
+    go = operand(grad_output, "grad_output", "truth.backward")
+    G = [float(v) for v in np.asarray(go.values, np.float64).reshape(-1)]
+    counted = [r for r in range(len(tg)) if tg[r] != ign]
+    D = sum((Fraction(w[int(tg[r])]) for r in counted), Fraction(0)) if a.get("weight") is not None \
+        else Fraction(len(counted))  # fmt: skip
+    out = np.zeros(rows.shape)
+    for r in counted:
+        t = int(tg[r])
+        g = G[r] if red == "none" else G[0]
+        q = -Fraction(w[t]) * Fraction(g)
+        if red == "mean":
+            out[r, t] = round_fraction(q / D, fmt) if D != 0 else (math.copysign(math.inf, q) if q else math.nan)
+        else:
+            out[r, t] = round_fraction(q, fmt)
+    x = np.asarray(operand(a["input"], "input", "truth.backward").values).reshape(
+        operand(a["input"], "input", "truth.backward").shape)
+    res = out.reshape(x.shape) if x.ndim == 1 else np.moveaxis(out.reshape(*shape, x.shape[1]), -1, 1)
+    return {"input": res}

@@ -189,11 +189,56 @@ def _report(name, act, ref, b, fmt, device, n_terms, rtol, atol, notes):
     )  # fmt: skip
 
 
+def pointwise_envelope(op, x, t, fmt, red) -> np.ndarray:
+    """The envelope of mse_loss and l1_loss: per element ``l = (x - t)**2`` within ``gamma_3(ua) l`` (the
+    difference, the square, a store) or ``|x - t|`` within ``gamma_2(ua) l``; a sum adds ``gamma_{n-1}(u) sum l +
+    u_m |y|``, a mean its division ``ua |y|``; then the centre's store(s) (module docstring's units)."""
+    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
+    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
+    ua = u + u_m
+    with np.errstate(all="ignore"):
+        lv = np.abs(x - t) ** (2 if op == "mse_loss" else 1)
+        e = gamma(3 if op == "mse_loss" else 2, ua) * lv
+        y = lv
+        if red != "none":
+            Y = float(lv.sum())
+            e = float(e.sum() + gamma(max(lv.size - 1, 0), u) * Y + u_m * Y)
+            y = Y
+            if red == "mean":
+                y = Y / lv.size if lv.size else np.nan
+                e = e / max(lv.size, 1) + ua * abs(y)
+        stores = 2 if u_m else 1
+        b = np.asarray(e * _SLACK + stores * (fmt.u * np.abs(y) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1)), np.float64)
+    return np.where(np.isnan(b), np.inf, b)
+
+
+def _pointwise_call(actual, name, args, kwargs, rtol, atol, arrays):
+    from refkern._arrays import is_tensor, operand
+    from refkern.analysis.evaluate import _bind
+    from refkern.kernels.loss_pointwise import pointwise_call, pointwise_values
+
+    device = str(actual.device) if is_tensor(actual) else "numpy"
+    x, t, fmt, _, red = pointwise_call(name, **_bind(name, args, kwargs))
+    shape = x.shape if red == "none" else ()
+    act = operand(actual, "actual", "compare")
+    if tuple(act.shape) != tuple(shape) or act.fmt != fmt:
+        raise ValueError(f"compare: actual ({tuple(act.shape)}, {act.fmt.name}) differs from what {name} gives for "
+                         f"these inputs ({tuple(shape)}, {fmt.name}); pass the same arguments.")  # fmt: skip
+    ref = np.asarray(pointwise_values(name, x, t, fmt, red), np.float64).reshape(shape)
+    b = np.asarray(pointwise_envelope(name, x, t, fmt, red)).reshape(shape)
+    a64 = np.asarray(act.values, np.float64).reshape(shape)
+    rep = _report(name, a64, ref, b, fmt, device, int(x.size), rtol, atol,
+                  [f"{name} judged by the worst-case envelope of its roundings (refkern.analysis.losses)"])  # fmt: skip
+    return rep, ({"reference": ref, "actual": a64, "bound": b, "report": rep} if arrays else None)
+
+
 def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False):
     """:func:`refkern.compare` for a loss: (Report, per-element arrays or None)."""
     from refkern._arrays import is_tensor, operand
     from refkern.analysis.evaluate import _bind
 
+    if name in ("mse_loss", "l1_loss"):
+        return _pointwise_call(actual, name, args, kwargs, rtol, atol, arrays)
     device = str(actual.device) if is_tensor(actual) else "numpy"
     c = loss_call(name, **_bind(name, args, kwargs))
     act = operand(actual, "actual", "compare")

@@ -4,12 +4,14 @@ composition (error model "loss": :mod:`refkern.analysis.losses`).
 Each op is this record and its kernel (:mod:`refkern.kernels.loss`) and truth (:mod:`refkern.truth.losses`).
 cross_entropy never reaches torch's dispatcher whole (it is ``log_softmax`` then ``nll_loss_forward``, or
 ``nll_loss2d_forward`` for images, plus the smoothing's products and sums): the audit judges those parts;
-``compare`` and ``check`` judge the whole."""
+``compare`` and ``check`` judge the whole. mse_loss is aten's ``mse_loss``; l1_loss reaches the dispatcher as
+``sub``, ``abs`` and ``mean`` (each judged there)."""
 
 from refkern.ops._record import Call, Op
 
 _F = "torch.nn.functional."
 _PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction")
+_POINTWISE = ("input", "target", "size_average", "reduce", "reduction")
 
 RECORDS = (
     Op("nll_loss", "loss", "refkern.kernels.loss:nll_loss", "refkern.truth.losses:nll_loss",
@@ -22,4 +24,10 @@ RECORDS = (
        ("input", "target", "weight"), "loss", required=2, positional=True, torch_function=f"{_F}cross_entropy",
        calls=(Call(f"{_F}cross_entropy", (*_PARAMS, "label_smoothing")),),
        opinfo=("nn.functional.cross_entropy",)),
+    Op("mse_loss", "loss", "refkern.kernels.loss_pointwise:mse_loss", "refkern.truth.losses:mse_loss",
+       ("input", "target"), "loss", required=2, positional=True, torch_function=f"{_F}mse_loss",
+       calls=(Call(f"{_F}mse_loss", _POINTWISE),), aten=("mse_loss",), opinfo=("nn.functional.mse_loss",)),
+    Op("l1_loss", "loss", "refkern.kernels.loss_pointwise:l1_loss", "refkern.truth.losses:l1_loss",
+       ("input", "target"), "loss", required=2, positional=True, torch_function=f"{_F}l1_loss",
+       calls=(Call(f"{_F}l1_loss", _POINTWISE),), opinfo=("nn.functional.l1_loss",)),
 )  # fmt: skip

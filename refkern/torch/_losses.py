@@ -1,6 +1,7 @@
 """The audit's reading of the losses' aten ops (:mod:`refkern.torch.dispatch` says what each aten op is):
 ``nll_loss_forward`` and ``nll_loss2d_forward`` (what ``F.nll_loss`` and ``F.cross_entropy`` reach the
-dispatcher as, after ``_log_softmax``) are refkern's nll_loss on the log-probabilities they received."""
+dispatcher as, after ``_log_softmax``) are refkern's nll_loss on the log-probabilities they received;
+``mse_loss`` is refkern's mse_loss on its operands."""
 
 from refkern.torch.ops import OpCall
 
@@ -16,6 +17,8 @@ def loss_parts(name, b, out, Part):  # noqa: N803 - the class refkern.torch.disp
     red = b["reduction"]
     if isinstance(red, bool) or not isinstance(red, int) or not 0 <= red < len(REDUCTIONS):
         return [Part("out", 0, OpCall(name, unsupported=f"{name} with reduction={red!r} (aten's 0, 1 or 2)"))]
+    if name == "mse_loss":
+        return [Part("out", 0, OpCall(name, "mse_loss", (b["self"], b["target"]), {"reduction": REDUCTIONS[red]}))]
     kw = {"reduction": REDUCTIONS[red], "ignore_index": int(b["ignore_index"])}
     return [Part("out", 0, OpCall(name, "nll_loss", (b["self"], b["target"], b["weight"]), kw)),
             Part("total_weight", 1, why="the sum of the counted targets' weights (for the backward): not judged")]

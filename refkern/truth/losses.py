@@ -22,7 +22,7 @@ from refkern._arrays import operand
 from refkern.truth.reductions import round_fraction
 from refkern.truth.softmax import _decide, _ivq
 
-__all__ = ["nll_loss", "cross_entropy"]
+__all__ = ["nll_loss", "cross_entropy", "mse_loss", "l1_loss"]
 
 iv = mpmath.iv
 
@@ -198,3 +198,43 @@ def nll_backward(grad_output, a, wrt) -> dict:
         operand(a["input"], "input", "truth.backward").shape)
     res = out.reshape(x.shape) if x.ndim == 1 else np.moveaxis(out.reshape(*shape, x.shape[1]), -1, 1)
     return {"input": res}
+
+
+def _pointwise(op, input, target, size_average, reduce, reduction):  # noqa: A002
+    red = _red(reduction, size_average, reduce)
+    ox, ot = operand(input, "input", op), operand(target, "target", op)
+    fmt = ox.fmt if ox.fmt.prec >= ot.fmt.prec else ot.fmt
+    if {ox.fmt.name, ot.fmt.name} == {"float16", "bfloat16"}:
+        from refkern.accumulate.formats import FLOAT32
+
+        fmt = FLOAT32
+    x = np.asarray(ox.values, np.float64).reshape(ox.shape)
+    t = np.asarray(ot.values, np.float64).reshape(ot.shape)
+    x, t = np.broadcast_arrays(x, t)
+    vals = []
+    for a, b in zip(x.reshape(-1), t.reshape(-1)):
+        if not (math.isfinite(a) and math.isfinite(b)):
+            vals.append(float((a - b) ** 2 if op == "mse_loss" else abs(a - b)))
+        else:
+            d = Fraction(float(a)) - Fraction(float(b))
+            vals.append(d * d if op == "mse_loss" else abs(d))
+    if red == "none":
+        return np.asarray([v if isinstance(v, float) else round_fraction(v, fmt) for v in vals],
+                          np.float64).reshape(x.shape)  # fmt: skip
+    if any(isinstance(v, float) for v in vals):
+        s = _ieee([float(v) for v in vals])
+        return np.float64(s / len(vals) if red == "mean" else s)
+    tot = sum(vals, Fraction(0))
+    if red == "mean":
+        return np.float64(math.nan if not vals else round_fraction(tot / len(vals), fmt))
+    return np.float64(round_fraction(tot, fmt))
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", *, precision: int = 64):  # noqa: A002
+    """Ground truth of :func:`refkern.mse_loss`: exact Fractions, rounded once."""
+    return _pointwise("mse_loss", input, target, size_average, reduce, reduction)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", *, precision: int = 64):  # noqa: A002
+    """Ground truth of :func:`refkern.l1_loss`: exact Fractions, rounded once."""
+    return _pointwise("l1_loss", input, target, size_average, reduce, reduction)

@@ -1,0 +1,166 @@
+"""``refkern.mse_loss`` and ``refkern.l1_loss``: torch's semantics, correctly rounded.
+
+``input`` and ``target`` broadcast together (torch warns where their shapes differ, and broadcasts); the
+result dtype is their promotion. Per element ``l = (x - t)**2`` (mse) or ``|x - t|`` (l1); "none" gives
+``l``, "sum" ``sum l``, "mean" ``sum l / n`` (NaN for no element, as torch's 0 / 0); each result is that
+real number rounded once. Special values as IEEE arithmetic on torch's formula (an infinity or NaN in an
+element, a sum of infinities of both signs).
+
+Method: ``x - t = s + e`` exactly (TwoSum in float64) and ``s**2 = q + q'`` exactly (Dekker's product):
+every element is a short sum of floats, exactly. "none" rounds it once: l1's ``|s|`` is the float64
+rounding of a difference of two floats, and rounding that again to a format of p <= 24 bits is innocuous
+(Figueroa: 53 >= 2p + 2); mse's ``q`` is rounded to the format with the tie broken by the sign of the rest
+where ``q`` is a midpoint; elements whose difference is not exact in float64 (exponents 30 apart, or
+float64 inputs) are summed as rationals. "sum" is the exact sum of every part rounded once
+(:func:`~refkern.accumulate.exact.exact_sum`); "mean" peels the exact sum into float64 pieces (each the
+exact sum of the parts minus the pieces so far, correctly rounded, until the rest is exactly 0), then divides
+the exact rational by n and rounds once (:func:`~refkern.accumulate.ziv.round_fraction`).
+"""
+
+from fractions import Fraction
+
+import numpy as np
+
+from refkern._arrays import is_tensor, operand, promote
+from refkern.accumulate.exact import exact_sum
+from refkern.accumulate.formats import FLOAT64, round_array
+from refkern.accumulate.ziv import round_fraction
+from refkern.kernels._common import deliver
+from refkern.kernels._loss_call import reduction_of
+
+__all__ = ["mse_loss", "l1_loss", "pointwise_call", "pointwise_values"]
+
+_SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's split of a float64
+
+
+def pointwise_call(op, input, target, size_average=None, reduce=None, reduction="mean"):  # noqa: A002
+    """(x, t) broadcast float64 arrays, the result format, tensors out, the reduction."""
+    red = reduction_of(reduction, size_average, reduce, op)
+    ox, ot = operand(input, "input", op), operand(target, "target", op)
+    try:
+        shape = np.broadcast_shapes(tuple(ox.shape), tuple(ot.shape))
+    except ValueError:
+        raise ValueError(f"{op}: input and target must broadcast together; got input.shape={tuple(ox.shape)} and "
+                         f"target.shape={tuple(ot.shape)}.") from None  # fmt: skip
+    x = np.broadcast_to(np.asarray(ox.values, np.float64).reshape(ox.shape), shape)
+    t = np.broadcast_to(np.asarray(ot.values, np.float64).reshape(ot.shape), shape)
+    return x, t, promote(ox.fmt, ot.fmt), ox.torch or ot.torch, red
+
+
+def _two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _square(s):
+    """(q, q') with q + q' = s**2 exactly (Dekker; |s| < 2**996)."""
+    q = s * s
+    c = _SPLIT * s
+    hi = c - (c - s)
+    lo = s - hi
+    return q, ((hi * hi - q) + 2.0 * hi * lo) + lo * lo
+
+
+def _round_pair(q, r, fmt):
+    """RN(q + r) to fmt for q = RN64(q + r): q's rounding, unless q is a midpoint of fmt, where r's sign decides."""
+    if fmt.prec >= FLOAT64.prec:
+        return q + 0.0
+    out = round_array(np.ascontiguousarray(q), *fmt.params)
+    up = round_array(np.ascontiguousarray(np.nextafter(q, np.inf)), *fmt.params)
+    dn = round_array(np.ascontiguousarray(np.nextafter(q, -np.inf)), *fmt.params)
+    mid = (up != dn) & (r != 0) & np.isfinite(q)
+    return np.where(mid, np.where(r > 0, up, dn), out)
+
+
+def _parts(op, x, t):
+    """Float64 arrays whose sum, per element, is l exactly (where ``exact``), the float64 value, the
+    elements whose difference is not exact (to the rationals), and the special elements."""
+    with np.errstate(all="ignore"):
+        s, e = _two_sum(x, -t)
+        special = ~(np.isfinite(x) & np.isfinite(t))
+        plain = (x - t) ** 2 if op == "mse_loss" else np.abs(x - t)
+        if op == "l1_loss":
+            return [np.abs(s), np.sign(s) * e], plain, special
+        q, qe = _square(s)
+        p1, p1e = _square_cross(s, e)
+        p2, p2e = _square(e)
+        return [q, qe, p1, p1e, p2, p2e], plain, special
+
+
+def _square_cross(s, e):
+    """(p, p') = 2 s e exactly."""
+    a = 2.0 * s
+    p = a * e
+    c = _SPLIT * a
+    ah = c - (c - a)
+    al = a - ah
+    c = _SPLIT * e
+    eh = c - (c - e)
+    el = e - eh
+    return p, ((ah * eh - p) + ah * el + al * eh) + al * el
+
+
+def _fraction_of(values) -> Fraction:
+    parts = [float(v).as_integer_ratio() for v in values if v != 0.0]
+    if not parts:
+        return Fraction(0)
+    k = max(d.bit_length() - 1 for _, d in parts)
+    return Fraction(sum(n << (k - (d.bit_length() - 1)) for n, d in parts), 1 << k)
+
+
+def _exact_total(flat) -> Fraction:
+    """The exact sum of the float64 array ``flat``: peeled into correctly rounded float64 pieces."""
+    pieces = []
+    rest = np.ascontiguousarray(flat, np.float64)
+    for _ in range(64):
+        r = exact_sum(rest, FLOAT64)
+        if r == 0.0:
+            return _fraction_of(pieces)
+        pieces.append(r)
+        rest = np.ascontiguousarray(np.append(rest, -r))
+    return _fraction_of(flat)  # (more than 64 pieces of 53 bits: the integers directly)
+
+
+def pointwise_values(op, x, t, fmt, red) -> np.ndarray:
+    """The correctly rounded result, float64 values (the broadcast shape for "none", else 0-d)."""
+    parts, plain, special = _parts(op, x, t)
+    if red == "none":
+        if op == "l1_loss":
+            with np.errstate(invalid="ignore"):  # the special elements are IEEE's (``plain``) below
+                d = np.abs(x - t)
+            out = round_array(np.ascontiguousarray(d), *fmt.params) if fmt.prec < 53 else d
+        else:
+            out = _round_pair(parts[0], parts[1], fmt)
+            inexact = (parts[2] != 0) | (parts[4] != 0) | ~np.isfinite(parts[1])
+            for i in zip(*np.nonzero(inexact & ~special)):
+                out[i] = round_fraction(_fraction_of([p[i] for p in parts]), fmt)
+        return np.where(special, plain, out)
+    n = x.size
+    if special.any():
+        s = plain.sum()
+        return np.asarray(s / n if red == "mean" else s, np.float64)
+    flat = np.concatenate([p.reshape(-1) for p in parts]) if n else np.zeros(0)
+    if red == "sum":
+        return np.asarray(exact_sum(np.ascontiguousarray(flat), fmt), np.float64)
+    if n == 0:
+        return np.asarray(np.nan)
+    return np.asarray(round_fraction(_exact_total(flat) / n, fmt), np.float64)
+
+
+def _run(op, input, target, size_average, reduce, reduction):  # noqa: A002
+    x, t, fmt, tensor, red = pointwise_call(op, input, target, size_average, reduce, reduction)
+    return deliver(np.asarray(pointwise_values(op, x, t, fmt, red), np.float64), fmt, tensor or is_tensor(target))
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction: str = "mean"):  # noqa: A002
+    """Reference ``torch.nn.functional.mse_loss``: ``(x - t)**2``, summed or averaged, rounded once (module
+    docstring). A correct implementation errs by its own roundings (the difference, the square, the sum in
+    any order, the division): :mod:`refkern.analysis.losses`."""
+    return _run("mse_loss", input, target, size_average, reduce, reduction)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean"):  # noqa: A002
+    """Reference ``torch.nn.functional.l1_loss``: ``|x - t|``, summed or averaged, rounded once (module
+    docstring)."""
+    return _run("l1_loss", input, target, size_average, reduce, reduction)

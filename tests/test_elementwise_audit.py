@@ -59,3 +59,11 @@ def test_llama_elementwise_ops_are_judged_without_false_alarm(llama, mode):
     assert ELEMENTWISE - ({"silu backward"} if mode != "train" else set()) <= judged
     assert not set(a.unchecked) & {"pow", "rsqrt", "cos", "sin", "silu", "silu_backward"}, a.unchecked
     assert all(c.verdict in OK for c in a.calls if c.report is not None), a.report()
+
+
+@pytest.mark.parametrize("fn, kw", [(torch.exp, {}), (torch.rsqrt, {}), (torch.nn.functional.gelu, {"approximate": "tanh"}),
+                                    (torch.nn.functional.silu, {}), (torch.pow, {"exponent": 3.0})])  # fmt: skip
+def test_check_judges_elementwise_calls(fn, kw):
+    x = torch.rand(256, generator=torch.Generator().manual_seed(0)) + 0.1
+    res = rkt.check(fn, x, **kw)
+    assert res.rows[0].report.verdict in OK, res

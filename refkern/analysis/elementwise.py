@@ -368,4 +368,12 @@ def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False)
         raise TypeError(f"compare: {name} returns the input's dtype ({x.fmt.name}); got actual.dtype={act.fmt.name}.")
     a64 = np.asarray(act.values, np.float64).reshape(act.shape)
     rep = analyse(a64, act.fmt, device, fn, name, np.asarray(x.values, np.float64), params, rtol, atol)
-    return rep, ({"actual": a64, "report": rep} if arrays else None)
+    if not arrays:
+        return rep, None
+    lib = {b.name: b for b in LIBRARIES}.get(rep.model) or _candidates(device)[0][0]  # the named class, or torch's
+    xf = np.asarray(x.values, np.float64).reshape(-1)
+    ref = _reference(fn, xf, act.fmt, params)
+    hi, _ = ew.values(fn, xf, act.fmt, params)
+    B = bounds(fn, xf, np.where(np.isnan(hi), ref, hi), act.fmt, lib, params)
+    B = np.full(xf.size, np.inf) if B is None else B
+    return rep, {"actual": a64, "report": rep, "bound": B.reshape(a64.shape), "reference": ref.reshape(a64.shape)}

@@ -343,7 +343,7 @@ def check(
     """
     spec = _spec(fn, args, kwargs, op)
     ref_args, ref_kwargs = spec.on_cpu()
-    if _ops.get(spec.op).error_model == "envelope":  # bad shapes or arguments fail here, in refkern's words
+    if _ops.get(spec.op).error_model != "sum":  # bad shapes or arguments fail here, in refkern's words
         _ops.get(spec.op).reference(*ref_args, **ref_kwargs)
     else:
         evaluate(spec.op, ref_args, ref_kwargs)

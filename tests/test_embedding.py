@@ -89,8 +89,8 @@ def test_errors_name_the_argument():
         rk.embedding(torch.tensor([0, 7]), w)
     with pytest.raises(TypeError, match=r"^embedding: input must be an integer tensor"):
         rk.embedding(torch.tensor([0.0, 1.0]), w)
-    with pytest.raises(ValueError, match=r"^embedding: max_norm renormalises weight"):
-        rk.embedding(torch.tensor([0, 1]), w, max_norm=1.0)
+    with pytest.raises(ValueError, match=r"^embedding: norm_type must be a positive number"):
+        rk.embedding(torch.tensor([0, 1]), w, max_norm=1.0, norm_type=0.0)
     with pytest.raises(ValueError, match=r"^embedding: padding_idx must be None or an int in \[-5, 5\)"):
         rk.embedding(torch.tensor([0, 1]), w, padding_idx=5)
     with pytest.raises(ValueError, match=r"^embedding_dense_backward: grad_output must have shape indices.shape"):
@@ -107,3 +107,21 @@ def test_the_audit_judges_embedding_dense_backward():
         F.cross_entropy(lin(emb(idx)).reshape(-1, 50), idx.reshape(-1)).backward()
     ops = {c.op: c.verdict for c in a.calls}
     assert ops.get("embedding backward") in ("exact", "rounding")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_max_norm(dtype):
+    """The rows beyond max_norm renormalised (exact, == the mpmath truth for p = 2, 1, inf, 3, 0.5); torch's
+    lookup (from a copy of weight: torch renormalises in place) exact or rounding, and on the weight torch left;
+    max_norm ignored is a mismatch."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(30, 16, generator=g).to(dtype)
+    idx = torch.randint(0, 30, (4, 10), generator=g)
+    for p in (2.0, 1.0, float("inf"), 3.0, 0.5):
+        ref = rk.embedding(idx[:1, :4], w, max_norm=1.0, norm_type=p)
+        assert np.array_equal(ref.double().numpy(), refkern.truth.embedding(idx[:1, :4], w, max_norm=1.0, norm_type=p))
+        wc = w.clone()
+        y = F.embedding(idx, wc, max_norm=1.0, norm_type=p)
+        assert rk.compare(y, "embedding", idx, w, max_norm=1.0, norm_type=p).verdict in ("exact", "rounding")
+        assert rk.compare(y, "embedding", idx, wc, max_norm=1.0, norm_type=p).verdict in ("exact", "rounding")
+        assert rk.compare(F.embedding(idx, w), "embedding", idx, w, max_norm=1.0, norm_type=p).verdict == "mismatch"

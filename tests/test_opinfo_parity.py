@@ -39,11 +39,17 @@ def test_every_opinfo_name_of_the_registry_is_in_op_db():
     assert not missing, f"records name OpInfos torch does not have: {missing}"
 
 
+#: OpInfos whose callable takes the torch function's first two operands swapped (embedding's: op(weight, idx))
+_SWAPPED = ("nn.functional.embedding",)
+
+
 def _spec(o, args, kwargs):
     """The adapter's OpCall of the sample: of OpInfo's callable, or of the record's torch function where the
     OpInfo wraps it (attention's seeds its random generator first)."""
     spec = from_call(o.op, args, kwargs)
     if spec is None:
+        if o.name in _SWAPPED:
+            args = (args[1], args[0], *args[2:])
         spec = from_call(ops.resolve_path(_BY_NAME[o.name].torch_function), args, kwargs)
     return spec
 

@@ -41,9 +41,56 @@ def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False)
         raise ValueError(f"compare: actual ({tuple(act.shape)}, {act.fmt.name}) differs from what embedding gives for "
                          f"these inputs ({tuple(ref.shape)}, {ref.fmt.name}); pass the same arguments.")  # fmt: skip
     a64, r64 = (np.asarray(o.values, np.float64).reshape(o.shape) for o in (act, ref))
-    rep = _report(name, a64, r64, np.zeros(r64.shape), ref.fmt, device, 1, rtol, atol,
-                  ["a lookup copies values: judged bit for bit"])  # fmt: skip
+    notes = ["a lookup copies values: judged bit for bit"]
+    b = np.zeros(r64.shape)
+    if bound.get("max_norm") is not None:
+        b = renorm_bound(bound, r64, ref.fmt)
+        notes.append("rows beyond max_norm: the envelope of torch's embedding_renorm_ (refkern.analysis.embedding)")
+    rep = _report(name, a64, r64, b, ref.fmt, device, 1, rtol, atol, notes)
     return rep, ({"reference": r64, "actual": a64, "report": rep} if arrays else None)
+
+
+def renorm_bound(a, ref, fmt) -> np.ndarray:
+    """The envelope of a lookup with ``max_norm`` (module docstring's units). torch's ``embedding_renorm_``
+    computes ``N = ||w||_p`` in the working precision, stored in the dtype (``u_m``): relative error ``r_N`` =
+    ``gamma_{D-1}(u)`` (p = 1), 0 (inf), ``gamma_D(u) / 2 + u`` (2: the squares, the sum, the square root),
+    ``(2u + gamma_{D-1}(u)) / p + 2u`` (any other p: |w|**p and the root within 1 ulp each), plus ``u_m``;
+    then ``max_norm / (N + 1e-7)`` in float64 (``2**-51``), converted to the working precision and multiplied
+    (``gamma_2(u)``) and stored (``u_m``): a scaled element within ``(r_N / (1 - r_N) + 2**-51 + gamma_2(u) +
+    u_m) |y| * 1.01`` plus the centre's store(s). A row whose N lies within ``2 r_N N`` of max_norm may be
+    scaled or not: both are accepted (``|w - y|`` more). Every other row is a copy, bit for bit."""
+    from refkern._arrays import operand
+    from refkern.kernels._embedding_renorm import check_norm_type
+
+    w = operand(a["weight"], "weight", "compare")
+    W = np.asarray(w.values, np.float64).reshape(w.shape)
+    V, D = W.shape
+    p = check_norm_type(a.get("norm_type", 2.0), "compare")
+    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
+    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
+    if p == 1.0:
+        rN = float(gamma(max(D - 1, 0), u))
+    elif p == np.inf:
+        rN = 0.0
+    elif p == 2.0:
+        rN = float(gamma(D, u)) / 2 + u
+    else:
+        rN = (2 * u + float(gamma(max(D - 1, 0), u))) / p + 2 * u
+    rN += u_m
+    with np.errstate(all="ignore"):
+        N = np.max(np.abs(W), axis=1) if p == np.inf else np.sum(np.abs(W) ** p, axis=1) ** (1 / p)
+        m = float(a["max_norm"])
+        scaled = W * (m / (N + 1e-7))[:, None]
+        rel = rN / (1 - rN) + 2.0**-51 + float(gamma(2, u)) + u_m
+        stores = 2 if u_m else 1
+        env = rel * np.abs(scaled) * 1.01 + stores * (fmt.u * np.abs(scaled) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1))
+        near = np.abs(N - m) <= 2 * rN * N + 1e-300
+        rows = np.where(near[:, None], np.abs(W - scaled) + env, np.where((N > m)[:, None], env, 0.0))
+    idx = a["input"]
+    from refkern.kernels.embedding import indices_of
+
+    b = rows[indices_of(idx, "input", "compare")]
+    return np.where(np.isnan(b), np.inf, b).reshape(ref.shape)
 
 
 def grad_bound(c, ref) -> np.ndarray:

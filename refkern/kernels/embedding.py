@@ -66,13 +66,12 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float =
               scale_grad_by_freq: bool = False, sparse: bool = False):  # fmt: skip
     """Reference ``torch.nn.functional.embedding``: ``weight[input]``, every value copied (exact).
 
-    ``max_norm`` (which renormalises rows of ``weight`` in place before the lookup) is refused:
-    that result is not a function of the inputs alone. ``padding_idx``, ``scale_grad_by_freq`` and ``sparse``
-    change only the gradient (:func:`embedding_dense_backward`)."""
+    With ``max_norm``, the rows the lookup reads whose ``norm_type``-norm exceeds it are first scaled by
+    ``max_norm / (norm + 1e-7)``, each element rounded once (:mod:`refkern.kernels._embedding_renorm`); torch
+    does this in place, to ``weight`` itself (so a second call on the same tensor finds the rows within
+    max_norm), refkern on a copy. ``padding_idx``, ``scale_grad_by_freq`` and ``sparse`` change only the
+    gradient (:func:`embedding_dense_backward`)."""
     op = "embedding"
-    if max_norm is not None:
-        raise ValueError(f"{op}: max_norm renormalises weight in place before the lookup; got max_norm={max_norm!r}. "
-                         "Pass max_norm=None (refkern judges the lookup of the weight as given).")  # fmt: skip
     ow = operand(weight, "weight", op)
     if len(ow.shape) != 2:
         raise ValueError(f"{op}: weight must have shape (num_embeddings, embedding_dim); got shape {tuple(ow.shape)}.")
@@ -81,6 +80,16 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float =
     _padding(padding_idx, V, op)
     _check_range(idx, V, op, "input")
     W = np.asarray(ow.values, np.float64).reshape(ow.shape)
+    if max_norm is not None:
+        from refkern.kernels._embedding_renorm import check_norm_type, renormed_rows
+
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{op}: max_norm must be a number or None; got max_norm={max_norm!r}.")
+        ren = renormed_rows(W, np.unique(idx), max_norm, check_norm_type(norm_type, op), ow.fmt)
+        if ren:
+            W = W.copy()
+            for r, v in ren.items():
+                W[r] = v
     return deliver(W[idx], ow.fmt, ow.torch or is_tensor(input))
 
 

@@ -204,6 +204,8 @@ def _same(func, args, kwargs) -> OpCall:
     vals.pop("_stacklevel", None)
     vals.pop("inplace", None)  # F.silu's: where the result goes, not what it is
     first = vals.get("input", vals.get("query"))
+    given = [vals.get(k) for k in _ops.get(op).operands if isinstance(vals.get(k), torch.Tensor)]
+    first = next((v for v in given if v.dtype in _FLOATS), first)  # embedding's values are its weight's
     if not isinstance(first, torch.Tensor) or first.dtype not in _FLOATS:
         got = str(first.dtype if isinstance(first, torch.Tensor) else type(first).__name__).removeprefix("torch.")
         return OpCall(torch_name, unsupported=f"{torch_name} of {got} values (refkern's ops take float16, bfloat16, "

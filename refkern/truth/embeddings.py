@@ -4,12 +4,17 @@ count with ``scale_grad_by_freq``), 0 for ``padding_idx``: exact Fractions, roun
 (:func:`refkern.truth.reductions.round_fraction`). Its own reading of the arguments, loops and rounding:
 nothing shared with :mod:`refkern.kernels.embedding`."""
 
+import math
 from fractions import Fraction
 
+import mpmath
 import numpy as np
 
 from refkern._arrays import operand
 from refkern.truth.reductions import round_fraction
+from refkern.truth.softmax import _decide
+
+iv = mpmath.iv
 
 __all__ = ["embedding", "backward"]
 
@@ -18,12 +23,58 @@ def _ints(t):
     return np.asarray(t.detach().cpu().numpy() if hasattr(t, "detach") else t).astype(np.int64)
 
 
+def _norm(row, p):
+    """||row||_p as an mpmath interval at the current precision."""
+    a = [abs(float(v)) for v in row]
+    if p == math.inf:
+        return iv.mpf(max(a, default=0.0))
+    s = iv.mpf(0)
+    for v in a:
+        if v:
+            s += iv.exp(iv.log(iv.mpf(v)) * p) if p not in (1.0, 2.0) else iv.mpf(v) ** int(p)
+    if p == 1.0 or s == 0:
+        return s
+    return iv.sqrt(s) if p == 2.0 else iv.exp(iv.log(s) / p)
+
+
+def _renorm(row, m, p, fmt):
+    """The row scaled by m / (||row||_p + 1e-7) where its norm exceeds m (else None), each value rounded once."""
+    if not np.isfinite(row).all():
+        return None if np.isnan(row).any() else row * 0.0
+    prec = 64
+    saved = iv.prec
+    try:
+        while True:
+            iv.prec = prec
+            N = _norm(row, p)
+            if N.a > m or N.b <= m:
+                break
+            prec *= 2
+            if prec > 1 << 16:
+                raise RuntimeError("truth: the norm equals max_norm to 65536 bits")
+    finally:
+        iv.prec = saved
+    if not N.a > m:
+        return None
+    eps = iv.mpf(1e-7)
+    return np.asarray([_decide(fmt, lambda v=v: iv.mpf(float(v)) * iv.mpf(m) / (_norm(row, p) + eps), 64)
+                       for v in row], np.float64)  # fmt: skip
+
+
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,  # noqa: A002
               sparse=False, *, precision=None):  # fmt: skip
-    """Ground truth of :func:`refkern.embedding`: the rows of weight at the indices, as float64 values."""
+    """Ground truth of :func:`refkern.embedding`: the rows of weight at the indices (renormalised with
+    ``max_norm``: mpmath intervals, rounded once), as float64 values."""
     w = operand(weight, "weight", "embedding")
     W = np.asarray(w.values, np.float64).reshape(w.shape)
-    return W[_ints(input)]
+    idx = _ints(input)
+    if max_norm is not None:
+        W = W.copy()
+        for r in sorted(set(int(i) for i in idx.reshape(-1))):
+            v = _renorm(W[r], float(max_norm), float(norm_type), w.fmt)
+            if v is not None:
+                W[r] = v
+    return W[idx]
 
 
 def backward(grad_output, a, wrt) -> dict:

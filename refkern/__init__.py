@@ -35,6 +35,7 @@ from refkern.kernels.elementwise import (
 from refkern.kernels.embedding import embedding, embedding_dense_backward
 from refkern.kernels.gemm import linear, matmul
 from refkern.kernels.loss import cross_entropy, nll_loss
+from refkern.kernels.loss_binary import binary_cross_entropy, binary_cross_entropy_with_logits
 from refkern.kernels.loss_pointwise import l1_loss, mse_loss
 from refkern.kernels.norm import batch_norm, group_norm, layer_norm, rms_norm
 from refkern.kernels.pool import (
@@ -91,6 +92,8 @@ __all__ = [
     "embedding_dense_backward",
     "mse_loss",
     "l1_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
     "matmul",
     "max_pool1d",
     "max_pool2d",

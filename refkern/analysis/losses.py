@@ -212,6 +212,73 @@ def pointwise_envelope(op, x, t, fmt, red) -> np.ndarray:
     return np.where(np.isnan(b), np.inf, b)
 
 
+def binary_envelope(op, x, y, w, pw, fmt, red) -> np.ndarray:
+    """The envelope of binary_cross_entropy (torch's CPU: ``(y - 1) max(log1p(-p), -100) - y max(log p, -100)``,
+    times w) and binary_cross_entropy_with_logits (``(1 - y) x + ((pw - 1) y + 1) (log1p(e**-|x|) + max(-x,
+    0))``, times w). Each library call (log, log1p, exp) within 1 ulp of the working format (SLEEF u10,
+    glibc): ``2u`` of its result, and log1p's argument ``e**-|x|`` within ``2u`` of itself (``2u t`` more);
+    every other step (the products by y, 1 - y, pw - 1, w; the additions; the store) one rounding ``ua``,
+    at most 8 per element: ``gamma_8(ua)`` of the element's terms' magnitudes ``|a| + |b1 f1| + |b2 f2|`` plus
+    ``|b| (2u |f| + u + 2u t)`` for each log. A log within its error of the clamp -100 may be clamped or not:
+    ``|b| |f + 100|`` more. Then a sum, a mean and the centre's store(s) as for mse_loss."""
+    from refkern.kernels.loss_binary import _coefficients
+
+    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
+    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
+    ua = u + u_m
+    xf, yf, wf, pwf = (np.asarray(v, np.float64).reshape(-1) for v in (x, y, w, pw))
+    a, b1, b2 = _coefficients(op, xf, yf, wf, pwf)
+    with np.errstate(all="ignore"):
+        if op == "binary_cross_entropy":
+            f1 = np.where(xf > 0, np.log(xf), -np.inf)
+            f2 = np.log1p(-xf)
+            t = np.zeros_like(xf)
+        else:
+            t = np.exp(-np.abs(xf))
+            f1, f2 = np.log1p(t) + np.maximum(-xf, 0.0), np.zeros_like(xf)
+        parts = []
+        for b, f in ((b1, f1), (b2, f2)):
+            fc = np.maximum(f, -100.0)
+            ef = 2 * u * np.abs(fc) + u + 2 * u * t
+            edge = np.where(np.abs(np.where(np.isfinite(f), f, -1e300) + 100.0) <= ef * 1.01, np.abs(f + 100.0), 0.0)
+            parts.append((np.abs(b * fc), np.abs(b) * (ef + np.nan_to_num(edge))))
+        mag = np.abs(a) + parts[0][0] + parts[1][0]
+        e = gamma(8, ua) * mag + parts[0][1] + parts[1][1]
+        lv = np.abs(a + b1 * np.maximum(f1, -100.0) + b2 * np.maximum(f2, -100.0))
+        yv = lv
+        if red != "none":
+            Y = float(lv.sum())
+            e = float(e.sum() + gamma(max(lv.size - 1, 0), u) * mag.sum() + u_m * Y)
+            yv = Y
+            if red == "mean":
+                yv = Y / lv.size if lv.size else np.nan
+                e = e / max(lv.size, 1) + ua * abs(yv)
+        stores = 2 if u_m else 1
+        b = np.asarray(e * _SLACK + stores * (fmt.u * np.abs(yv) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1)), np.float64)
+    b = np.where(np.isnan(b), np.inf, b)
+    return b.reshape(np.shape(x)) if red == "none" else b.reshape(())
+
+
+def _binary_call(actual, name, args, kwargs, rtol, atol, arrays):
+    from refkern._arrays import is_tensor, operand
+    from refkern.analysis.evaluate import _bind
+    from refkern.kernels.loss_binary import binary_call, binary_values
+
+    device = str(actual.device) if is_tensor(actual) else "numpy"
+    x, y, w, pw, fmt, _, red = binary_call(name, **_bind(name, args, kwargs))
+    shape = x.shape if red == "none" else ()
+    act = operand(actual, "actual", "compare")
+    if tuple(act.shape) != tuple(shape) or act.fmt != fmt:
+        raise ValueError(f"compare: actual ({tuple(act.shape)}, {act.fmt.name}) differs from what {name} gives for "
+                         f"these inputs ({tuple(shape)}, {fmt.name}); pass the same arguments.")  # fmt: skip
+    ref = np.asarray(binary_values(name, x, y, w, pw, fmt, red), np.float64).reshape(shape)
+    b = binary_envelope(name, x, y, w, pw, fmt, red).reshape(shape)
+    a64 = np.asarray(act.values, np.float64).reshape(shape)
+    note = f"{name} judged by the worst-case envelope of torch's formula (refkern.analysis.losses)"
+    rep = _report(name, a64, ref, b, fmt, device, int(x.size), rtol, atol, [note])
+    return rep, ({"reference": ref, "actual": a64, "bound": b, "report": rep} if arrays else None)
+
+
 def _pointwise_call(actual, name, args, kwargs, rtol, atol, arrays):
     from refkern._arrays import is_tensor, operand
     from refkern.analysis.evaluate import _bind
@@ -239,6 +306,8 @@ def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False)
 
     if name in ("mse_loss", "l1_loss"):
         return _pointwise_call(actual, name, args, kwargs, rtol, atol, arrays)
+    if name.startswith("binary_cross_entropy"):
+        return _binary_call(actual, name, args, kwargs, rtol, atol, arrays)
     device = str(actual.device) if is_tensor(actual) else "numpy"
     c = loss_call(name, **_bind(name, args, kwargs))
     act = operand(actual, "actual", "compare")

@@ -17,6 +17,11 @@ def loss_parts(name, b, out, Part):  # noqa: N803 - the class refkern.torch.disp
     red = b["reduction"]
     if isinstance(red, bool) or not isinstance(red, int) or not 0 <= red < len(REDUCTIONS):
         return [Part("out", 0, OpCall(name, unsupported=f"{name} with reduction={red!r} (aten's 0, 1 or 2)"))]
+    if name in ("binary_cross_entropy", "binary_cross_entropy_with_logits"):
+        kw = {"weight": b.get("weight"), "reduction": REDUCTIONS[red]}
+        if name == "binary_cross_entropy_with_logits":
+            kw["pos_weight"] = b.get("pos_weight")
+        return [Part("out", 0, OpCall(name, name, (b["self"], b["target"]), kw))]
     if name == "mse_loss":
         return [Part("out", 0, OpCall(name, "mse_loss", (b["self"], b["target"]), {"reduction": REDUCTIONS[red]}))]
     kw = {"reduction": REDUCTIONS[red], "ignore_index": int(b["ignore_index"])}

@@ -22,7 +22,8 @@ from refkern._arrays import operand
 from refkern.truth.reductions import round_fraction
 from refkern.truth.softmax import _decide, _ivq
 
-__all__ = ["nll_loss", "cross_entropy", "mse_loss", "l1_loss"]
+__all__ = ["nll_loss", "cross_entropy", "mse_loss", "l1_loss", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits"]
 
 iv = mpmath.iv
 
@@ -238,3 +239,72 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", *,
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", *, precision: int = 64):  # noqa: A002
     """Ground truth of :func:`refkern.l1_loss`: exact Fractions, rounded once."""
     return _pointwise("l1_loss", input, target, size_average, reduce, reduction)
+
+
+def _binary(op, input, target, weight, reduction, size_average, reduce, pos_weight, precision):  # noqa: A002
+    red = _red(reduction, size_average, reduce)
+    ox, ot = operand(input, "input", op), operand(target, "target", op)
+    shape = tuple(ox.shape)
+    x = np.asarray(ox.values, np.float64).reshape(shape)
+    y = np.asarray(ot.values, np.float64).reshape(shape)
+    fmt = ox.fmt if ox.fmt.prec >= ot.fmt.prec else ot.fmt
+
+    def bc(v, name):
+        return np.ones(shape) if v is None else np.broadcast_to(
+            np.asarray(operand(v, name, op).values, np.float64).reshape(operand(v, name, op).shape), shape)
+
+    w, pw = bc(weight, "weight"), bc(pos_weight, "pos_weight")
+    cut = iv.mpf(-100)
+
+    def clamp(v):  # max(v, -100) of an interval
+        return iv.mpf([max(v.a, cut.a), max(v.b, cut.b)])
+
+    def elem(i):
+        xi, yi, wi, pi = (Fraction(float(a.reshape(-1)[i])) for a in (x, y, w, pw))
+        if op == "binary_cross_entropy":
+            l1 = clamp(iv.log(_ivq(xi))) if xi > 0 else cut
+            l2 = clamp(iv.log(_ivq(1 - xi))) if xi < 1 else cut
+            return -_ivq(wi) * (_ivq(yi) * l1 + _ivq(1 - yi) * l2)
+        sp = iv.log(1 + iv.exp(-_ivq(xi)))  # log(1 + e**-x)
+        return _ivq(wi) * (_ivq((1 - yi) * xi) + _ivq(1 + (pi - 1) * yi) * sp)
+
+    n = x.size
+    finite = all(np.isfinite(a).all() for a in (x, y, w, pw))
+    if not finite:  # IEEE's value of torch's formula, in float64, as the reference's special path
+        with np.errstate(all="ignore"):
+            if op == "binary_cross_entropy":
+                v = -w * (y * np.maximum(np.log(x), -100) + (1 - y) * np.maximum(np.log1p(-x), -100))
+            else:
+                v = w * ((1 - y) * x + (1 + (pw - 1) * y) * (np.log1p(np.exp(-np.abs(x))) + np.maximum(-x, 0)))
+        if red == "none":
+            out = np.asarray(v, np.float64)
+            good = np.isfinite(x) & np.isfinite(y) & np.isfinite(w) & np.isfinite(pw)
+            for i in np.flatnonzero(good.reshape(-1)):
+                out.reshape(-1)[i] = _decide(fmt, lambda i=i: elem(i), precision)
+            return out.reshape(shape)
+        return np.float64(v.sum() / n if red == "mean" else v.sum())
+    if red == "none":
+        return np.asarray([_decide(fmt, lambda i=i: elem(i), precision) for i in range(n)], np.float64).reshape(shape)
+    if n == 0:
+        return np.float64(math.nan if red == "mean" else 0.0)
+
+    def total():
+        s = iv.mpf(0)
+        for i in range(n):
+            s += elem(i)
+        return s / n if red == "mean" else s
+
+    return np.float64(_decide(fmt, total, precision))
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean",  # noqa: A002
+                         *, precision: int = 64):  # fmt: skip
+    """Ground truth of :func:`refkern.binary_cross_entropy`: mpmath intervals of each clamped log, rounded once."""
+    return _binary("binary_cross_entropy", input, target, weight, reduction, size_average, reduce, None, precision)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,  # noqa: A002
+                                     reduction="mean", pos_weight=None, *, precision: int = 64):  # fmt: skip
+    """Ground truth of :func:`refkern.binary_cross_entropy_with_logits`: mpmath intervals, rounded once."""
+    return _binary("binary_cross_entropy_with_logits", input, target, weight, reduction, size_average, reduce,
+                   pos_weight, precision)  # fmt: skip

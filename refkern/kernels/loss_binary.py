@@ -1,0 +1,275 @@
+"""``refkern.binary_cross_entropy`` and ``refkern.binary_cross_entropy_with_logits``: torch's semantics,
+correctly rounded.
+
+Per element, with weight ``w`` (1 without one; broadcast to the input), target ``y`` and ``C(v) = max(v, -100)``
+(torch clamps each log at -100, so ``p = 0`` or ``1`` gives a finite loss):
+
+* ``binary_cross_entropy(p, y)``: ``l = -w (y C(log p) + (1 - y) C(log(1 - p)))``, ``0 <= p <= 1``;
+* ``binary_cross_entropy_with_logits(x, y, pos_weight)``: ``l = w ((1 - y) x + (1 + (pw - 1) y) log(1 + e**-x))``
+  (torch's ``(1 - y) x + (1 + (pw - 1) y) (log1p(e**-|x|) + max(-x, 0))``, the same real number);
+
+"none" gives ``l``, "sum" ``sum l``, "mean" ``sum l / n``: each result that real number rounded once. A NaN
+input or target gives NaN as torch's formula does; an infinite logit the IEEE value of that formula.
+
+Every element is ``a + b1 f1 + b2 f2`` with ``a``, ``b`` exact rationals and ``f`` a (clamped) log. Fast path:
+float64 with rigorous bounds (:func:`_log_bounded`: frexp, then :func:`~refkern.kernels._transcendental.log_fast`
+on the mantissa and ``k ln 2`` from ln 2 / 64 in parts; ``log(1 + e**-|x|)`` by ``exp_fast`` and ``log_fast``),
+summed with ``gamma`` bounds and bracketed (float16/bfloat16/float32 results). The rest (and float64 results):
+integer intervals of each log (:mod:`refkern.kernels._exact_real`) at doubling precision, exact rational
+coefficients, until the interval rounds alike. A log equal to -100 exactly cannot occur (e**-100 is not
+rational), and for coefficients of one sign the value is irrational unless every log term vanishes (then it
+is computed exactly), so the loop ends; it refuses after ``2**15`` bits.
+"""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from numba import prange
+
+from refkern._arrays import is_tensor, operand, promote
+from refkern._jit import jit
+from refkern.accumulate.formats import FLOAT64
+from refkern.accumulate.ziv import round_fraction
+from refkern.kernels import _exact_real as xr
+from refkern.kernels._common import deliver
+from refkern.kernels._loss_call import reduction_of
+from refkern.kernels._transcendental import _C1, _C2, _C3, EXP_FAST_REL, U, exp_fast, log_fast
+from refkern.kernels.loss import _bracketed, gamma
+
+__all__ = ["binary_cross_entropy", "binary_cross_entropy_with_logits", "binary_call", "binary_values"]
+
+
+@jit(inline="always")
+def _log_bounded(s):
+    """(L, e): |log s - L| <= e for a float64 s > 0: s = m 2**k, m in [1, 2): log m by log_fast(1, m - 1),
+    k ln 2 = 64 k (C1 + C2 + C3) (64 k C1 exact: C1 has 35 bits; the other two products within u each)."""
+    fr, ex = math.frexp(s)
+    m, k = fr * 2.0, ex - 1
+    lm, em = log_fast(1.0, m - 1.0, 0.0)
+    kk = 64.0 * k
+    a, b, c = kk * _C1, kk * _C2, kk * _C3
+    L = (a + (b + (c + lm)))
+    return L, em + U * (abs(b) + abs(c)) + 3.0 * U * (abs(a) + abs(b) + abs(c) + abs(lm)) + 2.0**-1070
+
+
+@jit(parallel=True)
+def _terms(kind, P, Y, Wt, PW, f1, e1, f2, e2):
+    """Per element the logs (f1, f2) and their bounds: BCE: C(log p), C(log(1 - p)) (e = -1: the clamp is
+    undecided); logits: log(1 + e**-x) (f2 unused). NaN where a special value decides the element."""
+    for i in prange(P.size):
+        x = P[i]
+        if kind == 0:
+            for j in range(2):
+                s = x if j == 0 else 1.0 - x  # 1 - p: within u of itself (a relative u moves its log by u)
+                if s != s:
+                    f, e = np.nan, 0.0
+                elif s <= 0.0:
+                    f, e = -100.0, 0.0  # log 0 = -inf, clamped
+                else:
+                    f, e = _log_bounded(s)
+                    e = e + (1.01 * U if j == 1 else 0.0)
+                    if f - e > -100.0:
+                        pass
+                    elif f + e < -100.0:
+                        f, e = -100.0, 0.0
+                    else:
+                        e = -1.0
+                if j == 0:
+                    f1[i], e1[i] = f, e
+                else:
+                    f2[i], e2[i] = f, e
+        else:
+            if x != x or abs(x) == np.inf:
+                f1[i], e1[i] = np.nan, 0.0
+                continue
+            ax = abs(x)
+            t, et = 0.0, 2.0**-1074
+            if -ax >= -2000.0:
+                a, k = exp_fast(-ax)
+                t = np.ldexp(a, k)
+                et = EXP_FAST_REL * t + 2.0**-1074
+            L, eL = log_fast(1.0, t, et)
+            f1[i], e1[i] = L + max(-x, 0.0), eL + U * (L + max(-x, 0.0))
+            f2[i], e2[i] = 0.0, 0.0
+
+
+def binary_call(op, input, target, weight=None, size_average=None, reduce=None, reduction="mean",  # noqa: A002
+                pos_weight=None):  # fmt: skip
+    """(x, y, w, pw) float64 arrays of the input's shape, the format, tensors out, the reduction."""
+    red = reduction_of(reduction, size_average, reduce, op)
+    ox, ot = operand(input, "input", op), operand(target, "target", op)
+    if tuple(ot.shape) != tuple(ox.shape):
+        raise ValueError(f"{op}: target must have the input's shape {tuple(ox.shape)}; got target.shape="
+                         f"{tuple(ot.shape)}.")  # fmt: skip
+    shape = tuple(ox.shape)
+    x = np.asarray(ox.values, np.float64).reshape(shape)
+    y = np.asarray(ot.values, np.float64).reshape(shape)
+    fmts = [ox.fmt, ot.fmt]
+
+    def bc(v, name):
+        if v is None:
+            return np.ones(shape)
+        o = operand(v, name, op)
+        fmts.append(o.fmt)
+        try:
+            return np.broadcast_to(np.asarray(o.values, np.float64).reshape(o.shape), shape)
+        except ValueError:
+            raise ValueError(f"{op}: {name} must broadcast to the input's shape {shape}; got {name}.shape="
+                             f"{tuple(o.shape)}.") from None  # fmt: skip
+
+    w, pw = bc(weight, "weight"), bc(pos_weight, "pos_weight")
+    if op == "binary_cross_entropy":
+        bad = (x < 0) | (x > 1)
+        if bad.any():
+            raise ValueError(f"{op}: every element of input must lie in [0, 1]; got {float(x[bad][0])!r}.")
+    tensor = any(is_tensor(v) for v in (input, target, weight, pos_weight))
+    return x, y, w, pw, promote(*fmts), tensor, red
+
+
+def _coefficients(op, x, y, w, pw):
+    """(a, b1, b2) float64 (approximations, for the fast path): l = a + b1 f1 + b2 f2."""
+    with np.errstate(all="ignore"):
+        if op == "binary_cross_entropy":
+            return np.zeros_like(x), -w * y, -w * (1.0 - y)
+        return w * (1.0 - y) * x, w * (1.0 + (pw - 1.0) * y), np.zeros_like(x)
+
+
+def _exact_coefficients(op, x, y, w, pw):
+    F = Fraction
+    x, y, w, pw = F(float(x)), F(float(y)), F(float(w)), F(float(pw))
+    if op == "binary_cross_entropy":
+        return F(0), -w * y, -w * (1 - y)
+    return w * (1 - y) * x, w * (1 + (pw - 1) * y), F(0)
+
+
+def _log_iv(q: Fraction, W):
+    """(lo, hi) Fractions enclosing C(log q), q > 0 rational dyadic; exact -100 where the clamp decides, exact 0
+    for q = 1 (log of any other positive rational is irrational, by Lindemann)."""
+    if q == 1:
+        return Fraction(0), Fraction(0)
+    n, e = xr.dyadic(q)
+    lo, hi, _ = xr.log_interval(n, n, e, W)
+    lo, hi = Fraction(lo, 1 << W), Fraction(hi, 1 << W)
+    return max(lo, Fraction(-100)), max(hi, Fraction(-100))
+
+
+def _softplus_iv(x: Fraction, W):
+    """(lo, hi) enclosing log(1 + e**-x) = max(-x, 0) + log(1 + e**-|x|)."""
+    ax = abs(x)
+    base = max(-x, Fraction(0))
+    if ax > (W + 8) * Fraction(7, 10):  # e**-|x| < 2**-(W+8): log(1 + t) in [0, t]
+        return base, base + Fraction(1, 1 << W)
+    n, e = xr.dyadic(-ax)
+    t_lo, t_hi, k = xr.exp_interval(n, e, W + 8)
+    s = W + 8
+    T_lo, T_hi = Fraction(t_lo) * Fraction(2) ** k, Fraction(t_hi) * Fraction(2) ** k
+    a = math.floor((1 + T_lo) * (1 << s))
+    b = math.ceil((1 + T_hi) * (1 << s))
+    lo, hi, _ = xr.log_interval(a, b, -s, W)
+    return base + Fraction(lo, 1 << W), base + Fraction(hi, 1 << W)
+
+
+def _element_iv(op, xi, coef, W):
+    a, b1, b2 = coef
+    if op == "binary_cross_entropy":
+        p = Fraction(float(xi))
+        ivs = [(b1, _log_iv(p, W) if p > 0 else (Fraction(-100),) * 2),
+               (b2, _log_iv(1 - p, W) if p < 1 else (Fraction(-100),) * 2)]  # fmt: skip
+    else:
+        ivs = [(b1, _softplus_iv(Fraction(float(xi)), W))]
+    lo = hi = a
+    for b, (l, h) in ivs:
+        if b != 0:
+            lo, hi = lo + min(b * l, b * h), hi + max(b * l, b * h)
+    return lo, hi
+
+
+def _decide(lo, hi, fmt):
+    ra, rb = round_fraction(lo, fmt), round_fraction(hi, fmt)
+    return ra if ra == rb and math.copysign(1.0, ra) == math.copysign(1.0, rb) else None
+
+
+def _exact(op, x, y, w, pw, idx, fmt, red):
+    """The exact path: (the rounded values of the elements ``idx`` for "none", else the rounded sum or mean)."""
+    coefs = [_exact_coefficients(op, x[i], y[i], w[i], pw[i]) for i in idx]
+    W = 96
+    if red == "none":
+        out, left = {}, list(range(len(idx)))
+        while left and W <= 1 << 15:
+            nxt = []
+            for j in left:
+                r = _decide(*_element_iv(op, x[idx[j]], coefs[j], W), fmt)
+                if r is None:
+                    nxt.append(j)
+                else:
+                    out[idx[j]] = r
+            left, W = nxt, W * 2
+        if left:
+            raise RuntimeError(f"{op}: the exact path did not converge within {1 << 15} bits.")
+        return out
+    while W <= 1 << 15:
+        ivs = [_element_iv(op, x[i], c, W) for i, c in zip(idx, coefs)]
+        lo, hi = sum((v[0] for v in ivs), Fraction(0)), sum((v[1] for v in ivs), Fraction(0))
+        if red == "mean":
+            lo, hi = lo / len(idx), hi / len(idx)
+        v = _decide(lo, hi, fmt)
+        if v is not None:
+            return v
+        W *= 2
+    raise RuntimeError(f"{op}: the exact path did not converge within {1 << 15} bits.")
+
+
+def binary_values(op, x, y, w, pw, fmt, red) -> np.ndarray:
+    """The correctly rounded result, float64 values (the input's shape for "none", else 0-d)."""
+    shape = x.shape
+    xf, yf, wf, pwf = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (x, y, w, pw))
+    n = xf.size
+    f1, e1, f2, e2 = (np.empty(n) for _ in range(4))
+    if n:
+        _terms(0 if op == "binary_cross_entropy" else 1, xf, yf, wf, pwf, f1, e1, f2, e2)
+    a, b1, b2 = _coefficients(op, xf, yf, wf, pwf)
+    with np.errstate(all="ignore"):
+        v = a + b1 * f1 + (b2 * f2 if op == "binary_cross_entropy" else 0.0)
+        mag = np.abs(a) + np.abs(b1 * f1) + np.abs(b2 * f2)
+        undecided = (e1 < 0) | (e2 < 0)
+        E = (gamma(8) * mag + np.abs(b1) * np.abs(e1) + np.abs(b2) * np.abs(e2)) * 1.01
+    special = np.isnan(v) | np.isinf(v) | ~np.isfinite(xf) | ~np.isfinite(yf) | ~np.isfinite(wf) | ~np.isfinite(pwf)
+    narrow = fmt.prec < FLOAT64.prec
+    if red == "none":
+        out, ok = _bracketed(v, np.where(undecided, np.inf, E), fmt) if narrow else (np.full(n, np.nan),
+                                                                                     np.zeros(n, np.bool_))
+        out = np.where(special, v, out)
+        todo = np.flatnonzero(~ok & ~special)
+        for i, r in (_exact(op, xf, yf, wf, pwf, [int(i) for i in todo], fmt, "none").items() if todo.size else ()):
+            out[i] = r
+        return out.reshape(shape)
+    if special.any():
+        s = v[special].sum()
+        return np.asarray(s / n if red == "mean" else s, np.float64)
+    if n == 0:
+        return np.asarray(np.nan if red == "mean" else 0.0)
+    if narrow and not undecided.any():
+        tot, Et = v.sum(), E.sum() + gamma(n + 1) * np.abs(v).sum()
+        if red == "mean":
+            tot, Et = tot / n, Et / n + 2 * U * abs(tot / n)
+        r, ok = _bracketed(np.asarray([tot]), np.asarray([Et]), fmt)
+        if ok[0]:
+            return np.asarray(r[0], np.float64)
+    return np.asarray(_exact(op, xf, yf, wf, pwf, list(range(n)), fmt, red), np.float64)
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,  # noqa: A002
+                         reduction: str = "mean"):  # fmt: skip
+    """Reference ``torch.nn.functional.binary_cross_entropy`` (module docstring)."""
+    x, y, w, pw, fmt, tensor, red = binary_call("binary_cross_entropy", input, target, weight, size_average, reduce,
+                                                reduction)  # fmt: skip
+    return deliver(np.asarray(binary_values("binary_cross_entropy", x, y, w, pw, fmt, red), np.float64), fmt, tensor)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,  # noqa: A002
+                                     reduction: str = "mean", pos_weight=None):  # fmt: skip
+    """Reference ``torch.nn.functional.binary_cross_entropy_with_logits`` (module docstring)."""
+    op = "binary_cross_entropy_with_logits"
+    x, y, w, pw, fmt, tensor, red = binary_call(op, input, target, weight, size_average, reduce, reduction, pos_weight)
+    return deliver(np.asarray(binary_values(op, x, y, w, pw, fmt, red), np.float64), fmt, tensor)

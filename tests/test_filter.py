@@ -340,12 +340,15 @@ CONVS = [
 @pytest.mark.parametrize("case", range(len(CONVS)))
 @pytest.mark.parametrize("dtype", NARROW)
 @pytest.mark.parametrize("kind", ["normal", "cancel", "special", "zeros"])
-def test_conv2d_filter(case, dtype, kind):
+def test_conv2d_filter(monkeypatch, case, dtype, kind):
+    """Both stride-1 paths (im2col below SHIFT_MIN, the shifted taps with it 0) against the Numba kernel."""
     xs, ws, kw = CONVS[case]
     rng = _rng("filter-conv", case, dtype, kind)
     x, w, b = _data(rng, xs, dtype, kind), _data(rng, ws, dtype, "normal"), _data(rng, ws[:1], dtype, "zeros")
     got = rk.conv2d(x, w, b, engine="filter", **kw)
     _all_same(got, rk.conv2d(x, w, b, engine="numba", **kw), "filter vs numba")
+    monkeypatch.setattr(filter_conv, "SHIFT_MIN", 0)
+    _all_same(rk.conv2d(x, w, b, engine="filter", **kw), got, "shifted taps vs im2col")
     if case == 0 and kind in ("cancel", "special"):
         _all_same(got, truth.conv2d(x, w, b, **kw), "filter vs truth")
 
@@ -362,14 +365,16 @@ def test_conv1d_conv3d_and_chunks(monkeypatch):
 
 @pytest.mark.parametrize("abs_min", [0.0, 2.0])
 @pytest.mark.parametrize("tile_min", [0.0, 2.0])
-@pytest.mark.parametrize("stride", [1, 2])
-def test_conv_every_path(monkeypatch, abs_min, tile_min, stride):
-    """The shifted-tap convolution (stride 1) and im2col (stride 2) through the |A||B| bound and
-    the whole-block Numba path, forced, with a per-channel bias and dilation."""
+@pytest.mark.parametrize("stride,shift_min", [(1, 0), (1, 1 << 60), (2, 0)])
+def test_conv_every_path(monkeypatch, abs_min, tile_min, stride, shift_min):
+    """The shifted-tap convolution (stride 1, forced by SHIFT_MIN = 0) and im2col (stride 1 below
+    SHIFT_MIN, stride 2) through the |A||B| bound and the whole-block Numba path, forced, with a
+    per-channel bias and dilation."""
+    monkeypatch.setattr(filter_conv, "SHIFT_MIN", shift_min)
     monkeypatch.setattr(filt, "ABS_GEMM_COST", abs_min)
     monkeypatch.setattr(filt, "TILE_EXACT_MIN", tile_min)
     monkeypatch.setattr(filt, "ROW_BLOCK", 3)
-    rng = _rng("filter-conv-paths", abs_min, tile_min, stride)
+    rng = _rng("filter-conv-paths", abs_min, tile_min, stride, shift_min)
     x, w = _data(rng, (2, 6, 9, 11), "float32", "cancel"), _data(rng, (8, 3, 3, 2), "float32", "spread")
     b = _data(rng, (8,), "float32", "zeros")
     kw = dict(stride=stride, groups=2, dilation=(2, 1), padding=(1, 2))
@@ -411,7 +416,7 @@ def test_conv_chunk():
     assert filter_conv.conv_chunk(8, 3136, 576, 1) == 1
 
 
-def test_magnitudes_for_the_verdict():
+def test_magnitudes_for_the_verdict(monkeypatch):
     """run_gemm / run_conv with want_mag (the verdict's path): the filter's magnitudes are sum|terms|
     within gamma_K of the Numba kernel's, its values identical."""
     from refkern.kernels import conv, gemm
@@ -428,10 +433,12 @@ def test_magnitudes_for_the_verdict():
     x, w, bb = _data(rng, (2, 6, 9, 9), "float16", "normal"), _data(rng, (8, 6, 3, 3), "float16", "normal"), None
     p = plan("conv2d", {"x": x, "weight": w, "bias": bb}, ("x", "weight"), "exact", None)
     c = conv.conv_operands(p, 2, 1, 1, 1, 1, "zeros")
-    v1, m1 = filter_conv.conv(p, c, want_mag=True)
     v2, m2 = conv.run_conv_numba(p, c, want_mag=True)
-    _all_same(torch.from_numpy(v1), torch.from_numpy(v2))
-    assert np.all(np.abs(m1 - m2) <= 2 * 55 * 2.0**-53 * m2)
+    for shift_min in (1 << 60, 0):  # im2col, then the shifted taps (one batched |A||B| product per tap)
+        monkeypatch.setattr(filter_conv, "SHIFT_MIN", shift_min)
+        v1, m1 = filter_conv.conv(p, c, want_mag=True)
+        _all_same(torch.from_numpy(v1), torch.from_numpy(v2))
+        assert np.all(np.abs(m1 - m2) <= 2 * 55 * 2.0**-53 * m2)
 
 
 # --------------------------------------------------------------------------- choice, errors
@@ -518,3 +525,46 @@ def test_cuda_filter_matches_cpu(dtype, kind):
 def test_cuda_self_test():
     ok, detail = filt.self_test(torch.device("cuda"))
     assert ok, detail
+
+
+# --------------------------------------------------------------------------- the verdict's sample
+
+
+@pytest.mark.parametrize("kind", ["normal", "cancel", "spread", "subnormal", "special", "zeros"])
+@pytest.mark.parametrize("work", ["float32", "float16", "bfloat16"])
+def test_sample_kernel_filter(kind, work):
+    """The verdict's sample kernel decides EXACT elements by the filter's test where it can
+    (:func:`refkern.analysis.evaluate._sample_kernel`): bit-identical to the exact path alone (the
+    same plan with ``narrow`` False never takes the test), bias and no bias; ties, cancellation onto
+    a midpoint, overflow, subnormal and signed-zero results included; both routes taken."""
+    import dataclasses
+
+    from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32
+    from refkern.analysis.evaluate import _dot64, sample_run
+    from refkern.kernels._common import plan
+    from refkern.kernels._element import abs_sum
+
+    fmt = {"float32": FLOAT32, "float16": FLOAT16, "bfloat16": BFLOAT16}[work]
+    rng = _rng("filter-sample", kind, work)
+    L = _data(rng, (300, 37), "float32", kind).double().numpy()
+    R = _data(rng, (300, 37), "float32", "normal").double().numpy()
+    L[:40, 1:], R[:40, 1:] = 0.0, 0.0  # one product per row: the result is a float32 product, ties in fp16
+    L[40:80, 2:] = 0.0
+    L[40:80, 1] = -(L[40:80, 0] * (1 + 2.0**-23)).astype(np.float32)  # cancelling pairs: results far below the terms
+    R[40:80, 1] = R[40:80, 0]
+    L[80:90] *= 2.0**100  # products beyond float32 / float16: overflow to inf after the rounding
+    L[90:100] *= 2.0**-120  # subnormal results
+    bias = _data(rng, (300,), "float32", "normal").double().numpy()
+    p = plan("matmul", {"a": L[:2, :2].astype(np.float32), "b": R[:2, :2].astype(np.float32)}, ("a", "b"), "exact",
+             None)  # fmt: skip
+    assert p.narrow
+    q = dataclasses.replace(p, work=fmt)
+    for hb in (False, True):
+        got, gm = sample_run(L, R, bias, hb, q)
+        want, wm = sample_run(L, R, bias, hb, dataclasses.replace(q, narrow=False))
+        _all_same(torch.from_numpy(got), torch.from_numpy(want), f"filter vs exact path, bias {hb}")
+        assert np.array_equal(gm, wm, equal_nan=True)
+    decided = [filt.decide_one(_dot64(L[i], R[i], 0.0), abs_sum(L[i], R[i], 0.0), 37, *fmt.params) for i in range(300)]
+    n = int(np.sum(np.isfinite(decided) | np.isinf(decided)))
+    assert kind == "special" or n > 150, n  # most by the test
+    assert work != "float32" or n < 300, n  # in float32 the cancelling rows by the exact path

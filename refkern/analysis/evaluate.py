@@ -29,12 +29,13 @@ from refkern._jit import jit
 from refkern.accumulate.exact import BLOCK
 from refkern.accumulate.formats import Format, round_array
 from refkern.accumulate.superacc import SIZE, acc_init
+from refkern.engines.filter import decide_one, threads_for
 from refkern.kernels import conv, conv_transpose, gemm
 from refkern.kernels._common import plan
 from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
 from refkern.ops._bind import bind
 
-__all__ = ["OPS", "Evaluation", "Problem", "evaluate", "problem", "op_name", "sample_run"]
+__all__ = ["OPS", "Evaluation", "Problem", "Terms", "evaluate", "problem", "op_name", "sample_run"]
 
 OPS = _ops.names(error_model="sum")  #: the ops whose every output element is one rounded sum of products
 
@@ -131,10 +132,27 @@ class Problem:
             return gemm.run_gemm(p, *ops, bias, self.shape, want_mag=want_mag)
         return conv.run_conv(p, ops[0], want_mag=want_mag)
 
-    def terms(self, idx: np.ndarray):
+    def terms(self, idx: np.ndarray) -> "Terms":
         """(L, R, bias, has_bias): the terms of the output elements with flat indices ``idx``,
-        L[s] and R[s] of length K each (float64, contiguous), bias[s] their bias (or 0)."""
+        L[s] and R[s] of length K each (float64, contiguous), bias[s] their bias (or 0); the tuple
+        also carries ``idx`` and this problem (:class:`Terms`)."""
         idx = np.asarray(idx, np.int64)
+        return Terms(self._terms(idx), self, idx)
+
+    def with_inputs(self, inputs) -> "Problem":
+        """The same problem on its operands rounded as ``inputs = (fmt, mode, round_bias)`` says:
+        its ``terms(idx)`` are ``terms(idx)`` rounded element by element (gathering commutes with
+        rounding each value)."""
+        ops, bias = self._operands(inputs)
+        return dataclasses.replace(self, ops=ops, bias=bias)
+
+    def operand_size(self) -> int:
+        """The number of values in the multiplied operands (what :meth:`with_inputs` rounds)."""
+        if self.kind in ("dot", "gemm"):
+            return int(self.ops[0].size + self.ops[1].size)
+        return int(self.ops[0].X.size + self.ops[0].W.size)
+
+    def _terms(self, idx: np.ndarray):
         has_bias = self.bias is not None
         if self.kind == "dot":
             x, y = self.ops
@@ -150,8 +168,9 @@ class Problem:
         cin_g, kh, kw = c.W.shape[1], c.W.shape[2], c.W.shape[3]
         co = (idx // (c.out_shape[2] * c.out_shape[3])) % c_out
         L = np.empty((idx.size, cin_g * kh * kw))
-        _gather_patches(c.X, idx, c_out, c.out_shape[2], c.out_shape[3], c_out // c.groups, cin_g, kh, kw,
-                        *c.stride, *c.dilation, L)  # fmt: skip
+        with threads_for(L.size):
+            _gather_patches(c.X, idx, c_out, c.out_shape[2], c.out_shape[3], c_out // c.groups, cin_g, kh, kw,
+                            *c.stride, *c.dilation, L)  # fmt: skip
         R = c.W.reshape(c_out, -1)[co]
         b = self.bias[co] if has_bias else np.zeros(idx.size)
         return np.ascontiguousarray(L.reshape(idx.size, -1)), np.ascontiguousarray(R), np.ascontiguousarray(b), has_bias
@@ -173,10 +192,33 @@ def _gather_patches(X, idx, c_out, ho, wo, cout_g, cin_g, kh, kw, sh, sw, dh, dw
                     q += 1
 
 
+@jit(fastmath={"reassoc", "contract"})
+def _dot64(a, b, bias):
+    """bias + sum_k a[k] b[k] in float64, in whatever order LLVM vectorizes it: the filter's value
+    (:func:`~refkern.engines.filter.decide_one` holds for any order, with or without FMA). A separate
+    function, so that the flags stay on its own code (as :func:`~refkern.kernels._element.abs_sum`)."""
+    s = bias
+    for k in range(a.size):
+        s += a[k] * b[k]
+    return s
+
+
 @jit(parallel=True)
 def _sample_kernel(L, R, bias, has_bias, out, mag, method, narrow, prec, emin, emax):
-    """out[s] = bias[s] + sum_k L[s, k] R[s, k] by ``method``; mag[s] = sum of |terms|."""
+    """out[s] = bias[s] + sum_k L[s, k] R[s, k] by ``method``; mag[s] = sum of |terms|. EXACT with
+    products exact in float64 (``narrow``) and a result of at most 26 bits: first the filter's test
+    (a float64 sum, the bound from mag, :func:`~refkern.engines.filter.decide_one`), the exact path
+    where it cannot decide; the same correctly rounded value either way."""
+    filt = method == EXACT and narrow and prec <= 26
     for s in prange(L.shape[0]):
+        b = bias[s] if has_bias else 0.0
+        m = abs_sum(L[s], R[s], b)
+        mag[s] = m
+        if filt:
+            r = decide_one(_dot64(L[s], R[s], b), m, L.shape[1], prec, emin, emax)
+            if r == r:
+                out[s] = r
+                continue
         acc = np.empty(SIZE, np.int64)
         acc_init(acc)
         scratch = np.empty(BLOCK)
@@ -187,19 +229,19 @@ def _sample_kernel(L, R, bias, has_bias, out, mag, method, narrow, prec, emin, e
             L[s], R[s], bias[s], has_bias, method, narrow, st[0, 0], st[0, 1], st[1, 0], st[1, 1],
             prec, emin, emax, acc, scratch,
         )  # fmt: skip
-        mag[s] = abs_sum(L[s], R[s], bias[s] if has_bias else 0.0)
 
 
 def sample_run(L, R, bias, has_bias, p, inputs=None):
     """(values, mag) of the gathered rows under the Plan ``p`` (its method and working format),
     the multiplied rows (and with ``round_bias`` the bias) rounded first as ``inputs`` says."""
-    if inputs is not None:
-        fmt, mode, round_bias = inputs
-        L, R = round_array(L, *fmt.params, mode), round_array(R, *fmt.params, mode)
-        if round_bias and has_bias:
-            bias = round_array(bias, *fmt.params, mode)
-    out, mag = np.empty(L.shape[0]), np.empty(L.shape[0])
-    _sample_kernel(L, R, bias, has_bias, out, mag, *p.kernel_args)
+    with threads_for(L.size):  # a sample is small: one thread below PARALLEL_TERMS products
+        if inputs is not None:
+            fmt, mode, round_bias = inputs
+            L, R = round_array(L, *fmt.params, mode), round_array(R, *fmt.params, mode)
+            if round_bias and has_bias:
+                bias = round_array(bias, *fmt.params, mode)
+        out, mag = np.empty(L.shape[0]), np.empty(L.shape[0])
+        _sample_kernel(L, R, bias, has_bias, out, mag, *p.kernel_args)
     return out, mag
 
 
@@ -257,14 +299,14 @@ class _Conv3dProblem(Problem):
     """conv3d: ``ops[0]`` is the depth-sliced conv2d (:func:`refkern.kernels.conv.conv_operands`), whose
     image ``n * D_out + z`` is depth z of image n; ``terms`` maps the 5-D output's flat indices to it."""
 
-    def terms(self, idx: np.ndarray):
+    def _terms(self, idx: np.ndarray):
         c = self.ops[0]
         _, c_out, ho, wo = c.out_shape
         idx = np.asarray(idx, np.int64)
         rest, t = idx % (ho * wo), idx // (ho * wo)
         z, t = t % c.depth, t // c.depth
         co, n = t % c_out, t // c_out
-        return super().terms(((n * c.depth + z) * c_out + co) * (ho * wo) + rest)
+        return super()._terms(((n * c.depth + z) * c_out + co) * (ho * wo) + rest)
 
 
 def _convt_max_terms(c) -> int:
@@ -308,9 +350,11 @@ class _ConvTProblem(Problem):
         ops, _ = self._operands(inputs, with_bias)
         return conv_transpose.run_conv_transpose(p, ops[0], want_mag=want_mag)
 
-    def terms(self, idx: np.ndarray):
+    def operand_size(self) -> int:
+        return int(self.ops[0].X.size + self.ops[0].weight.size)
+
+    def _terms(self, idx: np.ndarray):
         c = self.ops[0]
-        idx = np.asarray(idx, np.int64)
         n, co, oz, oy, ox = np.unravel_index(idx, c.out_shape)
         c_in, cout_g = c.weight.shape[:2]
         cin_g = c_in // c.groups
@@ -334,6 +378,17 @@ class _ConvTProblem(Problem):
         has_bias = self.bias is not None
         b = self.bias[co] if has_bias else np.zeros(S)
         return np.ascontiguousarray(L), np.ascontiguousarray(R), np.ascontiguousarray(b, np.float64), has_bias
+
+
+class Terms(tuple):
+    """(L, R, bias, has_bias) of :meth:`Problem.terms`, with the flat indices ``idx`` and the
+    ``problem`` they were gathered from (so that a model can gather them again from rounded
+    operands, :meth:`Problem.with_inputs`)."""
+
+    def __new__(cls, t, problem, idx):
+        self = super().__new__(cls, t)
+        self.problem, self.idx = problem, idx
+        return self
 
 
 def _in_prec(p, names) -> int:

@@ -13,9 +13,16 @@ from refkern._jit import jit
 from refkern.engines import filter as filt
 from refkern.engines.filter import _Gemm
 
-__all__ = ["conv", "conv_transpose", "conv_chunk", "MEMORY"]
+__all__ = ["conv", "conv_transpose", "conv_chunk", "MEMORY", "SHIFT_MIN"]
 
 MEMORY = 1 << 28  # bytes of im2col patches per chunk of images
+SHIFT_MIN = 4096  # output columns (images x Ho x Wp) of a chunk from which the shifted taps beat im2col
+# Measured (process CPU ms, value / value and magnitudes, 3x3 stride 1, torch 2.13 CPU, 2 cores at
+# load 13-15): shifted taps against im2col, 1 image 64ch 56x56 52/95 vs 41/67, 128ch 28x28 80/103 vs
+# 43/77, 256ch 14x14 82/79 vs 19/32, 512ch 7x7 71/119 vs 24/44; 2 images 56x56 61/110 vs 60/125;
+# 4 images 28x28 80/159 vs 100/217; 8 images 56x56 100/216 vs 258/422; 16 images 14x14 204/354 vs
+# 185/316. A single image's nine tap GEMMs (K = C_in, one product of 64 x 3246 and less) run far
+# below the BLAS's speed; a batch runs one GEMM per image and thread.
 
 
 @jit(parallel=True)
@@ -101,6 +108,13 @@ class _ShiftConv(_Gemm):
         out[...] = r
         return out
 
+    def mag_gemm(self, mag):
+        """All images of the chunk in one batched product per tap: torch's bmm on a batch of one
+        image ran 8x slower per image than on eight (measured: 0.77 s against 0.099 s for the
+        (8, 64, 56, 56) x (64, 64, 3, 3) layer's nine taps, torch 2.13 CPU)."""
+        r = self._shifted(np.abs(self.flat), [np.abs(w) for w in self.taps])
+        mag.reshape(mag.shape[0], mag.shape[1], self.ho, self.wo)[...] = r
+
     def norms(self):
         q = np.einsum("nck,nck->nk", self.flat, self.flat)  # per pixel: sum over the group's channels
         L = self.lp
@@ -134,8 +148,9 @@ def conv(p, c, want_mag=False, device=None, memory=None, stats=None):
     """:func:`refkern.kernels.conv.run_conv` by the filter (``applies(p)`` must hold): per group and
     chunk of images, im2col (patches as rows, :func:`_im2col`), one batched GEMM of the filters
     against the patches (``W_g @ cols^T``: the output's layout directly), the decision, and the
-    exact path for the undecided elements. Stride 1 on the CPU with torch: no im2col
-    (:class:`_ShiftConv`), ``memory`` bounds the tap products per chunk of images. Other strides:
+    exact path for the undecided elements. Stride 1 on the CPU with torch, at least two images and
+    ``SHIFT_MIN`` output columns: no im2col (:class:`_ShiftConv`), ``memory`` bounds the tap products
+    per chunk of images. Otherwise:
     at most ``memory`` (default ``MEMORY``) of patches per chunk, twice with ``want_mag``. The
     result and the magnitudes themselves come on top."""
     memory = MEMORY if memory is None else memory
@@ -148,7 +163,8 @@ def conv(p, c, want_mag=False, device=None, memory=None, stats=None):
     out = np.empty((n_img, c_out, L))
     mag = np.empty((n_img, c_out, L)) if want_mag else None
     has_bias = c.bias is not None
-    shift = c.stride == (1, 1) and (device is None or getattr(device, "type", "cpu") == "cpu") and _has_torch()
+    cpu = device is None or getattr(device, "type", "cpu") == "cpu"
+    shift = c.stride == (1, 1) and cpu and _has_torch() and n_img >= 2 and n_img * ho * c.X.shape[3] >= SHIFT_MIN
     if shift:  # the padded input's group copy and the product per image, not K x L patches
         hp, wp = c.X.shape[2:]
         nb = max(1, min(n_img, memory // max(1, 8 * 2 * cout_g * ho * wp)))

@@ -125,13 +125,13 @@ def test_bert_every_op_judged_or_named(bert):
     with torch.no_grad(), rkt.audit() as a:
         bert(input_ids=ids)
     _healthy(a)
-    assert a.unchecked == {"gelu": 2, "tanh": 1}  # the FFN activations and the pooler
-    assert a.reasons["gelu"] == "no reference in refkern"
+    assert not a.unchecked  # the FFN activations (gelu) and the pooler (tanh) too: refkern.analysis.elementwise
     ops = [c.op for c in a.calls]
     assert ops.count("scaled_dot_product_attention") == 2 and ops.count("layer_norm") == 5
     assert ops.count("linear") == 2 * 6 + 1  # q, k, v, out, ffn x2 per layer; the pooler
-    assert a.summary() == f"{a.n_ops - 3} of {a.n_ops} ops checked ({_how(a)}); every checked op is exact or rounding"
-    assert a.report().splitlines()[1] == "not checked: gelu x2, tanh x1"
+    assert ops.count("gelu") == 2 and ops.count("tanh") == 1
+    assert a.summary() == f"{a.n_ops} of {a.n_ops} ops checked ({_how(a)}); every op is exact or rounding"
+    assert not any(line.startswith("not checked") for line in a.report().splitlines())
 
 
 def _how(a):
@@ -161,7 +161,7 @@ def test_vit_every_op_judged_or_named():
     with torch.no_grad(), rkt.audit() as a:
         vit(pixel_values=x)
     _healthy(a)
-    assert a.unchecked == {"gelu": 1, "tanh": 1}
+    assert not a.unchecked  # gelu and the pooler's tanh judged too
     assert [c.op for c in a.calls][0] == "conv2d" and a.calls[
         0
     ].name == "ViTModel.embeddings.patch_embeddings.projection"

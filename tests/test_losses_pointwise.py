@@ -72,3 +72,28 @@ def test_errors():
         rk.mse_loss(torch.zeros(3), torch.zeros(4))
     with pytest.raises(ValueError, match=r"^l1_loss: reduction must be one of"):
         rk.l1_loss(torch.zeros(3), torch.zeros(3), reduction="max")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mse_loss_gradient(dtype):
+    """Reference == truth; torch's gradient exact or rounding; a gradient without the factor 2 a mismatch; the
+    audit judges mse_loss_backward."""
+    from refkern.torch import audit
+
+    g0 = torch.Generator().manual_seed(3)
+    x, t = (torch.randn(20, 6, generator=g0).to(dtype) for _ in range(2))
+    for red in ("none", "sum", "mean"):
+        xx = x.clone().requires_grad_()
+        y = F.mse_loss(xx, t, reduction=red)
+        g = torch.randn(y.shape, generator=g0).to(dtype)
+        y.backward(g)
+        ref = rk.backward("mse_loss", g, x, t, reduction=red)["input"]
+        assert np.array_equal(ref.double().numpy(), refkern.truth.backward("mse_loss", g, x, t, reduction=red)["input"])
+        assert rk.compare_backward({"input": xx.grad}, "mse_loss", g, x, t, reduction=red)["input"].verdict in (
+            "exact", "rounding")  # fmt: skip
+        half = xx.grad / 2
+        assert rk.compare_backward({"input": half}, "mse_loss", g, x, t, reduction=red)["input"].verdict == "mismatch"
+    xx = x.clone().requires_grad_()
+    with audit() as a:
+        F.mse_loss(xx, t).backward()
+    assert {c.op: c.verdict for c in a.calls}.get("mse_loss backward") in ("exact", "rounding")

@@ -43,6 +43,10 @@ def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="c
         from refkern.analysis.losses import grad_report as nll_report
 
         return nll_report(got, grad_output, bound, who, rtol, atol)
+    if adj.op == "mse_loss":  # 2 (x - t) g (/ n): its envelope (refkern.analysis.losses)
+        from refkern.analysis.losses import mse_grad_report
+
+        return mse_grad_report(got, grad_output, bound, who, rtol, atol)
     if adj.op in POOL_OPS:
         return _pool_report(adj.op, got, grad_output, bound, who, rtol, atol)
     if adj.op in NORM_OPS:

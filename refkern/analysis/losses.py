@@ -384,3 +384,29 @@ def grad_report(got, g, a, who, rtol=None, atol=None):
     notes = ["the gradient of nll_loss judged by its worst-case envelope (refkern.analysis.losses): -w_t g (over the "
              "stored sum of the counted weights for a mean) at each counted target, 0 bit for bit elsewhere"]
     return _report("nll_loss backward (input)", a64, ref, b, c.fmt, device, 1, rtol, atol, notes)
+
+
+def mse_grad_report(got, g, a, who, rtol=None, atol=None):
+    """compare_backward's Report for the gradient of mse_loss's input. torch computes ``norm (x - t) g`` with
+    ``norm = 2 / n`` (mean) or 2, a float64 constant converted to the working precision: a conversion, a
+    difference, two products and the store, each one rounding: ``gamma_4(ua) |y|`` (times 1.01), plus the
+    centre's store(s)."""
+    from refkern._arrays import is_tensor, operand
+    from refkern.kernels.loss_grad import mse_grad, mse_grad_call
+
+    x, t, G, fmt, _, red = mse_grad_call(g, a, who)
+    act = operand(got, "the gradient of input", who)
+    if act.fmt != fmt or tuple(act.shape) != tuple(x.shape):
+        raise ValueError(f"{who}: the gradient of input must have shape {tuple(x.shape)} and dtype {fmt.name}; got "
+                         f"{tuple(act.shape)} {act.fmt.name}.")  # fmt: skip
+    ref = mse_grad(x, t, G, fmt, red)
+    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
+    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
+    with np.errstate(all="ignore"):
+        b = gamma(4, u + u_m) * np.abs(ref) * _SLACK + (2 if u_m else 1) * (
+            fmt.u * np.abs(ref) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1))  # fmt: skip
+    device = str(got.device) if is_tensor(got) else "numpy"
+    a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
+    note = "the gradient of mse_loss judged by its worst-case envelope (refkern.analysis.losses)"
+    return _report("mse_loss backward (input)", a64, ref, np.where(np.isnan(b), np.inf, b), fmt, device, 1, rtol,
+                   atol, [note])  # fmt: skip

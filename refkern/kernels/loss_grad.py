@@ -16,7 +16,7 @@ from refkern.kernels._common import deliver
 from refkern.kernels._grad import Adjoint
 from refkern.kernels._loss_call import loss_call
 
-__all__ = ["_nll_loss", "nll_grad_call", "nll_grad"]
+__all__ = ["_nll_loss", "nll_grad_call", "nll_grad", "_mse_loss", "mse_grad_call", "mse_grad"]
 
 
 def nll_grad_call(g, a, who):
@@ -75,3 +75,49 @@ def _nll_loss(op, g, a, wrt, who):
     c, G = nll_grad_call(g, a, who)
     return {"input": Adjoint("input", op, (), compute=lambda: deliver(np.ascontiguousarray(_back(c, nll_grad(c, G))),
                                                                       c.fmt, c.tensor))}  # fmt: skip
+
+
+def mse_grad_call(g, a, who):
+    """(x, t broadcast float64, grad_output's values, the format, tensors out, the reduction, n) of mse_loss's
+    backward, validated (grad_output has the loss's shape and dtype)."""
+    from refkern.kernels.loss_pointwise import pointwise_call
+
+    x, t, fmt, tensor, red = pointwise_call("mse_loss", **a)
+    og = operand(g, "grad_output", who)
+    want = x.shape if red == "none" else ()
+    if og.fmt.name != fmt.name or tuple(og.shape) != tuple(want):
+        raise ValueError(f"{who}: grad_output must have the shape and dtype of the output of mse_loss, {tuple(want)} "
+                         f"{fmt.name}; got {tuple(og.shape)} {og.fmt.name}.")  # fmt: skip
+    G = np.broadcast_to(np.asarray(og.values, np.float64).reshape(og.shape), x.shape)
+    return x, t, G, fmt, tensor or og.torch, red
+
+
+def mse_grad(x, t, G, fmt, red) -> np.ndarray:
+    """The gradient of mse_loss's input, ``2 (x - t) g`` (over n for a mean), each element rounded once (exact
+    rationals; the input's shape: an input broadcast against target is not summed back here, as torch's
+    mse_loss_backward, which returns the broadcast shape before autograd reduces it)."""
+    from refkern.kernels.loss import _bracketed
+
+    n = max(x.size, 1)
+    with np.errstate(all="ignore"):
+        v = 2.0 * (x - t) * G / (n if red == "mean" else 1)  # float64: within 4u of itself (a difference, a
+    E = 4.2 * 2.0**-53 * np.abs(v) + 2.0**-1070  # product, a division), bracketed where the format is narrower
+    if fmt.prec < FLOAT64.prec:
+        out, ok = _bracketed(v.reshape(-1), E.reshape(-1), fmt)
+        out, ok = out.reshape(x.shape), ok.reshape(x.shape)
+    else:
+        out, ok = np.empty(x.shape), np.zeros(x.shape, np.bool_)
+    for i in zip(*np.nonzero(~ok)) if x.ndim else ([()] if not ok else []):
+        a, b, g = float(x[i]), float(t[i]), float(G[i])
+        if not (np.isfinite(a) and np.isfinite(b) and np.isfinite(g)):
+            with np.errstate(all="ignore"):
+                out[i] = 2.0 * (a - b) * g / (n if red == "mean" else 1)
+            continue
+        q = 2 * (Fraction(a) - Fraction(b)) * Fraction(g)
+        out[i] = round_fraction(q / n if red == "mean" else q, fmt)
+    return out
+
+
+def _mse_loss(op, g, a, wrt, who):
+    x, t, G, fmt, tensor, red = mse_grad_call(g, a, who)
+    return {"input": Adjoint("input", op, (), compute=lambda: deliver(mse_grad(x, t, G, fmt, red), fmt, tensor))}

@@ -119,6 +119,11 @@ def backward_call(func, b, memo, present) -> BackwardCall:
         red = b["reduction"]
         kw = {"weight": b["weight"], "reduction": ("none", "mean", "sum")[red], "ignore_index": int(b["ignore_index"])}
         return BackwardCall("nll_loss", b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
+    if name == "mse_loss_backward":  # the gradient of its input (the target's is its negation, taken by autograd)
+        if need("mse_loss"):
+            return BackwardCall(unsupported=need("mse_loss"))
+        kw = {"reduction": ("none", "mean", "sum")[b["reduction"]]}
+        return BackwardCall("mse_loss", b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
     if name in ("max_pool2d_with_indices_backward", "avg_pool2d_backward", "_adaptive_avg_pool2d_backward"):
         return _pool_backward(name, b, need)
     if name in _ATTN_BACKWARD:

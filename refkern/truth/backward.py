@@ -214,6 +214,10 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
         from refkern.truth.losses import nll_backward
 
         return nll_backward(grad_output, a, wrt)
+    if name == "mse_loss":  # 2 (x - t) g (/ n): exact Fractions (refkern.truth.losses)
+        from refkern.truth.losses import mse_backward
+
+        return mse_backward(grad_output, a, wrt)
     if name in ("softmax", "log_softmax"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _softmax_backward(name, G, og, a, wrt)

@@ -308,3 +308,19 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     """Ground truth of :func:`refkern.binary_cross_entropy_with_logits`: mpmath intervals, rounded once."""
     return _binary("binary_cross_entropy_with_logits", input, target, weight, reduction, size_average, reduce,
                    pos_weight, precision)  # fmt: skip
+
+
+def mse_backward(grad_output, a, wrt) -> dict:
+    """``{"input": 2 (x - t) g (/ n for a mean)}``: exact Fractions, rounded once."""
+    red = _red(a.get("reduction", "mean"), a.get("size_average"), a.get("reduce"))
+    ox, ot = operand(a["input"], "input", "truth.backward"), operand(a["target"], "target", "truth.backward")
+    x, t = np.broadcast_arrays(np.asarray(ox.values, np.float64).reshape(ox.shape),
+                               np.asarray(ot.values, np.float64).reshape(ot.shape))  # fmt: skip
+    go = operand(grad_output, "grad_output", "truth.backward")
+    G = np.broadcast_to(np.asarray(go.values, np.float64).reshape(go.shape), x.shape)
+    fmt = ox.fmt if ox.fmt.prec >= ot.fmt.prec else ot.fmt
+    out = np.empty(x.shape)
+    for i in np.ndindex(*x.shape):
+        q = 2 * (Fraction(float(x[i])) - Fraction(float(t[i]))) * Fraction(float(G[i]))
+        out[i] = round_fraction(q / x.size if red == "mean" else q, fmt)
+    return {"input": out}

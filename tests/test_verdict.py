@@ -126,20 +126,29 @@ def test_report_states_its_thresholds_and_power():
     assert rep.thresholds["alpha"] == 1e-6
     det = rep.detectable
     # the element threshold lam * sigma_0 in units of sqrt(n) u M, sigma_0 from the partial sums of the orders
-    # backends use (refkern.analysis.partials), here formed one by one: 100 products and a bias per element,
-    # blocks of 32; the order-free scale gave lam sqrt((n + 1) / n)
+    # backends use (refkern.analysis.partials), here formed by hand: 100 products and a bias per element, blocks
+    # of 4 (the power of two nearest sqrt(101) / 2), times kappa, the sampled elements' largest ratio of the other
+    # orders' partial sums to that bound (pinned by hand in test_partials); the order-free scale gave
+    # lam sqrt((n + 1) / n)
+    from refkern.analysis.evaluate import problem
+    from refkern.analysis.partials import gemm_partials, order_bound
+
+    pr = problem("linear", (x, w, b), {})
+    _, mag = pr.run(want_mag=True)
+    kappa = float(np.max(order_bound(pr, mag, sample_indices(384, 101)) / gemm_partials(pr, mag)))
+    assert kappa >= 1.0
     xd, wd, bd = (t.double().numpy() for t in (x, w, b))
     u, want = 2.0**-24, []
     ref = F.linear(x.double(), w.double(), b.double()).float().double().numpy()
     for i in range(16):
         for j in range(24):
-            t = np.concatenate([xd[i] * wd[j], np.zeros(28)]).reshape(4, 32)
+            t = (xd[i] * wd[j]).reshape(25, 4)
             S, A = t.sum(axis=1), np.abs(t).sum(axis=1) + abs(bd[j])
             P = np.concatenate([[0.0], np.cumsum(S)[:-1]])
             Q = S.sum() - P - S
             M = np.abs(t).sum() + abs(bd[j])
-            part = 32 * max(((np.abs(P) + A) ** 2).sum(), ((np.abs(Q) + A) ** 2).sum()) + (t * t).sum() + M * M
-            part = min(part, 102 * M * M)
+            part = 4 * max(((np.abs(P) + A) ** 2).sum(), ((np.abs(Q) + A) ** 2).sum()) + (t * t).sum() + M * M
+            part = kappa * min(part, 102 * M * M)
             ua = u * (1 + 101 * u / (1 - 101 * u))
             var = ua**2 * part + 2 * (u * ref[i, j]) ** 2 + 2 * 2.0 ** (2 * (-126 - 24)) + 102 * 2.0 ** (2 * (-126 - 24))
             want.append(level(384) * math.sqrt(var) / (math.sqrt(101) * u * M))

@@ -41,7 +41,7 @@ from refkern.kernels.elementwise_grad import OPS as _EW_OPS
 from refkern.kernels.elementwise_grad import _elementwise
 from refkern.kernels.embedding_grad import _embedding
 from refkern.kernels.gemm_grad import _dot, _linear, _matmul
-from refkern.kernels.loss_grad import _mse_loss, _nll_loss
+from refkern.kernels.loss_grad import _bce, _mse_loss, _nll_loss
 from refkern.kernels.norm_grad import _norm
 from refkern.kernels.pool_grad import _pool
 from refkern.kernels.reduction_grad import _cumsum, _reduction
@@ -74,6 +74,7 @@ _BUILDERS = {
     "embedding": (_embedding, ("weight",)),
     "nll_loss": (_nll_loss, ("input",)),
     "mse_loss": (_mse_loss, ("input",)),
+    "binary_cross_entropy": (_bce, ("input",)),
     **{k: (_elementwise, ("input",)) for k in _EW_OPS},  # tanh, sigmoid, silu, gelu
 }
 OPS = tuple(_BUILDERS)

@@ -76,3 +76,31 @@ def test_errors():
         rk.binary_cross_entropy_with_logits(torch.zeros(3), torch.zeros(4))
     with pytest.raises(ValueError, match=r"^binary_cross_entropy_with_logits: pos_weight must broadcast"):
         rk.binary_cross_entropy_with_logits(torch.zeros(3), torch.zeros(3), pos_weight=torch.ones(2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bce_gradient(dtype):
+    """Reference == truth (p = 0 and 1 hit the clamp 1e-12); torch's gradient exact or rounding; the weight
+    dropped a mismatch; the audit judges binary_cross_entropy_backward."""
+    from refkern.torch import audit
+
+    _, p, y, w, _ = _data(dtype, n=20, seed=4)
+    W = w.expand(20, 4)
+    for red in ("none", "sum", "mean"):
+        pp = p.clone().requires_grad_()
+        loss = F.binary_cross_entropy(pp, y, weight=W, reduction=red)
+        g = torch.randn(loss.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+        loss.backward(g)
+        ref = rk.backward(BCE, g, p, y, weight=W, reduction=red)["input"]
+        assert np.array_equal(ref.double().numpy(), truth.bce_backward(g, dict(input=p, target=y, weight=W,
+                                                                                reduction=red), ("input",))["input"])
+        rep = rk.compare_backward({"input": pp.grad}, BCE, g, p, y, weight=W, reduction=red)["input"]
+        assert rep.verdict in ("exact", "rounding"), str(rep)
+        pq = p.clone().requires_grad_()
+        F.binary_cross_entropy(pq, y, reduction=red).backward(g)
+        assert rk.compare_backward({"input": pq.grad}, BCE, g, p, y, weight=W, reduction=red)["input"].verdict == \
+            "mismatch"  # fmt: skip
+    pp = p.clone().requires_grad_()
+    with audit() as a:
+        F.binary_cross_entropy(pp, y).backward()
+    assert {c.op: c.verdict for c in a.calls}.get("binary_cross_entropy backward") in ("exact", "rounding")

@@ -47,6 +47,10 @@ def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="c
         from refkern.analysis.losses import mse_grad_report
 
         return mse_grad_report(got, grad_output, bound, who, rtol, atol)
+    if adj.op == "binary_cross_entropy":  # g w (p - y) / max(p (1 - p), 1e-12): its envelope (analysis.losses)
+        from refkern.analysis.losses import bce_grad_report
+
+        return bce_grad_report(got, grad_output, bound, who, rtol, atol)
     if adj.op in POOL_OPS:
         return _pool_report(adj.op, got, grad_output, bound, who, rtol, atol)
     if adj.op in NORM_OPS:

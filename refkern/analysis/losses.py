@@ -410,3 +410,35 @@ def mse_grad_report(got, g, a, who, rtol=None, atol=None):
     note = "the gradient of mse_loss judged by its worst-case envelope (refkern.analysis.losses)"
     return _report("mse_loss backward (input)", a64, ref, np.where(np.isnan(b), np.inf, b), fmt, device, 1, rtol,
                    atol, [note])  # fmt: skip
+
+
+def bce_grad_report(got, g, a, who, rtol=None, atol=None):
+    """compare_backward's Report for the gradient of binary_cross_entropy's input. torch computes ``g (p - y) /
+    max((1 - p) p, eps)`` (eps 1e-12 as a float32), times w, over n for a mean: at most 7 roundings (1 - p,
+    the product, p - y, by g, the division, by w, by 1/n) and the store: ``gamma_7(ua) |y|`` (times 1.01);
+    where the computed ``(1 - p) p`` may fall on the other side of eps (within ``gamma_2(ua)`` of it) the
+    clamped value is accepted too; plus the centre's store(s)."""
+    from refkern._arrays import is_tensor, operand
+    from refkern.kernels.loss_grad import BCE_EPS, bce_grad, bce_grad_call
+
+    p, y, w, G, fmt, _, red = bce_grad_call(g, a, who)
+    act = operand(got, "the gradient of input", who)
+    if act.fmt != fmt or tuple(act.shape) != tuple(p.shape):
+        raise ValueError(f"{who}: the gradient of input must have shape {tuple(p.shape)} and dtype {fmt.name}; got "
+                         f"{tuple(act.shape)} {act.fmt.name}.")  # fmt: skip
+    ref = bce_grad(p, y, w, G, fmt, red)
+    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
+    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
+    ua = u + u_m
+    with np.errstate(all="ignore"):
+        q = p * (1 - p)
+        n = p.size if red == "mean" else 1
+        near = np.abs(q - BCE_EPS) <= gamma(2, ua) * q
+        other = np.where(q > BCE_EPS, G * w * (p - y) / BCE_EPS, G * w * (p - y) / q) / n
+        b = gamma(7, ua) * np.abs(ref) * _SLACK + np.where(near, np.abs(other - ref), 0.0)
+        b = b + (2 if u_m else 1) * (fmt.u * np.abs(ref) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1))
+    device = str(got.device) if is_tensor(got) else "numpy"
+    a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
+    note = "the gradient of binary_cross_entropy judged by its worst-case envelope (refkern.analysis.losses)"
+    return _report("binary_cross_entropy backward (input)", a64, ref, np.where(np.isnan(b), np.inf, b), fmt, device,
+                   1, rtol, atol, [note])  # fmt: skip

@@ -124,6 +124,11 @@ def backward_call(func, b, memo, present) -> BackwardCall:
             return BackwardCall(unsupported=need("mse_loss"))
         kw = {"reduction": ("none", "mean", "sum")[b["reduction"]]}
         return BackwardCall("mse_loss", b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
+    if name == "binary_cross_entropy_backward":
+        if need("binary_cross_entropy"):
+            return BackwardCall(unsupported=need("binary_cross_entropy"))
+        kw = {"weight": b["weight"], "reduction": ("none", "mean", "sum")[b["reduction"]]}
+        return BackwardCall("binary_cross_entropy", b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
     if name in ("max_pool2d_with_indices_backward", "avg_pool2d_backward", "_adaptive_avg_pool2d_backward"):
         return _pool_backward(name, b, need)
     if name in _ATTN_BACKWARD:

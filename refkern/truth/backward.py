@@ -218,6 +218,10 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
         from refkern.truth.losses import mse_backward
 
         return mse_backward(grad_output, a, wrt)
+    if name == "binary_cross_entropy":  # g w (p - y) / max(p (1 - p), 1e-12): exact Fractions (refkern.truth.losses)
+        from refkern.truth.losses import bce_backward
+
+        return bce_backward(grad_output, a, wrt)
     if name in ("softmax", "log_softmax"):
         G, og = _values(grad_output, "grad_output", "truth.backward")
         return _softmax_backward(name, G, og, a, wrt)

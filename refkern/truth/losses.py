@@ -324,3 +324,25 @@ def mse_backward(grad_output, a, wrt) -> dict:
         q = 2 * (Fraction(float(x[i])) - Fraction(float(t[i]))) * Fraction(float(G[i]))
         out[i] = round_fraction(q / x.size if red == "mean" else q, fmt)
     return {"input": out}
+
+
+def bce_backward(grad_output, a, wrt) -> dict:
+    """``{"input": g w (p - y) / max(p (1 - p), eps) (/ n)}``, eps torch's 1e-12 as a float32: exact Fractions,
+    rounded once."""
+    red = _red(a.get("reduction", "mean"), a.get("size_average"), a.get("reduce"))
+    op = "truth.backward"
+    op_p, op_y = operand(a["input"], "input", op), operand(a["target"], "target", op)
+    shape = tuple(op_p.shape)
+    p = np.asarray(op_p.values, np.float64).reshape(shape)
+    y = np.asarray(op_y.values, np.float64).reshape(shape)
+    w = np.ones(shape) if a.get("weight") is None else np.broadcast_to(np.asarray(
+        operand(a["weight"], "weight", op).values, np.float64).reshape(operand(a["weight"], "weight", op).shape), shape)
+    go = operand(grad_output, "grad_output", op)
+    G = np.broadcast_to(np.asarray(go.values, np.float64).reshape(go.shape), shape)
+    out = np.empty(shape)
+    eps = Fraction(float(np.float32(1e-12)))
+    for i in np.ndindex(*shape):
+        P, Y, W, Gi = (Fraction(float(v[i])) for v in (p, y, w, G))
+        q = Gi * W * (P - Y) / max(P * (1 - P), eps)
+        out[i] = round_fraction(q / p.size if red == "mean" else q, op_p.fmt)
+    return {"input": out}

@@ -67,3 +67,14 @@ def test_check_judges_elementwise_calls(fn, kw):
     x = torch.rand(256, generator=torch.Generator().manual_seed(0)) + 0.1
     res = rkt.check(fn, x, **kw)
     assert res.rows[0].report.verdict in OK, res
+
+
+def test_tanh_backward_whose_forward_ran_outside_the_audit_is_named():
+    """tanh_backward receives the forward's output; refkern's gradient is defined at its input, which the audit
+    keeps only when it saw the forward."""
+    x = torch.randn(8, requires_grad=True)
+    y = torch.tanh(x)
+    with rkt.audit() as a:
+        y.sum().backward()
+    assert a.unchecked.get("tanh_backward") == 1
+    assert "the forward ran outside the audit" in a.reasons["tanh_backward"]

@@ -91,7 +91,7 @@ def test_bound_holds_for_the_orders_backends_use(data):
 def test_other_orders_by_hand():
     # t = (1, -1, 1, -1): 2 lanes left to right hold (1, 2) and (-1, -2): 1 + 4 + 1 + 4 = 10, their totals (2, -2)
     # by a tree 0, in order 4 + 0 = 4 -> 14; right to left the same; split in 2: (1, 0) and (1, 0) -> 2, then the
-    # chunks' results (0, 0) -> 0; the largest is 14
+    # chunks' results (0, 0) -> 0; the terms' own order: (1, 0, 1, 0) -> 2; the largest is 14
     assert _other_sq(np.array([[1.0, -1.0, 1.0, -1.0]]), (2,)).tolist() == [14.0]
 
 
@@ -168,20 +168,24 @@ def test_one_element_at_eight_spreads_is_a_mismatch():
     assert rep.detectable["element"] < 8 * spread
 
 
-def test_convolution_bound_holds_in_both_orders():
+def test_convolution_bound_holds_in_its_orders():
     g = torch.Generator().manual_seed(2)
     x, w, b = torch.randn(1, 20, 7, 7, generator=g), torch.randn(3, 20, 3, 3, generator=g), torch.randn(3, generator=g)
     pr = problem("conv2d", (x, w, b), {"padding": 1})
     _, mag = pr.run(want_mag=True)
-    bound = gemm_partials(pr, mag).reshape(-1)
+    bound = gemm_partials(pr, mag).reshape(-1)  # B = 8 (the power of two nearest sqrt(181) / 2): cells of 8 channels
+    checked = order_bound(pr, mag, np.arange(bound.size)).reshape(-1)  # every element sampled (147 <= 256)
     idx = np.arange(bound.size)
     L, R, bias, _ = pr.terms(idx)
     chan = np.arange(180)  # the terms come as (c, ky, kx)
     tap = chan.reshape(20, 9).T.reshape(-1)  # (ky, kx, c)
+    blocked = np.concatenate([chan.reshape(20, 9)[c0 : c0 + 8].T.reshape(-1) for c0 in (0, 8, 16)])  # (c_o, ky, kx, c_i)
     for i in idx:
         t = np.concatenate([[bias[i]], L[i] * R[i]])  # the bias first: every partial sum carries it
-        for order in (chan, chan[::-1], tap, tap[::-1]):
+        for order in (tap, tap[::-1], blocked, blocked[::-1]):
             assert _sq_partials(t, [np.concatenate([[0], order + 1])]) <= bound[i]
+        for order in (chan, chan[::-1]):  # im2col's order: covered through the check's scaling
+            assert _sq_partials(t, [np.concatenate([[0], order + 1])]) <= checked[i]
         assert bound[i] <= 182 * mag.reshape(-1)[i] ** 2
 
 

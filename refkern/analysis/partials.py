@@ -30,13 +30,16 @@ order-free one (both bound the same sum). The block sums are float64 GEMMs (exac
 err by ``gamma_K M``, far under ``u M`` for the float32-or-narrower accumulations this is used for:
 float64 results keep the order-free scale).
 
-**Convolutions** run through k = (input channel, tap) in one of two orders: channel-major (im2col's
-``(c, ky, kx)``, cuDNN's NCHW implicit GEMM) or tap-major (channels-last and blocked layouts, a direct
-convolution: ``(ky, kx, c)``, channels in SIMD blocks). Per image and conv group, the bound is taken for
-each order with blocks of consecutive k in it (a GEMM each): tap-major, ``B`` input channels at one tap;
-channel-major, ``max(1, B // (kh kw))`` channels with all their taps; the larger of the two
-is used. conv3d (its depth folded into the kernel's images), the transposed convolutions (and the
-gradients judged as one) and float64 results keep the order-free scale.
+**Convolutions** run through k = (input channel, tap) in one of three orders: tap-major (channels-last
+layouts, a direct convolution: ``(ky, kx, c)``), channel-blocked (oneDNN's nChw16c kernels: ``(c_outer, ky,
+kx, c_inner)`` with SIMD blocks of channels) and channel-major (im2col's ``(c, ky, kx)``, cuDNN's NCHW
+implicit GEMM). Per image and conv group, the cells of the bound are ``B`` input channels at one tap (a
+GEMM each); taken tap by tap they are the blocks of the tap-major order, block of channels by block of
+channels those of the channel-blocked order, and the larger of the two bounds is used. The channel-major
+order's blocks would be single channels with their taps (one GEMM per channel and tap: 300 s for a
+ResNet layer under load), so it is among the orders checked on a sample instead. conv3d (its depth
+folded into the kernel's images), the transposed convolutions (and the gradients judged as one) and
+float64 results keep the order-free scale.
 
 **The other orders, checked.** SIMD lanes across k (a dot product or a GEMV by ``sdot``, cuBLAS's
 sliced-K, a reduction that strides k over threads) form partial sums over k = l (mod L), and split-K's
@@ -49,6 +52,9 @@ exceed it systematically, keeps the order-free scale for the whole output.
 """
 
 import numpy as np
+from numba import prange
+
+from refkern._jit import jit
 
 __all__ = ["BLOCK_MIN", "BLOCK_MAX", "LANES", "SPLITS", "CHECK_SAMPLE", "block_size", "gemm_partials", "order_bound"]
 
@@ -70,13 +76,37 @@ def block_size(K: int) -> int:
     return int(min(max(b, BLOCK_MIN), BLOCK_MAX))
 
 
-def _ordered(S, A, bias, block):
+def _ordered(S, A, bias, block, order=None):
     """``block max(sum_b (|P_b| + A_b + |bias|)**2, sum_b (|Q_b| + A_b + |bias|)**2)`` over the blocks of the
-    first axis (their exact sums ``S`` and magnitudes ``A``), P before each block, Q after it."""
-    start = np.cumsum(S, axis=0) - S
-    end = (start[-1:] + S[-1:]) - start - S
-    A = A + bias
-    return block * np.maximum(((np.abs(start) + A) ** 2).sum(axis=0), ((np.abs(end) + A) ** 2).sum(axis=0))
+    first axis taken in ``order`` (default: as they lie; their exact sums ``S`` and magnitudes ``A``), P before
+    each block, Q after it; the result has the shape of one block, ``bias`` broadcast to it."""
+    nb = S.shape[0]
+    shape = S.shape[1:]
+    order = np.arange(nb) if order is None else np.asarray(order, np.int64)
+    out = np.empty(int(np.prod(shape, dtype=np.int64)))
+    b = np.ascontiguousarray(np.broadcast_to(bias, shape), np.float64).reshape(-1)
+    S2, A2 = (np.ascontiguousarray(v, np.float64).reshape(nb, -1) for v in (S, A))
+    _ordered_pass(S2, A2, b, float(block), order, out)
+    return out.reshape(shape)
+
+
+@jit(parallel=True)
+def _ordered_pass(S, A, bias, block, order, out):
+    """:func:`_ordered`'s one pass per element: the prefix and suffix at each block, both sums of squares."""
+    nb, n = S.shape
+    for i in prange(n):
+        total = 0.0
+        for k in range(nb):
+            total += S[k, i]
+        left, right, p = 0.0, 0.0, 0.0
+        for j in range(nb):
+            k = order[j]
+            a = A[k, i] + bias[i]
+            q = total - p - S[k, i]
+            left += (abs(p) + a) ** 2
+            right += (abs(q) + a) ** 2
+            p += S[k, i]
+        out[i] = block * max(left, right)
 
 
 def _blocks(A, Bt, absb_bias, block):
@@ -99,40 +129,34 @@ def _blocks(A, Bt, absb_bias, block):
 
 def _conv_image(Xn, W, bias, c, block):
     """The bound plus ``sum_k t_k**2`` for one image ``Xn`` (C_in, Hp, Wp) of the convolution ``c``, (C_out, Ho *
-    Wo), per conv group, the larger of the two orders kernels run (module docstring): tap-major over cells of
-    ``block`` input channels at one tap, channel-major over blocks of ``max(1, block // (kh kw))`` channels
-    with all their taps (a GEMM each)."""
+    Wo), per conv group: cells of ``block`` input channels at one tap (a GEMM each), taken tap by tap
+    (``(ky, kx, c)``) and channel block by channel block (``(c_outer, ky, kx, c_inner)``), the larger of the
+    two (module docstring)."""
     c_out, cin_g, kh, kw = W.shape
     cout_g = c_out // c.groups
     _, _, ho, wo = c.out_shape
     (sh, sw), (dh, dw) = c.stride, c.dilation
     T = kh * kw
-    cb, cm = min(cin_g, block), max(1, min(cin_g, block // T))
-    ngr, ngm = -(-cin_g // cb), -(-cin_g // cm)
+    cb = min(cin_g, block)
+    ngr = -(-cin_g // cb)
     out = np.empty((c_out, ho * wo))
     for g in range(c.groups):
         Xg, Wg = Xn[g * cin_g : (g + 1) * cin_g], W[g * cout_g : (g + 1) * cout_g]
-        St, At = np.zeros((T, ngr, cout_g, ho * wo)), np.zeros((T, ngr, cout_g, ho * wo))
-        Sc, Ac = np.zeros((ngm, cout_g, ho * wo)), np.zeros((ngm, cout_g, ho * wo))
-        sq = np.zeros((cout_g, ho * wo))
+        V = np.zeros((T, ngr * cb, ho * wo))  # the input each tap reads, channels padded to whole cells
         for t in range(T):
             ky, kx = divmod(t, kw)
-            V = Xg[:, ky * dh : ky * dh + (ho - 1) * sh + 1 : sh, kx * dw : kx * dw + (wo - 1) * sw + 1 : sw]
-            V = V.reshape(cin_g, ho * wo)
-            aV, Wt = np.abs(V), Wg[:, :, ky, kx]
-            aW = np.abs(Wt)
-            for j in range(ngr):
-                ch = slice(j * cb, (j + 1) * cb)
-                St[t, j], At[t, j] = Wt[:, ch] @ V[ch], aW[:, ch] @ aV[ch]
-            for j in range(ngm):
-                ch = slice(j * cm, (j + 1) * cm)
-                Sc[j] += Wt[:, ch] @ V[ch]
-                Ac[j] += aW[:, ch] @ aV[ch]
-            sq += (Wt * Wt) @ (V * V)
+            v = Xg[:, ky * dh : ky * dh + (ho - 1) * sh + 1 : sh, kx * dw : kx * dw + (wo - 1) * sw + 1 : sw]
+            V[t, :cin_g] = v.reshape(cin_g, ho * wo)
+        Wc = np.zeros((cout_g, ngr * cb, T))
+        Wc[:, :cin_g] = Wg.reshape(cout_g, cin_g, T)
+        Wc = np.ascontiguousarray(Wc.reshape(cout_g, ngr, cb, T).transpose(3, 1, 0, 2)).reshape(T * ngr, cout_g, cb)
+        V = V.reshape(T * ngr, cb, ho * wo)  # cell (t, j) at t ngr + j
+        S, A = np.matmul(Wc, V), np.matmul(np.abs(Wc), np.abs(V))
+        sq = (Wc * Wc).transpose(1, 0, 2).reshape(cout_g, -1) @ (V * V).reshape(-1, ho * wo)
         b = bias[g * cout_g : (g + 1) * cout_g, None]
-        taps = _ordered(St.reshape(-1, cout_g, ho * wo), At.reshape(-1, cout_g, ho * wo), b, cb)
-        chans = _ordered(Sc, Ac, b, cm * T)
-        out[g * cout_g : (g + 1) * cout_g] = np.maximum(taps, chans) + sq
+        taps = _ordered(S, A, b, cb)
+        blocked = _ordered(S, A, b, cb, np.arange(T * ngr).reshape(T, ngr).T.reshape(-1))
+        out[g * cout_g : (g + 1) * cout_g] = np.maximum(taps, blocked) + sq
     return out
 
 
@@ -164,11 +188,12 @@ def gemm_partials(pr, mag, block: int | None = None):
 
 def _other_sq(T, lanes):
     """The largest ``sum_j c_j**2`` of the other orders, per row of products ``T`` (s, K), each exactly (float64,
-    far under the float32 units it feeds): L lanes summing k = l (mod L) left to right or right to left, then
+    far under the float32 units it feeds): the terms' own order (a convolution's ``(c, ky, kx)``) left to right
+    and right to left; L lanes summing k = l (mod L) left to right or right to left, then
     the lanes' totals in order or by a pairwise tree (a horizontal reduction); and split-K into 2, 4 or 8
     contiguous chunks, each left to right, then the chunks' results in order."""
     s, K = T.shape
-    worst = np.zeros(s)
+    worst = np.maximum((np.cumsum(T, axis=1) ** 2).sum(axis=1), (np.cumsum(T[:, ::-1], axis=1) ** 2).sum(axis=1))
     for L in lanes:
         if L >= K:
             break

@@ -30,7 +30,13 @@ def _exp():  # exp(0) = 1, sqrt of squares: exact
     return "sqrt", (x,), {}, np.sqrt(x), (0, 2)
 
 
-ROUTES = {"statistical": _matmul, "envelope": _sum, "elementwise": _exp}
+def _loss():  # |x - t| of small binary fractions: exact in float32 (analysis.losses' envelope)
+    x = np.array([[0.0, 0.5, -1.0], [2.0, 0.25, -0.125]], np.float32)
+    t = np.array([[1.0, -2.0, 3.0], [0.5, 0.0, 4.0]], np.float32)
+    return "l1_loss", (x, t), {"reduction": "none"}, np.abs(x - t), (1, 2)
+
+
+ROUTES = {"statistical": _matmul, "envelope": _sum, "elementwise": _exp, "loss": _loss}
 
 
 def _hand(exact, at, delta):
@@ -150,3 +156,69 @@ def test_bit_report_reads_like_a_report():
     assert rp.passes(ok.verdict, ok.precision, ("exact",)) and not rp.passes(bad.verdict, bad.precision, ("exact",))
     assert bad.to_dict() == {"verdict": "mismatch", "kind": "bitwise", "n": 10, "n_diff": 2, "max_ulp": 3.0,
                              "first": (1,)}  # fmt: skip
+
+
+_X = np.array([[0.0, 0.5, -1.0], [2.0, 0.25, -0.125]], np.float32)
+_T = np.array([[1.0, -2.0, 3.0], [0.5, 0.0, 4.0]], np.float32)
+#: the gradient routes that analysis.losses and analysis.elementwise_grad judge: (op, args, kwargs)
+GRAD_ROUTES = {
+    "mse_loss": ((_X, _T), {"reduction": "none"}),
+    "nll_loss": ((_X, np.array([0, 2])), {"reduction": "none"}),
+    "tanh": ((_X,), {}),
+    "sigmoid": ((_X,), {}),
+}
+
+
+def _grad_case(op, inf_at=None):
+    args, kw = GRAD_ROUTES[op]
+    g = np.array([[1.0, 2.0, -4.0], [0.5, 0.5, 1.0]] if op != "nll_loss" else [3.0, -2.0], np.float32)
+    if inf_at is not None:  # an infinite grad_output: an infinite gradient, the same in the reference
+        g[inf_at] = np.inf
+    from refkern.gradients import backward
+
+    with np.errstate(all="ignore"):
+        exact = backward(op, g, *args, **kw)["input"]
+    return g, args, kw, np.asarray(exact)
+
+
+@pytest.mark.parametrize("op", sorted(GRAD_ROUTES))
+def test_loss_and_elementwise_gradients_read_the_same(op):
+    """analysis.losses and analysis.elementwise_grad build their Reports with report.from_decision/build:
+    the same counts, worst, worst_details and tolerance rule as every route."""
+    g, args, kw, exact = _grad_case(op)
+    rep = compare_backward({"input": exact}, op, g, *args, rtol=0.0, atol=0.0, **kw)["input"]
+    assert rep.verdict == "exact" and rep.counts["exact"] == exact.size and rep.worst == []
+    assert rep.tolerance == {"rtol": 0.0, "atol": 0.0, "failing": 0, "failing_explained_by_rounding": 0}
+    at = (1, 2)  # nll_loss: the second row's target
+    bad = _hand(exact, at, 0.5)
+    rep = compare_backward({"input": bad}, op, g, *args, atol=0.25, **kw)["input"]
+    assert rep.verdict == "mismatch" and rep.counts["mismatch"] == 1 and rep.worst[0] == at
+    w = rep.worst_details[0]
+    assert list(w)[: len(_DETAIL)] == _DETAIL and (w["actual"], w["reference"]) == (float(bad[at]), float(exact[at]))
+    assert rep.tolerance == {"rtol": 0.0, "atol": 0.25, "failing": 1, "failing_explained_by_rounding": 0}
+    assert compare_backward({"input": bad}, op, g, *args, atol=0.75, **kw)["input"].tolerance["failing"] == 0
+    assert rep.where == {} or [v["positions"] for v in rep.where.values()] == [[i] for i in at]
+    assert rep.notes[: len(rep.structure)] == [s["text"] for s in rep.structure]
+
+
+@pytest.mark.parametrize("op", sorted(GRAD_ROUTES))
+@pytest.mark.parametrize("rtol", [None, 0.0, 1e-3])
+def test_an_equal_infinity_passes_the_tolerance_on_the_gradient_routes(op, rtol):
+    """torch's isclose: an element equal to its reference passes, an infinity included (0 * inf is NaN: the
+    routes' own copies of the rule failed it), whatever rtol; an infinite error fails."""
+    g, args, kw, exact = _grad_case(op, inf_at=0 if op == "nll_loss" else (0, 0))
+    assert np.isinf(exact).sum() == 1
+    rep = compare_backward({"input": exact}, op, g, *args, rtol=rtol, atol=1e-3, **kw)["input"]
+    assert rep.verdict == "exact" and rep.tolerance["failing"] == 0
+    finite = np.where(np.isinf(exact), np.float32(3e38) * np.sign(exact), exact).astype(np.float32)
+    rep = compare_backward({"input": finite}, op, g, *args, rtol=rtol, atol=1e-3, **kw)["input"]
+    assert rep.tolerance["failing"] == 1
+
+
+@pytest.mark.parametrize("rtol", [None, 0.0, 1e-3])
+def test_an_equal_infinity_passes_the_tolerance_on_the_loss_route(rtol):
+    x = _X.copy()
+    x[0, 1] = np.inf
+    y = np.abs(x - _T)
+    rep = compare(y, "l1_loss", x, _T, reduction="none", rtol=rtol, atol=1e-3)
+    assert rep.verdict == "exact" and rep.tolerance["failing"] == 0

@@ -54,7 +54,7 @@ import math
 import numpy as np
 
 from refkern.accumulate.formats import FLOAT32, FLOAT64
-from refkern.analysis.report import build
+from refkern.analysis.report import build, errors
 from refkern.kernels import elementwise as ew
 from refkern.ops._accuracy import LIBRARIES
 
@@ -104,14 +104,13 @@ def _spec(lib, f, half):
     return lib.ulps.get(f, "missing")
 
 
-def bounds(fn, x, v, fmt, lib, params=()):
-    """The bound B (absolute, per element; module docstring) of ``lib`` for ``fn`` at inputs x (float64)
-    with exact values v, or None where the library has no function the computation needs."""
+def _steps(fmt, lib):
+    """(w, half, r, L) of a computation for a result in fmt with library ``lib``: the working format w
+    (float32 for float16, bfloat16 and float32, float64 for float64), whether the result is a half format,
+    ``r(y)`` one rounding in w at y, ``L(f, y, xa)`` the library's bound for function f at its result y
+    (None where it lacks f); module docstring."""
     w = FLOAT32 if fmt.prec <= FLOAT32.prec else FLOAT64
     half = fmt.prec < FLOAT32.prec
-    u = w.u
-    x = np.asarray(x, np.float64)
-    av = np.abs(v)
 
     def r(y):
         return 0.5 * _ulp(y, w, True)
@@ -119,6 +118,17 @@ def bounds(fn, x, v, fmt, lib, params=()):
     def L(f, y, xa):
         s = _spec(lib, f, half)
         return None if isinstance(s, str) else _lib(s, y, xa, w)
+
+    return w, half, r, L
+
+
+def bounds(fn, x, v, fmt, lib, params=()):
+    """The bound B (absolute, per element; module docstring) of ``lib`` for ``fn`` at inputs x (float64)
+    with exact values v, or None where the library has no function the computation needs."""
+    w, half, r, L = _steps(fmt, lib)
+    u = w.u
+    x = np.asarray(x, np.float64)
+    av = np.abs(v)
 
     with np.errstate(all="ignore"):
         if fn in ("exp", "exp2", "expm1", "log", "log2", "log1p", "sin", "cos", "tanh", "erf"):
@@ -241,6 +251,50 @@ def _errors(act, ref, v, fmt, vlo=0.0):
     return np.where(np.isnan(err), np.inf, err), same
 
 
+def _decide(fits, same, approx):
+    """The verdict of the yardstick from ``fits`` (library name -> (library, explained per element, error / bound
+    per element, ...)), the elements ``same`` as the reference and, for gelu, those ``approx`` within the tanh
+    form's bound (else None): (verdict, precision, model, classes 0..3, the ratio of the class named or the
+    closest rounding class, the flat indices of the (at most) ten worst elements, worst first). The class that
+    explains every element with the smallest largest ratio is named (ties: the registry's order, torch's own
+    first); beyond every rounding class a fast-math class, then the tanh approximation; else a mismatch."""
+    order = {lib.name: i for i, lib in enumerate(LIBRARIES)}
+    cands = [(float(np.max(f[2], initial=0.0)), order[n], n) for n, f in fits.items()
+             if not f[0].reduced and f[1].all()]  # fmt: skip
+    red = [(float(np.max(f[2], initial=0.0)), n) for n, f in fits.items() if f[0].reduced and f[1].all()]
+    if bool(same.all()):
+        verdict, precision, model = "exact", None, "correctly rounded"
+    elif cands:
+        verdict, precision, model = "rounding", None, min(cands)[2]
+    elif red:
+        verdict, precision, model = "reduced-precision", min(red)[1], min(red)[1]
+    elif approx is not None and approx.all():
+        verdict, precision, model = "reduced-precision", "gelu tanh approximation", "gelu tanh approximation"
+    else:
+        verdict, precision, model = "mismatch", None, None
+    ok_any = np.zeros(same.size, np.bool_)
+    for f in fits.values():
+        if not f[0].reduced:
+            ok_any |= f[1]
+    classes = np.where(same, 0, np.where(ok_any, 1, 2 if verdict == "reduced-precision" else 3))
+    primary = fits.get(model)
+    if primary is None:  # the rounding class that comes closest (mismatch, or a reduced precision)
+        near = [f for f in fits.values() if not f[0].reduced]
+        primary = min(near, key=lambda f: float(np.max(f[2], initial=0.0))) if near else None
+    ratio = primary[2] if primary is not None else np.where(same, 0.0, np.inf)
+    key = np.where(classes == 3, ratio, 0.0) if verdict == "mismatch" else ratio
+    top = np.argsort(-np.nan_to_num(key, nan=np.inf), kind="stable")[:10]
+    return verdict, precision, model, classes, ratio, np.asarray([int(i) for i in top if key[i] > 0], np.int64)
+
+
+def _hypotheses(fits) -> tuple:
+    """(hypotheses, bound_ratios) of the yardstick's Report: per library, whether it explains every element, its
+    largest error / bound, how many it leaves unexplained and whether it is a fast-math class."""
+    hyps = {n: {"explains": bool(f[1].all()), "max_ratio": float(np.max(f[2], initial=0.0)),
+                "unexplained": int((~f[1]).sum()), "reduced": f[0].reduced} for n, f in fits.items()}  # fmt: skip
+    return hyps, {n: {"worst_case": v["max_ratio"]} for n, v in hyps.items()}
+
+
 def analyse(act, fmt, device, fn, op, x, params, rtol=None, atol=None):
     """The Report of an elementwise op (``fn`` the kernel's name, ``op`` the registry's), from the
     backend's values ``act`` (float64 array) and the input values ``x`` (float64 array)."""
@@ -277,42 +331,14 @@ def analyse(act, fmt, device, fn, op, x, params, rtol=None, atol=None):
         best = [bounds("gelu_tanh", xf, vt, fmt, lib) for lib in rounding]
         Bt = np.max([b for b in best if b is not None], axis=0)
         approx = st | (et <= Bt)
-    order = {lib.name: i for i, lib in enumerate(LIBRARIES)}  # ties: the registry's order (torch's own first)
-    cands = [(float(np.max(f[2], initial=0.0)), order[n], n) for n, f in fits.items()
-             if not f[0].reduced and f[1].all()]  # fmt: skip
-    if bool(same.all()):
-        verdict, precision, model = "exact", None, "correctly rounded"
-    elif cands:
-        verdict, precision, model = "rounding", None, min(cands)[2]
-    else:
-        red = [(float(np.max(f[2], initial=0.0)), n) for n, f in fits.items() if f[0].reduced and f[1].all()]
-        if red:
-            verdict, precision, model = "reduced-precision", min(red)[1], min(red)[1]
-        elif approx is not None and approx.all():
-            verdict, precision, model = "reduced-precision", "gelu tanh approximation", "gelu tanh approximation"
-        else:
-            verdict, precision, model = "mismatch", None, None
-    ok_any = np.zeros(a.size, np.bool_)
-    for f in fits.values():
-        if not f[0].reduced:
-            ok_any |= f[1]
-    classes = np.where(same, 0, np.where(ok_any, 1, 3))
-    if verdict == "reduced-precision":
-        classes = np.where(classes == 3, 2, classes)
-    primary = fits.get(model)
-    if primary is None:  # the rounding class that comes closest (mismatch, or a reduced precision)
-        near = [f for f in fits.values() if not f[0].reduced]
-        primary = min(near, key=lambda f: float(np.max(f[2], initial=0.0))) if near else None
-    ratio = primary[2] if primary is not None else np.where(same, 0.0, np.inf)
+    verdict, precision, model, classes, ratio, top = _decide(fits, same, approx)
     ulps = err / _ulp(v, fmt)
-    key = np.where(classes == 3, ratio, 0.0) if verdict == "mismatch" else ratio
-    order = np.argsort(-np.nan_to_num(key, nan=np.inf), kind="stable")[:10]
-    order = [int(i) for i in order if key[i] > 0] if a.size else []
     notes = []
     if verdict == "rounding":
         notes.append(f"within the documented accuracy of {model} (the largest error is "
                      f"{float(np.max(ratio, initial=0.0)):.3g}x its bound)")  # fmt: skip
-    finite, top = np.isfinite(ulps), np.asarray(order, np.int64)
+    finite = np.isfinite(ulps)
+    hyps, ratios = _hypotheses(fits)
     return build(
         op=op, device=device, dtype=fmt.name, shape=shape, n_terms=1, verdict=verdict, precision=precision,
         classes=classes, model=model, actual=a, reference=ref, top=top,
@@ -320,10 +346,8 @@ def analyse(act, fmt, device, fn, op, x, params, rtol=None, atol=None):
                   "input": xf[top]},
         max_ulp=float(np.max(np.where(finite, ulps, 0.0), initial=0.0)) if finite.any() else float("inf"),
         max_bound_ratio=float(np.max(ratio, initial=0.0)), max_prob_ratio=float(np.max(ratio, initial=0.0)),
-        hypotheses={n: {"explains": bool(f[1].all()), "max_ratio": float(np.max(f[2], initial=0.0)),
-                        "unexplained": int((~f[1]).sum()), "reduced": f[0].reduced} for n, f in fits.items()},
-        bound_ratios={n: {"worst_case": float(np.max(f[2], initial=0.0))} for n, f in fits.items()},
-        error=err, rtol=rtol, atol=atol, axes=tuple(f"dim{i}" for i in range(len(shape))), notes=notes,
+        hypotheses=hyps, bound_ratios=ratios, error=lambda: errors(a, ref, same), rtol=rtol, atol=atol,
+        axes=tuple(f"dim{i}" for i in range(len(shape))), notes=notes,
     )  # fmt: skip
 
 

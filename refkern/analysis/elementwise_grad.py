@@ -34,11 +34,10 @@ import math
 import numpy as np
 
 from refkern.accumulate.formats import FLOAT32, FLOAT64
-from refkern.analysis.elementwise import SLACK, _candidates, _errors, _lib, _spec, _ulp, bounds
-from refkern.analysis.report import VERDICTS, Report
+from refkern.analysis.elementwise import SLACK, _candidates, _decide, _errors, _hypotheses, _steps, _ulp, bounds
+from refkern.analysis.report import build, errors
 from refkern.kernels import elementwise as ew
 from refkern.kernels import elementwise_grad as eg
-from refkern.ops._accuracy import LIBRARIES
 
 __all__ = ["grad_bounds", "judge_grad"]
 
@@ -53,17 +52,9 @@ def _fwd(fn, x, fmt, lib):
 def grad_bounds(fn, g, x, v, fmt, lib):
     """The bound B (absolute, per element; module docstring) of ``lib`` for the gradient of ``fn`` at inputs x
     and grad_output g (float64 arrays) with exact gradient v, or None where the library lacks a function."""
-    w = FLOAT32 if fmt.prec <= FLOAT32.prec else FLOAT64
-    half = fmt.prec < FLOAT32.prec
+    w, half, r, L = _steps(fmt, lib)
     u = w.u if not half else fmt.u  # constants: rounded to the half format in ATen's reduced-float kernels
     ag = np.abs(g)
-
-    def r(y):
-        return 0.5 * _ulp(y, w, True)
-
-    def L(f, y, xa):
-        s = _spec(lib, f, half)
-        return None if isinstance(s, str) else _lib(s, y, xa, w)
 
     with np.errstate(all="ignore"):
         if fn in ("tanh", "sigmoid"):
@@ -190,50 +181,18 @@ def judge_grad(name, got, grad_output, bound, who="compare_backward", rtol=None,
         Bs = [grad_bounds("gelu_tanh", gf, xf, rt, fmt, lib) for lib in rounding]
         Bt = np.max([b for b in Bs if b is not None], axis=0) + 0.5 * _ulp(rt, fmt)
         approx = st | (et <= Bt)
-    order = {lib.name: i for i, lib in enumerate(LIBRARIES)}
-    cands = [(float(np.max(f[2], initial=0.0)), order[n], n) for n, f in fits.items()
-             if not f[0].reduced and f[1].all()]  # fmt: skip
-    red = [(float(np.max(f[2], initial=0.0)), n) for n, f in fits.items() if f[0].reduced and f[1].all()]
-    if bool(same.all()):
-        verdict, precision, model = "exact", None, "correctly rounded"
-    elif cands:
-        verdict, precision, model = "rounding", None, min(cands)[2]
-    elif red:
-        verdict, precision, model = "reduced-precision", min(red)[1], min(red)[1]
-    elif approx is not None and approx.all():
-        verdict, precision, model = "reduced-precision", "gelu tanh approximation", "gelu tanh approximation"
-    else:
-        verdict, precision, model = "mismatch", None, None
-    ok_any = np.zeros(a.size, np.bool_)
-    for f in fits.values():
-        ok_any |= f[1] if not f[0].reduced else False
-    classes = np.where(same, 0, np.where(ok_any, 1, 2 if verdict == "reduced-precision" else 3))
-    near = [f for f in fits.values() if not f[0].reduced]
-    primary = fits.get(model) or (min(near, key=lambda f: float(np.max(f[2], initial=0.0))) if near else None)
-    ratio = primary[2] if primary is not None else np.where(same, 0.0, np.inf)
+    verdict, precision, model, classes, ratio, top = _decide(fits, same, approx)
     ulps = err / _ulp(np.where(np.isfinite(v), v, 0.0), fmt)
-    key = np.where(classes == 3, ratio, 0.0) if verdict == "mismatch" else ratio
-    top = [int(i) for i in np.argsort(-np.nan_to_num(key, nan=np.inf), kind="stable")[:10] if key[i] > 0]
-    worst = [tuple(int(j) for j in np.unravel_index(i, shape)) for i in top] if shape else [()] * len(top)
-    details = [{"index": list(wi), "actual": float(a[i]), "reference": float(ref[i]), "ulp": float(ulps[i]),
-                "bound_ratio": float(ratio[i]), "test_ratio": float(ratio[i]), "condition": 1.0, "input": float(xf[i]),
-                "grad_output": float(gf[i])} for wi, i in zip(worst, top)]  # fmt: skip
-    tol = None
-    if rtol is not None or atol is not None:
-        failing = ~(err <= float(atol or 0.0) + float(rtol or 0.0) * np.abs(ref))
-        tol = {"rtol": float(rtol or 0.0), "atol": float(atol or 0.0), "failing": int(failing.sum()),
-               "failing_explained_by_rounding": int((failing & (classes == 1)).sum())}  # fmt: skip
     notes = [f"the gradient judged against {fn}'s backward formula in the working precision with each library's "
              "accuracy (refkern.analysis.elementwise_grad)"]  # fmt: skip
     finite = np.isfinite(ulps)
-    return Report(
+    hyps, ratios = _hypotheses(fits)
+    return build(
         op=f"{name} backward", device=device, dtype=fmt.name, shape=shape, n_terms=1, verdict=verdict,
-        precision=precision, max_ulp=float(np.max(np.where(finite, ulps, 0.0), initial=0.0)),
+        precision=precision, classes=classes, model=model, actual=a, reference=ref, top=top,
+        at_worst={"ulp": ulps[top], "bound_ratio": ratio[top], "test_ratio": ratio[top], "condition": 1.0,
+                  "input": xf[top], "grad_output": gf[top]},
+        max_ulp=float(np.max(np.where(finite, ulps, 0.0), initial=0.0)),
         max_bound_ratio=float(np.max(ratio, initial=0.0)), max_prob_ratio=float(np.max(ratio, initial=0.0)),
-        worst=worst, worst_details=details,
-        counts={n: int(np.count_nonzero(classes == k)) for k, n in enumerate(VERDICTS)},
-        where={}, hypotheses={n: {"explains": bool(f[1].all()), "max_ratio": float(np.max(f[2], initial=0.0)),
-                                  "unexplained": int((~f[1]).sum()), "reduced": f[0].reduced} for n, f in fits.items()},
-        bound_ratios={n: {"worst_case": float(np.max(f[2], initial=0.0))} for n, f in fits.items()},
-        condition={"median": 1.0, "max": 1.0}, tolerance=tol, notes=notes, model=model, detectable={},
+        hypotheses=hyps, bound_ratios=ratios, error=lambda: errors(a, ref, same), rtol=rtol, atol=atol, notes=notes,
     )  # fmt: skip

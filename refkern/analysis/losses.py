@@ -47,6 +47,38 @@ __all__ = ["compare_call", "envelope"]
 _SLACK = 1.01
 
 
+def _units(fmt):
+    """(u, u_m, ua): the working unit (float64's for a float64 result, else float32's: torch's opmath), the
+    unit of a half result's stores (0 otherwise) and their sum (module docstring)."""
+    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
+    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
+    return u, u_m, u + u_m
+
+
+def _stores(y, fmt):
+    """The centre's store(s) at the value y: ``u_out |y| + eta`` once (float32, float64) or twice (a half result
+    computed in float32), eta half the smallest subnormal."""
+    return (2 if fmt.prec < FLOAT32.prec else 1) * (fmt.u * np.abs(y) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1))
+
+
+def _pointwise_reduced(lv, e, mag, red, fmt):
+    """The envelope of a pointwise loss: per-element values ``lv`` within ``e`` (magnitudes ``mag``) reduced by
+    ``red`` (a sum: ``gamma_{n-1}(u) sum mag + u_m |Y|``; a mean: its division, ``ua |y|``), times 1.01, plus the
+    centre's store(s); NaN bounds infinite."""
+    u, u_m, ua = _units(fmt)
+    with np.errstate(all="ignore"):
+        y = lv
+        if red != "none":
+            Y = float(lv.sum())
+            e = float(e.sum() + gamma(max(lv.size - 1, 0), u) * float(mag.sum()) + u_m * Y)
+            y = Y
+            if red == "mean":
+                y = Y / lv.size if lv.size else np.nan
+                e = e / max(lv.size, 1) + ua * abs(y)
+        b = np.asarray(e * _SLACK + _stores(y, fmt), np.float64)
+    return np.where(np.isnan(b), np.inf, b)
+
+
 def _logsoftmax_bound(c, fmt, u, u_m):
     """Per (row, class): the log_softmax envelope (a correct implementation's distance to the exact
     value, its centre's rounding included)."""
@@ -76,9 +108,7 @@ def _div(N, eN, D, eD, ua):
 def envelope(c, fmt) -> tuple[np.ndarray, list, bool]:
     """The bound per output element (module docstring), notes, and whether a stored intermediate may
     overflow (then an infinite or NaN result is accepted too)."""
-    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
-    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
-    ua = u + u_m
+    u, u_m, ua = _units(fmt)
     top = fmt.max if hasattr(fmt, "max") else 2.0 ** fmt.emax * (2.0 - 2.0 ** (1 - fmt.prec))
     R, C = c.X.shape
     w = np.ones(C) if c.weight is None else c.weight
@@ -136,9 +166,7 @@ def envelope(c, fmt) -> tuple[np.ndarray, list, bool]:
         else:
             y, e = N, eN
         y = np.asarray(y, np.float64)
-        eta = 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1)
-        stores = 2 if u_m else 1
-        b = np.asarray(e, np.float64) * _SLACK + stores * (fmt.u * np.abs(y) + eta)
+        b = np.asarray(e, np.float64) * _SLACK + _stores(y, fmt)
         b = np.where(np.isnan(b), np.inf, b)
     over = bool(over or (u_m and c.reduction != "none" and np.abs(N).max(initial=0.0) > top))
     if over:
@@ -149,43 +177,28 @@ def envelope(c, fmt) -> tuple[np.ndarray, list, bool]:
 
 def _report(name, act, ref, b, fmt, device, n_terms, rtol, atol, notes):
     """The Report of a loss judged by its envelope ``b`` around the reference ``ref``
-    (:func:`~refkern.analysis.verdict_envelope.decide_envelope`: exact, rounding or mismatch)."""
-    from refkern.analysis.report import Report, counts, where_summary
+    (:func:`~refkern.analysis.verdict_envelope.decide_envelope`: exact, rounding or mismatch), built by
+    :func:`refkern.analysis.report.from_decision` as every route's."""
+    from refkern.analysis.report import errors, from_decision, peak, worst_of
     from refkern.analysis.ulp import ulp_errors
     from refkern.analysis.verdict_envelope import decide_envelope
 
     d = decide_envelope(act, ref, [("rounding", None, ref, b)], fmt)
     f0 = d.fits[0]
+    err = errors(act, ref, f0.state == 0)
     with np.errstate(all="ignore"):
-        err = np.where(f0.state == 0, 0.0, np.abs(act - ref))
-        err = np.where(np.isnan(err), np.inf, err)
         ratio = np.where(f0.state == 0, 0.0, err / b)
     ulps = ulp_errors(act, ref, fmt)
-    bad = f0.state == 3
-    key = np.where(bad if d.verdict == "mismatch" else err > 0, np.nan_to_num(ratio, nan=np.inf), -1.0).reshape(-1)
-    top = [int(i) for i in np.argsort(-key, kind="stable")[:10] if key[i] >= 0]
-    worst = [tuple(int(j) for j in np.unravel_index(i, ref.shape)) for i in top]
-    details = [{"index": list(w), "actual": float(act.reshape(-1)[i]), "reference": float(ref.reshape(-1)[i]),
-                "ulp": float(ulps.reshape(-1)[i]), "bound_ratio": float(ratio.reshape(-1)[i]),
-                "test_ratio": float(ratio.reshape(-1)[i]), "condition": 1.0} for w, i in zip(worst, top)]  # fmt: skip
-    tol = None
-    if rtol is not None or atol is not None:
-        rt, at = float(rtol or 0.0), float(atol or 0.0)
-        failing = ~(err <= at + rt * np.abs(ref))
-        tol = {"rtol": rt, "atol": at, "failing": int(failing.sum()),
-               "failing_explained_by_rounding": int((failing & (d.classes == 1)).sum())}  # fmt: skip
-    where = {}
-    if d.verdict == "mismatch" and ref.ndim:
-        where = where_summary(np.argwhere(bad), ref.shape, tuple(f"dim{i}" for i in range(ref.ndim)))
-    peak = float(np.max(ratio, initial=0.0))
-    return Report(
-        op=name, device=device, dtype=fmt.name, shape=tuple(ref.shape), n_terms=n_terms, verdict=d.verdict,
-        precision=d.precision, max_ulp=float(np.max(ulps, initial=0.0)), max_bound_ratio=peak, max_prob_ratio=peak,
-        worst=worst, worst_details=details, counts=counts(d.classes), where=where,
-        hypotheses={"rounding": {"explains": f0.explains, "max_ratio": peak}},
-        bound_ratios={"rounding": {"worst_case": peak}}, condition={"median": 1.0, "max": 1.0}, tolerance=tol,
-        notes=notes, model=d.model.kind if d.model is not None else None, alternatives=[], structure=d.structure,
-        detectable=d.detectable, thresholds=d.thresholds,
+    top, _ = worst_of(f0.state == 3 if d.verdict == "mismatch" else err > 0, ratio, ref.shape)
+    mx = peak(ratio)
+    return from_decision(
+        d, op=name, device=device, dtype=fmt.name, shape=ref.shape, n_terms=n_terms, actual=act, reference=ref,
+        top=top, at_worst={"ulp": ulps.reshape(-1)[top], "bound_ratio": ratio.reshape(-1)[top],
+                           "test_ratio": ratio.reshape(-1)[top], "condition": 1.0},
+        max_ulp=peak(ulps), max_bound_ratio=mx, max_prob_ratio=mx,
+        hypotheses={"rounding": {"explains": f0.explains, "max_ratio": mx}},
+        bound_ratios={"rounding": {"worst_case": mx}}, error=err, rtol=rtol, atol=atol,
+        axes=tuple(f"dim{i}" for i in range(ref.ndim)), notes=notes,
     )  # fmt: skip
 
 
@@ -193,23 +206,11 @@ def pointwise_envelope(op, x, t, fmt, red) -> np.ndarray:
     """The envelope of mse_loss and l1_loss: per element ``l = (x - t)**2`` within ``gamma_3(ua) l`` (the
     difference, the square, a store) or ``|x - t|`` within ``gamma_2(ua) l``; a sum adds ``gamma_{n-1}(u) sum l +
     u_m |y|``, a mean its division ``ua |y|``; then the centre's store(s) (module docstring's units)."""
-    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
-    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
-    ua = u + u_m
+    ua = _units(fmt)[2]
     with np.errstate(all="ignore"):
         lv = np.abs(x - t) ** (2 if op == "mse_loss" else 1)
         e = gamma(3 if op == "mse_loss" else 2, ua) * lv
-        y = lv
-        if red != "none":
-            Y = float(lv.sum())
-            e = float(e.sum() + gamma(max(lv.size - 1, 0), u) * Y + u_m * Y)
-            y = Y
-            if red == "mean":
-                y = Y / lv.size if lv.size else np.nan
-                e = e / max(lv.size, 1) + ua * abs(y)
-        stores = 2 if u_m else 1
-        b = np.asarray(e * _SLACK + stores * (fmt.u * np.abs(y) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1)), np.float64)
-    return np.where(np.isnan(b), np.inf, b)
+    return _pointwise_reduced(lv, e, lv, red, fmt)
 
 
 def binary_envelope(op, x, y, w, pw, fmt, red) -> np.ndarray:
@@ -223,9 +224,7 @@ def binary_envelope(op, x, y, w, pw, fmt, red) -> np.ndarray:
     ``|b| |f + 100|`` more. Then a sum, a mean and the centre's store(s) as for mse_loss."""
     from refkern.kernels.loss_binary import _coefficients
 
-    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
-    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
-    ua = u + u_m
+    u, u_m, ua = _units(fmt)
     xf, yf, wf, pwf = (np.asarray(v, np.float64).reshape(-1) for v in (x, y, w, pw))
     a, b1, b2 = _coefficients(op, xf, yf, wf, pwf)
     with np.errstate(all="ignore"):
@@ -245,17 +244,7 @@ def binary_envelope(op, x, y, w, pw, fmt, red) -> np.ndarray:
         mag = np.abs(a) + parts[0][0] + parts[1][0]
         e = gamma(8, ua) * mag + parts[0][1] + parts[1][1]
         lv = np.abs(a + b1 * np.maximum(f1, -100.0) + b2 * np.maximum(f2, -100.0))
-        yv = lv
-        if red != "none":
-            Y = float(lv.sum())
-            e = float(e.sum() + gamma(max(lv.size - 1, 0), u) * mag.sum() + u_m * Y)
-            yv = Y
-            if red == "mean":
-                yv = Y / lv.size if lv.size else np.nan
-                e = e / max(lv.size, 1) + ua * abs(yv)
-        stores = 2 if u_m else 1
-        b = np.asarray(e * _SLACK + stores * (fmt.u * np.abs(yv) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1)), np.float64)
-    b = np.where(np.isnan(b), np.inf, b)
+    b = _pointwise_reduced(lv, e, mag, red, fmt)
     return b.reshape(np.shape(x)) if red == "none" else b.reshape(())
 
 
@@ -341,9 +330,7 @@ def grad_bound(c, G, ref_rows) -> np.ndarray:
     value) and a division: ``|y| (e_D / (|D| - e_D) + gamma_2(ua))``; plus the centre's store(s). Every
     other element is 0, bit for bit."""
     fmt = c.fmt
-    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
-    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
-    ua = u + u_m
+    u, u_m, ua = _units(fmt)
     R, C = c.X.shape
     b = np.zeros((R, C))
     rows = np.flatnonzero(c.valid)
@@ -360,8 +347,7 @@ def grad_bound(c, G, ref_rows) -> np.ndarray:
             e = y * ((eD / (D - eD) if eD < D else np.inf) + gamma(2, ua))
         else:
             e = y * gamma(1, ua)
-        stores = 2 if u_m else 1
-        e = e * _SLACK + stores * (fmt.u * y + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1))
+        e = e * _SLACK + _stores(y, fmt)
     b[rows, t] = np.where(np.isnan(e), np.inf, e)
     return b
 
@@ -400,11 +386,8 @@ def mse_grad_report(got, g, a, who, rtol=None, atol=None):
         raise ValueError(f"{who}: the gradient of input must have shape {tuple(x.shape)} and dtype {fmt.name}; got "
                          f"{tuple(act.shape)} {act.fmt.name}.")  # fmt: skip
     ref = mse_grad(x, t, G, fmt, red)
-    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
-    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
     with np.errstate(all="ignore"):
-        b = gamma(4, u + u_m) * np.abs(ref) * _SLACK + (2 if u_m else 1) * (
-            fmt.u * np.abs(ref) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1))  # fmt: skip
+        b = gamma(4, _units(fmt)[2]) * np.abs(ref) * _SLACK + _stores(ref, fmt)
     device = str(got.device) if is_tensor(got) else "numpy"
     a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
     note = "the gradient of mse_loss judged by its worst-case envelope (refkern.analysis.losses)"
@@ -427,16 +410,14 @@ def bce_grad_report(got, g, a, who, rtol=None, atol=None):
         raise ValueError(f"{who}: the gradient of input must have shape {tuple(p.shape)} and dtype {fmt.name}; got "
                          f"{tuple(act.shape)} {act.fmt.name}.")  # fmt: skip
     ref = bce_grad(p, y, w, G, fmt, red)
-    u = FLOAT64.u if fmt is FLOAT64 else FLOAT32.u
-    u_m = fmt.u if fmt.prec < FLOAT32.prec else 0.0
-    ua = u + u_m
+    ua = _units(fmt)[2]
     with np.errstate(all="ignore"):
         q = p * (1 - p)
         n = p.size if red == "mean" else 1
         near = np.abs(q - BCE_EPS) <= gamma(2, ua) * q
         other = np.where(q > BCE_EPS, G * w * (p - y) / BCE_EPS, G * w * (p - y) / q) / n
         b = gamma(7, ua) * np.abs(ref) * _SLACK + np.where(near, np.abs(other - ref), 0.0)
-        b = b + (2 if u_m else 1) * (fmt.u * np.abs(ref) + 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1))
+        b = b + _stores(ref, fmt)
     device = str(got.device) if is_tensor(got) else "numpy"
     a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
     note = "the gradient of binary_cross_entropy judged by its worst-case envelope (refkern.analysis.losses)"

@@ -84,13 +84,20 @@ def mse_grad_call(g, a, who):
     from refkern.kernels.loss_pointwise import pointwise_call
 
     x, t, fmt, tensor, red = pointwise_call("mse_loss", **a)
+    G, torch_out = _pointwise_grad_output("mse_loss", g, fmt, x.shape, red, who)
+    return x, t, G, fmt, tensor or torch_out, red
+
+
+def _pointwise_grad_output(op, g, fmt, shape, red, who):
+    """(grad_output's values broadcast to the input's ``shape``, whether it is a tensor) of the backward of the
+    pointwise loss ``op``, validated: grad_output has the shape (``shape`` for reduction="none", else a scalar)
+    and the dtype ``fmt`` of the loss."""
     og = operand(g, "grad_output", who)
-    want = x.shape if red == "none" else ()
+    want = shape if red == "none" else ()
     if og.fmt.name != fmt.name or tuple(og.shape) != tuple(want):
-        raise ValueError(f"{who}: grad_output must have the shape and dtype of the output of mse_loss, {tuple(want)} "
+        raise ValueError(f"{who}: grad_output must have the shape and dtype of the output of {op}, {tuple(want)} "
                          f"{fmt.name}; got {tuple(og.shape)} {og.fmt.name}.")  # fmt: skip
-    G = np.broadcast_to(np.asarray(og.values, np.float64).reshape(og.shape), x.shape)
-    return x, t, G, fmt, tensor or og.torch, red
+    return np.broadcast_to(np.asarray(og.values, np.float64).reshape(og.shape), shape), og.torch
 
 
 def mse_grad(x, t, G, fmt, red) -> np.ndarray:
@@ -135,13 +142,8 @@ def bce_grad_call(g, a, who):
     from refkern.kernels.loss_binary import binary_call
 
     p, y, w, _, fmt, tensor, red = binary_call("binary_cross_entropy", **a)
-    og = operand(g, "grad_output", who)
-    want = p.shape if red == "none" else ()
-    if og.fmt.name != fmt.name or tuple(og.shape) != tuple(want):
-        raise ValueError(f"{who}: grad_output must have the shape and dtype of the output of binary_cross_entropy, "
-                         f"{tuple(want)} {fmt.name}; got {tuple(og.shape)} {og.fmt.name}.")  # fmt: skip
-    G = np.broadcast_to(np.asarray(og.values, np.float64).reshape(og.shape), p.shape)
-    return p, y, w, G, fmt, tensor or og.torch, red
+    G, torch_out = _pointwise_grad_output("binary_cross_entropy", g, fmt, p.shape, red, who)
+    return p, y, w, G, fmt, tensor or torch_out, red
 
 
 def bce_grad(p, y, w, G, fmt, red) -> np.ndarray:

@@ -91,19 +91,12 @@ def backward_call(func, b, memo, present) -> BackwardCall:
         op = "log_softmax" if name.startswith("_log") else "softmax"
         if need(op):
             return BackwardCall(unsupported=need(op))
-        if memo is not None and memo.get("released"):
-            return BackwardCall(unsupported=f"{op}'s input, kept for the first backward through this graph, was "
-                                "released after it")  # fmt: skip
-        if memo is None or memo.get("input") is None:
-            return BackwardCall(unsupported=f"{op}'s input: its backward receives the {op}'s output, and the forward "
-                                "ran outside the audit")  # fmt: skip
-        x = memo["input"]
-        if x._version != memo["version"]:
-            return BackwardCall(unsupported=f"{op}'s input was modified in place after the forward")
+        x = _kept_input(op, memo)
+        if isinstance(x, BackwardCall):
+            return x
         g = b["grad_output"]
         if memo["half_to_float"] or b["input_dtype"] != g.dtype:
             return BackwardCall(unsupported=f"{op} computed in another dtype than its input's (half_to_float)")
-        x = x.detach().to("cpu")
         return BackwardCall(op, g, (x,), {"dim": b["dim"]}, [(0, "input")])
     if name == "embedding_dense_backward":  # the gradient of weight at the indices it received (weight's values
         if need("embedding"):  # do not enter: a zero tensor of its shape stands for it)
@@ -184,6 +177,21 @@ def backward_call(func, b, memo, present) -> BackwardCall:
 _EW_BACKWARD = {k: r.name for r in _ops.REGISTRY.values() if r.error_model == "elementwise" for k in r.aten_backward}
 
 
+def _kept_input(op, memo):
+    """The input the audit kept at ``op``'s forward (for a backward that receives the forward's output), on the
+    CPU, or the BackwardCall that says why it cannot be used: released, never kept, or modified in place."""
+    if memo is not None and memo.get("released"):
+        return BackwardCall(unsupported=f"{op}'s input, kept for the first backward through this graph, was "
+                            "released after it")  # fmt: skip
+    if memo is None or memo.get("input") is None:
+        return BackwardCall(unsupported=f"{op}'s input: its backward receives the {op}'s output, and the forward "
+                            "ran outside the audit")  # fmt: skip
+    x = memo["input"]
+    if x._version != memo["version"]:
+        return BackwardCall(unsupported=f"{op}'s input was modified in place after the forward")
+    return x.detach().to("cpu")
+
+
 def _elementwise_backward(name, b, memo, need):
     """silu_backward and gelu_backward receive the forward's input; tanh_backward and sigmoid_backward its
     output, so their input is the one the audit kept at the forward (as for softmax)."""
@@ -193,16 +201,9 @@ def _elementwise_backward(name, b, memo, need):
     g = b["grad_output"]
     x = b.get("self")
     if x is None:
-        if memo is not None and memo.get("released"):
-            return BackwardCall(unsupported=f"{op}'s input, kept for the first backward through this graph, was "
-                                "released after it")  # fmt: skip
-        if memo is None or memo.get("input") is None:
-            return BackwardCall(unsupported=f"{op}'s input: its backward receives the {op}'s output, and the forward "
-                                "ran outside the audit")  # fmt: skip
-        x = memo["input"]
-        if x._version != memo["version"]:
-            return BackwardCall(unsupported=f"{op}'s input was modified in place after the forward")
-        x = x.detach().to("cpu")
+        x = _kept_input(op, memo)
+        if isinstance(x, BackwardCall):
+            return x
     if x.dtype != g.dtype or tuple(x.shape) != tuple(g.shape):
         return BackwardCall(unsupported=f"{name} with grad_output of another dtype or shape than the input's")
     kw = {"approximate": b["approximate"]} if op == "gelu" else {}

@@ -60,6 +60,7 @@ from refkern.analysis.hypotheses import Model, _gamma, centre, centre_sample, mo
 from refkern.analysis.partials import order_bound
 from refkern.analysis.stats import ALPHA, level, min_pvalue, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
+from refkern.engines.filter import threads_for
 
 __all__ = ["Fit", "Decision", "decide", "SAMPLE", "sample_indices", "overflowed"]
 
@@ -281,7 +282,15 @@ def _element_test(a, c, var, lam, grid, prec, emin, emax, z, fails, keep, r, vk)
 
 def _sample_fits(t: _Tester, fits, idx):
     """Every model on the sample: failures on its own scale, the fit W and the capped score on the
-    rounding yardstick, and the noise-size test of the accumulator models."""
+    rounding yardstick, and the noise-size test of the accumulator models. The sample's z-scores are a few
+    thousand elements: their jitted passes run on one thread (:func:`~refkern.engines.filter.threads_for`;
+    a parallel launch on 1820 elements cost 32 ms of wall time under load against 0.013 ms on one thread,
+    593 such launches 4.3 s of a ResNet-18 audit's 12.4 s of CPU)."""
+    with threads_for(idx.size):
+        return _sample_fits_on(t, fits, idx)
+
+
+def _sample_fits_on(t: _Tester, fits, idx):
     pr, a, ref = t.pr, t.a.reshape(-1), t.ref.reshape(-1)
     terms = pr.terms(idx)
     a_s, x_s, v0 = a[idx], ref[idx], t.var0.reshape(-1)[idx]

@@ -185,21 +185,10 @@ def bounds(fn, x, v, fmt, lib, params=()):
             E = r(v) + np.abs(h) * (r(b) + dt) + np.abs(b) * r(h)
             E = np.where(2.0 * np.abs(x) < np.ldexp(1.0, w.emax + 1), E, np.inf)  # x (1 + erf) may overflow
         elif fn == "gelu_tanh":
-            kap, beta = 0.044715, math.sqrt(2.0 / math.pi)
-            x2 = x * x
-            x3 = x2 * x
-            k = kap * x3
-            s = x + k
-            uu = beta * s
-            t = np.tanh(uu)
-            dx3 = r(x3) + np.abs(x) * r(x2)
-            dk = r(k) + np.abs(k) * u + kap * dx3
-            ds = r(s) + dk
-            du = r(uu) + np.abs(uu) * u + beta * ds
-            lt = L("tanh", t, uu)
-            if lt is None:
+            tf = _tanh_form(x, r, L, u)
+            if tf is None:
                 return None
-            dt = lt + (1.0 - t * t) * du
+            _, x3, t, dt = tf
             b = 1.0 + t
             h = 0.5 * x
             E = r(v) + np.abs(h) * (r(b) + dt) + np.abs(b) * r(h)
@@ -224,6 +213,27 @@ def bounds(fn, x, v, fmt, lib, params=()):
         if half:
             E = E + 0.5 * _ulp(av + E, fmt)
         return E
+
+
+_KAPPA, _BETA = 0.044715, math.sqrt(2.0 / math.pi)  #: gelu (tanh)'s constants
+
+
+def _tanh_form(x, r, L, u):
+    """gelu (tanh)'s ``t = tanh(beta (x + kappa (x x) x))``, each step a rounding ``r``, the constants within
+    ``u`` relative, tanh within the library's ``L``: (x x, x**3, t, the bound of the computed t), or None
+    where the library has no tanh (module docstring; the forward's and the gradient's first steps)."""
+    x2 = x * x
+    x3 = x2 * x
+    k = _KAPPA * x3
+    s = x + k
+    inner = _BETA * s
+    t = np.tanh(inner)
+    dx3 = r(x3) + np.abs(x) * r(x2)
+    din = r(inner) + np.abs(inner) * u + _BETA * (r(s) + (r(k) + np.abs(k) * u + _KAPPA * dx3))
+    lt = L("tanh", t, inner)
+    if lt is None:
+        return None
+    return x2, x3, t, lt + (1.0 - t * t) * din
 
 
 def _erf(a):

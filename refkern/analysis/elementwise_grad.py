@@ -34,7 +34,19 @@ import math
 import numpy as np
 
 from refkern.accumulate.formats import FLOAT32, FLOAT64
-from refkern.analysis.elementwise import SLACK, _candidates, _decide, _errors, _hypotheses, _steps, _ulp, bounds
+from refkern.analysis.elementwise import (
+    _BETA,
+    _KAPPA,
+    SLACK,
+    _candidates,
+    _decide,
+    _errors,
+    _hypotheses,
+    _steps,
+    _tanh_form,
+    _ulp,
+    bounds,
+)
 from refkern.analysis.report import build, errors
 from refkern.kernels import elementwise as ew
 from refkern.kernels import elementwise_grad as eg
@@ -111,19 +123,11 @@ def grad_bounds(fn, g, x, v, fmt, lib):
             s = cdf + xp
             E = ag * (dcdf + np.abs(x) * dpdf + r(xp) + r(s)) + r(g * s)
         elif fn == "gelu_tanh":
-            kap, beta = 0.044715, math.sqrt(2.0 / math.pi)
-            x2 = x * x
-            x3 = x2 * x
-            k = kap * x3
-            s = x + k
-            inner = beta * s
-            t = np.tanh(inner)
-            dx3 = r(x3) + np.abs(x) * r(x2)
-            din = r(inner) + np.abs(inner) * u + beta * (r(s) + r(k) + np.abs(k) * u + kap * dx3)
-            lt = L("tanh", t, inner)
-            if lt is None:
+            kap, beta = _KAPPA, _BETA
+            tf = _tanh_form(x, r, L, u)
+            if tf is None:
                 return None
-            dt = lt + (1.0 - t * t) * din
+            x2, _, t, dt = tf
             right = 1.0 + t
             dld = 0.5 * (dt + r(right))
             td = 1.0 - t * t

@@ -138,10 +138,19 @@ def models(out: Format, in_prec: int, has_bias: bool, op: str = "") -> list:
     return ms
 
 
-def rounding_variance(m: Model, n: int, mag, c, p=None):
-    """sigma**2 of a model that fixes everything but the order (module docstring)."""
+def rounding_variance(m: Model, n: int, mag, c, p=None, order=None):
+    """sigma**2 of a model that fixes everything but the order (module docstring). ``order``: the order term
+    ``sum_j c_j**2`` of the exact terms (:mod:`refkern.analysis.partials`), used in place of ``(n + 1) mag**2``
+    where smaller. For a model whose inputs are rounded (unit ``u_i``) each term moves by at most ``2 u_i |t|``
+    (with its own rounding error), so each partial sum by at most ``2 u_i mag``: by Minkowski's inequality its
+    square root grows to ``sqrt(order) (1 + 2 u_i) + 2 u_i mag sqrt(2 n)`` (at most ``2 n`` partial sums and
+    products, blocks included)."""
     ua, us = m.acc.u * (1.0 + _gamma(n, m.acc.u)), m.storage.u
-    var = ua * ua * (n + 1) * mag * mag + 2.0 * (us * c) ** 2 + 2.0 * _eta(m.storage) ** 2 + (n + 1) * _eta(m.acc) ** 2
+    free = (n + 1) * mag * mag
+    if order is not None:
+        ui = m.inputs[0].u if m.inputs else 0.0
+        free = np.minimum(free, (np.sqrt(order) * (1.0 + 2.0 * ui) + 2.0 * ui * mag * np.sqrt(2.0 * n)) ** 2)
+    var = ua * ua * free + 2.0 * (us * c) ** 2 + 2.0 * _eta(m.storage) ** 2 + (n + 1) * _eta(m.acc) ** 2
     if m.epilogue:
         var = var + 2.0 * (us * p) ** 2 + 2.0 * _eta(m.storage) ** 2
     return var
@@ -192,7 +201,7 @@ def _n_taps(pr: Problem) -> int:
     return int(np.prod(w.shape[2:]))
 
 
-def _product_then_bias(p, mag, b, m: Model, n: int, lam: float):
+def _product_then_bias(p, mag, b, m: Model, n: int, lam: float, order=None):
     """(c, var) of a model that stores the product sum in ``m.product`` and adds the bias in ``m.storage``:
     ``c = fl_s(fl_p(p) + b)`` from the product ``p`` (float64, within 2**-53 of the exact sum; ``mag`` the
     sum of its terms' magnitudes). The backend's own product carries its accumulation's rounding,
@@ -205,7 +214,7 @@ def _product_then_bias(p, mag, b, m: Model, n: int, lam: float):
     with np.errstate(all="ignore"):
         q = round_array(np.ascontiguousarray(p, np.float64), *f.params)
         c = round_array(q + b, *m.storage.params)
-        var = rounding_variance(m, n, mag + np.abs(b), c)
+        var = rounding_variance(m, n, mag + np.abs(b), c, order=order)
         _, e = np.frexp(np.where(np.isfinite(p), np.abs(p), 0.0))
         ulp = np.ldexp(1.0, np.maximum(e - 1, f.emin) - f.prec + 1)
         sig = m.acc.u * (1.0 + _gamma(n, m.acc.u)) * np.sqrt(n + 1.0) * mag
@@ -230,16 +239,27 @@ def centre(pr: Problem, m: Model):
             s, _ = pr.run(inputs=m.inputs, method=ENERGY, work=FLOAT64)
             c = _store(v, m)
             return c, _order_variance(m, n, s, c)
+        order = _order_term(pr)
         if m.product is not None:
             prod, mag = pr.run(inputs=m.inputs, work=FLOAT64, want_mag=True, with_bias=False)
-            return _product_then_bias(prod, mag, pr.bias_values(), m, n, level(pr.size))
+            return _product_then_bias(prod, mag, pr.bias_values(), m, n, level(pr.size), order)
         if m.epilogue:
             prod, mag = pr.run(inputs=m.inputs, work=m.storage, want_mag=True, with_bias=False)
             b = pr.bias_values()
             c = round_array(prod + b, *m.storage.params)
-            return c, rounding_variance(m, n, mag + np.abs(b), c, prod)
+            return c, rounding_variance(m, n, mag + np.abs(b), c, prod, order)
         c, mag = pr.run(inputs=m.inputs, work=m.storage, want_mag=True)
-        return c, rounding_variance(m, n, mag, c)
+        return c, rounding_variance(m, n, mag, c, order=order)
+
+
+def _order_term(pr: Problem, idx=None):
+    """The verdict's order term of the exact terms (``pr.order_term``, flat, set by the verdict when the
+    bound of :mod:`refkern.analysis.partials` applies; None for the order-free scale), at the flat indices
+    ``idx`` (all elements, in ``pr.shape``, by default)."""
+    o = getattr(pr, "order_term", None)
+    if o is None:
+        return None
+    return o.reshape(pr.shape) if idx is None else o.reshape(-1)[idx]
 
 
 def centre_sample(terms, pr: Problem, m: Model):
@@ -314,12 +334,14 @@ def _centre_sample(terms, pr: Problem, m: Model):
             s, _ = run(ENERGY, FLOAT64)
             c = _store(v, m)
             return c, _order_variance(m, n, s, c)
+        idx = getattr(terms, "idx", None)
+        order = _order_term(pr, idx) if idx is not None else None
         if m.product is not None:
             prod, mag = run(EXACT, FLOAT64, with_bias=False)
-            return _product_then_bias(prod, mag, b, m, n, level(pr.size))
+            return _product_then_bias(prod, mag, b, m, n, level(pr.size), order)
         if m.epilogue:
             prod, mag = run(EXACT, m.storage, with_bias=False)
             c = round_array(prod + b, *m.storage.params)
-            return c, rounding_variance(m, n, mag + np.abs(b), c, prod)
+            return c, rounding_variance(m, n, mag + np.abs(b), c, prod, order)
         c, mag = run(EXACT, m.storage)
-        return c, rounding_variance(m, n, mag, c)
+        return c, rounding_variance(m, n, mag, c, order=order)

@@ -56,7 +56,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT64, round_to
-from refkern.analysis.hypotheses import Model, _gamma, centre, centre_sample, models, rounding_variance
+from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.partials import order_bound
 from refkern.analysis.stats import ALPHA, level, min_pvalue, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
@@ -195,11 +195,11 @@ class _Tester:
         self.ms = models(pr.fmt, pr.in_prec, pr.bias is not None, pr.name)
         self.lam_fit = level(len(self.ms) - 1)
         self.var0 = rounding_variance(self.ms[0], pr.n_terms, mag, ref)
-        part = order_bound(pr, mag, sample_indices(ref.size, pr.n_terms))  # refkern.analysis.partials
-        if part is not None:
-            m = self.ms[0]
-            ua = m.acc.u * (1.0 + _gamma(pr.n_terms, m.acc.u))
-            self.var0 = rounding_variance(m, pr.n_terms, np.zeros_like(mag), ref) + ua * ua * part
+        # the order term of the orders backends use (refkern.analysis.partials), for every model that fixes all
+        # but the order: the rounding family's and the rounded-input precisions' alike
+        pr.order_term = order_bound(pr, mag, sample_indices(ref.size, pr.n_terms))
+        if pr.order_term is not None:
+            self.var0 = rounding_variance(self.ms[0], pr.n_terms, mag, ref, order=pr.order_term.reshape(ref.shape))
 
     def full(self, f: Fit, c=None, var=None):
         """Test a model on every element (``c``, ``var`` given for the reference model)."""

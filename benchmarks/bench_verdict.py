@@ -2590,6 +2590,7 @@ def _exp_u20_softmax(X, log, online):
         path = Path(__file__).with_name("calibrate_exp_u20.py")
         spec = importlib.util.spec_from_file_location("calibrate_exp_u20", path)
         cal = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = cal  # numba resolves a jitted function's module by name (its cache, when warm)
         spec.loader.exec_module(cal)
         exp = cal.exp_u20
 

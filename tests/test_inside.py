@@ -385,3 +385,16 @@ def test_an_attention_scale_error_is_seen_by_the_scale_test():
     rep = rk.compare(o * (1 + 8 * 2.0**-24), "scaled_dot_product_attention", q, k, v)
     assert rep.verdict == "mismatch" and rep.max_prob_ratio < 0.5
     assert any("a scale error" in n for n in rep.notes)
+
+
+def test_welford_member_only_on_quantized_rows():
+    # the sequential Welford member of the norms' family needs values that repeat (its roundings then drift
+    # together): at most half as many distinct values as elements in some row
+    from refkern.analysis.noise import _quantized
+
+    assert _quantized(np.array([[1.0, 1.0, 2.0, 2.0]]))  # 2 distinct of 4
+    assert not _quantized(np.array([[1.0, 2.0, 3.0, 3.0]]))  # 3 of 4
+    g = np.random.default_rng(0)
+    x32 = (300 + g.standard_normal((4, 4096))).astype(np.float32).astype(np.float64)
+    xbf = torch.from_numpy(x32).to(torch.bfloat16).double().numpy()  # three or so values per row
+    assert not _quantized(x32) and _quantized(xbf)

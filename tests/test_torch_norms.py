@@ -224,16 +224,16 @@ def test_audit_says_what_it_did_not_check():
         h = model(x)
         (h.view(-1)[:5] + 1.0).sum()
     # the view and the slice compute nothing; dropout's mask is a random draw, its scaling (div, mul) and
-    # the add are IEEE-defined and checked bit for bit
-    assert a.unchecked == {"gelu": 1, "bernoulli": 1}
+    # the add are IEEE-defined and checked bit for bit; gelu is judged by its accuracy classes (issue 26)
+    assert a.unchecked == {"bernoulli": 1}
     assert a.counts["div"] == a.counts["mul"] == a.counts["add"] == [1, 0]
     lines = a.report().splitlines()
-    # how many of the 7 come out exact rather than rounding depends on the random inputs
-    head = re.fullmatch(r"audit: 7 of 9 ops checked \((\d+) (exact|rounding), (\d+) (exact|rounding)\); every checked "
+    # how many of the 8 come out exact rather than rounding depends on the random inputs
+    head = re.fullmatch(r"audit: 8 of 9 ops checked \((\d+) (exact|rounding), (\d+) (exact|rounding)\); every checked "
                         r"op is exact or rounding", lines[0])  # fmt: skip
-    assert head and int(head[1]) + int(head[3]) == 7 and {head[2], head[4]} == {"exact", "rounding"}, lines[0]
-    assert lines[1] == "not checked: bernoulli x1, gelu x1"
-    assert lines[2:4] == ["  bernoulli: random draw: no reference can reproduce it", "  gelu: no reference in refkern"]
+    assert head and int(head[1]) + int(head[3]) == 8 and {head[2], head[4]} == {"exact", "rounding"}, lines[0]
+    assert lines[1] == "not checked: bernoulli x1"
+    assert lines[2] == "  bernoulli: random draw: no reference can reproduce it"
     with rkt.audit() as a:
         nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))(x)
     assert a.unchecked == {} and a.report().splitlines()[0].endswith("every op is exact or rounding")

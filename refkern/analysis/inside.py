@@ -283,8 +283,9 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     r0 = _test(m0, a, x, nz.var, over, lam_el, lam_grp, axes, only, sc, coherent=coh, y=x)
     fam = [r0]
     if not r0.explains:  # the other members of the family only where the standard formulas do not explain it
-        fam += [_test(Model(f"rounding ({key})", None, text, out, acc), a, x, v(), over, lam_el, lam_grp, axes,
-                      only, sc, coherent=coh, y=x) for key, text, v in nz.models]  # fmt: skip
+        members = [(key, text, v()) for key, text, v in nz.models]
+        fam += [_test(Model(f"rounding ({key})", None, text, out, acc), a, x, var, over, lam_el, lam_grp, axes,
+                      only, sc, coherent=coh, y=x) for key, text, var in members if var is not None]  # fmt: skip
     fits = list(d.fits) + fam
     exact = d.fits[0].state == 0
     notes = list(d.structure)

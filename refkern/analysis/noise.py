@@ -105,7 +105,8 @@ RSQRT_ULPS = 2  #: 1/sqrt within 2 ulps (CUDA's rsqrtf, documented maximum; sqrt
 class Noise:
     """The scale of one call: ``var`` (sigma**2 per output element, the standard formulas), further
     members of the rounding family with the same centre (``models``: ``[(key, text, thunk)]``, ``thunk()``
-    their sigma**2, computed only when the standard formulas do not explain the output), and the
+    their sigma**2, computed only when the standard formulas do not explain the output, or None where the
+    member does not apply to this call), and the
     output axes along which a group holds at most one element of any row (``group_axes``): elements of
     one row share the row's errors (its mean, its variance, its sum), so a group of several of them
     would have a correlated sum; a group along any other axis would not be a sum of independent terms."""
@@ -388,11 +389,16 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         folded = ("folded affine form", "the folded affine form x (r w) + (b - mean r w) of torch's CPU norms and "
                   "cuDNN's inference", lambda: lay.back(fold()))  # fmt: skip
         models = [folded] if lay.center or lay.given is not None else []
-        if lay.center and lay.given is None and _quantized(lay.X):
-            welford = ("sequential Welford", "a sequential Welford mean whose running roundings drift together "
-                       "(quantized offset rows: bounded, not averaged)",
-                       lambda: lay.back(2.0 * np.maximum(std, fold()) + 2.0 * drift() / (lam * lam)))  # fmt: skip
-            models.append(welford)
+        if lay.center and lay.given is None:  # a member only on rows whose values repeat (_quantized): the rows
+            # are sorted to know, so only when the member is asked for
+
+            def welford():
+                if not _quantized(lay.X):
+                    return None
+                return lay.back(2.0 * np.maximum(std, fold()) + 2.0 * drift() / (lam * lam))
+
+            models.append(("sequential Welford", "a sequential Welford mean whose running roundings drift together "
+                           "(quantized offset rows: bounded, not averaged)", welford))  # fmt: skip
         return Noise(lay.back(std), models, axes)
     axes = (_softmax_axis(args, nd),) if nd and kind in ("softmax", "log_softmax") else ()
     if kind == "log_softmax":

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
+from refkern.analysis.partials import block_partials
 
 __all__ = ["attention_noise", "attention_rows", "AttentionRows", "BLOCK", "DOT_BLOCK"]
 
@@ -105,24 +106,6 @@ def _shared_q(w, v, k, q, o):
 
 def _block_partials(w, v, block=None):
     """sum_k P_k**2 over the partial sums of each element of ``w @ v`` along the contracted index, bounded
-    per block of ``block`` (default :data:`BLOCK`) indices by ``block (|P_b| + A_b)**2`` (module docstring),
-    the larger of the two directions; in chunks of rows, so that no temporary exceeds about 32 MiB."""
-    block = BLOCK if block is None else block
-    L, S = w.shape
-    N = v.shape[1]
-    nb = -(-S // block)
-    pad = nb * block - S
-    vp = np.pad(v, ((0, pad), (0, 0))).reshape(nb, block, N)
-    avp = np.abs(vp)
-    out = np.empty((L, N))
-    step = max(1, (1 << 22) // max(nb * N, 1))
-    for r0 in range(0, L, step):
-        wp = np.pad(w[r0 : r0 + step], ((0, 0), (0, pad))).reshape(-1, nb, block)
-        blocks = np.einsum("lbk,bke->lbe", wp, vp)
-        absb = np.einsum("lbk,bke->lbe", np.abs(wp), avp)
-        start = np.cumsum(blocks, axis=1) - blocks
-        end = (start[:, -1:] + blocks[:, -1:]) - start - blocks
-        left = ((np.abs(start) + absb) ** 2).sum(axis=1)
-        right = ((np.abs(end) + absb) ** 2).sum(axis=1)
-        out[r0 : r0 + step] = block * np.maximum(left, right)
-    return out
+    per block of ``block`` (default :data:`BLOCK`) indices (:func:`refkern.analysis.partials.block_partials`,
+    the GEMMs' order term)."""
+    return block_partials(w, v, BLOCK if block is None else block)

@@ -56,7 +56,17 @@ from numba import prange
 
 from refkern._jit import jit
 
-__all__ = ["BLOCK_MIN", "BLOCK_MAX", "LANES", "SPLITS", "CHECK_SAMPLE", "block_size", "gemm_partials", "order_bound"]
+__all__ = [
+    "BLOCK_MIN",
+    "BLOCK_MAX",
+    "LANES",
+    "SPLITS",
+    "CHECK_SAMPLE",
+    "block_partials",
+    "block_size",
+    "gemm_partials",
+    "order_bound",
+]
 
 BLOCK_MIN, BLOCK_MAX = 4, 32  #: the range of :func:`block_size` (any block size gives a bound)
 LANES = (2, 4, 8, 16, 32, 64)  #: the lane counts of the structure check (SIMD widths times unrolling)
@@ -124,22 +134,28 @@ def _ordered_pass(S, A, bias, block, orders, out):
             out[i0 + i] = block * worst[i]
 
 
-def _blocks(A, Bt, absb_bias, block):
-    """The block bound plus ``sum_k t_k**2`` for ``A @ Bt.T`` ((M, K), (N, K) float64), in chunks of rows."""
-    M, K = A.shape
-    N = Bt.shape[0]
+def block_partials(a, b, block, bias=0.0):
+    """``sum_k P_k**2`` over the partial sums of each element of ``a @ b`` ((M, K) @ (K, N), float64) along k,
+    bounded per block of ``block`` consecutive k by ``block (|P_b| + A_b + |bias|)**2``, the larger of the two
+    directions (module docstring; ``bias`` broadcast over the N columns); in chunks of rows, so that no
+    temporary exceeds about 32 MiB. The GEMMs' order term and attention's (P @ V, q . k) read it."""
+    M, K = a.shape
+    N = b.shape[1]
     nb = max(-(-K // block), 1)
     pad = nb * block - K
-    Bp = np.pad(Bt, ((0, 0), (0, pad))).reshape(N, nb, block).transpose(1, 2, 0)  # (nb, block, N)
+    Bp = np.pad(b, ((0, pad), (0, 0))).reshape(nb, block, N)
     aBp = np.abs(Bp)
-    B2 = (Bt * Bt).T
     out = np.empty((M, N))
     step = max(1, _CHUNK // max(nb * N, 1))
     for r0 in range(0, M, step):
-        Ap = np.pad(A[r0 : r0 + step], ((0, 0), (0, pad))).reshape(-1, nb, block).transpose(1, 0, 2)  # (nb, m, block)
-        a = A[r0 : r0 + step]
-        out[r0 : r0 + step] = _ordered(np.matmul(Ap, Bp), np.matmul(np.abs(Ap), aBp), absb_bias, block) + (a * a) @ B2
+        Ap = np.pad(a[r0 : r0 + step], ((0, 0), (0, pad))).reshape(-1, nb, block).transpose(1, 0, 2)  # (nb, m, block)
+        out[r0 : r0 + step] = _ordered(np.matmul(Ap, Bp), np.matmul(np.abs(Ap), aBp), bias, block)
     return out
+
+
+def _blocks(A, Bt, absb_bias, block):
+    """The block bound plus ``sum_k t_k**2`` for ``A @ Bt.T`` ((M, K), (N, K) float64)."""
+    return block_partials(A, Bt.T, block, absb_bias) + (A * A) @ (Bt * Bt).T
 
 
 def _bmm(a, b):

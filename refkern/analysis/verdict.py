@@ -197,7 +197,8 @@ class _Tester:
         self.var0 = rounding_variance(self.ms[0], pr.n_terms, mag, ref)
         # the order term of the orders backends use (refkern.analysis.partials), for every model that fixes all
         # but the order: the rounding family's and the rounded-input precisions' alike
-        pr.order_term = order_bound(pr, mag, sample_indices(ref.size, pr.n_terms))
+        self.idx = sample_indices(ref.size, pr.n_terms)  # one sample for the fits, the order check, the power figures
+        pr.order_term = order_bound(pr, mag, self.idx)
         if pr.order_term is not None:
             self.var0 = rounding_variance(self.ms[0], pr.n_terms, mag, ref, order=pr.order_term.reshape(ref.shape))
 
@@ -370,7 +371,7 @@ def decide(actual, pr, ref, mag) -> Decision:
     exact = (actual == ref) | (np.isnan(actual) & np.isnan(ref))
     thresholds = {"alpha": ALPHA, "element": t.lam_el, "group": t.lam_grp, "fit": t.lam_fit**2}
     scale = np.sqrt(pr.n_terms) * t.ms[0].acc.u * mag
-    idx = sample_indices(ref.size, pr.n_terms)  # one sample for the fits and the power figures
+    idx = t.idx
     det = detectable(t.var0, scale, ref.shape, pr.axes, t.lam_el, t.lam_grp, idx)
     fits = [Fit(m) for m in t.ms]
     r0 = t.full(fits[0], ref, t.var0)

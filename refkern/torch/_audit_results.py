@@ -27,6 +27,7 @@ class AuditCall:
     sampled: int = 0  # with a sample: how many output elements were judged (0: all)
     phase: str = "forward"  # "backward": an op run by autograd's backward pass (loss.backward() inside the audit)
     group: int = -1  # the index of the first call of the same op (a backward kernel: one call per gradient)
+    pattern: str = ""  # "rms_norm", "rotary": a composed pattern judged whole (refkern.torch.patterns), not an op
 
     @property
     def verdict(self):
@@ -92,6 +93,8 @@ class AuditResults:
         an op with a gradient that could not be analysed is not checked, and not counted here)."""
         worst = {}
         for c in self.calls:
+            if c.pattern:
+                continue
             k = c.group if c.group >= 0 else c.index
             if c.report is None:
                 worst[k] = False
@@ -114,7 +117,7 @@ class AuditResults:
         how = ", ".join(f"{verdicts[v]} {v}" for v in order)
         bw = self.phases.get("backward")
         back = f", {bw[0]} of {sum(bw)} in the backward pass" if bw else ""
-        head = f"{self.n_checked} of {self.n_ops} ops checked{back}" + (f" ({how})" if how else "")
+        head = f"{self.n_checked} of {self.n_ops} ops checked{back}" + (f" ({how})" if how else "") + self._composed()
         f = self.first_failure
         if f is not None:
             prec = f" ({f.report.precision})" if f.report.precision and f.verdict == f.report.verdict else ""
@@ -127,6 +130,20 @@ class AuditResults:
             out = f"{head}; every checked op is {' or '.join(self.allow)}"
         # the ops above ran eagerly; what the compiled code did is judged per leaf and end to end, said apart
         return "; ".join([out, *(c.summary() for c in self.compiled)])
+
+    def _composed(self) -> str:
+        """'; 7 composed ops judged whole (5 rms_norm, 2 rotary: 7 rounding)', or '' (:mod:`refkern.torch.patterns`)."""
+        rows = [c for c in self.calls if c.pattern]
+        if not rows:
+            return ""
+        kinds, verdicts = {}, {}
+        for c in rows:
+            kinds[c.pattern] = kinds.get(c.pattern, 0) + 1
+            v = c.verdict or "not analysed"
+            verdicts[v] = verdicts.get(v, 0) + 1
+        k = ", ".join(f"{n} {p}" for p, n in kinds.items())
+        v = ", ".join(f"{n} {x}" for x, n in sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0])))
+        return f"; {len(rows)} composed ops judged whole ({k}: {v})"
 
     def report(self, order: str = "call") -> str:
         """The summary, what was not checked and why, then a table with a row per judged op, in call
@@ -166,7 +183,7 @@ class AuditResults:
         calls = [{"index": c.index, "name": c.name, "op": c.op, "aten": c.aten, "device": c.device, "dtype": c.dtype,
                   "shapes": [list(s) for s in c.shapes], "note": c.note, "sampled": c.sampled,
                   "verdict": c.verdict, "report": c.report.to_dict() if c.report else None, "phase": c.phase,
-                  "group": c.group if c.group >= 0 else c.index,
+                  "pattern": c.pattern, "group": c.group if c.group >= 0 else c.index,
                   "parts": {k: (v if isinstance(v, str) else v.to_dict()) for k, v in c.parts.items()}}
                  for c in self.calls]  # fmt: skip
         return {"ops": self.n_ops, "checked": self.n_checked, "summary": self.summary(),

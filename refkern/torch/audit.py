@@ -21,6 +21,7 @@ from refkern.analysis.compare import compare
 from refkern.gradients import compare_backward
 from refkern.torch import dispatch as dsp
 from refkern.torch import dispatch_backward as dbw
+from refkern.torch import patterns
 from refkern.torch._audit_results import AuditCall, AuditResults, BitReport
 from refkern.torch._bits import _same_bits, _top_is
 from refkern.torch.sample import restrict
@@ -135,6 +136,7 @@ class Audit(AuditResults):
         self.phases: dict[str, list] = {}  # "forward" / "backward" -> [checked, not checked]
         self._phase = "forward"
         self._here = None  # the name of the backward op being observed (module hooks do not run in backward)
+        self._matcher = patterns.Matcher()  # composed RMSNorm and rotary embeddings, judged whole
         self._names_out = []  # with it, the name of each of its outputs' gradients
         self._params = {}  # id(parameter) -> (module path, attribute name)
         self._pending = []  # (weakref to a forward op's output, what its backward will need): see _attach
@@ -163,6 +165,8 @@ class Audit(AuditResults):
 
     def _post(self, module, inputs, output):
         if self._stack and self._stack[-1] is module:
+            with _disable_current_modes(), torch.no_grad():  # an RMS statistic computed inside: rms_norm, whole
+                self._patterns(self._matcher.done(module, output))
             self._stack.pop()
             if self._istack:
                 self._ends[self._istack.pop()] = torch.autograd._get_sequence_nr()
@@ -245,10 +249,14 @@ class Audit(AuditResults):
     def _observe(self, func, args, kwargs, out, before):
         self._here, self._phase = None, "forward"
         kind = dsp.classify(func, args, kwargs, out)
-        if kind == "move" or any(t.device.type == "meta" for t in _tensors(out)):
+        if any(t.device.type == "meta" for t in _tensors(out)):
             return  # nothing computed (a meta tensor has shapes, no values)
-        name = dsp.op_name(func)
         node = torch._C._current_autograd_node()  # not None: autograd's engine runs this op in a backward pass
+        found = [] if node is not None else self._matcher.see(func, args, kwargs, out, self._stack[-1] if self._stack
+                                                               else None, kind)  # fmt: skip
+        if kind == "move":
+            return  # nothing computed
+        name = dsp.op_name(func)
         if self._remote is not None:
             self._remote.current = name
         if node is not None:
@@ -271,7 +279,22 @@ class Audit(AuditResults):
                 self._backward(func, args, kwargs, out, node)
             else:
                 self._reference(func, args, kwargs, out, before)
+            self._patterns(found)
         self._show(name)
+
+    def _patterns(self, found):
+        """A row per composed pattern completed (:mod:`refkern.torch.patterns`): judged whole, not counted as an op."""
+        for p in found:
+            t = p.out
+            shapes = [tuple(v.shape) for v in (getattr(p, "x", None), getattr(p, "weight", None), getattr(p, "q", None),
+                                               getattr(p, "theta", None)) if isinstance(v, torch.Tensor)]  # fmt: skip
+            call = AuditCall(len(self.calls), self._where(), p.name, str(t.device), str(t.dtype).removeprefix("torch."),
+                             shapes, None, aten=f"pattern {p.kind}", pattern=p.kind)  # fmt: skip
+            try:
+                call.report, call.sampled = patterns.judge(p, self._judge)
+            except Exception as exc:  # analysis must never break the model
+                call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            self.calls.append(call)
 
     def _new_call(self, func, op, out, shapes):
         t = _tensors(out)[0]
@@ -461,6 +484,7 @@ class Audit(AuditResults):
         self._stack.clear()
         self._istack.clear()
         self._pending.clear()
+        self._matcher = patterns.Matcher()  # what it followed, released
         self._here = None
         if self._live is not None:
             self._live.__exit__(None, None, None)

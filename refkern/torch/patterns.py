@@ -1,0 +1,408 @@
+"""Composed operations in the audit's op stream, judged whole (issue 26): Hugging Face's RMSNorm and the
+rotary position embedding are written as five to ten small aten ops, each judged on its own by the audit
+(all bit-exact or within their rounding), so a bug spread over them (a stray epsilon, ``w + 1`` for
+``w``, a rotation with the wrong angles) passes op by op. :class:`Matcher` follows the stream (which op
+made each tensor, from which tensors) and names the two patterns:
+
+- **rms_norm**: a module whose forward computes ``rsqrt(mean(x**2, -1, keepdim=True) + eps)`` of a
+  tensor x (``pow(x, 2)`` or ``x * x``, after a widening ``x.to(float32)``; ``pow(v, -0.5)`` for the
+  rsqrt too) and returns a tensor made from it (Llama, Qwen2, Mistral, T5, Gemma). Its input x and its
+  output are judged by :func:`refkern.compare` as ``rms_norm(x, (d,), weight, eps)``, with the weight and
+  epsilon the module holds (``weight``; ``variance_epsilon``, ``eps`` or ``epsilon``): what the module
+  is, not what the stream did with them, so that ``(w + 1) * h`` for ``w * h`` and a second epsilon
+  are its failure. Modules whose weight is an offset by definition (Gemma's ``x (1 + w)``,
+  :data:`OFFSET_WEIGHT`) are judged with ``1 + w``. A module without a weight: the stream's last
+  multiplication by a tensor of d elements, if any.
+- **rotary**: ``add(mul(q, C), mul(R, S))`` where C is, through views, a conversion and a scaling by a
+  number, ``cos(theta)``. Judged by :func:`refkern.analysis.rotary.analyse` against the exact
+  ``s (q cos theta + rotate(q) sin theta)``: R and S are what the stream should have rotated, so a wrong
+  ``rotate_half`` or a wrong sine is its failure; the convention (``half`` or ``interleaved``) is the one
+  that fits better. theta is cos's input, or, where the stream reduced the angle itself before the
+  cosine (``theta - k c``, ``remainder``, ``fmod``), the angle before that reduction.
+
+The matcher holds no activation beyond its pattern: the angles of each cosine (a few rows of position
+times frequency) while the cosine's result lives, and an RMS statistic's input until its module returns.
+"""
+
+import math
+import weakref
+
+import torch
+
+from refkern.torch import dispatch as dsp
+
+__all__ = ["Matcher", "Pattern", "OFFSET_WEIGHT"]
+
+#: Modules whose RMSNorm multiplies by ``1 + weight`` by definition (transformers 5.x, ``1.0 + self.weight``
+#: in their forward): judged with that weight.
+OFFSET_WEIGHT = frozenset(("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "Gemma3nRMSNorm", "Qwen3NextRMSNorm",
+                           "PaliGemmaRMSNorm", "RecurrentGemmaRMSNorm", "ShieldGemma2RMSNorm", "T5GemmaRMSNorm",
+                           "VaultGemmaRMSNorm", "Gemma3TextRMSNorm", "DiaRMSNorm"))  # fmt: skip
+_EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
+_PLAIN = frozenset(("_to_copy", "clone", "contiguous", "alias", "detach", "lift_fresh", "lift_fresh_copy"))
+_DEPTH = 12  # how far back a walk through the stream goes
+
+
+class _In:
+    """One tensor argument of a recorded op: the node that made it (None: a leaf, such as a parameter or
+    the model's input) and a weak reference to the tensor."""
+
+    __slots__ = ("node", "ref")
+
+    def __init__(self, node, t):
+        self.node = node
+        self.ref = weakref.ref(t)
+
+    def tensor(self):
+        return self.ref()
+
+    def same(self, other):
+        return (self.node is not None and self.node is other.node) or (self.node is None and other.node is None
+                                                                      and self.ref() is other.ref() is not None)
+
+
+class _Node:
+    __slots__ = ("op", "func", "args", "kwargs", "ins", "counted", "keep", "shape", "view")
+
+    def __init__(self, op, func, args, kwargs, ins, counted, shape):
+        self.op, self.func, self.args, self.kwargs = op, func, args, kwargs
+        self.ins = ins  # the tensor arguments (_In), in order; args/kwargs hold them as _In too
+        self.counted = counted  # the audit judged it (not a view or a copy)
+        self.keep = None  # tensors held: cos/sin: the angle
+        self.shape = shape
+        self.view = bool(getattr(func, "is_view", False))
+
+
+class Pattern:
+    """A composed operation found: ``kind`` ("rms_norm", "rotary"), its name in the audit ("rms_norm
+    (composed: pow, mean, add, rsqrt, mul, mul)"), the tensors it is judged on, and where it ran."""
+
+    def __init__(self, kind, name, out, **kw):
+        self.kind, self.name, self.out = kind, name, out
+        self.__dict__.update(kw)
+
+
+def _scalar(v):
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and v.dim() == 0 and not v.requires_grad:
+        return float(v.item())
+    return None
+
+
+class Matcher:
+    """Follows every op the audit sees in the forward pass (:meth:`see`) and module returns (:meth:`done`);
+    both return the :class:`Pattern` s completed."""
+
+    def __init__(self):
+        self._by_id = {}  # id(tensor) -> (weakref, node)
+        self._size = 1024
+        self._rms = {}  # id(module) -> [statistic], while the module runs
+        self.errors = []  # what went wrong inside the matcher (never raised into the model)
+
+    # -------------------------------------------------------------- the stream
+    def _in(self, t):
+        e = self._by_id.get(id(t))
+        return _In(e[1] if e is not None and e[0]() is t else None, t)
+
+    def _wrap(self, v, ins):
+        if isinstance(v, torch.Tensor):
+            i = self._in(v)
+            ins.append(i)
+            return i
+        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            return type(v)(self._wrap(x, ins) for x in v)
+        return v
+
+    def see(self, func, args, kwargs, out, module, kind):
+        """Record one op (forward pass only); returns the patterns it completes (a rotary at its add)."""
+        try:
+            return self._see(func, args, kwargs, out, module, kind)
+        except Exception as exc:  # the matcher must never break the audit
+            self.errors.append(f"{dsp.op_name(func)}: {type(exc).__name__}: {exc}")
+            return []
+
+    def _see(self, func, args, kwargs, out, module, kind):
+        outs = dsp._tensors(out)
+        if not outs:
+            return []
+        ins = []
+        a = tuple(self._wrap(v, ins) for v in args)
+        k = {n: self._wrap(v, ins) for n, v in (kwargs or {}).items()}
+        name = dsp.op_name(func)
+        node = _Node(name, func, a, k, ins, kind not in ("move",), tuple(outs[0].shape))
+        if kind == "move":  # keep the integer tensors a replay of this view needs (index's indices)
+            node.keep = [t.tensor() for t in ins[1:] if t.tensor() is not None and not t.tensor().is_floating_point()]
+        found = []
+        if name in ("cos", "sin") and ins:
+            node.keep = self._angle(ins[0])
+        if name in ("rsqrt", "pow", "reciprocal") and ins and module is not None:
+            stat = self._rms_stat(node)
+            if stat is not None:
+                self._rms.setdefault(id(module), []).append(stat)
+        elif node.counted and module is not None:
+            for stat in self._rms.get(id(module), ()):
+                stat["ops"].append(name)
+        if name == "add" and len(ins) == 2 and (_scalar(k.get("alpha", 1)) or 1.0) == 1.0:
+            found += self._rotary(node, outs[0])
+        for t in outs:
+            self._by_id[id(t)] = (weakref.ref(t), node)
+        if len(self._by_id) > 2 * self._size:
+            self._by_id = {i: e for i, e in self._by_id.items() if e[0]() is not None}
+            self._size = max(1024, len(self._by_id))
+        return found
+
+    @staticmethod
+    def _ancestor(n, target, depth=_DEPTH):
+        """Whether node ``target`` made (a tensor that went into) node n, within ``depth`` steps."""
+        seen, todo = set(), [(n, 0)]
+        while todo:
+            m, d = todo.pop()
+            if m is None or id(m) in seen or d > depth:
+                continue
+            if m is target:
+                return True
+            seen.add(id(m))
+            todo += [(i.node, d + 1) for i in m.ins]
+        return False
+
+    def _angle(self, i):
+        """The angle a cosine or sine is taken of: its input, or the angle before a reduction the stream did
+        itself (``a - f(a)``, ``remainder(a, c)``, ``fmod(a, c)``); the tensor, held."""
+        t = i.tensor()
+        for _ in range(4):
+            n = i.node
+            if n is None or not n.ins:
+                break
+            a = n.ins[0]
+            if n.op == "sub" and len(n.ins) == 2 and a.node is not None and self._ancestor(n.ins[1].node, a.node):
+                pass
+            elif n.op in ("remainder", "fmod"):
+                pass
+            else:
+                break
+            if a.tensor() is None:
+                break
+            i, t = a, a.tensor()
+        return t
+
+    def _rms_stat(self, node):
+        """The RMS statistic ``rsqrt(mean(x**2, -1, keepdim=True) + eps)`` ending at ``node`` (rsqrt, pow(., -0.5),
+        reciprocal(sqrt(.))), or None: {x, eps, ops, end}."""
+        ops = [node.op]
+        if node.op == "pow" and _scalar(node.args[1] if len(node.args) > 1 else None) != -0.5:
+            return None
+        n = node.ins[0].node
+        if node.op == "reciprocal":
+            if n is None or n.op != "sqrt":
+                return None
+            ops.insert(0, "sqrt")
+            n = n.ins[0].node
+        eps = 0.0
+        while n is not None and n.op == "add" and len(n.ins) == 1:
+            eps += _scalar(n.args[1]) or 0.0
+            ops.insert(0, "add")
+            n = n.ins[0].node
+        if n is None or n.op != "mean" or not n.ins:
+            return None
+        x_in = n.ins[0]
+        dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        keep = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
+        dims = [dims] if isinstance(dims, int) else list(dims or [])
+        if len(dims) != 1 or dims[0] not in (-1, len(n.shape) - 1) or not keep:
+            return None
+        ops.insert(0, "mean")
+        sq = x_in.node
+        if sq is None:
+            return None
+        if sq.op == "pow" and _scalar(sq.args[1] if len(sq.args) > 1 else None) == 2.0:
+            x = sq.ins[0]
+        elif sq.op == "mul" and len(sq.ins) == 2 and sq.ins[0].same(sq.ins[1]):
+            x = sq.ins[0]
+        else:
+            return None
+        ops.insert(0, sq.op)
+        while x.node is not None and x.node.op == "_to_copy" and x.node.ins and x.node.ins[0].tensor() is not None:
+            src = x.node.ins[0].tensor()
+            if not (src.is_floating_point() and torch.finfo(src.dtype).bits <= torch.finfo(torch.float32).bits):
+                break
+            x = x.node.ins[0]
+        xt = x.tensor()
+        if xt is None or xt.dim() < 1:
+            return None
+        return {"x": xt, "x_in": x, "eps": eps, "ops": ops, "end": node}
+
+    # -------------------------------------------------------------- module returns: rms_norm
+    def done(self, module, output):
+        """The module returned ``output``: an RMS statistic computed inside it whose result it returns is an
+        rms_norm pattern."""
+        stats = self._rms.pop(id(module), None)
+        if not stats or not isinstance(output, torch.Tensor):
+            return []
+        try:
+            return self._done(module, output, stats)
+        except Exception as exc:
+            self.errors.append(f"{type(module).__name__}: {type(exc).__name__}: {exc}")
+            return []
+
+    def _done(self, module, y, stats):
+        e = self._by_id.get(id(y))
+        ynode = e[1] if e is not None and e[0]() is y else None
+        for stat in reversed(stats):
+            x = stat["x"]
+            if tuple(y.shape) != tuple(x.shape) or ynode is None or not self._ancestor(ynode, stat["end"]):
+                continue
+            d = x.shape[-1]
+            w = getattr(module, "weight", None)
+            how = ""
+            if isinstance(w, torch.Tensor) and tuple(w.shape) == (d,):
+                if type(module).__name__ in OFFSET_WEIGHT:
+                    w, how = 1.0 + w.detach().float(), "; weight 1 + w"
+            else:
+                w = self._stream_weight(ynode, d)
+                how = "; weight from the stream" if w is not None else "; no weight"
+            eps = next((float(getattr(module, a)) for a in _EPS_ATTRS if isinstance(getattr(module, a, None),
+                                                                                    (int, float))), stat["eps"])  # fmt: skip
+            name = f"rms_norm (composed: {', '.join(stat['ops'])}{how})"
+            return [Pattern("rms_norm", name, y, x=x, weight=None if w is None else w.detach(), eps=eps, d=d)]
+        return []
+
+    @staticmethod
+    def _stream_weight(n, d):
+        for _ in range(4):
+            if n is None:
+                return None
+            if n.op == "mul" and len(n.ins) == 2:
+                for i in n.ins:
+                    t = i.tensor()
+                    if t is not None and tuple(t.shape) == (d,):
+                        return t
+            n = n.ins[0].node if n.ins and n.op in _PLAIN else None
+        return None
+
+    # -------------------------------------------------------------- rotary, at its add
+    def _to_cos(self, i):
+        """(cos node, the views from cos's result to i, the scale) where tensor i is, through views, float
+        conversions and scalings by a number, a cosine; else None."""
+        steps, scale, n = [], 1.0, i.node
+        for _ in range(_DEPTH):
+            if n is None:
+                return None
+            if n.op == "cos":
+                return (n, steps[::-1], scale) if n.keep is not None else None
+            if n.op == "mul" and len(n.ins) == 1 and _scalar(n.args[1] if len(n.args) > 1 else None) is not None:
+                scale *= _scalar(n.args[1])
+            elif n.op in _PLAIN:
+                pass
+            elif n.view or n.op in ("index", "index_select", "expand"):
+                steps.append(n)
+            else:
+                return None
+            n = n.ins[0].node if n.ins else None
+        return None
+
+    def _rotary(self, node, y):
+        found = []
+        for a, b in ((node.ins[0], node.ins[1]), (node.ins[1], node.ins[0])):
+            m = a.node
+            if m is None or m.op != "mul" or len(m.ins) != 2:
+                continue
+            for p, c in ((m.ins[0], m.ins[1]), (m.ins[1], m.ins[0])):
+                hit = self._to_cos(c)
+                q = p.tensor()
+                if hit is None or q is None or tuple(q.shape) != tuple(y.shape) or q.shape[-1] % 2:
+                    continue
+                cos_node, steps, scale = hit
+                theta = self._replay(cos_node.keep, steps, q.shape)
+                if theta is None:
+                    continue
+                ops = ["cos", "sin", "mul", *self._ops_between(b.node, p), "add"]
+                return [Pattern("rotary", f"rotary (composed: {', '.join(ops)})", y, q=q, theta=theta, scale=scale)]
+        return found
+
+    @staticmethod
+    def _derives(n, p, depth=6):
+        """Whether tensor ``p`` went into node n, within ``depth`` steps."""
+        seen, todo = set(), [(n, 0)]
+        while todo:
+            m, d = todo.pop()
+            if m is None or id(m) in seen or d > depth:
+                continue
+            seen.add(id(m))
+            for i in m.ins:
+                if i.same(p):
+                    return True
+                todo.append((i.node, d + 1))
+        return False
+
+    def _ops_between(self, n, p):
+        """The judged ops from q (``p``) to the other product's node n: its rotation, then the product."""
+        if n is None or n.op != "mul" or len(n.ins) != 2:
+            return []
+        r = next((i for i in n.ins if i.same(p) or self._derives(i.node, p)), None)
+        ops, m = [], r.node if r is not None else None
+        for _ in range(8):  # back along the operand that comes from q (cat(-x2, x1): neg; the views uncounted)
+            if m is None or m.op in ("sin", "cos"):
+                break
+            if m.counted:
+                ops.append(m.op)
+            m = next((i.node for i in m.ins if self._derives(i.node, p) and i.node is not None), None)
+        return [*ops[::-1], "mul"]
+
+    @staticmethod
+    def _replay(theta, steps, shape):
+        """The angles laid out as the cosine reached the product: the same views, replayed on float64."""
+        t = theta.detach().to("cpu", torch.float64)
+        for n in steps:
+            kept = iter(n.keep or ())
+            first = [True]
+
+            def sub(v):
+                if isinstance(v, _In):
+                    if first[0]:
+                        first[0] = False
+                        return t
+                    return next(kept)
+                if isinstance(v, (list, tuple)):
+                    return type(v)(sub(x) for x in v)
+                if isinstance(v, torch.device):
+                    return torch.device("cpu")
+                return v
+
+            args = tuple(sub(v) for v in n.args)
+            kwargs = {k: sub(v) for k, v in n.kwargs.items()}
+            t = n.func(*args, **kwargs)
+        try:
+            return torch.broadcast_to(t, shape)
+        except RuntimeError:
+            return None
+
+
+def judge(p, judge_norm):
+    """The Report of pattern ``p``: an rms_norm through ``judge_norm(OpCall, actual)`` (the audit's
+    :meth:`~refkern.torch.audit.Audit._judge`: sampling and a cluster apply), a rotary by
+    :mod:`refkern.analysis.rotary` (both conventions, the better fit named)."""
+    from refkern.torch.ops import OpCall
+
+    cpu = _cpu_of
+    if p.kind == "rms_norm":
+        spec = OpCall("rms_norm", "rms_norm", (cpu(p.x),), dict(normalized_shape=(p.d,), weight=cpu(p.weight),
+                                                                 eps=p.eps))  # fmt: skip
+        return judge_norm(spec, cpu(p.out))
+    from refkern.analysis.rotary import compare_rotary
+    from refkern.analysis.report import SEVERITY
+
+    best = None
+    for conv in ("half", "interleaved"):
+        rep = compare_rotary(cpu(p.out), cpu(p.q), cpu(p.theta), scale=p.scale, convention=conv)
+        key = (-SEVERITY[rep.verdict], rep.max_bound_ratio if math.isfinite(rep.max_bound_ratio) else math.inf)
+        if best is None or key < best[0]:
+            best = (key, rep)
+    return best[1], 0
+
+
+def _cpu_of(t):
+    if t is None:
+        return None
+    t = t.detach().to("cpu")
+    return t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t

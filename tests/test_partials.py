@@ -179,7 +179,9 @@ def test_convolution_bound_holds_in_its_orders():
     L, R, bias, _ = pr.terms(idx)
     chan = np.arange(180)  # the terms come as (c, ky, kx)
     tap = chan.reshape(20, 9).T.reshape(-1)  # (ky, kx, c)
-    blocked = np.concatenate([chan.reshape(20, 9)[c0 : c0 + 8].T.reshape(-1) for c0 in (0, 8, 16)])  # (c_o, ky, kx, c_i)
+    blocked = np.concatenate(
+        [chan.reshape(20, 9)[c0 : c0 + 8].T.reshape(-1) for c0 in (0, 8, 16)]
+    )  # (c_o, ky, kx, c_i)
     for i in idx:
         t = np.concatenate([[bias[i]], L[i] * R[i]])  # the bias first: every partial sum carries it
         for order in (tap, tap[::-1], blocked, blocked[::-1]):
@@ -228,3 +230,60 @@ def test_convolutions_correct_and_eight_spreads(case):
     bad = outs[0].double().clone().reshape(-1)
     bad[7] += 8 * spread
     assert rk.compare(bad.reshape(exact.shape).float(), op, *args, **kw).verdict == "mismatch"
+
+
+def _block_bound_by_hand(t, bias, cells, block):
+    """The module docstring's bound for one element, from its products ``t`` laid out as ``cells`` (a list of
+    index arrays, in the order run), plus sum t**2 (no M**2, no cap): block max(sum_b (|P_b| + A_b + |bias|)**2,
+    sum_b (|Q_b| + A_b + |bias|)**2)."""
+    S = np.array([t[c].sum() for c in cells])
+    A = np.array([np.abs(t[c]).sum() for c in cells])
+    P = np.concatenate([[0.0], np.cumsum(S)[:-1]])
+    Q = S.sum() - P - S
+    return block * max(((np.abs(P) + A + bias) ** 2).sum(), ((np.abs(Q) + A + bias) ** 2).sum()) + (t * t).sum()
+
+
+@pytest.mark.parametrize("case", ["strided groups dilation bias", "stride 1 bias", "conv1d", "linear bias"])
+def test_fused_pass_is_the_formula(case):
+    # the fused pass (products, cells and both orders in one jitted task) against the formula evaluated per element
+    g = torch.Generator().manual_seed(9)
+    if case == "strided groups dilation bias":  # 12 / 3 = 4 channels per group, 3 x 2 taps: K = 24, B = 4
+        args = (
+            torch.randn(2, 12, 11, 13, generator=g),
+            torch.randn(6, 4, 3, 2, generator=g),
+            torch.randn(6, generator=g),
+        )
+        op, kw = "conv2d", {"groups": 3, "stride": (2, 3), "dilation": (1, 2), "padding": 1}
+    elif case == "stride 1 bias":  # 19 channels, 9 taps: K = 171, B = 8 (cells of 8, 8 and 3 channels)
+        args = (
+            torch.randn(1, 19, 9, 10, generator=g),
+            torch.randn(5, 19, 3, 3, generator=g),
+            torch.randn(5, generator=g),
+        )
+        op, kw = "conv2d", {"padding": 1}
+    elif case == "conv1d":  # 2 groups of 40 channels, 5 taps: K = 200, B = 8
+        args = (torch.randn(2, 80, 30, generator=g), torch.randn(4, 40, 5, generator=g))
+        op, kw = "conv1d", {"groups": 2}
+    else:  # K = 300, B = 8, 38 blocks (the last of 4)
+        args = (torch.randn(3, 7, 300, generator=g), torch.randn(9, 300, generator=g), torch.randn(9, generator=g))
+        op, kw = "linear", {}
+    pr = problem(op, args, kw)
+    _, mag = pr.run(want_mag=True)
+    got = gemm_partials(pr, mag).reshape(-1)
+    B = block_size(pr.n_terms)
+    idx = np.arange(got.size)
+    L, R, bias, _ = pr.terms(idx)
+    if pr.kind == "conv":  # terms in (c, ky, kx) order; cells of cb channels at one tap, tap-major and blocked
+        cin, taps = args[1].shape[1], int(np.prod(args[1].shape[2:]))
+        cb = min(cin, B)
+        k = np.arange(cin * taps).reshape(cin, taps)
+        cell = [[k[c0 : c0 + cb, t] for c0 in range(0, cin, cb)] for t in range(taps)]
+        orders = [[c for row in cell for c in row], [cell[t][j] for j in range(len(cell[0])) for t in range(taps)]]
+    else:
+        cb = B
+        orders = [[np.arange(c0, min(c0 + B, L.shape[1])) for c0 in range(0, L.shape[1], B)]]
+    for i in idx:
+        t = L[i] * R[i]
+        want = max(_block_bound_by_hand(t, abs(bias[i]), o, cb) for o in orders) + mag.reshape(-1)[i] ** 2
+        want = min(want, (pr.n_terms + 1) * mag.reshape(-1)[i] ** 2)
+        assert got[i] == pytest.approx(want, rel=1e-12), (case, i)

@@ -26,18 +26,20 @@ contiguous range that does not start at k = 0 (a split-K chunk, a subtree) is a 
 prefixes: on data without structure it is no larger than the prefixes themselves, which is the premise
 the reductions' scale already states (:mod:`refkern.analysis.noise`): the left-to-right and
 right-to-left orders are the noisiest a backend runs there. The bound is taken no larger than the
-order-free one (both bound the same sum). The block sums are float64 GEMMs (exact products; their sums
-err by ``gamma_K M``, far under ``u M`` for the float32-or-narrower accumulations this is used for:
-float64 results keep the order-free scale).
+order-free one (both bound the same sum). The block sums are float64 sums of exact products (they err by
+``gamma_K M``, far under ``u M`` for the float32-or-narrower accumulations this is used for: float64 results
+keep the order-free scale), formed with the blocks' magnitudes and the passes over them in one jitted task
+per run of output positions (:func:`_cells_pass`), never written to memory.
 
 **Convolutions** run through k = (input channel, tap) in one of three orders: tap-major (channels-last
 layouts, a direct convolution: ``(ky, kx, c)``), channel-blocked (oneDNN's nChw16c kernels: ``(c_outer, ky,
 kx, c_inner)`` with SIMD blocks of channels) and channel-major (im2col's ``(c, ky, kx)``, cuDNN's NCHW
-implicit GEMM). Per image and conv group, the cells of the bound are ``B`` input channels at one tap (a
-GEMM each); taken tap by tap they are the blocks of the tap-major order, block of channels by block of
+implicit GEMM). Per image and conv group, the cells of the bound are ``B`` input channels at one tap;
+taken tap by tap they are the blocks of the tap-major order, block of channels by block of
 channels those of the channel-blocked order, and the larger of the two bounds is used. The channel-major
-order's blocks would be single channels with their taps (one GEMM per channel and tap: 300 s for a
-ResNet layer under load), so it is among the orders checked on a sample instead. conv3d (its depth
+order's blocks would be single channels with their taps (a third partition of the products; as GEMMs, one
+per channel and tap, 300 s for a ResNet layer under load), so it is among the orders checked on a sample
+instead. conv3d (its depth
 folded into the kernel's images), the transposed convolutions (and the gradients judged as one) and
 float64 results keep the order-free scale.
 
@@ -72,7 +74,8 @@ BLOCK_MIN, BLOCK_MAX = 4, 32  #: the range of :func:`block_size` (any block size
 LANES = (2, 4, 8, 16, 32, 64)  #: the lane counts of the structure check (SIMD widths times unrolling)
 SPLITS = (2, 4, 8)  #: split-K chunk counts the check runs
 CHECK_SAMPLE = 256  #: sampled elements whose other orders are run exactly
-_CHUNK = 1 << 22  # float64 values per temporary of the block GEMMs (32 MiB)
+_TASK_VALUES = 8192  # float64 values per cell buffer of a task of the fused pass (64 KiB)
+_GATHER_VALUES = 1 << 22  # float64 values of a strided convolution's gathered input at a time (32 MiB)
 
 
 def block_size(K: int) -> int:
@@ -80,125 +83,197 @@ def block_size(K: int) -> int:
     a bound; this one keeps it near the partial sums themselves. On terms of either sign and unit size the
     bound is about ``(K / B) B (0.6 sqrt(K) + 0.8 B)**2`` (a prefix's typical size plus a block's magnitude)
     against ``K**2 / 2`` for the left-to-right order, a ratio ``2 (0.6 + 0.8 B / sqrt(K))**2``: 2 at ``B =
-    sqrt(K) / 2``, 8 at B = 32 for K = 320. Smaller blocks cost more GEMMs of a shorter inner dimension;
+    sqrt(K) / 2``, 8 at B = 32 for K = 320. Smaller blocks cost more cells per output (passes over them);
     above K = 4096 the prefixes dominate and 32 stays (1.4x in sigma at most from the block term)."""
     b = 2.0 ** round(np.log2(max(np.sqrt(max(K, 1)) / 2.0, 1.0)))
     return int(min(max(b, BLOCK_MIN), BLOCK_MAX))
 
 
-def _ordered(S, A, bias, block, orders=None):
-    """``block max(sum_b (|P_b| + A_b + |bias|)**2, sum_b (|Q_b| + A_b + |bias|)**2)`` over the blocks of the
-    first axis (their exact sums ``S`` and magnitudes ``A``), P before each block, Q after it, the largest
-    over ``orders`` (rows of block indices; default: as they lie); the shape of one block, ``bias``
-    broadcast to it."""
-    nb = S.shape[0]
-    shape = S.shape[1:]
-    orders = np.arange(nb)[None] if orders is None else np.asarray(orders, np.int64).reshape(-1, nb)
-    out = np.empty(int(np.prod(shape, dtype=np.int64)))
-    b = np.ascontiguousarray(np.broadcast_to(bias, shape), np.float64).reshape(-1)
-    S2, A2 = (np.ascontiguousarray(v, np.float64).reshape(nb, -1) for v in (S, A))
-    _ordered_pass(S2, A2, b, float(block), orders, out)
-    return out.reshape(shape)
+def _cell_pixels(n_cells: int, length: int) -> int:
+    """Output positions per task of :func:`_cells_pass`: its two per-cell buffers hold ``n_cells`` rows of them,
+    at most :data:`_TASK_VALUES` values each (64 KiB: the passes read them again from the core's L2, never
+    from memory), a multiple of 32 (LLVM's vector loop: 8 float64 lanes, unrolled 4 times; a remainder
+    runs scalar) and at least 32."""
+    return int(min(max(length, 1), max(32, (_TASK_VALUES // max(n_cells, 1)) // 32 * 32)))
 
 
 @jit(parallel=True)
-def _ordered_pass(S, A, bias, block, orders, out):
-    """:func:`_ordered`'s pass: for each order the prefix and suffix at each block, both sums of squares, the
-    largest; elements in chunks of 1024 read along the rows of S and A (each block's row is contiguous)."""
-    nb, n = S.shape
-    step = 1024
-    for c in prange((n + step - 1) // step):
-        i0, i1 = c * step, min(n, (c + 1) * step)
-        m = i1 - i0
-        total, worst = np.zeros(m), np.zeros(m)
-        p, left, right = np.empty(m), np.empty(m), np.empty(m)
-        for k in range(nb):
-            for i in range(m):
-                total[i] += S[k, i0 + i]
+def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, pw, with_sq, out):
+    """The block bound of the module docstring (plus ``sum_k t_k**2`` ``with_sq``) for a convolution read
+    through flat planes: output position ``r = y pitch + x`` (x < wo) of image n and channel co is ``sum_(c, t)
+    W[co, c, t] X[n, plane[t], g cin + c, r + off[t]]`` (float64; a stride-1 convolution reads one padded plane
+    at offsets ``ky dh Wp + kx dw``, a strided one a plane per tap, a GEMM one plane of the rows of ``b``). A
+    cell is ``cb`` consecutive input channels of a group at one tap, cell ``t ngr + j`` for tap ``t`` and
+    channel block ``j``; ``orders`` (rows of cell indices) the orders the partial sums run through, the
+    largest counts; ``bias`` (C_out, wo) the |bias| each partial sum carries; ``out`` (N, C_out, H, wo).
+    Each task is ``pw`` consecutive positions of one image and output channel: the cells' sums ``S`` and
+    magnitudes ``A`` are formed in a local buffer (never a GEMM's output in memory: at inner dimension cb
+    those GEMMs were bound by memory, 0.4 s of products and 0.33 s of passes at a ResNet layer), then the
+    passes read them there. The products are exact (float32-or-narrower inputs in float64), the cells'
+    sums err by gamma_cb relatively, far under the float32 units the bound feeds."""
+    N = X.shape[0]
+    c_out, cin_g, T = W.shape
+    ho = out.shape[2]
+    cout_g = c_out // groups
+    ngr = (cin_g + cb - 1) // cb
+    nc = T * ngr
+    length = (ho - 1) * pitch + wo  # the last valid position + 1: a read stays inside its plane
+    npc = (length + pw - 1) // pw
+    for task in prange(N * c_out * npc):
+        pc = task % npc
+        co = (task // npc) % c_out
+        n = task // (npc * c_out)
+        c0 = (co // cout_g) * cin_g
+        r0 = pc * pw
+        m = min(length, r0 + pw) - r0
+        S = np.zeros((nc, m))
+        A = np.zeros((nc, m))
+        sq = np.zeros(m)  # sum_k t_k**2 (with_sq), else only a scratch
+        for t in range(T):
+            x0 = r0 + off[t]
+            for j in range(ngr):
+                _cell(X[n, plane[t]], W[co, :, t], c0, j * cb, min(cin_g, (j + 1) * cb), x0, m, S[t * ngr + j],
+                      A[t * ngr + j], sq)  # fmt: skip
+        total = np.zeros(m)
+        for k in range(nc):
+            for p in range(m):
+                total[p] += S[k, p]
+        b = np.zeros(m)
+        for p in range(m):
+            if (r0 + p) % pitch < wo:
+                b[p] = bias[co, (r0 + p) % pitch]
+        worst = np.zeros(m)
+        P = np.empty(m)
+        left = np.empty(m)
+        right = np.empty(m)
         for o in range(orders.shape[0]):
-            p[:] = 0.0
+            P[:] = 0.0
             left[:] = 0.0
             right[:] = 0.0
-            for j in range(nb):
-                k = orders[o, j]
-                for i in range(m):
-                    s = S[k, i0 + i]
-                    a = A[k, i0 + i] + bias[i0 + i]
-                    q = total[i] - p[i] - s
-                    left[i] += (abs(p[i]) + a) ** 2
-                    right[i] += (abs(q) + a) ** 2
-                    p[i] += s
-            for i in range(m):
-                worst[i] = max(worst[i], left[i], right[i])
-        for i in range(m):
-            out[i0 + i] = block * worst[i]
+            for j in range(nc):
+                s_row = S[orders[o, j]]
+                a_row = A[orders[o, j]]
+                for p in range(m):
+                    s = s_row[p]
+                    a = a_row[p] + b[p]
+                    q = total[p] - P[p] - s  # the exact suffix after the cell
+                    left[p] += (abs(P[p]) + a) ** 2
+                    right[p] += (abs(q) + a) ** 2
+                    P[p] += s
+            for p in range(m):
+                worst[p] = max(worst[p], left[p], right[p])
+        for p in range(m):
+            y, x = divmod(r0 + p, pitch)
+            if x < wo:
+                out[n, co, y, x] = block * worst[p] + (sq[p] if with_sq else 0.0)
+
+
+@jit
+def _cell(Xn, w, c0, c_lo, c_hi, x0, m, s_row, a_row, sq):
+    """One cell's sums over its channels ``c_lo .. c_hi - 1`` (of the group starting at input channel ``c0``) at
+    positions ``x0 .. x0 + m - 1`` of the plane ``Xn``, added in channel order to ``s_row`` (the products), ``a_row``
+    (their magnitudes) and ``sq`` (their squares). Eight channels per pass over the positions (then four, then
+    one): the buffers are read and written once per eight products, not once per product (3x fewer memory
+    operations; same sums, same order). A product of float32-or-narrower values is exact in float64, so
+    ``|t|`` and ``t * t`` (rounded once) are those of ``|w| |x|`` and ``w**2 x**2``."""
+    c = c_lo
+    while c + 8 <= c_hi:
+        x1, x2, x3, x4 = Xn[c0 + c, x0 : x0 + m], Xn[c0 + c + 1, x0 : x0 + m], Xn[c0 + c + 2, x0 : x0 + m], \
+            Xn[c0 + c + 3, x0 : x0 + m]  # fmt: skip
+        x5, x6, x7, x8 = Xn[c0 + c + 4, x0 : x0 + m], Xn[c0 + c + 5, x0 : x0 + m], Xn[c0 + c + 6, x0 : x0 + m], \
+            Xn[c0 + c + 7, x0 : x0 + m]  # fmt: skip
+        w1, w2, w3, w4, w5, w6, w7, w8 = w[c], w[c + 1], w[c + 2], w[c + 3], w[c + 4], w[c + 5], w[c + 6], w[c + 7]
+        for p in range(m):  # sliced rows, indices from a range: plain vector loads (an offset index gathers)
+            t1, t2, t3, t4 = w1 * x1[p], w2 * x2[p], w3 * x3[p], w4 * x4[p]
+            t5, t6, t7, t8 = w5 * x5[p], w6 * x6[p], w7 * x7[p], w8 * x8[p]
+            s_row[p] = (((((((s_row[p] + t1) + t2) + t3) + t4) + t5) + t6) + t7) + t8
+            a_row[p] = (((((((a_row[p] + abs(t1)) + abs(t2)) + abs(t3)) + abs(t4)) + abs(t5)) + abs(t6)) + abs(t7)) \
+                + abs(t8)  # fmt: skip
+            sq[p] = (((((((sq[p] + t1 * t1) + t2 * t2) + t3 * t3) + t4 * t4) + t5 * t5) + t6 * t6) + t7 * t7) + t8 * t8
+        c += 8
+    while c + 4 <= c_hi:
+        x1, x2, x3, x4 = Xn[c0 + c, x0 : x0 + m], Xn[c0 + c + 1, x0 : x0 + m], Xn[c0 + c + 2, x0 : x0 + m], \
+            Xn[c0 + c + 3, x0 : x0 + m]  # fmt: skip
+        w1, w2, w3, w4 = w[c], w[c + 1], w[c + 2], w[c + 3]
+        for p in range(m):
+            t1, t2, t3, t4 = w1 * x1[p], w2 * x2[p], w3 * x3[p], w4 * x4[p]
+            s_row[p] = (((s_row[p] + t1) + t2) + t3) + t4
+            a_row[p] = (((a_row[p] + abs(t1)) + abs(t2)) + abs(t3)) + abs(t4)
+            sq[p] = (((sq[p] + t1 * t1) + t2 * t2) + t3 * t3) + t4 * t4
+        c += 4
+    while c < c_hi:
+        xr = Xn[c0 + c, x0 : x0 + m]
+        w1 = w[c]
+        for p in range(m):
+            t1 = w1 * xr[p]
+            s_row[p] += t1
+            a_row[p] += abs(t1)
+            sq[p] += t1 * t1
+        c += 1
+
+
+def _cells(X, W, bias, stride, dilation, groups, cb, block, orders, out_shape, with_sq=True):
+    """:func:`_cells_pass` on a convolution's padded input ``X`` (N, C_in, Hp, Wp) and ``W`` (C_out, C_in / groups,
+    kh, kw), ``bias`` broadcast to (C_out, Wo), ``orders`` of taps and channel blocks (``"tap"``: tap by tap;
+    ``"both"``: also channel block by channel block): the bound (plus ``sum_k t_k**2`` ``with_sq``), of
+    ``out_shape`` (N, C_out, Ho, Wo). Stride 1 reads the padded input in place (positions at the padded width,
+    the columns past Wo dropped: (kw - 1) dw of Wp); a stride gathers each tap's input first, T times the
+    output's positions per input channel, in chunks of images of at most 32 MiB."""
+    N, C, Hp, Wp = X.shape
+    c_out, cin_g, kh, kw = W.shape
+    _, _, ho, wo = out_shape
+    (sh, sw), (dh, dw) = stride, dilation
+    ngr = -(-cin_g // cb)
+    cells = np.arange(kh * kw * ngr).reshape(kh * kw, ngr)
+    order = np.stack([cells.reshape(-1)] + ([cells.T.reshape(-1)] if orders == "both" else [])).astype(np.int64)
+    out = np.empty(out_shape)
+    b = np.broadcast_to(np.asarray(bias, np.float64), (c_out, wo))
+    W3 = np.ascontiguousarray(W, np.float64).reshape(c_out, cin_g, kh * kw)
+    ky, kx = np.divmod(np.arange(kh * kw), kw)
+    if out.size == 0:
+        return out
+    if sh == 1 and sw == 1:
+        planes = [(np.ascontiguousarray(X, np.float64).reshape(N, 1, C, Hp * Wp), np.zeros(kh * kw, np.int64),
+                   (ky * dh * Wp + kx * dw).astype(np.int64), Wp, slice(None))]  # fmt: skip
+    else:
+        step = max(1, _GATHER_VALUES // max(kh * kw * C * ho * wo, 1))
+        planes = ((_gathered(X[n0 : n0 + step], kh, kw, stride, dilation, ho, wo), np.arange(kh * kw),
+                   np.zeros(kh * kw, np.int64), wo, slice(n0, n0 + step)) for n0 in range(0, N, step))  # fmt: skip
+    for Xp, plane, off, pitch, sl in planes:
+        o = out[sl]
+        _cells_pass(Xp, W3, plane.astype(np.int64), off, int(pitch), int(wo), int(groups), int(cb), float(block),
+                    order, b, _cell_pixels(cells.size, (ho - 1) * pitch + wo), bool(with_sq), o)  # fmt: skip
+    return out
+
+
+def _gathered(X, kh, kw, stride, dilation, ho, wo):
+    """(N, T, C, Ho Wo): the input each tap of a strided convolution reads, tap ``ky kw + kx``."""
+    (sh, sw), (dh, dw) = stride, dilation
+    N, C = X.shape[:2]
+    V = np.empty((N, kh * kw, C, ho, wo))
+    for t in range(kh * kw):
+        y, x = divmod(t, kw)
+        V[:, t] = X[:, :, y * dh : y * dh + (ho - 1) * sh + 1 : sh, x * dw : x * dw + (wo - 1) * sw + 1 : sw]
+    return V.reshape(N, kh * kw, C, ho * wo)
 
 
 def block_partials(a, b, block, bias=0.0):
     """``sum_k P_k**2`` over the partial sums of each element of ``a @ b`` ((M, K) @ (K, N), float64) along k,
     bounded per block of ``block`` consecutive k by ``block (|P_b| + A_b + |bias|)**2``, the larger of the two
-    directions (module docstring; ``bias`` broadcast over the N columns); in chunks of rows, so that no
-    temporary exceeds about 32 MiB. The GEMMs' order term and attention's (P @ V, q . k) read it."""
+    directions (module docstring; ``bias`` broadcast to (M, N)); a GEMM as a convolution with a 1 x 1 kernel
+    (:func:`_cells_pass`). The GEMMs' order term and attention's (P @ V, q . k) read it."""
+    return _blocks(a, b, block, bias, False)
+
+
+def _blocks(a, b, block, bias, with_sq=True):
+    """The block bound (plus ``sum_k t_k**2`` ``with_sq``) for ``a @ b`` ((M, K), (K, N) float64), ``bias``
+    broadcast to (M, N)."""
     M, K = a.shape
     N = b.shape[1]
-    nb = max(-(-K // block), 1)
-    pad = nb * block - K
-    Bp = np.pad(b, ((0, pad), (0, 0))).reshape(nb, block, N)
-    aBp = np.abs(Bp)
-    out = np.empty((M, N))
-    step = max(1, _CHUNK // max(nb * N, 1))
-    for r0 in range(0, M, step):
-        Ap = np.pad(a[r0 : r0 + step], ((0, 0), (0, pad))).reshape(-1, nb, block).transpose(1, 0, 2)  # (nb, m, block)
-        out[r0 : r0 + step] = _ordered(np.matmul(Ap, Bp), np.matmul(np.abs(Ap), aBp), bias, block)
-    return out
-
-
-def _blocks(A, Bt, absb_bias, block):
-    """The block bound plus ``sum_k t_k**2`` for ``A @ Bt.T`` ((M, K), (N, K) float64)."""
-    return block_partials(A, Bt.T, block, absb_bias) + (A * A) @ (Bt * Bt).T
-
-
-def _bmm(a, b):
-    """Batched float64 ``a @ b`` by torch's BLAS (numpy's stacked matmul ran 5x slower on these shapes: inner
-    dimension B, thousands of columns); numpy where torch is not installed."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency of the tests, optional for the library
-        return np.matmul(a, b)
-    return torch.matmul(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b))).numpy()
-
-
-def _conv_image(Xn, W, bias, c, block):
-    """The bound plus ``sum_k t_k**2`` for one image ``Xn`` (C_in, Hp, Wp) of the convolution ``c``, (C_out, Ho *
-    Wo), per conv group: cells of ``block`` input channels at one tap (a GEMM each), taken tap by tap
-    (``(ky, kx, c)``) and channel block by channel block (``(c_outer, ky, kx, c_inner)``), the larger of the
-    two (module docstring)."""
-    c_out, cin_g, kh, kw = W.shape
-    cout_g = c_out // c.groups
-    _, _, ho, wo = c.out_shape
-    (sh, sw), (dh, dw) = c.stride, c.dilation
-    T = kh * kw
-    cb = min(cin_g, block)
-    ngr = -(-cin_g // cb)
-    out = np.empty((c_out, ho * wo))
-    for g in range(c.groups):
-        Xg, Wg = Xn[g * cin_g : (g + 1) * cin_g], W[g * cout_g : (g + 1) * cout_g]
-        V = np.zeros((T, ngr * cb, ho * wo))  # the input each tap reads, channels padded to whole cells
-        for t in range(T):
-            ky, kx = divmod(t, kw)
-            v = Xg[:, ky * dh : ky * dh + (ho - 1) * sh + 1 : sh, kx * dw : kx * dw + (wo - 1) * sw + 1 : sw]
-            V[t, :cin_g] = v.reshape(cin_g, ho * wo)
-        Wc = np.zeros((cout_g, ngr * cb, T))
-        Wc[:, :cin_g] = Wg.reshape(cout_g, cin_g, T)
-        Wc = np.ascontiguousarray(Wc.reshape(cout_g, ngr, cb, T).transpose(3, 1, 0, 2)).reshape(T * ngr, cout_g, cb)
-        V = V.reshape(T * ngr, cb, ho * wo)  # cell (t, j) at t ngr + j
-        S, A = _bmm(Wc, V), _bmm(np.abs(Wc), np.abs(V))
-        sq = (Wc * Wc).transpose(1, 0, 2).reshape(cout_g, -1) @ (V * V).reshape(-1, ho * wo)
-        b = bias[g * cout_g : (g + 1) * cout_g, None]
-        cells = np.arange(T * ngr).reshape(T, ngr)
-        both = _ordered(S, A, b, cb, np.stack([cells.reshape(-1), cells.T.reshape(-1)]))  # tap-major, blocked
-        out[g * cout_g : (g + 1) * cout_g] = both + sq
-    return out
+    bias = np.broadcast_to(np.asarray(bias, np.float64), (M, N))
+    X = np.asarray(b, np.float64).reshape(1, K, 1, N)
+    W = np.asarray(a, np.float64).reshape(M, K, 1, 1)
+    return _cells(X, W, bias, (1, 1), (1, 1), 1, block, block, "tap", (1, M, 1, N), with_sq).reshape(M, N)
 
 
 def gemm_partials(pr, mag, block: int | None = None):
@@ -215,12 +290,13 @@ def gemm_partials(pr, mag, block: int | None = None):
             bias = np.zeros(N) if pr.bias is None else np.abs(np.asarray(pr.bias, np.float64))
             out = np.empty((nbat, M, N))
             for t in range(nbat):
-                out[t] = _blocks(np.asarray(A3[ia[t]], np.float64), np.asarray(Bt3[ib[t]], np.float64), bias, block)
+                out[t] = _blocks(np.asarray(A3[ia[t]], np.float64), np.asarray(Bt3[ib[t]], np.float64).T, block, bias)
         else:
             c = pr.ops[0]
-            X, W = np.asarray(c.X, np.float64), np.asarray(c.W, np.float64)
-            bias = np.zeros(W.shape[0]) if c.bias is None else np.abs(np.asarray(c.bias, np.float64))
-            out = np.stack([_conv_image(X[n], W, bias, c, block) for n in range(X.shape[0])])
+            c_out, cin_g = c.W.shape[:2]
+            bias = np.zeros((c_out, 1)) if c.bias is None else np.abs(np.asarray(c.bias, np.float64))[:, None]
+            cb = min(cin_g, block)  # cells of cb channels at one tap, tap-major and channel-blocked (module docstring)
+            out = _cells(c.X, c.W, bias, c.stride, c.dilation, c.groups, cb, cb, "both", c.out_shape)
         mag = np.asarray(mag, np.float64).reshape(out.shape)
         out += mag * mag
         out = np.minimum(out, (pr.n_terms + 1.0) * mag * mag)

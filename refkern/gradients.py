@@ -34,56 +34,23 @@ its Reports index the adjoint call's output (the gradient itself, or its transpo
 of a convolution).
 """
 
+import refkern.ops as _ops
 from refkern.kernels._grad import Adjoint, _shape
-from refkern.kernels.attention_grad import _attention
-from refkern.kernels.conv_grad import _conv, _conv_transpose
-from refkern.kernels.elementwise_grad import OPS as _EW_OPS
-from refkern.kernels.elementwise_grad import _elementwise
-from refkern.kernels.embedding_grad import _embedding
-from refkern.kernels.gemm_grad import _dot, _linear, _matmul
-from refkern.kernels.loss_grad import _bce, _mse_loss, _nll_loss
-from refkern.kernels.norm_grad import _norm
-from refkern.kernels.pool_grad import _pool
-from refkern.kernels.reduction_grad import _cumsum, _reduction
-from refkern.kernels.softmax_grad import _softmax
 from refkern.ops._bind import bind as _bind
 
 __all__ = ["backward", "compare_backward", "adjoints", "differentiable", "Adjoint", "OPS"]
 
-
-def _bind_nd(fn, nd):
-    return lambda op, g, a, wrt, who: fn(nd, op, g, a, wrt, who)
-
-
-_BUILDERS = {
-    "linear": (_linear, ("x", "weight", "bias")),
-    "matmul": (_matmul, ("a", "b")),
-    **{f"conv{d}d": (_bind_nd(_conv, d), ("x", "weight", "bias")) for d in (1, 2, 3)},
-    **{f"conv_transpose{d}d": (_bind_nd(_conv_transpose, d), ("input", "weight", "bias")) for d in (1, 2, 3)},
-    "softmax": (_softmax, ("input",)),
-    "log_softmax": (_softmax, ("input",)),
-    "layer_norm": (_norm, ("input", "weight", "bias")),
-    "rms_norm": (_norm, ("input", "weight")),
-    "group_norm": (_norm, ("input", "weight", "bias")),
-    "batch_norm": (_norm, ("input", "weight", "bias")),
-    **{f"{kind}{d}d": (_pool, ("input",)) for kind in ("avg_pool", "max_pool", "adaptive_avg_pool") for d in (1, 2)},
-    "scaled_dot_product_attention": (_attention, ("query", "key", "value")),
-    **{k: (_reduction, ("x",)) for k in ("sum", "mean", "var", "std")},
-    "cumsum": (_cumsum, ("x",)),
-    "dot": (_dot, ("x", "y")),
-    "embedding": (_embedding, ("weight",)),
-    "nll_loss": (_nll_loss, ("input",)),
-    "mse_loss": (_mse_loss, ("input",)),
-    "binary_cross_entropy": (_bce, ("input",)),
-    **{k: (_elementwise, ("input",)) for k in _EW_OPS},  # tanh, sigmoid, silu, gelu
-}
-OPS = tuple(_BUILDERS)
+#: the ops with a backward, in registry order (each record's :class:`~refkern.ops.Backward` names its rule)
+OPS = _ops.names(backward=True)
 
 
 def _op_name(op, who) -> str:
-    from refkern import ops
+    return _ops.lookup(op, who, among=OPS)
 
-    return ops.lookup(op, who, among=_BUILDERS)
+
+def _rule(name):
+    """The backward rule of op ``name`` (its record's): ``rule(name, grad_output, bound, wrt, who)``."""
+    return _ops.resolve_path(_ops.get(name).backward.rule)
 
 
 def differentiable(op, args, kwargs, who="backward") -> dict:
@@ -91,14 +58,14 @@ def differentiable(op, args, kwargs, who="backward") -> dict:
     (not None), bound by the op's signature."""
     name = _op_name(op, who)
     a = _bind(name, args, kwargs, who)
-    return {k: a[k] for k in _BUILDERS[name][1] if a.get(k) is not None}
+    return {k: a[k] for k in _ops.get(name).differentiable if a.get(k) is not None}
 
 
 def adjoints(op, grad_output, *args, wrt=None, who="backward", **kwargs) -> dict:
     """The :class:`Adjoint` call of every gradient asked for (all differentiable arguments given,
     without ``wrt``), validated as torch validates the forward call."""
     name = _op_name(op, who)
-    build, diff = _BUILDERS[name]
+    diff = _ops.get(name).differentiable
     a = _bind(name, args, kwargs, who)
     given = tuple(k for k in diff if a.get(k) is not None)
     if wrt is None:
@@ -110,7 +77,7 @@ def adjoints(op, grad_output, *args, wrt=None, who="backward", **kwargs) -> dict
             raise ValueError(f"{who}: {name} has no differentiable argument {k!r}; choose among {', '.join(diff)}.")
         if a.get(k) is None:
             raise ValueError(f"{who}: wrt names {k!r}, but {name} was called without it.")
-    return build(name, grad_output, a, tuple(wrt), who)
+    return _rule(name)(name, grad_output, a, tuple(wrt), who)
 
 
 def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
@@ -119,7 +86,8 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     ``op``: "linear", "matmul", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
     "conv_transpose3d", "softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm",
     "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-    "scaled_dot_product_attention", "sum", "mean", "var", "std", "cumsum", "dot" (or the refkern function); the
+    "scaled_dot_product_attention", "sum", "mean", "var", "std", "cumsum", "dot", the losses, "embedding" and the
+    elementwise ops (:data:`OPS`, the registry's ops with a backward; or the refkern function); the
     arguments are exactly the op's (same names: ``x``/``weight``/``bias``, ``a``/``b``,
     ``input``/``weight``/``bias``, ``input``/``dim``, ``input``/``normalized_shape``/``weight``/``bias``/``eps``,
     ``x``/``dim``/``keepdim``/``dtype``/``correction``, ``x``/``y``), and

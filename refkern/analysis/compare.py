@@ -35,6 +35,16 @@ def _actual(actual, held=False):
     return np.asarray(o.values, None if held else np.float64).reshape(o.shape), o.fmt, device
 
 
+def _actual_grad(got, name, fmt, who):
+    """(float64 values, device) of a backend's gradient ``got`` of argument ``name``, whose dtype must be
+    ``fmt``'s (the argument's: torch returns each gradient in its argument's dtype); a TypeError otherwise."""
+    device = str(got.device) if is_tensor(got) else "numpy"
+    o = operand(got, f"the gradient of {name}", who)
+    if o.fmt.name != fmt.name:
+        raise TypeError(f"{who}: the gradient of {name} must have the dtype of {name}, {fmt.name}; got {o.fmt.name}.")
+    return np.asarray(o.values, np.float64).reshape(o.shape), device
+
+
 def _ulps(actual, ref, fmt):
     return ulp_errors(actual, ref, fmt)
 

@@ -7,56 +7,33 @@ import math
 
 import numpy as np
 
+import refkern.ops as _ops
 from refkern.kernels.attention_grad import _attn_call, _attn_grads
-from refkern.kernels.elementwise_grad import OPS as EW_OPS
 from refkern.kernels.norm_grad import _NORM_CALLS
 from refkern.kernels.pool_grad import _pool_call, _pool_grads
 from refkern.kernels.reduction_grad import _cumsum_values, _red_call, _red_grad, _reversed_cumsum, _to_rows
 from refkern.kernels.softmax_grad import _softmax_call
 
-ENVELOPE_OPS = ("softmax", "log_softmax")  # judged by worst-case envelopes (refkern.analysis._envelope_backward)
-NORM_OPS = ("layer_norm", "rms_norm", "group_norm", "batch_norm")  # judged by the norm envelopes (same module)
-POOL_OPS = tuple(f"{k}{d}d" for k in ("avg_pool", "max_pool", "adaptive_avg_pool") for d in (1, 2))  # pool_bound
-REDUCTION_OPS = ("sum", "mean", "var", "std")  # judged by _reduction_report (cumsum too where no adjoint call runs)
+__all__ = ["judge", "adjoint_report", "cumsum_report", "reduction_report", "softmax_report", "norm_report",
+           "pool_report", "attention_report", "embedding_report", "nll_loss_report", "mse_loss_report",
+           "bce_report"]  # fmt: skip
 
 
 def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="compare_backward"):
     """The Report of one gradient ``got`` of argument ``k`` of op ``name`` (its :class:`Adjoint` ``adj``,
-    the call bound as ``bound``): the envelope judges of the ops that have them, else :func:`refkern.compare`
-    on the adjoint call (and on its second formulation, the better fit the verdict)."""
+    the call bound as ``bound``), by the judge its record names (:class:`refkern.ops.Backward`): one of this
+    module's (each with the signature ``(name, k, adj, got, grad_output, bound, who, rtol, atol)``), or the
+    elementwise ops' (:func:`refkern.analysis.elementwise_grad.judge`)."""
+    fn = _ops.resolve_path(_ops.get(name).backward.judge)
+    return fn(name, k, adj, got, grad_output, bound, who, rtol, atol)
+
+
+def adjoint_report(name, k, adj, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):
+    """The products', convolutions' and dot's gradients: :func:`refkern.compare` on the adjoint call (and on
+    its second formulation, the better fit the verdict)."""
     from refkern.analysis.compare import compare
     from refkern.analysis.report import VERDICTS
 
-    if name in EW_OPS:  # the activations' gradients: their backward formulas' accuracy
-        from refkern.analysis.elementwise_grad import judge_grad
-
-        return judge_grad(name, got, grad_output, bound, who, rtol, atol)
-    if name in REDUCTION_OPS or (name == "cumsum" and adj.compute is not None):
-        return _reduction_report(name, k, got, grad_output, bound, who, rtol, atol)
-    if adj.op == "scaled_dot_product_attention":
-        return _attn_report(adj.op, k, got, grad_output, bound, who, rtol, atol)
-    if adj.op == "embedding":  # a scatter-add: the envelope of a sum in any order (refkern.analysis.embedding)
-        from refkern.analysis.embedding import grad_report
-
-        return grad_report(got, grad_output, bound, who, rtol, atol)
-    if adj.op == "nll_loss":  # -w_t g (/ D) at the targets: its envelope (refkern.analysis.losses)
-        from refkern.analysis.losses import grad_report as nll_report
-
-        return nll_report(got, grad_output, bound, who, rtol, atol)
-    if adj.op == "mse_loss":  # 2 (x - t) g (/ n): its envelope (refkern.analysis.losses)
-        from refkern.analysis.losses import mse_grad_report
-
-        return mse_grad_report(got, grad_output, bound, who, rtol, atol)
-    if adj.op == "binary_cross_entropy":  # g w (p - y) / max(p (1 - p), 1e-12): its envelope (analysis.losses)
-        from refkern.analysis.losses import bce_grad_report
-
-        return bce_grad_report(got, grad_output, bound, who, rtol, atol)
-    if adj.op in POOL_OPS:
-        return _pool_report(adj.op, got, grad_output, bound, who, rtol, atol)
-    if adj.op in NORM_OPS:
-        return _norm_report(adj.op, k, got, grad_output, bound, who, rtol, atol)
-    if adj.op in ENVELOPE_OPS:
-        return _envelope_report(adj.op, got, grad_output, bound, who, rtol, atol)
     a = adj.judge() if adj.judge is not None else adj
     rep = compare(a.from_grad(got), a.op, *a.args, rtol=rtol, atol=atol, **a.kwargs)
     if adj.judge_alt is not None and rep.verdict not in ("exact", "rounding"):
@@ -67,18 +44,54 @@ def judge(name, k, adj, got, grad_output, bound, *, rtol=None, atol=None, who="c
     return rep
 
 
-def _envelope_report(op, got, g, a, who, rtol=None, atol=None):
-    """compare_backward's Report for a gradient judged by :mod:`refkern.analysis._envelope_backward`
+def cumsum_report(name, k, adj, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):
+    """cumsum's gradient: compare's cumsum on the flipped grad_output (its adjoint call), or, where no adjoint
+    call runs (``adj.compute``: a dtype conversion, a 0-d input), the envelope of :func:`reduction_report`."""
+    if adj.compute is not None:
+        return reduction_report(name, k, adj, got, grad_output, bound, who, rtol, atol)
+    return adjoint_report(name, k, adj, got, grad_output, bound, who, rtol, atol)
+
+
+def embedding_report(name, k, adj, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):
+    """embedding's gradient, a scatter-add: the envelope of a sum in any order (:mod:`refkern.analysis.embedding`)."""
+    from refkern.analysis.embedding import grad_report
+
+    return grad_report(got, grad_output, bound, who, rtol, atol)
+
+
+def nll_loss_report(name, k, adj, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):
+    """nll_loss's gradient, ``-w_t g (/ D)`` at the targets: its envelope (:mod:`refkern.analysis.losses`)."""
+    from refkern.analysis.losses import grad_report
+
+    return grad_report(got, grad_output, bound, who, rtol, atol)
+
+
+def mse_loss_report(name, k, adj, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):
+    """mse_loss's gradient, ``2 (x - t) g (/ n)``: its envelope (:mod:`refkern.analysis.losses`)."""
+    from refkern.analysis.losses import mse_grad_report
+
+    return mse_grad_report(got, grad_output, bound, who, rtol, atol)
+
+
+def bce_report(name, k, adj, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):
+    """binary_cross_entropy's gradient, ``g w (p - y) / max(p (1 - p), 1e-12)``: its envelope
+    (:mod:`refkern.analysis.losses`)."""
+    from refkern.analysis.losses import bce_grad_report
+
+    return bce_grad_report(got, grad_output, bound, who, rtol, atol)
+
+
+def softmax_report(op, k, adj, got, g, a, who="compare_backward", rtol=None, atol=None):
+    """compare_backward's Report for a softmax's or log_softmax's gradient, judged by
+    :mod:`refkern.analysis._envelope_backward`
     (with ``dtype=``: the envelope of the computation in that dtype, then the conversion back,
     :func:`~refkern.analysis._envelope_backward.converted_bound`)."""
     from refkern.analysis._envelope_backward import bound, converted_bound
-    from refkern.analysis.compare import _actual
+    from refkern.analysis.compare import _actual_grad
     from refkern.kernels.softmax_backward import softmax_backward_rows
 
     xr, gr, back, fmt, _, fmt_c = _softmax_call(op, g, a, who)
-    act, afmt, device = _actual(got)
-    if afmt.name != fmt.name:
-        raise TypeError(f"{who}: the gradient of input must have the dtype of input, {fmt.name}; got {afmt.name}.")
+    act, device = _actual_grad(got, "input", fmt, who)
     from refkern.analysis.noise import Noise
     from refkern.analysis.noise_backward import converted, softmax_noise
 
@@ -139,16 +152,14 @@ def _envelope_finish(label, act, ref, b, fmt, device, n_terms, op, nz=None, rtol
     )  # fmt: skip
 
 
-def _norm_report(op, name, got, g, a, who, rtol=None, atol=None):
+def norm_report(op, name, adj, got, g, a, who="compare_backward", rtol=None, atol=None):
     """compare_backward's Report for one gradient of a norm, judged by its envelope."""
     from refkern.analysis._envelope_backward import BATCH_INPUT_ROUNDINGS, batch_norm_eval_bound, norm_bound
-    from refkern.analysis.compare import _actual
+    from refkern.analysis.compare import _actual_grad
 
     c = _NORM_CALLS[op](op, g, a, who)
-    act, afmt, device = _actual(got)
     fmt = c.fmts[name]
-    if afmt.name != fmt.name:
-        raise TypeError(f"{who}: the gradient of {name} must have the dtype of {name}, {fmt.name}; got {afmt.name}.")
+    act, device = _actual_grad(got, name, fmt, who)
     if c.given is not None:
         from refkern.kernels.batch_norm_backward import batch_norm_eval_backward
 
@@ -185,15 +196,13 @@ def _norm_report(op, name, got, g, a, who, rtol=None, atol=None):
                             b.reshape(shape), fmt, device, int(n_terms), op, nz, rtol, atol)  # fmt: skip
 
 
-def _pool_report(op, got, g, a, who, rtol=None, atol=None):
+def pool_report(op, k, adj, got, g, a, who="compare_backward", rtol=None, atol=None):
     """compare_backward's Report for a pooling's gradient, judged by its envelope."""
     from refkern.analysis._envelope_backward import pool_bound
-    from refkern.analysis.compare import _actual
+    from refkern.analysis.compare import _actual_grad
 
     c = _pool_call(op, g, a, who)
-    act, afmt, device = _actual(got)
-    if afmt.name != c.fmt.name:
-        raise TypeError(f"{who}: the gradient of input must have the dtype of input, {c.fmt.name}; got {afmt.name}.")
+    act, device = _actual_grad(got, "input", c.fmt, who)
     ref, asum, cnt = _pool_grads(c)
     from refkern.analysis.noise import Noise
     from refkern.analysis.noise_backward import pool_noise
@@ -206,17 +215,13 @@ def _pool_report(op, got, g, a, who, rtol=None, atol=None):
                             atol)  # fmt: skip
 
 
-def _attn_report(op, name, got, g, a, who, rtol=None, atol=None):
+def attention_report(op, name, adj, got, g, a, who="compare_backward", rtol=None, atol=None):
     """compare_backward's Report for one gradient of scaled_dot_product_attention, judged by its envelope."""
     from refkern.analysis._envelope_backward import attention_bound
-    from refkern.analysis.compare import _actual
+    from refkern.analysis.compare import _actual_grad
 
     c = _attn_call(op, g, a, who)
-    act, afmt, device = _actual(got)
-    if afmt.name != c.a.fmt.name:
-        raise TypeError(
-            f"{who}: the gradient of {name} must have the dtype of {name}, {c.a.fmt.name}; got {afmt.name}."
-        )
+    act, device = _actual_grad(got, name, c.a.fmt, who)
     ref = _attn_grads(c, (name,))[name]
     stack = {"query": c.a.Q, "key": c.a.K, "value": c.a.V}[name].shape
     from refkern.analysis.noise import Noise
@@ -228,7 +233,7 @@ def _attn_report(op, name, got, g, a, who, rtol=None, atol=None):
                             b.reshape(ref.shape), c.a.fmt, device, n_terms, op, nz, rtol, atol)  # fmt: skip
 
 
-def _reduction_report(op, name, got, g, a, who, rtol=None, atol=None):
+def reduction_report(op, name, adj, got, g, a, who="compare_backward", rtol=None, atol=None):
     """compare_backward's Report for the gradient of sum, mean, var, std (and cumsum's ``compute`` cases),
     judged by its envelope: sum's and a 0-d cumsum's is 0 (a correct backend copies or converts g once:
     ``exact`` or ``mismatch``, as max_pool's forward), mean's :func:`~refkern.analysis._envelope_backward.mean_bound`
@@ -236,12 +241,10 @@ def _reduction_report(op, name, got, g, a, who, rtol=None, atol=None):
     ``var_bound``, cumsum's the forward cumsum envelope of the converted grad_output around its own exact
     reference, plus the known distance between the two references."""
     from refkern.analysis import _envelope_backward as envb
-    from refkern.analysis.compare import _actual
+    from refkern.analysis.compare import _actual_grad
 
     c = _red_call(op, g, a, who)
-    act, afmt, device = _actual(got)
-    if afmt.name != c.fmt.name:
-        raise TypeError(f"{who}: the gradient of x must have the dtype of x, {c.fmt.name}; got {afmt.name}.")
+    act, device = _actual_grad(got, "x", c.fmt, who)
     from refkern.analysis import noise_backward as nb
 
     n_terms, blind, v = 1, 0, None
@@ -300,5 +303,3 @@ def _reduction_report(op, name, got, g, a, who, rtol=None, atol=None):
         why = "the sign of x - mean there depends on the rounding of the mean (torch's rule inf * g * (x - mean))"
         rep.notes.append(f"{blind} elements of a zero-dof row take the backend's NaN or infinity: {why}")
     return rep
-
-

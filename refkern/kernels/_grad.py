@@ -10,7 +10,7 @@ import numpy as np
 
 from refkern._arrays import is_tensor, operand
 
-__all__ = ["Adjoint"]
+__all__ = ["Adjoint", "grad_output"]
 
 
 _PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
@@ -89,18 +89,23 @@ def _pad(a, pads, mode="zeros"):
     return a
 
 
+def grad_output(g, op, fmt, shape, who, shape_text=None):
+    """grad_output ``g`` of op ``op``'s backward, validated (the one check every backward rule makes): its
+    dtype is the output's, ``fmt``, and its shape ``shape`` (``shape_text``: how the message states it,
+    where the expected shape reads better as a formula); the operand (:func:`refkern._arrays.operand`)."""
+    og = operand(g, "grad_output", who)
+    if og.fmt.name != fmt.name:
+        raise TypeError(f"{who}: grad_output must have the dtype of the output of {op}, {fmt.name}; "
+                        f"got grad_output.dtype={og.fmt.name}.")  # fmt: skip
+    if shape is not None and tuple(og.shape) != tuple(shape):
+        want = shape_text or f"the shape of the output of {op}, {tuple(shape)}"
+        raise ValueError(f"{who}: grad_output must have {want}; got grad_output.shape={tuple(og.shape)}.")
+    return og
+
+
 def _check_grad(op, g, want_shape, like, like_name, who):
-    og, ol = operand(g, "grad_output", who), operand(like, like_name, who)
-    if og.fmt.name != ol.fmt.name:
-        raise TypeError(
-            f"{who}: grad_output must have the dtype of the output of {op}, {ol.fmt.name}; "
-            f"got grad_output.dtype={og.fmt.name}."
-        )
-    if tuple(og.shape) != tuple(want_shape):
-        raise ValueError(
-            f"{who}: grad_output must have the shape of the output of {op}, {tuple(want_shape)}; "
-            f"got grad_output.shape={tuple(og.shape)}."
-        )
+    """:func:`grad_output` with the output's dtype that of argument ``like``."""
+    return grad_output(g, op, operand(like, like_name, who).fmt, want_shape, who)
 
 
 def _ones_judge(g2):

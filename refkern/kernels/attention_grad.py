@@ -5,8 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refkern._arrays import operand
-from refkern.kernels._grad import Adjoint, _shape
+from refkern.kernels._grad import Adjoint, _shape, grad_output
 
 
 @dataclass
@@ -33,13 +32,7 @@ def _attn_call(op, g, a, who) -> _AttnCall:
                              f"cannot be passed in; got dropout_p={a.get('dropout_p')}. Compare with dropout_p=0.0 "
                              "(model.eval()).") from None  # fmt: skip
         raise
-    og = operand(g, "grad_output", who)
-    if og.fmt.name != at.fmt.name:
-        raise TypeError(f"{who}: grad_output must have the dtype of the output of {op}, {at.fmt.name}; "
-                        f"got grad_output.dtype={og.fmt.name}.")  # fmt: skip
-    if tuple(og.shape) != tuple(at.out_shape):
-        raise ValueError(f"{who}: grad_output must have the shape of the output of {op}, {tuple(at.out_shape)}; "
-                         f"got grad_output.shape={tuple(og.shape)}.")  # fmt: skip
+    og = grad_output(g, op, at.fmt, at.out_shape, who)
     G = np.ascontiguousarray(np.asarray(og.values, np.float64).reshape(at.iq.size, *at.out_shape[-2:]))
     if not all(np.isfinite(x).all() for x in (at.Q, at.K, at.V, G)):
         raise ValueError(f"{who}: {op} backward needs finite query, key, value and grad_output; got a NaN or an "

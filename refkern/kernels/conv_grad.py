@@ -437,3 +437,18 @@ def _conv_transpose(nd, op, g, a, wrt, who):
     if "bias" in wrt:
         out["bias"] = _bias_sum(g, unbatched)
     return out
+
+
+def _dims(op) -> int:
+    """The spatial dimensions of a convolution's name ("conv2d", "conv_transpose3d": the digit before "d")."""
+    return int(op[-2])
+
+
+def conv_rule(op, g, a, wrt, who):
+    """The backward rule conv1d, conv2d and conv3d name (:class:`refkern.ops.Backward`)."""
+    return _conv(_dims(op), op, g, a, wrt, who)
+
+
+def conv_transpose_rule(op, g, a, wrt, who):
+    """The backward rule of conv_transpose1d, 2d and 3d."""
+    return _conv_transpose(_dims(op), op, g, a, wrt, who)

@@ -32,6 +32,10 @@ Ziv's strategy, in three steps:
    derivative is rational (1, 1/4, 1/2, 1/2, 1/2) and ``g f'(0)`` is rounded as a fraction; elsewhere
    ``f'(x)`` is transcendental (Lindemann-Weierstrass), so a finite precision decides.
 
+The math functions (exp, expm1, log, log1p, sqrt, rsqrt, reciprocal, pow, erf, softplus, sin, cos) have their
+derivatives in :mod:`refkern.kernels.math_grad` (same steps; :func:`values` and :func:`reference` pass them
+on, with pow's exponent and softplus's beta and threshold as ``p``).
+
 Non-finite g or x: torch's formulas in IEEE float64 (``silu_backward`` and ``gelu_backward`` give NaN at
 ``x = +-inf``: ``inf * 0``; ``tanh_backward`` and ``sigmoid_backward`` 0, from the saturated output).
 """
@@ -45,12 +49,11 @@ from refkern._arrays import operand
 from refkern.accumulate.formats import FLOAT64, round_array
 from refkern.kernels import _ew_exact as xe
 from refkern.kernels import elementwise as ew
+from refkern.kernels import math_grad as mg
 from refkern.kernels._common import deliver
-from refkern.kernels._grad import Adjoint
+from refkern.kernels._grad import Adjoint, grad_output
 
-__all__ = ["OPS", "gradient", "values", "grad_fn"]
-
-OPS = ("tanh", "sigmoid", "silu", "gelu")  #: the ops with a backward here
+__all__ = ["gradient", "values", "reference", "grad_fn", "grad_params"]
 _U, _TINY, _WIDE = 2.0**-52, 2.0**-1074, 1.0 + 2.0**-40
 _KAPPA = 0.044715
 _BETA = math.sqrt(2.0 / math.pi)
@@ -84,6 +87,15 @@ def _add(a, b):
 def _mul(a, b):
     v = a[0] * b[0]
     return v, np.abs(a[0]) * b[1] + np.abs(b[0]) * a[1] + a[1] * b[1] + _r(v)
+
+
+def _div(a, b):
+    """a / b for a ball b away from zero (an inexact b: ``|a/b - a0/b0| <= (a1 + |v| b1) / (|b0| - b1)``);
+    an infinite radius where b's ball reaches zero."""
+    v = a[0] / b[0]
+    den = np.abs(b[0]) - b[1]
+    rad = np.where(den > 0, (a[1] + np.abs(v) * b[1]) / np.where(den > 0, den, 1.0), np.inf)
+    return v, rad + _r(v)
 
 
 def _const(c):
@@ -170,9 +182,12 @@ def _special(fn, g, x):
         return g * d
 
 
-def values(fn, g, x, fmt):
+def values(fn, g, x, fmt, p=()):
     """(value, radius, rounded, decided): the ball of ``g f'(x)`` at the flat float64 arrays g, x and its
-    rounding to fmt where decided (steps 1-2 of the module docstring)."""
+    rounding to fmt where decided (steps 1-2 of the module docstring; the math functions' in
+    :mod:`refkern.kernels.math_grad`, ``p`` their numbers: pow's exponent, softplus's beta and threshold)."""
+    if fn in mg.FNS:
+        return mg.values(fn, g, x, fmt, p)
     prec, emin, emax = fmt.params
     n = x.size
     v, rad = np.zeros(n), np.zeros(n)
@@ -211,33 +226,45 @@ def values(fn, g, x, fmt):
     return v, rad, out, done
 
 
-def reference(fn, g, x, fmt):
+def reference(fn, g, x, fmt, p=()):
     """The correctly rounded ``g f'(x)`` (flat float64 arrays in, float64 array of fmt's values out)."""
-    _, _, out, done = values(fn, g, x, fmt)
+    _, _, out, done = values(fn, g, x, fmt, p)
     prec, emin, emax = fmt.params
     for i in np.flatnonzero(~done):
-        out[i] = xe.ziv(lambda w, i=i: _interval(fn, float(x[i]), float(g[i]), w), prec, emin, emax)
+        if fn in mg.FNS:
+            out[i] = mg.exact(fn, float(g[i]), float(x[i]), p, fmt)
+        else:
+            out[i] = xe.ziv(lambda w, i=i: _interval(fn, float(x[i]), float(g[i]), w), prec, emin, emax)
     return out
 
 
-def _operands(name, grad_output, a, who):
+def _operands(name, grad_output_, a, who):
     x = operand(a["input"], "input", who)
-    g = operand(grad_output, "grad_output", who)
-    if tuple(g.shape) != tuple(x.shape):
-        raise ValueError(f"{who}: grad_output must have the shape of {name}'s output, {tuple(x.shape)}; got shape "
-                         f"{tuple(g.shape)}.")  # fmt: skip
-    if g.fmt.name != x.fmt.name:
-        raise TypeError(f"{who}: grad_output must have the dtype of {name}'s output, {x.fmt.name}; got "
-                        f"grad_output.dtype={g.fmt.name}.")  # fmt: skip
+    g = grad_output(grad_output_, name, x.fmt, x.shape, who)
     return x, g, tuple(np.ascontiguousarray(o.values, np.float64).reshape(-1) for o in (g, x))
 
 
+def grad_params(name, bound, who="backward") -> tuple:
+    """The numbers of a bound call besides its input, as float64 (pow's exponent, softplus's beta and
+    threshold; gelu's approximate is read by :func:`grad_fn`), validated as the forward validates them."""
+    out = []
+    for k, v in bound.items():
+        if k in ("input", "approximate"):
+            continue
+        if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0:
+            raise TypeError(f"{who}: {name}'s {k} must be a number (a tensor {k} is not supported yet); got a "
+                            f"{type(v).__name__} of shape {tuple(v.shape)}.")  # fmt: skip
+        out.append(ew._number(v.item() if hasattr(v, "item") else v, who, k))
+    return tuple(out)
+
+
 def gradient(name, grad_output, a, who="backward"):
-    """The gradient of op ``name`` at its bound arguments ``a`` (``input``; gelu's ``approximate``) for
-    ``grad_output``: an array (a CPU tensor when any input is one) of the input's dtype."""
+    """The gradient of op ``name`` at its bound arguments ``a`` (``input``; gelu's ``approximate``; pow's
+    exponent, softplus's beta and threshold) for ``grad_output``: an array (a CPU tensor when any input is
+    one) of the input's dtype."""
     fn = grad_fn(name, a)
     x, g, (gf, xf) = _operands(name, grad_output, a, who)
-    out = reference(fn, gf, xf, x.fmt)
+    out = reference(fn, gf, xf, x.fmt, grad_params(name, a, who))
     return deliver(out.reshape(x.shape), x.fmt, x.torch or g.torch)
 
 
@@ -245,5 +272,6 @@ def _elementwise(name, grad_output, a, wrt, who):
     """The :class:`Adjoint` of ``input`` (refkern.gradients' builder): computed here, judged by
     :mod:`refkern.analysis.elementwise_grad`."""
     grad_fn(name, a)
+    grad_params(name, a, who)
     _operands(name, grad_output, a, who)  # validated now, as torch validates the call
     return {"input": Adjoint("input", name, (), compute=lambda: gradient(name, grad_output, a, who))}

@@ -2,7 +2,7 @@
 (:func:`refkern.kernels.embedding.grad_weight`); the indices have no gradient."""
 
 from refkern.kernels._common import deliver
-from refkern.kernels._grad import Adjoint
+from refkern.kernels._grad import Adjoint, grad_output
 
 __all__ = ["_embedding", "call_of"]
 
@@ -14,10 +14,7 @@ def call_of(g, a, who):
     from refkern.kernels.embedding import embedding_grad_call
 
     ow = operand(a["weight"], "weight", who)
-    og = operand(g, "grad_output", who)
-    if og.fmt.name != ow.fmt.name:
-        raise TypeError(f"{who}: grad_output must have the dtype of the output of embedding, {ow.fmt.name}; "
-                        f"got grad_output.dtype={og.fmt.name}.")  # fmt: skip
+    og = grad_output(g, "embedding", ow.fmt, None, who)
     if len(ow.shape) != 2 or (og.shape and og.shape[-1] != ow.shape[1]):
         raise ValueError(f"{who}: grad_output must have shape input.shape + ({ow.shape[-1]},); got grad_output.shape="
                          f"{tuple(og.shape)}.")  # fmt: skip

@@ -9,11 +9,10 @@ from fractions import Fraction
 
 import numpy as np
 
-from refkern._arrays import operand
 from refkern.accumulate.formats import FLOAT64
 from refkern.accumulate.ziv import round_fraction
 from refkern.kernels._common import deliver
-from refkern.kernels._grad import Adjoint
+from refkern.kernels._grad import Adjoint, grad_output
 from refkern.kernels._loss_call import loss_call
 
 __all__ = ["_nll_loss", "nll_grad_call", "nll_grad", "_mse_loss", "mse_grad_call", "mse_grad", "_bce", "bce_grad_call",
@@ -23,13 +22,7 @@ __all__ = ["_nll_loss", "nll_grad_call", "nll_grad", "_mse_loss", "mse_grad_call
 def nll_grad_call(g, a, who):
     """(the validated forward call, grad_output's values in the output's shape) of nll_loss's backward."""
     c = loss_call("nll_loss", **{k: v for k, v in a.items()})
-    og = operand(g, "grad_output", who)
-    if og.fmt.name != c.fmt.name:
-        raise TypeError(f"{who}: grad_output must have the dtype of the output of nll_loss, {c.fmt.name}; "
-                        f"got grad_output.dtype={og.fmt.name}.")  # fmt: skip
-    if tuple(og.shape) != tuple(c.out_shape):
-        raise ValueError(f"{who}: grad_output must have the shape of the output of nll_loss, {tuple(c.out_shape)}; "
-                         f"got grad_output.shape={tuple(og.shape)}.")  # fmt: skip
+    og = grad_output(g, "nll_loss", c.fmt, c.out_shape, who)
     return c, np.asarray(og.values, np.float64).reshape(-1)
 
 
@@ -92,11 +85,7 @@ def _pointwise_grad_output(op, g, fmt, shape, red, who):
     """(grad_output's values broadcast to the input's ``shape``, whether it is a tensor) of the backward of the
     pointwise loss ``op``, validated: grad_output has the shape (``shape`` for reduction="none", else a scalar)
     and the dtype ``fmt`` of the loss."""
-    og = operand(g, "grad_output", who)
-    want = shape if red == "none" else ()
-    if og.fmt.name != fmt.name or tuple(og.shape) != tuple(want):
-        raise ValueError(f"{who}: grad_output must have the shape and dtype of the output of {op}, {tuple(want)} "
-                         f"{fmt.name}; got {tuple(og.shape)} {og.fmt.name}.")  # fmt: skip
+    og = grad_output(g, op, fmt, shape if red == "none" else (), who)
     return np.broadcast_to(np.asarray(og.values, np.float64).reshape(og.shape), shape), og.torch
 
 

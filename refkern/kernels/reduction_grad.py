@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refkern._arrays import is_tensor, operand
-from refkern.kernels._grad import Adjoint, _flip
+from refkern.kernels._grad import Adjoint, _flip, grad_output
 
 
 @dataclass
@@ -66,13 +66,7 @@ def _red_call(op, g, a, who) -> _RedCall:
         shape = tuple(1 if i in dims else s for i, s in enumerate(x.shape))
     else:
         shape = tuple(s for i, s in enumerate(x.shape) if i not in dims)
-    og = operand(g, "grad_output", who)
-    if og.fmt.name != fmt_c.name:
-        raise TypeError(f"{who}: grad_output must have the dtype of the output of {op}, {fmt_c.name}; "
-                        f"got grad_output.dtype={og.fmt.name}.")  # fmt: skip
-    if tuple(og.shape) != tuple(shape):
-        raise ValueError(f"{who}: grad_output must have the shape of the output of {op}, {tuple(shape)}; "
-                         f"got grad_output.shape={tuple(og.shape)}.")  # fmt: skip
+    og = grad_output(g, op, fmt_c, shape, who)
     G = np.asarray(og.values, np.float64).reshape(shape)
     return _RedCall(x, o.fmt, fmt_c, dims, G, o.torch or og.torch)
 

@@ -3,8 +3,7 @@ once (:mod:`refkern.kernels.softmax_backward`)."""
 
 import numpy as np
 
-from refkern._arrays import operand
-from refkern.kernels._grad import Adjoint
+from refkern.kernels._grad import Adjoint, grad_output
 
 
 def _rows_of(v, axis):
@@ -34,17 +33,7 @@ def _softmax_call(op, g, a, who):
     span = max(v.ndim, 1)
     if not -span <= dim < span:
         raise IndexError(f"{who}: dim={dim} is out of range for a {v.ndim}-d input (expected {-span}..{span - 1}).")
-    og = operand(g, "grad_output", who)
-    if og.fmt.name != fmt_c.name:
-        raise TypeError(
-            f"{who}: grad_output must have the dtype of the output of {op}, {fmt_c.name}; "
-            f"got grad_output.dtype={og.fmt.name}."
-        )
-    if tuple(og.shape) != tuple(v.shape):
-        raise ValueError(
-            f"{who}: grad_output must have the shape of the output of {op}, {tuple(v.shape)}; "
-            f"got grad_output.shape={tuple(og.shape)}."
-        )
+    og = grad_output(g, op, fmt_c, v.shape, who)
     gv = np.asarray(og.values, np.float64).reshape(v.shape)
     if v.ndim == 0:
         v, gv = v.reshape(1), gv.reshape(1)

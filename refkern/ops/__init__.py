@@ -4,7 +4,10 @@ A record (:class:`Op`) says what refkern knows of an op: its name (torch's), the
 ground truth (as ``"module:function"`` paths, imported when first asked for: reading the registry
 imports no kernel, no torch and no mpmath), its tensor operands, the error model its verdict uses,
 the hypotheses that verdict may weigh besides a correct rounding, its differentiable arguments (those
-:func:`refkern.backward` and :func:`refkern.truth.backward` give gradients for), the
+:func:`refkern.backward` and :func:`refkern.truth.backward` give gradients for) and where their
+backward lives (:class:`Backward`: the rule, its truth, its judging, the audit's reading of the aten
+backward kernels, which :mod:`refkern.gradients`, :mod:`refkern.truth.backward`,
+:mod:`refkern.analysis.gradients` and :mod:`refkern.torch.dispatch_backward` look up here), the
 torch callables and aten ops it stands for, how the audit's ``sample=`` shrinks it, the example a
 command line needs, and its OpInfo names. ``compare``, ``check``, the audit's dispatch, ``sample=``,
 the command line's choices, the tests' parametrisation and the benchmarks iterate over
@@ -14,18 +17,18 @@ the command line's choices, the tests' parametrisation and the benchmarks iterat
 the valid names (``ops: unknown op='conv2'; choose one of 'dot', 'matmul', ... Did you mean 'conv2d'?``).
 """
 
-from refkern.ops._record import ERROR_MODELS, HYPOTHESES, REFKERN_ONLY, SAMPLE_KINDS, Call, Op, resolve_path
+from refkern.ops._record import ERROR_MODELS, HYPOTHESES, REFKERN_ONLY, SAMPLE_KINDS, Backward, Call, Op, resolve_path
 from refkern.ops._records import RECORDS
 from refkern.ops._records_elementwise import RECORDS as _ELEMENTWISE
 from refkern.ops._records_embedding import RECORDS as _EMBEDDING
 from refkern.ops._records_losses import RECORDS as _LOSSES
 
-__all__ = ["Op", "Call", "REGISTRY", "names", "get", "lookup", "resolve_path", "ERROR_MODELS", "SAMPLE_KINDS",
-           "HYPOTHESES", "REFKERN_ONLY"]  # fmt: skip
+__all__ = ["Op", "Call", "Backward", "REGISTRY", "names", "get", "lookup", "resolve_path", "ERROR_MODELS",
+           "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY"]  # fmt: skip
 
 
 def _build():
-    reg, nodes = {}, {}
+    reg, nodes, kernels = {}, {}, {}
     for r in RECORDS + _ELEMENTWISE + _LOSSES + _EMBEDDING:
         if r.name in reg:
             raise RuntimeError(f"ops: two records for {r.name!r}")
@@ -34,9 +37,15 @@ def _build():
             raise RuntimeError(f"ops: record {r.name!r} has an unknown error model, hypothesis or sample kind")
         if any(a not in r.aten for a, _ in r.aten_memo) or any(k not in r.aten_backward for k, _ in r.backward_outputs):
             raise RuntimeError(f"ops: record {r.name!r} keeps a memo or outputs of an aten op it does not list")
+        if bool(r.differentiable) != (r.backward is not None) or (r.aten_backward and not r.backward.audit):
+            raise RuntimeError(f"ops: record {r.name!r} has differentiable arguments without a backward (or the "
+                               "reverse), or aten backward kernels without the audit's reading of them")  # fmt: skip
         for node, edges in r.autograd:  # a node several ops share (ConvolutionBackward0) has one order
             if nodes.setdefault(node, edges) != edges:
                 raise RuntimeError(f"ops: two orders of the inputs of autograd node {node}")
+        for k in r.aten_backward:  # an aten backward kernel several ops share (convolution_backward): one reading
+            if kernels.setdefault(k, r.backward.audit) != r.backward.audit:
+                raise RuntimeError(f"ops: two readings of aten backward kernel {k}")
         reg[r.name] = r
     return reg
 
@@ -45,10 +54,12 @@ def _build():
 REGISTRY = _build()
 
 
-def names(*, error_model: str | None = None, family: str | None = None) -> tuple:
-    """The registered op names (those of one error model or family), in registry order."""
+def names(*, error_model: str | None = None, family: str | None = None, backward: bool | None = None) -> tuple:
+    """The registered op names (those of one error model or family; with ``backward=True``, those with a
+    backward), in registry order."""
     return tuple(n for n, r in REGISTRY.items() if (error_model is None or r.error_model == error_model)
-                 and (family is None or r.family == family))  # fmt: skip
+                 and (family is None or r.family == family)
+                 and (backward is None or (r.backward is not None) == backward))  # fmt: skip
 
 
 def _unknown(op, who, choices, tail=""):

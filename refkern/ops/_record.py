@@ -6,7 +6,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 
-__all__ = ["Op", "Call", "ERROR_MODELS", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY", "resolve_path"]
+__all__ = ["Op", "Call", "Backward", "ERROR_MODELS", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY", "resolve_path"]
 
 #: error models: "sum", one rounded sum of products per output element (the products and
 #: convolutions: :mod:`refkern.analysis.evaluate`, the statistical verdict of
@@ -47,6 +47,28 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Backward:
+    """Where an op's backward lives, as ``"module:function"`` paths (imported when first asked for), each
+    called with the op's name and its call bound by :func:`refkern.ops._bind.bind` (``bound``):
+
+    * ``rule``: the kernel side, ``rule(name, grad_output, bound, wrt, who) -> {argument: Adjoint}``
+      (:class:`refkern.kernels._grad.Adjoint`: the exact gradient, computed or as an adjoint call), read by
+      :func:`refkern.backward` and :func:`refkern.compare_backward`;
+    * ``truth``: the ground truth, ``truth(name, grad_output, bound, wrt, precision) -> {argument: gradient}``,
+      read by :func:`refkern.truth.backward`;
+    * ``judge``: the judging of one gradient, ``judge(name, argument, adjoint, got, grad_output, bound, who,
+      rtol, atol) -> Report``, read by :func:`refkern.compare_backward`;
+    * ``audit``: the torch adapter's reading of the op's aten backward kernels (``Op.aten_backward``),
+      ``audit(kernel, b, memo, present, name) -> BackwardCall`` (:mod:`refkern.torch.dispatch_backward`);
+      None where the op has no aten backward kernel (autograd composes its gradient of other ops)."""
+
+    rule: str
+    truth: str
+    judge: str
+    audit: str | None = None
+
+
+@dataclass(frozen=True)
 class Op:
     """What refkern knows of one op (module docstring); built only in :mod:`refkern.ops._records`."""
 
@@ -71,6 +93,7 @@ class Op:
     needs: str | None = None  # "dim=-1": an argument a command line must give, with an example
     sweep: bool = False  # ``refkern sweep`` draws it against the reduction length
     opinfo: tuple = ()  # names in torch's OpInfo database (op_db)
+    backward: Backward | None = None  # where its backward lives: with the differentiable arguments, always
 
     @property
     def reference(self):

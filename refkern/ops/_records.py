@@ -4,11 +4,20 @@ per output element), then the ops judged by envelopes, each family in the order 
 Every name below is a string: nothing is imported here (the kernels, torch and mpmath are imported
 when a consumer first asks a record for its function)."""
 
-from refkern.ops._record import Call, Op
+from refkern.ops._record import Backward, Call, Op
 
 _F = "torch.nn.functional."
 _SUM_HYPOTHESES = ("tf32", "autocast", "accumulators")  # and "epilogue" where a bias is added
 _CONV_CALL = "convolution", "_convolution"  # aten's one convolution: every conv and transposed conv
+_RULE, _TRUTH = "refkern.kernels.", "refkern.truth.backward:"
+_JUDGE, _AUDIT = "refkern.analysis.gradients:", "refkern.torch.dispatch_backward:"
+
+
+def _backward(rule, truth, judge, audit=None):
+    """The :class:`Backward` of an op: ``rule`` a kernels module and function ("gemm_grad:_linear"), ``truth``
+    and ``judge`` functions of :mod:`refkern.truth.backward` and :mod:`refkern.analysis.gradients`, ``audit``
+    one of :mod:`refkern.torch.dispatch_backward` (for the ops with an aten backward kernel)."""
+    return Backward(_RULE + rule, _TRUTH + truth, _JUDGE + judge, _AUDIT + audit if audit else None)
 
 
 def _methods(*names, params=None, torch_name=None):
@@ -21,7 +30,7 @@ def _product(name, reference, operands, *, hypotheses, calls, aten, torch_functi
     return Op(name, "product", reference, f"refkern.truth.products:{name}", operands, "sum", required=2,
               positional=True, hypotheses=hypotheses, differentiable=operands,
               torch_function=torch_function, calls=calls, aten=aten, autograd=autograd, sample=sample, sweep=True,
-              opinfo=opinfo)  # fmt: skip
+              opinfo=opinfo, backward=_backward(f"gemm_grad:_{name}", name, "adjoint_report"))  # fmt: skip
 
 
 def _conv(nd, transposed=False):
@@ -34,13 +43,19 @@ def _conv(nd, transposed=False):
               differentiable=(first, "weight", "bias"), torch_function=f"{_F}{name}",
               calls=(Call(f"{_F}{name}"),), aten=_CONV_CALL, aten_backward=("convolution_backward",),
               autograd=(("ConvolutionBackward0", ("input", "weight", "bias")),),
-              sample=None if transposed else "conv", opinfo=(f"nn.functional.{name}",))  # fmt: skip
+              sample=None if transposed else "conv", opinfo=(f"nn.functional.{name}",),
+              backward=_backward(f"conv_grad:{'conv_transpose' if transposed else 'conv'}_rule",
+                                 "conv_transpose" if transposed else "conv", "adjoint_report",
+                                 "convolution"))  # fmt: skip
 
 
 def _reduction(name, params, *, aten=None, needs=None, hypotheses=()):
+    cumsum = name == "cumsum"  # its gradient is a (flipped) cumsum: an adjoint call, judged as one
     return Op(name, "reduction", f"refkern.kernels.reduction:{name}", f"refkern.truth.reductions:{name}", ("x",),
               "envelope", hypotheses=hypotheses, differentiable=("x",), torch_function=f"torch.{name}",
-              calls=_methods(name, params=params), aten=aten or (name,), needs=needs, opinfo=(name,))  # fmt: skip
+              calls=_methods(name, params=params), aten=aten or (name,), needs=needs, opinfo=(name,),
+              backward=_backward(f"reduction_grad:_{'cumsum' if cumsum else 'reduction'}", "reduction",
+                                 "cumsum_report" if cumsum else "reduction_report"))  # fmt: skip
 
 
 def _norm(name, operands, params, *, aten, aten_backward, autograd, memo=(), required=1, needs=None, sample=None,
@@ -50,7 +65,9 @@ def _norm(name, operands, params, *, aten, aten_backward, autograd, memo=(), req
               differentiable=tuple(k for k in operands if k in ("input", "weight", "bias")),
               torch_function=f"{_F}{name}", calls=(Call(f"{_F}{name}", params),), aten=aten,
               aten_backward=aten_backward, aten_memo=memo, autograd=autograd, sample=sample, needs=needs,
-              opinfo=(f"nn.functional.{name}",))  # fmt: skip
+              opinfo=(f"nn.functional.{name}",),
+              backward=_backward("norm_grad:_norm", name if name in ("group_norm", "batch_norm") else "norm",
+                                 "norm_report", name))  # fmt: skip
 
 
 def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_calls=(), needs):
@@ -59,7 +76,9 @@ def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_cal
               calls=(Call(f"{_F}{name}", params), *(Call(f"{_F}{c}", params) for c in extra_calls)),
               aten=aten or (name,), aten_backward=aten_backward,
               autograd=((autograd, ("input",)),) if autograd else (), needs=needs,
-              opinfo=(f"nn.functional.{name}",))  # fmt: skip
+              opinfo=(f"nn.functional.{name}",),
+              backward=_backward("pool_grad:_pool", "pool", "pool_report",
+                                 name if aten_backward else None))  # fmt: skip
 
 
 def _softmax(name, aten, aten_backward, node):
@@ -69,7 +88,8 @@ def _softmax(name, aten, aten_backward, node):
               torch_function=f"{_F}{name}",
               calls=(Call(f"{_F}{name}", f_params), *_methods(name, params=t_params)), aten=aten,
               aten_backward=aten_backward, aten_memo=((aten[0], "input"),), autograd=((node, ("input",)),),
-              sample="rows", needs="dim=-1", opinfo=(name,))  # fmt: skip
+              sample="rows", needs="dim=-1", opinfo=(name,),
+              backward=_backward("softmax_grad:_softmax", "softmax", "softmax_report", "softmax"))  # fmt: skip
 
 
 _AVG1 = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
@@ -157,5 +177,6 @@ RECORDS = (
                  ("ScaledDotProductEfficientAttentionBackward0", (*_QKV, "attn_bias")),
                  ("ScaledDotProductCudnnAttentionBackward0", _QKV),
                  ("ScaledDotProductFusedAttentionOverrideableBackward0", (*_QKV, "attn_bias"))),
-       opinfo=("nn.functional.scaled_dot_product_attention",)),
+       opinfo=("nn.functional.scaled_dot_product_attention",),
+       backward=_backward("attention_grad:_attention", "attention", "attention_report", "attention")),
 )  # fmt: skip

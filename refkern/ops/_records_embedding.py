@@ -7,6 +7,7 @@ and truth (:mod:`refkern.truth.embeddings`). The forward reaches torch's dispatc
 which only moves values (the audit counts nothing there); the backward kernel is judged."""
 
 from refkern.ops._record import Call, Op
+from refkern.ops._records import _backward
 
 _F = "torch.nn.functional."
 
@@ -17,5 +18,6 @@ RECORDS = (
        calls=(Call(f"{_F}embedding", ("input", "weight", "padding_idx", "max_norm", "norm_type",
                                       "scale_grad_by_freq", "sparse")),),
        aten_backward=("embedding_dense_backward",), autograd=(("EmbeddingBackward0", ("weight",)),),
-       opinfo=("nn.functional.embedding",)),
+       opinfo=("nn.functional.embedding",),
+       backward=_backward("embedding_grad:_embedding", "embedding", "embedding_report", "embedding")),
 )  # fmt: skip

@@ -8,6 +8,7 @@ cross_entropy never reaches torch's dispatcher whole (it is ``log_softmax`` then
 ``sub``, ``abs`` and ``mean`` (each judged there)."""
 
 from refkern.ops._record import Call, Op
+from refkern.ops._records import _backward
 
 _F = "torch.nn.functional."
 _PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction")
@@ -19,7 +20,8 @@ RECORDS = (
        torch_function=f"{_F}nll_loss", calls=(Call(f"{_F}nll_loss", _PARAMS),),
        aten=("nll_loss_forward", "nll_loss2d_forward"), aten_backward=("nll_loss_backward", "nll_loss2d_backward"),
        autograd=(("NllLossBackward0", ("input",)), ("NllLoss2DBackward0", ("input",))),
-       opinfo=("nn.functional.nll_loss",)),
+       opinfo=("nn.functional.nll_loss",), backward=_backward("loss_grad:_nll_loss", "nll_loss", "nll_loss_report",
+                                                             "nll_loss")),
     Op("cross_entropy", "loss", "refkern.kernels.loss:cross_entropy", "refkern.truth.losses:cross_entropy",
        ("input", "target", "weight"), "loss", required=2, positional=True, torch_function=f"{_F}cross_entropy",
        calls=(Call(f"{_F}cross_entropy", (*_PARAMS, "label_smoothing")),),
@@ -28,7 +30,8 @@ RECORDS = (
        ("input", "target"), "loss", required=2, positional=True, differentiable=("input",),
        torch_function=f"{_F}mse_loss", calls=(Call(f"{_F}mse_loss", _POINTWISE),), aten=("mse_loss",),
        aten_backward=("mse_loss_backward",), autograd=(("MseLossBackward0", ("input", "target")),),
-       opinfo=("nn.functional.mse_loss",)),
+       opinfo=("nn.functional.mse_loss",), backward=_backward("loss_grad:_mse_loss", "mse_loss", "mse_loss_report",
+                                                             "mse_loss")),
     Op("l1_loss", "loss", "refkern.kernels.loss_pointwise:l1_loss", "refkern.truth.losses:l1_loss",
        ("input", "target"), "loss", required=2, positional=True, torch_function=f"{_F}l1_loss",
        calls=(Call(f"{_F}l1_loss", _POINTWISE),), opinfo=("nn.functional.l1_loss",)),
@@ -39,7 +42,8 @@ RECORDS = (
                                                    "reduction")),),
        aten=("binary_cross_entropy",), aten_backward=("binary_cross_entropy_backward",),
        autograd=(("BinaryCrossEntropyBackward0", ("input", "target")),),
-       opinfo=("nn.functional.binary_cross_entropy",)),
+       opinfo=("nn.functional.binary_cross_entropy",),
+       backward=_backward("loss_grad:_bce", "binary_cross_entropy", "bce_report", "binary_cross_entropy")),
     Op("binary_cross_entropy_with_logits", "loss", "refkern.kernels.loss_binary:binary_cross_entropy_with_logits",
        "refkern.truth.losses:binary_cross_entropy_with_logits", ("input", "target", "weight"), "loss", required=2,
        positional=True, torch_function=f"{_F}binary_cross_entropy_with_logits",

@@ -60,121 +60,134 @@ def _zeros_like_bias(sizes, like):
     return torch.zeros(tuple(sizes), dtype=like.dtype) if sizes is not None else None
 
 
+#: aten backward kernel -> the record of the op whose gradients it computes (the registry's ``aten_backward``)
+_KERNELS = {k: r for r in _ops.REGISTRY.values() for k in r.aten_backward}
+
+
 def backward_call(func, b, memo, present) -> BackwardCall:
     """The :class:`BackwardCall` for backward kernel ``func`` with bound arguments ``b`` (CPU copies),
     ``memo`` (:func:`forward_memo` of its forward, or None where the forward ran outside the audit) and
-    ``present(i)`` whether output ``i`` was computed."""
-    from refkern.gradients import OPS
-
+    ``present(i)`` whether output ``i`` was computed: the reading its op's record names
+    (:class:`refkern.ops.Backward`'s ``audit``, one of this module's functions below)."""
     name = op_name(func)
+    r = _KERNELS.get(name)
+    if r is None:
+        return BackwardCall(unsupported=f"{name}: no backward reference in refkern")
+    return _ops.resolve_path(r.backward.audit)(name, b, memo, present, r.name)
 
-    def need(op):
-        return None if op in OPS else f"{name}: no backward reference for {op} in refkern"
 
-    if name == "convolution_backward":
-        x, w = b["input"], b["weight"]
-        nd = w.dim() - 2
-        transposed = bool(b["transposed"])
-        op = f"conv_transpose{nd}d" if transposed else f"conv{nd}d"
-        if nd not in (1, 2, 3) or need(op):
-            return BackwardCall(unsupported=need(op) or f"{name}: a {nd}-d convolution")
-        mask = b["output_mask"]
-        bias = _zeros_like_bias(b["bias_sizes"], w) if mask[2] else None  # grad_bias needs only its shape
-        kw = dict(stride=_tup(b["stride"]), padding=_tup(b["padding"]), dilation=_tup(b["dilation"]),
-                  groups=b["groups"])  # fmt: skip
-        if transposed:
-            kw["output_padding"] = _tup(b["output_padding"])
-        first = "input" if transposed else "x"
-        grads = _masked(mask, [(0, first), (1, "weight"), (2, "bias")])
-        return BackwardCall(op, b["grad_output"], (x, w, bias), kw, [(i, n) for i, n in grads if present(i)])
-    if name in ("_softmax_backward_data", "_log_softmax_backward_data"):
-        op = "log_softmax" if name.startswith("_log") else "softmax"
-        if need(op):
-            return BackwardCall(unsupported=need(op))
-        x = _kept_input(op, memo)
-        if isinstance(x, BackwardCall):
-            return x
-        g = b["grad_output"]
-        if memo["half_to_float"] or b["input_dtype"] != g.dtype:
-            return BackwardCall(unsupported=f"{op} computed in another dtype than its input's (half_to_float)")
-        return BackwardCall(op, g, (x,), {"dim": b["dim"]}, [(0, "input")])
-    if name == "embedding_dense_backward":  # the gradient of weight at the indices it received (weight's values
-        if need("embedding"):  # do not enter: a zero tensor of its shape stands for it)
-            return BackwardCall(unsupported=need("embedding"))
-        g, ix = b["grad_output"], b["indices"]
-        pad = b["padding_idx"]
-        w = torch.zeros((b["num_weights"], g.shape[-1]), dtype=g.dtype)
-        kw = {"padding_idx": None if pad == -1 else pad, "scale_grad_by_freq": bool(b["scale_grad_by_freq"])}
-        return BackwardCall("embedding", g, (ix, w), kw, [(0, "weight")])
-    if name in ("nll_loss_backward", "nll_loss2d_backward"):  # at the log-probabilities and targets it received
-        if need("nll_loss"):  # (total_weight, the forward's stored sum of weights, is not needed: refkern's is exact)
-            return BackwardCall(unsupported=need("nll_loss"))
-        red = b["reduction"]
-        kw = {"weight": b["weight"], "reduction": ("none", "mean", "sum")[red], "ignore_index": int(b["ignore_index"])}
-        return BackwardCall("nll_loss", b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
-    if name == "mse_loss_backward":  # the gradient of its input (the target's is its negation, taken by autograd)
-        if need("mse_loss"):
-            return BackwardCall(unsupported=need("mse_loss"))
-        kw = {"reduction": ("none", "mean", "sum")[b["reduction"]]}
-        return BackwardCall("mse_loss", b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
-    if name == "binary_cross_entropy_backward":
-        if need("binary_cross_entropy"):
-            return BackwardCall(unsupported=need("binary_cross_entropy"))
-        kw = {"weight": b["weight"], "reduction": ("none", "mean", "sum")[b["reduction"]]}
-        return BackwardCall("binary_cross_entropy", b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
-    if name in ("max_pool2d_with_indices_backward", "avg_pool2d_backward", "_adaptive_avg_pool2d_backward"):
-        return _pool_backward(name, b, need)
-    if name in _ATTN_BACKWARD:
-        return _attention_backward(name, b, need, present)
-    if name in _EW_BACKWARD:
-        return _elementwise_backward(name, b, memo, need)
+def _eps_unknown(name):
+    return BackwardCall(unsupported=f"{name}: eps (not an argument of the backward) is known only when the forward "
+                        "ran inside the audit")  # fmt: skip
+
+
+def _grads(mask, pairs, present):
+    return [(i, n) for i, n in _masked(mask, pairs) if present(i)]
+
+
+# the readings the records name (refkern.ops.Backward.audit): (kernel, b, memo, present, op) -> BackwardCall
+
+
+def convolution(name, b, memo, present, op):
+    """convolution_backward, the one kernel of every convolution: the op from the weight's dimensions and
+    ``transposed``."""
+    x, w = b["input"], b["weight"]
+    nd = w.dim() - 2
+    transposed = bool(b["transposed"])
+    op = f"conv_transpose{nd}d" if transposed else f"conv{nd}d"
+    if op not in _ops.REGISTRY:
+        return BackwardCall(unsupported=f"{name}: a {nd}-d convolution")
+    mask = b["output_mask"]
+    bias = _zeros_like_bias(b["bias_sizes"], w) if mask[2] else None  # grad_bias needs only its shape
+    kw = dict(stride=_tup(b["stride"]), padding=_tup(b["padding"]), dilation=_tup(b["dilation"]), groups=b["groups"])
+    if transposed:
+        kw["output_padding"] = _tup(b["output_padding"])
+    first = "input" if transposed else "x"
+    grads = _grads(mask, [(0, first), (1, "weight"), (2, "bias")], present)
+    return BackwardCall(op, b["grad_output"], (x, w, bias), kw, grads)
+
+
+def softmax(name, b, memo, present, op):
+    """_softmax_backward_data and _log_softmax_backward_data: at the input the audit kept at the forward."""
+    x = _kept_input(op, memo)
+    if isinstance(x, BackwardCall):
+        return x
+    g = b["grad_output"]
+    if memo["half_to_float"] or b["input_dtype"] != g.dtype:
+        return BackwardCall(unsupported=f"{op} computed in another dtype than its input's (half_to_float)")
+    return BackwardCall(op, g, (x,), {"dim": b["dim"]}, [(0, "input")])
+
+
+def embedding(name, b, memo, present, op):
+    """embedding_dense_backward: the gradient of weight at the indices it received (weight's values do not
+    enter: a zero tensor of its shape stands for it)."""
+    g, ix = b["grad_output"], b["indices"]
+    pad = b["padding_idx"]
+    w = torch.zeros((b["num_weights"], g.shape[-1]), dtype=g.dtype)
+    kw = {"padding_idx": None if pad == -1 else pad, "scale_grad_by_freq": bool(b["scale_grad_by_freq"])}
+    return BackwardCall(op, g, (ix, w), kw, [(0, "weight")])
+
+
+_REDUCTIONS = ("none", "mean", "sum")  # aten's reduction enum
+
+
+def nll_loss(name, b, memo, present, op):
+    """nll_loss_backward, nll_loss2d_backward: at the log-probabilities and targets it received (total_weight,
+    the forward's stored sum of weights, is not needed: refkern's is exact)."""
+    kw = {"weight": b["weight"], "reduction": _REDUCTIONS[b["reduction"]], "ignore_index": int(b["ignore_index"])}
+    return BackwardCall(op, b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
+
+
+def mse_loss(name, b, memo, present, op):
+    """mse_loss_backward: the gradient of its input (the target's is its negation, taken by autograd)."""
+    kw = {"reduction": _REDUCTIONS[b["reduction"]]}
+    return BackwardCall(op, b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
+
+
+def binary_cross_entropy(name, b, memo, present, op):
+    kw = {"weight": b["weight"], "reduction": _REDUCTIONS[b["reduction"]]}
+    return BackwardCall(op, b["grad_output"], (b["self"], b["target"]), kw, [(0, "input")])
+
+
+def layer_norm(name, b, memo, present, op):
     eps = memo.get("eps") if memo else None
-    if name == "native_batch_norm_backward":
-        eps = b["eps"]
-    if eps is None and name != "_fused_rms_norm_backward":
-        return BackwardCall(unsupported=f"{name}: eps (not an argument of the backward) is known only when the "
-                            "forward ran inside the audit")  # fmt: skip
-    if name == "native_layer_norm_backward":
-        if need("layer_norm"):
-            return BackwardCall(unsupported=need("layer_norm"))
-        kw = dict(normalized_shape=tuple(b["normalized_shape"]), weight=b["weight"], bias=b["bias"], eps=eps)
-        grads = _masked(b["output_mask"], [(0, "input"), (1, "weight" if b["weight"] is not None else None),
-                                           (2, "bias" if b["bias"] is not None else None)])  # fmt: skip
-        return BackwardCall("layer_norm", b["grad_out"], (b["input"],), kw, [(i, n) for i, n in grads if present(i)])
-    if name == "_fused_rms_norm_backward":
-        if need("rms_norm"):
-            return BackwardCall(unsupported=need("rms_norm"))
-        if memo is None:
-            return BackwardCall(unsupported=f"{name}: eps (not an argument of the backward) is known only when the "
-                                "forward ran inside the audit")  # fmt: skip
-        kw = dict(normalized_shape=tuple(b["normalized_shape"]), weight=b["weight"], eps=eps)
-        grads = _masked(b["output_mask"], [(0, "input"), (1, "weight" if b["weight"] is not None else None)])
-        return BackwardCall("rms_norm", b["grad_out"], (b["input"],), kw, [(i, n) for i, n in grads if present(i)])
-    if name == "native_group_norm_backward":
-        if need("group_norm"):
-            return BackwardCall(unsupported=need("group_norm"))
-        w, mask = b["weight"], b["output_mask"]
-        bias = torch.zeros(b["C"], dtype=b["input"].dtype if w is None else w.dtype) if mask[2] else None
-        kw = dict(num_groups=b["group"], weight=w, bias=bias, eps=eps)
-        grads = _masked(mask, [(0, "input"), (1, "weight" if w is not None else None), (2, "bias")])
-        return BackwardCall("group_norm", b["grad_out"], (b["input"],), kw, [(i, n) for i, n in grads if present(i)])
-    if name == "native_batch_norm_backward":
-        if need("batch_norm"):
-            return BackwardCall(unsupported=need("batch_norm"))
-        x, w, mask = b["input"], b["weight"], b["output_mask"]
-        train = bool(b["train"])
-        if not train and (b["running_mean"] is None or b["running_var"] is None):
-            return BackwardCall(unsupported=f"{name} in eval mode without running statistics")
-        bias = torch.zeros(x.shape[1], dtype=x.dtype if w is None else w.dtype) if mask[2] else None
-        kw = dict(weight=w, bias=bias, training=train, eps=eps)
-        grads = _masked(mask, [(0, "input"), (1, "weight" if w is not None else None), (2, "bias")])
-        return BackwardCall("batch_norm", b["grad_out"], (x, b["running_mean"], b["running_var"]), kw,
-                            [(i, n) for i, n in grads if present(i)])  # fmt: skip
-    return BackwardCall(unsupported=f"{name}: no backward reference in refkern")
+    if eps is None:
+        return _eps_unknown(name)
+    kw = dict(normalized_shape=tuple(b["normalized_shape"]), weight=b["weight"], bias=b["bias"], eps=eps)
+    grads = _grads(b["output_mask"], [(0, "input"), (1, "weight" if b["weight"] is not None else None),
+                                      (2, "bias" if b["bias"] is not None else None)], present)  # fmt: skip
+    return BackwardCall(op, b["grad_out"], (b["input"],), kw, grads)
 
 
-# the activations' backward kernels -> their op (silu_backward -> silu): the registry's
-_EW_BACKWARD = {k: r.name for r in _ops.REGISTRY.values() if r.error_model == "elementwise" for k in r.aten_backward}
+def rms_norm(name, b, memo, present, op):
+    if memo is None:
+        return _eps_unknown(name)
+    kw = dict(normalized_shape=tuple(b["normalized_shape"]), weight=b["weight"], eps=memo.get("eps"))
+    grads = _grads(b["output_mask"], [(0, "input"), (1, "weight" if b["weight"] is not None else None)], present)
+    return BackwardCall(op, b["grad_out"], (b["input"],), kw, grads)
+
+
+def group_norm(name, b, memo, present, op):
+    eps = memo.get("eps") if memo else None
+    if eps is None:
+        return _eps_unknown(name)
+    w, mask = b["weight"], b["output_mask"]
+    bias = torch.zeros(b["C"], dtype=b["input"].dtype if w is None else w.dtype) if mask[2] else None
+    kw = dict(num_groups=b["group"], weight=w, bias=bias, eps=eps)
+    grads = _grads(mask, [(0, "input"), (1, "weight" if w is not None else None), (2, "bias")], present)
+    return BackwardCall(op, b["grad_out"], (b["input"],), kw, grads)
+
+
+def batch_norm(name, b, memo, present, op):
+    """native_batch_norm_backward (its eps an argument), in training or eval mode."""
+    x, w, mask = b["input"], b["weight"], b["output_mask"]
+    train = bool(b["train"])
+    if not train and (b["running_mean"] is None or b["running_var"] is None):
+        return BackwardCall(unsupported=f"{name} in eval mode without running statistics")
+    bias = torch.zeros(x.shape[1], dtype=x.dtype if w is None else w.dtype) if mask[2] else None
+    kw = dict(weight=w, bias=bias, training=train, eps=b["eps"])
+    grads = _grads(mask, [(0, "input"), (1, "weight" if w is not None else None), (2, "bias")], present)
+    return BackwardCall(op, b["grad_out"], (x, b["running_mean"], b["running_var"]), kw, grads)
 
 
 def _kept_input(op, memo):
@@ -192,12 +205,10 @@ def _kept_input(op, memo):
     return x.detach().to("cpu")
 
 
-def _elementwise_backward(name, b, memo, need):
-    """silu_backward and gelu_backward receive the forward's input; tanh_backward and sigmoid_backward its
-    output, so their input is the one the audit kept at the forward (as for softmax)."""
-    op = _EW_BACKWARD[name]
-    if need(op):
-        return BackwardCall(unsupported=need(op))
+def elementwise(name, b, memo, present, op):
+    """The activations' backward kernels: silu_backward and gelu_backward receive the forward's input;
+    tanh_backward and sigmoid_backward its output, so their input is the one the audit kept at the forward (as
+    for softmax)."""
     g = b["grad_output"]
     x = b.get("self")
     if x is None:
@@ -206,37 +217,37 @@ def _elementwise_backward(name, b, memo, need):
             return x
     if x.dtype != g.dtype or tuple(x.shape) != tuple(g.shape):
         return BackwardCall(unsupported=f"{name} with grad_output of another dtype or shape than the input's")
-    kw = {"approximate": b["approximate"]} if op == "gelu" else {}
+    params = _ops.get(op).signature.parameters  # the kernel's own arguments that are the op's (gelu's approximate)
+    kw = {k: v for k, v in b.items() if k in params and k != "input"}
     return BackwardCall(op, g, (x,), kw, [(0, "input")])
 
 
-def _pool_backward(name, b, need):
-    """The pools' backward kernels (1-d pools run as 2-d ones in torch): judged from the input they received
-    (a maximum's gradient goes where refkern's own forward puts the window's maximum)."""
-    x, g = b["self"], b["grad_output"]
-    if name == "_adaptive_avg_pool2d_backward":
-        op, kw = "adaptive_avg_pool2d", dict(output_size=tuple(g.shape[-2:]))
-    elif name == "avg_pool2d_backward":
-        op = "avg_pool2d"
-        kw = dict(kernel_size=_tup(b["kernel_size"]), stride=_tup(b["stride"]) or None, padding=_tup(b["padding"]),
-                  ceil_mode=b["ceil_mode"], count_include_pad=b["count_include_pad"],
-                  divisor_override=b["divisor_override"])  # fmt: skip
-    else:
-        op = "max_pool2d"
-        kw = dict(kernel_size=_tup(b["kernel_size"]), stride=_tup(b["stride"]) or None, padding=_tup(b["padding"]),
-                  dilation=_tup(b["dilation"]), ceil_mode=b["ceil_mode"])  # fmt: skip
-    if need(op):
-        return BackwardCall(unsupported=need(op))
-    return BackwardCall(op, g, (x,), kw, [(0, "input")])
+# the pools' backward kernels (1-d pools run as 2-d ones in torch): judged from the input they received (a
+# maximum's gradient goes where refkern's own forward puts the window's maximum)
 
 
-def _attention_backward(name, b, need, present):
+def adaptive_avg_pool2d(name, b, memo, present, op):
+    g = b["grad_output"]
+    return BackwardCall(op, g, (b["self"],), dict(output_size=tuple(g.shape[-2:])), [(0, "input")])
+
+
+def avg_pool2d(name, b, memo, present, op):
+    kw = dict(kernel_size=_tup(b["kernel_size"]), stride=_tup(b["stride"]) or None, padding=_tup(b["padding"]),
+              ceil_mode=b["ceil_mode"], count_include_pad=b["count_include_pad"],
+              divisor_override=b["divisor_override"])  # fmt: skip
+    return BackwardCall(op, b["grad_output"], (b["self"],), kw, [(0, "input")])
+
+
+def max_pool2d(name, b, memo, present, op):
+    kw = dict(kernel_size=_tup(b["kernel_size"]), stride=_tup(b["stride"]) or None, padding=_tup(b["padding"]),
+              dilation=_tup(b["dilation"]), ceil_mode=b["ceil_mode"])  # fmt: skip
+    return BackwardCall(op, b["grad_output"], (b["self"],), kw, [(0, "input")])
+
+
+def attention(name, b, memo, present, op):
     """The fused attention backward kernels: dq, dk and dv judged as refkern's gradients of
     scaled_dot_product_attention at the query, key, value, mask, causality and scale the kernel received
     (the forward's output and log-sum-exp it also receives are not needed: refkern recomputes them exactly)."""
-    op = "scaled_dot_product_attention"
-    if need(op):
-        return BackwardCall(unsupported=need(op))
     p = b.get("dropout_p") or 0.0
     if p:
         return BackwardCall(unsupported=f"attention with dropout_p={p} (a random mask no reference can reproduce)")

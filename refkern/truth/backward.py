@@ -14,13 +14,11 @@ import itertools
 import numpy as np
 
 import refkern.ops as _ops
-from refkern.kernels.elementwise_grad import OPS as EW_OPS
 from refkern.ops._bind import bind
 from refkern.truth._backward_common import _values
 from refkern.truth._backward_norm import _batch_norm_backward, _group_norm_backward, _norm_backward
 from refkern.truth._backward_reductions import _pool_backward, _reduction_backward
 from refkern.truth._backward_softmax import _attention_backward, _softmax_backward
-from refkern.truth.elementwise_grad import backward as elementwise_backward
 from refkern.truth.products import _exact_sum_of_products
 
 __all__ = ["backward"]
@@ -188,12 +186,74 @@ def _dot(op, G, a, grads):
         grads.add("y", (k,), G[()], x[k])
 
 
-def _nd(fn, nd):
-    return lambda *z: fn(nd, *z)
+def _summed(walk):
+    """The truth of an op whose gradients are sums of products (``walk(name, G, values, grads)`` puts each
+    forward term's pairs into the term lists): each element summed exactly and rounded once (module
+    docstring)."""
+
+    def truth(name, grad_output, a, wrt, precision=None):
+        diff = _ops.get(name).differentiable
+        ops = {k: _values(v, k, "truth.backward") for k, v in a.items() if k in diff and v is not None}
+        vals = {**a, **{k: v for k, (v, _) in ops.items()}}
+        G, og = _values(grad_output, "grad_output", "truth.backward")
+        if wrt is None:
+            wrt = tuple(ops)
+        elif isinstance(wrt, str):
+            wrt = (wrt,)
+        grads = _Grads({k: tuple(ops[k][1].shape) for k in ops}, wrt)
+        walk(name, G, vals, grads)
+        as_tensor = og.torch or any(o.torch for _, o in ops.values())
+        return grads.finish(og.fmt, as_tensor, precision)
+
+    return truth
 
 
-_OPS = {"linear": _linear, "matmul": _matmul, "dot": _dot, **{f"conv{d}d": _nd(_conv, d) for d in (1, 2, 3)},
-        **{f"conv_transpose{d}d": _nd(_conv_transpose, d) for d in (1, 2, 3)}}  # fmt: skip
+def _with_values(fn):
+    """The truth of a family read from grad_output's values: ``fn(name, G, og, bound, wrt)``."""
+
+    def truth(name, grad_output, a, wrt, precision=None):
+        G, og = _values(grad_output, "grad_output", "truth.backward")
+        return fn(name, G, og, a, wrt)
+
+    return truth
+
+
+# the truths the records name (refkern.ops.Backward.truth): truth(name, grad_output, bound, wrt, precision)
+linear, matmul, dot = _summed(_linear), _summed(_matmul), _summed(_dot)
+conv = _summed(lambda name, *z: _conv(int(name[-2]), name, *z))  # conv1d..3d: the digit before "d"
+conv_transpose = _summed(lambda name, *z: _conv_transpose(int(name[-2]), name, *z))
+softmax, attention = _with_values(_softmax_backward), _with_values(_attention_backward)
+pool, reduction = _with_values(_pool_backward), _with_values(_reduction_backward)
+norm, group_norm, batch_norm = (_with_values(_norm_backward), _with_values(_group_norm_backward),
+                                _with_values(_batch_norm_backward))  # fmt: skip
+
+
+def embedding(name, grad_output, a, wrt, precision=None):
+    """A scatter-add of grad_output's rows: exact Fractions (:mod:`refkern.truth.embeddings`)."""
+    from refkern.truth.embeddings import backward as embedding_backward
+
+    return embedding_backward(grad_output, a, wrt)
+
+
+def nll_loss(name, grad_output, a, wrt, precision=None):
+    """``-w_t g (/ D)`` at the targets: exact Fractions (:mod:`refkern.truth.losses`)."""
+    from refkern.truth.losses import nll_backward
+
+    return nll_backward(grad_output, a, wrt)
+
+
+def mse_loss(name, grad_output, a, wrt, precision=None):
+    """``2 (x - t) g (/ n)``: exact Fractions (:mod:`refkern.truth.losses`)."""
+    from refkern.truth.losses import mse_backward
+
+    return mse_backward(grad_output, a, wrt)
+
+
+def binary_cross_entropy(name, grad_output, a, wrt, precision=None):
+    """``g w (p - y) / max(p (1 - p), 1e-12)``: exact Fractions (:mod:`refkern.truth.losses`)."""
+    from refkern.truth.losses import bce_backward
+
+    return bce_backward(grad_output, a, wrt)
 
 
 def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **kwargs) -> dict:
@@ -203,52 +263,7 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
     validated by the fast path's normalisers (shapes, dtypes) before the loops."""
     from refkern.gradients import adjoints
 
-    name = _ops.lookup(op, "truth.backward", among=[n for n in _ops.REGISTRY if _ops.get(n).differentiable])
+    name = _ops.lookup(op, "truth.backward", among=_ops.names(backward=True))
     adjoints(name, grad_output, *args, wrt=wrt, who="truth.backward", **kwargs)  # validation only: no kernel runs
     a = bind(name, args, kwargs, "truth.backward")
-    if name == "embedding":  # a scatter-add of grad_output's rows: exact Fractions (refkern.truth.embeddings)
-        from refkern.truth.embeddings import backward as embedding_backward
-
-        return embedding_backward(grad_output, a, wrt)
-    if name == "nll_loss":  # -w_t g (/ D) at the targets: exact Fractions (refkern.truth.losses)
-        from refkern.truth.losses import nll_backward
-
-        return nll_backward(grad_output, a, wrt)
-    if name == "mse_loss":  # 2 (x - t) g (/ n): exact Fractions (refkern.truth.losses)
-        from refkern.truth.losses import mse_backward
-
-        return mse_backward(grad_output, a, wrt)
-    if name == "binary_cross_entropy":  # g w (p - y) / max(p (1 - p), 1e-12): exact Fractions (refkern.truth.losses)
-        from refkern.truth.losses import bce_backward
-
-        return bce_backward(grad_output, a, wrt)
-    if name in ("softmax", "log_softmax"):
-        G, og = _values(grad_output, "grad_output", "truth.backward")
-        return _softmax_backward(name, G, og, a, wrt)
-    if name == "scaled_dot_product_attention":
-        G, og = _values(grad_output, "grad_output", "truth.backward")
-        return _attention_backward(name, G, og, a, wrt)
-    if name.startswith(("avg_pool", "max_pool", "adaptive_avg_pool")):
-        G, og = _values(grad_output, "grad_output", "truth.backward")
-        return _pool_backward(name, G, og, a, wrt)
-    if name in ("sum", "mean", "var", "std", "cumsum"):
-        G, og = _values(grad_output, "grad_output", "truth.backward")
-        return _reduction_backward(name, G, og, a, wrt)
-    if name in EW_OPS:
-        return elementwise_backward(name, grad_output, a, wrt)
-    if name in ("layer_norm", "rms_norm", "group_norm", "batch_norm"):
-        G, og = _values(grad_output, "grad_output", "truth.backward")
-        fn = {"group_norm": _group_norm_backward, "batch_norm": _batch_norm_backward}.get(name, _norm_backward)
-        return fn(name, G, og, a, wrt)
-    diff = _ops.get(name).differentiable
-    ops = {k: _values(v, k, "truth.backward") for k, v in a.items() if k in diff and v is not None}
-    vals = {**a, **{k: v for k, (v, _) in ops.items()}}
-    G, og = _values(grad_output, "grad_output", "truth.backward")
-    if wrt is None:
-        wrt = tuple(ops)
-    elif isinstance(wrt, str):
-        wrt = (wrt,)
-    grads = _Grads({k: tuple(ops[k][1].shape) for k in ops}, wrt)
-    _OPS[name](name, G, vals, grads)
-    as_tensor = og.torch or any(o.torch for _, o in ops.values())
-    return grads.finish(og.fmt, as_tensor, precision)
+    return _ops.resolve_path(_ops.get(name).backward.truth)(name, grad_output, a, wrt, precision)

@@ -114,7 +114,7 @@ def value(fn, g: float, x: float, fmt) -> float:
     raise RuntimeError("truth.elementwise_grad: no decision within 2**15 bits")
 
 
-def backward(name, grad_output, a, wrt=None) -> dict:
+def backward(name, grad_output, a, wrt=None, precision=None) -> dict:
     """``{"input": gradient}`` of elementwise op ``name`` at its bound arguments ``a`` (``input``; gelu's
     ``approximate``): every element :func:`value`, in the input's dtype."""
     fn = name if name != "gelu" else ("gelu" if a.get("approximate", "none") == "none" else "gelu_tanh")

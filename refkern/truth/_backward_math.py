@@ -1,0 +1,173 @@
+"""Ground truth of the math functions' gradients (:mod:`refkern.kernels.math_grad`): ``g f'(x)`` for exp,
+expm1, log, log1p, sqrt, rsqrt, reciprocal, pow (a number exponent y), erf, softplus (beta b, threshold t),
+sin and cos, from mpmath's interval arithmetic, rounded once.
+
+The derivatives are taken from each function's definition and enclosed by ``mpmath.iv`` (the forward truth's
+intervals, :mod:`refkern.truth.elementwise`: exp for exp and expm1, cos for sin, sin for cos, x**(y - 1) for
+pow; ``2 / sqrt(pi) e**(-x**2)`` for erf, ``1 / (1 + e**(-b x))`` with the exact product b x for softplus,
+``1 / (2 sqrt x)`` and ``-1 / (2 x sqrt x)`` for sqrt and rsqrt) at a precision P that doubles from 80 bits
+until both ends of ``g f'(x)`` round alike, every interval widened by ``2**-(P - 16)`` relative as the
+forward truth widens its own (mpmath's interval functions are not rigorous at their last bits). Rational
+values are fractions, rounded by :func:`refkern.truth.reductions.round_fraction`: ``1 / x`` (log), ``1 / (1 +
+x)`` (log1p), ``-1 / x**2`` (reciprocal), sqrt and rsqrt where the square root is rational, pow where
+x**(y - 1) is (the forward truth's test), 1 at x = 0 for exp, expm1 and sin, 1/2 for softplus at 0, and 1
+where softplus's ``b x > t`` (torch's branch, the exact product).
+
+Read here on its own: where the real value is not defined, torch's autograd formula in IEEE float64,
+rounded once (non-finite g or x; g = 0, a zero whose sign the formula gives; log at 0, log1p at -1, sqrt
+and rsqrt at ``x <= 0``, reciprocal at 0, cos at 0; pow at 0, at a negative x with a non-integer y, with
+``y = 0`` (torch's zeros) and where ``|(y - 1) log2 |x|| > 4400``, which overflows or underflows every
+``g y x**(y - 1)``); and exp and expm1 beyond ``|x| > 1500``, where ``|g| e**|x|`` exceeds every format
+(``2**-1074 e**1500 > 2**1090``) or ``|g| e**-|x|`` is below half of every subnormal (``2**1024 e**-1500 <
+2**-1140``): the infinity or the zero with g's sign. Nothing is shared with the fast path's numerics.
+"""
+
+import math
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+
+from refkern._arrays import operand
+from refkern.kernels._common import deliver
+from refkern.truth import elementwise as te
+from refkern.truth.reductions import round_fraction
+from refkern.truth.softmax import _round_ends
+
+__all__ = ["backward", "value", "FNS"]
+
+FNS = ("exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "softplus", "sin", "cos")
+iv = mpmath.iv
+
+
+def _formula(fn, g, x, p):
+    """torch's autograd formula in IEEE float64 (numpy scalars: overflow to inf, no exception)."""
+    g, x = np.float64(g), np.float64(x)
+    with np.errstate(all="ignore"):
+        if fn == "exp":
+            v = g * np.exp(x)
+        elif fn == "expm1":
+            v = g * (np.expm1(x) + 1.0)
+        elif fn == "log":
+            v = g / x
+        elif fn == "log1p":
+            v = g / (x + 1.0)
+        elif fn == "sqrt":
+            v = g / (2.0 * np.sqrt(x))
+        elif fn == "rsqrt":
+            v = -0.5 * g * (1.0 / np.sqrt(x)) ** 3
+        elif fn == "reciprocal":
+            v = -g * ((1.0 / x) * (1.0 / x))
+        elif fn == "pow":
+            v = np.float64(0.0) if p[0] == 0 else g * (p[0] * np.power(x, np.float64(p[0] - 1.0)))
+        elif fn == "erf":
+            v = 2.0 / np.sqrt(np.pi) * np.exp(-(x * x)) * g
+        elif fn == "softplus":
+            z = np.exp(x * p[0])
+            v = g if x * p[0] > p[1] else g * z / (z + 1.0)
+        elif fn == "sin":
+            v = g * np.cos(x)
+        else:
+            v = g * -np.sin(x)
+    return float(v)
+
+
+def _outside(fn, x, p) -> bool:
+    """A finite x where the real derivative is not the value (module docstring)."""
+    if fn in ("log", "reciprocal", "cos"):
+        return x == 0
+    if fn == "log1p":
+        return x == -1
+    if fn in ("sqrt", "rsqrt"):
+        return x <= 0
+    if fn == "pow":
+        y = p[0]
+        if y == 0 or x == 0 or (x < 0 and not float(y).is_integer()):
+            return True
+        return abs((y - 1) * math.log2(abs(x))) > 4400
+    return False
+
+
+def _rational(fn, x, p):
+    """f'(x) as a Fraction where it is rational, else None."""
+    X = Fraction(x)
+    if fn == "log":
+        return 1 / X
+    if fn == "log1p":
+        return 1 / (X + 1)
+    if fn == "reciprocal":
+        return -1 / X**2
+    if fn in ("exp", "expm1", "sin") and x == 0:
+        return Fraction(1)
+    if fn in ("sqrt", "rsqrt"):
+        r = te._rational("sqrt", x, ())
+        return None if r is None else (1 / (2 * r) if fn == "sqrt" else -1 / (2 * X * r))
+    if fn == "pow":
+        if p[0] == 1:
+            return Fraction(1)
+        q = te._pow_rational(x, p[0] - 1)
+        return None if q is None else Fraction(p[0]) * q
+    if fn == "softplus":
+        bx = X * Fraction(p[0])
+        if bx > Fraction(p[1]):
+            return Fraction(1)
+        return Fraction(1, 2) if bx == 0 else None
+    return None
+
+
+def _deriv(fn, x, p):
+    """An mpmath interval of f'(x) (iv.prec set by the caller)."""
+    X = te._q(x)
+    if fn in ("exp", "expm1"):
+        return iv.exp(X)
+    if fn == "sqrt":
+        return 1 / (2 * iv.sqrt(X))
+    if fn == "rsqrt":
+        return -1 / (2 * X * iv.sqrt(X))
+    if fn == "pow":
+        return te._q(p[0]) * te._interval("pow", x, (p[0] - 1,), iv.prec)
+    if fn == "erf":
+        return 2 / iv.sqrt(iv.pi) * iv.exp(-(X**2))
+    if fn == "softplus":
+        return te._sig(te._q(Fraction(x) * Fraction(p[0])))
+    if fn == "sin":
+        return iv.cos(X)
+    if fn == "cos":
+        return -iv.sin(X)
+    raise KeyError(fn)
+
+
+def value(fn, g: float, x: float, fmt, p=()) -> float:
+    """The correctly rounded ``g f'(x)`` in fmt (module docstring)."""
+    g, x = float(g), float(x)
+    if not (math.isfinite(g) and math.isfinite(x)) or g == 0 or _outside(fn, x, p):
+        v = _formula(fn, g, x, p)
+        return v if not math.isfinite(v) or v == 0 else round_fraction(Fraction(v), fmt)
+    if fn in ("exp", "expm1") and abs(x) > 1500:
+        return math.copysign(math.inf if x > 0 else 0.0, g)
+    q = _rational(fn, x, p)
+    if q is not None:
+        return round_fraction(Fraction(g) * q, fmt)
+    prec, saved = 80, iv.prec
+    try:
+        while prec <= 1 << 15:
+            iv.prec = prec
+            d = iv.mpf(2) ** (16 - prec)
+            r = _round_ends(te._q(g) * _deriv(fn, x, p) * iv.mpf([1 - d, 1 + d]), fmt)
+            if r is not None:
+                return r
+            prec *= 2
+    finally:
+        iv.prec = saved
+    raise RuntimeError(f"truth.backward: {fn}'s gradient undecided at 2**15 bits for g={g!r}, x={x!r}")
+
+
+def backward(name, grad_output, a, wrt=None, precision=None) -> dict:
+    """``{"input": gradient}`` of op ``name`` at its bound arguments ``a`` (``input``; pow's exponent,
+    softplus's beta and threshold): every element :func:`value`, in the input's dtype."""
+    p = tuple(float(v.item() if hasattr(v, "item") else v) for k, v in a.items() if k != "input")
+    x = operand(a["input"], "input", "truth.backward")
+    g = operand(grad_output, "grad_output", "truth.backward")
+    xs, gs = np.asarray(x.values, np.float64).reshape(-1), np.asarray(g.values, np.float64).reshape(-1)
+    out = np.array([value(name, gi, xi, x.fmt, p) for gi, xi in zip(gs.tolist(), xs.tolist())], np.float64)
+    return {"input": deliver(out.reshape(x.shape), x.fmt, x.torch or g.torch)}

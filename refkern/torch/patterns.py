@@ -98,6 +98,7 @@ class Matcher:
         self._by_id = {}  # id(tensor) -> (weakref, node)
         self._size = 1024
         self._rms = {}  # id(module) -> [statistic], while the module runs
+        self._held = {}  # id(node of a reduction a - f(a)) -> a, while the reduction's result lives
         self.errors = []  # what went wrong inside the matcher (never raised into the model)
 
     # -------------------------------------------------------------- the stream
@@ -136,6 +137,9 @@ class Matcher:
         found = []
         if name in ("cos", "sin") and ins:
             node.keep = self._angle(ins[0])
+        elif self._reduction(node):  # an angle reduced before a cosine, maybe: its angle kept while it lives
+            self._held[id(node)] = ins[0].tensor()
+            weakref.finalize(outs[0], self._held.pop, id(node), None)
         if name in ("rsqrt", "pow", "reciprocal") and ins and module is not None:
             stat = self._rms_stat(node)
             if stat is not None:
@@ -166,24 +170,25 @@ class Matcher:
             todo += [(i.node, d + 1) for i in m.ins]
         return False
 
+    def _reduction(self, n):
+        """Whether node n is ``a - f(a)``, ``remainder(a, c)`` or ``fmod(a, c)`` of a float a (a range reduction)."""
+        if n.op not in ("sub", "remainder", "fmod") or not n.ins or n.ins[0].tensor() is None:
+            return False
+        if not n.ins[0].tensor().is_floating_point():
+            return False
+        return n.op != "sub" or (len(n.ins) == 2 and n.ins[0].node is not None
+                                 and self._ancestor(n.ins[1].node, n.ins[0].node, 6))  # fmt: skip
+
     def _angle(self, i):
         """The angle a cosine or sine is taken of: its input, or the angle before a reduction the stream did
         itself (``a - f(a)``, ``remainder(a, c)``, ``fmod(a, c)``); the tensor, held."""
         t = i.tensor()
         for _ in range(4):
             n = i.node
-            if n is None or not n.ins:
+            held = self._held.get(id(n)) if n is not None else None
+            if held is None:
                 break
-            a = n.ins[0]
-            if n.op == "sub" and len(n.ins) == 2 and a.node is not None and self._ancestor(n.ins[1].node, a.node):
-                pass
-            elif n.op in ("remainder", "fmod"):
-                pass
-            else:
-                break
-            if a.tensor() is None:
-                break
-            i, t = a, a.tensor()
+            i, t = n.ins[0], held
         return t
 
     def _rms_stat(self, node):

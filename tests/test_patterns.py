@@ -1,0 +1,308 @@
+"""Composed RMSNorm and rotary embeddings judged whole by the audit (issue 26, item 3;
+refkern.torch.patterns, refkern.analysis.rotary).
+
+The rotary reference is checked against an independent truth (mpmath at 300 bits, rounded to the
+format with Fraction arithmetic here); the yardstick against torch's own rotation (Hugging Face's
+``apply_rotary_pos_emb``) in four dtypes and at angles up to 2**20, and against bugs; the audit on
+random-initialised Hugging Face models (small configs, nothing downloaded) for the pattern rows, no
+false alarm, and bugs that spread over the small ops (each of which stays exact) named at the pattern."""
+
+import math
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+mpmath = pytest.importorskip("mpmath")
+
+import refkern.torch as rkt  # noqa: E402
+from refkern.analysis.rotary import compare_rotary, reference, rotate  # noqa: E402
+from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64  # noqa: E402
+
+OK = ("exact", "rounding")
+_FMT = {torch.float16: FLOAT16, torch.bfloat16: BFLOAT16, torch.float32: FLOAT32, torch.float64: FLOAT64}
+
+
+# ---------------------------------------------------------------- the truth, independent of refkern
+
+
+def _round_fraction(q: Fraction, prec: int, emin: int) -> float:
+    """q rounded to nearest, ties to even, to ``prec`` significant bits (subnormals below 2**emin)."""
+    if q == 0:
+        return 0.0
+    sign = -1 if q < 0 else 1
+    a = abs(q)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** e > a:
+        e -= 1
+    e = max(e, emin)
+    scaled = a / Fraction(2) ** (e - prec + 1)
+    n = scaled.numerator // scaled.denominator
+    rest = scaled - n
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and n % 2):
+        n += 1
+    return sign * math.ldexp(n, e - prec + 1)
+
+
+def _truth(q, theta, scale, fmt, convention):
+    """s (q cos theta + rotate(q) sin theta) per element with mpmath at 300 bits, rounded once to fmt."""
+    qf = np.asarray(q, np.float64).reshape(-1, q.shape[-1])
+    th = np.broadcast_to(theta, q.shape).reshape(-1, q.shape[-1])
+    h = q.shape[-1] // 2
+    out = np.empty_like(qf)
+    with mpmath.workprec(300):
+        for i in range(qf.shape[0]):
+            for j in range(qf.shape[1]):
+                if convention == "half":
+                    r = -qf[i, j + h] if j < h else qf[i, j - h]
+                else:
+                    r = -qf[i, j + 1] if j % 2 == 0 else qf[i, j - 1]
+                t = mpmath.mpf(float(th[i, j]))
+                y = mpmath.mpf(scale) * (mpmath.mpf(float(qf[i, j])) * mpmath.cos(t) + mpmath.mpf(r) * mpmath.sin(t))
+                m, e = abs(y).man_exp if y != 0 else (0, 0)
+                exact = Fraction(int(m)) * Fraction(2) ** int(e) * (-1 if y < 0 else 1)
+                out[i, j] = _round_fraction(exact, fmt.prec, fmt.emin)
+    return out.reshape(q.shape)
+
+
+@pytest.mark.parametrize("dtype", list(_FMT), ids=str)
+@pytest.mark.parametrize("convention", ("half", "interleaved"))
+def test_rotary_reference_is_the_correctly_rounded_rotation(dtype, convention):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 2, 8, generator=g).to(dtype)
+    theta = torch.tensor([0.0, 1e-3, 1.5707964, 3.1415927, 1e5, 123456.78, 2.0**20, 7e6], dtype=torch.float32)
+    theta = theta.expand(3, 2, 8).contiguous()
+    theta[2] = torch.rand(2, 8, generator=g) * 1e4
+    q64 = q.double().numpy()
+    # hard cases: q[..., j] cos + r sin close to 0 (the two products cancel), and an exact zero
+    q64[0, 0, 0], q64[0, 0, 4] = 0.0, 0.0
+    qt = torch.from_numpy(q64).to(dtype)
+    q64 = qt.double().numpy()
+    fmt = _FMT[dtype]
+    for scale in (1.0, 0.7071):
+        ref = reference(q64, theta.double().numpy(), scale, fmt, convention)[0]
+        np.testing.assert_array_equal(ref, _truth(q64, theta.double().numpy(), scale, fmt, convention))
+
+
+def test_rotate_conventions_by_hand():
+    q = np.arange(1.0, 7.0)
+    np.testing.assert_array_equal(rotate(q, "half"), [-4, -5, -6, 1, 2, 3])
+    np.testing.assert_array_equal(rotate(q, "interleaved"), [-2, 1, -4, 3, -6, 5])
+    with pytest.raises(ValueError, match=r"^rotary: unknown convention='pairs'"):
+        rotate(q, "pairs")
+
+
+def _hf_rotary(q, pos, dim, dtype, scale=1.0, reduce=None):
+    """Hugging Face's Llama rotary (LlamaRotaryEmbedding.forward and apply_rotary_pos_emb, written out)."""
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    emb = torch.cat([pos[..., None].float() * inv] * 2, dim=-1)
+    ang = emb if reduce is None else reduce(emb)
+    cos, sin = (ang.cos() * scale).to(dtype)[:, None], (ang.sin() * scale).to(dtype)[:, None]
+    h = dim // 2
+    return q * cos + torch.cat((-q[..., h:], q[..., :h]), dim=-1) * sin, emb[:, None]
+
+
+def _reduced(emb):  # a cosine's range reduction by a float32 2 pi: wrong for large angles
+    two_pi = torch.tensor(2 * math.pi, dtype=torch.float32)
+    return emb - two_pi * torch.round(emb / two_pi)
+
+
+@pytest.mark.parametrize("dtype", list(_FMT), ids=str)
+@pytest.mark.parametrize("start", (0, 100_000, 2**20))
+def test_torch_rotation_is_no_false_alarm_and_bugs_are_mismatches(dtype, start):
+    g = torch.Generator().manual_seed(start)
+    dim = 32
+    pos = torch.arange(start, start + 64)[None]
+    q = (torch.randn(2, 4, 64, dim, generator=g) * torch.exp(torch.randn(2, 4, 64, 1, generator=g))).to(dtype)
+    for scale in (1.0, 0.8):
+        y, theta = _hf_rotary(q, pos, dim, dtype, scale)
+        rep = compare_rotary(y, q, theta, scale=scale)
+        assert rep.verdict in OK, rep
+        assert rep.max_bound_ratio <= 1.0
+    y, theta = _hf_rotary(q, pos, dim, dtype)
+    swapped = q * torch.cat((-q[..., dim // 2 :], q[..., : dim // 2]), -1)  # nonsense: a product for the rotation
+    assert compare_rotary(swapped, q, theta).verdict == "mismatch"
+    assert compare_rotary(y, q, theta + 1e-2).verdict == "mismatch"  # angles shifted (a wrong position)
+    assert compare_rotary(y, q, theta, convention="interleaved").verdict == "mismatch"
+    if start:  # 2 pi in float32 is off by 1.7e-7: k of them shift the angle by k 1.7e-7 (k = 16000 at 1e5)
+        bad, _ = _hf_rotary(q, pos, dim, dtype, reduce=_reduced)
+        assert compare_rotary(bad, q, theta).verdict == "mismatch"
+    if dtype is torch.float32:  # cos and sin rounded to bfloat16 in a float32 rotation: far beyond float32's
+        low = q * theta.cos().bfloat16().float() + torch.cat((-q[..., dim // 2 :], q[..., : dim // 2]), -1) * (
+            theta.sin().bfloat16().float())
+        assert compare_rotary(low, q, theta).verdict == "mismatch"
+
+
+def test_rotary_errors():
+    q = torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"^rotary: actual.shape=\(2, 4\) differs from q.shape=\(2, 8\)"):
+        compare_rotary(torch.randn(2, 4), q, torch.zeros(8))
+    with pytest.raises(ValueError, match=r"^rotary: theta.shape=\(3,\) does not broadcast"):
+        compare_rotary(q, q, torch.zeros(3))
+    with pytest.raises(ValueError, match=r"^rotary: the last axis of q must have an even size"):
+        compare_rotary(torch.randn(2, 7), torch.randn(2, 7), torch.zeros(7))
+
+
+# ---------------------------------------------------------------- the audit: a model without transformers
+
+
+class _RMSNorm(torch.nn.Module):
+    """Llama's RMSNorm as transformers writes it."""
+
+    def __init__(self, d, eps=1e-6, bug=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.variance_epsilon = eps
+        self.bug = bug
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        var = h.pow(2).mean(-1, keepdim=True)
+        eps = self.variance_epsilon + (1e-2 if self.bug == "eps" else 0.0)
+        h = h * torch.rsqrt(var + eps)
+        w = self.weight + 1 if self.bug == "w+1" else self.weight
+        return w * h.to(dtype)
+
+
+def _audit(f, *args):
+    with rkt.audit() as a, torch.no_grad():
+        f(*args)
+    return a
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_composed_rms_norm_is_one_pattern_row(dtype):
+    x = (torch.randn(4, 32, generator=torch.Generator().manual_seed(0)) * 0.05).to(dtype)
+    norm = _RMSNorm(32).to(dtype)
+    a = _audit(norm, x)
+    rows = [c for c in a.calls if c.pattern]
+    assert [c.pattern for c in rows] == ["rms_norm"]
+    assert rows[0].op.startswith("rms_norm (composed: pow, mean, add, rsqrt, mul")
+    assert rows[0].verdict in OK and rows[0].name == "_RMSNorm"
+    assert a.n_ops == sum(a + b for a, b in a.counts.values()) and "rms_norm" not in a.counts  # not an op
+    assert "1 composed ops judged whole (1 rms_norm" in a.summary()
+    for bug in ("eps", "w+1"):
+        a = _audit(_RMSNorm(32, bug=bug).to(dtype), x)
+        ops = [c for c in a.calls if not c.pattern]
+        assert all(c.verdict in OK for c in ops), a.report()  # every small op is right
+        f = a.first_failure
+        assert f is not None and f.pattern == "rms_norm" and f.verdict == "mismatch", a.report()
+
+
+def test_an_rms_statistic_not_returned_is_no_pattern():
+    class Gate(torch.nn.Module):
+        def forward(self, x):  # the statistic scales another tensor: not a normalisation of x
+            return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6).expand(-1, 3) * 2.0
+
+    a = _audit(Gate(), torch.randn(4, 8))
+    assert not [c for c in a.calls if c.pattern]
+
+
+# ---------------------------------------------------------------- the audit: Hugging Face models
+
+
+def _model(kind, dtype, layers=2):
+    transformers = pytest.importorskip("transformers")
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if kind == "llama":
+            m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+        elif kind == "qwen2":
+            m = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+        else:
+            m = transformers.T5ForConditionalGeneration(transformers.T5Config(
+                vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=layers, num_heads=4,
+                num_decoder_layers=layers))  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    for mod in m.modules():  # away from the initial ones, so that w + 1 for w is not a scaling by 2 only
+        if type(mod).__name__.endswith(("RMSNorm", "LayerNorm")):
+            with torch.no_grad():
+                mod.weight.copy_(1 + 0.2 * torch.randn(mod.weight.shape, generator=g))
+    return m.eval().to(dtype)
+
+
+def _run(m, kind, start=0):
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(2))
+    with rkt.audit() as a, torch.no_grad():
+        if kind == "t5":
+            m(input_ids=ids, decoder_input_ids=ids)
+        else:
+            m(input_ids=ids, position_ids=torch.arange(start, start + 12)[None].expand(2, -1))
+    return a
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return _model("llama", torch.float32)
+
+
+@pytest.mark.parametrize("kind, dtype, start", [("llama", torch.float32, 0), ("llama", torch.bfloat16, 100_000),
+                                                ("qwen2", torch.float32, 100_000), ("qwen2", torch.bfloat16, 0),
+                                                ("t5", torch.float32, 0), ("t5", torch.bfloat16, 0)],
+                         ids=str)  # fmt: skip
+def test_hf_models_show_the_patterns_without_false_alarm(kind, dtype, start):
+    layers = 2 if kind == "llama" else 1
+    a = _run(_model(kind, dtype, layers), kind, start)
+    rows = [c for c in a.calls if c.pattern]
+    kinds = [c.pattern for c in rows]
+    if kind == "t5":  # encoder: 2 per block + final; decoder: 3 per block + final
+        assert kinds == ["rms_norm"] * (5 * layers + 2)
+    else:  # two per decoder layer and the final norm; q and k rotated in each layer
+        assert kinds.count("rms_norm") == 2 * layers + 1 and kinds.count("rotary") == 2 * layers
+        assert {c.op for c in rows if c.pattern == "rotary"} == {"rotary (composed: cos, sin, mul, neg, mul, add)"}
+    assert all(c.report is not None for c in rows), a.report()
+    assert a.first_failure is None, a.report()
+
+
+def _stray_eps(self, x):
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    var = h.pow(2).mean(-1, keepdim=True)
+    return self.weight * (h * torch.rsqrt(var + self.variance_epsilon + 1e-3)).to(dtype)
+
+
+def _w_plus_1(self, x):
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    return (self.weight + 1) * h.to(dtype)
+
+
+def _bad_rotate(x):
+    h = x.shape[-1] // 2
+    return torch.cat((x[..., h:], -x[..., :h]), dim=-1)  # the sign on the wrong half
+
+
+@pytest.mark.parametrize("bug", ("stray eps", "w + 1", "range reduction", "rotate_half"))
+def test_hf_llama_bugs_over_small_ops_are_the_pattern_mismatch(llama, monkeypatch, bug):
+    from transformers.models.llama import modeling_llama as ml
+
+    start = 0
+    if bug == "stray eps":
+        monkeypatch.setattr(ml.LlamaRMSNorm, "forward", _stray_eps)
+    elif bug == "w + 1":
+        monkeypatch.setattr(ml.LlamaRMSNorm, "forward", _w_plus_1)
+    elif bug == "range reduction":  # the rotary embedding reduces its angles by a float32 2 pi itself
+        start = 100_000
+        forward = ml.LlamaRotaryEmbedding.forward
+
+        def reduced(self, x, position_ids):
+            freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+            emb = _reduced(torch.cat((freqs, freqs), dim=-1))
+            return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+        monkeypatch.setattr(ml.LlamaRotaryEmbedding, "forward", reduced)
+        del forward
+    else:
+        monkeypatch.setattr(ml, "rotate_half", _bad_rotate)
+    a = _run(llama, "llama", start)
+    assert all(c.verdict in OK for c in a.calls if not c.pattern), a.report()  # every small op is right
+    f = a.first_failure
+    want = "rms_norm" if bug in ("stray eps", "w + 1") else "rotary"
+    assert f is not None and f.pattern == want and f.verdict == "mismatch", a.report()

@@ -6,7 +6,9 @@ backward's scales read them (:func:`attention_rows`)."""
 from dataclasses import dataclass
 
 import numpy as np
+from numba import prange
 
+from refkern._jit import jit
 from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
 from refkern.analysis.partials import block_partials
 
@@ -58,29 +60,54 @@ def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
     q = a.Q[a.iq[b]]
     _, arg, t, D, w = _weights(z)
     with np.errstate(all="ignore"):
-        o = w @ v
+        Ev = v.shape[1]
+        ov = w @ np.concatenate([v, np.abs(v)], axis=1)  # o and sum_j w_j |v_j| (w >= 0) in one GEMM
+        o, wv = ov[:, :Ev], ov[:, Ev:]
         qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
         # the dot products' partial sums: per block of DOT_BLOCK features for float32 results; for half ones
         # the order-free (E + 1) (s sum|q k|)**2, larger, and negligible next to the scores' store u_m |z|
         part = (E + 1.0) * (mag / s) ** 2 if u_m else _block_partials(q, k.T, DOT_BLOCK)
-        logit = (u * s) ** 2 * (part + qk2) + (u * z) ** 2 + (uq * s) ** 2 * qk2
         B = exp_ulps_rows(arg, t, u)[0]
-        beta2 = ((2.0 * B * u) ** 2 + (u * arg) ** 2 + logit
-                 + np.where(np.isfinite(m) & (m != 0), (u * z) ** 2, 0.0) + (u_m * z) ** 2)  # fmt: skip
-        beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
-        g = w * w * beta2
-        A2 = g @ (v * v) - 2.0 * o * (g @ v) + o * o * g.sum(axis=1)[:, None]  # sum_j g_j (v_j - o)**2
+        beta2, g = np.empty(z.shape), np.empty(z.shape)
+        _beta2(*(np.ascontiguousarray(x, np.float64) for x in (z, arg, t, w, B, np.broadcast_to(m, z.shape),
+               np.broadcast_to(part, z.shape), qk2)), u, u_m, uq, s, beta2, g)  # fmt: skip
+        gv = g @ np.concatenate([v * v, v], axis=1)
+        A2 = gv[:, :Ev] - 2.0 * o * gv[:, Ev:] + o * o * g.sum(axis=1)[:, None]  # sum_j g_j (v_j - o)**2
         var = np.maximum(A2, 0.0)
         var = var + (uq * s) ** 2 * _shared_q(w, v, k, q, o)
         rec = _records(z)
         adds = u * u * _partial_sq(t) / (D * D) + 2.0 * rec * u * u
         var = var + adds[:, None] * o * o
-        wv = np.abs(w) @ np.abs(v)
         var = var + u * u * _block_partials(w, v) + 2.0 * (u * o) ** 2 + rec[:, None] * (u * wv) ** 2
         var = var + u_m**2 * ((w * w) @ (v * v))  # P stored before P @ V (half results)
         shared = adds + g.sum(axis=1)
     return AttentionRows(w, t, D, beta2, np.where(np.isfinite(shared), shared, 0.0), o,
                          np.where(np.isfinite(var), var, 0.0))  # fmt: skip
+
+
+@jit(parallel=True)
+def _beta2(z, arg, t, w, B, m, part, qk2, u, u_m, uq, s, beta2, g):
+    """Each weight's own relative variance ``beta2`` (:func:`attention_rows`: its exponential within ``B`` ulps,
+    its argument, its logit's roundings, a float mask's addition, the scores' store) and ``g = w**2 beta2``, in
+    one pass over the (L, S) arrays instead of a dozen whole-array temporaries; the same float64 operations in
+    the same order. A term of weight 0 (or a non-finite argument) moves nothing: 0."""
+    L, S = z.shape
+    us2, uqs2 = (u * s) ** 2, (uq * s) ** 2
+    for i in prange(L):
+        for j in range(S):
+            zz = z[i, j]
+            a = arg[i, j]
+            if not (np.isfinite(a) and t[i, j] > 0.0):
+                beta2[i, j] = 0.0
+                g[i, j] = 0.0 * w[i, j] * w[i, j]  # NaN where w is, as w * w * 0 was
+                continue
+            q2 = qk2[i, j]
+            logit = us2 * (part[i, j] + q2) + (u * zz) ** 2 + uqs2 * q2
+            mm = m[i, j]
+            madd = (u * zz) ** 2 if (np.isfinite(mm) and mm != 0.0) else 0.0
+            b = (2.0 * B[i, j] * u) ** 2 + (u * a) ** 2 + logit + madd + (u_m * zz) ** 2
+            beta2[i, j] = b
+            g[i, j] = w[i, j] * w[i, j] * b
 
 
 def _shared_q(w, v, k, q, o):
@@ -100,8 +127,25 @@ def _shared_q(w, v, k, q, o):
     for s0 in range(0, S, step):
         outer = (vc[s0 : s0 + step, :, None] * k32[s0 : s0 + step, None, :]).reshape(-1, Ev * E)
         C += w32[:, s0 : s0 + step] @ outer
-    C = C.reshape(L, Ev, E).astype(np.float64) - (o - vbar)[:, :, None] * (w @ k)[:, None, :]
-    return np.einsum("lce,le->lc", C * C, q * q)
+    out = np.empty((L, Ev))
+    _shared_rows(C.reshape(L, Ev, E), np.ascontiguousarray(o - vbar), np.ascontiguousarray(w @ k),
+                 np.ascontiguousarray(q * q), out)  # fmt: skip
+    return out
+
+
+@jit(parallel=True)
+def _shared_rows(C, d, m, q2, out):
+    """``out[i, c] = sum_l q2[i, l] (C[i, c, l] - d[i, c] m[i, l])**2`` in float64 from the float32 GEMM's ``C``: one
+    pass over it (the float64 copy, the difference and its square as whole (L, Ev, E) temporaries cost half as
+    much again as the GEMM)."""
+    L, Ev, E = C.shape
+    for i in prange(L):
+        for c in range(Ev):
+            acc = 0.0
+            for l in range(E):
+                x = np.float64(C[i, c, l]) - d[i, c] * m[i, l]
+                acc += q2[i, l] * (x * x)
+            out[i, c] = acc
 
 
 def _block_partials(w, v, block=None):

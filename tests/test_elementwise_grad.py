@@ -76,6 +76,25 @@ def test_hard_values_by_hand():
     assert refkern.backward("tanh", g, x)["input"][4].item() == 0.0  # 1 - y*y at y = 1
 
 
+def test_float64_saturation_reads_the_format():
+    """A huge float64 g times a tiny f'(x) is a normal number, not the zero that fixed thresholds (sigmoid, silu
+    beyond 800, tanh beyond 400, gelu beyond 40) gave: mpmath at 300 bits, rounded to float64 by mpmath."""
+    import mpmath
+
+    x = torch.tensor([-801.0, 401.0, -801.0, -41.0], dtype=torch.float64)
+    g = torch.full((4,), 1e300, dtype=torch.float64)
+    with mpmath.workprec(300):
+        G = mpmath.mpf(1e300)
+        want = {"sigmoid": [G * mpmath.exp(-801) / (1 + mpmath.exp(-801)) ** 2, G * mpmath.sech(401) ** 2],
+                "tanh": [G * mpmath.sech(401) ** 2], "silu": [G * (mpmath.exp(-801) / (1 + mpmath.exp(-801))) * (
+                    1 - 801 / (1 + mpmath.exp(-801)))], "gelu": [G * (mpmath.ncdf(-41) - 41 * mpmath.npdf(-41))]}
+        want = {k: [float(v) for v in vs] for k, vs in want.items()}
+    got = {fn: refkern.backward(fn, g, x)["input"].tolist() for fn in ("sigmoid", "tanh", "silu", "gelu")}
+    assert got["sigmoid"][0] == want["sigmoid"][0] and got["tanh"][1] == want["tanh"][0]
+    assert got["silu"][0] == want["silu"][0] and got["gelu"][3] == want["gelu"][0]
+    assert got["tanh"][0] == 0.0 and got["gelu"][0] == 0.0  # 4 e**-1602 and phi(801) times 1e300: below 2**-1075
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("name, kw", CASES, ids=_ID)
 def test_torch_cpu_backward_is_no_false_alarm(name, kw, dtype):

@@ -16,11 +16,14 @@ gelu (tanh)    ``s(2u) (1 + 2 x u' s(-2u))``, ``u = sqrt(2/pi) (x + 0.044715 x**
 
 Ziv's strategy, in three steps:
 
-1. **Saturation** (exact): where ``|g f'(x)|`` differs from g by less than ``2**-1000 |g|``, or is below
-   ``2**-1100``, the rounding is g or a signed zero: tanh for ``|x| > 400`` (``4 e**(-2|x|)``), sigmoid for
-   ``|x| > 800``, silu for ``|x| > 800`` (``1 + x e**(-x)`` above, ``e**x (1 + x)`` below), gelu for
-   ``|x| > 40`` (``phi(40) = e**-800``), the tanh form for ``|2u| > 2200`` (``|2 x u'| <= 3 |2u|``); any g
-   (|g| < 2**1024) times what is left is below half the smallest subnormal.
+1. **Saturation** (exact): where ``|f'(x)| < e**-k`` with ``k = (p + emax + 1 - emin) ln 2`` for a format of
+   p bits (float64: ``e**-k = 2**-2099``, float32 ``2**-278``), every g of the format (``|g| < 2**(emax+1)``)
+   times it is below half the smallest subnormal, ``2**(emin - p)``: a signed zero; where ``f'(x) - 1`` is
+   as small, g itself. Beyond ``|x| > L``: tanh ``L = k/2 + 1`` (``f' <= 4 e**(-2|x|)``), sigmoid ``k + 1``
+   (``e**-|x|``), silu ``k + 10`` (``(1 + |x|) e**-|x|`` below, ``f' - 1 < x e**-x`` above), gelu ``sqrt(2 (k
+   + 5)) + 1`` (``(|x| + 1) phi(x)``), the tanh form ``|2u| > 2200`` (``|2 x u'| <= 3 |2u|``, ``e**-2200``).
+   (Before this rule read the format, fixed thresholds (400, 800, 40) rounded float64 gradients of huge g to
+   zero: ``sigmoid_backward(1e300, -801)`` is ``1.35e-48``, not 0.)
 2. **Ball arithmetic in float64**: each quantity a value and a radius; s, e**y and gelu from
    :func:`refkern.kernels.elementwise.values` (within ``2**-95`` relative, charged ``2**-90`` plus
    ``2**-1074`` absolute: underflow), a function at an inexact argument charged its derivative times the
@@ -57,7 +60,15 @@ __all__ = ["gradient", "values", "reference", "grad_fn", "grad_params"]
 _U, _TINY, _WIDE = 2.0**-52, 2.0**-1074, 1.0 + 2.0**-40
 _KAPPA = 0.044715
 _BETA = math.sqrt(2.0 / math.pi)
-_SAT = {"tanh": 400.0, "sigmoid": 800.0, "silu": 800.0, "gelu": 40.0}
+
+
+def _saturation(fn, fmt) -> float:
+    """L of step 1 of the module docstring: beyond ``|x| > L`` (``|2u| > L`` for the tanh form), ``g f'(x)``
+    rounds to g or to a signed zero for every g of the format."""
+    if fn == "gelu_tanh":
+        return 2200.0
+    k = (fmt.prec + fmt.emax + 1 - fmt.emin) * math.log(2.0)
+    return {"tanh": k / 2 + 1, "sigmoid": k + 1, "silu": k + 10}.get(fn, math.sqrt(2 * (k + 5)) + 1)
 _AT_ZERO = {"tanh": Fraction(1), "sigmoid": Fraction(1, 4), "silu": Fraction(1, 2), "gelu": Fraction(1, 2),
             "gelu_tanh": Fraction(1, 2)}  # fmt: skip
 
@@ -197,8 +208,7 @@ def values(fn, g, x, fmt, p=()):
         special = ~fin
         out[special] = round_array(_special(fn, g[special], x[special]), prec, emin, emax)
         v[special], done[special] = out[special], True
-        base = "gelu" if fn == "gelu_tanh" else fn
-        lim = 2200.0 if fn == "gelu_tanh" else _SAT[base]
+        lim = _saturation(fn, fmt)
         arg = np.abs(_BETA * 2 * (x + _KAPPA * x * x * x)) if fn == "gelu_tanh" else np.abs(x)  # |2u| or |x|
         big = fin & ~done & (arg > lim)
         up = big & (x > 0) & (fn in ("silu", "gelu", "gelu_tanh"))  # f' -> 1: g itself

@@ -14,7 +14,10 @@ At x = 0 the derivative is rational (1, 1/4, 1/2) and ``g f'(0)`` is rounded as 
 Special values are read here on their own: at non-finite g or x, torch's formulas in IEEE arithmetic
 (``silu_backward`` and ``gelu_backward`` NaN at ``x = +-inf``, ``tanh_backward`` and ``sigmoid_backward``
 ``g * 0``); where ``|x|`` is so large that ``g f'(x)`` rounds to g or to a signed zero whatever g, that
-rounding (tanh beyond 400, sigmoid and silu beyond 800, gelu beyond 40, the tanh form where ``|2u| > 2200``).
+rounding: with ``k = (p + emax + 1 - emin) ln 2`` for the format's p bits (every ``|g| < 2**(emax+1)`` times
+``e**-k`` is below half the smallest subnormal), tanh beyond ``k/2 + 1`` (``sech(x)**2 <= 4 e**(-2|x|)``), sigmoid
+beyond ``k + 1``, silu beyond ``k + 10`` (``(1 + |x|) e**-|x|``), gelu beyond ``sqrt(2 (k + 5)) + 1``, the tanh
+form where ``|2u| > 2200``.
 """
 
 import math
@@ -71,12 +74,13 @@ def _ieee(fn, g, x):
         return mul(g, float(_deriv(fn, mpmath.mpf(x))))
 
 
-def _saturated(fn, g, x):
+def _saturated(fn, g, x, fmt):
     """g, or a signed zero, where the docstring's saturation applies; else None."""
     if fn == "gelu_tanh":
         big = abs(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)) > 2200 if abs(x) < 1e100 else True
     else:
-        big = abs(x) > {"tanh": 400, "sigmoid": 800, "silu": 800, "gelu": 40}[fn]
+        k = (fmt.prec + fmt.emax + 1 - fmt.emin) * math.log(2)
+        big = abs(x) > {"tanh": k / 2 + 1, "sigmoid": k + 1, "silu": k + 10, "gelu": math.sqrt(2 * (k + 5)) + 1}[fn]
     if not big:
         return None
     if x > 0 and fn in ("silu", "gelu", "gelu_tanh"):
@@ -91,7 +95,7 @@ def value(fn, g: float, x: float, fmt) -> float:
     if not (math.isfinite(g) and math.isfinite(x)):
         v = _ieee(fn, g, x)
         return v if not math.isfinite(v) else round_fraction(Fraction(v), fmt) if v else v
-    s = _saturated(fn, g, x)
+    s = _saturated(fn, g, x, fmt)
     if s is not None:
         return s
     if x == 0 or g == 0:

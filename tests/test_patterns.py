@@ -201,6 +201,36 @@ def test_an_rms_statistic_not_returned_is_no_pattern():
     assert not [c for c in a.calls if c.pattern]
 
 
+class _Rotary(torch.nn.Module):
+    """Llama's rotary, written out: angles position * inv_freq, q * cos + rotate_half(q) * sin."""
+
+    def __init__(self, reduce=None):
+        super().__init__()
+        self.reduce = reduce
+
+    def forward(self, pos, q):
+        d = q.shape[-1]
+        inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float) / d))
+        emb = torch.cat([pos[..., None].float() * inv] * 2, -1)
+        if self.reduce is not None:
+            emb = self.reduce(emb)
+        c, s = emb.cos().to(q.dtype)[:, None], emb.sin().to(q.dtype)[:, None]
+        return q * c + torch.cat((-q[..., d // 2 :], q[..., : d // 2]), -1) * s
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_rotary_pattern_sampled_and_a_reduction_found(dtype):
+    g = torch.Generator().manual_seed(5)
+    pos, q = torch.arange(100_000, 100_064)[None], torch.randn(1, 4, 64, 32, generator=g).to(dtype)
+    for reduce, want in ((None, OK), (_reduced, ("mismatch",))):
+        with rkt.audit(sample=320) as a, torch.no_grad():
+            _Rotary(reduce)(pos, q)
+        rows = [c for c in a.calls if c.pattern]
+        assert [c.pattern for c in rows] == ["rotary"] and rows[0].sampled == 320  # 10 rows of 32
+        assert rows[0].verdict in want, a.report()
+        assert all(c.verdict in OK for c in a.calls if not c.pattern and c.report is not None), a.report()
+
+
 # ---------------------------------------------------------------- the audit: Hugging Face models
 
 

@@ -98,9 +98,10 @@ def reference(q, theta, scale, fmt, convention="half"):
     """(the correctly rounded rotation in ``fmt``, its float64 value y, the bound ``eb`` of y's error, the
     rotated q, cos, sin) of float64 arrays ``q`` and ``theta`` (theta broadcast to q's shape)."""
     q = np.asarray(q, np.float64)
-    theta = np.broadcast_to(np.asarray(theta, np.float64), q.shape)
+    theta = np.asarray(theta, np.float64)
     r = rotate(q, convention)
-    (ch, cl), (sh, sl) = _cos_sin(np.ascontiguousarray(theta))
+    (ch, cl), (sh, sl) = (tuple(np.broadcast_to(v, q.shape) for v in p) for p in _cos_sin(np.ascontiguousarray(theta)))
+    theta = np.broadcast_to(theta, q.shape)
     with np.errstate(all="ignore"):
         y = scale * ((q * ch + r * sh) + (q * cl + r * sl))
         eb = _EB * (np.abs(q) + np.abs(r)) * abs(scale)
@@ -192,9 +193,12 @@ def compare_rotary(actual, q, theta, scale=1.0, convention="half", rtol=None, at
                          "that was rotated.")  # fmt: skip
     if qo.shape and qo.shape[-1] % 2:
         raise ValueError(f"rotary: the last axis of q must have an even size; got q.shape={tuple(qo.shape)}.")
+    th = np.asarray(to.values, np.float64).reshape(to.shape)
     try:
-        th = np.broadcast_to(np.asarray(to.values, np.float64).reshape(to.shape), qo.shape)
+        fits = np.broadcast_shapes(th.shape, qo.shape) == tuple(qo.shape)
     except ValueError:
+        fits = False
+    if not fits:
         raise ValueError(f"rotary: theta.shape={tuple(to.shape)} does not broadcast to q.shape={tuple(qo.shape)}.") from None
     a64 = np.asarray(act.values, np.float64).reshape(act.shape)
     q64 = np.asarray(qo.values, np.float64).reshape(qo.shape)

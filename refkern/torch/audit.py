@@ -291,7 +291,8 @@ class Audit(AuditResults):
             call = AuditCall(len(self.calls), self._where(), p.name, str(t.device), str(t.dtype).removeprefix("torch."),
                              shapes, None, aten=f"pattern {p.kind}", pattern=p.kind)  # fmt: skip
             try:
-                call.report, call.sampled = patterns.judge(p, self._judge)
+                call.report, call.sampled = patterns.judge(p, self._judge if self._remote is None else _here,
+                                                                self.sample)
             except Exception as exc:  # analysis must never break the model
                 call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
             self.calls.append(call)
@@ -495,6 +496,11 @@ class Audit(AuditResults):
     # while its layers are compiled and run on their own, the audit steps aside
     def _suspended(self):
         return _Suspend(self)
+
+
+def _here(spec, actual):
+    """A pattern's verdict computed here, with a cluster too (it is not an op the cluster's jobs count)."""
+    return compare(actual, spec.op, *spec.args, **spec.kwargs), 0
 
 
 def _mean_dims(x, kw):

@@ -140,14 +140,13 @@ class Matcher:
         elif self._reduction(node):  # an angle reduced before a cosine, maybe: its angle kept while it lives
             self._held[id(node)] = ins[0].tensor()
             weakref.finalize(outs[0], self._held.pop, id(node), None)
-        if name in ("rsqrt", "pow", "reciprocal") and ins and module is not None:
-            stat = self._rms_stat(node)
-            if stat is not None:
-                self._rms.setdefault(id(module), []).append(stat)
+        stat = self._rms_stat(node) if name in ("rsqrt", "pow", "reciprocal") and ins and module is not None else None
+        if stat is not None:
+            self._rms.setdefault(id(module), []).append(stat)
         elif node.counted and module is not None:
             for stat in self._rms.get(id(module), ()):
                 stat["ops"].append(name)
-        if name == "add" and len(ins) == 2 and (_scalar(k.get("alpha", 1)) or 1.0) == 1.0:
+        if name == "add" and len(ins) == 2 and _scalar(k.get("alpha", 1)) == 1.0:
             found += self._rotary(node, outs[0])
         for t in outs:
             self._by_id[id(t)] = (weakref.ref(t), node)
@@ -383,10 +382,11 @@ class Matcher:
             return None
 
 
-def judge(p, judge_norm):
-    """The Report of pattern ``p``: an rms_norm through ``judge_norm(OpCall, actual)`` (the audit's
-    :meth:`~refkern.torch.audit.Audit._judge`: sampling and a cluster apply), a rotary by
-    :mod:`refkern.analysis.rotary` (both conventions, the better fit named)."""
+def judge(p, judge_norm, sample=None):
+    """(Report, number of elements sampled or 0) of pattern ``p``: an rms_norm through ``judge_norm(OpCall,
+    actual)`` (the audit's :meth:`~refkern.torch.audit.Audit._judge`: its sampling applies), a rotary by
+    :mod:`refkern.analysis.rotary` (both conventions, the better fit named), with ``sample`` on at most that
+    many elements: whole rows (the last axis, which the rotation mixes) evenly spaced, exact for them."""
     from refkern.torch.ops import OpCall
 
     cpu = _cpu_of
@@ -397,13 +397,21 @@ def judge(p, judge_norm):
     from refkern.analysis.rotary import compare_rotary
     from refkern.analysis.report import SEVERITY
 
+    out, q, theta, sampled = cpu(p.out), cpu(p.q), cpu(p.theta), 0
+    d = q.shape[-1]
+    if sample is not None and q.numel() > sample and q.dim() > 1:
+        n = q.numel() // d
+        rows = torch.linspace(0, n - 1, max(1, sample // d)).round().long().unique()
+        at = torch.unravel_index(rows, tuple(q.shape[:-1]))
+        out, q, theta = out[at], q[at], torch.broadcast_to(theta, q.shape)[at]
+        sampled = out.numel()
     best = None
     for conv in ("half", "interleaved"):
-        rep = compare_rotary(cpu(p.out), cpu(p.q), cpu(p.theta), scale=p.scale, convention=conv)
+        rep = compare_rotary(out, q, theta, scale=p.scale, convention=conv)
         key = (-SEVERITY[rep.verdict], rep.max_bound_ratio if math.isfinite(rep.max_bound_ratio) else math.inf)
         if best is None or key < best[0]:
             best = (key, rep)
-    return best[1], 0
+    return best[1], sampled
 
 
 def _cpu_of(t):

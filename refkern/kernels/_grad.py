@@ -40,7 +40,7 @@ class Adjoint:
     judge_alt: "Callable[[], Adjoint] | None" = None  # a second formulation (another backend's structure)
 
     def run(self):
-        from refkern import ops
+        import refkern.ops as ops
 
         if self.compute is not None:
             return self.compute()

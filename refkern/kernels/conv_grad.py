@@ -305,7 +305,7 @@ class _Fold:
             return self._tap_judge(g, w, every, who)
 
         def compute():
-            from refkern import ops
+            import refkern.ops as ops
 
             rem = [q - (o - 1) * s - d * (k - 1) - 1 + lo + hi for q, o, s, d, k, (lo, hi)
                    in zip(self.in_size, self.o_size, self.stride, self.dilation, self.ksize, self.pads)]  # fmt: skip

@@ -200,10 +200,7 @@ def values(fn, g, x, fmt, p=()):
     if fn in mg.FNS:
         return mg.values(fn, g, x, fmt, p)
     prec, emin, emax = fmt.params
-    n = x.size
-    v, rad = np.zeros(n), np.zeros(n)
-    out, done = np.zeros(n), np.zeros(n, np.bool_)
-    fin = np.isfinite(x) & np.isfinite(g)
+    v, rad, out, done, fin = blank(g, x)
     with np.errstate(all="ignore"):
         special = ~fin
         out[special] = round_array(_special(fn, g[special], x[special]), prec, emin, emax)
@@ -224,16 +221,29 @@ def values(fn, g, x, fmt, p=()):
         done |= zero
         rest = np.flatnonzero(~done)
         if rest.size:
-            d, dr = _ball(fn, x[rest])
-            vv, rr = _mul((g[rest], 0.0), (d, dr))
-            rr = rr * _WIDE
-            lo = round_array(vv - rr, prec, emin, emax)
-            hi = round_array(vv + rr, prec, emin, emax)
-            ok = (lo == hi) & (np.signbit(lo) == np.signbit(hi)) & np.isfinite(vv) & np.isfinite(rr)
-            v[rest], rad[rest] = vv, np.where(np.isfinite(rr), rr, np.inf)
-            out[rest[ok]] = lo[ok]
-            done[rest[ok]] = True
+            decide(rest, g, _ball(fn, x[rest]), fmt, v, rad, out, done)
     return v, rad, out, done
+
+
+def blank(g, x):
+    """(value, radius, rounded, decided, finite): the arrays :func:`values` fills, and where g and x are finite."""
+    n = x.size
+    return np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n, np.bool_), np.isfinite(x) & np.isfinite(g)
+
+
+def decide(rest, g, ball, fmt, v, rad, out, done):
+    """Step 2's decision at the elements ``rest``: the ball of ``g f'(x)`` from g and the ball (value, radius)
+    of f'(x) there, its radius widened for its own roundings; where both ends round alike in fmt, the
+    rounding (into v, rad, out and done, in place)."""
+    prec, emin, emax = fmt.params
+    vv, rr = _mul((g[rest], 0.0), ball)
+    rr = rr * _WIDE
+    lo = round_array(vv - rr, prec, emin, emax)
+    hi = round_array(vv + rr, prec, emin, emax)
+    ok = (lo == hi) & (np.signbit(lo) == np.signbit(hi)) & np.isfinite(vv) & np.isfinite(rr)
+    v[rest], rad[rest] = vv, np.where(np.isfinite(rr), rr, np.inf)
+    out[rest[ok]] = lo[ok]
+    done[rest[ok]] = True
 
 
 def reference(fn, g, x, fmt, p=()):

@@ -170,13 +170,11 @@ def _ball(fn, x, p):
 def values(fn, g, x, fmt, p):
     """(value, radius, rounded, decided): the ball of ``g f'(x)`` at the flat float64 arrays g, x and its
     rounding to fmt where decided (steps 1-3 of the module docstring); :func:`exact` decides the rest."""
-    from refkern.kernels.elementwise_grad import _WIDE, _mul
+    from refkern.kernels.elementwise_grad import blank, decide
 
     prec, emin, emax = fmt.params
     n = x.size
-    v, rad = np.zeros(n), np.zeros(n)
-    out, done = np.zeros(n), np.zeros(n, np.bool_)
-    fin = np.isfinite(x) & np.isfinite(g)
+    v, rad, out, done, fin = blank(g, x)
     with np.errstate(all="ignore"):
         ieee = ~fin | (g == 0)
         ieee[fin] |= _edge(fn, x[fin], p)
@@ -214,23 +212,8 @@ def values(fn, g, x, fmt, p):
             v[quot], rad[quot], done[quot] = q, np.abs(q) * 2.0**-53, True  # one rounding: within 2**-53 relative
         rest = np.flatnonzero(~done)
         if rest.size:
-            d, dr = _ball(fn, x[rest], p)
-            vv, rr = _mul((g[rest], 0.0), (d, dr))
-            rr = rr * _WIDE
-            lo = round_array(vv - rr, prec, emin, emax)
-            hi = round_array(vv + rr, prec, emin, emax)
-            ok = (lo == hi) & (np.signbit(lo) == np.signbit(hi)) & np.isfinite(vv) & np.isfinite(rr)
-            v[rest], rad[rest] = vv, np.where(np.isfinite(rr), rr, np.inf)
-            out[rest[ok]] = lo[ok]
-            done[rest[ok]] = True
+            decide(rest, g, _ball(fn, x[rest], p), fmt, v, rad, out, done)
     return v, rad, out, done
-
-
-def _root(q: Fraction):
-    """sqrt(q) when it is rational, else None."""
-    n, d = q.numerator, q.denominator
-    rn, rd = math.isqrt(n), math.isqrt(d)
-    return Fraction(rn, rd) if rn * rn == n and rd * rd == d else None
 
 
 def _rational(fn, x: float, p):
@@ -243,7 +226,7 @@ def _rational(fn, x: float, p):
     if fn == "reciprocal":
         return -1 / (X * X)
     if fn in ("sqrt", "rsqrt"):
-        r = _root(X)
+        r = ew._root(X, 1)
         return None if r is None else (1 / (2 * r) if fn == "sqrt" else -1 / (2 * X * r))
     if fn == "pow":
         q = ew._pow_rational(x, p[0] - 1.0)

@@ -26,7 +26,7 @@ class _PoolCall:
 
 
 def _pool_call(op, g, a, who) -> _PoolCall:
-    from refkern import ops
+    import refkern.ops as ops
     from refkern.kernels import pool
 
     nd = 2 if op.endswith("2d") else 1

@@ -20,7 +20,7 @@ def bind(op, args, kwargs, who, *, keywords=_KEYWORDS, why="the gradients are al
     the gradients and of their ground truth (``keywords``: only those). A ValueError starting with ``who``
     for ``accumulate=``/``accum_dtype=`` (``why``: the reference is exact), a TypeError for an unknown keyword
     (with a near miss) or a bad call."""
-    from refkern import ops
+    import refkern.ops as ops
 
     for bad in REFUSED:
         if bad in kwargs:

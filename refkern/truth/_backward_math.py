@@ -41,7 +41,9 @@ iv = mpmath.iv
 
 
 def _formula(fn, g, x, p):
-    """torch's autograd formula in IEEE float64 (numpy scalars: overflow to inf, no exception)."""
+    """torch's autograd formula in IEEE float64 (numpy scalars: overflow to inf, no exception). Written here
+    again, not taken from :func:`refkern.kernels.math_grad.torch_formula`, on purpose: the truth reads torch's
+    formulas on its own (module docstring)."""
     g, x = np.float64(g), np.float64(x)
     with np.errstate(all="ignore"):
         if fn == "exp":

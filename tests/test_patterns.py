@@ -231,6 +231,29 @@ def test_rotary_pattern_sampled_and_a_reduction_found(dtype):
         assert all(c.verdict in OK for c in a.calls if not c.pattern and c.report is not None), a.report()
 
 
+class _Interleaved(torch.nn.Module):
+    """GPT-J's convention: pairs (q[2i], q[2i+1]) rotated by angle i, the angles repeated pairwise."""
+
+    def forward(self, pos, q, bug=False):
+        d = q.shape[-1]
+        inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float) / d))
+        emb = (pos[..., None].float() * inv).repeat_interleave(2, -1)
+        c, s = emb.cos()[:, None], emb.sin()[:, None]
+        r = torch.stack((-q[..., 1::2], q[..., ::2]), -1).flatten(-2)
+        return q * c + (r if not bug else -r) * s
+
+
+def test_interleaved_rotary_is_named_by_fit():
+    q = torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(6))
+    for bug, want in ((False, OK), (True, ("mismatch",))):
+        with rkt.audit() as a, torch.no_grad():
+            _Interleaved()(torch.arange(16)[None], q, bug)
+        rows = [c for c in a.calls if c.pattern]
+        assert [c.pattern for c in rows] == ["rotary"] and rows[0].verdict in want, a.report()
+        if not bug:
+            assert "rotary (interleaved convention)" in " ".join(rows[0].report.notes)
+
+
 # ---------------------------------------------------------------- the audit: Hugging Face models
 
 

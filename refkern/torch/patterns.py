@@ -385,7 +385,8 @@ class Matcher:
 def judge(p, judge_norm, sample=None):
     """(Report, number of elements sampled or 0) of pattern ``p``: an rms_norm through ``judge_norm(OpCall,
     actual)`` (the audit's :meth:`~refkern.torch.audit.Audit._judge`: its sampling applies), a rotary by
-    :mod:`refkern.analysis.rotary` (both conventions, the better fit named), with ``sample`` on at most that
+    :mod:`refkern.analysis.rotary` (the half convention, and where it fails the interleaved one too: the better fit
+    named), with ``sample`` on at most that
     many elements: whole rows (the last axis, which the rotation mixes) evenly spaced, exact for them."""
     from refkern.torch.ops import OpCall
 
@@ -411,6 +412,8 @@ def judge(p, judge_norm, sample=None):
         key = (-SEVERITY[rep.verdict], rep.max_bound_ratio if math.isfinite(rep.max_bound_ratio) else math.inf)
         if best is None or key < best[0]:
             best = (key, rep)
+        if rep.verdict in ("exact", "rounding"):  # explained: no other rotation gives these values too
+            break
     return best[1], sampled
 
 

@@ -35,7 +35,7 @@ overflow or underflow; cos at 0, a signed zero). The steps, as for the activatio
    reciprocal's ``-g / (x x)`` for formats of at most 24 bits (``x x`` exact in float64: 48 bits, exponent
    at least -298); a second rounding to such a format is innocuous (``53 >= 2 p + 2``: Figueroa, "When is
    double rounding innocuous?", SIGNUM 1995).
-3. **Ball arithmetic in float64** (:mod:`refkern.kernels.elementwise_grad`'s balls: each operation
+3. **Ball arithmetic in float64** (:mod:`refkern.kernels._grad_balls`: each operation
    charged ``2**-52 |result| + 2**-1074``, a function value from :func:`refkern.kernels.elementwise.values`
    charged ``2**-90`` relative): the rounding decided where both ends of the ball round alike. The
    constant ``2 / sqrt(pi)`` is charged ``2**-50`` relative (three float64 roundings: pi, sqrt, division).
@@ -53,6 +53,7 @@ import numpy as np
 from refkern.accumulate.formats import FLOAT64, round_array
 from refkern.kernels import _ew_exact as xe
 from refkern.kernels import elementwise as ew
+from refkern.kernels._grad_balls import _div, _fn, _mul, _r, blank, decide
 
 __all__ = ["FNS", "values", "exact", "torch_formula"]
 
@@ -130,8 +131,6 @@ def _above(x, b, t):
 
 def _ball(fn, x, p):
     """(value, radius) of f'(x) at finite x (step 3 of the module docstring)."""
-    from refkern.kernels.elementwise_grad import _div, _fn, _mul, _r
-
     X = (x, np.zeros_like(x))
     with np.errstate(all="ignore"):
         if fn in ("exp", "expm1"):
@@ -170,8 +169,6 @@ def _ball(fn, x, p):
 def values(fn, g, x, fmt, p):
     """(value, radius, rounded, decided): the ball of ``g f'(x)`` at the flat float64 arrays g, x and its
     rounding to fmt where decided (steps 1-3 of the module docstring); :func:`exact` decides the rest."""
-    from refkern.kernels.elementwise_grad import blank, decide
-
     prec, emin, emax = fmt.params
     n = x.size
     v, rad, out, done, fin = blank(g, x)

@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 mpmath = pytest.importorskip("mpmath")
 
 import refkern.torch as rkt  # noqa: E402
-from refkern.analysis.rotary import compare_rotary, reference, rotate  # noqa: E402
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64  # noqa: E402
+from refkern.analysis.rotary import compare_rotary, reference, rotate  # noqa: E402
 
 OK = ("exact", "rounding")
 _FMT = {torch.float16: FLOAT16, torch.bfloat16: BFLOAT16, torch.float32: FLOAT32, torch.float64: FLOAT64}
@@ -131,7 +131,8 @@ def test_torch_rotation_is_no_false_alarm_and_bugs_are_mismatches(dtype, start):
         assert compare_rotary(bad, q, theta).verdict == "mismatch"
     if dtype is torch.float32:  # cos and sin rounded to bfloat16 in a float32 rotation: far beyond float32's
         low = q * theta.cos().bfloat16().float() + torch.cat((-q[..., dim // 2 :], q[..., : dim // 2]), -1) * (
-            theta.sin().bfloat16().float())
+            theta.sin().bfloat16().float()
+        )
         assert compare_rotary(low, q, theta).verdict == "mismatch"
 
 
@@ -359,3 +360,30 @@ def test_hf_llama_bugs_over_small_ops_are_the_pattern_mismatch(llama, monkeypatc
     f = a.first_failure
     want = "rms_norm" if bug in ("stray eps", "w + 1") else "rotary"
     assert f is not None and f.pattern == want and f.verdict == "mismatch", a.report()
+
+
+class _BrokenKernel(torch.utils._python_dispatch.TorchDispatchMode):
+    """A backend whose rsqrt adds a stray epsilon, or whose cos reduces its argument by a float32 2 pi:
+    below the audit on the mode stack, so the audit sees the broken kernel's output."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.op == "rsqrt" and func is torch.ops.aten.rsqrt.default:
+            return func(args[0] + 1e-5)
+        if self.op == "cos" and func is torch.ops.aten.cos.default:
+            return func(_reduced(args[0]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("op", ("rsqrt", "cos"))
+def test_a_broken_kernel_is_named_at_the_op_and_at_the_pattern(llama, op):
+    with _BrokenKernel(op):
+        a = _run(llama, "llama", 100_000)
+    f = a.first_failure
+    assert f is not None and f.op == op and f.verdict == "mismatch", a.report()  # the kernel itself, first
+    pattern = "rms_norm" if op == "rsqrt" else "rotary"
+    rows = [c for c in a.calls if c.pattern == pattern]
+    assert rows and all(c.verdict == "mismatch" for c in rows), a.report()  # the pattern's truth is its own

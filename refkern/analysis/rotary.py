@@ -199,7 +199,8 @@ def compare_rotary(actual, q, theta, scale=1.0, convention="half", rtol=None, at
     except ValueError:
         fits = False
     if not fits:
-        raise ValueError(f"rotary: theta.shape={tuple(to.shape)} does not broadcast to q.shape={tuple(qo.shape)}.") from None
+        raise ValueError(f"rotary: theta.shape={tuple(to.shape)} does not broadcast to "
+                         f"q.shape={tuple(qo.shape)}.") from None  # fmt: skip
     a64 = np.asarray(act.values, np.float64).reshape(act.shape)
     q64 = np.asarray(qo.values, np.float64).reshape(qo.shape)
     return analyse(a64, act.fmt, device, q64, th, to.fmt, float(scale), convention, rtol=rtol, atol=atol)

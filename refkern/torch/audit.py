@@ -291,8 +291,9 @@ class Audit(AuditResults):
             call = AuditCall(len(self.calls), self._where(), p.name, str(t.device), str(t.dtype).removeprefix("torch."),
                              shapes, None, aten=f"pattern {p.kind}", pattern=p.kind)  # fmt: skip
             try:
-                call.report, call.sampled = patterns.judge(p, self._judge if self._remote is None else _here,
-                                                                self.sample)
+                call.report, call.sampled = patterns.judge(
+                    p, self._judge if self._remote is None else _here, self.sample
+                )
             except Exception as exc:  # analysis must never break the model
                 call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
             self.calls.append(call)

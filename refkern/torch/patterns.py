@@ -57,8 +57,9 @@ class _In:
         return self.ref()
 
     def same(self, other):
-        return (self.node is not None and self.node is other.node) or (self.node is None and other.node is None
-                                                                      and self.ref() is other.ref() is not None)
+        return (self.node is not None and self.node is other.node) or (
+            self.node is None and other.node is None and self.ref() is other.ref() is not None
+        )
 
 
 class _Node:
@@ -265,8 +266,8 @@ class Matcher:
             else:
                 w = self._stream_weight(ynode, d)
                 how = "; weight from the stream" if w is not None else "; no weight"
-            eps = next((float(getattr(module, a)) for a in _EPS_ATTRS if isinstance(getattr(module, a, None),
-                                                                                    (int, float))), stat["eps"])  # fmt: skip
+            eps = next((float(v) for v in (getattr(module, a, None) for a in _EPS_ATTRS)
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)), stat["eps"])  # fmt: skip
             name = f"rms_norm (composed: {', '.join(stat['ops'])}{how})"
             return [Pattern("rms_norm", name, y, x=x, weight=None if w is None else w.detach(), eps=eps, d=d)]
         return []
@@ -358,24 +359,17 @@ class Matcher:
         """The angles laid out as the cosine reached the product: the same views, replayed on float64."""
         t = theta.detach().to("cpu", torch.float64)
         for n in steps:
-            kept = iter(n.keep or ())
-            first = [True]
+            feed = [t, *(n.keep or ())]  # the view's input first, then the integer tensors it kept, in order
 
-            def sub(v):
+            def sub(v, feed=feed):
                 if isinstance(v, _In):
-                    if first[0]:
-                        first[0] = False
-                        return t
-                    return next(kept)
+                    return feed.pop(0)
                 if isinstance(v, (list, tuple)):
                     return type(v)(sub(x) for x in v)
-                if isinstance(v, torch.device):
-                    return torch.device("cpu")
-                return v
+                return torch.device("cpu") if isinstance(v, torch.device) else v
 
             args = tuple(sub(v) for v in n.args)
-            kwargs = {k: sub(v) for k, v in n.kwargs.items()}
-            t = n.func(*args, **kwargs)
+            t = n.func(*args, **{k: sub(v) for k, v in n.kwargs.items()})
         try:
             return torch.broadcast_to(t, shape)
         except RuntimeError:
@@ -395,8 +389,8 @@ def judge(p, judge_norm, sample=None):
         spec = OpCall("rms_norm", "rms_norm", (cpu(p.x),), dict(normalized_shape=(p.d,), weight=cpu(p.weight),
                                                                  eps=p.eps))  # fmt: skip
         return judge_norm(spec, cpu(p.out))
-    from refkern.analysis.rotary import compare_rotary
     from refkern.analysis.report import SEVERITY
+    from refkern.analysis.rotary import compare_rotary
 
     out, q, theta, sampled = cpu(p.out), cpu(p.q), cpu(p.theta), 0
     d = q.shape[-1]

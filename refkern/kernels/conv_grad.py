@@ -130,6 +130,15 @@ class _Fold:
 
     LIMIT = 1 << 27  # gathered values per operand of the judge (1 GiB of float64): beyond it, no judge
 
+    def _check_size(self, size, who):
+        """NotImplementedError where the judge would gather more than :attr:`LIMIT` values."""
+        if size > self.LIMIT:
+            raise NotImplementedError(
+                f"{who}: the gradient of x of a convolution with a padding_mode other than 'zeros' is judged as one "
+                f"gathered sum, here of {size} values (more than {self.LIMIT}); backward computes it, "
+                "compare_backward does not at this size."
+            )
+
     def __init__(self, nd, in_size, pads, mode, o_size, ksize, stride, dilation, groups, unbatched):
         self.nd, self.in_size, self.pads, self.o_size = nd, tuple(in_size), pads, tuple(o_size)
         self.ksize, self.stride, self.dilation, self.groups, self.unbatched = ksize, stride, dilation, groups, unbatched
@@ -208,13 +217,7 @@ class _Fold:
         c_in, cout_g = cin_g * self.groups, c_out // self.groups
         oi, ti = self._rows(every)
         p, m = oi.shape
-        size = c_in * p * m * cout_g * n
-        if size > self.LIMIT:
-            raise NotImplementedError(
-                f"{who}: the gradient of x of a convolution with a padding_mode other than 'zeros' is judged as one "
-                f"gathered sum, here of {size} values (more than {self.LIMIT}); backward computes it, "
-                "compare_backward does not at this size."
-            )
+        self._check_size(c_in * p * m * cout_g * n, who)
         o_flat, t_flat = math.prod(self.o_size), math.prod(self.ksize)
         empty = oi[:, 0] < 0
         oi[oi < 0], ti[ti < 0] = o_flat, t_flat  # the filler: -0 in g, +0 in w
@@ -252,13 +255,7 @@ class _Fold:
         nt = max(1, max(len(r) for r in rows))
         kp = max(1, max((len(o) for r in rows for o, _ in r), default=1))
         p = len(every)
-        size = c_in * p * nt * cout_g * kp * n
-        if size > self.LIMIT:
-            raise NotImplementedError(
-                f"{who}: the gradient of x of a convolution with a padding_mode other than 'zeros' is judged as one "
-                f"gathered sum, here of {size} values (more than {self.LIMIT}); backward computes it, "
-                "compare_backward does not at this size."
-            )
+        self._check_size(c_in * p * nt * cout_g * kp * n, who)
         o_flat, t_flat = math.prod(self.o_size), math.prod(self.ksize)
         oi = np.full((p, nt, kp), o_flat, np.int64)  # the filler: -0 in g, +0 in w
         ti = np.full((p, nt, kp), t_flat, np.int64)

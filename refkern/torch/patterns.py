@@ -370,8 +370,8 @@ class Matcher:
 
             args = tuple(sub(v) for v in n.args)
             t = n.func(*args, **{k: sub(v) for k, v in n.kwargs.items()})
-        try:
-            return torch.broadcast_to(t, shape)
+        try:  # laid out to broadcast to q's shape (the audit's row shows its own shape)
+            return t if torch.broadcast_shapes(t.shape, shape) == tuple(shape) else None
         except RuntimeError:
             return None
 

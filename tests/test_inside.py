@@ -311,8 +311,11 @@ def test_sequential_welford_drift_by_hand():
     args = {"input": x, "normalized_shape": (3,), "weight": None, "bias": None, "eps": 0.0}
     lay = layout("layer_norm", args, x.shape)
     ref = rk.layer_norm(x, (3,), eps=0.0)
-    _, _, drift = nz._norm(lay, "layer_norm", lay.rows(np.asarray(ref), np.float32), 2.0**-24, FLOAT32, 0.0)
-    assert drift()[0].tolist() == pytest.approx([54 * 2.0**-48] * 3, rel=4e-16)
+    _, _, drift_bound, drift, _ = nz._norm(lay, "layer_norm", lay.rows(np.asarray(ref), np.float32), 2.0**-24,
+                                           FLOAT32, 0.0)  # fmt: skip
+    B = drift_bound()
+    assert B.tolist() == pytest.approx([6 * 2.0**-24], rel=4e-16, abs=0)
+    assert drift(B)[0].tolist() == pytest.approx([54 * 2.0**-48] * 3, rel=4e-16, abs=0)
 
 
 def test_sequential_welford_on_quantized_offset_rows_is_rounding():
@@ -346,13 +349,60 @@ def test_sequential_welford_on_quantized_offset_rows_is_rounding():
 def test_row_coherent_by_hand():
     """Two rows of 3, shared variances 1 and 4, loadings 1: (A**2 - sum a**2) per row, 36 - 14 = 22 and
     4 (9 - 3) = 24."""
+    rows = lambda w: np.asarray(w, np.float64).reshape(2, 3)  # noqa: E731
+    coherent = nz.RowShared(rows, lambda r: np.reshape(r, -1), 2, [(np.array([1.0, 4.0]), np.ones((2, 3)))])
+    w = np.array([1.0, 2.0, 3.0, 1.0, 1.0, 1.0])
+    assert coherent.per_row(w).tolist() == pytest.approx([22.0, 24.0], abs=0)
+    assert coherent(w) == pytest.approx(46.0, abs=0)
+    assert coherent.bound(w) is None and coherent.grouped(w, np.ones(6), np.arange(2)) is None
+    assert nz.RowShared(rows, None, 2, [(np.array([np.inf, 0.0]), np.ones((2, 3)))])(np.ones(6)) == np.inf  # no test
 
-    class Lay:
-        rows = staticmethod(lambda w: np.asarray(w, np.float64).reshape(2, 3))
 
-    coherent = nz._row_coherent(Lay, np.array([1.0, 4.0]), np.ones((2, 3)))
-    assert coherent(np.array([1.0, 2.0, 3.0, 1.0, 1.0, 1.0])) == pytest.approx(46.0, abs=0)
-    assert nz._row_coherent(Lay, np.array([np.inf, 0.0]), np.ones((2, 3)))(np.ones(6)) == np.inf  # no test
+def test_row_bounds_and_equal_keys_by_hand():
+    """A bounded shared error (B = 0.5, loadings 1, 2, 3 on row 0) moves sum e w by at most B |sum l w| =
+    0.5 |1 + 4 + 9| = 7 on w = (1, 2, 3). Keys (7, 7, 9) with sigma**2 = (1, 4, 9): the first two are taken
+    fully correlated, (1*1 + 2*2)**2 + (3*3)**2 - (1 + 16 + 81) = 25 + 81 - 98 = 8."""
+    rows = lambda w: np.asarray(w, np.float64).reshape(1, 3)  # noqa: E731
+    c = nz.RowShared(rows, None, 1, bounds=[(np.array([0.5]), np.array([[1.0, 2.0, 3.0]]))],
+                     keys=lambda: np.array([[7, 7, 9]], np.int64))  # fmt: skip
+    w = np.array([1.0, 2.0, 3.0])
+    assert c.bound(w).tolist() == pytest.approx([7.0], abs=0)
+    assert c.grouped(w, np.array([1.0, 4.0, 9.0]), np.array([0])).tolist() == pytest.approx([8.0], abs=0)
+
+
+def test_keys_by_hand():
+    """The significand keys of 1.5, 3.0 and -0.75 are equal (0x400000 in float32), 1.25's is 0x200000."""
+    X = np.array([[1.5, 3.0, -0.75, 1.25]], np.float32)
+    assert nz._keys(X, significand=True).tolist() == [[0x400000, 0x400000, 0x400000, 0x200000]]
+    assert len(set(nz._keys(X)[0].tolist())) == 4
+
+
+def test_thread_partials_by_hand():
+    """n = 65537 = 2 GRAIN + 1 allows T = 2 and 3: chunks of 32769 (sums 32769 and 32768) or of 21846
+    (21846, 21846, 21845) of ones: max(32769**2 + 32768**2, 2 * 21846**2 + 21845**2) = 2147549185."""
+    assert nz.GRAIN == 32768
+    X = np.ones((1, 2 * nz.GRAIN + 1))
+    assert nz._thread_partials_sq(X).tolist() == pytest.approx([32769.0**2 + 32768.0**2], abs=0)
+
+
+def test_straddle_by_hand():
+    """bf16 (prec 8): a = 1 rounds [1 - 2**-9, 1 + 2**-8] (below a power of two the spacing halves). The
+    exact 1 + 2**-8 + 2**-12 lies 2**-12 beyond it: z = 2**-12 / 2**-14 = 4 with sigma 2**-14; err 2**-13
+    halves it (z 2), err 2**-12 covers it (z 0); -1 mirrors; a = 0 rounds [-2**-134, 2**-134]."""
+    from refkern.accumulate.formats import BFLOAT16
+    from refkern.analysis.inside import _straddle_z
+
+    def z(a, xh, err, pre):
+        out = np.empty(1)
+        _straddle_z(np.array([a]), np.array([xh]), np.array([err]), np.array([pre]), BFLOAT16.prec, BFLOAT16.emin, out)
+        return out[0]
+
+    x = 1 + 2.0**-8 + 2.0**-12
+    assert z(1.0, x, 0.0, 2.0**-28) == pytest.approx(4.0, abs=0)
+    assert z(1.0, x, 2.0**-13, 2.0**-28) == pytest.approx(2.0, abs=0) and z(1.0, x, 2.0**-12, 2.0**-28) == 0.0
+    assert z(-1.0, -x, 0.0, 2.0**-28) == pytest.approx(4.0, abs=0)
+    assert z(1.0, 1 - 2.0**-9 - 2.0**-12, 0.0, 2.0**-28) == pytest.approx(4.0, abs=0)
+    assert z(0.0, 2.0**-134, 0.0, 1.0) == 0.0 and z(0.0, 2.0**-133, 0.0, 2.0**-268) == pytest.approx(1.0, abs=0)
 
 
 def test_a_softmax_scale_error_is_seen_by_the_scale_test():
@@ -370,7 +420,8 @@ def test_a_softmax_scale_error_is_seen_by_the_scale_test():
 def test_row_bound_coherent_by_hand():
     """Rows of 2, sigma (1, 2) and (3, 4), w = (1, -1, 2, 1): per row (sum sigma |w|)**2 - sum sigma**2 w**2:
     9 - 5 = 4 and 100 - 52 = 48."""
-    coherent = nz._row_bound_coherent(lambda w: np.asarray(w).reshape(2, 2), np.array([[1.0, 2.0], [3.0, 4.0]]))
+    coherent = nz.RowShared(lambda w: np.asarray(w).reshape(2, 2), None, 2, sigma=np.array([[1.0, 2.0], [3.0, 4.0]]))
+    assert coherent.per_row(np.array([1.0, -1.0, 2.0, 1.0])).tolist() == pytest.approx([4.0, 48.0], abs=0)
     assert coherent(np.array([1.0, -1.0, 2.0, 1.0])) == pytest.approx(52.0, abs=0)
 
 

@@ -33,6 +33,7 @@ The report carries the power of the test: the smallest error of one element (``l
 of the result at the reference: median and largest) that would have been flagged.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +46,8 @@ from refkern.analysis.noise import Noise, noise
 from refkern.analysis.passes import chunks, ulps_at
 from refkern.analysis.stats import ALPHA, group_sums, level
 from refkern.analysis.structure import group_failures, n_groups
-from refkern.analysis.verdict import Decision, _classes, _element_test_arrays, _scale_failure, overflowed, z_one
+from refkern.analysis.verdict import (Decision, _axis_scale_failures, _classes, _element_test_arrays,
+                                      _row_scale_failures, _scale_failure, n_rows, overflowed, z_one)
 
 __all__ = ["decide_inside", "StatFit", "INSIDE"]
 
@@ -73,8 +75,9 @@ class StatFit:
     def unexplained(self) -> np.ndarray:
         out = self.fails.copy()
         for g in self.groups:
-            if g["ax"] is None:  # the scale test: the elements whose residual has the scale's sign
-                out |= g["mask"]
+            if g["ax"] is None:  # a scale test: the elements whose residual has the scale's sign
+                if g["mask"] is not None:  # the row scale tests' first group holds every failing row's
+                    out |= g["mask"]
                 continue
             sl = [slice(None)] * out.ndim
             sl[g["ax"]] = g["index"]
@@ -107,16 +110,19 @@ def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out):
     lens = [shape[ax] for ax in only]
     nch = chunks(n)
     gs = np.zeros((nch, len(only), max(lens, default=1)))
-    gv = np.zeros_like(gs)
+    gv, ws, wv = np.zeros_like(gs), np.zeros_like(gs), np.zeros_like(gs)
     z, peak = np.empty(n), np.zeros(nch)
     nfail = _healthy_pass(af, cf, np.ascontiguousarray(var, np.float64).reshape(-1), sc, lam_el, out.prec, out.emin,
-                          np.asarray(strides, np.int64), np.asarray(lens, np.int64), z, gs, gv, peak)  # fmt: skip
+                          np.asarray(strides, np.int64), np.asarray(lens, np.int64), z, gs, gv, ws, wv,
+                          peak)  # fmt: skip
     if nfail:
         return None
     fails = np.zeros(n, np.bool_)  # none (pages of zeros, never written)
-    g, v = gs.sum(axis=0), gv.sum(axis=0)
+    g, v, gw, vw = gs.sum(axis=0), gv.sum(axis=0), ws.sum(axis=0), wv.sum(axis=0)
     with np.errstate(all="ignore"):
         if np.any((g != 0) & ~(np.abs(g) <= lam_grp * np.sqrt(v))):
+            return None
+        if np.any((gw != 0) & ~(np.abs(gw) <= lam_grp * np.sqrt(vw))):  # the groups' scale tests
             return None
     f = StatFit(model, c, var, z.reshape(shape), fails.reshape(shape), [], lam_el)
     f.peak = float(peak.max(initial=0.0))
@@ -124,11 +130,12 @@ def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out):
 
 
 @jit(parallel=True, error_model="numpy")
-def _healthy_pass(a, c, var, sc, lam, prec, emin, strides, lens, z, gs, gv, peak):
+def _healthy_pass(a, c, var, sc, lam, prec, emin, strides, lens, z, gs, gv, ws, wv, peak):
     """Per element, as :func:`~refkern.analysis.verdict._element_test` with ``a`` and ``c`` scaled by ``sc``
     (one value, or one per element: powers of two, exact): ``z`` and the count of ``z > lam``; the kept
     elements' residuals and variances summed per index along each group axis (its stride and length; the index kept as a
-    counter, no division per element), per chunk; and per chunk the largest ``lam sqrt(var) / sc`` in ulps
+    counter, no division per element), and those of the groups' scale tests (``r w`` and ``sigma**2 w**2``, ``w
+    = y / sigma**2``), per chunk; and per chunk the largest ``lam sqrt(var) / sc`` in ulps
     of the result format (prec, emin) at the finite ``c`` (:func:`_power_max`). Returns the number of
     failing elements."""
     n = a.size
@@ -154,9 +161,12 @@ def _healthy_pass(a, c, var, sc, lam, prec, emin, strides, lens, z, gs, gv, peak
             bad = zi > lam
             bad_here += bad
             if not bad and x - x == 0.0 and y - y == 0.0:
+                w = y / v if v > 0.0 and v < np.inf else 0.0  # the scale tests' weight (_axis_scale_failures)
                 for t in range(nax):
                     gs[ch, t, gi[t]] += x - y
                     gv[ch, t, gi[t]] += v
+                    ws[ch, t, gi[t]] += (x - y) * w
+                    wv[ch, t, gi[t]] += v * w * w
             for t in range(nax):
                 sub[t] += 1
                 if sub[t] == strides[t]:
@@ -170,22 +180,89 @@ def _healthy_pass(a, c, var, sc, lam, prec, emin, strides, lens, z, gs, gv, peak
 
 
 def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None, coherent=None,
-          y=None) -> StatFit:  # fmt: skip
+          y=None, straddle=None) -> StatFit:  # fmt: skip
     """The element and group tests of one model of centre ``c`` and variance ``var`` (in units of values
     times ``scale``, a power of two: :attr:`~refkern.analysis.noise.Noise.scale`); with ``grid``, a
     value off that format's grid is refused (a model that stores its result in a coarser format); with
     ``coherent`` (:attr:`~refkern.analysis.noise.Noise.coherent`), the scale test of the GEMMs
     (:func:`~refkern.analysis.verdict._scale_failure`) on the exact result ``y``, its variance widened by
-    the errors that several elements share."""
+    the errors that several elements share; with ``straddle``, the element test of :func:`_straddle`."""
     if np.ndim(scale) or scale != 1.0:
         a, c = a * scale, c * scale
-    z, fails, keep, r, vk = _element_test_arrays(a, c, var, lam_el, grid)
-    z[over], fails[over] = np.inf, True
+    if straddle is not None:
+        z, fails, keep, r, vk = _straddle(a, c, var, over, lam_el, straddle)
+    else:
+        z, fails, keep, r, vk = _element_test_arrays(a, c, var, lam_el, grid)
+        z[over], fails[over] = np.inf, True
     groups = group_failures(r, vk, keep, c, a, axes, lam_grp, only) if only and _any_group(r, vk, keep, only,
                                                                                           lam_grp) else []  # fmt: skip
+    if only:
+        groups = groups + _axis_scale_failures(r, vk, keep, c if y is None else y, lam_grp, axes, only)
     if coherent is not None:
         groups = groups + _scale_failure(r, vk, keep, y, lam_grp, coherent)
+        if n_rows(coherent) > 1:
+            groups = groups + _row_scale_failures(r, vk, keep, y, lam_grp, coherent)
     return StatFit(model, c, var, z, fails, groups, lam_el)
+
+
+@jit(parallel=True, error_model="numpy")
+def _straddle_z(a, xh, err, pre, prec, emin, z):
+    """The element test of a result stored once in the format (prec, emin) (:func:`_straddle`): per
+    element, the distance from the high-precision centre ``xh`` (within ``err`` of the exact result) to the
+    values that round to ``a``, ``[a - h_lo, a + h_hi]`` (half the spacing to each neighbour: below a power
+    of two the spacing toward zero halves; at 0 half the smallest subnormal each side), less ``err``, in
+    units of ``sqrt(pre)``; 0 where equal or both NaN, inf at any other special."""
+    tiny = 2.0 ** (emin - prec + 1)
+    for i in prange(a.size):
+        x, y = a[i], xh[i]
+        if x == y or (x != x and y != y):
+            z[i] = 0.0
+            continue
+        if not (x - x == 0.0 and y - y == 0.0):
+            z[i] = np.inf
+            continue
+        ax = abs(x)
+        if ax == 0.0:
+            lo = hi = tiny / 2.0
+        else:
+            m, e = math.frexp(ax)  # ax = m 2**e, m in [1/2, 1)
+            sp = 2.0 ** (max(e - 1, emin) - prec + 1)
+            down = sp / 2.0 if m == 0.5 and e - 1 > emin else sp  # the spacing toward zero
+            lo, hi = (down / 2.0, sp / 2.0) if x > 0 else (sp / 2.0, down / 2.0)
+        d = 0.0
+        if y < x - lo:
+            d = (x - lo) - y
+        elif y > x + hi:
+            d = y - (x + hi)
+        d = max(d - err[i], 0.0)
+        if d == 0.0:
+            z[i] = 0.0
+        else:
+            zi = d / math.sqrt(pre[i])
+            z[i] = np.inf if zi != zi else zi
+
+
+def _straddle(a, c, var, over, lam_el, st):
+    """(z, fails, keep, r, vk) of the element test where the model's roundings before the final store are
+    far finer than it (a half result of a float32 reduction): ``st = (xh, err, pre, out)`` (:attr:`~refkern.
+    analysis.noise.Noise.straddle`). A correct kernel returns ``RN(v)`` with ``v = y + e``, ``e`` the error
+    before the store, sub-Gaussian with ``sigma**2 = pre`` (:mod:`refkern.analysis.noise`), so the distance
+    from ``y`` to the values that round to ``a`` is at most ``|e|``, and exceeds ``lam sigma`` with
+    probability at most ``2 exp(-lam**2 / 2)``: the same budget as the standard test, whose ``2 (u_o y)**2``
+    charges the store as noise of its own (a result one half-ulp off passes it at any level) where the
+    store is one rounding to nearest, known exactly. ``xh`` is the exact result to float64 (``err``: its
+    error); the group tests keep the residual ``a - c`` on ``var``, the stores included."""
+    xh, err, pre, out = st
+    z = np.empty(np.shape(a))
+    flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (a, xh, err, pre))
+    _straddle_z(*flat, out.prec, out.emin, z.reshape(-1))
+    z[over] = np.inf
+    fails = z > lam_el
+    with np.errstate(invalid="ignore"):
+        keep = ~fails & np.isfinite(a) & np.isfinite(c)
+        r = np.where(keep, a - c, 0.0)
+    vk = np.where(keep, var, 0.0)
+    return z, fails, keep, r, vk
 
 
 def _any_group(r, vk, keep, only, lam) -> bool:
@@ -261,7 +338,8 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     lam_el = level(x.size)
     nz = noise(name, args, x, out, lam_el) if nz is None else nz
     only = tuple(ax for ax in nz.group_axes if x.shape[ax] >= 2)
-    lam_grp = level(n_groups(x.shape, only) + (nz.coherent is not None))  # the scale test is one more group
+    # each group a sum and a scale test; the scale test one more, and each row's one more where rows share errors
+    lam_grp = level(2 * n_groups(x.shape, only) + (nz.coherent is not None) + n_rows(nz.coherent))
     thresholds = {"alpha": ALPHA, "element": lam_el, "group": lam_grp, "test": INSIDE, "envelope": 1.0}
     det = {"test": INSIDE, "envelope": d.detectable.get("element"), "group_axes": [axes[i] for i in only]}
     m0 = Model("rounding", None, d.fits[0].model.kind, out, d.fits[0].model.acc)
@@ -270,8 +348,12 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     # a result rounding explains, tested in one pass over the values as they are held (no float64 copy of
     # the output, no residual arrays); any other goes through _test, which says what fails
     r0 = _healthy(m0, actual, x, nz.var, lam_el, lam_grp, only, sc, out) if (
-        d.verdict == "rounding" and coh is None) else None  # fmt: skip
-    det = {"element": _power(nz.var, x, out, lam_el, sc, peak=getattr(r0, "peak", None)), **det}
+        d.verdict == "rounding" and coh is None and nz.straddle is None) else None  # fmt: skip
+    if nz.straddle is not None:  # the store known exactly: flagged beyond lam sigma before it and half an ulp
+        p = _power(nz.straddle[0], x, out, lam_el)
+        det = {"element": {k: v + 0.5 for k, v in p.items()}, **det}
+    else:
+        det = {"element": _power(nz.var, x, out, lam_el, sc, peak=getattr(r0, "peak", None)), **det}
     if d.verdict == "exact":
         return _replace(d, det=det, thresholds=thresholds)
     if r0 is not None:
@@ -280,12 +362,14 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     a, x = np.asarray(actual, np.float64), np.asarray(x, np.float64)
     over = overflowed(a, x)
     acc = m0.acc
-    r0 = _test(m0, a, x, nz.var, over, lam_el, lam_grp, axes, only, sc, coherent=coh, y=x)
+    st = (*nz.straddle[1](), nz.straddle[0], out) if nz.straddle is not None else None
+    r0 = _test(m0, a, x, nz.var, over, lam_el, lam_grp, axes, only, sc, coherent=coh, y=x, straddle=st)
     fam = [r0]
     if not r0.explains:  # the other members of the family only where the standard formulas do not explain it
         members = [(key, text, v()) for key, text, v in nz.models]
+        members = [(key, text, *(m if isinstance(m, tuple) else (m, coh))) for key, text, m in members if m is not None]
         fam += [_test(Model(f"rounding ({key})", None, text, out, acc), a, x, var, over, lam_el, lam_grp, axes,
-                      only, sc, coherent=coh, y=x) for key, text, var in members if var is not None]  # fmt: skip
+                      only, sc, coherent=c, y=x) for key, text, var, c in members]  # fmt: skip
     fits = list(d.fits) + fam
     exact = d.fits[0].state == 0
     notes = list(d.structure)
@@ -410,10 +494,21 @@ def _mismatch_notes(r0: StatFit, a, x, envs, name, args, out, over, bad) -> list
     if n_el:
         notes.append({"kind": "elements", "text": f"{n_el} element{'s' if n_el > 1 else ''} beyond "
                       f"{r0.lam:.3g} sigma of a correct kernel's rounding (largest {r0.max_z:.3g} sigma)"})  # fmt: skip
-    for g in r0.groups[:3]:
+    # the whole output's scale first, then rows', then the groups along an axis, most significant first
+    rank = {"scale": 0, "row scale": 1}
+    for g in sorted(r0.groups, key=lambda g: (rank.get(g["axis"], 2) if g["ax"] is None else 2, -g["z"]))[:3]:
+        if g["axis"] == "row scale":
+            notes.append({"kind": "group", "text": f"row {g['index']} (in the op's row layout) follows its output: "
+                          f"scaled by {1 + g['mean']:.6g} ({g['z']:.3g} standard errors), beyond what the errors "
+                          "its elements share explain"})  # fmt: skip
+            continue
         if g["ax"] is None:  # the scale test
             notes.append({"kind": "group", "text": f"the residuals follow the result: a scale error of {g['mean']:.3g} "
                           f"({g['z']:.3g} standard errors), not rounding noise"})  # fmt: skip
+            continue
+        if g.get("scale"):
+            notes.append({"kind": "group", "text": f"{g['axis']} {g['index']} is scaled by {1 + g['mean']:.6g} "
+                          f"({g['z']:.3g} standard errors)"})  # fmt: skip
             continue
         notes.append({"kind": "group", "text": f"{g['axis']} {g['index']} is off by {g['mean']:.3g} on average "
                       f"({g['z']:.3g} standard errors)"})  # fmt: skip

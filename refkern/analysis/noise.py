@@ -105,8 +105,9 @@ RSQRT_ULPS = 2  #: 1/sqrt within 2 ulps (CUDA's rsqrtf, documented maximum; sqrt
 class Noise:
     """The scale of one call: ``var`` (sigma**2 per output element, the standard formulas), further
     members of the rounding family with the same centre (``models``: ``[(key, text, thunk)]``, ``thunk()``
-    their sigma**2, computed only when the standard formulas do not explain the output, or None where the
-    member does not apply to this call), and the
+    their sigma**2, or (sigma**2, their own ``coherent``) where the errors they share differ, computed only
+    when the standard formulas do not explain the output, or None where the member does not apply to this
+    call), and the
     output axes along which a group holds at most one element of any row (``group_axes``): elements of
     one row share the row's errors (its mean, its variance, its sum), so a group of several of them
     would have a correlated sum; a group along any other axis would not be a sum of independent terms."""
@@ -121,6 +122,10 @@ class Noise:
     #: reduced precisions with the same centre, only a wider scale (a sum accumulated in the half format):
     #: ``[(precision, key, text, thunk)]``; named only where the scale test ran (``coherent``) and passed
     precisions: list = field(default_factory=list)
+    #: where a half result is the float32 computation stored once (the reductions): ``(pre, thunk)``,
+    #: sigma**2 before the store and a thunk giving ``(xh, err)``, the exact result to float64 within
+    #: ``err``, for the element test that knows the store is one rounding to nearest (inside._straddle)
+    straddle: object = None
 
 
 def _eta(f: Format, e: int = 0) -> float:
@@ -256,7 +261,8 @@ def _norm_elements(X, W, B, Y, mean, r, smu2, srel2, u, u_m, u_o, eta2, folded, 
 
 
 def _norm(lay, name, ref_rows, u, out, eta2):
-    """(sigma**2 of the standard form, a thunk giving the folded form's), rows of the output."""
+    """(sigma**2 of the standard form, a thunk giving the folded form's, the sequential Welford mean's drift
+    bound per row and its variance per element, the row-shared errors), rows of the output."""
     X = lay.X
     R, n = X.shape
     half = out.prec < FLOAT32.prec
@@ -274,7 +280,8 @@ def _norm(lay, name, ref_rows, u, out, eta2):
     with np.errstate(all="ignore"):
         w = var + lay.eps
         r = 1.0 / np.sqrt(w)
-        srel2 = (sv2 + (u * w) ** 2) / (4.0 * w * w) + (2.0 * RSQRT_ULPS * u) ** 2
+        srel2_stat = (sv2 + (u * w) ** 2) / (4.0 * w * w)  # the variance's and w's roundings
+        srel2 = srel2_stat + (2.0 * RSQRT_ULPS * u) ** 2  # and rsqrt's, bounded (2 RSQRT_ULPS u relative)
     from refkern.analysis.envelope import _param_rows
 
     Wr, Br = _param_rows(lay.W, R, n), _param_rows(lay.B, R, n)
@@ -286,17 +293,34 @@ def _norm(lay, name, ref_rows, u, out, eta2):
         _norm_elements(Xc, Wr, Br, Y, mean, r, smu2, srel2, float(u), out.u if half else 0.0, out.u, eta2, folded, v)
         return v
 
-    def drift():  # sequential Welford's running mean: its drift bounded, not averaged (module docstring)
+    def drift_bound():  # sequential Welford's running mean: its drift bounded, not averaged (module docstring)
         with np.errstate(all="ignore"):
             P = np.cumsum(np.asarray(X, np.float64), axis=1)
             lr = np.abs(P).sum(axis=1)
             rl = np.abs(P[:, -1:] - P[:, :-1]).sum(axis=1) + np.abs(P[:, -1])
             Xa = np.abs(np.asarray(X, np.float64) - mean[:, None]).sum(axis=1)
-            B = u * (np.maximum(lr, rl) + 2.0 * Xa) / max(n, 1)
+            return u * (np.maximum(lr, rl) + 2.0 * Xa) / max(n, 1)
+
+    def drift(B):
+        with np.errstate(all="ignore"):
             c = (r * B)[:, None] * np.broadcast_to(np.abs(Wr), (R, n))
             return np.where(np.isfinite(c), c * c, np.inf)
 
-    return run(False), lambda: run(True), drift
+    def shared(drift=None):
+        """The row-shared errors (:class:`RowShared`): the mean's (loading ``r w``) and r's relative error
+        (loading ``t = (x - mean) r w``): its variance's part averaged, its rsqrt's part bounded (within
+        RSQRT_ULPS ulps: ``2 RSQRT_ULPS u`` relative, one value per row, not a draw); ``drift``: a sequential
+        Welford mean's drift bound per row, a bounded shared error on the mean's loading."""
+
+        def t():
+            with np.errstate(all="ignore"):
+                return (np.asarray(Xc, np.float64) - mean[:, None]) * (r[:, None] * Wr)
+
+        bounds = [(np.full(R, 2.0 * RSQRT_ULPS * u), t)] + ([] if drift is None else [(drift, r[:, None] * Wr)])
+        return RowShared(lay.rows, lay.back, R, [(smu2, r[:, None] * Wr), (srel2_stat, t)], bounds=bounds,
+                         keys=lambda: _keys(Xc, significand=not lay.center and lay.given is None))
+
+    return run(False), lambda: run(True), drift_bound, drift, shared
 
 
 # --------------------------------------------------------------------------------- softmax, attention
@@ -323,7 +347,7 @@ def _softmax_rows(X, u, u_m, log, shared=False):
             y2 = (u * arg) ** 2 + (sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2)[:, None] + (u * (Mf + L[:, None])) ** 2
             y2 = y2 + (u * (arg - L[:, None])) ** 2 + u_m**2 * (arg * arg + (L * L)[:, None] + 1.0)
             y2 = np.where(np.isfinite(y2), y2, 0.0)
-            return (y2, sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2 + (u * (Mf + L)) ** 2) if shared else y2
+            return (y2, sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2 + (u * (Mf[:, 0] + L)) ** 2) if shared else y2
         own = beta2 * (1.0 - 2.0 * w)
         rel = (own + wb[:, None] + (adds + 2.0 * u * u)[:, None]
                + (rec * ((2.0 * Brow + 1.0) * u) ** 2)[:, None] + u_m**2)  # fmt: skip
@@ -369,13 +393,14 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         v = lay.back(_sum_rows(lay.X, u, kind, lay.n))
         if kind == "mean":
             v = v + (u * ref) ** 2
-        return Noise(v + stores, [], every, sc)
+        return Noise(v + stores, [], every, sc, straddle=_straddle(name, lay, v, out))
     if kind == "mean":  # average pools: short windows, the order-free scale
         m = lay.absmean * lay.n
         return Noise(lay.back((lay.n + 1) * (u * m) ** 2 / lay.n**2) + (u * ref) ** 2 + stores, [], every, sc)
     if kind in ("var", "std"):
         eta2 = 2.0 * _eta(FLOAT64 if out is FLOAT64 else FLOAT32, 2 * ek)  # squares: degree 2
-        return Noise(lay.back(_var_rows(lay, u, lam, eta2)) + stores, [], every, sc)
+        v = lay.back(_var_rows(lay, u, lam, eta2))
+        return Noise(v + stores, [], every, sc, straddle=_straddle(name, lay, v, out))
     if kind == "cumsum":
         X = lay.X
         with np.errstate(all="ignore"):
@@ -384,7 +409,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         return Noise(lay.back(u * u * np.maximum(acc, 0.0)) + stores, [], _cumsum_axes(name, args, nd), sc)
     if kind == "norm":
         eta2 = 2.0 * _eta(out) ** 2 + (lay.n + 4) * eta_w**2
-        std, fold, drift = _norm(lay, name, lay.rows(ref_held, ref_held.dtype), u, out, eta2)
+        std, fold, drift_bound, drift, shared = _norm(lay, name, lay.rows(ref_held, ref_held.dtype), u, out, eta2)
         axes = _norm_axes(name, args, nd)
         folded = ("folded affine form", "the folded affine form x (r w) + (b - mean r w) of torch's CPU norms and "
                   "cuDNN's inference", lambda: lay.back(fold()))  # fmt: skip
@@ -395,15 +420,17 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
             def welford():
                 if not _quantized(lay.X):
                     return None
-                return lay.back(2.0 * np.maximum(std, fold()) + 2.0 * drift() / (lam * lam))
+                B = drift_bound()  # the mean's drift, bounded: in the scale tests a bound of its own
+                return lay.back(2.0 * np.maximum(std, fold()) + 2.0 * drift(B) / (lam * lam)), shared(B)
 
             models.append(("sequential Welford", "a sequential Welford mean whose running roundings drift together "
                            "(quantized offset rows: bounded, not averaged)", welford))  # fmt: skip
-        return Noise(lay.back(std), models, axes)
+        return Noise(lay.back(std), models, axes, coherent=shared())
     axes = (_softmax_axis(args, nd),) if nd and kind in ("softmax", "log_softmax") else ()
     if kind == "log_softmax":
         y2, sh = _softmax_rows(lay.X, u, u_m, True, shared=True)
-        return Noise(lay.back(y2) + stores, [], axes, coherent=_row_coherent(lay, sh, np.ones(lay.X.shape)))
+        return Noise(lay.back(y2) + stores, [], axes, coherent=RowShared(lay.rows, lay.back, lay.X.shape[0],
+                                                                                 [(sh, 1.0)], keys=lambda: _keys(lay.X)))
     if kind == "softmax":  # in units of each weight's power of two: tiny weights' variances do not underflow
         rel, sh = _softmax_rows(lay.X, u, u_m, False, shared=True)
         rel = lay.back(rel)
@@ -415,15 +442,71 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         eta_w, eta_o = (_eta(f) * sc if np.ndim(sc) == 0 else np.ldexp(1.0, f.emin - f.prec + np.frexp(sc)[1] - 1)
                         for f in (FLOAT64 if out is FLOAT64 else FLOAT32, out))  # fmt: skip
         v = rel * ys * ys + 2.0 * (out.u * ys) ** 2 + 2.0 * eta_o**2 + (lay.n + 4) * eta_w**2
-        return Noise(v, [], axes, sc, coherent=_row_coherent(lay, sh, lay.rows(np.broadcast_to(ys, ref.shape))))
+        return Noise(v, [], axes, sc, coherent=RowShared(lay.rows, lay.back, lay.X.shape[0],
+                                                          [(sh, lay.rows(np.broadcast_to(ys, ref.shape)))],
+                                                          keys=lambda: _keys(lay.X)))
     if kind == "attention":
         v = lay.back(attention_noise(lay, u, u_m, lay.rows(ref))) + stores
         Ev = ref.shape[-1] if nd else 1
         # a query's outputs share its sum D, its weights' errors, q's rounding, with correlations the scale
         # does not carry: within a row the scale test takes them at their largest (Cauchy-Schwarz)
-        coherent = _row_bound_coherent(lambda w: np.asarray(w, np.float64).reshape(-1, Ev), np.sqrt(v).reshape(-1, Ev))
+        coherent = RowShared(lambda w: np.asarray(w, np.float64).reshape(-1, Ev), lambda w: np.reshape(w, ref.shape),
+                             v.size // max(Ev, 1), sigma=np.sqrt(v).reshape(-1, Ev))
         return Noise(v, [], (nd - 1,) if nd else (), coherent=coherent)
     raise AssertionError(kind)  # pragma: no cover - every kind of layout() is handled
+
+
+GRAIN = 32768  #: torch's CPU parallel grain (at::internal::GRAIN_SIZE): a reduction splits into chunks of at least it
+
+
+def _thread_partials_sq(X) -> np.ndarray:
+    """Per row of X (R, n): ``max_T sum_t P_t**2`` over the splits of torch's CPU reductions: ``T`` threads
+    (``2 <= T <= ceil(n / GRAIN)``, any machine), contiguous chunks of ``ceil(n / T)``, ``P_t`` a chunk's sum.
+    A half sum or mean on several threads stores each thread's float32 partial in the result format and
+    adds them in float32 (measured on torch 2.13: this emulation reproduced its bfloat16 sums on 1 to 32
+    threads, 28 of 28 cases), so those roundings, ``u_o |P_t|`` each, are in the scale before the store."""
+    R, n = X.shape
+    C = np.concatenate([np.zeros((R, 1)), np.cumsum(np.asarray(X, np.float64), axis=1)], axis=1)
+    best = np.zeros(R)
+    for T in range(2, -(-n // GRAIN) + 1):
+        c = -(-n // T)
+        edges = np.minimum(np.arange(0, n + c, c), n)
+        edges = np.unique(edges)
+        P = np.diff(C[:, edges], axis=1)
+        best = np.maximum(best, (P * P).sum(axis=1))
+    return best
+
+
+def _straddle(name, lay, pre, out: Format):
+    """:attr:`Noise.straddle` of a reduction (sum, mean, var, std) with a half result, else None. The
+    exact result to float64 is the op's own correctly rounded reference on the rows widened to float64
+    (exactly: ``err = u64 |xh|``, one rounding); ``pre`` is the scale before the stores, with what may
+    underflow in the working format (``(n + 4) eta_w**2``); the store itself, subnormal or not, is the
+    test's interval."""
+    if out.prec >= FLOAT32.prec or lay.X is None:
+        return None
+    if name in ("sum", "mean") and lay.n > GRAIN:  # torch's CPU threads' partial sums, stored in the result format
+        pre = pre + lay.back((out.u / (lay.n if name == "mean" else 1)) ** 2 * _thread_partials_sq(lay.X))
+
+    def thunk():
+        from refkern.ops import get
+
+        X = np.asarray(lay.X, np.float64)
+        kw = {} if name in ("sum", "mean") else {"correction": lay.n - lay.divisor}
+        xh = np.asarray(lay.back(np.asarray(get(name).reference(X, dim=1, **kw), np.float64)), np.float64)
+        return xh, FLOAT64.u * np.abs(xh)
+
+    return np.asarray(pre, np.float64) + (lay.n + 4) * _eta(FLOAT32) ** 2, thunk
+
+
+def _keys(X, significand=False) -> np.ndarray:
+    """:attr:`RowShared.keys` of rows X (float32 or float64): each value's bits (equal inputs), or with
+    ``significand`` its significand's bits alone (a product by the row's constant rounds them alike)."""
+    X = np.ascontiguousarray(X, X.dtype if X.dtype in (np.float32, np.float64) else np.float64)
+    b = X.view(np.int32 if X.dtype == np.float32 else np.int64).astype(np.int64)
+    if significand:
+        b = b & ((1 << 23) - 1 if X.dtype == np.float32 else (1 << 52) - 1)
+    return b
 
 
 def _quantized(X) -> bool:
@@ -440,34 +523,79 @@ def _quantized(X) -> bool:
     return bool(np.any(distinct * 2 <= X.shape[1]))
 
 
-def _row_coherent(lay, shared, loading):
-    """``coherent(w)`` of :class:`Noise` for errors a row shares: the row's error ``eps_r`` (variance
-    ``shared[r]``) moves its element ``i`` by ``loading_ri eps_r`` (row layout, in the units of the test), so
-    ``sum e w`` has ``shared[r] ((sum_i l_i w_i)**2 - sum_i (l_i w_i)**2)`` beyond ``sum sigma**2 w**2`` per row,
-    whose elements' ``sigma**2`` hold that error once each (the weights' negative covariance with the row's
-    ``sum_j w_j beta_j`` is left out: more variance, a more cautious test)."""
-    S = np.asarray(shared, np.float64)
+class RowShared:
+    """``coherent`` of :class:`Noise` where the errors several elements share are a row's: ``Var(sum_i e_i
+    w_i)`` beyond ``sum_i sigma_i**2 w_i**2``, per row (:meth:`per_row`) and in all (a call). ``rows(v)``: an
+    output-shaped array in row layout (``count`` rows, R, of n); ``back(v)``: the inverse. Two forms:
 
-    def coherent(w):
+    * ``terms``: ``[(shared, loading)]``, a row's error ``eps_r`` of variance ``shared[r]`` moves its element
+      ``i`` by ``loading_ri eps_r`` (row layout, the units of the test; ``loading`` an array or a thunk), so
+      ``sum e w`` has ``shared[r] ((sum_i l_i w_i)**2 - sum_i (l_i w_i)**2)`` beyond ``sum sigma**2 w**2``,
+      whose ``sigma**2`` hold that error once per element;
+    * ``bounds``: ``[(B, loading)]``, a row's error bounded, not averaged, ``|eps_r| <= B[r]`` (a sequential
+      Welford mean's drift): it moves ``sum e w`` by at most ``B |sum_i l_i w_i|``, which the scale tests add
+      to their threshold (:meth:`bound`) instead of to the variance;
+    * ``sigma`` (row layout): the row's elements may be correlated in any way, ``Var(sum_i e_i w_i) <=
+      (sum_i sigma_i |w_i|)**2`` within a row (Cauchy-Schwarz).
+
+    ``keys`` (a thunk: int64 keys in row layout, or None): elements of a row with one key may have equal
+    rounding errors (equal inputs give equal outputs and errors; a product by the row's ``r`` rounds
+    equal significands alike, so Hugging Face's RMSNorm, which rounds ``x r`` to the result format,
+    rounds each of a bfloat16 row's 128 significands with one relative error), so their variances are
+    not independent: :meth:`grouped` takes them fully correlated within a key, ``(sum_(i in g) sigma_i
+    |w_i|)**2`` (Cauchy-Schwarz), more variance, asked for only where a test fails without it.
+
+    Rows are independent. Each row is a scale test of its own (:func:`~refkern.analysis.verdict.
+    _row_scale_failures`): a row shares its errors, so its residuals may follow its output only by those."""
+
+    def __init__(self, rows, back, count, terms=(), sigma=None, bounds=(), keys=None):
+        self.rows, self.back, self.count, self.terms, self.sigma = rows, back, int(count), list(terms), sigma
+        self.bounds, self.keys = list(bounds), keys
+
+    def grouped(self, w, var, sel) -> np.ndarray | None:
+        """For the rows ``sel`` (indices), the variance of ``sum e w`` that equal keys add beyond ``sum
+        sigma**2 w**2`` (``var``: sigma**2, output-shaped), their errors taken fully correlated within a key;
+        None without keys."""
+        if self.keys is None or not len(sel):
+            return None
+        K = self.keys()[sel]
         with np.errstate(all="ignore"):
-            a = lay.rows(w) * loading
-            A = a.sum(axis=1)
-            return float(np.sum(np.where(S > 0, S * (A * A - (a * a).sum(axis=1)), 0.0)))
+            a = (np.sqrt(self.rows(var)) * np.abs(self.rows(w)))[sel]
+            a = np.where(np.isfinite(a), a, 0.0)
+            order = np.argsort(K, axis=1, kind="stable")
+            Ks, As = np.take_along_axis(K, order, 1), np.take_along_axis(a, order, 1)
+            start = np.ones(Ks.shape, bool)
+            start[:, 1:] = Ks[:, 1:] != Ks[:, :-1]
+            g = np.cumsum(start.reshape(-1)) - 1  # a group id per (row, key)
+            sums = np.bincount(g, weights=As.reshape(-1))
+            row_of = np.repeat(np.arange(len(sel)), Ks.shape[1])[start.reshape(-1)]
+            return np.bincount(row_of, weights=sums * sums, minlength=len(sel)) - (a * a).sum(axis=1)
 
-    return coherent
-
-
-def _row_bound_coherent(rows, sigma):
-    """``coherent(w)`` of :class:`Noise` where a row's elements may be correlated in any way: ``Var(sum_i e_i
-    w_i) <= (sum_i sigma_i |w_i|)**2`` within a row (Cauchy-Schwarz), rows independent; beyond ``sum sigma**2
-    w**2``. ``rows(w)``: an output-shaped array in rows (R, n); ``sigma`` in rows, the units of the test."""
-
-    def coherent(w):
+    def bound(self, w) -> np.ndarray | None:
+        """Per row, the most the bounded errors move ``sum e w`` (None: there are none)."""
+        if not self.bounds:
+            return None
         with np.errstate(all="ignore"):
-            a = sigma * np.abs(rows(w))
-            return float(np.sum(a.sum(axis=1) ** 2 - (a * a).sum(axis=1)))
+            W = self.rows(w)
+            return sum(np.asarray(B, np.float64) * np.abs((W * (ld() if callable(ld) else ld)).sum(axis=1))
+                       for B, ld in self.bounds)  # fmt: skip
 
-    return coherent
+    def per_row(self, w) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            W = self.rows(w)
+            if self.sigma is not None:
+                a = self.sigma * np.abs(W)
+                return a.sum(axis=1) ** 2 - (a * a).sum(axis=1)
+            extra = np.zeros(W.shape[0])
+            for shared, loading in self.terms:
+                a = W * (loading() if callable(loading) else loading)
+                A = a.sum(axis=1)
+                S = np.asarray(shared, np.float64)
+                extra += np.where(S > 0, S * (A * A - (a * a).sum(axis=1)), 0.0)
+            return extra
+
+    def __call__(self, w) -> float:
+        return float(np.sum(self.per_row(w)))
 
 
 TINY = 2.0**-300  #: below this largest |value|, a float64 call's scale is computed on values times 2**600

@@ -191,7 +191,8 @@ class _Tester:
         self.a, self.pr, self.ref = actual, pr, ref
         self.over = overflowed(actual, ref)
         self.lam_el = level(ref.size)
-        self.lam_grp = level(n_groups(ref.shape) + 1)  # the groups along the axes and the scale test
+        # the groups along the axes, each a sum and a scale test, and the scale test of the whole output
+        self.lam_grp = level(2 * n_groups(ref.shape) + 1)
         self.ms = models(pr.fmt, pr.in_prec, pr.bias is not None, pr.name)
         self.lam_fit = level(len(self.ms) - 1)
         self.var0 = rounding_variance(self.ms[0], pr.n_terms, mag, ref)
@@ -211,6 +212,7 @@ class _Tester:
         f.full, f.fails, f.centre, f.var, f.z = True, fails, c, var, z
         f.groups = group_failures(r, vk, keep, c, self.a, self.pr.axes, self.lam_grp)
         f.groups += _scale_failure(r, vk, keep, self.ref, self.lam_grp)
+        f.groups += _axis_scale_failures(r, vk, keep, self.ref, self.lam_grp, self.pr.axes)
         f.max_z = float(z.max()) if z.size else 0.0
         return f
 
@@ -228,7 +230,8 @@ def _scale_failure(r, vk, keep, ref, lam, coherent=None) -> list:
     model: fp16 accumulation explained a 1% scale error element by element (K = 4096), and bf16
     accumulation a 5% one (64 x 64 outputs: T = 4.3 with the weights y, 6.5 with these). ``coherent(w)``:
     the variance of ``sum e w`` beyond ``sum sigma**2 w**2`` where several elements share an error (None:
-    independent). A failing test is reported as a group over the whole output (``ax`` None) whose
+    independent), and where it has them, shared errors bounded, not averaged (``coherent.bound``), whose
+    most is added to the threshold. A failing test is reported as a group over the whole output (``ax`` None) whose
     elements are those whose residual has the scale's sign; ``mean`` is the weighted slope ``s``."""
     with np.errstate(all="ignore"):
         y = np.where(keep, ref, 0.0)
@@ -236,11 +239,93 @@ def _scale_failure(r, vk, keep, ref, lam, coherent=None) -> list:
         num = float(np.sum(r * w))
         var = float(np.sum(vk * w * w)) + (float(coherent(w)) if coherent is not None else 0.0)
         den = math.sqrt(var) if var > 0 and math.isfinite(var) else 0.0
-    if not num or not math.isfinite(num) or not den > 0 or abs(num) <= lam * den:
+        bd = getattr(coherent, "bound", lambda w: None)(w)
+        bd = float(np.sum(bd)) if bd is not None else 0.0  # errors bounded, not averaged: a margin of their own
+    if not num or not math.isfinite(num) or not den > 0 or abs(num) <= lam * den + bd:
         return []
+    ex = coherent.grouped(w, vk, np.arange(coherent.count)) if getattr(coherent, "keys", None) else None
+    if ex is not None:  # equal keys' errors taken correlated (RowShared.grouped): asked for only here
+        den = math.sqrt(max(var + float(np.sum(ex)), 0.0))
+        if abs(num) <= lam * den + bd:
+            return []
     s = num / float(np.sum(y * w))
     return [{"axis": "scale", "ax": None, "index": 0, "z": abs(num) / den, "mean": s,
              "mask": keep & (r * y * np.sign(num) > 0)}]  # fmt: skip
+
+
+def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None) -> list:
+    """The scale test of :func:`_scale_failure` on each group along each axis (of the axes ``only``,
+    every axis when None; the groups of :func:`~refkern.analysis.structure.group_failures`, whose elements
+    are independent under the model): ``T_g = sum_(i in g) r_i w_i / sqrt(sum sigma_i**2 w_i**2)``, ``w = y /
+    sigma**2``, sub-Gaussian with parameter 1 for the same reason, so ``|T_g| > lam`` has probability at
+    most ``2 exp(-lam**2 / 2)``: one more test per group (``lam_grp`` counts them twice). A group's residual
+    sum sees an offset; this sees a group scaled (a row of a product, a feature's weight), whose residuals
+    ``s y`` of either sign sum to about 0. Failing groups are reported as groups (``scale`` True, ``mean``
+    the weighted slope)."""
+    if r.ndim == 0:
+        return []
+    out = []
+    with np.errstate(all="ignore"):
+        y = np.where(keep, ref, 0.0)
+        w = np.where(keep & (vk > 0) & np.isfinite(vk), y / vk, 0.0)
+        rw, vw, yw = r * w, vk * w * w, y * w
+        for ax in range(r.ndim):
+            if r.shape[ax] < 2 or (only is not None and ax not in only):
+                continue
+            other = tuple(i for i in range(r.ndim) if i != ax)
+            num, var, slope = rw.sum(axis=other), vw.sum(axis=other), yw.sum(axis=other)
+            den = np.sqrt(var)
+            bad = (num != 0) & np.isfinite(num) & (den > 0) & np.isfinite(den) & (np.abs(num) > lam * den)
+            for i in np.flatnonzero(bad):
+                out.append({"axis": axes[ax], "ax": ax, "index": int(i), "z": float(abs(num[i]) / den[i]),
+                            "mean": float(num[i] / slope[i]), "scale": True})  # fmt: skip
+    return out
+
+
+def n_rows(coherent) -> int:
+    """The number of row scale tests (:func:`_row_scale_failures`) that ``coherent`` asks for: its rows
+    where it knows them (:class:`~refkern.analysis.noise.RowShared`) and there are several, else 0 (one
+    row's test is the scale test itself)."""
+    R = getattr(coherent, "count", 0)
+    return R if R > 1 else 0
+
+
+def _row_scale_failures(r, vk, keep, ref, lam, coherent) -> list:
+    """The scale test of :func:`_scale_failure` on each row of ``coherent`` (rows whose elements share
+    errors: a norm's mean and ``r``, a softmax's sum, a query's weights): ``T_r = sum_(i in r) r_i w_i /
+    sqrt(sum sigma_i**2 w_i**2 + coherent.per_row(w)_r)``, ``w = y / sigma**2``, sub-Gaussian with
+    parameter 1 under the model for the same reason (Azuma, the weights fixed by the exact problem), so
+    ``|T_r| > lam`` has probability at most ``2 exp(-lam**2 / 2)``: one more test each of the group part of
+    the budget (``lam_grp`` counts them, :func:`n_rows`). A row's errors that the model shares (its mean,
+    ``r``, ``D``) are in ``per_row``, so a row may follow its output only by them, and those bounded, not
+    averaged, by ``coherent.bound(w)``, added to the threshold; a bug that scales one row by more fails. A failing row is a group over that row (``ax`` None, ``axis`` "row scale"), its
+    elements those whose residual has the row's slope's sign; ``mean`` the row's weighted slope."""
+    with np.errstate(all="ignore"):
+        y = np.where(keep, ref, 0.0)
+        w = np.where(keep & (vk > 0) & np.isfinite(vk), y / vk, 0.0)
+        rows = coherent.rows
+        num = rows(r * w).sum(axis=1)
+        var = rows(vk * w * w).sum(axis=1) + coherent.per_row(w)
+        yw = rows(y * w).sum(axis=1)
+        den = np.sqrt(np.where(var > 0, var, 0.0))
+        bd = coherent.bound(w)
+        bd = 0.0 if bd is None else bd
+        bad = (num != 0) & np.isfinite(num) & (den > 0) & np.isfinite(den) & (np.abs(num) > lam * den + bd)
+        ex = coherent.grouped(w, vk, np.flatnonzero(bad)) if bad.any() else None
+        if ex is not None:  # equal keys' errors taken correlated, on the failing rows only (more variance)
+            idx = np.flatnonzero(bad)
+            den[idx] = np.sqrt(np.maximum(var[idx] + ex, 0.0))
+            bad[idx] = np.abs(num[idx]) > lam * den[idx] + (bd[idx] if np.ndim(bd) else bd)
+    if not bad.any():
+        return []
+    sign = coherent.back(np.where(bad, np.sign(num), 0.0)[:, None] * np.ones((1, rows(y).shape[1])))
+    mask = keep & (r * y * sign > 0)  # the failing rows' elements on their slope's side, held by the first group
+    out = []
+    idx = np.flatnonzero(bad)
+    for i in idx[np.argsort(-np.abs(num[idx]) / den[idx])]:
+        out.append({"axis": "row scale", "ax": None, "index": int(i), "z": float(abs(num[i]) / den[i]),
+                    "mean": float(num[i] / yw[i]), "mask": mask if not out else None})  # fmt: skip
+    return out
 
 
 def _element_test_arrays(a, c, var, lam, grid):
@@ -412,6 +497,10 @@ def decide(actual, pr, ref, mag) -> Decision:
     cls = np.where(exact, 0, np.where(bad, 3, np.where(r0.z <= t.lam_el, 1, 2))).astype(np.int8)
     found = signatures(actual, base.centre, base.var, bad, pr, t.lam_el, sample)
     for g in base.groups:
+        if g.get("scale") and g["ax"] is not None:  # a group's scale test (:func:`_axis_scale_failures`)
+            found.insert(0, {"kind": "scale", "factor": 1.0 + g["mean"], "text": f"{g['axis']} {g['index']} is "
+                             f"{1.0 + g['mean']:.6g} times what {base.model.kind} gives ({g['z']:.3g} standard "
+                             "errors): scaled, not accumulator noise"})  # fmt: skip
         if g["ax"] is None:  # the scale test (:func:`_scale_failure`)
             found.insert(0, {"kind": "scale", "factor": 1.0 + g["mean"], "text": f"the output is {1.0 + g['mean']:.6g} "
                              f"times what {base.model.kind} gives ({g['z']:.3g} standard errors): a scale error, not "

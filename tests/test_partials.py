@@ -243,11 +243,24 @@ def _block_bound_by_hand(t, bias, cells, block):
     return block * max(((np.abs(P) + A + bias) ** 2).sum(), ((np.abs(Q) + A + bias) ** 2).sum()) + (t * t).sum()
 
 
-@pytest.mark.parametrize("case", ["strided groups dilation bias", "stride 1 bias", "conv1d", "linear bias"])
+@pytest.mark.parametrize(
+    "case",
+    ["strided groups dilation bias", "stride 1 bias", "conv1d", "linear bias", "rgb", "6 channels", "5 channels"],
+)
 def test_fused_pass_is_the_formula(case):
-    # the fused pass (products, cells and both orders in one jitted task) against the formula evaluated per element
+    # the fused pass (products, cells and both orders in one jitted task) against the formula evaluated per element;
+    # cells of 8, 4, 3, 2 and 1 channels (each sweep width of the pass)
     g = torch.Generator().manual_seed(9)
-    if case == "strided groups dilation bias":  # 12 / 3 = 4 channels per group, 3 x 2 taps: K = 24, B = 4
+    if case == "rgb":  # 3 channels, 7 x 7 taps, stride 2: K = 147, B = 8, cells of 3 channels, one channel block
+        args = (torch.randn(1, 3, 20, 20, generator=g), torch.randn(4, 3, 7, 7, generator=g))
+        op, kw = "conv2d", {"stride": 2, "padding": 3}
+    elif case == "6 channels":  # K = 54, B = 4: cells of 4 and 2 channels
+        args = (torch.randn(2, 6, 9, 9, generator=g), torch.randn(3, 6, 3, 3, generator=g))
+        op, kw = "conv2d", {}
+    elif case == "5 channels":  # K = 45, B = 4: cells of 4 and 1 channels
+        args = (torch.randn(2, 5, 9, 9, generator=g), torch.randn(3, 5, 3, 3, generator=g))
+        op, kw = "conv2d", {"padding": 1}
+    elif case == "strided groups dilation bias":  # 12 / 3 = 4 channels per group, 3 x 2 taps: K = 24, B = 4
         args = (
             torch.randn(2, 12, 11, 13, generator=g),
             torch.randn(6, 4, 3, 2, generator=g),

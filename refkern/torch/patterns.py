@@ -20,8 +20,10 @@ made each tensor, from which tensors) and names the two patterns:
   that fits better. theta is cos's input, or, where the stream reduced the angle itself before the
   cosine (``theta - k c``, ``remainder``, ``fmod``), the angle before that reduction.
 
-The matcher holds no activation beyond its pattern: the angles of each cosine (a few rows of position
-times frequency) while the cosine's result lives, and an RMS statistic's input until its module returns.
+The matcher holds few activations: the angles of each cosine (a few rows of position times frequency)
+while the cosine's result lives, the minuend ``a`` of each ``a - f(a)`` (a range reduction, or a
+hand-written ``x - mean(x)``) while the difference lives, and an RMS statistic's input until its
+module returns; integer index tensors of views. Everything else is weak references.
 """
 
 import math

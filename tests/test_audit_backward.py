@@ -116,3 +116,23 @@ def test_backward_without_its_forward_says_what_is_missing():
         loss.backward()
     assert a.unchecked == {"native_layer_norm_backward": 1}
     assert "eps (not an argument of the backward) is known only when the forward ran inside" in a.report()
+
+
+def test_safe_softmax_backward_is_judged():
+    """SDPA's math path (T5's attention, a float mask) computes its softmax as aten._safe_softmax: the audit keeps
+    its input as it does _softmax's, so _softmax_backward_data is judged (it was listed as not checked: "the
+    forward ran outside the audit"); a row of -inf only (_safe_softmax's zeros, where refkern's softmax has no
+    value) is listed with its reason, not judged."""
+    torch.manual_seed(5)
+    x, w = torch.randn(2, 3, 7, requires_grad=True), torch.randn(2, 3, 7)
+    with rkt.audit(progress=False) as a:
+        torch._safe_softmax(x, -1).mul(w).sum().backward()
+    judged = [c for c in a.calls if c.op == "softmax backward"]
+    assert a.unchecked == {} and len(judged) == 1 and judged[0].verdict in OK, a.report()
+    m = torch.randn(2, 3, 7)
+    m[0, 1] = float("-inf")
+    xm = m.requires_grad_()
+    with rkt.audit(progress=False) as a:
+        torch._safe_softmax(xm, -1).mul(w).sum().backward()
+    assert a.unchecked == {"_safe_softmax": 1, "_softmax_backward_data": 1}, a.report()  # as the forward is
+    assert "rows of -inf only" in a.report()

@@ -81,13 +81,16 @@ def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_cal
                                  name if aten_backward else None))  # fmt: skip
 
 
-def _softmax(name, aten, aten_backward, node):
+def _softmax(name, aten, aten_backward, nodes):
+    """A softmax's record: its backward kernel receives the output, so the audit keeps the input of every aten
+    op computing it (``_safe_softmax`` too: SDPA's math path, T5's attention)."""
     f_params, t_params = ("input", "dim", "_stacklevel", "dtype"), ("input", "dim", "dtype")
     return Op(name, "softmax", f"refkern.kernels.softmax:{name}", f"refkern.truth.softmax:{name}", ("input",),
               "envelope", hypotheses=("stored output", "named bugs"), differentiable=("input",),
               torch_function=f"{_F}{name}",
               calls=(Call(f"{_F}{name}", f_params), *_methods(name, params=t_params)), aten=aten,
-              aten_backward=aten_backward, aten_memo=((aten[0], "input"),), autograd=((node, ("input",)),),
+              aten_backward=aten_backward, aten_memo=tuple((a, "input") for a in aten),
+              autograd=tuple((node, ("input",)) for node in nodes),
               sample="rows", needs="dim=-1", opinfo=(name,),
               backward=_backward("softmax_grad:_softmax", "softmax", "softmax_report", "softmax"))  # fmt: skip
 
@@ -159,9 +162,10 @@ RECORDS = (
     _pool("adaptive_avg_pool2d", ("input", "output_size"), aten=("adaptive_avg_pool2d", "_adaptive_avg_pool2d"),
           aten_backward=("_adaptive_avg_pool2d_backward",), autograd="AdaptiveAvgPool2DBackward0",
           needs="output_size=(4,4)"),
-    _softmax("softmax", ("_softmax", "_safe_softmax", "softmax"), ("_softmax_backward_data",), "SoftmaxBackward0"),
+    _softmax("softmax", ("_softmax", "_safe_softmax", "softmax"), ("_softmax_backward_data",),
+             ("SoftmaxBackward0", "SafeSoftmaxBackward0")),
     _softmax("log_softmax", ("_log_softmax", "log_softmax"), ("_log_softmax_backward_data",),
-             "LogSoftmaxBackward0"),
+             ("LogSoftmaxBackward0",)),
     Op("scaled_dot_product_attention", "attention", "refkern.kernels.attention:scaled_dot_product_attention",
        "refkern.truth.softmax:scaled_dot_product_attention", ("query", "key", "value", "attn_mask"), "envelope",
        required=3, hypotheses=("P@V", "named bugs"), differentiable=("query", "key", "value"),

@@ -113,8 +113,11 @@ def softmax(name, b, memo, present, op):
     if isinstance(x, BackwardCall):
         return x
     g = b["grad_output"]
-    if memo["half_to_float"] or b["input_dtype"] != g.dtype:
-        return BackwardCall(unsupported=f"{op} computed in another dtype than its input's (half_to_float)")
+    if memo["half_to_float"] or b["input_dtype"] != g.dtype or x.dtype != g.dtype:
+        return BackwardCall(unsupported=f"{op} computed in another dtype than its input's (half_to_float, dtype=)")
+    if x.numel() and bool((x == float("-inf")).all(dim=b["dim"]).any()):  # _safe_softmax's zero rows
+        return BackwardCall(unsupported=f"{op} with rows of -inf only (_safe_softmax's zeros): refkern's softmax "
+                            "has no value there")  # fmt: skip
     return BackwardCall(op, g, (x,), {"dim": b["dim"]}, [(0, "input")])
 
 

@@ -17,6 +17,7 @@ from refkern.analysis.partials import (
     block_size,
     gemm_partials,
     order_bound,
+    partials_and_magnitudes,
 )
 from refkern.analysis.verdict import sample_indices
 
@@ -300,3 +301,23 @@ def test_fused_pass_is_the_formula(case):
         want = max(_block_bound_by_hand(t, abs(bias[i]), o, cb) for o in orders) + mag.reshape(-1)[i] ** 2
         want = min(want, (pr.n_terms + 1) * mag.reshape(-1)[i] ** 2)
         assert got[i] == pytest.approx(want, rel=1e-12), (case, i)
+
+
+@pytest.mark.parametrize("case", ["conv2d", "linear bias"])
+def test_magnitudes_from_the_pass(case):
+    # the pass's own magnitudes (the sums of its cells') are those of the reference run, within gamma_K, and give
+    # the same bound
+    g = torch.Generator().manual_seed(12)
+    if case == "conv2d":
+        args, op, kw = (torch.randn(2, 19, 9, 10, generator=g), torch.randn(5, 19, 3, 3, generator=g)), "conv2d", {}
+    else:
+        args = (torch.randn(3, 7, 300, generator=g), torch.randn(9, 300, generator=g), torch.randn(9, generator=g))
+        op, kw = "linear", {}
+    pr = problem(op, args, kw)
+    _, mag = pr.run(want_mag=True)
+    bound, own = partials_and_magnitudes(pr)
+    gamma = pr.n_terms * 2.0**-53 / (1 - pr.n_terms * 2.0**-53)
+    assert np.all(np.abs(own - mag) <= 2 * gamma * mag)  # each within gamma_K of the exact sum
+    np.testing.assert_allclose(bound, gemm_partials(pr, mag), rtol=1e-12)
+    f64 = problem(op, tuple(a.double() for a in args), kw)
+    assert partials_and_magnitudes(f64) == (None, None)  # a float64 result keeps the order-free scale

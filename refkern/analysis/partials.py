@@ -68,6 +68,7 @@ __all__ = [
     "block_size",
     "gemm_partials",
     "order_bound",
+    "partials_and_magnitudes",
 ]
 
 BLOCK_MIN, BLOCK_MAX = 4, 32  #: the range of :func:`block_size` (any block size gives a bound)
@@ -99,7 +100,7 @@ def _cell_pixels(n_cells: int, length: int) -> int:
 
 
 @jit(parallel=True)
-def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, pw, with_sq, out):
+def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, pw, with_sq, out, mag):
     """The block bound of the module docstring (plus ``sum_k t_k**2`` ``with_sq``) for a convolution read
     through flat planes: output position ``r = y pitch + x`` (x < wo) of image n and channel co is ``sum_(c, t)
     W[co, c, t] X[n, plane[t], g cin + c, r + off[t]]`` (float64; a stride-1 convolution reads one padded plane
@@ -110,7 +111,9 @@ def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, pw
     Each task is ``pw`` consecutive positions of one image and output channel: the cells' sums ``S`` and
     magnitudes ``A`` are formed in a local buffer (never a GEMM's output in memory: at inner dimension cb
     those GEMMs were bound by memory, 0.4 s of products and 0.33 s of passes at a ResNet layer), then the
-    passes read them there. The products are exact (float32-or-narrower inputs in float64), the cells'
+    passes read them there. ``mag`` (out's shape, or empty): each element's ``sum_k |t_k| + |bias|``, the
+    sum of its cells' magnitudes (float64 sums, within gamma_K of the exact one, as a magnitudes GEMM's).
+    The products are exact (float32-or-narrower inputs in float64), the cells'
     sums err by gamma_cb relatively, far under the float32 units the bound feeds."""
     N = X.shape[0]
     c_out, cin_g, T = W.shape
@@ -167,6 +170,16 @@ def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, pw
             y, x = divmod(r0 + p, pitch)
             if x < wo:
                 out[n, co, y, x] = block * worst[p] + (sq[p] if with_sq else 0.0)
+        if mag.size:
+            for p in range(m):
+                total[p] = 0.0
+            for k in range(nc):
+                for p in range(m):
+                    total[p] += A[k, p]
+            for p in range(m):
+                y, x = divmod(r0 + p, pitch)
+                if x < wo:
+                    mag[n, co, y, x] = total[p] + b[p]
 
 
 @jit
@@ -231,13 +244,14 @@ def _cell(Xn, w, c0, c_lo, c_hi, x0, m, s_row, a_row, sq):
         c += 1
 
 
-def _cells(X, W, bias, stride, dilation, groups, cb, block, orders, out_shape, with_sq=True):
+def _cells(X, W, bias, stride, dilation, groups, cb, block, orders, out_shape, with_sq=True, mag=None):
     """:func:`_cells_pass` on a convolution's padded input ``X`` (N, C_in, Hp, Wp) and ``W`` (C_out, C_in / groups,
     kh, kw), ``bias`` broadcast to (C_out, Wo), ``orders`` of taps and channel blocks (``"tap"``: tap by tap;
     ``"both"``: also channel block by channel block): the bound (plus ``sum_k t_k**2`` ``with_sq``), of
-    ``out_shape`` (N, C_out, Ho, Wo). Stride 1 reads the padded input in place (positions at the padded width,
-    the columns past Wo dropped: (kw - 1) dw of Wp); a stride gathers each tap's input first, T times the
-    output's positions per input channel, in chunks of images of at most 32 MiB."""
+    ``out_shape`` (N, C_out, Ho, Wo); ``mag`` (of ``out_shape``, or None) := the magnitudes (:func:`_cells_pass`).
+    Stride 1 reads the padded input in place (positions at the padded width, the columns past Wo dropped:
+    (kw - 1) dw of Wp); a stride gathers each tap's input first, T times the output's positions per input
+    channel, in chunks of images of at most 32 MiB."""
     N, C, Hp, Wp = X.shape
     c_out, cin_g, kh, kw = W.shape
     _, _, ho, wo = out_shape
@@ -260,9 +274,9 @@ def _cells(X, W, bias, stride, dilation, groups, cb, block, orders, out_shape, w
         planes = ((_gathered(X[n0 : n0 + step], kh, kw, stride, dilation, ho, wo), np.arange(kh * kw),
                    np.zeros(kh * kw, np.int64), wo, slice(n0, n0 + step)) for n0 in range(0, N, step))  # fmt: skip
     for Xp, plane, off, pitch, sl in planes:
-        o = out[sl]
+        o, mo = out[sl], (mag[sl] if mag is not None else np.empty((0, 0, 0, 0)))
         _cells_pass(Xp, W3, plane.astype(np.int64), off, int(pitch), int(wo), int(groups), int(cb), float(block),
-                    order, b, _cell_pixels(cells.size, (ho - 1) * pitch + wo), bool(with_sq), o)  # fmt: skip
+                    order, b, _cell_pixels(cells.size, (ho - 1) * pitch + wo), bool(with_sq), o, mo)  # fmt: skip
     return out
 
 
@@ -285,23 +299,37 @@ def block_partials(a, b, block, bias=0.0):
     return _blocks(a, b, block, bias, False)
 
 
-def _blocks(a, b, block, bias, with_sq=True):
+def _blocks(a, b, block, bias, with_sq=True, mag=None):
     """The block bound (plus ``sum_k t_k**2`` ``with_sq``) for ``a @ b`` ((M, K), (K, N) float64), ``bias``
-    broadcast to (M, N)."""
+    broadcast to (M, N); ``mag`` ((M, N) or None) := the magnitudes."""
     M, K = a.shape
     N = b.shape[1]
     bias = np.broadcast_to(np.asarray(bias, np.float64), (M, N))
     X = np.asarray(b, np.float64).reshape(1, K, 1, N)
     W = np.asarray(a, np.float64).reshape(M, K, 1, 1)
-    return _cells(X, W, bias, (1, 1), (1, 1), 1, block, block, "tap", (1, M, 1, N), with_sq).reshape(M, N)
+    m4 = None if mag is None else mag.reshape(1, M, 1, N)
+    return _cells(X, W, bias, (1, 1), (1, 1), 1, block, block, "tap", (1, M, 1, N), with_sq, m4).reshape(M, N)
 
 
 def gemm_partials(pr, mag, block: int | None = None):
     """``sum_j c_j**2`` per output element of the GEMM Problem ``pr`` (float64 of ``pr.shape``; module
     docstring), at most the order-free ``(n + 1) mag**2``; None where the bound does not apply (not a GEMM,
     or a float64 result)."""
+    return _partials(pr, np.asarray(mag, np.float64), block)[0]
+
+
+def partials_and_magnitudes(pr, block: int | None = None):
+    """(:func:`gemm_partials`, the magnitudes ``sum_k |t_k| + |bias|``) of the GEMM Problem ``pr``, both of
+    ``pr.shape``, the magnitudes the sums of the cells' that the pass forms anyway (within gamma_K of the
+    exact ones, as a magnitudes GEMM's): a caller that asks for them here needs no GEMM of |A| |B| (a
+    convolution's reference with magnitudes costs about twice the reference alone). (None, None) where the
+    bound does not apply."""
+    return _partials(pr, None, block)
+
+
+def _partials(pr, mag, block):
     if pr.fmt.prec > 24 or pr.kind == "dot" or (pr.kind == "conv" and getattr(pr.ops[0], "depth", 0) != 1):
-        return None
+        return None, None
     block = block_size(pr.n_terms) if block is None else block
     with np.errstate(all="ignore"):
         if pr.kind == "gemm":
@@ -309,18 +337,22 @@ def gemm_partials(pr, mag, block: int | None = None):
             nbat, M, N = ia.size, A3.shape[1], Bt3.shape[1]
             bias = np.zeros(N) if pr.bias is None else np.abs(np.asarray(pr.bias, np.float64))
             out = np.empty((nbat, M, N))
+            own = np.empty((nbat, M, N)) if mag is None else None
             for t in range(nbat):
-                out[t] = _blocks(np.asarray(A3[ia[t]], np.float64), np.asarray(Bt3[ib[t]], np.float64).T, block, bias)
+                out[t] = _blocks(np.asarray(A3[ia[t]], np.float64), np.asarray(Bt3[ib[t]], np.float64).T, block, bias,
+                                 mag=None if own is None else own[t])  # fmt: skip
         else:
             c = pr.ops[0]
             c_out, cin_g = c.W.shape[:2]
             bias = np.zeros((c_out, 1)) if c.bias is None else np.abs(np.asarray(c.bias, np.float64))[:, None]
             cb = min(cin_g, block)  # cells of cb channels at one tap, tap-major and channel-blocked (module docstring)
-            out = _cells(c.X, c.W, bias, c.stride, c.dilation, c.groups, cb, cb, "both", c.out_shape)
-        mag = np.asarray(mag, np.float64).reshape(out.shape)
+            own = np.empty(c.out_shape) if mag is None else None
+            out = _cells(c.X, c.W, bias, c.stride, c.dilation, c.groups, cb, cb, "both", c.out_shape, mag=own)
+        mag = own if mag is None else mag.reshape(out.shape)
         out += mag * mag
         out = np.minimum(out, (pr.n_terms + 1.0) * mag * mag)
-    return np.where(np.isfinite(out), out, (pr.n_terms + 1.0) * mag * mag).reshape(pr.shape)
+    bound = np.where(np.isfinite(out), out, (pr.n_terms + 1.0) * mag * mag).reshape(pr.shape)
+    return bound, (own.reshape(pr.shape) if own is not None else None)
 
 
 def _other_sq(T, lanes):

@@ -241,10 +241,31 @@ class _Interleaved(torch.nn.Module):
         emb = (pos[..., None].float() * inv).repeat_interleave(2, -1)
         c, s = emb.cos()[:, None], emb.sin()[:, None]
         r = torch.stack((-q[..., 1::2], q[..., ::2]), -1).flatten(-2)
-        return q * c + (r if not bug else -r) * s
+        return q * c + r * (s if not bug else c)
 
 
-def test_interleaved_rotary_is_named_by_fit():
+class _NotRotary(torch.nn.Module):
+    """Cosines and sines of angles mixing q with something that is not its rotation: no rotary."""
+
+    def forward(self, pos, q, how):
+        d = q.shape[-1]
+        emb = torch.cat([pos[..., None].float() * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)))] * 2, -1)
+        c, s = emb.cos()[:, None], emb.sin()[:, None]
+        if how == "roll":
+            return q * c + q.roll(1, -1) * s
+        return q * c + torch.cat((q[..., d // 2 :], -q[..., : d // 2]), -1) * s  # a rotation by -theta
+
+
+def test_a_mix_that_is_not_a_rotation_is_no_pattern():
+    q = torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(7))
+    for how in ("roll", "minus"):
+        with rkt.audit() as a, torch.no_grad():
+            _NotRotary()(torch.arange(16)[None], q, how)
+        assert not [c for c in a.calls if c.pattern], a.report()
+        assert all(c.verdict in OK for c in a.calls if c.report is not None), a.report()
+
+
+def test_interleaved_rotary_is_read_from_the_stream():
     q = torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(6))
     for bug, want in ((False, OK), (True, ("mismatch",))):
         with rkt.audit() as a, torch.no_grad():
@@ -328,12 +349,14 @@ def _w_plus_1(self, x):
     return (self.weight + 1) * h.to(dtype)
 
 
-def _bad_rotate(x):
-    h = x.shape[-1] // 2
-    return torch.cat((x[..., h:], -x[..., :h]), dim=-1)  # the sign on the wrong half
+def _cos_for_sin(q, k, cos, sin, unsqueeze_dim=1):
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    cos = cos.unsqueeze(unsqueeze_dim)
+    return q * cos + rotate_half(q) * cos, k * cos + rotate_half(k) * cos  # the cosine where the sine belongs
 
 
-@pytest.mark.parametrize("bug", ("stray eps", "w + 1", "range reduction", "rotate_half"))
+@pytest.mark.parametrize("bug", ("stray eps", "w + 1", "range reduction", "cos for sin"))
 def test_hf_llama_bugs_over_small_ops_are_the_pattern_mismatch(llama, monkeypatch, bug):
     from transformers.models.llama import modeling_llama as ml
 
@@ -354,7 +377,7 @@ def test_hf_llama_bugs_over_small_ops_are_the_pattern_mismatch(llama, monkeypatc
         monkeypatch.setattr(ml.LlamaRotaryEmbedding, "forward", reduced)
         del forward
     else:
-        monkeypatch.setattr(ml, "rotate_half", _bad_rotate)
+        monkeypatch.setattr(ml, "apply_rotary_pos_emb", _cos_for_sin)
     a = _run(llama, "llama", start)
     assert all(c.verdict in OK for c in a.calls if not c.pattern), a.report()  # every small op is right
     f = a.first_failure

@@ -14,11 +14,13 @@ made each tensor, from which tensors) and names the two patterns:
   :data:`OFFSET_WEIGHT`) are judged with ``1 + w``. A module without a weight: the stream's last
   multiplication by a tensor of d elements, if any.
 - **rotary**: ``add(mul(q, C), mul(R, S))`` where C is, through views, a conversion and a scaling by a
-  number, ``cos(theta)``. Judged by :func:`refkern.analysis.rotary.analyse` against the exact
-  ``s (q cos theta + rotate(q) sin theta)``: R and S are what the stream should have rotated, so a wrong
-  ``rotate_half`` or a wrong sine is its failure; the convention (``half`` or ``interleaved``) is the one
-  that fits better. theta is cos's input, or, where the stream reduced the angle itself before the
-  cosine (``theta - k c``, ``remainder``, ``fmod``), the angle before that reduction.
+  number, ``cos(theta)``, and R is q rotated: made from q by selections, negations and concatenations
+  that, replayed on a probe, give ``rotate_half`` (``cat(-q[..., d/2:], q[..., :d/2])``, Llama) or GPT-J's
+  interleaved pairs; anything else (``q.roll(1, -1)``) is not a rotary and is judged op by op only.
+  Judged by :func:`refkern.analysis.rotary.analyse` against the exact ``s (q cos theta + R sin theta)``
+  in that convention: S is not read from the stream, so a wrong sine (a cosine in its place, another
+  angle) is the pattern's failure. theta is cos's input, or, where the stream reduced the angle itself
+  before the cosine (``theta - k c``, ``remainder``, ``fmod``), the angle before that reduction.
 
 The matcher holds few activations: the angles of each cosine (a few rows of position times frequency)
 while the cosine's result lives, the minuend ``a`` of each ``a - f(a)`` (a range reduction, or a
@@ -26,7 +28,6 @@ hand-written ``x - mean(x)``) while the difference lives, and an RMS statistic's
 module returns; integer index tensors of views. Everything else is weak references.
 """
 
-import math
 import weakref
 
 import torch
@@ -257,7 +258,7 @@ class Matcher:
         ynode = e[1] if e is not None and e[0]() is y else None
         for stat in reversed(stats):
             x = stat["x"]
-            if tuple(y.shape) != tuple(x.shape) or ynode is None or not self._ancestor(ynode, stat["end"]):
+            if tuple(y.shape) != tuple(x.shape) or not self._normalises(ynode, stat["end"]):
                 continue
             d = x.shape[-1]
             w = getattr(module, "weight", None)
@@ -273,6 +274,23 @@ class Matcher:
             name = f"rms_norm (composed: {', '.join(stat['ops'])}{how})"
             return [Pattern("rms_norm", name, y, x=x, weight=None if w is None else w.detach(), eps=eps, d=d)]
         return []
+
+    @staticmethod
+    def _normalises(n, end, depth=6):
+        """Whether node n is made from the statistic's node ``end`` by products, conversions and views only
+        (``w * (x * r).to(dtype)``, Gemma's ``(x r (1 + w)).type_as(x)``): the module returns the normalised
+        tensor, not something computed from it."""
+        todo, seen = [(n, 0)], set()
+        while todo:
+            m, d = todo.pop()
+            if m is None or id(m) in seen or d > depth:
+                continue
+            if m is end:
+                return True
+            seen.add(id(m))
+            if m.op in ("mul", *_PLAIN, "expand") or m.view:
+                todo += [(i.node, d + 1) for i in m.ins]
+        return False
 
     @staticmethod
     def _stream_weight(n, d):
@@ -321,11 +339,61 @@ class Matcher:
                     continue
                 cos_node, steps, scale = hit
                 theta = self._replay(cos_node.keep, steps, q.shape)
-                if theta is None:
+                conv = self._convention(b.node, p, q)
+                if theta is None or conv is None:
                     continue
                 ops = ["cos", "sin", "mul", *self._ops_between(b.node, p), "add"]
-                return [Pattern("rotary", f"rotary (composed: {', '.join(ops)})", y, q=q, theta=theta, scale=scale)]
+                return [Pattern("rotary", f"rotary (composed: {', '.join(ops)})", y, q=q, theta=theta, scale=scale,
+                                convention=conv)]  # fmt: skip
         return found
+
+    def _convention(self, n, p, q):
+        """The rotation the other product n applies to q (``p``): its operand made from q by selections,
+        negations and concatenations, replayed on a probe (q's last-axis positions 1..d): "half" where it is
+        ``cat(-q[..., d/2:], q[..., :d/2])``, "interleaved" where it is GPT-J's pairs ``(-q[2i+1], q[2i])``;
+        None for anything else (``q.roll(1, -1)`` is not a rotation: not a rotary)."""
+        if n is None or n.op != "mul" or len(n.ins) != 2:
+            return None
+        d = q.shape[-1]
+        probe = torch.arange(1, d + 1, dtype=torch.int32 if d > 32000 else torch.int16).expand(q.shape).contiguous()
+        for i in n.ins:
+            got = self._probe(i, p, probe, 8)
+            if got is None or tuple(got.shape) != tuple(q.shape):
+                continue
+            one = got.reshape(-1, d)
+            if not bool((one == one[:1]).all()):
+                continue
+            r, h = one[0].tolist(), d // 2
+            if r == [-(j + h + 1) for j in range(h)] + [j + 1 for j in range(h)]:
+                return "half"
+            if r == [-(j + 2) if j % 2 == 0 else j for j in range(d)]:
+                return "interleaved"
+        return None
+
+    def _probe(self, i, p, probe, depth):
+        """The value of tensor i with q (``p``) replaced by ``probe``, through views, concatenations,
+        negations and copies; None where i is made otherwise."""
+        if i.same(p):
+            return probe
+        n = i.node
+        if n is None or depth == 0 or not (n.view or n.op in ("cat", "stack", "neg", "clone", "contiguous",
+                                                               "_unsafe_view", "flip", "roll")):  # fmt: skip
+            return None
+
+        def sub(v):
+            if isinstance(v, _In):
+                t = self._probe(v, p, probe, depth - 1)
+                if t is None:
+                    raise LookupError
+                return t
+            if isinstance(v, (list, tuple)):
+                return type(v)(sub(x) for x in v)
+            return v
+
+        try:
+            return n.func(*(sub(v) for v in n.args), **{k: sub(v) for k, v in n.kwargs.items()})
+        except (LookupError, RuntimeError):
+            return None
 
     @staticmethod
     def _derives(n, p, depth=6):
@@ -381,8 +449,7 @@ class Matcher:
 def judge(p, judge_norm, sample=None):
     """(Report, number of elements sampled or 0) of pattern ``p``: an rms_norm through ``judge_norm(OpCall,
     actual)`` (the audit's :meth:`~refkern.torch.audit.Audit._judge`: its sampling applies), a rotary by
-    :mod:`refkern.analysis.rotary` (the half convention, and where it fails the interleaved one too: the better fit
-    named), with ``sample`` on at most that
+    :mod:`refkern.analysis.rotary` in the convention the stream rotates q by, with ``sample`` on at most that
     many elements: whole rows (the last axis, which the rotation mixes) evenly spaced, exact for them."""
     from refkern.torch.ops import OpCall
 
@@ -391,7 +458,6 @@ def judge(p, judge_norm, sample=None):
         spec = OpCall("rms_norm", "rms_norm", (cpu(p.x),), dict(normalized_shape=(p.d,), weight=cpu(p.weight),
                                                                  eps=p.eps))  # fmt: skip
         return judge_norm(spec, cpu(p.out))
-    from refkern.analysis.report import SEVERITY
     from refkern.analysis.rotary import compare_rotary
 
     out, q, theta, sampled = cpu(p.out), cpu(p.q), cpu(p.theta), 0
@@ -402,15 +468,7 @@ def judge(p, judge_norm, sample=None):
         at = torch.unravel_index(rows, tuple(q.shape[:-1]))
         out, q, theta = out[at], q[at], torch.broadcast_to(theta, q.shape)[at]
         sampled = out.numel()
-    best = None
-    for conv in ("half", "interleaved"):
-        rep = compare_rotary(out, q, theta, scale=p.scale, convention=conv)
-        key = (-SEVERITY[rep.verdict], rep.max_bound_ratio if math.isfinite(rep.max_bound_ratio) else math.inf)
-        if best is None or key < best[0]:
-            best = (key, rep)
-        if rep.verdict in ("exact", "rounding"):  # explained: no other rotation gives these values too
-            break
-    return best[1], sampled
+    return compare_rotary(out, q, theta, scale=p.scale, convention=p.convention), sampled
 
 
 def _cpu_of(t):

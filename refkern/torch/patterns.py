@@ -207,10 +207,13 @@ class Matcher:
             ops.insert(0, "sqrt")
             n = n.ins[0].node
         eps = 0.0
-        while n is not None and n.op == "add" and len(n.ins) == 1:
-            eps += _scalar(n.args[1]) or 0.0
+        while n is not None and n.op == "add" and len(n.args) > 1:
+            other = n.args[1].tensor() if isinstance(n.args[1], _In) else n.args[1]  # a number, or a 0-d tensor
+            if _scalar(other) is None or not isinstance(n.args[0], _In):
+                break
+            eps += _scalar(other)
             ops.insert(0, "add")
-            n = n.ins[0].node
+            n = n.args[0].node
         if n is None or n.op != "mean" or not n.ins:
             return None
         x_in = n.ins[0]

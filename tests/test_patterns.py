@@ -410,3 +410,20 @@ def test_a_broken_kernel_is_named_at_the_op_and_at_the_pattern(llama, op):
     pattern = "rms_norm" if op == "rsqrt" else "rotary"
     rows = [c for c in a.calls if c.pattern == pattern]
     assert rows and all(c.verdict == "mismatch" for c in rows), a.report()  # the pattern's truth is its own
+
+
+def test_hf_t5_bfloat16_with_w_plus_1_is_the_pattern_mismatch(monkeypatch):
+    from transformers.models.t5 import modeling_t5 as mt
+
+    def forward(self, h):  # T5LayerNorm with the weight offset by one: every op still exact
+        variance = h.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        h = (h * torch.rsqrt(variance + self.variance_epsilon)).to(self.weight.dtype)
+        return (self.weight + 1) * h
+
+    model = _model("t5", torch.bfloat16, 1)
+    monkeypatch.setattr(mt.T5LayerNorm, "forward", forward)
+    a = _run(model, "t5")
+    assert all(c.verdict in OK for c in a.calls if not c.pattern), a.report()
+    f = a.first_failure
+    assert f is not None and f.pattern == "rms_norm" and f.verdict == "mismatch", a.report()
+    assert f.name.endswith("layer_norm") and "add" in f.op

@@ -321,3 +321,12 @@ def test_magnitudes_from_the_pass(case):
     np.testing.assert_allclose(bound, gemm_partials(pr, mag), rtol=1e-12)
     f64 = problem(op, tuple(a.double() for a in args), kw)
     assert partials_and_magnitudes(f64) == (None, None)  # a float64 result keeps the order-free scale
+
+
+def test_order_bound_takes_the_bound_it_is_given():
+    g = torch.Generator().manual_seed(13)
+    pr = problem("conv2d", (torch.randn(2, 19, 9, 10, generator=g), torch.randn(5, 19, 3, 3, generator=g)), {})
+    ref, mag = pr.run(want_mag=True)
+    bound, own = partials_and_magnitudes(pr)
+    idx = sample_indices(ref.size, pr.n_terms)
+    np.testing.assert_allclose(order_bound(pr, own, idx, bound=bound), order_bound(pr, mag, idx), rtol=1e-12)

@@ -390,7 +390,7 @@ def _tree_sq(v):
     return total
 
 
-def order_bound(pr, mag, idx, at_most: int = CHECK_SAMPLE):
+def order_bound(pr, mag, idx, at_most: int = CHECK_SAMPLE, bound=None):
     """The order term ``sum_j c_j**2`` the verdict uses per element (flat float64 of ``pr.shape``), or None for
     the order-free scale: :func:`gemm_partials`, checked on at most ``at_most`` of the sampled elements ``idx``
     (flat indices, spread evenly) against the other orders run exactly (:func:`_other_sq`: lanes, split-K).
@@ -398,8 +398,9 @@ def order_bound(pr, mag, idx, at_most: int = CHECK_SAMPLE):
     lanes, where every element exceeds it, 65x at K = 1024 on alternating signs) gives None. On data without
     it the ratio is a fluctuation of single elements (randn GEMM, K = 1024: median 0.18, 99th percentile
     0.78, largest 1.11 of 1600; a conv2d of 288 terms: 0.18, 0.82, 1.60): the bound is scaled by the largest
-    ratio of the sample when above 1, so that it holds for every order run on every sampled element."""
-    bound = gemm_partials(pr, mag)
+    ratio of the sample when above 1, so that it holds for every order run on every sampled element. ``bound``:
+    :func:`gemm_partials` where the caller has it already (:func:`partials_and_magnitudes`)."""
+    bound = gemm_partials(pr, mag) if bound is None else bound
     if bound is None:
         return None
     idx = np.asarray(idx, np.int64)

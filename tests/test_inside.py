@@ -11,6 +11,8 @@ import refkern as rk
 from refkern.accumulate.formats import FLOAT32
 from refkern.analysis import noise as nz
 from refkern.analysis import noise_attention as nz_att
+from refkern.analysis.noise_rows import RowShared, keys
+from refkern.analysis.noise_store import GRAIN, thread_partials_sq
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -350,12 +352,12 @@ def test_row_coherent_by_hand():
     """Two rows of 3, shared variances 1 and 4, loadings 1: (A**2 - sum a**2) per row, 36 - 14 = 22 and
     4 (9 - 3) = 24."""
     rows = lambda w: np.asarray(w, np.float64).reshape(2, 3)  # noqa: E731
-    coherent = nz.RowShared(rows, lambda r: np.reshape(r, -1), 2, [(np.array([1.0, 4.0]), np.ones((2, 3)))])
+    coherent = RowShared(rows, lambda r: np.reshape(r, -1), 2, [(np.array([1.0, 4.0]), np.ones((2, 3)))])
     w = np.array([1.0, 2.0, 3.0, 1.0, 1.0, 1.0])
     assert coherent.per_row(w).tolist() == pytest.approx([22.0, 24.0], abs=0)
     assert coherent(w) == pytest.approx(46.0, abs=0)
     assert coherent.bound(w) is None and coherent.grouped(w, np.ones(6), np.arange(2)) is None
-    assert nz.RowShared(rows, None, 2, [(np.array([np.inf, 0.0]), np.ones((2, 3)))])(np.ones(6)) == np.inf  # no test
+    assert RowShared(rows, None, 2, [(np.array([np.inf, 0.0]), np.ones((2, 3)))])(np.ones(6)) == np.inf  # no test
 
 
 def test_row_bounds_and_equal_keys_by_hand():
@@ -363,7 +365,7 @@ def test_row_bounds_and_equal_keys_by_hand():
     0.5 |1 + 4 + 9| = 7 on w = (1, 2, 3). Keys (7, 7, 9) with sigma**2 = (1, 4, 9): the first two are taken
     fully correlated, (1*1 + 2*2)**2 + (3*3)**2 - (1 + 16 + 81) = 25 + 81 - 98 = 8."""
     rows = lambda w: np.asarray(w, np.float64).reshape(1, 3)  # noqa: E731
-    c = nz.RowShared(rows, None, 1, bounds=[(np.array([0.5]), np.array([[1.0, 2.0, 3.0]]))],
+    c = RowShared(rows, None, 1, bounds=[(np.array([0.5]), np.array([[1.0, 2.0, 3.0]]))],
                      keys=lambda: np.array([[7, 7, 9]], np.int64))  # fmt: skip
     w = np.array([1.0, 2.0, 3.0])
     assert c.bound(w).tolist() == pytest.approx([7.0], abs=0)
@@ -373,16 +375,16 @@ def test_row_bounds_and_equal_keys_by_hand():
 def test_keys_by_hand():
     """The significand keys of 1.5, 3.0 and -0.75 are equal (0x400000 in float32), 1.25's is 0x200000."""
     X = np.array([[1.5, 3.0, -0.75, 1.25]], np.float32)
-    assert nz._keys(X, significand=True).tolist() == [[0x400000, 0x400000, 0x400000, 0x200000]]
-    assert len(set(nz._keys(X)[0].tolist())) == 4
+    assert keys(X, significand=True).tolist() == [[0x400000, 0x400000, 0x400000, 0x200000]]
+    assert len(set(keys(X)[0].tolist())) == 4
 
 
 def test_thread_partials_by_hand():
     """n = 65537 = 2 GRAIN + 1 allows T = 2 and 3: chunks of 32769 (sums 32769 and 32768) or of 21846
     (21846, 21846, 21845) of ones: max(32769**2 + 32768**2, 2 * 21846**2 + 21845**2) = 2147549185."""
-    assert nz.GRAIN == 32768
-    X = np.ones((1, 2 * nz.GRAIN + 1))
-    assert nz._thread_partials_sq(X).tolist() == pytest.approx([32769.0**2 + 32768.0**2], abs=0)
+    assert GRAIN == 32768
+    X = np.ones((1, 2 * GRAIN + 1))
+    assert thread_partials_sq(X).tolist() == pytest.approx([32769.0**2 + 32768.0**2], abs=0)
 
 
 def test_straddle_by_hand():
@@ -420,7 +422,7 @@ def test_a_softmax_scale_error_is_seen_by_the_scale_test():
 def test_row_bound_coherent_by_hand():
     """Rows of 2, sigma (1, 2) and (3, 4), w = (1, -1, 2, 1): per row (sum sigma |w|)**2 - sum sigma**2 w**2:
     9 - 5 = 4 and 100 - 52 = 48."""
-    coherent = nz.RowShared(lambda w: np.asarray(w).reshape(2, 2), None, 2, sigma=np.array([[1.0, 2.0], [3.0, 4.0]]))
+    coherent = RowShared(lambda w: np.asarray(w).reshape(2, 2), None, 2, sigma=np.array([[1.0, 2.0], [3.0, 4.0]]))
     assert coherent.per_row(np.array([1.0, -1.0, 2.0, 1.0])).tolist() == pytest.approx([4.0, 48.0], abs=0)
     assert coherent(np.array([1.0, -1.0, 2.0, 1.0])) == pytest.approx(52.0, abs=0)
 

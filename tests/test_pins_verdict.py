@@ -313,9 +313,10 @@ def test_alphas_of_the_noise_size_and_dominance_tests(monkeypatch):
     seen = {"noise": [], "margin": []}
     noise, margin = verdict._noise_size, verdict.proportion_margin
 
-    def spy_noise(group, a_s, x_s, ok, alpha):
+    def spy_noise(group, a_s, x_s, ok, alpha, c32=None):
         seen["noise"].append(alpha)
-        return noise(group, a_s, x_s, ok, alpha)
+        assert c32 is not None  # float32 left to right, the accumulators' floor (verdict._noise_size)
+        return noise(group, a_s, x_s, ok, alpha, c32)
 
     def spy_margin(n, alpha):
         seen["margin"].append((n, alpha))

@@ -122,8 +122,8 @@ def test_report_states_its_thresholds_and_power():
     x, w, b = r(16, 100), r(24, 100), r(24)
     rep = rk.compare(F.linear(x, w, b), "linear", x, w, b)
     assert rep.thresholds["element"] == pytest.approx(level(16 * 24), abs=1e-12)
-    # each group a sum and a scale test (16 rows, 24 columns), and the scale test of the whole output
-    assert rep.thresholds["group"] == pytest.approx(level(2 * (16 + 24) + 1), abs=1e-12)
+    # each group a sum and a scale test (16 rows, 24 columns), and the whole output's scale and offset tests
+    assert rep.thresholds["group"] == pytest.approx(level(2 * (16 + 24) + 2), abs=1e-12)
     assert rep.thresholds["alpha"] == 1e-6
     det = rep.detectable
     # the element threshold lam * sigma_0 in units of sqrt(n) u M, sigma_0 from the partial sums of the orders
@@ -158,7 +158,7 @@ def test_report_states_its_thresholds_and_power():
     assert set(det["groups"]) == {"dim0", "out_feature"}
     # a whole row of 24 elements: sqrt(24) times finer than one element, lam_grp / lam_el aside
     ratio = det["element"] / det["groups"]["dim0"]
-    assert 0.6 * math.sqrt(24) < ratio * level(81) / level(384) < 1.6 * math.sqrt(24)
+    assert 0.6 * math.sqrt(24) < ratio * level(82) / level(384) < 1.6 * math.sqrt(24)
     assert "detectable (median)" in str(rep)
 
 

@@ -46,8 +46,17 @@ from refkern.analysis.noise import Noise, noise
 from refkern.analysis.passes import chunks, ulps_at
 from refkern.analysis.stats import ALPHA, group_sums, level
 from refkern.analysis.structure import group_failures, n_groups
-from refkern.analysis.verdict import (Decision, _axis_scale_failures, _classes, _element_test_arrays,
-                                      _row_scale_failures, _scale_failure, n_rows, overflowed, z_one)
+from refkern.analysis.verdict import (
+    Decision,
+    _axis_scale_failures,
+    _classes,
+    _element_test_arrays,
+    _row_scale_failures,
+    _scale_failure,
+    n_rows,
+    overflowed,
+    z_one,
+)
 
 __all__ = ["decide_inside", "StatFit", "INSIDE"]
 

@@ -95,6 +95,8 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
 from refkern.analysis.noise_attention import attention_noise
+from refkern.analysis.noise_rows import RowShared, keys
+from refkern.analysis.noise_store import straddle
 
 __all__ = ["Noise", "noise", "RSQRT_ULPS"]
 
@@ -318,7 +320,7 @@ def _norm(lay, name, ref_rows, u, out, eta2):
 
         bounds = [(np.full(R, 2.0 * RSQRT_ULPS * u), t)] + ([] if drift is None else [(drift, r[:, None] * Wr)])
         return RowShared(lay.rows, lay.back, R, [(smu2, r[:, None] * Wr), (srel2_stat, t)], bounds=bounds,
-                         keys=lambda: _keys(Xc, significand=not lay.center and lay.given is None))
+                         keys=lambda: keys(Xc, significand=not lay.center and lay.given is None))
 
     return run(False), lambda: run(True), drift_bound, drift, shared
 
@@ -347,7 +349,10 @@ def _softmax_rows(X, u, u_m, log, shared=False):
             y2 = (u * arg) ** 2 + (sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2)[:, None] + (u * (Mf + L[:, None])) ** 2
             y2 = y2 + (u * (arg - L[:, None])) ** 2 + u_m**2 * (arg * arg + (L * L)[:, None] + 1.0)
             y2 = np.where(np.isfinite(y2), y2, 0.0)
-            return (y2, sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2 + (u * (Mf[:, 0] + L)) ** 2) if shared else y2
+            # the row shares log D's error, M + log D's rounding and, where a stage is stored in the result
+            # format (u_m), log D's store: one value per row
+            return (y2, sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2 + (u * (Mf[:, 0] + L)) ** 2 + (u_m * L) ** 2
+                    ) if shared else y2  # fmt: skip
         own = beta2 * (1.0 - 2.0 * w)
         rel = (own + wb[:, None] + (adds + 2.0 * u * u)[:, None]
                + (rec * ((2.0 * Brow + 1.0) * u) ** 2)[:, None] + u_m**2)  # fmt: skip
@@ -393,14 +398,14 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         v = lay.back(_sum_rows(lay.X, u, kind, lay.n))
         if kind == "mean":
             v = v + (u * ref) ** 2
-        return Noise(v + stores, [], every, sc, straddle=_straddle(name, lay, v, out))
+        return Noise(v + stores, [], every, sc, straddle=straddle(name, lay, v, out))
     if kind == "mean":  # average pools: short windows, the order-free scale
         m = lay.absmean * lay.n
         return Noise(lay.back((lay.n + 1) * (u * m) ** 2 / lay.n**2) + (u * ref) ** 2 + stores, [], every, sc)
     if kind in ("var", "std"):
         eta2 = 2.0 * _eta(FLOAT64 if out is FLOAT64 else FLOAT32, 2 * ek)  # squares: degree 2
         v = lay.back(_var_rows(lay, u, lam, eta2))
-        return Noise(v + stores, [], every, sc, straddle=_straddle(name, lay, v, out))
+        return Noise(v + stores, [], every, sc, straddle=straddle(name, lay, v, out))
     if kind == "cumsum":
         X = lay.X
         with np.errstate(all="ignore"):
@@ -430,7 +435,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
     if kind == "log_softmax":
         y2, sh = _softmax_rows(lay.X, u, u_m, True, shared=True)
         return Noise(lay.back(y2) + stores, [], axes, coherent=RowShared(lay.rows, lay.back, lay.X.shape[0],
-                                                                                 [(sh, 1.0)], keys=lambda: _keys(lay.X)))
+                                                                                 [(sh, 1.0)], keys=lambda: keys(lay.X)))
     if kind == "softmax":  # in units of each weight's power of two: tiny weights' variances do not underflow
         rel, sh = _softmax_rows(lay.X, u, u_m, False, shared=True)
         rel = lay.back(rel)
@@ -444,7 +449,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         v = rel * ys * ys + 2.0 * (out.u * ys) ** 2 + 2.0 * eta_o**2 + (lay.n + 4) * eta_w**2
         return Noise(v, [], axes, sc, coherent=RowShared(lay.rows, lay.back, lay.X.shape[0],
                                                           [(sh, lay.rows(np.broadcast_to(ys, ref.shape)))],
-                                                          keys=lambda: _keys(lay.X)))
+                                                          keys=lambda: keys(lay.X)))
     if kind == "attention":
         v = lay.back(attention_noise(lay, u, u_m, lay.rows(ref))) + stores
         Ev = ref.shape[-1] if nd else 1
@@ -454,59 +459,6 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
                              v.size // max(Ev, 1), sigma=np.sqrt(v).reshape(-1, Ev))
         return Noise(v, [], (nd - 1,) if nd else (), coherent=coherent)
     raise AssertionError(kind)  # pragma: no cover - every kind of layout() is handled
-
-
-GRAIN = 32768  #: torch's CPU parallel grain (at::internal::GRAIN_SIZE): a reduction splits into chunks of at least it
-
-
-def _thread_partials_sq(X) -> np.ndarray:
-    """Per row of X (R, n): ``max_T sum_t P_t**2`` over the splits of torch's CPU reductions: ``T`` threads
-    (``2 <= T <= ceil(n / GRAIN)``, any machine), contiguous chunks of ``ceil(n / T)``, ``P_t`` a chunk's sum.
-    A half sum or mean on several threads stores each thread's float32 partial in the result format and
-    adds them in float32 (measured on torch 2.13: this emulation reproduced its bfloat16 sums on 1 to 32
-    threads, 28 of 28 cases), so those roundings, ``u_o |P_t|`` each, are in the scale before the store."""
-    R, n = X.shape
-    C = np.concatenate([np.zeros((R, 1)), np.cumsum(np.asarray(X, np.float64), axis=1)], axis=1)
-    best = np.zeros(R)
-    for T in range(2, -(-n // GRAIN) + 1):
-        c = -(-n // T)
-        edges = np.minimum(np.arange(0, n + c, c), n)
-        edges = np.unique(edges)
-        P = np.diff(C[:, edges], axis=1)
-        best = np.maximum(best, (P * P).sum(axis=1))
-    return best
-
-
-def _straddle(name, lay, pre, out: Format):
-    """:attr:`Noise.straddle` of a reduction (sum, mean, var, std) with a half result, else None. The
-    exact result to float64 is the op's own correctly rounded reference on the rows widened to float64
-    (exactly: ``err = u64 |xh|``, one rounding); ``pre`` is the scale before the stores, with what may
-    underflow in the working format (``(n + 4) eta_w**2``); the store itself, subnormal or not, is the
-    test's interval."""
-    if out.prec >= FLOAT32.prec or lay.X is None:
-        return None
-    if name in ("sum", "mean") and lay.n > GRAIN:  # torch's CPU threads' partial sums, stored in the result format
-        pre = pre + lay.back((out.u / (lay.n if name == "mean" else 1)) ** 2 * _thread_partials_sq(lay.X))
-
-    def thunk():
-        from refkern.ops import get
-
-        X = np.asarray(lay.X, np.float64)
-        kw = {} if name in ("sum", "mean") else {"correction": lay.n - lay.divisor}
-        xh = np.asarray(lay.back(np.asarray(get(name).reference(X, dim=1, **kw), np.float64)), np.float64)
-        return xh, FLOAT64.u * np.abs(xh)
-
-    return np.asarray(pre, np.float64) + (lay.n + 4) * _eta(FLOAT32) ** 2, thunk
-
-
-def _keys(X, significand=False) -> np.ndarray:
-    """:attr:`RowShared.keys` of rows X (float32 or float64): each value's bits (equal inputs), or with
-    ``significand`` its significand's bits alone (a product by the row's constant rounds them alike)."""
-    X = np.ascontiguousarray(X, X.dtype if X.dtype in (np.float32, np.float64) else np.float64)
-    b = X.view(np.int32 if X.dtype == np.float32 else np.int64).astype(np.int64)
-    if significand:
-        b = b & ((1 << 23) - 1 if X.dtype == np.float32 else (1 << 52) - 1)
-    return b
 
 
 def _quantized(X) -> bool:
@@ -521,81 +473,6 @@ def _quantized(X) -> bool:
     S = np.sort(X, axis=1)
     distinct = 1 + np.count_nonzero(S[:, 1:] != S[:, :-1], axis=1)
     return bool(np.any(distinct * 2 <= X.shape[1]))
-
-
-class RowShared:
-    """``coherent`` of :class:`Noise` where the errors several elements share are a row's: ``Var(sum_i e_i
-    w_i)`` beyond ``sum_i sigma_i**2 w_i**2``, per row (:meth:`per_row`) and in all (a call). ``rows(v)``: an
-    output-shaped array in row layout (``count`` rows, R, of n); ``back(v)``: the inverse. Two forms:
-
-    * ``terms``: ``[(shared, loading)]``, a row's error ``eps_r`` of variance ``shared[r]`` moves its element
-      ``i`` by ``loading_ri eps_r`` (row layout, the units of the test; ``loading`` an array or a thunk), so
-      ``sum e w`` has ``shared[r] ((sum_i l_i w_i)**2 - sum_i (l_i w_i)**2)`` beyond ``sum sigma**2 w**2``,
-      whose ``sigma**2`` hold that error once per element;
-    * ``bounds``: ``[(B, loading)]``, a row's error bounded, not averaged, ``|eps_r| <= B[r]`` (a sequential
-      Welford mean's drift): it moves ``sum e w`` by at most ``B |sum_i l_i w_i|``, which the scale tests add
-      to their threshold (:meth:`bound`) instead of to the variance;
-    * ``sigma`` (row layout): the row's elements may be correlated in any way, ``Var(sum_i e_i w_i) <=
-      (sum_i sigma_i |w_i|)**2`` within a row (Cauchy-Schwarz).
-
-    ``keys`` (a thunk: int64 keys in row layout, or None): elements of a row with one key may have equal
-    rounding errors (equal inputs give equal outputs and errors; a product by the row's ``r`` rounds
-    equal significands alike, so Hugging Face's RMSNorm, which rounds ``x r`` to the result format,
-    rounds each of a bfloat16 row's 128 significands with one relative error), so their variances are
-    not independent: :meth:`grouped` takes them fully correlated within a key, ``(sum_(i in g) sigma_i
-    |w_i|)**2`` (Cauchy-Schwarz), more variance, asked for only where a test fails without it.
-
-    Rows are independent. Each row is a scale test of its own (:func:`~refkern.analysis.verdict.
-    _row_scale_failures`): a row shares its errors, so its residuals may follow its output only by those."""
-
-    def __init__(self, rows, back, count, terms=(), sigma=None, bounds=(), keys=None):
-        self.rows, self.back, self.count, self.terms, self.sigma = rows, back, int(count), list(terms), sigma
-        self.bounds, self.keys = list(bounds), keys
-
-    def grouped(self, w, var, sel) -> np.ndarray | None:
-        """For the rows ``sel`` (indices), the variance of ``sum e w`` that equal keys add beyond ``sum
-        sigma**2 w**2`` (``var``: sigma**2, output-shaped), their errors taken fully correlated within a key;
-        None without keys."""
-        if self.keys is None or not len(sel):
-            return None
-        K = self.keys()[sel]
-        with np.errstate(all="ignore"):
-            a = (np.sqrt(self.rows(var)) * np.abs(self.rows(w)))[sel]
-            a = np.where(np.isfinite(a), a, 0.0)
-            order = np.argsort(K, axis=1, kind="stable")
-            Ks, As = np.take_along_axis(K, order, 1), np.take_along_axis(a, order, 1)
-            start = np.ones(Ks.shape, bool)
-            start[:, 1:] = Ks[:, 1:] != Ks[:, :-1]
-            g = np.cumsum(start.reshape(-1)) - 1  # a group id per (row, key)
-            sums = np.bincount(g, weights=As.reshape(-1))
-            row_of = np.repeat(np.arange(len(sel)), Ks.shape[1])[start.reshape(-1)]
-            return np.bincount(row_of, weights=sums * sums, minlength=len(sel)) - (a * a).sum(axis=1)
-
-    def bound(self, w) -> np.ndarray | None:
-        """Per row, the most the bounded errors move ``sum e w`` (None: there are none)."""
-        if not self.bounds:
-            return None
-        with np.errstate(all="ignore"):
-            W = self.rows(w)
-            return sum(np.asarray(B, np.float64) * np.abs((W * (ld() if callable(ld) else ld)).sum(axis=1))
-                       for B, ld in self.bounds)  # fmt: skip
-
-    def per_row(self, w) -> np.ndarray:
-        with np.errstate(all="ignore"):
-            W = self.rows(w)
-            if self.sigma is not None:
-                a = self.sigma * np.abs(W)
-                return a.sum(axis=1) ** 2 - (a * a).sum(axis=1)
-            extra = np.zeros(W.shape[0])
-            for shared, loading in self.terms:
-                a = W * (loading() if callable(loading) else loading)
-                A = a.sum(axis=1)
-                S = np.asarray(shared, np.float64)
-                extra += np.where(S > 0, S * (A * A - (a * a).sum(axis=1)), 0.0)
-            return extra
-
-    def __call__(self, w) -> float:
-        return float(np.sum(self.per_row(w)))
 
 
 TINY = 2.0**-300  #: below this largest |value|, a float64 call's scale is computed on values times 2**600

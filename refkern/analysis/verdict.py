@@ -49,7 +49,7 @@ one element, and of a whole group, that would have been flagged (``detectable``)
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numba import prange
@@ -61,6 +61,7 @@ from refkern.analysis.partials import order_bound
 from refkern.analysis.stats import ALPHA, level, min_pvalue, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
 from refkern.engines.filter import threads_for
+from refkern.kernels._element import NAIVE
 
 __all__ = ["Fit", "Decision", "decide", "SAMPLE", "sample_indices", "overflowed"]
 
@@ -191,8 +192,9 @@ class _Tester:
         self.a, self.pr, self.ref = actual, pr, ref
         self.over = overflowed(actual, ref)
         self.lam_el = level(ref.size)
-        # the groups along the axes, each a sum and a scale test, and the scale test of the whole output
-        self.lam_grp = level(2 * n_groups(ref.shape) + 1)
+        # the groups along the axes, each a sum and a scale test, and the whole output's scale and (of several
+        # elements: of one it is the element test) offset tests
+        self.lam_grp = level(2 * n_groups(ref.shape) + 1 + (ref.size > 1))
         self.ms = models(pr.fmt, pr.in_prec, pr.bias is not None, pr.name)
         self.lam_fit = level(len(self.ms) - 1)
         self.var0 = rounding_variance(self.ms[0], pr.n_terms, mag, ref)
@@ -213,6 +215,7 @@ class _Tester:
         f.groups = group_failures(r, vk, keep, c, self.a, self.pr.axes, self.lam_grp)
         f.groups += _scale_failure(r, vk, keep, self.ref, self.lam_grp)
         f.groups += _axis_scale_failures(r, vk, keep, self.ref, self.lam_grp, self.pr.axes)
+        f.groups += _offset_failure(r, vk, keep, self.lam_grp) if r.size > 1 else []
         f.max_z = float(z.max()) if z.size else 0.0
         return f
 
@@ -251,6 +254,25 @@ def _scale_failure(r, vk, keep, ref, lam, coherent=None) -> list:
     s = num / float(np.sum(y * w))
     return [{"axis": "scale", "ax": None, "index": 0, "z": abs(num) / den, "mean": s,
              "mask": keep & (r * y * np.sign(num) > 0)}]  # fmt: skip
+
+
+def _offset_failure(r, vk, keep, lam) -> list:
+    """The offset test: ``T = sum r_i / sqrt(sum sigma_i**2)`` over the kept elements of the whole output,
+    sub-Gaussian with parameter 1 under the model (Azuma, as :func:`_scale_failure`; the weights all 1),
+    so ``|T| > lam`` has probability at most ``2 exp(-lam**2 / 2)``: one more test of the group part of
+    the budget. A constant offset moves every group's sum a little and this one by ``sqrt(n)`` more (a
+    bf16 matmul offset by half the spread of correct kernels passed every row and column under fp16
+    accumulation's scale). Reported as a group over the whole output (``ax`` None, ``axis`` "offset"), its
+    elements those whose residual has the offset's sign; ``mean`` the mean residual."""
+    with np.errstate(all="ignore"):
+        num = float(np.sum(r))
+        var = float(np.sum(vk))
+        den = math.sqrt(var) if var > 0 and math.isfinite(var) else 0.0
+    if not num or not math.isfinite(num) or not den > 0 or abs(num) <= lam * den:
+        return []
+    cnt = max(int(np.count_nonzero(keep)), 1)
+    return [{"axis": "offset", "ax": None, "index": 0, "z": abs(num) / den, "mean": num / cnt,
+             "mask": keep & (r * np.sign(num) > 0)}]  # fmt: skip
 
 
 def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None) -> list:
@@ -298,8 +320,9 @@ def _row_scale_failures(r, vk, keep, ref, lam, coherent) -> list:
     ``|T_r| > lam`` has probability at most ``2 exp(-lam**2 / 2)``: one more test each of the group part of
     the budget (``lam_grp`` counts them, :func:`n_rows`). A row's errors that the model shares (its mean,
     ``r``, ``D``) are in ``per_row``, so a row may follow its output only by them, and those bounded, not
-    averaged, by ``coherent.bound(w)``, added to the threshold; a bug that scales one row by more fails. A failing row is a group over that row (``ax`` None, ``axis`` "row scale"), its
-    elements those whose residual has the row's slope's sign; ``mean`` the row's weighted slope."""
+    averaged, by ``coherent.bound(w)``, added to the threshold; a bug that scales one row by more fails.
+    A failing row is a group over that row (``ax`` None, ``axis`` "row scale"), its elements those whose
+    residual has the row's slope's sign; ``mean`` the row's weighted slope."""
     with np.errstate(all="ignore"):
         y = np.where(keep, ref, 0.0)
         w = np.where(keep & (vk > 0) & np.isfinite(vk), y / vk, 0.0)
@@ -400,19 +423,29 @@ def _sample_fits_on(t: _Tester, fits, idx):
             f.score = float(np.sum(np.minimum(q, t.lam_el**2)) / 2)  # an element missed costs what an anomaly costs
         if m.order is not None:
             orders.setdefault(m.acc.name, []).append((f, c, var))
+    if orders:  # the noisiest order of the working precision: an accumulator must be louder than it
+        m0 = t.ms[0]
+        c32, _ = centre_sample(terms, pr, replace(m0, key="fp32 accumulation (left-to-right)", order=NAIVE,
+                                                  storage=pr.fmt))  # fmt: skip
     for group in orders.values():
-        _noise_size(group, a_s, x_s, ok, ALPHA / 3 / max(len(fits) - 1, 1))
+        _noise_size(group, a_s, x_s, ok, ALPHA / 3 / max(len(fits) - 1, 1), c32)
     return idx, terms[0], terms[1]
 
 
-def _noise_size(group, a_s, x_s, ok, alpha):
+def _noise_size(group, a_s, x_s, ok, alpha, c32=None):
     """Accumulator models: is the backend's error as large as that accumulator makes it?
 
     With q_i = (value_i - exact_i)**2 / sigma_i**2 on the sample, the backend's q should lie
     between those of the quietest and the noisiest emulated order. One-sided Mann-Whitney tests
     (:func:`~refkern.analysis.stats.smaller_pvalue`, level ``alpha`` each): the backend's q not
     stochastically smaller than the quietest order's (a correct result with a small bug is far
-    cleaner than fp16 accumulation), nor larger than the noisiest order's. Ranks, so a few bad
+    cleaner than fp16 accumulation), nor larger than the noisiest order's; and, the evidence a bug
+    would not give (issue 24: a precision is named only with it), stochastically larger than the q of
+    ``c32``, the working precision's noisiest order (float32 left to right, stored in the result
+    format): an accumulator no louder than a correct kernel has left no trace of itself (fp16
+    accumulation under a bfloat16 result, whose store is coarser than fp16's roundings, was named for
+    a correct bf16 matmul with one element off, and for one with a constant offset of half the spread
+    of correct kernels). Ranks, so a few bad
     elements do not rule the test as they would rule a sum of squares. With too few finite sampled
     elements for the test to reject at ``alpha`` at all (:func:`~refkern.analysis.stats.min_pvalue`
     above it: fewer than 14 at a level of 2.6e-8, 1 / C(28, 14) = 2.5e-8), nothing tells the accumulator's
@@ -430,6 +463,10 @@ def _noise_size(group, a_s, x_s, ok, alpha):
     quiet, noisy = qs[int(np.argmin(meds))], qs[int(np.argmax(meds))]
     too_clean = smaller_pvalue(qa, quiet) <= alpha
     too_noisy = smaller_pvalue(noisy, qa) <= alpha
+    if c32 is not None:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            q32 = ((c32 - x_s) ** 2 / var)[ok]
+        too_clean = too_clean or not smaller_pvalue(q32, qa) <= alpha  # no louder than float32
     for f, _, _ in group:
         f.noise_ok = not (too_clean or too_noisy)
 
@@ -501,6 +538,12 @@ def decide(actual, pr, ref, mag) -> Decision:
             found.insert(0, {"kind": "scale", "factor": 1.0 + g["mean"], "text": f"{g['axis']} {g['index']} is "
                              f"{1.0 + g['mean']:.6g} times what {base.model.kind} gives ({g['z']:.3g} standard "
                              "errors): scaled, not accumulator noise"})  # fmt: skip
+        if g["ax"] is None and g["axis"] == "offset":  # the offset test (:func:`_offset_failure`)
+            found.insert(0, {"kind": "offset", "axis": "all", "indices": [], "offsets": [g["mean"]], "bias": None,
+                             "text": "the output is "
+                             f"offset by {g['mean']:.3g} on average from what {base.model.kind} gives ({g['z']:.3g} "
+                             "standard errors): an offset, not accumulator noise"})  # fmt: skip
+            continue
         if g["ax"] is None:  # the scale test (:func:`_scale_failure`)
             found.insert(0, {"kind": "scale", "factor": 1.0 + g["mean"], "text": f"the output is {1.0 + g['mean']:.6g} "
                              f"times what {base.model.kind} gives ({g['z']:.3g} standard errors): a scale error, not "

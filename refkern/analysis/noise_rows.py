@@ -1,0 +1,96 @@
+"""Errors that the elements of a row share, for the scale tests of :mod:`refkern.analysis.inside`.
+
+A norm's row shares its mean and ``r``, a softmax's its sum ``D``, an attention query its weights: the
+elements' errors are then not independent, and a test of a sum over a row (its scale test,
+:func:`~refkern.analysis.verdict._row_scale_failures`) must add what they share. :class:`RowShared`
+holds it, as :mod:`refkern.analysis.noise` computes it per op.
+"""
+
+import numpy as np
+
+__all__ = ["RowShared", "keys"]
+
+
+class RowShared:
+    """``coherent`` of :class:`Noise` where the errors several elements share are a row's: ``Var(sum_i e_i
+    w_i)`` beyond ``sum_i sigma_i**2 w_i**2``, per row (:meth:`per_row`) and in all (a call). ``rows(v)``: an
+    output-shaped array in row layout (``count`` rows, R, of n); ``back(v)``: the inverse. Two forms:
+
+    * ``terms``: ``[(shared, loading)]``, a row's error ``eps_r`` of variance ``shared[r]`` moves its element
+      ``i`` by ``loading_ri eps_r`` (row layout, the units of the test; ``loading`` an array or a thunk), so
+      ``sum e w`` has ``shared[r] ((sum_i l_i w_i)**2 - sum_i (l_i w_i)**2)`` beyond ``sum sigma**2 w**2``,
+      whose ``sigma**2`` hold that error once per element;
+    * ``bounds``: ``[(B, loading)]``, a row's error bounded, not averaged, ``|eps_r| <= B[r]`` (a sequential
+      Welford mean's drift): it moves ``sum e w`` by at most ``B |sum_i l_i w_i|``, which the scale tests add
+      to their threshold (:meth:`bound`) instead of to the variance;
+    * ``sigma`` (row layout): the row's elements may be correlated in any way, ``Var(sum_i e_i w_i) <=
+      (sum_i sigma_i |w_i|)**2`` within a row (Cauchy-Schwarz).
+
+    ``keys`` (a thunk: int64 keys in row layout, or None): elements of a row with one key may have equal
+    rounding errors (equal inputs give equal outputs and errors; a product by the row's ``r`` rounds
+    equal significands alike, so Hugging Face's RMSNorm, which rounds ``x r`` to the result format,
+    rounds each of a bfloat16 row's 128 significands with one relative error), so their variances are
+    not independent: :meth:`grouped` takes them fully correlated within a key, ``(sum_(i in g) sigma_i
+    |w_i|)**2`` (Cauchy-Schwarz), more variance, asked for only where a test fails without it.
+
+    Rows are independent. Each row is a scale test of its own (:func:`~refkern.analysis.verdict.
+    _row_scale_failures`): a row shares its errors, so its residuals may follow its output only by those."""
+
+    def __init__(self, rows, back, count, terms=(), sigma=None, bounds=(), keys=None):
+        self.rows, self.back, self.count, self.terms, self.sigma = rows, back, int(count), list(terms), sigma
+        self.bounds, self.keys = list(bounds), keys
+
+    def grouped(self, w, var, sel) -> np.ndarray | None:
+        """For the rows ``sel`` (indices), the variance of ``sum e w`` that equal keys add beyond ``sum
+        sigma**2 w**2`` (``var``: sigma**2, output-shaped), their errors taken fully correlated within a key;
+        None without keys."""
+        if self.keys is None or not len(sel):
+            return None
+        K = self.keys()[sel]
+        with np.errstate(all="ignore"):
+            a = (np.sqrt(self.rows(var)) * np.abs(self.rows(w)))[sel]
+            a = np.where(np.isfinite(a), a, 0.0)
+            order = np.argsort(K, axis=1, kind="stable")
+            Ks, As = np.take_along_axis(K, order, 1), np.take_along_axis(a, order, 1)
+            start = np.ones(Ks.shape, bool)
+            start[:, 1:] = Ks[:, 1:] != Ks[:, :-1]
+            g = np.cumsum(start.reshape(-1)) - 1  # a group id per (row, key)
+            sums = np.bincount(g, weights=As.reshape(-1))
+            row_of = np.repeat(np.arange(len(sel)), Ks.shape[1])[start.reshape(-1)]
+            return np.bincount(row_of, weights=sums * sums, minlength=len(sel)) - (a * a).sum(axis=1)
+
+    def bound(self, w) -> np.ndarray | None:
+        """Per row, the most the bounded errors move ``sum e w`` (None: there are none)."""
+        if not self.bounds:
+            return None
+        with np.errstate(all="ignore"):
+            W = self.rows(w)
+            return sum(np.asarray(B, np.float64) * np.abs((W * (ld() if callable(ld) else ld)).sum(axis=1))
+                       for B, ld in self.bounds)  # fmt: skip
+
+    def per_row(self, w) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            W = self.rows(w)
+            if self.sigma is not None:
+                a = self.sigma * np.abs(W)
+                return a.sum(axis=1) ** 2 - (a * a).sum(axis=1)
+            extra = np.zeros(W.shape[0])
+            for shared, loading in self.terms:
+                a = W * (loading() if callable(loading) else loading)
+                A = a.sum(axis=1)
+                S = np.asarray(shared, np.float64)
+                extra += np.where(S > 0, S * (A * A - (a * a).sum(axis=1)), 0.0)
+            return extra
+
+    def __call__(self, w) -> float:
+        return float(np.sum(self.per_row(w)))
+
+
+def keys(X, significand=False) -> np.ndarray:
+    """:attr:`RowShared.keys` of rows X (float32 or float64): each value's bits (equal inputs), or with
+    ``significand`` its significand's bits alone (a product by the row's constant rounds them alike)."""
+    X = np.ascontiguousarray(X, X.dtype if X.dtype in (np.float32, np.float64) else np.float64)
+    b = X.view(np.int32 if X.dtype == np.float32 else np.int64).astype(np.int64)
+    if significand:
+        b = b & ((1 << 23) - 1 if X.dtype == np.float32 else (1 << 52) - 1)
+    return b

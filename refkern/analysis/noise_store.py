@@ -1,0 +1,60 @@
+"""The store of a half reduction, known exactly: what the element test of :mod:`refkern.analysis.inside`
+(``_straddle``) needs beside the scale of :mod:`refkern.analysis.noise`.
+
+A sum, mean, variance or standard deviation with a bfloat16 or float16 result is computed in float32
+and stored once: a correct kernel returns ``RN(v)``, ``v`` within the float32 computation's scale of the
+exact result, so the test asks how far the exact result lies from the values that round to the output
+(not a rounding charged as noise). torch's CPU kernels on several threads also store each thread's
+partial in the result format: :func:`thread_partials_sq` puts those roundings in the scale.
+"""
+
+import math
+
+import numpy as np
+
+from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
+
+__all__ = ["GRAIN", "thread_partials_sq", "straddle"]
+
+
+GRAIN = 32768  #: torch's CPU parallel grain (at::internal::GRAIN_SIZE): a reduction splits into chunks of at least it
+
+
+def thread_partials_sq(X) -> np.ndarray:
+    """Per row of X (R, n): ``max_T sum_t P_t**2`` over the splits of torch's CPU reductions: ``T`` threads
+    (``2 <= T <= ceil(n / GRAIN)``, any machine), contiguous chunks of ``ceil(n / T)``, ``P_t`` a chunk's sum.
+    A half sum or mean on several threads stores each thread's float32 partial in the result format and
+    adds them in float32 (measured on torch 2.13: this emulation reproduced its bfloat16 sums on 1 to 32
+    threads, 28 of 28 cases), so those roundings, ``u_o |P_t|`` each, are in the scale before the store."""
+    R, n = X.shape
+    C = np.concatenate([np.zeros((R, 1)), np.cumsum(np.asarray(X, np.float64), axis=1)], axis=1)
+    best = np.zeros(R)
+    for T in range(2, -(-n // GRAIN) + 1):
+        c = -(-n // T)
+        edges = np.minimum(np.arange(0, n + c, c), n)
+        edges = np.unique(edges)
+        P = np.diff(C[:, edges], axis=1)
+        best = np.maximum(best, (P * P).sum(axis=1))
+    return best
+
+
+def straddle(name, lay, pre, out: Format):
+    """:attr:`Noise.straddle` of a reduction (sum, mean, var, std) with a half result, else None. The
+    exact result to float64 is the op's own correctly rounded reference on the rows widened to float64
+    (exactly: ``err = u64 |xh|``, one rounding); ``pre`` is the scale before the stores, with what may
+    underflow in the working format (``(n + 4) eta_w**2``); the store itself, subnormal or not, is the
+    test's interval."""
+    if out.prec >= FLOAT32.prec or lay.X is None:
+        return None
+    if name in ("sum", "mean") and lay.n > GRAIN:  # torch's CPU threads' partial sums, stored in the result format
+        pre = pre + lay.back((out.u / (lay.n if name == "mean" else 1)) ** 2 * thread_partials_sq(lay.X))
+
+    def thunk():
+        from refkern.ops import get
+
+        X = np.asarray(lay.X, np.float64)
+        kw = {} if name in ("sum", "mean") else {"correction": lay.n - lay.divisor}
+        xh = np.asarray(lay.back(np.asarray(get(name).reference(X, dim=1, **kw), np.float64)), np.float64)
+        return xh, FLOAT64.u * np.abs(xh)
+
+    return np.asarray(pre, np.float64) + (lay.n + 4) * math.ldexp(1.0, FLOAT32.emin - FLOAT32.prec) ** 2, thunk

@@ -39,9 +39,8 @@ taken tap by tap they are the blocks of the tap-major order, block of channels b
 channels those of the channel-blocked order, and the larger of the two bounds is used. The channel-major
 order's blocks would be single channels with their taps (a third partition of the products; as GEMMs, one
 per channel and tap, 300 s for a ResNet layer under load), so it is among the orders checked on a sample
-instead. conv3d (its depth
-folded into the kernel's images), the transposed convolutions (and the gradients judged as one) and
-float64 results keep the order-free scale.
+instead. conv3d (its depth folded into the kernel's images), the transposed convolutions (and the
+gradients judged as one) and float64 results keep the order-free scale.
 
 **The other orders, checked.** SIMD lanes across k (a dot product or a GEMV by ``sdot``, cuBLAS's
 sliced-K, a reduction that strides k over threads) form partial sums over k = l (mod L), and split-K's
@@ -113,8 +112,8 @@ def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, pw
     those GEMMs were bound by memory, 0.4 s of products and 0.33 s of passes at a ResNet layer), then the
     passes read them there. ``mag`` (out's shape, or empty): each element's ``sum_k |t_k| + |bias|``, the
     sum of its cells' magnitudes (float64 sums, within gamma_K of the exact one, as a magnitudes GEMM's).
-    The products are exact (float32-or-narrower inputs in float64), the cells'
-    sums err by gamma_cb relatively, far under the float32 units the bound feeds."""
+    The products are exact (float32-or-narrower inputs in float64), the cells' sums err by gamma_cb
+    relatively, far under the float32 units the bound feeds."""
     N = X.shape[0]
     c_out, cin_g, T = W.shape
     ho = out.shape[2]

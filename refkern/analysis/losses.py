@@ -39,6 +39,7 @@ rounding: the Report's ``detectable`` gives its size in ulps.
 import numpy as np
 
 from refkern.accumulate.formats import FLOAT32, FLOAT64
+from refkern.kernels._loss_bound import logsoftmax_rows, pick_bounds, row_sums
 from refkern.kernels._loss_call import loss_call
 from refkern.kernels.loss import cross_entropy_values, gamma, log_sums, nll_values
 
@@ -105,9 +106,10 @@ def _div(N, eN, D, eD, ua):
     return y, e
 
 
-def envelope(c, fmt) -> tuple[np.ndarray, list, bool]:
+def envelope(c, fmt, ls=None) -> tuple[np.ndarray, list, bool]:
     """The bound per output element (module docstring), notes, and whether a stored intermediate may
-    overflow (then an infinite or NaN result is accepted too)."""
+    overflow (then an infinite or NaN result is accepted too); ``ls``: :func:`~refkern.kernels.loss.log_sums`
+    of ``c.X`` when the caller has it."""
     u, u_m, ua = _units(fmt)
     top = fmt.max if hasattr(fmt, "max") else 2.0 ** fmt.emax * (2.0 - 2.0 ** (1 - fmt.prec))
     R, C = c.X.shape
@@ -115,37 +117,33 @@ def envelope(c, fmt) -> tuple[np.ndarray, list, bool]:
     eps = c.label_smoothing
     notes = []
     with np.errstate(all="ignore"):
-        if c.op == "nll_loss":
-            lp_all = -c.X
-            b_all = np.zeros_like(lp_all)
-        else:
-            M, L, _, _ = log_sums(c.X)
-            lp_all = (M[:, None] - c.X) + L[:, None]  # l_rc = -logp_rc >= 0
-            b_all = _logsoftmax_bound(c, fmt, u, u_m)
         valid = c.valid
+        if c.op != "nll_loss":
+            M, L, eL, _ = log_sums(c.X) if ls is None else ls
+            stats = logsoftmax_rows(c.X, L, eL, fmt)  # the log_softmax envelope, per row (b_rc on demand)
         over = False  # a stored intermediate beyond the format's range (half results)
         if c.probs is not None:
-            t = c.probs * (1.0 - eps) + eps / C
-            terms = w[None, :] * t * lp_all
-            q = terms.sum(axis=1)
-            eq = ((np.abs(w[None, :] * t) * b_all + gamma(5, ua) * np.abs(terms)).sum(axis=1)
-                  + gamma(C - 1, u) * np.abs(terms).sum(axis=1) + u_m * np.abs(q))  # fmt: skip
+            q, terms_abs, b_sum = row_sums(c.X, M, L, stats, w, c.probs, eps, fmt).T
+            eq = b_sum + gamma(5, ua) * terms_abs + gamma(C - 1, u) * terms_abs + u_m * np.abs(q)
             N, eN, S, eS, D, eD = q, eq, None, None, float(R), 0.0
             if c.reduction != "none":
                 N, eN = _reduce(q, eq, u, u_m)
         else:
             t = np.where(valid, c.target, 0)
             wt = np.where(valid, w[t], 0.0)
-            lt = lp_all[np.arange(R), t]
+            rows = np.arange(R)
+            if c.op == "nll_loss":
+                lt, bt = -c.X[rows, t], np.zeros(R)
+            else:
+                lt, bt = (M - c.X[rows, t]) + L, pick_bounds(c.X, stats, t, fmt)
             nll = np.where(valid, wt * lt, 0.0)
-            e_nll = np.where(valid, np.abs(wt) * b_all[np.arange(R), t] + ua * np.abs(nll), 0.0)
+            e_nll = np.where(valid, np.abs(wt) * bt + ua * np.abs(nll), 0.0)
             N, eN = nll, e_nll
             S = eS = None
             if eps:
-                aw = np.abs(w)[None, :]
-                s = np.where(valid, (w[None, :] * lp_all).sum(axis=1), 0.0)
-                mag = (aw * np.abs(lp_all)).sum(axis=1)
-                es = (aw * (b_all + ua * np.abs(lp_all))).sum(axis=1) + gamma(C - 1, u) * mag + u_m * np.abs(s)
+                s, mag, b_sum = row_sums(c.X, M, L, stats, w, None, 0.0, fmt).T
+                s = np.where(valid, s, 0.0)
+                es = b_sum + ua * mag + gamma(C - 1, u) * mag + u_m * np.abs(s)
                 S, eS = s, np.where(valid, es, 0.0)
                 over |= bool(u_m and np.any(np.where(valid, mag, 0.0) * (1 + 2 * C * ua) > top))
             wv = wt[valid]
@@ -305,8 +303,10 @@ def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False)
                          f"inputs, {tuple(c.out_shape)}; pass the same arguments that produced it.")  # fmt: skip
     if act.fmt != c.fmt:
         raise TypeError(f"compare: {name} returns the input's dtype ({c.fmt.name}); got actual.dtype={act.fmt.name}.")
-    ref = np.asarray(nll_values(c) if name == "nll_loss" else cross_entropy_values(c), np.float64).reshape(c.out_shape)
-    b, notes, over = envelope(c, c.fmt)
+    ls = None if name == "nll_loss" else log_sums(c.X)  # shared by the reference and the envelope
+    ref = np.asarray(nll_values(c) if name == "nll_loss" else cross_entropy_values(c, ls), np.float64)
+    ref = ref.reshape(c.out_shape)
+    b, notes, over = envelope(c, c.fmt, ls)
     a64 = np.asarray(act.values, np.float64).reshape(c.out_shape)
     spilled = over & ~np.isfinite(a64) & np.isfinite(ref)
     if spilled.any():  # the intermediate's overflow: inf or NaN is what such a correct implementation returns

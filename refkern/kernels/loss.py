@@ -176,11 +176,12 @@ def _divisor(c: LossCall):
     return float(wt.sum()), float(gamma(wt.size + 1) * np.abs(wt).sum())
 
 
-def cross_entropy_values(c: LossCall) -> np.ndarray:
-    """The correctly rounded result of a cross_entropy call, float64 values in its output shape."""
+def cross_entropy_values(c: LossCall, ls=None) -> np.ndarray:
+    """The correctly rounded result of a cross_entropy call, float64 values in its output shape; ``ls``: the
+    :func:`log_sums` of ``c.X`` when the caller has them."""
     from refkern.kernels import _loss_exact as lx
 
-    M, L, eL, status = log_sums(c.X)
+    M, L, eL, status = log_sums(c.X) if ls is None else ls
     v, E, special = _ce_rows(c, M, L, eL, status)
     fmt = c.fmt
     narrow = fmt.prec < FLOAT64.prec

@@ -80,19 +80,6 @@ def _pointwise_reduced(lv, e, mag, red, fmt):
     return np.where(np.isnan(b), np.inf, b)
 
 
-def _logsoftmax_bound(c, fmt, u, u_m):
-    """Per (row, class): the log_softmax envelope (a correct implementation's distance to the exact
-    value, its centre's rounding included)."""
-    from refkern.analysis._envelope_ops import layout
-    from refkern.analysis.envelope import _one
-    from refkern.kernels.softmax import softmax_rows
-
-    X = np.ascontiguousarray(c.X, np.float64)
-    ref, _ = softmax_rows(X, fmt, True)
-    lay = layout("log_softmax", {"input": X, "dim": 1}, X.shape)
-    return np.asarray(_one(lay, u + u_m, u_m, False, ref, fmt, store=True), np.float64).reshape(X.shape)
-
-
 def _reduce(vals, errs, u, u_m):
     """(value, bound) of the sum over rows of values within errs."""
     s = float(vals.sum())
@@ -112,7 +99,7 @@ def envelope(c, fmt, ls=None) -> tuple[np.ndarray, list, bool]:
     of ``c.X`` when the caller has it."""
     u, u_m, ua = _units(fmt)
     top = fmt.max if hasattr(fmt, "max") else 2.0 ** fmt.emax * (2.0 - 2.0 ** (1 - fmt.prec))
-    R, C = c.X.shape
+    R, C = c.raw.shape
     w = np.ones(C) if c.weight is None else c.weight
     eps = c.label_smoothing
     notes = []
@@ -133,7 +120,7 @@ def envelope(c, fmt, ls=None) -> tuple[np.ndarray, list, bool]:
             wt = np.where(valid, w[t], 0.0)
             rows = np.arange(R)
             if c.op == "nll_loss":
-                lt, bt = -c.X[rows, t], np.zeros(R)
+                lt, bt = -np.asarray(c.raw[rows, t], np.float64), np.zeros(R)
             else:
                 lt, bt = (M - c.X[rows, t]) + L, pick_bounds(c.X, stats, t, fmt)
             nll = np.where(valid, wt * lt, 0.0)
@@ -311,7 +298,7 @@ def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False)
     spilled = over & ~np.isfinite(a64) & np.isfinite(ref)
     if spilled.any():  # the intermediate's overflow: inf or NaN is what such a correct implementation returns
         ref = np.where(spilled, a64, ref)
-    n_terms = c.C if c.reduction == "none" else c.X.size
+    n_terms = c.C if c.reduction == "none" else c.raw.size
     rep = _report(name, a64, ref, b, c.fmt, device, int(n_terms), rtol, atol, notes)
     rep.notes = rep.notes + [
         f"{name} judged by the worst-case envelope of torch's composition (refkern.analysis.losses): an error below "
@@ -331,7 +318,7 @@ def grad_bound(c, G, ref_rows) -> np.ndarray:
     other element is 0, bit for bit."""
     fmt = c.fmt
     u, u_m, ua = _units(fmt)
-    R, C = c.X.shape
+    R, C = c.raw.shape
     b = np.zeros((R, C))
     rows = np.flatnonzero(c.valid)
     if not rows.size:

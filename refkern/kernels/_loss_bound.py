@@ -50,39 +50,79 @@ def _lg(s):
 
 
 @jit
-def _radix_sort(v, m, k, k2, cnt):
-    """Sort v[:m] ascending in place (finite values; -0.0 before +0.0), scratch k, k2 (uint64, >= m) and cnt."""
-    bits = v.view(np.uint64)
-    top = np.uint64(1) << np.uint64(63)
+def _radix_keys(k, k2, m, npass):
+    """Sort the unsigned keys k[:m] ascending (LSD, 11-bit digits, ``npass`` of them; scratch k2): every digit's
+    histogram in one pass, and a digit that every key shares is skipped. Returns the array holding the result."""
+    cnt = np.zeros((npass, 2048), np.int64)
+    mask = k.dtype.type(2047)
     for i in range(m):
-        b = bits[i]
-        k[i] = ~b if b & top else b | top
+        v = k[i]
+        for p in range(npass):
+            cnt[p, (v >> k.dtype.type(11 * p)) & mask] += 1
     src, dst = k, k2
-    for p in range(6):
-        sh = np.uint64(11 * p)
-        cnt[:] = 0
-        for i in range(m):
-            cnt[(src[i] >> sh) & np.uint64(2047)] += 1
-        if cnt[(src[0] >> sh) & np.uint64(2047)] == m:
+    for p in range(npass):
+        sh = k.dtype.type(11 * p)
+        if cnt[p, (src[0] >> sh) & mask] == m:
             continue  # every key has this digit: the pass would not move anything
         s = 0
         for d in range(2048):
-            c = cnt[d]
-            cnt[d] = s
+            c = cnt[p, d]
+            cnt[p, d] = s
             s += c
         for i in range(m):
-            d = (src[i] >> sh) & np.uint64(2047)
-            dst[cnt[d]] = src[i]
-            cnt[d] += 1
+            d = (src[i] >> sh) & mask
+            dst[cnt[p, d]] = src[i]
+            cnt[p, d] += 1
         src, dst = dst, src
+    return src
+
+
+@jit
+def _sort_row(v, m, f32):
+    """Sort the finite v[:m] ascending in place (-0.0 before +0.0); ``f32``: every value is a float32 (32-bit
+    keys, three digits instead of six)."""
+    if f32:
+        w = np.empty(m, np.float32)
+        for i in range(m):
+            w[i] = v[i]
+        bits = w.view(np.uint32)
+        top = np.uint32(1) << np.uint32(31)
+        k, k2 = np.empty(m, np.uint32), np.empty(m, np.uint32)
+        for i in range(m):
+            b = bits[i]
+            k[i] = ~b if b & top else b | top
+        res = _radix_keys(k, k2, m, 3)
+        for i in range(m):
+            b = res[i]
+            bits[i] = b & ~top if b & top else ~b
+        for i in range(m):
+            v[i] = w[i]
+        return
+    bits = v.view(np.uint64)
+    top = np.uint64(1) << np.uint64(63)
+    k, k2 = np.empty(m, np.uint64), np.empty(m, np.uint64)
     for i in range(m):
-        b = src[i]
+        b = bits[i]
+        k[i] = ~b if b & top else b | top
+    res = _radix_keys(k, k2, m, 6)
+    for i in range(m):
+        b = res[i]
         bits[i] = b & ~top if b & top else ~b
 
 
+@jit(inline="always")
+def _expm1_small(x):
+    """expm1(x) for 0 <= x: the Taylor series to x**5 below 1e-3 (remainder below x**6 / 700, under a float64
+    ulp of the result), numpy's beyond."""
+    if x < 1e-3:
+        return x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x / 120.0))))
+    return np.expm1(x)
+
+
 @jit(parallel=True)
-def _rows_kernel(X, lel, u, u_m, eta, eta_h, out_emin, stats):
-    """stats[r] = (M, log D, err_l, 3 max dl, status, lel[r]) per row of X (module docstring)."""
+def _rows_kernel(X, lel, G, EG, u, u_m, eta, eta_h, out_emin, stats):
+    """stats[r] = (M, log D, err_l, 3 max dl, status, lel[r]) per row of X (module docstring); ``G[k]`` the
+    rank-k term of lam_d (its lg), ``EG`` its expm1: ``expm1(theta + G) = expm1(theta) EG + expm1(theta) + EG``."""
     R, n = X.shape
     eps_e = 40.0 * u  # exp within 20 ulps of the working format (EXP_ULPS)
     for r in prange(R):
@@ -108,20 +148,21 @@ def _rows_kernel(X, lel, u, u_m, eta, eta_h, out_emin, stats):
         i = 0
         top = -np.inf
         d64max = 0.0
+        f32 = True
         for j in range(n):
             v = X[r, j]
             if v != -np.inf:
                 zs[i] = v
                 i += 1
+                if f32 and np.float64(np.float32(v)) != v:
+                    f32 = False
                 gap = M - v
                 dl = 0.0 + 2.0**-52 * (gap + 1.0)
                 if v + dl > top:
                     top = v + dl
                 if dl > d64max:
                     d64max = dl
-        k, k2 = np.empty(m, np.uint64), np.empty(m, np.uint64)
-        cnt = np.empty(2048, np.int64)
-        _radix_sort(zs, m, k, k2, cnt)
+        _sort_row(zs, m, f32)
         cs = np.empty(m)
         for i in range(m):
             dl = 0.0 + 2.0**-52 * ((M - zs[i]) + 1.0)
@@ -151,11 +192,15 @@ def _rows_kernel(X, lel, u, u_m, eta, eta_h, out_emin, stats):
                 p += 1
             rank = max(m - p - 1, 0)
             theta = dl + 3.0 * u * (top - z + dl)
-            lam_d = theta + _lg((1 + rank) * eps_e + (rank + n - 1) * u + u_m)
+            lam_d = theta + G[rank]
             lam_n = theta + (lam_n0 if rank == 0 else lam_n1)
             t = np.exp(-gap)
             D += t
-            ED += t * np.expm1(min(lam_d, 1.0)) if lam_d < 1.0 else np.exp(lam_d - gap)
+            if lam_d < 1.0:
+                et = _expm1_small(theta)
+                ED += t * ((et * EG[rank] + et + EG[rank]) * (1.0 + 2.0**-50))
+            else:
+                ED += np.exp(lam_d - gap)
             lmax = max(lmax, lam_d, lam_n)
             if eta_h > 0.0:
                 lam[i] = max(lam_d, lam_n)
@@ -165,8 +210,11 @@ def _rows_kernel(X, lel, u, u_m, eta, eta_h, out_emin, stats):
             thr_u = 2.0**out_emin * 2 * D * np.exp(lmax)
             n_u = 0
             for i in range(m):
-                if zs[i] * np.exp(-lam[i]) < thr_u:
+                if zs[i] < thr_u:  # t e**-lam <= t (lam >= 0)
                     n_u += 1
+                elif not (lam[i] <= 0.5 and zs[i] >= 2.0 * thr_u):  # else t e**-lam >= 0.6 t > thr_u
+                    if zs[i] * np.exp(-lam[i]) < thr_u:
+                        n_u += 1
             a = a + eta_h * n_u * 2 * D * np.exp(2 * lmax)
         ell = _lg((ED + a) / D) + _lg(u_m)
         logd = np.log(D)
@@ -233,7 +281,11 @@ def logsoftmax_rows(X, L, eL, fmt) -> np.ndarray:
     if R:
         with np.errstate(all="ignore"):
             lel = np.minimum(np.where(np.isnan(eL), np.inf, L + eL), np.log(max(n, 1)) * (1 + 2.0**-50))  # L <= log n
-        _rows_kernel(np.ascontiguousarray(X, np.float64), np.asarray(lel, np.float64), u, u_m, eta, eta_h,
+            rank = np.arange(max(n, 1))
+            s = (1 + rank) * (40.0 * u) + (rank + n - 1) * u + u_m  # lam_d's rank term, the same for every row
+            G = np.where(s < 1.0, -np.log1p(-np.minimum(s, 1.0)), np.inf)
+            EG = np.expm1(G)
+        _rows_kernel(np.ascontiguousarray(X, np.float64), np.asarray(lel, np.float64), G, EG, u, u_m, eta, eta_h,
                      float(fmt.emin), stats)  # fmt: skip
     return stats
 

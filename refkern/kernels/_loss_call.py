@@ -6,7 +6,7 @@ reduction (torch's legacy ``size_average``/``reduce`` included). The reference k
 call through :func:`loss_call`; the ground truth (:mod:`refkern.truth.losses`) keeps its own reading."""
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,12 +20,14 @@ REDUCTIONS = ("none", "mean", "sum")
 
 @dataclass
 class LossCall:
-    """One validated call: ``X`` (R, C) float64 input rows (class last), ``target`` (R,) int64 class
-    indices or None, ``probs`` (R, C) float64 probability targets or None, ``weight`` (C,) float64 or
-    None, the per-sample shape of a ``reduction="none"`` result, the result format."""
+    """One validated call: ``raw`` (R, C) input rows (class last) as held (float32 for float16, bfloat16 and
+    float32 inputs, widened exactly; float64), ``X`` the same rows as float64 (converted on first use: nll_loss
+    reads only its targets' entries), ``target`` (R,) int64 class indices or None, ``probs`` (R, C) float64
+    probability targets or None, ``weight`` (C,) float64 or None, the per-sample shape of a
+    ``reduction="none"`` result, the result format."""
 
     op: str
-    X: np.ndarray
+    raw: np.ndarray
     target: np.ndarray | None
     probs: np.ndarray | None
     weight: np.ndarray | None
@@ -35,16 +37,24 @@ class LossCall:
     sample_shape: tuple
     fmt: Format
     tensor: bool
+    _x64: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def X(self) -> np.ndarray:
+        """The rows as contiguous float64 (exact), made once."""
+        if self._x64 is None:
+            self._x64 = np.ascontiguousarray(self.raw, np.float64)
+        return self._x64
 
     @property
     def C(self) -> int:
-        return self.X.shape[1]
+        return self.raw.shape[1]
 
     @property
     def valid(self) -> np.ndarray:
         """Rows that count (class targets other than ignore_index; every row of probability targets)."""
         if self.target is None:
-            return np.ones(self.X.shape[0], np.bool_)
+            return np.ones(self.raw.shape[0], np.bool_)
         return self.target != self.ignore_index
 
     @property
@@ -84,12 +94,13 @@ def _is_float(t) -> bool:
     return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
 
 
-def _rows(v: np.ndarray):
-    """(R, C) rows of an input of shape (C,) or (N, C, d1, ...), class axis last, and the per-sample shape."""
+def _rows(v: np.ndarray, dtype=np.float64):
+    """(R, C) rows of an input of shape (C,) or (N, C, d1, ...), class axis last (in ``dtype``; None: as held, a
+    view where the layout allows), and the per-sample shape."""
     if v.ndim == 1:
-        return np.ascontiguousarray(v, np.float64).reshape(1, -1), ()
+        return np.asarray(v, dtype).reshape(1, -1), ()
     moved = np.moveaxis(v, 1, -1)
-    return np.ascontiguousarray(moved, np.float64).reshape(-1, v.shape[1]), (v.shape[0], *v.shape[2:])
+    return np.asarray(moved, dtype).reshape(-1, v.shape[1]), (v.shape[0], *v.shape[2:])
 
 
 def loss_call(op, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
@@ -101,7 +112,7 @@ def loss_call(op, input, target, weight=None, size_average=None, ignore_index=-1
     if x.ndim == 0:
         raise ValueError(f"{op}: input must have shape (C,) or (N, C, d1, ...); got a 0-d input.")
     C = x.shape[0] if x.ndim == 1 else x.shape[1]
-    X, sample_shape = _rows(x)
+    X, sample_shape = _rows(x, None)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
         raise TypeError(f"{op}: ignore_index must be an int; got ignore_index={ignore_index!r}.")
     eps = label_smoothing
@@ -123,6 +134,7 @@ def loss_call(op, input, target, weight=None, size_average=None, ignore_index=-1
             raise ValueError(f"{op}: probability targets must have the input's shape {tuple(x.shape)}; "
                              f"got target.shape={tuple(ot.shape)}.")  # fmt: skip
         probs, _ = _rows(np.asarray(ot.values).reshape(ot.shape))
+        probs = np.ascontiguousarray(probs)
     else:
         t = _ints(target, op)
         want = sample_shape

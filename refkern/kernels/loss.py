@@ -170,7 +170,7 @@ def _bracketed(v, E, fmt):
 def _divisor(c: LossCall):
     """(D in float64, its bound) of a mean: the weights of the counted targets, or the row count."""
     if c.target is None:
-        return float(c.X.shape[0]), 0.0
+        return float(c.raw.shape[0]), 0.0
     w = np.ones(c.C) if c.weight is None else c.weight
     wt = w[c.target[c.valid]]
     return float(wt.sum()), float(gamma(wt.size + 1) * np.abs(wt).sum())
@@ -216,11 +216,11 @@ def nll_values(c: LossCall) -> np.ndarray:
     """The correctly rounded result of an nll_loss call, float64 values in its output shape."""
     from refkern.kernels import _loss_exact as lx
 
-    R = c.X.shape[0]
+    R = c.raw.shape[0]
     w = np.ones(c.C) if c.weight is None else c.weight
     valid = c.valid
     t = np.where(valid, c.target, 0)
-    xt = c.X[np.arange(R), t]
+    xt = np.asarray(c.raw[np.arange(R), t], np.float64)  # only the targets' entries
     wt = w[t]
     with np.errstate(all="ignore"):
         prod = np.where(valid, -(wt * xt), 0.0)  # exact for float32 inputs; IEEE's rounding for float64

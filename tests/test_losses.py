@@ -124,6 +124,90 @@ def test_bound_written_by_hand():
     assert not notes and not over
 
 
+def _softmax_envelope(X, fmt):
+    """The log_softmax envelope of :mod:`refkern.analysis._envelope_softmax` (with its centre's rounding and
+    store), from the correctly rounded log_softmax: what cross_entropy's yardstick charged before its one-pass
+    kernel."""
+    from refkern.analysis._envelope_ops import layout
+    from refkern.analysis.envelope import _one
+    from refkern.analysis.losses import _units
+    from refkern.kernels.softmax import softmax_rows
+
+    u, u_m, _ = _units(fmt)
+    ref, _ = softmax_rows(X, fmt, True)
+    lay = layout("log_softmax", {"input": X, "dim": 1}, X.shape)
+    return np.asarray(_one(lay, u + u_m, u_m, False, ref, fmt, store=True), np.float64).reshape(X.shape)
+
+
+@pytest.mark.parametrize("fmt_name", ["float32", "bfloat16", "float16", "float64"])
+def test_one_pass_log_softmax_envelope_is_the_softmax_envelope(fmt_name):
+    """The per-row kernel (:mod:`refkern.kernels._loss_bound`) charges what the log_softmax envelope charges,
+    element by element, within the float64 evaluation of either (never below it by more than that): rows with
+    -inf entries, NaN and +inf, ties, one finite logit, only -inf, long rows (every radix digit moves)."""
+    from refkern.accumulate import formats
+    from refkern.kernels import _loss_bound as lb
+    from refkern.kernels.loss import log_sums
+
+    fmt = getattr(formats, fmt_name.upper())
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((24, 2500)) * np.array([0.01, 2.0, 40.0])[np.arange(24) % 3, None]
+    X = formats.round_array(np.ascontiguousarray(X), *fmt.params)
+    X[3, 5] = -np.inf
+    X[4] = -np.inf
+    X[5, 7] = np.nan
+    X[6, 9] = np.inf
+    X[7] = 0.0
+    X[8, :100] = X[8, 0]
+    X[9] = -np.inf
+    X[9, 3] = 1.5
+    X[10, ::2] = -X[10, 1::2]
+    old = _softmax_envelope(X, fmt)
+    _, L, eL, _ = log_sums(X)
+    stats = lb.logsoftmax_rows(X, L, eL, fmt)
+    new = np.stack([lb.pick_bounds(X, stats, np.full(X.shape[0], j), fmt) for j in range(X.shape[1])], axis=1)
+    fin = np.isfinite(old)
+    assert np.array_equal(np.isfinite(new), fin)
+    assert np.all(np.abs(new[fin] / old[fin] - 1) <= 1e-12)
+    w = rng.random(X.shape[1])
+    with np.errstate(invalid="ignore"):
+        want = (w[None, :] * old).sum(axis=1)
+    got = lb.row_sums(X, *log_sums(X)[:2], stats, w, None, 0.0, fmt)[:, 2]
+    ok = np.isfinite(want)
+    assert np.array_equal(np.isfinite(got), ok)
+    assert np.all(np.abs(got[ok] / want[ok] - 1) <= 1e-12)
+
+
+def test_one_pass_log_softmax_envelope_written_by_hand():
+    """Two equal float32 logits (0, 0): log p = -log 2 each. M = 0, gap 0, dl = 2**-52, top = 2**-52, theta =
+    dl + 3u (top + dl), rank 1 for both (ties), lam_d = theta + lg(2 (40u) + (1 + 2 - 1) u), lam_n = theta +
+    lg(2 (40u) + 3u), D = 2, ED = 2 expm1(lam_d), a = 6 n eta e**(2 lam_n) D, ell = lg((ED + a) / D), err_l =
+    ell + 8u (log 2 + ell) + eta, c = u (log 2 + err_l), o = (RN32(log 2) + h) / (1 - u), b = (err_l + c + u (o
+    + err_l + c)) (1 + 66 2**-50) + 3 dl + (u o + h) + (u RN32(log 2) + h), u = 2**-24, eta = 2**-126, h =
+    2**-149."""
+    from refkern.accumulate.formats import FLOAT32
+    from refkern.kernels import _loss_bound as lb
+    from refkern.kernels.loss import log_sums
+
+    u, eta, h, dl = 2.0**-24, 2.0**-126, 2.0**-149, 2.0**-52
+
+    def lg(s):
+        return -math.log1p(-s)
+
+    theta = dl + 3 * u * (2 * dl)
+    lam_d, lam_n = theta + lg(80 * u + 2 * u), theta + lg(80 * u + 3 * u)
+    ED, a = 2 * math.expm1(lam_d), 6 * 2 * eta * math.exp(2 * lam_n) * 2
+    ell = lg((ED + a) / 2)
+    err_l = ell + 8 * u * (math.log(2) + ell) + eta
+    c = u * (math.log(2) + err_l)
+    ref = float(np.float32(math.log(2)))
+    o = (ref + h) / (1 - u)
+    want = (err_l + c + u * (o + err_l + c)) * (1 + 66 * 2.0**-50) + 3 * dl + (u * o + h) + (u * ref + h)
+    X = np.zeros((1, 2))
+    _, L, eL, _ = log_sums(X)
+    got = lb.pick_bounds(X, lb.logsoftmax_rows(X, L, eL, FLOAT32), np.array([1]), FLOAT32)[0]
+    assert got == pytest.approx(want, rel=1e-14)
+
+
 def test_errors_name_the_argument():
     x = torch.randn(4, 3)
     with pytest.raises(ValueError, match=r"^cross_entropy: reduction must be one of"):

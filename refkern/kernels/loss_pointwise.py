@@ -20,11 +20,14 @@ the exact rational by n and rounds once (:func:`~refkern.accumulate.ziv.round_fr
 from fractions import Fraction
 
 import numpy as np
+from numba import get_num_threads, prange
 
 from refkern._arrays import is_tensor, operand, promote
-from refkern.accumulate.exact import exact_sum
+from refkern._jit import jit
+from refkern.accumulate.exact import BLOCK, _sum_range, exact_sum
 from refkern.accumulate.formats import FLOAT64, round_array
-from refkern.accumulate.ziv import round_fraction
+from refkern.accumulate.superacc import SIZE, acc_init, acc_merge
+from refkern.accumulate.ziv import acc_fraction, round_fraction
 from refkern.kernels._common import deliver
 from refkern.kernels._loss_call import reduction_of
 
@@ -101,6 +104,96 @@ def _square_cross(s, e):
     return p, ((ah * eh - p) + ah * el + al * eh) + al * el
 
 
+@jit(inline="always")
+def _square_k(s):
+    """(q, q') with q + q' = s**2 exactly (Dekker; 2**-480 <= |s| < 2**995 or s = 0: no overflow, no underflow)."""
+    q = s * s
+    c = _SPLIT * s
+    hi = c - (c - s)
+    lo = s - hi
+    return q, ((hi * hi - q) + 2.0 * hi * lo) + lo * lo
+
+
+@jit(parallel=True)
+def _reduce_parts(x, t, mse, nseg, accs, flag):
+    """accs[k] += the exact parts of every element of segment k (:func:`_parts`, computed per element: the
+    TwoSum of x - t, then Dekker's squares and cross product for mse, |s| and sign(s) e for l1); flag[k] = 1
+    where an element is not finite or its difference lies outside Dekker's range (the caller takes the
+    array path)."""
+    n = x.size
+    nblk = (n + BLOCK - 1) // BLOCK
+    for k in prange(nseg):
+        acc_init(accs[k])
+        buf = np.empty(6 * BLOCK)
+        scratch = np.empty(6 * BLOCK)
+        lo_b = nblk * k // nseg
+        hi_b = nblk * (k + 1) // nseg
+        for blk in range(lo_b, hi_b):
+            m = 0
+            for i in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
+                a, b = x[i], t[i]
+                sd = a - b
+                bb = sd - a
+                e = (a - (sd - bb)) + (-b - bb)
+                if not (abs(sd) < 2.0**995 and (sd == 0.0 or abs(sd) >= 2.0**-480) and e - e == 0.0):
+                    flag[k] = 1
+                    continue
+                if not mse:
+                    buf[m] = abs(sd)
+                    buf[m + 1] = np.sign(sd) * e
+                    m += 2
+                    continue
+                q, qe = _square_k(sd)
+                buf[m] = q
+                buf[m + 1] = qe
+                m += 2
+                if e != 0.0:
+                    if not (abs(e) >= 2.0**-480 and abs(sd) < 2.0**994):
+                        flag[k] = 1
+                        continue
+                    p1, p1e = _square_cross_k(sd, e)
+                    p2, p2e = _square_k(e)
+                    buf[m], buf[m + 1], buf[m + 2], buf[m + 3] = p1, p1e, p2, p2e
+                    m += 4
+            _sum_range(buf, 0, m, accs[k], scratch)
+
+
+@jit(inline="always")
+def _square_cross_k(s, e):
+    a = 2.0 * s
+    p = a * e
+    c = _SPLIT * a
+    ah = c - (c - a)
+    al = a - ah
+    c = _SPLIT * e
+    eh = c - (c - e)
+    el = e - eh
+    return p, ((ah * eh - p) + ah * el + al * eh) + al * el
+
+
+@jit
+def _merge(accs):
+    for k in range(1, accs.shape[0]):
+        acc_merge(accs[0], accs[k])
+
+
+def _reduced_fast(op, x, t, fmt, red):
+    """The exact sum or mean of the elements' parts, from a per-element kernel (no (6, n) arrays); None
+    where an element is special or outside its range (the array path decides those)."""
+    n = x.size
+    xf = np.ascontiguousarray(x, np.float64).reshape(-1)
+    tf = np.ascontiguousarray(t, np.float64).reshape(-1)
+    nseg = max(1, min(get_num_threads(), (n + BLOCK - 1) // BLOCK))
+    accs = np.empty((nseg, SIZE), np.int64)
+    flag = np.zeros(nseg, np.int8)
+    _reduce_parts(xf, tf, op == "mse_loss", nseg, accs, flag)
+    if flag.any():
+        return None
+    _merge(accs)
+    total = acc_fraction(accs[0])
+    return round_fraction(total / n if red == "mean" else total, fmt)
+
+
 def _fraction_of(values) -> Fraction:
     parts = [float(v).as_integer_ratio() for v in values if v != 0.0]
     if not parts:
@@ -124,6 +217,10 @@ def _exact_total(flat) -> Fraction:
 
 def pointwise_values(op, x, t, fmt, red) -> np.ndarray:
     """The correctly rounded result, float64 values (the broadcast shape for "none", else 0-d)."""
+    if red != "none" and x.size:
+        r = _reduced_fast(op, x, t, fmt, red)
+        if r is not None:
+            return np.asarray(r, np.float64)
     parts, plain, special = _parts(op, x, t)
     if red == "none":
         if op == "l1_loss":

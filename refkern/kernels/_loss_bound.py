@@ -235,9 +235,9 @@ def _elem(x, M, logd, err_l, d3, status, lel, u, slack, out_u, h, prec, emin, em
     return np.inf if b != b else b
 
 
-@jit(parallel=True)
+@jit
 def _pick_kernel(X, stats, cols, u, slack, out_u, h, prec, emin, emax, out):
-    for r in prange(X.shape[0]):
+    for r in range(X.shape[0]):  # serial: one element per row (a parallel launch costs more)
         s = stats[r]
         out[r] = _elem(X[r, cols[r]], s[0], s[1], s[2], s[3], s[4], s[5], u, slack, out_u, h, prec, emin, emax)
 

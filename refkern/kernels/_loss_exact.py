@@ -173,12 +173,32 @@ def reduced_exact(c, M, fmt) -> float:
             raise _refused(c.op)
 
 
+def _dot_fraction(a, b) -> Fraction:
+    """The exact ``sum a_i b_i`` of finite floats: peeled into float64 pieces, each the correctly rounded rest
+    (:func:`refkern.accumulate.exact.exact_dot`, jitted) until the rest is 0; the Python integers where a piece
+    would overflow."""
+    from refkern.accumulate.exact import exact_dot as dot
+    from refkern.accumulate.formats import FLOAT64
+
+    A, B = np.ascontiguousarray(a, np.float64), np.ascontiguousarray(b, np.float64)
+    pieces = []
+    for _ in range(64):
+        r = float(dot(A, B, FLOAT64))
+        if r == 0.0:
+            return sum((Fraction(p) for p in pieces), Fraction(0))
+        if not math.isfinite(r):
+            break
+        pieces.append(r)
+        A, B = np.append(A, r), np.append(B, -1.0)
+    return exact_dot(a, b)
+
+
 def nll_exact(c, wt, xt) -> float:
     """nll_loss's sum or mean of ``-w_t x_t`` over the counted rows, exact, rounded once."""
-    num = -exact_dot(wt, xt)
+    num = -_dot_fraction(wt, xt)
     if c.reduction == "sum":
         return round_fraction(num, c.fmt)
-    D = Fraction(int(wt.size)) if c.weight is None else exact_sum(wt)
+    D = Fraction(int(wt.size)) if c.weight is None else _dot_fraction(wt, np.ones(wt.size))
     if D == 0:
         return math.nan if num == 0 else math.copysign(math.inf, num)
     return round_fraction(num / D, c.fmt)

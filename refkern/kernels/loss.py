@@ -41,6 +41,7 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
+from refkern.accumulate._bits import pow2
 from refkern.accumulate.eft import two_sum
 from refkern.accumulate.formats import FLOAT64, round_array
 from refkern.kernels._common import deliver
@@ -83,7 +84,7 @@ def _log_sums(X, M, L, eL, status):
             if d < X_MIN:
                 continue
             a, e = exp_fast(d)
-            p = np.ldexp(a, e)
+            p = a * pow2(e) if e >= -1022 else np.ldexp(a, e)  # one correctly rounded product, as ldexp
             T += p
             ET += (EXP_FAST_REL + 1.01 * abs(de)) * p
             k += 1

@@ -2658,9 +2658,9 @@ def pw_correct(op, args, kw, dtype, good, data):
     and Chan-merged variances; norms direct, folded and divided; softmax by division and reciprocal),
     SIMD-lane sums, the two-pass folded norm, Hugging Face's RMSNorm (half: the normalised row rounded
     before the weight), online softmax over tiles of 128, softmax with torch's exp_u20 in two passes and
-    online per element, attention direct, online over tiles of 128
-    keys, and (half) with P rounded before P V. Sequential float32 sums of one-signed terms (offset data,
-    var's squares) beyond 10^5 terms (they drift towards stagnation: a bug of their own) are left out."""
+    online per element, attention direct, online over tiles of 128 keys and one key at a time, and (half)
+    with P rounded before P V. Sequential float32 sums of one-signed terms (offset data, var's squares)
+    beyond 10^5 terms (they drift towards stagnation: a bug of their own) are left out."""
     dt = DT[dtype]
     kwc = _pw_kw(kw)
     out = list(correct_env(op, args, kwc, dtype, good))
@@ -2701,6 +2701,9 @@ def pw_correct(op, args, kw, dtype, good, data):
         out.append(("attention fp32, direct", _to(_attn_np(q, k, v), dt, good.shape)))
         out.append((f"attention fp32, online over tiles of {PW_TILE} keys", _to(_attn_np(q, k, v, PW_TILE), dt,
                                                                               good.shape)))  # fmt: skip
+        # one key at a time (a CPU scalar loop, the textbook online softmax): its P V partial sums are the
+        # longest chain, 5x the error of the blocked kernels above at 4096 keys (fp32: 2.6e-7 against 5e-8)
+        out.append(("attention fp32, online one key at a time", _to(_attn_np(q, k, v, 1), dt, good.shape)))
         if half:
             out.append(("Hugging Face eager (fp32 softmax, P to the dtype before P V)",
                         _to(_attn_np(q, k, v, p_dtype=dt), dt, good.shape)))  # fmt: skip

@@ -156,7 +156,6 @@ MISSES = {
     "at 300) where correct kernels' stored mean is off by far less; x 1.1 (28x the spread) is rounding",
     (CASES[11], "x"): "detectable 153 ulps over a spread of 18: the gradient or one row scaled by 64x is rounding",
     (CASES[12], "key"): "detectable 21 ulps over a spread of 10: the gradient or one head scaled by 8x is rounding",
-    (CASES[13], "weight"): "one row scaled by 8x the spread is named reduced-precision (fp16) on a bf16 gradient",
     (CASES[13], "bias"): "bugs of 8x the spread are named reduced-precision (bf16): the GEMM test's half "
     "accumulation over 128 terms explains them",
     (CASES[14], "bias"): "the GEMM scale sqrt(n) u sum|terms| is 60x the spread of correct kernels on random-sign "
@@ -164,7 +163,6 @@ MISSES = {
 }
 NAMED_BELOW = {
     (CASES[13], "weight"): "a constant offset of 0.5x the spread is named bf16, one column's fp16",
-    (CASES[13], "bias"): "a constant offset and one element of 0.5-0.7x the spread are named fp16 on a bf16 gradient",
 }
 
 

@@ -451,3 +451,27 @@ def test_welford_member_only_on_quantized_rows():
     x32 = (300 + g.standard_normal((4, 4096))).astype(np.float32).astype(np.float64)
     xbf = torch.from_numpy(x32).to(torch.bfloat16).double().numpy()  # three or so values per row
     assert not _quantized(x32) and _quantized(xbf)
+
+
+def test_fused_norm_sums_equal_the_row_layout_sums():
+    """The one-pass sums of a norm's scale tests (noise_rows.norm_sums) are the numpy sums over its rows
+    with the loadings formed as arrays (RowShared.stats without ``fused``), to rounding of the order."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 40, generator=g)
+    w, b = torch.randn(40, generator=g), torch.randn(40, generator=g)
+    args = {"input": x, "normalized_shape": (40,), "weight": w, "bias": b, "eps": 1e-5}
+    ref = np.asarray(rk.layer_norm(x, (40,), w, b), np.float64)
+    n = nz.noise("layer_norm", args, ref.astype(np.float32), FLOAT32, 5.0)
+    coh = n.coherent
+    assert coh.fused is not None
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal(ref.shape) * np.sqrt(n.var)
+    keep = rng.random(ref.shape) > 0.1
+    vk = np.where(keep, n.var, 0.0)
+    r = np.where(keep, r, 0.0)
+    fused = coh.stats(r, vk, keep, ref)
+    coh.fused = None
+    plain = coh.stats(r, vk, keep, ref)
+    for f, p in zip(fused[:5], plain[:5]):
+        assert np.allclose(f, p, rtol=1e-12, atol=0)
+    assert fused[5].shape == (2, 40) and plain[5] is None

@@ -205,12 +205,14 @@ def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=N
         z[over], fails[over] = np.inf, True
     groups = group_failures(r, vk, keep, c, a, axes, lam_grp, only) if only and _any_group(r, vk, keep, only,
                                                                                           lam_grp) else []  # fmt: skip
+    st = coherent.stats(r, vk, keep, y) if hasattr(coherent, "stats") else None  # one pass for the scale tests
     if only:
-        groups = groups + _axis_scale_failures(r, vk, keep, c if y is None else y, lam_grp, axes, only)
+        groups = groups + _axis_scale_failures(r, vk, keep, c if y is None else y, lam_grp, axes, only,
+                                               None if st is None else st[5])  # fmt: skip
     if coherent is not None:
-        groups = groups + _scale_failure(r, vk, keep, y, lam_grp, coherent)
+        groups = groups + _scale_failure(r, vk, keep, y, lam_grp, coherent, st)
         if n_rows(coherent) > 1:
-            groups = groups + _row_scale_failures(r, vk, keep, y, lam_grp, coherent)
+            groups = groups + _row_scale_failures(r, vk, keep, y, lam_grp, coherent, st)
     return StatFit(model, c, var, z, fails, groups, lam_el)
 
 

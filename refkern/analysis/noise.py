@@ -95,7 +95,7 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
 from refkern.analysis.noise_attention import attention_noise
-from refkern.analysis.noise_rows import RowShared, keys
+from refkern.analysis.noise_rows import RowShared, keys, norm_sums
 from refkern.analysis.noise_store import straddle
 
 __all__ = ["Noise", "noise", "RSQRT_ULPS"]
@@ -318,9 +318,12 @@ def _norm(lay, name, ref_rows, u, out, eta2):
             with np.errstate(all="ignore"):
                 return (np.asarray(Xc, np.float64) - mean[:, None]) * (r[:, None] * Wr)
 
-        bounds = [(np.full(R, 2.0 * RSQRT_ULPS * u), t)] + ([] if drift is None else [(drift, r[:, None] * Wr)])
+        Bt = np.full(R, 2.0 * RSQRT_ULPS * u)
+        bounds = [(Bt, t)] + ([] if drift is None else [(drift, r[:, None] * Wr)])
+        # rows that are the output's last axis (layer_norm, rms_norm, group_norm): the sums in one pass
+        fused = norm_sums(Xc, mean, r, Wr, smu2, srel2_stat, (Bt, drift)) if name != "batch_norm" else None
         return RowShared(lay.rows, lay.back, R, [(smu2, r[:, None] * Wr), (srel2_stat, t)], bounds=bounds,
-                         keys=lambda: keys(Xc, significand=not lay.center and lay.given is None))
+                         keys=lambda: keys(Xc, significand=not lay.center and lay.given is None), fused=fused)
 
     return run(False), lambda: run(True), drift_bound, drift, shared
 

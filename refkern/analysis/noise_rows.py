@@ -7,8 +7,11 @@ holds it, as :mod:`refkern.analysis.noise` computes it per op.
 """
 
 import numpy as np
+from numba import prange
 
-__all__ = ["RowShared", "keys"]
+from refkern._jit import jit
+
+__all__ = ["RowShared", "keys", "norm_sums"]
 
 
 class RowShared:
@@ -36,9 +39,28 @@ class RowShared:
     Rows are independent. Each row is a scale test of its own (:func:`~refkern.analysis.verdict.
     _row_scale_failures`): a row shares its errors, so its residuals may follow its output only by those."""
 
-    def __init__(self, rows, back, count, terms=(), sigma=None, bounds=(), keys=None):
+    def __init__(self, rows, back, count, terms=(), sigma=None, bounds=(), keys=None, fused=None):
         self.rows, self.back, self.count, self.terms, self.sigma = rows, back, int(count), list(terms), sigma
         self.bounds, self.keys = list(bounds), keys
+        #: where the rows are the output's last axis, a callable ``(r, vk, y) -> (rows, cols)`` giving in one
+        #: pass what :meth:`stats` gives and the last axis's scale sums (:func:`norm_sums`), or None
+        self.fused = fused
+
+    def stats(self, r, vk, keep, y):
+        """Per row ``(num, var, yw, extra, bound)`` of the scale tests with ``w = y / sigma**2`` on the kept
+        elements: ``sum r w``, ``sum sigma**2 w**2``, ``sum y w``, :meth:`per_row`, :meth:`bound` (0 where
+        none), and the last axis's ``(sum r w, sum sigma**2 w**2)`` per index where :attr:`fused` gives them
+        (else None)."""
+        if self.fused is not None:
+            rows, cols = self.fused(r, vk, y)
+            return (*rows, cols)
+        with np.errstate(all="ignore"):
+            yk = np.where(keep, y, 0.0)
+            w = np.where(keep & (vk > 0) & np.isfinite(vk), yk / vk, 0.0)
+            rows = self.rows
+            bd = self.bound(w)
+            return (rows(r * w).sum(axis=1), rows(vk * w * w).sum(axis=1), rows(yk * w).sum(axis=1),
+                    self.per_row(w), np.zeros(self.count) if bd is None else bd, None)  # fmt: skip
 
     def grouped(self, w, var, sel) -> np.ndarray | None:
         """For the rows ``sel`` (indices), the variance of ``sum e w`` that equal keys add beyond ``sum
@@ -94,3 +116,64 @@ def keys(X, significand=False) -> np.ndarray:
     if significand:
         b = b & ((1 << 23) - 1 if X.dtype == np.float32 else (1 << 52) - 1)
     return b
+
+
+def norm_sums(X, mean, r, Wr, smu2, srel2, bounds):
+    """:attr:`RowShared.fused` of a norm whose rows are its output's last axis (layer_norm, rms_norm,
+    group_norm: the output reshaped to (R, n)): the mean's loading ``r w`` and r's ``t = (x - mean) r w``
+    formed per element as the pass reads it (no array of either), ``bounds`` the bounded errors' ``B`` per
+    row on r's loading and on the mean's (None where there is none)."""
+    R, n = X.shape
+    Bt, Bm = bounds
+
+    def fused(rr, vk, y):
+        rows = np.empty((R, 7))
+        cols = np.zeros((2, n))
+        _norm_row_sums(*(np.ascontiguousarray(v, np.float64).reshape(R, n) for v in (rr, vk, y)), X, mean, r, Wr,
+                       rows, cols)  # fmt: skip
+        num, vv, yw, A1, Q1, A2, Q2 = rows.T
+        with np.errstate(all="ignore"):
+            extra = np.where(smu2 > 0, smu2 * (A1 * A1 - Q1), 0.0) + np.where(srel2 > 0, srel2 * (A2 * A2 - Q2), 0.0)
+            bound = (0.0 if Bt is None else Bt * np.abs(A2)) + (0.0 if Bm is None else Bm * np.abs(A1))
+        return (num, vv, yw, extra, np.broadcast_to(bound, (R,)).astype(np.float64)), cols
+
+    return fused
+
+
+@jit(parallel=True, error_model="numpy")
+def _norm_row_sums(rr, vk, y, X, mean, r, W, rows, cols):
+    """Per row i of the (R, n) residuals ``rr``, variances ``vk`` (0 where not kept) and centres ``y``, with
+    ``w = y / vk`` (0 where vk is 0 or not finite), ``l1 = r_i W_ij``, ``l2 = (x_ij - mean_i) r_i W_ij``:
+    rows[i] = (sum rr w, sum vk w**2, sum y w, sum l1 w, sum (l1 w)**2, sum l2 w, sum (l2 w)**2); then per
+    column j, cols = (sum_i rr w, sum_i vk w**2). W is read at row ``i % W.shape[0]``, column ``j`` or 0."""
+    R, n = rr.shape
+    sw = int(W.shape[1] > 1)
+    for i in prange(R):
+        acc = np.zeros(7)
+        wr = W[i % W.shape[0]]
+        for j in range(n):
+            v = vk[i, j]
+            if not (v > 0.0 and v < np.inf):
+                continue
+            w = y[i, j] / v
+            l1 = r[i] * wr[j * sw]
+            l2 = (np.float64(X[i, j]) - mean[i]) * l1
+            acc[0] += rr[i, j] * w
+            acc[1] += v * w * w
+            acc[2] += y[i, j] * w
+            acc[3] += l1 * w
+            acc[4] += (l1 * w) ** 2
+            acc[5] += l2 * w
+            acc[6] += (l2 * w) ** 2
+        rows[i] = acc
+    for j in prange(n):
+        a0 = 0.0
+        a1 = 0.0
+        for i in range(R):
+            v = vk[i, j]
+            if v > 0.0 and v < np.inf:
+                w = y[i, j] / v
+                a0 += rr[i, j] * w
+                a1 += v * w * w
+        cols[0, j] = a0
+        cols[1, j] = a1

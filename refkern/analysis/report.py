@@ -263,9 +263,13 @@ class Report:
             f"reduced precision {c['reduced-precision']}, unexplained {c['mismatch']}"
         )
         if (self.detectable or {}).get("test") == "statistical, inside the envelope":
+            env = (self.detectable.get("envelope") or {}).get("median_ulps")
+            # an infinite envelope makes every ratio to it 0: say so rather than print "0x"
+            vs_env = ("the worst-case envelope is infinite here" if env == float("inf") and not self.max_bound_ratio
+                      else f"{_num(self.max_bound_ratio)}x the worst-case envelope of a correct implementation")
             lines.append(
-                f"  max error {_num(self.max_prob_ratio)}x the statistical threshold, {_num(self.max_bound_ratio)}x "
-                f"the worst-case envelope of a correct implementation; {_num(self.max_ulp)} ulp; {self.n_terms} terms"
+                f"  max error {_num(self.max_prob_ratio)}x the statistical threshold, {vs_env}; "
+                f"{_num(self.max_ulp)} ulp; {self.n_terms} terms"
             )
         elif (self.detectable or {}).get("test") == "worst-case envelope":
             lines.append(
@@ -298,9 +302,10 @@ class Report:
         if self.worst_details:
             lines.append("  worst: " + ("unexplained elements" if self.verdict == "mismatch" else "largest deviations"))
             for w in self.worst_details[:5]:
+                bound = "no finite bound" if not w["bound_ratio"] and w["ulp"] else f"{_num(w['bound_ratio'])}x bound"
                 lines.append(
                     f"    {tuple(w['index'])}: actual {w['actual']:.9g}, exact {w['reference']:.9g}, "
-                    f"{_num(w['ulp'])} ulp, {_num(w['bound_ratio'])}x bound, condition {_num(w['condition'])}"
+                    f"{_num(w['ulp'])} ulp, {bound}, condition {_num(w['condition'])}"
                 )
         if self.verdict == "mismatch" and self.where:
             lines.append("  where: " + "; ".join(f"{k}: {v['text']}" for k, v in self.where.items()))

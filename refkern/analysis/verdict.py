@@ -220,7 +220,14 @@ class _Tester:
         return f
 
 
-def _scale_failure(r, vk, keep, ref, lam, coherent=None) -> list:
+def _weights(vk, keep, ref):
+    """(y, w) of the scale tests: the kept ``ref`` and ``y / sigma**2`` (0 where not kept or undefined)."""
+    with np.errstate(all="ignore"):
+        y = np.where(keep, ref, 0.0)
+        return y, np.where(keep & (vk > 0) & np.isfinite(vk), y / vk, 0.0)
+
+
+def _scale_failure(r, vk, keep, ref, lam, coherent=None, stats=None) -> list:
     """The scale test: does the residual follow the output? Under the model each residual ``r_i =
     actual_i - c_i`` is sub-Gaussian with ``sigma_i**2`` given everything before it, whatever the exact
     result (the rounding errors are mean-independent, :mod:`refkern.analysis.stats`), so for weights
@@ -234,18 +241,24 @@ def _scale_failure(r, vk, keep, ref, lam, coherent=None) -> list:
     accumulation a 5% one (64 x 64 outputs: T = 4.3 with the weights y, 6.5 with these). ``coherent(w)``:
     the variance of ``sum e w`` beyond ``sum sigma**2 w**2`` where several elements share an error (None:
     independent), and where it has them, shared errors bounded, not averaged (``coherent.bound``), whose
-    most is added to the threshold. A failing test is reported as a group over the whole output (``ax`` None) whose
-    elements are those whose residual has the scale's sign; ``mean`` is the weighted slope ``s``."""
+    most is added to the threshold. ``stats``: the per-row sums of :meth:`~refkern.analysis.noise_rows.
+    RowShared.stats` where the caller has them (their totals are this test's). A failing test is reported
+    as a group over the whole output (``ax`` None) whose elements are those whose residual has the scale's
+    sign; ``mean`` is the weighted slope ``s``."""
     with np.errstate(all="ignore"):
-        y = np.where(keep, ref, 0.0)
-        w = np.where(keep & (vk > 0) & np.isfinite(vk), y / vk, 0.0)
-        num = float(np.sum(r * w))
-        var = float(np.sum(vk * w * w)) + (float(coherent(w)) if coherent is not None else 0.0)
+        if stats is not None:
+            num, var = float(np.sum(stats[0])), float(np.sum(stats[1]) + np.sum(stats[3]))
+            bd = float(np.sum(stats[4]))
+        else:
+            y, w = _weights(vk, keep, ref)
+            num = float(np.sum(r * w))
+            var = float(np.sum(vk * w * w)) + (float(coherent(w)) if coherent is not None else 0.0)
+            bd = getattr(coherent, "bound", lambda w: None)(w)
+            bd = float(np.sum(bd)) if bd is not None else 0.0  # errors bounded, not averaged: a margin of their own
         den = math.sqrt(var) if var > 0 and math.isfinite(var) else 0.0
-        bd = getattr(coherent, "bound", lambda w: None)(w)
-        bd = float(np.sum(bd)) if bd is not None else 0.0  # errors bounded, not averaged: a margin of their own
     if not num or not math.isfinite(num) or not den > 0 or abs(num) <= lam * den + bd:
         return []
+    y, w = _weights(vk, keep, ref)
     ex = coherent.grouped(w, vk, np.arange(coherent.count)) if getattr(coherent, "keys", None) else None
     if ex is not None:  # equal keys' errors taken correlated (RowShared.grouped): asked for only here
         den = math.sqrt(max(var + float(np.sum(ex)), 0.0))
@@ -275,7 +288,7 @@ def _offset_failure(r, vk, keep, lam) -> list:
              "mask": keep & (r * np.sign(num) > 0)}]  # fmt: skip
 
 
-def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None) -> list:
+def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None) -> list:
     """The scale test of :func:`_scale_failure` on each group along each axis (of the axes ``only``,
     every axis when None; the groups of :func:`~refkern.analysis.structure.group_failures`, whose elements
     are independent under the model): ``T_g = sum_(i in g) r_i w_i / sqrt(sum sigma_i**2 w_i**2)``, ``w = y /
@@ -283,21 +296,29 @@ def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None) -> list:
     most ``2 exp(-lam**2 / 2)``: one more test per group (``lam_grp`` counts them twice). A group's residual
     sum sees an offset; this sees a group scaled (a row of a product, a feature's weight), whose residuals
     ``s y`` of either sign sum to about 0. Failing groups are reported as groups (``scale`` True, ``mean``
-    the weighted slope)."""
+    the weighted slope). ``last``: the last axis's ``(sum r w, sum sigma**2 w**2)`` where a pass has them
+    (:attr:`~refkern.analysis.noise_rows.RowShared.fused`)."""
     if r.ndim == 0:
         return []
     out = []
+    sums = None
     with np.errstate(all="ignore"):
-        y = np.where(keep, ref, 0.0)
-        w = np.where(keep & (vk > 0) & np.isfinite(vk), y / vk, 0.0)
-        rw, vw, yw = r * w, vk * w * w, y * w
         for ax in range(r.ndim):
             if r.shape[ax] < 2 or (only is not None and ax not in only):
                 continue
             other = tuple(i for i in range(r.ndim) if i != ax)
-            num, var, slope = rw.sum(axis=other), vw.sum(axis=other), yw.sum(axis=other)
+            if ax == r.ndim - 1 and last is not None and last.shape[1] == r.shape[-1]:
+                num, var = last[0], last[1]
+            else:
+                if sums is None:
+                    y, w = _weights(vk, keep, ref)
+                    sums = (r * w, vk * w * w)
+                num, var = sums[0].sum(axis=other), sums[1].sum(axis=other)
             den = np.sqrt(var)
             bad = (num != 0) & np.isfinite(num) & (den > 0) & np.isfinite(den) & (np.abs(num) > lam * den)
+            if bad.any():
+                y, w = _weights(vk, keep, ref)
+                slope = (y * w).sum(axis=other)
             for i in np.flatnonzero(bad):
                 out.append({"axis": axes[ax], "ax": ax, "index": int(i), "z": float(abs(num[i]) / den[i]),
                             "mean": float(num[i] / slope[i]), "scale": True})  # fmt: skip
@@ -312,7 +333,7 @@ def n_rows(coherent) -> int:
     return R if R > 1 else 0
 
 
-def _row_scale_failures(r, vk, keep, ref, lam, coherent) -> list:
+def _row_scale_failures(r, vk, keep, ref, lam, coherent, stats=None) -> list:
     """The scale test of :func:`_scale_failure` on each row of ``coherent`` (rows whose elements share
     errors: a norm's mean and ``r``, a softmax's sum, a query's weights): ``T_r = sum_(i in r) r_i w_i /
     sqrt(sum sigma_i**2 w_i**2 + coherent.per_row(w)_r)``, ``w = y / sigma**2``, sub-Gaussian with
@@ -322,23 +343,20 @@ def _row_scale_failures(r, vk, keep, ref, lam, coherent) -> list:
     ``r``, ``D``) are in ``per_row``, so a row may follow its output only by them, and those bounded, not
     averaged, by ``coherent.bound(w)``, added to the threshold; a bug that scales one row by more fails.
     A failing row is a group over that row (``ax`` None, ``axis`` "row scale"), its elements those whose
-    residual has the row's slope's sign; ``mean`` the row's weighted slope."""
+    residual has the row's slope's sign; ``mean`` the row's weighted slope. ``stats``: as
+    :func:`_scale_failure`'s (computed here where not given)."""
+    num, vv, yw, extra, bd = (coherent.stats(r, vk, keep, ref) if stats is None else stats)[:5]
+    rows = coherent.rows
     with np.errstate(all="ignore"):
-        y = np.where(keep, ref, 0.0)
-        w = np.where(keep & (vk > 0) & np.isfinite(vk), y / vk, 0.0)
-        rows = coherent.rows
-        num = rows(r * w).sum(axis=1)
-        var = rows(vk * w * w).sum(axis=1) + coherent.per_row(w)
-        yw = rows(y * w).sum(axis=1)
+        var = vv + extra
         den = np.sqrt(np.where(var > 0, var, 0.0))
-        bd = coherent.bound(w)
-        bd = 0.0 if bd is None else bd
         bad = (num != 0) & np.isfinite(num) & (den > 0) & np.isfinite(den) & (np.abs(num) > lam * den + bd)
+        y, w = _weights(vk, keep, ref) if bad.any() else (None, None)
         ex = coherent.grouped(w, vk, np.flatnonzero(bad)) if bad.any() else None
         if ex is not None:  # equal keys' errors taken correlated, on the failing rows only (more variance)
             idx = np.flatnonzero(bad)
             den[idx] = np.sqrt(np.maximum(var[idx] + ex, 0.0))
-            bad[idx] = np.abs(num[idx]) > lam * den[idx] + (bd[idx] if np.ndim(bd) else bd)
+            bad[idx] = np.abs(num[idx]) > lam * den[idx] + bd[idx]
     if not bad.any():
         return []
     sign = coherent.back(np.where(bad, np.sign(num), 0.0)[:, None] * np.ones((1, rows(y).shape[1])))

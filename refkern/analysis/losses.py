@@ -106,8 +106,9 @@ def envelope(c, fmt, ls=None) -> tuple[np.ndarray, list, bool]:
     with np.errstate(all="ignore"):
         valid = c.valid
         if c.op != "nll_loss":
-            M, L, eL, _ = log_sums(c.X) if ls is None else ls
-            stats = logsoftmax_rows(c.X, L, eL, fmt)  # the log_softmax envelope, per row (b_rc on demand)
+            ls = log_sums(c.X) if ls is None else ls
+            M, L = ls[0], ls[1]
+            stats = logsoftmax_rows(c.X, ls, fmt)  # the log_softmax envelope, per row (b_rc on demand)
         over = False  # a stored intermediate beyond the format's range (half results)
         if c.probs is not None:
             q, terms_abs, b_sum = row_sums(c.X, M, L, stats, w, c.probs, eps, fmt).T

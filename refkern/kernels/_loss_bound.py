@@ -34,7 +34,9 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
+from refkern.accumulate._bits import pow2
 from refkern.accumulate.formats import round_to
+from refkern.kernels._transcendental import X_MIN, exp_fast
 
 __all__ = ["logsoftmax_rows", "pick_bounds", "row_sums"]
 
@@ -120,31 +122,33 @@ def _expm1_small(x):
 
 
 @jit(parallel=True)
-def _rows_kernel(X, lel, G, EG, u, u_m, eta, eta_h, out_emin, stats):
-    """stats[r] = (M, log D, err_l, 3 max dl, status, lel[r]) per row of X (module docstring); ``G[k]`` the
-    rank-k term of lam_d (its lg), ``EG`` its expm1: ``expm1(theta + G) = expm1(theta) EG + expm1(theta) + EG``."""
+def _rows_kernel(X, Ms, st, lel, G, EG, u, u_m, eta, eta_h, out_emin, stats):
+    """stats[r] = (M, log D, err_l, 3 max dl, status, lel[r]) per row of X (module docstring), ``Ms`` and ``st``
+    the rows' maxima and status from :func:`refkern.kernels.loss.log_sums`; ``G[k]`` the rank-k term of lam_d
+    (its lg), ``EG`` its expm1: ``expm1(theta + G) = expm1(theta) EG + expm1(theta) + EG``."""
     R, n = X.shape
     eps_e = 40.0 * u  # exp within 20 ulps of the working format (EXP_ULPS)
     for r in prange(R):
-        bad = False
-        M = -np.inf
-        m = 0
-        for j in range(n):
-            v = X[r, j]
-            if v != v or v == np.inf:
-                bad = True
-            elif v != -np.inf:
-                m += 1
-                if v > M:
-                    M = v
         stats[r, 5] = lel[r]
+        bad = False
+        M = Ms[r]
+        m = 1
+        if st[r] != 0:  # NaN or +inf (bad), or only -inf (empty)
+            m = 0
+            for j in range(n):
+                v = X[r, j]
+                if v != v or v == np.inf:
+                    bad = True
+                elif v != -np.inf:
+                    m += 1
+                    M = v if m == 1 or v > M else M
         if bad:
             stats[r, 0], stats[r, 1], stats[r, 2], stats[r, 3], stats[r, 4] = np.nan, np.nan, np.inf, 0.0, 1.0
             continue
         if m == 0:
             stats[r, 0], stats[r, 1], stats[r, 2], stats[r, 3], stats[r, 4] = -np.inf, -np.inf, 0.0, 0.0, 2.0
             continue
-        zs = np.empty(m)
+        zs = np.empty(n)
         i = 0
         top = -np.inf
         d64max = 0.0
@@ -162,6 +166,7 @@ def _rows_kernel(X, lel, G, EG, u, u_m, eta, eta_h, out_emin, stats):
                     top = v + dl
                 if dl > d64max:
                     d64max = dl
+        m = i
         _sort_row(zs, m, f32)
         cs = np.empty(m)
         for i in range(m):
@@ -194,7 +199,10 @@ def _rows_kernel(X, lel, G, EG, u, u_m, eta, eta_h, out_emin, stats):
             theta = dl + 3.0 * u * (top - z + dl)
             lam_d = theta + G[rank]
             lam_n = theta + (lam_n0 if rank == 0 else lam_n1)
-            t = np.exp(-gap)
+            t = 0.0  # e**-gap: exp_fast within 2 u (0 below e**-2000, as float64's exp)
+            if -gap >= X_MIN:
+                a, e = exp_fast(-gap)
+                t = a * pow2(e) if e >= -1022 else np.ldexp(a, e)
             D += t
             if lam_d < 1.0:
                 et = _expm1_small(theta)
@@ -272,9 +280,11 @@ def _units(fmt):
     return u, u_m, eta, eta_h, fmt.u, 2.0 ** (fmt.emin - fmt.prec)
 
 
-def logsoftmax_rows(X, L, eL, fmt) -> np.ndarray:
+def logsoftmax_rows(X, ls, fmt) -> np.ndarray:
     """(R, 6) per-row statistics of the log_softmax envelope of the float64 rows X for a result in ``fmt``
-    (module docstring); ``L`` within ``eL`` of each row's log-sum-exp (:func:`refkern.kernels.loss.log_sums`)."""
+    (module docstring); ``ls = (M, L, eL, status)`` of :func:`refkern.kernels.loss.log_sums` (``L`` within ``eL``
+    of each row's log-sum-exp)."""
+    Ms, L, eL, st = ls
     R, n = X.shape
     u, u_m, eta, eta_h, _, _ = _units(fmt)
     stats = np.empty((R, _ROW_FIELDS))
@@ -285,8 +295,8 @@ def logsoftmax_rows(X, L, eL, fmt) -> np.ndarray:
             s = (1 + rank) * (40.0 * u) + (rank + n - 1) * u + u_m  # lam_d's rank term, the same for every row
             G = np.where(s < 1.0, -np.log1p(-np.minimum(s, 1.0)), np.inf)
             EG = np.expm1(G)
-        _rows_kernel(np.ascontiguousarray(X, np.float64), np.asarray(lel, np.float64), G, EG, u, u_m, eta, eta_h,
-                     float(fmt.emin), stats)  # fmt: skip
+        _rows_kernel(np.ascontiguousarray(X, np.float64), np.asarray(Ms, np.float64), np.asarray(st, np.int8),
+                     np.asarray(lel, np.float64), G, EG, u, u_m, eta, eta_h, float(fmt.emin), stats)  # fmt: skip
     return stats
 
 

@@ -13,21 +13,26 @@ rounding and its store, as :func:`refkern.analysis.envelope._one` adds them), te
   half result, ``eta_h n_u 2 D e**(2 lmax)`` over the ``n_u`` terms with ``t e**-max(lam_d, lam_n) < 2**emin 2
   D e**lmax``; ``ell = lg((ED + a) / D) + lg(u_m)``, ``err_l = ell + (8 u + u_m)(log D + ell) + max(eta,
   eta_h) + u |M|``;
-* per element: ``c_j = u max(gap_j, |M| + log D + err_l)``, ``b_j = (err_l + c_j + u (A_j + err_l + c_j))
-  (1 + (n + 64) 2**-50) + 3 max dl``, plus the centre's rounding and its store, ``2 (u_out A_j + 2**(emin -
-  prec))``.
+* per element: ``c_j = u max(gap_j, |M| + log D + err_l)``, ``b_j = (err_l + c_j + u (o_j + err_l + c_j))
+  (1 + (n + 64) 2**-50) + 3 max dl``, plus the centre's rounding ``u_out o_j + h`` and its store ``u_out |ref_j|
+  + h``, ``o_j = (|ref_j| + h) / (1 - u_out) >= |exact_j|``, ``h = 2**(emin - prec)`` of the result format.
 
-One difference, on the safe side: ``A_j`` is an upper bound on both ``|exact_j|`` and the rounded reference's
-magnitude, from cross_entropy's own float64 pass (``L`` within ``eL``, :func:`refkern.kernels.loss.log_sums`):
-``A = ((M - x + (L + eL)) (1 + 2**-49) (1 + u_out) + 2 h) / (1 - u_out)`` with ``h = 2**(emin - prec)``
-(three nonnegative float64 roundings, at most ``(1 + 2**-53)**3``, and the product's own: within ``2**-49``).
-The old bound used ``o = (|ref| + h) / (1 - u_out)`` for ``|exact|`` and ``|ref|`` for the store; since
-``|ref| <= |exact| (1 + u_out) + h``, ``A >= o >= |ref|``: the envelope is never smaller than before, and
-larger by at most a relative ``4 u_out u`` of the element's terms (no correctly rounded log_softmax is
-computed here). The ranks are counted on each row sorted once (an LSD radix sort of the float64 keys; a
-float32 input's zero low bits skip two of its six passes), the summed quantities are order-free, so no
-element needs its index. An entry ``-inf`` has bound ``inf`` (its log-probability is ``-inf``: the store's
-``u_out |ref|``), a row holding NaN or ``+inf`` too.
+Two differences, both within float64's own evaluation of the envelope (which its ``(n + 64) 2**-50`` slack
+covers; ``tests/test_losses.py`` pins the two within 1e-12 of each other, element by element):
+
+* no correctly rounded log_softmax is computed: where the old bound read ``|ref|`` (the centre's store) and
+  ``o = (|ref| + h) / (1 - u_out)`` (an upper bound on ``|exact|``), this one reads ``ref' = RN(hi)`` for ``hi =
+  ((M - x) + (L + eL)) (1 + 2**-49) >= |exact|`` (``L`` within ``eL``, :func:`refkern.kernels.loss.log_sums`, and
+  ``L <= log C``; three nonnegative float64 roundings, at most ``(1 + 2**-53)**3``, and the product's own):
+  rounding is monotone, so ``ref' >= |ref|`` and the bound is never below the old one; they are equal wherever
+  ``hi`` and ``|exact|`` round alike, all but a fraction of about ``2**-48 / u_out`` of the elements;
+* ``t_j = e**-gap_j`` is exp_fast's (within ``2 u64``, as the reference's own terms) where the old one took
+  numpy's exp (within an ulp), and ``expm1(theta + G)`` is ``expm1(theta) EG + expm1(theta) + EG`` from the
+  rank's term ``G`` tabulated once for every row (times ``1 + 2**-50``).
+
+The ranks are counted on each row sorted once (an LSD radix sort of the float keys, 32-bit where the row is
+float32-valued); the summed quantities are order-free, so no element needs its index. An entry ``-inf`` has
+bound ``inf`` (its log-probability is ``-inf``: the store's ``u_out |ref|``), a row holding NaN or ``+inf`` too.
 """
 
 import numpy as np
@@ -308,6 +313,9 @@ def pick_bounds(X, stats, cols, fmt) -> np.ndarray:
     """The envelope at ``(r, cols[r])`` of every row r (cols in range)."""
     u, _, _, _, out_u, h = _units(fmt)
     out = np.empty(X.shape[0])
+    cols = np.asarray(cols)
+    if cols.size and not (0 <= cols.min() and cols.max() < X.shape[1]):  # the kernel does not check its reads
+        raise IndexError(f"pick_bounds: a column lies outside [0, {X.shape[1]}).")
     if X.shape[0]:
         _pick_kernel(X, stats, np.ascontiguousarray(cols, np.int64), u, _slack(X.shape[1]), out_u, h, *fmt.params, out)
     return out

@@ -208,28 +208,10 @@ def binary_envelope(op, x, y, w, pw, fmt, red) -> np.ndarray:
     at most 8 per element: ``gamma_8(ua)`` of the element's terms' magnitudes ``|a| + |b1 f1| + |b2 f2|`` plus
     ``|b| (2u |f| + u + 2u t)`` for each log. A log within its error of the clamp -100 may be clamped or not:
     ``|b| |f + 100|`` more. Then a sum, a mean and the centre's store(s) as for mse_loss."""
-    from refkern.kernels.loss_binary import _coefficients
+    from refkern.kernels.loss_binary import binary_bound_terms
 
     u, u_m, ua = _units(fmt)
-    xf, yf, wf, pwf = (np.asarray(v, np.float64).reshape(-1) for v in (x, y, w, pw))
-    a, b1, b2 = _coefficients(op, xf, yf, wf, pwf)
-    with np.errstate(all="ignore"):
-        if op == "binary_cross_entropy":
-            f1 = np.where(xf > 0, np.log(xf), -np.inf)
-            f2 = np.log1p(-xf)
-            t = np.zeros_like(xf)
-        else:
-            t = np.exp(-np.abs(xf))
-            f1, f2 = np.log1p(t) + np.maximum(-xf, 0.0), np.zeros_like(xf)
-        parts = []
-        for b, f in ((b1, f1), (b2, f2)):
-            fc = np.maximum(f, -100.0)
-            ef = 2 * u * np.abs(fc) + u + 2 * u * t
-            edge = np.where(np.abs(np.where(np.isfinite(f), f, -1e300) + 100.0) <= ef * 1.01, np.abs(f + 100.0), 0.0)
-            parts.append((np.abs(b * fc), np.abs(b) * (ef + np.nan_to_num(edge))))
-        mag = np.abs(a) + parts[0][0] + parts[1][0]
-        e = gamma(8, ua) * mag + parts[0][1] + parts[1][1]
-        lv = np.abs(a + b1 * np.maximum(f1, -100.0) + b2 * np.maximum(f2, -100.0))
+    lv, e, mag = binary_bound_terms(op, x, y, w, pw, u, float(gamma(8, ua)))  # per element, one jitted pass
     b = _pointwise_reduced(lv, e, mag, red, fmt)
     return b.reshape(np.shape(x)) if red == "none" else b.reshape(())
 

@@ -29,6 +29,7 @@ from numba import prange
 
 from refkern._arrays import is_tensor, operand, promote
 from refkern._jit import jit
+from refkern.accumulate._bits import pow2
 from refkern.accumulate.formats import FLOAT64
 from refkern.accumulate.ziv import round_fraction
 from refkern.kernels import _exact_real as xr
@@ -87,7 +88,7 @@ def _terms(kind, P, Y, Wt, PW, f1, e1, f2, e2):
             t, et = 0.0, 2.0**-1074
             if -ax >= -2000.0:
                 a, k = exp_fast(-ax)
-                t = np.ldexp(a, k)
+                t = a * pow2(k) if k >= -1022 else np.ldexp(a, k)  # one correctly rounded product, as ldexp
                 et = EXP_FAST_REL * t + 2.0**-1074
             L, eL = log_fast(1.0, t, et)
             f1[i], e1[i] = L + max(-x, 0.0), eL + U * (L + max(-x, 0.0))
@@ -273,3 +274,50 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     op = "binary_cross_entropy_with_logits"
     x, y, w, pw, fmt, tensor, red = binary_call(op, input, target, weight, size_average, reduce, reduction, pos_weight)
     return deliver(np.asarray(binary_values(op, x, y, w, pw, fmt, red), np.float64), fmt, tensor)
+
+
+@jit(inline="always")
+def _part(b, f, t, u):
+    """(|b fc|, |b| (ef + edge)) of one log term of :func:`refkern.analysis.losses.binary_envelope`."""
+    fc = f if (f != f or f > -100.0) else -100.0  # np.maximum(f, -100): NaN stays NaN
+    ef = 2 * u * abs(fc) + u + 2 * u * t
+    ff = f if abs(f) < np.inf else -1e300
+    edge = abs(f + 100.0) if abs(ff + 100.0) <= ef * 1.01 else 0.0
+    if edge != edge:  # np.nan_to_num
+        edge = 0.0
+    elif edge == np.inf:
+        edge = 1.7976931348623157e308
+    return abs(b * fc), abs(b) * (ef + edge), fc
+
+
+@jit(parallel=True)
+def _binary_bound(bce, x, y, w, pw, u, g8, lv, e, mag):
+    """Per element of binary_cross_entropy (``bce``) or its logits form: the value ``|l|``, its envelope before the
+    reduction and its terms' magnitude, as :func:`refkern.analysis.losses.binary_envelope` states them."""
+    for i in prange(x.size):
+        xi, yi, wi = x[i], y[i], w[i]
+        if bce:
+            a, b1, b2 = 0.0, -wi * yi, -wi * (1.0 - yi)
+            f1 = np.log(xi) if xi > 0 else -np.inf  # NaN too, as np.where(x > 0, log x, -inf)
+            f2 = np.log1p(-xi)
+            t = 0.0
+        else:
+            a, b1, b2 = wi * (1.0 - yi) * xi, wi * (1.0 + (pw[i] - 1.0) * yi), 0.0
+            t = np.exp(-abs(xi))
+            f1 = np.log1p(t) + (-xi if -xi > 0.0 or xi != xi else 0.0)
+            f2 = 0.0
+        m1, e1, c1 = _part(b1, f1, t, u)
+        m2, e2, c2 = _part(b2, f2, t, u)
+        mg = abs(a) + m1 + m2
+        mag[i] = mg
+        e[i] = g8 * mg + e1 + e2
+        lv[i] = abs(a + b1 * c1 + b2 * c2)
+
+
+def binary_bound_terms(op, x, y, w, pw, u, g8):
+    """(lv, e, mag) float64 arrays of :func:`_binary_bound` for the flattened operands."""
+    xf, yf, wf, pwf = (np.ascontiguousarray(np.asarray(v, np.float64).reshape(-1)) for v in (x, y, w, pw))
+    lv, e, mag = np.empty(xf.size), np.empty(xf.size), np.empty(xf.size)
+    if xf.size:
+        _binary_bound(op == "binary_cross_entropy", xf, yf, wf, pwf, float(u), float(g8), lv, e, mag)
+    return lv, e, mag

@@ -54,45 +54,65 @@ def _log_bounded(s):
     return L, em + U * (abs(b) + abs(c)) + 3.0 * U * (abs(a) + abs(b) + abs(c) + abs(lm)) + 2.0**-1070
 
 
+@jit(inline="always")
+def _term_one(kind, x):
+    """(f1, e1, f2, e2) of one element: BCE: C(log p), C(log(1 - p)) (e = -1: the clamp is undecided); logits:
+    log(1 + e**-x) (f2 unused). NaN where a special value decides the element."""
+    f1, e1, f2, e2 = 0.0, 0.0, 0.0, 0.0
+    if kind == 0:
+        for j in range(2):
+            s = x if j == 0 else 1.0 - x  # 1 - p: within u of itself (a relative u moves its log by u)
+            if s != s:
+                f, e = np.nan, 0.0
+            elif s <= 0.0:
+                f, e = -100.0, 0.0  # log 0 = -inf, clamped
+            else:
+                f, e = _log_bounded(s)
+                e = e + (1.01 * U if j == 1 else 0.0)
+                if f - e > -100.0:
+                    pass
+                elif f + e < -100.0:
+                    f, e = -100.0, 0.0
+                else:
+                    e = -1.0
+            if j == 0:
+                f1, e1 = f, e
+            else:
+                f2, e2 = f, e
+        return f1, e1, f2, e2
+    if x != x or abs(x) == np.inf:
+        return np.nan, 0.0, 0.0, 0.0
+    ax = abs(x)
+    t, et = 0.0, 2.0**-1074
+    if -ax >= -2000.0:
+        a, k = exp_fast(-ax)
+        t = a * pow2(k) if k >= -1022 else np.ldexp(a, k)  # one correctly rounded product, as ldexp
+        et = EXP_FAST_REL * t + 2.0**-1074
+    L, eL = log_fast(1.0, t, et)
+    return L + max(-x, 0.0), eL + U * (L + max(-x, 0.0)), 0.0, 0.0
+
+
 @jit(parallel=True)
-def _terms(kind, P, Y, Wt, PW, f1, e1, f2, e2):
-    """Per element the logs (f1, f2) and their bounds: BCE: C(log p), C(log(1 - p)) (e = -1: the clamp is
-    undecided); logits: log(1 + e**-x) (f2 unused). NaN where a special value decides the element."""
+def _values(kind, P, Y, Wt, PW, g8, v, E, flags):
+    """Per element the float64 value ``v = a + b1 f1 + b2 f2`` (``a, b1, b2``: BCE ``0, -w y, -w (1 - y)``; logits ``w (1 - y) x, w (1 + (pw - 1) y), 0``), its bound ``E = (gamma_8
+    (|a| + |b1 f1| + |b2 f2|) + |b1| |e1| + |b2| |e2|) 1.01`` and flags: 1 the clamp undecided, 2 special (v or an
+    operand not finite)."""
     for i in prange(P.size):
-        x = P[i]
+        x, y, w, pw = P[i], Y[i], Wt[i], PW[i]
+        f1, e1, f2, e2 = _term_one(kind, x)
         if kind == 0:
-            for j in range(2):
-                s = x if j == 0 else 1.0 - x  # 1 - p: within u of itself (a relative u moves its log by u)
-                if s != s:
-                    f, e = np.nan, 0.0
-                elif s <= 0.0:
-                    f, e = -100.0, 0.0  # log 0 = -inf, clamped
-                else:
-                    f, e = _log_bounded(s)
-                    e = e + (1.01 * U if j == 1 else 0.0)
-                    if f - e > -100.0:
-                        pass
-                    elif f + e < -100.0:
-                        f, e = -100.0, 0.0
-                    else:
-                        e = -1.0
-                if j == 0:
-                    f1[i], e1[i] = f, e
-                else:
-                    f2[i], e2[i] = f, e
+            a, b1, b2 = 0.0, -w * y, -w * (1.0 - y)
+            vi = a + b1 * f1 + b2 * f2
         else:
-            if x != x or abs(x) == np.inf:
-                f1[i], e1[i] = np.nan, 0.0
-                continue
-            ax = abs(x)
-            t, et = 0.0, 2.0**-1074
-            if -ax >= -2000.0:
-                a, k = exp_fast(-ax)
-                t = a * pow2(k) if k >= -1022 else np.ldexp(a, k)  # one correctly rounded product, as ldexp
-                et = EXP_FAST_REL * t + 2.0**-1074
-            L, eL = log_fast(1.0, t, et)
-            f1[i], e1[i] = L + max(-x, 0.0), eL + U * (L + max(-x, 0.0))
-            f2[i], e2[i] = 0.0, 0.0
+            a, b1, b2 = w * (1.0 - y) * x, w * (1.0 + (pw - 1.0) * y), 0.0
+            vi = a + b1 * f1 + 0.0
+        mag = abs(a) + abs(b1 * f1) + abs(b2 * f2)
+        v[i] = vi
+        E[i] = (g8 * mag + abs(b1) * abs(e1) + abs(b2) * abs(e2)) * 1.01
+        fl = 1 if (e1 < 0 or e2 < 0) else 0
+        if not (abs(vi) < np.inf and abs(x) < np.inf and abs(y) < np.inf and abs(w) < np.inf and abs(pw) < np.inf):
+            fl |= 2
+        flags[i] = fl
 
 
 def binary_call(op, input, target, weight=None, size_average=None, reduce=None, reduction="mean",  # noqa: A002
@@ -126,14 +146,6 @@ def binary_call(op, input, target, weight=None, size_average=None, reduce=None, 
             raise ValueError(f"{op}: every element of input must lie in [0, 1]; got {float(x[bad][0])!r}.")
     tensor = any(is_tensor(v) for v in (input, target, weight, pos_weight))
     return x, y, w, pw, promote(*fmts), tensor, red
-
-
-def _coefficients(op, x, y, w, pw):
-    """(a, b1, b2) float64 (approximations, for the fast path): l = a + b1 f1 + b2 f2."""
-    with np.errstate(all="ignore"):
-        if op == "binary_cross_entropy":
-            return np.zeros_like(x), -w * y, -w * (1.0 - y)
-        return w * (1.0 - y) * x, w * (1.0 + (pw - 1.0) * y), np.zeros_like(x)
 
 
 def _exact_coefficients(op, x, y, w, pw):
@@ -226,16 +238,11 @@ def binary_values(op, x, y, w, pw, fmt, red) -> np.ndarray:
     shape = x.shape
     xf, yf, wf, pwf = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (x, y, w, pw))
     n = xf.size
-    f1, e1, f2, e2 = (np.empty(n) for _ in range(4))
+    v, E, flags = np.empty(n), np.empty(n), np.zeros(n, np.int8)
     if n:
-        _terms(0 if op == "binary_cross_entropy" else 1, xf, yf, wf, pwf, f1, e1, f2, e2)
-    a, b1, b2 = _coefficients(op, xf, yf, wf, pwf)
-    with np.errstate(all="ignore"):
-        v = a + b1 * f1 + (b2 * f2 if op == "binary_cross_entropy" else 0.0)
-        mag = np.abs(a) + np.abs(b1 * f1) + np.abs(b2 * f2)
-        undecided = (e1 < 0) | (e2 < 0)
-        E = (gamma(8) * mag + np.abs(b1) * np.abs(e1) + np.abs(b2) * np.abs(e2)) * 1.01
-    special = np.isnan(v) | np.isinf(v) | ~np.isfinite(xf) | ~np.isfinite(yf) | ~np.isfinite(wf) | ~np.isfinite(pwf)
+        _values(0 if op == "binary_cross_entropy" else 1, xf, yf, wf, pwf, float(gamma(8)), v, E, flags)
+    undecided = (flags & 1) != 0
+    special = (flags & 2) != 0
     narrow = fmt.prec < FLOAT64.prec
     if red == "none":
         out, ok = _bracketed(v, np.where(undecided, np.inf, E), fmt) if narrow else (np.full(n, np.nan),

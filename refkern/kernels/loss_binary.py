@@ -94,9 +94,9 @@ def _term_one(kind, x):
 
 @jit(parallel=True)
 def _values(kind, P, Y, Wt, PW, g8, v, E, flags):
-    """Per element the float64 value ``v = a + b1 f1 + b2 f2`` (``a, b1, b2``: BCE ``0, -w y, -w (1 - y)``; logits ``w (1 - y) x, w (1 + (pw - 1) y), 0``), its bound ``E = (gamma_8
-    (|a| + |b1 f1| + |b2 f2|) + |b1| |e1| + |b2| |e2|) 1.01`` and flags: 1 the clamp undecided, 2 special (v or an
-    operand not finite)."""
+    """Per element the float64 value ``v = a + b1 f1 + b2 f2`` (``a, b1, b2``: BCE ``0, -w y, -w (1 - y)``;
+    logits ``w (1 - y) x, w (1 + (pw - 1) y), 0``), its bound ``E = (gamma_8 (|a| + |b1 f1| + |b2 f2|) + |b1| |e1|
+    + |b2| |e2|) 1.01`` and flags: 1 the clamp undecided, 2 special (v or an operand not finite)."""
     for i in prange(P.size):
         x, y, w, pw = P[i], Y[i], Wt[i], PW[i]
         f1, e1, f2, e2 = _term_one(kind, x)

@@ -220,6 +220,8 @@ def test_errors_name_the_argument():
         rk.cross_entropy(x, torch.tensor([0, 1, 2, 0]), label_smoothing=1.5)
     with pytest.raises(TypeError, match=r"^nll_loss: target must hold class indices"):
         rk.nll_loss(x, torch.rand(4, 3))
+    with pytest.raises(ValueError, match=r"^cross_entropy: input must have at least one class"):
+        rk.cross_entropy(torch.zeros(3, 0), torch.full((3,), -100))
 
 
 def test_the_audit_judges_nll_loss_forward():

@@ -100,7 +100,8 @@ def _rows(v: np.ndarray, dtype=np.float64):
     if v.ndim == 1:
         return np.asarray(v, dtype).reshape(1, -1), ()
     moved = np.moveaxis(v, 1, -1)
-    return np.asarray(moved, dtype).reshape(-1, v.shape[1]), (v.shape[0], *v.shape[2:])
+    rows = int(np.prod(moved.shape[:-1], dtype=np.int64))  # explicit: reshape(-1, 0) is ambiguous for C = 0
+    return np.asarray(moved, dtype).reshape(rows, v.shape[1]), (v.shape[0], *v.shape[2:])
 
 
 def loss_call(op, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
@@ -112,6 +113,8 @@ def loss_call(op, input, target, weight=None, size_average=None, ignore_index=-1
     if x.ndim == 0:
         raise ValueError(f"{op}: input must have shape (C,) or (N, C, d1, ...); got a 0-d input.")
     C = x.shape[0] if x.ndim == 1 else x.shape[1]
+    if C == 0:
+        raise ValueError(f"{op}: input must have at least one class; got input.shape={tuple(x.shape)} (C = 0).")
     X, sample_shape = _rows(x, None)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
         raise TypeError(f"{op}: ignore_index must be an int; got ignore_index={ignore_index!r}.")

@@ -70,8 +70,8 @@ def run(blocks=3, log=print, only=None):
                "compare/torch64": wall["compare"] / wall["torch64"],
                "cpu compare/reference": cpu["compare"] / cpu["reference"],
                "cpu reference/torch64": cpu["reference"] / cpu["torch64"]}  # fmt: skip
-        log(f"{name}: {verdict}; torch64 {wall['torch64']:.3f} s, reference {wall['reference']:.3f} s, compare "
-            f"{wall['compare']:.3f} s (wall); compare/reference {row['compare/reference']:.1f}x wall "
+        log(f"{name}: {verdict}; torch64 {wall['torch64']:.4g} s, reference {wall['reference']:.4g} s, compare "
+            f"{wall['compare']:.4g} s (wall); compare/reference {row['compare/reference']:.1f}x wall "
             f"({row['cpu compare/reference']:.1f}x CPU), reference/torch64 {row['reference/torch64']:.1f}x wall "
             f"({row['cpu reference/torch64']:.1f}x CPU, target {TARGET_REF:g}x), compare/torch64 "
             f"{row['compare/torch64']:.1f}x")  # fmt: skip

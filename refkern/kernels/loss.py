@@ -218,11 +218,10 @@ def nll_values(c: LossCall) -> np.ndarray:
     from refkern.kernels import _loss_exact as lx
 
     R = c.raw.shape[0]
-    w = np.ones(c.C) if c.weight is None else c.weight
     valid = c.valid
     t = np.where(valid, c.target, 0)
     xt = np.asarray(c.raw[np.arange(R), t], np.float64)  # only the targets' entries
-    wt = w[t]
+    wt = np.ones(R) if c.weight is None else c.weight[t]
     with np.errstate(all="ignore"):
         prod = np.where(valid, -(wt * xt), 0.0)  # exact for float32 inputs; IEEE's rounding for float64
     if c.reduction == "none":

@@ -7,9 +7,10 @@ Cases (sizes users run): cross_entropy over a language model's vocabulary, logit
 and bfloat16 with class targets, mean; nll_loss over the same rows' float32 log-probabilities; mse_loss
 (8, 1024, 1024) float32; binary_cross_entropy_with_logits (4096, 1024) float32 (multi-label). The backend's
 output is torch's CPU result (correct: the verdict is rounding). Three sides, each timed in blocks of
-consecutive calls (benchmarks/_timing.py), the best block counts: ``compare`` (rk.compare on torch's output),
-``reference`` (the refkern op alone) and ``torch64`` (torch's op on float64 copies of the inputs, made once
-outside the timing). Process CPU time is reported beside wall time: on a shared machine it is the steadier.
+consecutive calls (benchmarks/_timing.py; as many per block as fill about 50 ms), the best block counts:
+``compare`` (rk.compare on torch's output), ``reference`` (the refkern op alone) and ``torch64`` (torch's op
+on float64 copies of the inputs, made once outside the timing). Process CPU time is reported beside wall
+time: on a shared machine it is the steadier.
 """
 
 import argparse
@@ -56,13 +57,21 @@ def cases():
 TARGET_REF = 5.0  #: issue 26: a reference at most 5x torch's float64 op
 
 
+def _calls(fn):
+    """Calls per block: enough for about 50 ms (sub-millisecond sides, nll_loss's, need many for the clock)."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    return max(1, min(2000, int(0.05 / max(time.perf_counter() - t0, 1e-7))))
+
+
 def run(blocks=3, log=print, only=None):
     rows = []
     for name, op, ref, cmp, t64 in cases():
         if only and op not in only:
             continue
         verdict = cmp().verdict
-        sides = {"torch64": (t64, 1), "reference": (ref, 1), "compare": (cmp, 1)}
+        sides = {"torch64": (t64, _calls(t64)), "reference": (ref, _calls(ref)), "compare": (cmp, _calls(cmp))}
         wall, cpu = per_call(sides, blocks), per_call(sides, blocks, time.process_time)
         row = {"case": name, "verdict": verdict, "wall": wall, "cpu": cpu,
                "compare/reference": wall["compare"] / wall["reference"],

@@ -222,16 +222,19 @@ def nll_values(c: LossCall) -> np.ndarray:
     t = np.where(valid, c.target, 0)
     xt = np.asarray(c.raw[np.arange(R), t], np.float64)  # only the targets' entries
     wt = np.ones(R) if c.weight is None else c.weight[t]
-    with np.errstate(all="ignore"):
-        prod = np.where(valid, -(wt * xt), 0.0)  # exact for float32 inputs; IEEE's rounding for float64
     if c.reduction == "none":
+        with np.errstate(all="ignore"):
+            prod = np.where(valid, -(wt * xt), 0.0)  # exact for float32 inputs; IEEE's rounding for float64
         out = round_array(np.ascontiguousarray(prod), *c.fmt.params) if c.fmt.prec < 53 else prod + 0.0
         return np.where(valid, out, 0.0).reshape(c.sample_shape)
-    finite_in = np.isfinite(xt[valid]).all() and np.isfinite(wt[valid]).all()
-    if not finite_in:  # IEEE's sum of the products (a float64 product that overflowed takes the exact path)
-        s = prod.sum()
+    all_valid = bool(valid.all())
+    xv, wv = (xt, wt) if all_valid else (xt[valid], wt[valid])
+    if not (np.isfinite(xv).all() and (c.weight is None or np.isfinite(wv).all())):
+        # IEEE's sum of the products (a float64 product that overflowed takes the exact path)
+        with np.errstate(all="ignore"):
+            s = np.where(valid, -(wt * xt), 0.0).sum()
         return np.asarray(s / _divisor(c)[0] if c.reduction == "mean" else s, np.float64)
-    return np.asarray(lx.nll_exact(c, wt[valid], xt[valid]), np.float64)
+    return np.asarray(lx.nll_exact(c, wv, xv), np.float64)
 
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,  # noqa: A002

@@ -208,7 +208,7 @@ def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=N
     st = coherent.stats(r, vk, keep, y) if hasattr(coherent, "stats") else None  # one pass for the scale tests
     if only:
         groups = groups + _axis_scale_failures(r, vk, keep, c if y is None else y, lam_grp, axes, only,
-                                               None if st is None else st[5])  # fmt: skip
+                                               None if st is None else st[5], c=c, a=a)  # fmt: skip
     if coherent is not None:
         groups = groups + _scale_failure(r, vk, keep, y, lam_grp, coherent, st)
         if n_rows(coherent) > 1:

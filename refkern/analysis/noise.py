@@ -308,11 +308,15 @@ def _norm(lay, name, ref_rows, u, out, eta2):
             c = (r * B)[:, None] * np.broadcast_to(np.abs(Wr), (R, n))
             return np.where(np.isfinite(c), c * c, np.inf)
 
-    def shared(drift=None):
+    def shared(drift=None, folded=False):
         """The row-shared errors (:class:`RowShared`): the mean's (loading ``r w``) and r's relative error
         (loading ``t = (x - mean) r w``): its variance's part averaged, its rsqrt's part bounded (within
         RSQRT_ULPS ulps: ``2 RSQRT_ULPS u`` relative, one value per row, not a draw); ``drift``: a sequential
-        Welford mean's drift bound per row, a bounded shared error on the mean's loading."""
+        Welford mean's drift bound per row, a bounded shared error on the mean's loading. ``folded``: the
+        folded form's products ``r w`` and shifts ``b - mean r w``, one rounding per parameter, which a row
+        shares where its parameters are one value (batch_norm's channel): taken as one error each per row,
+        fully correlated (loadings ``x r w`` relative and ``|mean r w| + |b - mean r w|`` absolute; the
+        elements' variances hold them once each)."""
 
         def t():
             with np.errstate(all="ignore"):
@@ -320,9 +324,22 @@ def _norm(lay, name, ref_rows, u, out, eta2):
 
         Bt = np.full(R, 2.0 * RSQRT_ULPS * u)
         bounds = [(Bt, t)] + ([] if drift is None else [(drift, r[:, None] * Wr)])
+        terms = [(smu2, r[:, None] * Wr), (srel2_stat, t)]
+        if folded:
+
+            def xrw():
+                return np.asarray(Xc, np.float64) * (r[:, None] * Wr)
+
+            def shift():
+                with np.errstate(all="ignore"):
+                    mrw = mean[:, None] * r[:, None] * Wr
+                    return np.abs(mrw) + np.abs(Br - mrw)
+
+            terms += [(np.full(R, u * u), xrw), (np.full(R, u * u), shift)]
         # rows that are the output's last axis (layer_norm, rms_norm, group_norm): the sums in one pass
-        fused = norm_sums(Xc, mean, r, Wr, smu2, srel2_stat, (Bt, drift)) if name != "batch_norm" else None
-        return RowShared(lay.rows, lay.back, R, [(smu2, r[:, None] * Wr), (srel2_stat, t)], bounds=bounds,
+        fused = (norm_sums(Xc, mean, r, Wr, smu2, srel2_stat, (Bt, drift)) if name != "batch_norm" and not folded
+                 else None)  # fmt: skip
+        return RowShared(lay.rows, lay.back, R, terms, bounds=bounds,
                          keys=lambda: keys(Xc, significand=not lay.center and lay.given is None), fused=fused)
 
     return run(False), lambda: run(True), drift_bound, drift, shared
@@ -420,7 +437,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         std, fold, drift_bound, drift, shared = _norm(lay, name, lay.rows(ref_held, ref_held.dtype), u, out, eta2)
         axes = _norm_axes(name, args, nd)
         folded = ("folded affine form", "the folded affine form x (r w) + (b - mean r w) of torch's CPU norms and "
-                  "cuDNN's inference", lambda: lay.back(fold()))  # fmt: skip
+                  "cuDNN's inference", lambda: (lay.back(fold()), shared(folded=True)))  # fmt: skip
         models = [folded] if lay.center or lay.given is not None else []
         if lay.center and lay.given is None:  # a member only on rows whose values repeat (_quantized): the rows
             # are sorted to know, so only when the member is asked for
@@ -429,7 +446,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
                 if not _quantized(lay.X):
                     return None
                 B = drift_bound()  # the mean's drift, bounded: in the scale tests a bound of its own
-                return lay.back(2.0 * np.maximum(std, fold()) + 2.0 * drift(B) / (lam * lam)), shared(B)
+                return lay.back(2.0 * np.maximum(std, fold()) + 2.0 * drift(B) / (lam * lam)), shared(B, folded=True)
 
             models.append(("sequential Welford", "a sequential Welford mean whose running roundings drift together "
                            "(quantized offset rows: bounded, not averaged)", welford))  # fmt: skip

@@ -58,7 +58,7 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT64, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.partials import order_bound
-from refkern.analysis.stats import ALPHA, level, min_pvalue, proportion_margin, smaller_pvalue
+from refkern.analysis.stats import ALPHA, distinct, level, min_pvalue, proportion_margin, repeated, smaller_pvalue
 from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
 from refkern.engines.filter import threads_for
 from refkern.kernels._element import NAIVE
@@ -214,7 +214,7 @@ class _Tester:
         f.full, f.fails, f.centre, f.var, f.z = True, fails, c, var, z
         f.groups = group_failures(r, vk, keep, c, self.a, self.pr.axes, self.lam_grp)
         f.groups += _scale_failure(r, vk, keep, self.ref, self.lam_grp)
-        f.groups += _axis_scale_failures(r, vk, keep, self.ref, self.lam_grp, self.pr.axes)
+        f.groups += _axis_scale_failures(r, vk, keep, self.ref, self.lam_grp, self.pr.axes, c=c, a=self.a)
         f.groups += _offset_failure(r, vk, keep, self.lam_grp) if r.size > 1 else []
         f.max_z = float(z.max()) if z.size else 0.0
         return f
@@ -288,7 +288,7 @@ def _offset_failure(r, vk, keep, lam) -> list:
              "mask": keep & (r * np.sign(num) > 0)}]  # fmt: skip
 
 
-def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None) -> list:
+def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None, c=None, a=None) -> list:
     """The scale test of :func:`_scale_failure` on each group along each axis (of the axes ``only``,
     every axis when None; the groups of :func:`~refkern.analysis.structure.group_failures`, whose elements
     are independent under the model): ``T_g = sum_(i in g) r_i w_i / sqrt(sum sigma_i**2 w_i**2)``, ``w = y /
@@ -297,7 +297,10 @@ def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None) -> l
     sum sees an offset; this sees a group scaled (a row of a product, a feature's weight), whose residuals
     ``s y`` of either sign sum to about 0. Failing groups are reported as groups (``scale`` True, ``mean``
     the weighted slope). ``last``: the last axis's ``(sum r w, sum sigma**2 w**2)`` where a pass has them
-    (:attr:`~refkern.analysis.noise_rows.RowShared.fused`)."""
+    (:attr:`~refkern.analysis.noise_rows.RowShared.fused`). With the centre ``c`` and the actual ``a``, a
+    failing group is tested again counting each repeated (centre, actual) pair once, as the sum tests do
+    (:func:`~refkern.analysis.structure.group_failures`: a deterministic backend gives equal inputs one
+    error; a scan of a constant row repeated over rows is one row's errors, not independent ones)."""
     if r.ndim == 0:
         return []
     out = []
@@ -319,10 +322,26 @@ def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None) -> l
             if bad.any():
                 y, w = _weights(vk, keep, ref)
                 slope = (y * w).sum(axis=other)
+                if c is not None and a is not None:
+                    bad &= _once(r, vk, w, c, a, ax, other, lam)
             for i in np.flatnonzero(bad):
                 out.append({"axis": axes[ax], "ax": ax, "index": int(i), "z": float(abs(num[i]) / den[i]),
                             "mean": float(num[i] / slope[i]), "scale": True})  # fmt: skip
     return out
+
+
+def _once(r, vk, w, c, a, ax, other, lam):
+    """Per index along ``ax``: does its scale test still fail with each repeated (c, a) pair counted once
+    in its group (all True where no pair repeats)?"""
+    rep = repeated(c, a)
+    if not rep.any():
+        return True
+    where = np.flatnonzero(rep.reshape(-1))
+    first = np.ones(r.size, bool)
+    first[where] = distinct(c.reshape(-1)[where], a.reshape(-1)[where], group=np.unravel_index(where, r.shape)[ax])
+    ids = first.reshape(r.shape)
+    num, var = (r * w * ids).sum(axis=other), (vk * w * w * ids).sum(axis=other)
+    return np.abs(num) > lam * np.sqrt(var)
 
 
 def n_rows(coherent) -> int:

@@ -475,3 +475,22 @@ def test_fused_norm_sums_equal_the_row_layout_sums():
     for f, p in zip(fused[:5], plain[:5]):
         assert np.allclose(f, p, rtol=1e-12, atol=0)
     assert fused[5].shape == (2, 40) and plain[5] is None
+
+
+def test_held_norm_sums_equal_the_residual_sums():
+    """On a result whose every element passes, the sums from the values as held (RowShared.held_stats, the
+    fast path's) are those from the residual arrays (RowShared.stats), to rounding of the order."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(5, 48, generator=g)
+    w = torch.randn(48, generator=g)
+    out = torch.nn.functional.rms_norm(x, (48,), w, 1e-6)
+    args = {"input": x, "normalized_shape": (48,), "weight": w, "eps": 1e-6}
+    ref = np.asarray(rk.rms_norm(x, (48,), w, 1e-6), np.float32)
+    n = nz.noise("rms_norm", args, ref, FLOAT32, 5.0)
+    a, c = out.numpy(), ref
+    held = n.coherent.held_stats(a, c, n.var)
+    r = a.astype(np.float64) - c
+    keep = np.ones(c.shape, bool)
+    plain = n.coherent.stats(r, n.var, keep, c.astype(np.float64))
+    for h, p in zip(held[:5], plain[:5]):
+        assert np.allclose(h, p, rtol=1e-12, atol=1e-300)

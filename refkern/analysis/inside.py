@@ -276,6 +276,22 @@ def _straddle(a, c, var, over, lam_el, st):
     return z, fails, keep, r, vk
 
 
+def _scale_tests_pass(st, lam, coh) -> bool:
+    """Do the whole output's and each row's scale tests pass on the per-row sums ``st`` (:meth:`~refkern.
+    analysis.noise_rows.RowShared.stats`), as :func:`~refkern.analysis.verdict._scale_failure` and
+    :func:`~refkern.analysis.verdict._row_scale_failures` decide them before their equal-keys step (which
+    only adds variance: a result these pass, they pass)?"""
+    num, vv, _, extra, bound = st[:5]
+    with np.errstate(all="ignore"):
+        var = vv + extra
+        tot = float(np.sum(var))
+        if abs(float(np.sum(num))) > lam * math.sqrt(max(tot, 0.0)) + float(np.sum(bound)):
+            return False
+        if n_rows(coh) and np.any(np.abs(num) > lam * np.sqrt(np.maximum(var, 0.0)) + bound):
+            return False
+    return True
+
+
 def _any_group(r, vk, keep, only, lam) -> bool:
     """Does any group along the axes ``only`` fail, counting every element (the first test of
     :func:`~refkern.analysis.structure.group_failures`, which peels and recounts only then): on a healthy
@@ -358,8 +374,11 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     coh = nz.coherent
     # a result rounding explains, tested in one pass over the values as they are held (no float64 copy of
     # the output, no residual arrays); any other goes through _test, which says what fails
+    held = coh.held_stats if hasattr(coh, "held_stats") and coh.fused is not None and sc == 1.0 else None
     r0 = _healthy(m0, actual, x, nz.var, lam_el, lam_grp, only, sc, out) if (
-        d.verdict == "rounding" and coh is None and nz.straddle is None) else None  # fmt: skip
+        d.verdict == "rounding" and (coh is None or held) and nz.straddle is None) else None  # fmt: skip
+    if r0 is not None and held is not None and not _scale_tests_pass(held(actual, x, nz.var), lam_grp, coh):
+        r0 = None  # a scale test fails: _test says which
     if nz.straddle is not None:  # the store known exactly: flagged beyond lam sigma before it and half an ulp
         p = _power(nz.straddle[0], x, out, lam_el)
         det = {"element": {k: v + 0.5 for k, v in p.items()}, **det}

@@ -46,6 +46,14 @@ class RowShared:
         #: pass what :meth:`stats` gives and the last axis's scale sums (:func:`norm_sums`), or None
         self.fused = fused
 
+    def held_stats(self, a, c, var):
+        """:meth:`stats` of a result whose every element passed (inside._healthy), from the values as they
+        are held, without residual arrays: where :attr:`fused` can (else None)."""
+        if self.fused is None:
+            return None
+        rows, _ = self.fused(a, c, var, held=True)
+        return (*rows, None)
+
     def stats(self, r, vk, keep, y):
         """Per row ``(num, var, yw, extra, bound)`` of the scale tests with ``w = y / sigma**2`` on the kept
         elements: ``sum r w``, ``sum sigma**2 w**2``, ``sum y w``, :meth:`per_row`, :meth:`bound` (0 where
@@ -126,11 +134,15 @@ def norm_sums(X, mean, r, Wr, smu2, srel2, bounds):
     R, n = X.shape
     Bt, Bm = bounds
 
-    def fused(rr, vk, y):
+    def fused(rr, vk, y, held=False):
         rows = np.empty((R, 7))
         cols = np.zeros((2, n))
-        _norm_row_sums(*(np.ascontiguousarray(v, np.float64).reshape(R, n) for v in (rr, vk, y)), X, mean, r, Wr,
-                       rows, cols)  # fmt: skip
+        if held:  # (actual, centre, variance) as they are held, every element kept where finite
+            _norm_row_sums_held(*(np.ascontiguousarray(v).reshape(R, n) for v in (rr, vk, y)), X, mean, r, Wr, rows,
+                                cols)  # fmt: skip
+        else:
+            _norm_row_sums(*(np.ascontiguousarray(v, np.float64).reshape(R, n) for v in (rr, vk, y)), X, mean, r, Wr,
+                           rows, cols)  # fmt: skip
         num, vv, yw, A1, Q1, A2, Q2 = rows.T
         with np.errstate(all="ignore"):
             extra = np.where(smu2 > 0, smu2 * (A1 * A1 - Q1), 0.0) + np.where(srel2 > 0, srel2 * (A2 * A2 - Q2), 0.0)
@@ -177,3 +189,30 @@ def _norm_row_sums(rr, vk, y, X, mean, r, W, rows, cols):
                 a1 += v * w * w
         cols[0, j] = a0
         cols[1, j] = a1
+
+
+@jit(parallel=True, error_model="numpy")
+def _norm_row_sums_held(a, c, var, X, mean, r, W, rows, cols):
+    """:func:`_norm_row_sums` of a result every element of which passed its test (inside._healthy): the
+    residual ``a - c`` widened as read (float32 or float64), every finite element kept."""
+    R, n = a.shape
+    sw = int(W.shape[1] > 1)
+    for i in prange(R):
+        acc = np.zeros(7)
+        wr = W[i % W.shape[0]]
+        for j in range(n):
+            v = var[i, j]
+            x, y = np.float64(a[i, j]), np.float64(c[i, j])
+            if not (v > 0.0 and v < np.inf and x - x == 0.0 and y - y == 0.0):
+                continue
+            w = y / v
+            l1 = r[i] * wr[j * sw]
+            l2 = (np.float64(X[i, j]) - mean[i]) * l1
+            acc[0] += (x - y) * w
+            acc[1] += v * w * w
+            acc[2] += y * w
+            acc[3] += l1 * w
+            acc[4] += (l1 * w) ** 2
+            acc[5] += l2 * w
+            acc[6] += (l2 * w) ** 2
+        rows[i] = acc

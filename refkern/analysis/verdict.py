@@ -481,8 +481,8 @@ def _noise_size(group, a_s, x_s, ok, alpha, c32=None):
     ``c32``, the working precision's noisiest order (float32 left to right, stored in the result
     format): an accumulator no louder than a correct kernel has left no trace of itself (fp16
     accumulation under a bfloat16 result, whose store is coarser than fp16's roundings, was named for
-    a correct bf16 matmul with one element off, and for one with a constant offset of half the spread
-    of correct kernels). Ranks, so a few bad
+    a correct bf16 matmul with one element off by 8x and 32x the spread of correct kernels; a constant
+    offset of half that spread still passes this test and is named). Ranks, so a few bad
     elements do not rule the test as they would rule a sum of squares. With too few finite sampled
     elements for the test to reject at ``alpha`` at all (:func:`~refkern.analysis.stats.min_pvalue`
     above it: fewer than 14 at a level of 2.6e-8, 1 / C(28, 14) = 2.5e-8), nothing tells the accumulator's

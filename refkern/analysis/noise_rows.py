@@ -137,12 +137,11 @@ def norm_sums(X, mean, r, Wr, smu2, srel2, bounds):
     def fused(rr, vk, y, held=False):
         rows = np.empty((R, 7))
         cols = np.zeros((2, n))
-        if held:  # (actual, centre, variance) as they are held, every element kept where finite
-            _norm_row_sums_held(*(np.ascontiguousarray(v).reshape(R, n) for v in (rr, vk, y)), X, mean, r, Wr, rows,
-                                cols)  # fmt: skip
-        else:
-            _norm_row_sums(*(np.ascontiguousarray(v, np.float64).reshape(R, n) for v in (rr, vk, y)), X, mean, r, Wr,
-                           rows, cols)  # fmt: skip
+        # held: (actual, centre, variance) as they are held, every finite element kept; else (residual, variance
+        # where kept, centre) arrays
+        p, q, var = (rr, vk, y) if held else (rr, y, vk)
+        arrays = (np.ascontiguousarray(v if held else np.asarray(v, np.float64)).reshape(R, n) for v in (p, q, var))
+        _norm_row_sums(*arrays, held, X, mean, r, Wr, rows, cols)
         num, vv, yw, A1, Q1, A2, Q2 = rows.T
         with np.errstate(all="ignore"):
             extra = np.where(smu2 > 0, smu2 * (A1 * A1 - Q1), 0.0) + np.where(srel2 > 0, srel2 * (A2 * A2 - Q2), 0.0)
@@ -153,62 +152,29 @@ def norm_sums(X, mean, r, Wr, smu2, srel2, bounds):
 
 
 @jit(parallel=True, error_model="numpy")
-def _norm_row_sums(rr, vk, y, X, mean, r, W, rows, cols):
-    """Per row i of the (R, n) residuals ``rr``, variances ``vk`` (0 where not kept) and centres ``y``, with
-    ``w = y / vk`` (0 where vk is 0 or not finite), ``l1 = r_i W_ij``, ``l2 = (x_ij - mean_i) r_i W_ij``:
-    rows[i] = (sum rr w, sum vk w**2, sum y w, sum l1 w, sum (l1 w)**2, sum l2 w, sum (l2 w)**2); then per
-    column j, cols = (sum_i rr w, sum_i vk w**2). W is read at row ``i % W.shape[0]``, column ``j`` or 0."""
-    R, n = rr.shape
-    sw = int(W.shape[1] > 1)
-    for i in prange(R):
-        acc = np.zeros(7)
-        wr = W[i % W.shape[0]]
-        for j in range(n):
-            v = vk[i, j]
-            if not (v > 0.0 and v < np.inf):
-                continue
-            w = y[i, j] / v
-            l1 = r[i] * wr[j * sw]
-            l2 = (np.float64(X[i, j]) - mean[i]) * l1
-            acc[0] += rr[i, j] * w
-            acc[1] += v * w * w
-            acc[2] += y[i, j] * w
-            acc[3] += l1 * w
-            acc[4] += (l1 * w) ** 2
-            acc[5] += l2 * w
-            acc[6] += (l2 * w) ** 2
-        rows[i] = acc
-    for j in prange(n):
-        a0 = 0.0
-        a1 = 0.0
-        for i in range(R):
-            v = vk[i, j]
-            if v > 0.0 and v < np.inf:
-                w = y[i, j] / v
-                a0 += rr[i, j] * w
-                a1 += v * w * w
-        cols[0, j] = a0
-        cols[1, j] = a1
-
-
-@jit(parallel=True, error_model="numpy")
-def _norm_row_sums_held(a, c, var, X, mean, r, W, rows, cols):
-    """:func:`_norm_row_sums` of a result every element of which passed its test (inside._healthy): the
-    residual ``a - c`` widened as read (float32 or float64), every finite element kept."""
-    R, n = a.shape
+def _norm_row_sums(p, q, var, held, X, mean, r, W, rows, cols):
+    """Per row i of the (R, n) arrays, with ``y = q`` the centres, the residual ``p`` (or, ``held``, the
+    actual ``p`` less ``q``, as held: float32 or float64 widened as read), ``var`` the variances (0 where an
+    element is not kept), ``w = y / var`` over the elements with a finite positive variance and finite
+    values, ``l1 = r_i W_ij``, ``l2 = (x_ij - mean_i) r_i W_ij``: rows[i] = (sum res w, sum var w**2, sum y w,
+    sum l1 w, sum (l1 w)**2, sum l2 w, sum (l2 w)**2); then, unless ``held`` (the fast path asks for rows
+    only), per column j, cols = (sum_i res w, sum_i var w**2). W is read at row ``i % W.shape[0]``, column
+    ``j`` or 0."""
+    R, n = p.shape
     sw = int(W.shape[1] > 1)
     for i in prange(R):
         acc = np.zeros(7)
         wr = W[i % W.shape[0]]
         for j in range(n):
             v = var[i, j]
-            x, y = np.float64(a[i, j]), np.float64(c[i, j])
+            x, y = np.float64(p[i, j]), np.float64(q[i, j])
             if not (v > 0.0 and v < np.inf and x - x == 0.0 and y - y == 0.0):
                 continue
+            res = x - y if held else x
             w = y / v
             l1 = r[i] * wr[j * sw]
             l2 = (np.float64(X[i, j]) - mean[i]) * l1
-            acc[0] += (x - y) * w
+            acc[0] += res * w
             acc[1] += v * w * w
             acc[2] += y * w
             acc[3] += l1 * w
@@ -216,3 +182,16 @@ def _norm_row_sums_held(a, c, var, X, mean, r, W, rows, cols):
             acc[5] += l2 * w
             acc[6] += (l2 * w) ** 2
         rows[i] = acc
+    if held:
+        return
+    for j in prange(n):
+        a0 = 0.0
+        a1 = 0.0
+        for i in range(R):
+            v = var[i, j]
+            if v > 0.0 and v < np.inf:
+                w = q[i, j] / v
+                a0 += p[i, j] * w
+                a1 += v * w * w
+        cols[0, j] = a0
+        cols[1, j] = a1

@@ -49,20 +49,28 @@ def group_failures(r, var, keep, c, a, axes, lam, only=None) -> list:
     plain = _peel(r, var, keep, {}, axes, lam, only)
     if not plain:
         return plain
-    ids = {}
-    rep = repeated(c, a)
-    if rep.any():  # a deterministic backend gives repeated inputs one error: count each pair once per group
-        where = np.flatnonzero(rep.reshape(-1))
-        sub_c, sub_a = c.reshape(-1)[where], a.reshape(-1)[where]
-        for ax in range(r.ndim):
-            if shape[ax] >= 2:
-                g = np.unravel_index(where, shape)[ax]
-                first = np.ones(r.size, bool)
-                first[where] = distinct(sub_c, sub_a, group=g)
-                ids[ax] = first.reshape(shape)
+    ids = counted_once(c, a, [ax for ax in range(r.ndim) if shape[ax] >= 2])
     if not ids:
         return plain
     return _peel(r, var, keep, ids, axes, lam, only)
+
+
+def counted_once(c, a, axes) -> dict:
+    """Per axis of ``axes``, the mask (of ``c``'s shape) of the elements a group along it counts when each
+    repeated (centre, actual) pair counts once in its group (a deterministic backend gives repeated inputs
+    one error); {} where no pair repeats."""
+    rep = repeated(c, a)
+    if not rep.any():
+        return {}
+    shape = np.shape(c)
+    where = np.flatnonzero(rep.reshape(-1))
+    sub_c, sub_a = c.reshape(-1)[where], a.reshape(-1)[where]
+    ids = {}
+    for ax in axes:
+        first = np.ones(rep.size, bool)
+        first[where] = distinct(sub_c, sub_a, group=np.unravel_index(where, shape)[ax])
+        ids[ax] = first.reshape(shape)
+    return ids
 
 
 def _peel(r, var, keep, ids, axes, lam, only=None) -> list:

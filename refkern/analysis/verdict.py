@@ -58,8 +58,8 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT64, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.partials import order_bound
-from refkern.analysis.stats import ALPHA, distinct, level, min_pvalue, proportion_margin, repeated, smaller_pvalue
-from refkern.analysis.structure import detectable, group_failures, n_groups, signatures
+from refkern.analysis.stats import ALPHA, level, min_pvalue, proportion_margin, smaller_pvalue
+from refkern.analysis.structure import counted_once, detectable, group_failures, n_groups, signatures
 from refkern.engines.filter import threads_for
 from refkern.kernels._element import NAIVE
 
@@ -332,14 +332,10 @@ def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None, c=No
 
 def _once(r, vk, w, c, a, ax, other, lam):
     """Per index along ``ax``: does its scale test still fail with each repeated (c, a) pair counted once
-    in its group (all True where no pair repeats)?"""
-    rep = repeated(c, a)
-    if not rep.any():
+    in its group (:func:`~refkern.analysis.structure.counted_once`; all True where no pair repeats)?"""
+    ids = counted_once(c, a, (ax,)).get(ax)
+    if ids is None:
         return True
-    where = np.flatnonzero(rep.reshape(-1))
-    first = np.ones(r.size, bool)
-    first[where] = distinct(c.reshape(-1)[where], a.reshape(-1)[where], group=np.unravel_index(where, r.shape)[ax])
-    ids = first.reshape(r.shape)
     num, var = (r * w * ids).sum(axis=other), (vk * w * w * ids).sum(axis=other)
     return np.abs(num) > lam * np.sqrt(var)
 

@@ -1,8 +1,9 @@
 """The audit of random-initialised Hugging Face models (issue 26a): what is still "not checked", and whether any
 judged op is a false alarm, forward in float32 and bfloat16 and a training step (float32, bfloat16); then the
 issue's bugs injected below the audit (a gelu computed in the tanh form where erf was asked, an rsqrt with a stray
-epsilon, rotary cos reduced by a float32 2 pi at angles near 1e4, a silu_backward that drops its second term),
-each of which should be the audit's first failure.
+epsilon, rotary cos reduced by a float32 2 pi at angles near 1e4, a silu_backward that drops its second term, an
+nll_loss that counts ignore_index's targets as class 0, an embedding backward that keeps one of a repeated token's
+rows), each of which should be the audit's first failure.
 
 Small configs, nothing downloaded (transformers builds each model from its config with random weights).
 
@@ -111,6 +112,24 @@ class Replace(TorchDispatchMode):
 
 
 aten = torch.ops.aten
+
+
+def _nll_ignoring(x, t, w, reduction, ignore_index):
+    """nll_loss_forward that ignores ignore_index: the ignored targets (the causal LM's padded last label) counted
+    as class 0."""
+    return aten.nll_loss_forward(x, torch.where(t == ignore_index, 0, t), w, reduction, ignore_index)
+
+
+def _keep_one(g, idx, n, padding_idx, scale_grad_by_freq):
+    """embedding_dense_backward that writes each token's rows of grad_output instead of adding them: a repeated
+    token keeps one (index_put without accumulate)."""
+    out = g.new_zeros(n, g.shape[-1])
+    out[idx.reshape(-1)] = g.reshape(-1, g.shape[-1])
+    if padding_idx >= 0:
+        out[padding_idx] = 0
+    return out
+
+
 BUGS = {  # bug -> (model, dtype, training step, the op that must fail first, the broken kernel, extra inputs)
     "gelu tanh where erf asked": ("bert", torch.float32, False, "gelu",
                                   (aten.gelu, lambda x, approximate="none": F.gelu(x, approximate="tanh")), None),
@@ -121,6 +140,10 @@ BUGS = {  # bug -> (model, dtype, training step, the op that must fail first, th
                                              {"position_ids": torch.arange(10000, 10016)[None].expand(2, 16)}),
     "silu_backward without its second term": ("llama", torch.float32, True, "silu backward",
                                               (aten.silu_backward, lambda g, x: g * torch.sigmoid(x)), None),
+    "nll_loss counting ignore_index as class 0": ("llama", torch.float32, True, "nll_loss",
+                                                  (aten.nll_loss_forward, _nll_ignoring), None),
+    "embedding backward keeping one of a repeated token's rows": ("llama", torch.float32, True, "embedding backward",
+                                                                  (aten.embedding_dense_backward, _keep_one), None),
 }  # fmt: skip
 
 

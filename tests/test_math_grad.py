@@ -1,5 +1,5 @@
-"""The math functions' gradients (issues 25 and 26): ``g f'(x)`` for exp, expm1, log, log1p, sqrt, rsqrt,
-reciprocal, pow, erf, softplus, sin and cos, each added as a record (refkern.ops) plus its derivative:
+"""The math functions' gradients (issues 25 and 26): ``g f'(x)`` for exp, exp2, expm1, log, log2, log1p, sqrt,
+rsqrt, reciprocal, pow, erf, softplus, sin and cos, each added as a record (refkern.ops) plus its derivative:
 correctly rounded (refkern.backward) against the mpmath truth, bit for bit, special values included; torch's
 CPU autograd formulas judged without a false alarm in every dtype; injected bugs are mismatches; the bound
 written by hand; errors name the argument; the audit judges softplus_backward."""
@@ -21,20 +21,20 @@ from refkern.ops._accuracy import LIBRARIES  # noqa: E402
 
 OK = ("exact", "rounding")
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-CASES = [("exp", {}), ("expm1", {}), ("log", {}), ("log1p", {}), ("sqrt", {}), ("rsqrt", {}), ("reciprocal", {}),
+CASES = [("exp", {}), ("exp2", {}), ("expm1", {}), ("log", {}), ("log2", {}), ("log1p", {}), ("sqrt", {}), ("rsqrt", {}), ("reciprocal", {}),
          ("pow", {"exponent": 2.5}), ("pow", {"exponent": 3.0}), ("pow", {"exponent": -2.0}), ("pow", {"exponent": 0.5}),
          ("pow", {"exponent": 1.0}), ("pow", {"exponent": 0.0}), ("erf", {}), ("softplus", {}),
          ("softplus", {"beta": 2.0, "threshold": 5.0}), ("sin", {}), ("cos", {})]  # fmt: skip
 _ID = [f"{n}{''.join(f'-{v}' for v in kw.values())}" for n, kw in CASES]
-FORWARD = {"exp": torch.exp, "expm1": torch.expm1, "log": torch.log, "log1p": torch.log1p, "sqrt": torch.sqrt,
+FORWARD = {"exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1, "log": torch.log, "log2": torch.log2, "log1p": torch.log1p, "sqrt": torch.sqrt,
            "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "pow": torch.pow, "erf": torch.erf,
            "softplus": F.softplus, "sin": torch.sin, "cos": torch.cos}  # fmt: skip
 #: the scale of the random inputs (torch's functions at their usual arguments; rotary angles for sin and cos)
-SCALE = {"exp": 8, "expm1": 8, "log1p": 2, "pow": 3, "erf": 3, "softplus": 12, "sin": 1e4, "cos": 1e4}
+SCALE = {"exp": 8, "exp2": 12, "expm1": 8, "log1p": 2, "pow": 3, "erf": 3, "softplus": 12, "sin": 1e4, "cos": 1e4}
 
 
 def _domain(name, kw, x):
-    if name in ("log", "sqrt", "rsqrt") or (name == "pow" and not float(kw["exponent"]).is_integer()):
+    if name in ("log", "log2", "sqrt", "rsqrt") or (name == "pow" and not float(kw["exponent"]).is_integer()):
         return x.abs()
     return x.clamp(min=-0.999) if name == "log1p" else x
 
@@ -75,7 +75,6 @@ def test_each_op_is_a_record_with_its_backward():
         assert r.differentiable == ("input",) and r.backward is not None, name
         assert name in refkern.gradients.OPS
     assert ops.get("softplus").aten_backward == ("softplus_backward",)
-    assert ops.get("exp2").backward is None and ops.get("log2").backward is None
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -121,6 +120,10 @@ def test_torch_cpu_backward_is_no_false_alarm(name, kw, dtype):
 BUGS = {  # the gradient a broken kernel returns, from (x, g), in float32
     "exp: g e**x / 2 (a halved constant)": ("exp", {}, lambda x, g: g * torch.exp(x) / 2),
     "log1p: g / x (the 1 lost)": ("log1p", {}, lambda x, g: g / x),
+    "exp2: g 2**x (ln 2 lost)": ("exp2", {}, lambda x, g: g * torch.exp2(x)),
+    "exp2: g 2**x ln 2 with ln 2 in bfloat16": ("exp2", {}, lambda x, g: g * torch.exp2(x) * 0.69140625),
+    "log2: g / x (ln 2 lost)": ("log2", {}, lambda x, g: g / x),
+    "log2: g log2(e) / x with log2(e) in bfloat16": ("log2", {}, lambda x, g: g * 1.4453125 / x),
     "rsqrt: -0.5 g (x + 1e-6)**-1.5 (a stray eps)": ("rsqrt", {}, lambda x, g: -0.5 * g * (x + 1e-6) ** -1.5),
     "pow: g x**(y - 1) (the exponent factor lost)": ("pow", {"exponent": 3.0}, lambda x, g: g * x**2),
     "erf: e**(-x**2) without 2 / sqrt(pi)": ("erf", {}, lambda x, g: g * torch.exp(-x * x)),
@@ -147,6 +150,21 @@ def test_reciprocal_backward_bound_written_by_hand():
     want = (et + 2.0**-26 + 2.0**-26) * (1 + 2.0**-10)
     got = grad_bounds("reciprocal", np.array([1.0]), np.array([2.0]), np.array([-0.25]), FLOAT32, LIBRARIES[0])
     assert got[0] == pytest.approx(want, abs=0)
+
+
+def test_log2_and_exp2_backward_bounds_written_by_hand():
+    """float32, g = 1, torch's CPU class, u = 2**-24. log2 at x = 1: g / (x c), c = fl32(ln 2); x c stored, within
+    rs(ln 2) = 2**-25 (ln 2 in [1/2, 1)); v = 1 / ln 2 in [1, 2): r(v) = 2**-24;
+    E = |v| (u + 2**-25 / ln 2) + 2**-24, widened by 1 + 2**-10. exp2 at x = 0: t = 1, within SLEEF u10's 1 ulp
+    (E_t = 2**-23, widened by 1 + 2**-10), g t stored: rs(1) = 2**-24; then (g t) c: E = ln 2 (E_t + 2**-24) +
+    ln 2 u + r(ln 2), r(ln 2) = 2**-25, widened again."""
+    ln2, w = math.log(2.0), 1 + 2.0**-10
+    want = ((1 / ln2) * (2.0**-24 + 2.0**-25 / ln2) + 2.0**-24) * w
+    got = grad_bounds("log2", np.array([1.0]), np.array([1.0]), np.array([1 / ln2]), FLOAT32, LIBRARIES[0])
+    assert got[0] == pytest.approx(want, rel=1e-15)
+    got = grad_bounds("exp2", np.array([1.0]), np.array([0.0]), np.array([ln2]), FLOAT32, LIBRARIES[0])
+    want = (ln2 * (2.0**-23 * w + 2.0**-24) + ln2 * 2.0**-24 + 2.0**-25) * w
+    assert got[0] == pytest.approx(want, rel=1e-15)
 
 
 def test_errors_name_the_argument():

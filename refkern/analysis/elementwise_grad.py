@@ -32,7 +32,10 @@ bound ``E_t`` (an infinite bound where it overflows):
 
 ==================  ==========================================================================================
 exp, expm1          ``g * t``, ``g * (t + 1)``: ``E = |g| E_t (+ |g| rs(t + 1)) + r(v)``
+exp2                ``(g * t) * c``, c = ln 2 a constant of w (relative error u): ``E = c (|g| E_t + rs(g t)) +
+                    |v| u + r(v)``
 log, log1p          ``g / x``: ``r(v)``; ``g / (x + 1)``: ``|v| rs(x + 1) / |x + 1| + r(v)``
+log2                ``g / (x * c)``, c = ln 2 a constant of w: ``E = |v| (u + rs(x c) / |x c|) + r(v)``
 sqrt                ``g / (2 t)``: ``|v| E_t / t + r(v)``
 rsqrt               ``(-0.5 g) * t**3``, ``t**3 = (t t) t``: ``E_p = 3 t**2 E_t + |t| rs(t**2) + rs(t**3)``,
                     ``E = 0.5 |g| E_p + |t**3| rs(0.5 g) + r(v)``
@@ -75,6 +78,8 @@ from refkern.kernels import elementwise as ew
 from refkern.kernels import elementwise_grad as eg
 
 __all__ = ["grad_bounds", "judge_grad", "judge"]
+
+_LN2 = math.log(2.0)
 
 
 def _fwd(fn, x, fmt, lib, p=()):
@@ -176,7 +181,8 @@ def grad_bounds(fn, g, x, v, fmt, lib, p=()):
         return E
 
 
-_COMPOSED = ("exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "softplus", "sin", "cos")
+_COMPOSED = ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "softplus",
+             "sin", "cos")  # fmt: skip
 
 
 def _composed(fn, g, x, v, fmt, lib, p):
@@ -195,13 +201,15 @@ def _composed(fn, g, x, v, fmt, lib, p):
         return np.where(np.abs(y) < big, 0.5 * _ulp(y, fmt, True) if half else r(y), np.inf)
 
     with np.errstate(all="ignore"):
-        if fn in ("exp", "expm1", "sqrt", "reciprocal", "rsqrt"):
+        if fn in ("exp", "exp2", "expm1", "sqrt", "reciprocal", "rsqrt"):
             t, et = _fwd(fn, x, fmt, lib)
             if et is None:
                 return None
             et = np.where(np.abs(t) + et < big, et, np.inf)  # the stored output may be an infinity
             if fn in ("exp", "expm1"):  # g * t, g * (t + 1): the stored output, then the stored sum
                 E = ag * (et + (rs(t + 1.0) if fn == "expm1" else 0.0)) + r(v)
+            elif fn == "exp2":  # (g t) c: the stored product, times ln 2 rounded to w
+                E = _LN2 * (ag * et + rs(g * t)) + av * u + r(v)
             elif fn == "sqrt":  # g / (2 t)
                 E = av * et / np.abs(t) + r(v)
             elif fn == "reciprocal":  # -g (t t)
@@ -211,6 +219,9 @@ def _composed(fn, g, x, v, fmt, lib, p):
                 E = 0.5 * ag * ep + np.abs(t**3) * rs(0.5 * g) + r(v)
         elif fn == "log":  # g / x
             E = r(v)
+        elif fn == "log2":  # g / (x c): the stored product x c (c = ln 2 rounded to w), then one division
+            d = x * _LN2
+            E = av * (u + rs(d) / np.abs(d)) + r(v)
         elif fn == "log1p":  # g / (x + 1)
             s = x + 1.0
             E = av * rs(s) / np.abs(s) + r(v)

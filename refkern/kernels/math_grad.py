@@ -1,13 +1,15 @@
 """Correctly rounded gradients of the math functions: ``grad_input = g f'(x)``, the real derivative at the
-input x times grad_output g, rounded once (to nearest even) to the input's dtype, for f = exp, expm1, log,
-log1p, sqrt, rsqrt, reciprocal, pow (a number exponent y), erf, softplus (beta b, threshold t), sin and
-cos. :mod:`refkern.kernels.elementwise_grad` calls :func:`values` and :func:`exact` for these names.
+input x times grad_output g, rounded once (to nearest even) to the input's dtype, for f = exp, exp2, expm1,
+log, log2, log1p, sqrt, rsqrt, reciprocal, pow (a number exponent y), erf, softplus (beta b, threshold t), sin
+and cos. :mod:`refkern.kernels.elementwise_grad` calls :func:`values` and :func:`exact` for these names.
 
 ==========  ===================================  ==================================================
 f           f'(x)                                torch's autograd formula (tools/autograd/derivatives.yaml)
 ==========  ===================================  ==================================================
 exp, expm1  ``e**x``                             ``grad * result``, ``grad * (result + 1)``
+exp2        ``ln 2 * 2**x``                      ``grad * result * M_LN2``
 log         ``1 / x``                            ``grad / self``
+log2        ``1 / (x ln 2)``                     ``grad / (self * 0.6931471805599453)``
 log1p       ``1 / (1 + x)``                      ``grad / (self + 1)``
 sqrt        ``1 / (2 sqrt x)``                   ``grad / (2 * result)``
 rsqrt       ``-1 / (2 x sqrt x)``                ``-0.5 * grad * result.pow(3)``
@@ -20,7 +22,7 @@ sin, cos    ``cos x``, ``-sin x``                ``grad * self.cos()``, ``grad *
 
 Where the real value is defined the element is that value rounded once; where it is not, torch's formula
 in IEEE float64, rounded once to the format (non-finite g or x; g = 0, whose exact result is a zero whose
-sign the formula gives; the edges of each domain: log at 0, log1p at -1, sqrt and rsqrt at ``x <= 0``,
+sign the formula gives; the edges of each domain: log and log2 at 0, log1p at -1, sqrt and rsqrt at ``x <= 0``,
 reciprocal at 0, pow at 0, at a negative x with a non-integer y, with y = 0 (torch's zeros) and where
 ``|(y - 1) log2 |x|| > 4400``, which no finite ``g y`` (``2**-2148 <= |g y| < 2**2048``) brings back from
 overflow or underflow; cos at 0, a signed zero). The steps, as for the activations (Ziv's strategy):
@@ -29,8 +31,9 @@ overflow or underflow; cos at 0, a signed zero). The steps, as for the activatio
    y = 1; softplus where ``b x > t``, the exact product, and where ``40 < b x``: ``1 - s(b x) < e**-40 <
    2**-57``, closer to 1 than half an ulp of any format); a signed zero where ``|g f'(x)| < 2**1024
    2**-2164 < 2**-1075`` for every g (exp, expm1 at ``x < -1500``, ``e**-1500 < 2**-2164``; erf at
-   ``x**2 > 1600``, ``e**-1600 < 2**-2308``; softplus at ``b x < -1500``); an infinity with g's sign for
-   exp and expm1 at ``x > 1500`` (``|g| >= 2**-1074``, ``e**1500 > 2**2164``).
+   ``x**2 > 1600``, ``e**-1600 < 2**-2308``; softplus at ``b x < -1500``; exp2 at ``x < -2200``, ``ln 2
+   2**-2200 < 2**-2164``); an infinity with g's sign for exp and expm1 at ``x > 1500`` (``|g| >= 2**-1074``,
+   ``e**1500 > 2**2164``) and for exp2 at ``x > 2200`` (``ln 2 2**2200 > 2**2164``).
 2. **One IEEE operation**: log's ``g / x`` is one correctly rounded float64 division, and so is
    reciprocal's ``-g / (x x)`` for formats of at most 24 bits (``x x`` exact in float64: 48 bits, exponent
    at least -298); a second rounding to such a format is innocuous (``53 >= 2 p + 2``: Figueroa, "When is
@@ -38,11 +41,13 @@ overflow or underflow; cos at 0, a signed zero). The steps, as for the activatio
 3. **Ball arithmetic in float64** (:mod:`refkern.kernels._grad_balls`: each operation
    charged ``2**-52 |result| + 2**-1074``, a function value from :func:`refkern.kernels.elementwise.values`
    charged ``2**-90`` relative): the rounding decided where both ends of the ball round alike. The
-   constant ``2 / sqrt(pi)`` is charged ``2**-50`` relative (three float64 roundings: pi, sqrt, division).
+   constant ``2 / sqrt(pi)`` is charged ``2**-50`` relative (three float64 roundings: pi, sqrt, division),
+   ``ln 2`` (float64's ``math.log(2)``, one rounding) ``2**-52``.
 4. **The exact path** for the rest: rational derivatives (log, log1p, reciprocal; sqrt, rsqrt and pow
    where the root is rational; softplus at 0, ``1/2``) as fractions; the others in the integer intervals
    of :mod:`refkern.kernels._ew_exact`, raised in precision until they decide (the values are irrational:
-   e**x, cos x, sin x for a rational x != 0 (Lindemann-Weierstrass), x**(y - 1) where no root is rational).
+   e**x, cos x, sin x for a rational x != 0 (Lindemann-Weierstrass), x**(y - 1) where no root is rational;
+   ``ln 2 * 2**x`` and ``1 / (x ln 2)`` for every rational x (ln 2 is transcendental, 2**x algebraic)).
 """
 
 import math
@@ -53,13 +58,17 @@ import numpy as np
 from refkern.accumulate.formats import FLOAT64, round_array
 from refkern.kernels import _ew_exact as xe
 from refkern.kernels import elementwise as ew
-from refkern.kernels._grad_balls import _div, _fn, _mul, _r, blank, decide
+from refkern.kernels._grad_balls import _const, _div, _fn, _mul, _r, blank, decide
 
 __all__ = ["FNS", "values", "exact", "torch_formula"]
 
-FNS = ("exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "softplus", "sin", "cos")
+FNS = ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "softplus",
+       "sin", "cos")  # fmt: skip
 _SAT_EXP, _SAT_ERF2, _UP_SOFTPLUS, _POW_LOG2 = 1500.0, 1600.0, 40.0, 4400.0  # module docstring, step 1
+_SAT_EXP2 = 2200.0  # module docstring, step 1
 _C_ERF = 2.0 / math.sqrt(math.pi)  # within 2**-50 relative of 2 / sqrt(pi)
+_LN2 = math.log(2.0)  # within 2**-53 relative of ln 2 (torch's M_LN2, the same double)
+_LN2_LOG2 = 0.6931471805599453  # the literal of torch's log2 formula (derivatives.yaml): the same double
 
 
 def torch_formula(fn, g, x, p):
@@ -69,8 +78,12 @@ def torch_formula(fn, g, x, p):
             return g * np.exp(x)
         if fn == "expm1":
             return g * (np.expm1(x) + 1.0)
+        if fn == "exp2":
+            return g * np.exp2(x) * _LN2
         if fn == "log":
             return g / x
+        if fn == "log2":
+            return g / (x * _LN2_LOG2)
         if fn == "log1p":
             return g / (x + 1.0)
         if fn == "sqrt":
@@ -98,7 +111,7 @@ def torch_formula(fn, g, x, p):
 
 def _edge(fn, x, p):
     """Finite x where the real derivative is not the value (module docstring): torch's formula there."""
-    if fn == "log":
+    if fn in ("log", "log2"):
         return x == 0
     if fn == "log1p":
         return x == -1.0
@@ -135,6 +148,10 @@ def _ball(fn, x, p):
     with np.errstate(all="ignore"):
         if fn in ("exp", "expm1"):
             return _fn("exp", X)
+        if fn == "exp2":
+            return _mul(_const(_LN2), _fn("exp2", X))
+        if fn == "log2":
+            return _div((1.0, 0.0), _mul(X, _const(_LN2)))
         if fn == "log1p":  # 1 + x as an exact pair (TwoSum): the ball (s, |e|)
             s = 1.0 + x
             bb = s - 1.0
@@ -191,6 +208,10 @@ def values(fn, g, x, fmt, p):
             zero = x < -_SAT_EXP
             inf = ~done & (x > _SAT_EXP)
             out[inf], v[inf], done[inf] = np.copysign(np.inf, g[inf]), np.copysign(np.inf, g[inf]), True
+        elif fn == "exp2":
+            zero = x < -_SAT_EXP2
+            inf = ~done & (x > _SAT_EXP2)
+            out[inf], v[inf], done[inf] = np.copysign(np.inf, g[inf]), np.copysign(np.inf, g[inf]), True
         elif fn == "erf":
             zero = x * x > _SAT_ERF2
         elif fn == "softplus":
@@ -238,6 +259,10 @@ def _interval(fn, x: float, p, w: int):
     X, one = xe.point(x), xe.point(1.0)
     if fn in ("exp", "expm1"):
         return xe.exp(X, w)
+    if fn == "exp2":
+        return xe.mul(xe.const("ln2", w + 8), ew._interval("exp2", x, (), w + 8), w)
+    if fn == "log2":
+        return xe.div(one, xe.mul(X, xe.const("ln2", w + 16), w + 8), w)
     if fn == "sqrt":
         return xe.div(one, xe.mul(xe.point(2.0), xe.sqrt(X, w + 8), w + 8), w)
     if fn == "rsqrt":

@@ -4,7 +4,7 @@
 Each op is this record and its kernel (:mod:`refkern.kernels.elementwise`) and truth
 (:mod:`refkern.truth.elementwise`); the torch callables and aten ops the audit, ``check`` and
 ``reference_mode`` intercept (``calls``, ``aten``: :func:`refkern.torch.dispatch._elementwise` binds them),
-and torch's OpInfo names. The ops with a backward reference (``differentiable``; all but exp2 and log2) have it
+and torch's OpInfo names. The ops with a backward reference (``differentiable``: every one) have it
 in :mod:`refkern.kernels.elementwise_grad` and :mod:`refkern.kernels.math_grad` (truth
 :mod:`refkern.truth.elementwise_grad`, judged by :mod:`refkern.analysis.elementwise_grad`): their aten backward
 kernels (``silu_backward``, ``gelu_backward``, ``tanh_backward``, ``sigmoid_backward``, ``softplus_backward``)
@@ -59,8 +59,7 @@ def _unary(name, **kw):
 
 
 RECORDS = (
-    *(_unary(n, grad=n not in ("exp2", "log2")) for n in ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt",
-                                                          "rsqrt", "reciprocal")),
+    *(_unary(n, grad=True) for n in ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal")),
     _unary("tanh", backward="tanh_backward", memo=True),
     _unary("sigmoid", backward="sigmoid_backward", memo=True),
     *(_unary(n, grad=True) for n in ("erf", "sin", "cos")),

@@ -1,25 +1,27 @@
 """Ground truth of the math functions' gradients (:mod:`refkern.kernels.math_grad`): ``g f'(x)`` for exp,
-expm1, log, log1p, sqrt, rsqrt, reciprocal, pow (a number exponent y), erf, softplus (beta b, threshold t),
-sin and cos, from mpmath's interval arithmetic, rounded once.
+exp2, expm1, log, log2, log1p, sqrt, rsqrt, reciprocal, pow (a number exponent y), erf, softplus (beta b,
+threshold t), sin and cos, from mpmath's interval arithmetic, rounded once.
 
 The derivatives are taken from each function's definition and enclosed by ``mpmath.iv`` (the forward truth's
 intervals, :mod:`refkern.truth.elementwise`: exp for exp and expm1, cos for sin, sin for cos, x**(y - 1) for
-pow; ``2 / sqrt(pi) e**(-x**2)`` for erf, ``1 / (1 + e**(-b x))`` with the exact product b x for softplus,
-``1 / (2 sqrt x)`` and ``-1 / (2 x sqrt x)`` for sqrt and rsqrt) at a precision P that doubles from 80 bits
-until both ends of ``g f'(x)`` round alike, every interval widened by ``2**-(P - 16)`` relative as the
-forward truth widens its own (mpmath's interval functions are not rigorous at their last bits). Rational
-values are fractions, rounded by :func:`refkern.truth.reductions.round_fraction`: ``1 / x`` (log), ``1 / (1 +
-x)`` (log1p), ``-1 / x**2`` (reciprocal), sqrt and rsqrt where the square root is rational, pow where
-x**(y - 1) is (the forward truth's test), 1 at x = 0 for exp, expm1 and sin, 1/2 for softplus at 0, and 1
-where softplus's ``b x > t`` (torch's branch, the exact product).
+pow; ``ln 2 e**(x ln 2)`` for exp2, ``1 / (x ln 2)`` for log2; ``2 / sqrt(pi) e**(-x**2)`` for erf, ``1 / (1 +
+e**(-b x))`` with the exact product b x for softplus, ``1 / (2 sqrt x)`` and ``-1 / (2 x sqrt x)`` for sqrt
+and rsqrt) at a precision P that doubles from 80 bits until both ends of ``g f'(x)`` round alike, every
+interval widened by ``2**-(P - 16)`` relative as the forward truth widens its own (mpmath's interval functions
+are not rigorous at their last bits). Rational values are fractions, rounded by
+:func:`refkern.truth.reductions.round_fraction`: ``1 / x`` (log), ``1 / (1 + x)`` (log1p), ``-1 / x**2``
+(reciprocal), sqrt and rsqrt where the square root is rational, pow where x**(y - 1) is (the forward truth's
+test), 1 at x = 0 for exp, expm1 and sin, 1/2 for softplus at 0, and 1 where softplus's ``b x > t`` (torch's
+branch, the exact product).
 
 Read here on its own: where the real value is not defined, torch's autograd formula in IEEE float64,
-rounded once (non-finite g or x; g = 0, a zero whose sign the formula gives; log at 0, log1p at -1, sqrt
+rounded once (non-finite g or x; g = 0, a zero whose sign the formula gives; log and log2 at 0, log1p at -1, sqrt
 and rsqrt at ``x <= 0``, reciprocal at 0, cos at 0; pow at 0, at a negative x with a non-integer y, with
 ``y = 0`` (torch's zeros) and where ``|(y - 1) log2 |x|| > 4400``, which overflows or underflows every
 ``g y x**(y - 1)``); and exp and expm1 beyond ``|x| > 1500``, where ``|g| e**|x|`` exceeds every format
 (``2**-1074 e**1500 > 2**1090``) or ``|g| e**-|x|`` is below half of every subnormal (``2**1024 e**-1500 <
-2**-1140``): the infinity or the zero with g's sign. Nothing is shared with the fast path's numerics.
+2**-1140``): the infinity or the zero with g's sign; exp2 likewise beyond ``|x| > 2200`` (``2**-1074 ln 2
+2**2200 > 2**1125``, ``2**1024 ln 2 2**-2200 < 2**-1176``). Nothing is shared with the fast path's numerics.
 """
 
 import math
@@ -36,7 +38,8 @@ from refkern.truth.softmax import _round_ends
 
 __all__ = ["backward", "value", "FNS"]
 
-FNS = ("exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "softplus", "sin", "cos")
+FNS = ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "softplus",
+       "sin", "cos")  # fmt: skip
 iv = mpmath.iv
 
 
@@ -50,8 +53,12 @@ def _formula(fn, g, x, p):
             v = g * np.exp(x)
         elif fn == "expm1":
             v = g * (np.expm1(x) + 1.0)
+        elif fn == "exp2":
+            v = g * np.exp2(x) * np.float64(math.log(2.0))
         elif fn == "log":
             v = g / x
+        elif fn == "log2":
+            v = g / (x * np.float64(0.6931471805599453))
         elif fn == "log1p":
             v = g / (x + 1.0)
         elif fn == "sqrt":
@@ -76,7 +83,7 @@ def _formula(fn, g, x, p):
 
 def _outside(fn, x, p) -> bool:
     """A finite x where the real derivative is not the value (module docstring)."""
-    if fn in ("log", "reciprocal", "cos"):
+    if fn in ("log", "log2", "reciprocal", "cos"):
         return x == 0
     if fn == "log1p":
         return x == -1
@@ -122,6 +129,11 @@ def _deriv(fn, x, p):
     X = te._q(x)
     if fn in ("exp", "expm1"):
         return iv.exp(X)
+    if fn == "exp2":
+        ln2 = iv.log(iv.mpf(2))
+        return ln2 * iv.exp(X * ln2)
+    if fn == "log2":
+        return 1 / (X * iv.log(iv.mpf(2)))
     if fn == "sqrt":
         return 1 / (2 * iv.sqrt(X))
     if fn == "rsqrt":
@@ -145,7 +157,7 @@ def value(fn, g: float, x: float, fmt, p=()) -> float:
     if not (math.isfinite(g) and math.isfinite(x)) or g == 0 or _outside(fn, x, p):
         v = _formula(fn, g, x, p)
         return v if not math.isfinite(v) or v == 0 else round_fraction(Fraction(v), fmt)
-    if fn in ("exp", "expm1") and abs(x) > 1500:
+    if (fn in ("exp", "expm1") and abs(x) > 1500) or (fn == "exp2" and abs(x) > 2200):
         return math.copysign(math.inf if x > 0 else 0.0, g)
     q = _rational(fn, x, p)
     if q is not None:

@@ -132,3 +132,77 @@ class BrokenKernel:
                 return out
 
         return _Mode()
+
+
+# ------------------------------------------------------------------ Hugging Face models (issue 26)
+
+#: the seven models of issue 26, each from a small config with random weights (nothing is downloaded)
+HF_MODELS = ("llama", "qwen2", "gpt2", "vit", "bert", "t5", "whisper")
+
+
+def hf_model(kind, layers=2):
+    """(model, inputs): ``kind`` of :data:`HF_MODELS` from a small config, random weights (seeded), and its seeded
+    inputs with labels (the training step's loss: a causal LM's ``-100`` on the first two positions and the
+    one transformers pads at the end, so that ignore_index is exercised; a class per image)."""
+    import warnings
+
+    import transformers as T
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 100, (2, 12), generator=g)
+    labels = ids.clone()
+    labels[:, :2] = -100
+    dec = dict(decoder_start_token_id=0, pad_token_id=0)
+    lm = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if kind == "llama":
+            m = T.LlamaForCausalLM(T.LlamaConfig(**lm))
+        elif kind == "qwen2":
+            m = T.Qwen2ForCausalLM(T.Qwen2Config(**lm))
+        elif kind == "gpt2":
+            m = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=100, n_positions=64, n_embd=64, n_layer=layers, n_head=4))
+        elif kind == "vit":
+            m = T.ViTForImageClassification(T.ViTConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=32,
+                num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64, num_labels=5))  # fmt: skip
+            x = torch.randn(2, 3, 16, 16, generator=g)
+            return m, dict(pixel_values=x, labels=torch.tensor([1, 3]))
+        elif kind == "bert":
+            m = T.BertForMaskedLM(T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=layers,
+                num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))  # fmt: skip
+        elif kind == "t5":
+            m = T.T5ForConditionalGeneration(T.T5Config(vocab_size=100, d_model=64, d_kv=16, d_ff=128,
+                num_layers=layers, num_heads=4, num_decoder_layers=layers, **dec))  # fmt: skip
+        elif kind == "whisper":
+            m = T.WhisperForConditionalGeneration(T.WhisperConfig(vocab_size=100, num_mel_bins=8,
+                encoder_layers=layers, decoder_layers=layers, d_model=32, encoder_attention_heads=2,
+                decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=16,
+                max_target_positions=32, bos_token_id=1, eos_token_id=2, **{**dec, "decoder_start_token_id": 1}))  # fmt: skip
+            return m, dict(input_features=torch.randn(2, 8, 32, generator=g), labels=labels)
+        else:
+            raise ValueError(f"hf_model: unknown kind {kind!r}; choose one of {', '.join(HF_MODELS)}")
+    return m, dict(input_ids=ids, labels=labels)
+
+
+def hf_audit(model, inputs, mode, **extra):
+    """The audit of ``model`` on ``inputs`` (:func:`hf_model`) in ``mode``: "fp32" or "bf16", a forward in eval mode
+    under no_grad (the labels dropped; an encoder-decoder given seeded decoder inputs), or "train": the model in
+    training mode (its dropout on: random draws), ``loss.backward()`` inside the audit. ``extra``: more inputs."""
+    import refkern.torch as rkt
+
+    inputs = {**inputs, **extra}
+    if mode == "train":
+        model.train()
+        with rkt.audit(progress=False) as a:
+            model(**inputs).loss.backward()
+        return a
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[mode]
+    model = model.eval().to(dtype)
+    x = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items() if k != "labels"}
+    if model.config.is_encoder_decoder:
+        x["decoder_input_ids"] = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(5))
+    with rkt.audit(progress=False) as a, torch.no_grad():
+        model(**x)
+    return a

@@ -14,10 +14,12 @@ from refkern.analysis.partials import (
     LANES,
     SPLITS,
     _other_sq,
+    _partials,
     block_size,
     gemm_partials,
     order_bound,
     partials_and_magnitudes,
+    reference_and_partials,
 )
 from refkern.analysis.verdict import sample_indices
 
@@ -330,3 +332,69 @@ def test_order_bound_takes_the_bound_it_is_given():
     bound, own = partials_and_magnitudes(pr)
     idx = sample_indices(ref.size, pr.n_terms)
     np.testing.assert_allclose(order_bound(pr, own, idx, bound=bound), order_bound(pr, mag, idx), rtol=1e-12)
+
+
+FUSED_KINDS = ["normal", "spread", "cancel", "subnormal", "special", "zeros"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+@pytest.mark.parametrize("case", ["conv2d bias", "conv2d strided groups", "linear bias", "matmul batched"])
+def test_reference_from_the_pass_is_truth(case, kind, dtype):
+    # reference_and_partials' values (the filter's test on the pass's own float64 sums, the undecided elements
+    # exact one by one, or the reference run where most are undecided) are refkern.truth's, bit for bit, on the
+    # engines' adversarial inputs; its magnitudes within gamma_K of the reference run's
+    from test_engines import _all_same, _data
+
+    from refkern import truth
+
+    rng = np.random.default_rng(FUSED_KINDS.index(kind) + 7 * len(case))
+    if case.startswith("conv2d"):
+        groups = 2 if "groups" in case else 1
+        x, w = _data(rng, (2, 6, 7, 8), dtype, kind), _data(rng, (4, 6 // groups, 3, 3), dtype, "normal")
+        b = _data(rng, (4,), dtype, "normal") if "bias" in case else None
+        kw = dict(stride=2, padding=1, groups=2) if "strided" in case else {}
+        op, args, want = "conv2d", (x, w, b), lambda: truth.conv2d(x, w, b, **kw)
+    elif case == "linear bias":
+        x, w, b = (
+            _data(rng, (3, 5, 40), dtype, kind),
+            _data(rng, (6, 40), dtype, "normal"),
+            _data(rng, (6,), dtype, kind),
+        )
+        op, args, kw, want = "linear", (x, w, b), {}, lambda: truth.linear(x, w, b)
+    else:
+        a, b = _data(rng, (2, 9, 40), dtype, kind), _data(rng, (2, 40, 7), dtype, "normal")
+        op, args, kw, want = "matmul", (a, b), {}, lambda: truth.matmul(a, b)
+    pr = problem(op, args, kw)
+    got, mag = reference_and_partials(pr)
+    _all_same(torch.from_numpy(got).to(getattr(torch, dtype)), want(), f"{case} {kind}")
+    _, ref_mag = pr.run(want_mag=True)
+    gamma = pr.n_terms * 2.0**-53 / (1 - pr.n_terms * 2.0**-53)
+    fin = np.isfinite(ref_mag)
+    assert np.array_equal(fin, np.isfinite(mag))
+    assert np.all(np.abs(mag[fin] - ref_mag[fin]) <= 2 * gamma * ref_mag[fin])
+    assert gemm_partials(pr, mag) is pr.partials[1]  # the verdict's order term: the pass's bound, not a second pass
+
+
+def test_reference_from_the_pass_paths():
+    # a few undecided elements (the exact path one by one) and most of them undecided (the reference run): the
+    # first a conv whose outputs cancel on one channel only, the second a matmul whose every output cancels to 0
+    g = torch.Generator().manual_seed(21)
+    x, w = torch.randn(1, 4, 6, 6, generator=g), torch.randn(3, 4, 1, 1, generator=g)
+    w[0, 2:] = -w[0, :2]
+    x[:, 2:] = x[:, :2]  # channel 0: every output the sum of two pairs that cancel exactly, 0
+    pr = problem("conv2d", (x, w), {})
+    und = int(np.isnan(_partials(pr, None, None, values=True)[2]).sum())
+    assert und == 36  # one channel of three: under TILE_EXACT_MIN (0.35) of the output
+    from test_engines import _all_same
+
+    from refkern import truth
+
+    _all_same(torch.from_numpy(reference_and_partials(pr)[0]).float(), truth.conv2d(x, w), "few undecided")
+    a, b = torch.randn(5, 8, generator=g), torch.randn(8, 3, generator=g)
+    a[:, 4:], b[4:] = -a[:, :4], b[:4]
+    pr = problem("matmul", (a, b), {})
+    assert int(np.isnan(_partials(pr, None, None, values=True)[2]).sum()) == 15  # all: the reference runs
+    _all_same(torch.from_numpy(reference_and_partials(pr)[0]).float(), truth.matmul(a, b), "all undecided")
+    f64 = problem("matmul", (a.double(), b.double()), {})
+    assert reference_and_partials(f64) is None  # a float64 result: no order term, the reference run as before

@@ -11,6 +11,7 @@ from refkern.analysis.envelope import OPS as ENVELOPE_OPS
 from refkern.analysis.envelope import envelopes
 from refkern.analysis.evaluate import _bind, op_name, problem
 from refkern.analysis.inside import decide_inside
+from refkern.analysis.partials import reference_and_partials
 from refkern.analysis.passes import median
 from refkern.analysis.report import Report, envelope_hypotheses, errors, from_decision, passes, peak, worst_of
 from refkern.analysis.ulp import ulp_errors
@@ -132,7 +133,10 @@ def _analyse_once(actual, op, args, kwargs, rtol, atol, arrays):
     if name in ENVELOPE_OPS:
         return _analyse_envelope(name, act, fmt, device, args, kwargs, rtol, atol, arrays)
     pr = problem(name, args, kwargs, out=fmt)
-    ref, mag = pr.run(want_mag=True)
+    # a GEMM's or a convolution's reference, magnitudes and order term from one pass (no GEMM of |A| |B|, and
+    # none of A B where the filter's test decides): refkern.analysis.partials; the reference run otherwise
+    fused = reference_and_partials(pr)
+    ref, mag = fused if fused is not None else pr.run(want_mag=True)
     if act.shape != ref.shape:
         raise ValueError(
             f"compare: actual.shape={act.shape} differs from the shape {name} gives for these inputs, "

@@ -56,6 +56,7 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
+from refkern.engines.filter import decide_one
 
 __all__ = [
     "BLOCK_MIN",
@@ -68,6 +69,7 @@ __all__ = [
     "gemm_partials",
     "order_bound",
     "partials_and_magnitudes",
+    "reference_and_partials",
 ]
 
 BLOCK_MIN, BLOCK_MAX = 4, 32  #: the range of :func:`block_size` (any block size gives a bound)
@@ -99,7 +101,7 @@ def _cell_pixels(n_cells: int, length: int) -> int:
 
 
 @jit(parallel=True)
-def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, pw, with_sq, out, mag):
+def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, sbias, fmt, pw, with_sq, out, mag, val):
     """The block bound of the module docstring (plus ``sum_k t_k**2`` ``with_sq``) for a convolution read
     through flat planes: output position ``r = y pitch + x`` (x < wo) of image n and channel co is ``sum_(c, t)
     W[co, c, t] X[n, plane[t], g cin + c, r + off[t]]`` (float64; a stride-1 convolution reads one padded plane
@@ -112,8 +114,12 @@ def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, pw
     those GEMMs were bound by memory, 0.4 s of products and 0.33 s of passes at a ResNet layer), then the
     passes read them there. ``mag`` (out's shape, or empty): each element's ``sum_k |t_k| + |bias|``, the
     sum of its cells' magnitudes (float64 sums, within gamma_K of the exact one, as a magnitudes GEMM's).
-    The products are exact (float32-or-narrower inputs in float64), the cells' sums err by gamma_cb
-    relatively, far under the float32 units the bound feeds."""
+    ``val`` (out's shape, or empty): each element's correctly rounded value in the format ``fmt`` = (K, prec,
+    emin, emax) where the filter's test decides it (:func:`~refkern.engines.filter.decide_one`: the sum of the
+    cells' sums plus ``sbias``, the signed bias, is a float64 sum of the K exact products and the bias in some
+    order, and the magnitudes bound its error), NaN where it does not. The products are exact (float32-or-
+    narrower inputs in float64), the cells' sums err by gamma_cb relatively, far under the float32 units the
+    bound feeds."""
     N = X.shape[0]
     c_out, cin_g, T = W.shape
     ho = out.shape[2]
@@ -169,16 +175,19 @@ def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, pw
             y, x = divmod(r0 + p, pitch)
             if x < wo:
                 out[n, co, y, x] = block * worst[p] + (sq[p] if with_sq else 0.0)
-        if mag.size:
-            for p in range(m):
-                total[p] = 0.0
+        if mag.size or val.size:
+            mt = np.zeros(m)
             for k in range(nc):
                 for p in range(m):
-                    total[p] += A[k, p]
+                    mt[p] += A[k, p]
             for p in range(m):
                 y, x = divmod(r0 + p, pitch)
                 if x < wo:
-                    mag[n, co, y, x] = total[p] + b[p]
+                    mp = mt[p] + b[p]
+                    if mag.size:
+                        mag[n, co, y, x] = mp
+                    if val.size:  # the bias is one more term of the float64 sum, counted in decide_one's K + 1
+                        val[n, co, y, x] = decide_one(total[p] + sbias[co, x], mp, fmt[0], fmt[1], fmt[2], fmt[3])
 
 
 @jit
@@ -243,11 +252,13 @@ def _cell(Xn, w, c0, c_lo, c_hi, x0, m, s_row, a_row, sq):
         c += 1
 
 
-def _cells(X, W, bias, stride, dilation, groups, cb, block, orders, out_shape, with_sq=True, mag=None):
+def _cells(X, W, bias, stride, dilation, groups, cb, block, orders, out_shape, with_sq=True, mag=None, values=None):
     """:func:`_cells_pass` on a convolution's padded input ``X`` (N, C_in, Hp, Wp) and ``W`` (C_out, C_in / groups,
     kh, kw), ``bias`` broadcast to (C_out, Wo), ``orders`` of taps and channel blocks (``"tap"``: tap by tap;
     ``"both"``: also channel block by channel block): the bound (plus ``sum_k t_k**2`` ``with_sq``), of
-    ``out_shape`` (N, C_out, Ho, Wo); ``mag`` (of ``out_shape``, or None) := the magnitudes (:func:`_cells_pass`).
+    ``out_shape`` (N, C_out, Ho, Wo); ``mag`` (of ``out_shape``, or None) := the magnitudes; ``values`` (None, or
+    (val of ``out_shape``, the signed bias broadcast as ``bias``, (K, prec, emin, emax))): val := the values the
+    filter's test decides, NaN elsewhere (:func:`_cells_pass`).
     Stride 1 reads the padded input in place (positions at the padded width, the columns past Wo dropped:
     (kw - 1) dw of Wp); a stride gathers each tap's input first, T times the output's positions per input
     channel, in chunks of images of at most 32 MiB."""
@@ -272,10 +283,14 @@ def _cells(X, W, bias, stride, dilation, groups, cb, block, orders, out_shape, w
         step = max(1, _GATHER_VALUES // max(kh * kw * C * ho * wo, 1))
         planes = ((_gathered(X[n0 : n0 + step], kh, kw, stride, dilation, ho, wo), np.arange(kh * kw),
                    np.zeros(kh * kw, np.int64), wo, slice(n0, n0 + step)) for n0 in range(0, N, step))  # fmt: skip
+    none = np.empty((0, 0, 0, 0))
+    val, sb, fmt = values if values is not None else (None, b, np.zeros(4, np.int64))
+    sb = np.broadcast_to(np.asarray(sb, np.float64), (c_out, wo))
     for Xp, plane, off, pitch, sl in planes:
-        o, mo = out[sl], (mag[sl] if mag is not None else np.empty((0, 0, 0, 0)))
+        o, mo, vo = out[sl], (mag[sl] if mag is not None else none), (val[sl] if val is not None else none)
         _cells_pass(Xp, W3, plane.astype(np.int64), off, int(pitch), int(wo), int(groups), int(cb), float(block),
-                    order, b, _cell_pixels(cells.size, (ho - 1) * pitch + wo), bool(with_sq), o, mo)  # fmt: skip
+                    order, b, sb, np.asarray(fmt, np.int64), _cell_pixels(cells.size, (ho - 1) * pitch + wo),
+                    bool(with_sq), o, mo, vo)  # fmt: skip
     return out
 
 
@@ -298,22 +313,30 @@ def block_partials(a, b, block, bias=0.0):
     return _blocks(a, b, block, bias, False)
 
 
-def _blocks(a, b, block, bias, with_sq=True, mag=None):
+def _blocks(a, b, block, bias, with_sq=True, mag=None, values=None):
     """The block bound (plus ``sum_k t_k**2`` ``with_sq``) for ``a @ b`` ((M, K), (K, N) float64), ``bias``
-    broadcast to (M, N); ``mag`` ((M, N) or None) := the magnitudes."""
+    broadcast to (M, N); ``mag`` ((M, N) or None) := the magnitudes; ``values`` as :func:`_cells`' with val
+    (M, N) and the signed bias broadcast to (M, N)."""
     M, K = a.shape
     N = b.shape[1]
     bias = np.broadcast_to(np.asarray(bias, np.float64), (M, N))
     X = np.asarray(b, np.float64).reshape(1, K, 1, N)
     W = np.asarray(a, np.float64).reshape(M, K, 1, 1)
     m4 = None if mag is None else mag.reshape(1, M, 1, N)
-    return _cells(X, W, bias, (1, 1), (1, 1), 1, block, block, "tap", (1, M, 1, N), with_sq, m4).reshape(M, N)
+    if values is not None:
+        val, sb, fmt = values
+        values = (val.reshape(1, M, 1, N), np.broadcast_to(np.asarray(sb, np.float64), (M, N)), fmt)
+    return _cells(X, W, bias, (1, 1), (1, 1), 1, block, block, "tap", (1, M, 1, N), with_sq, m4, values).reshape(M, N)
 
 
 def gemm_partials(pr, mag, block: int | None = None):
     """``sum_j c_j**2`` per output element of the GEMM Problem ``pr`` (float64 of ``pr.shape``; module
     docstring), at most the order-free ``(n + 1) mag**2``; None where the bound does not apply (not a GEMM,
-    or a float64 result)."""
+    or a float64 result). The bound :func:`reference_and_partials` formed with these very magnitudes is
+    returned as it is (no second pass)."""
+    held = getattr(pr, "partials", None)
+    if held is not None and held[0] is mag and block is None:
+        return held[1]
     return _partials(pr, np.asarray(mag, np.float64), block)[0]
 
 
@@ -323,35 +346,80 @@ def partials_and_magnitudes(pr, block: int | None = None):
     exact ones, as a magnitudes GEMM's): a caller that asks for them here needs no GEMM of |A| |B| (a
     convolution's reference with magnitudes costs about twice the reference alone). (None, None) where the
     bound does not apply."""
-    return _partials(pr, None, block)
+    return _partials(pr, None, block)[:2]
 
 
-def _partials(pr, mag, block):
+def reference_and_partials(pr):
+    """(the exact reference, the magnitudes) of the GEMM Problem ``pr`` (float64 of ``pr.shape``, as
+    ``pr.run(want_mag=True)`` gives them: the same values, the magnitudes within gamma_K) from the pass that
+    forms its order term, which ``pr`` keeps for :func:`gemm_partials` (and so :func:`order_bound`) to return
+    with these magnitudes; None where the bound does not apply (the caller runs the reference).
+
+    Where the filter applies (exact products, a result of at most 26 bits: :func:`~refkern.engines.filter.
+    applies`) the values come from the pass too: the sum of its cells' sums is a float64 sum of the exact
+    products, their magnitudes bound its error, and :func:`~refkern.engines.filter.decide_one` rounds it
+    where that bound decides (no GEMM at all: the pass forms every product anyway). The undecided elements
+    are computed exactly one by one (:func:`~refkern.analysis.evaluate.sample_run` on their gathered terms);
+    more than ``filter.TILE_EXACT_MIN`` of the output undecided (terms that cancel), the reference runs as
+    usual instead, so that this costs at most the reference and one pass."""
+    import dataclasses
+
+    from refkern.engines import filter as filt
+    from refkern.kernels._element import EXACT
+
+    p = dataclasses.replace(pr.p, method=EXACT, work=pr.p.out)
+    bound, mag, val = _partials(pr, None, None, values=filt.applies(p))
+    if bound is None:
+        return None
+    pr.partials = (mag, bound)
+    if val is None:
+        return pr.run()[0], mag
+    und = np.flatnonzero(np.isnan(val))
+    if und.size > filt.TILE_EXACT_MIN * val.size:
+        return pr.run()[0], mag
+    if und.size:
+        from refkern.analysis.evaluate import sample_run
+
+        L, R, b, has_bias = pr.terms(und)
+        val.reshape(-1)[und] = sample_run(L, R, b, has_bias, p)[0]
+    return val, mag
+
+
+def _partials(pr, mag, block, values=False):
+    """(bound, the pass's own magnitudes where ``mag`` is None, with ``values`` the values the filter's test
+    decides in the pass (NaN elsewhere)), each of ``pr.shape``; (None, None, None) where the bound does not
+    apply."""
     if pr.fmt.prec > 24 or pr.kind == "dot" or (pr.kind == "conv" and getattr(pr.ops[0], "depth", 0) != 1):
-        return None, None
+        return None, None, None
     block = block_size(pr.n_terms) if block is None else block
+    fmt = (pr.n_terms - (pr.bias is not None), *pr.fmt.params)  # K products (the bias is decide_one's K + 1st)
     with np.errstate(all="ignore"):
         if pr.kind == "gemm":
             A3, Bt3, ia, ib = pr.ops
             nbat, M, N = ia.size, A3.shape[1], Bt3.shape[1]
-            bias = np.zeros(N) if pr.bias is None else np.abs(np.asarray(pr.bias, np.float64))
+            sbias = np.zeros(N) if pr.bias is None else np.asarray(pr.bias, np.float64)
             out = np.empty((nbat, M, N))
             own = np.empty((nbat, M, N)) if mag is None else None
+            val = np.empty((nbat, M, N)) if values else None
             for t in range(nbat):
-                out[t] = _blocks(np.asarray(A3[ia[t]], np.float64), np.asarray(Bt3[ib[t]], np.float64).T, block, bias,
-                                 mag=None if own is None else own[t])  # fmt: skip
+                out[t] = _blocks(np.asarray(A3[ia[t]], np.float64), np.asarray(Bt3[ib[t]], np.float64).T, block,
+                                 np.abs(sbias), mag=None if own is None else own[t],
+                                 values=(val[t], sbias, fmt) if values else None)  # fmt: skip
         else:
             c = pr.ops[0]
             c_out, cin_g = c.W.shape[:2]
-            bias = np.zeros((c_out, 1)) if c.bias is None else np.abs(np.asarray(c.bias, np.float64))[:, None]
+            sbias = np.zeros((c_out, 1)) if c.bias is None else np.asarray(c.bias, np.float64)[:, None]
             cb = min(cin_g, block)  # cells of cb channels at one tap, tap-major and channel-blocked (module docstring)
             own = np.empty(c.out_shape) if mag is None else None
-            out = _cells(c.X, c.W, bias, c.stride, c.dilation, c.groups, cb, cb, "both", c.out_shape, mag=own)
+            val = np.empty(c.out_shape) if values else None
+            out = _cells(c.X, c.W, np.abs(sbias), c.stride, c.dilation, c.groups, cb, cb, "both", c.out_shape,
+                         mag=own, values=(val, sbias, fmt) if values else None)  # fmt: skip
         mag = own if mag is None else mag.reshape(out.shape)
         out += mag * mag
         out = np.minimum(out, (pr.n_terms + 1.0) * mag * mag)
     bound = np.where(np.isfinite(out), out, (pr.n_terms + 1.0) * mag * mag).reshape(pr.shape)
-    return bound, (own.reshape(pr.shape) if own is not None else None)
+    return (bound, (own.reshape(pr.shape) if own is not None else None),
+            (val.reshape(pr.shape) if values else None))  # fmt: skip
 
 
 def _other_sq(T, lanes):

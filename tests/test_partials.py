@@ -98,6 +98,66 @@ def test_other_orders_by_hand():
     assert _other_sq(np.array([[1.0, -1.0, 1.0, -1.0]]), (2,)).tolist() == [14.0]
 
 
+def _other_sq_by_hand(t, lanes, splits):
+    """Every order of _other_sq's docstring run one addition at a time (Python floats), the squares of the
+    partial sums listed and summed with math.fsum."""
+    import math
+
+    K = len(t)
+    runs = []
+    for seq in (list(t), list(t[::-1])):
+        p, sq = 0.0, []
+        for v in seq:
+            p += v
+            sq.append(p * p)
+        runs.append(sq)
+    for L in lanes:
+        if L >= K:
+            break
+        for seq in (list(t), list(t[::-1])):
+            seq = seq + [0.0] * (-K % L)
+            acc, sq = [0.0] * L, []
+            for k, v in enumerate(seq):
+                acc[k % L] += v
+                sq.append(acc[k % L] ** 2)
+            c, inorder = 0.0, []
+            for v in acc:
+                c += v
+                inorder.append(c * c)
+            v, tree = acc, []
+            while len(v) > 1:
+                v = [v[i] + (v[i + 1] if i + 1 < len(v) else 0.0) for i in range(0, len(v), 2)]
+                tree += [x * x for x in v]
+            runs.append(sq + max(inorder, tree, key=math.fsum))
+    for c in splits:
+        if c >= K:
+            break
+        seq = list(t) + [0.0] * (-K % c)
+        w = len(seq) // c
+        sq, res, r = [], [], 0.0
+        for i in range(c):
+            p = 0.0
+            for v in seq[i * w : (i + 1) * w]:
+                p += v
+                sq.append(p * p)
+            r += p
+            res.append(r * r)
+        runs.append(sq + res)
+    return max(math.fsum(x) for x in runs)
+
+
+@pytest.mark.parametrize("K", [3, 5, 8, 37, 64, 65, 130])
+def test_other_orders_against_one_addition_at_a_time(K):
+    # the jitted check against the orders run one addition at a time: the same partial sums, their squares
+    # summed in another order (within a few units of float64)
+    g = np.random.default_rng(K)
+    T = g.standard_normal((6, K)) * 2.0 ** g.integers(-8, 8, (6, K))
+    T[0] = (-1.0) ** np.arange(K) * (1 + 0.1 * g.standard_normal(K))  # signs repeating with the lanes
+    got = _other_sq(T, LANES)
+    for r in range(T.shape[0]):
+        assert got[r] == pytest.approx(_other_sq_by_hand(T[r], LANES, SPLITS), rel=1e-13), (K, r)
+
+
 def test_order_check_sees_structure():
     g = np.random.default_rng(3)
     K = 1024

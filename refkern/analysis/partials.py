@@ -425,36 +425,90 @@ def _partials(pr, mag, block, values=False):
 def _other_sq(T, lanes):
     """The largest ``sum_j c_j**2`` of the other orders, per row of products ``T`` (s, K), each exactly (float64,
     far under the float32 units it feeds): the terms' own order (a convolution's ``(c, ky, kx)``) left to right
-    and right to left; L lanes summing k = l (mod L) left to right or right to left, then
-    the lanes' totals in order or by a pairwise tree (a horizontal reduction); and split-K into 2, 4 or 8
-    contiguous chunks, each left to right, then the chunks' results in order."""
+    and right to left; L lanes summing k = l (mod L) left to right or right to left (the sequence padded with
+    zeros to a multiple of L), then the lanes' totals in order or by a pairwise tree (a horizontal reduction);
+    and split-K into 2, 4 or 8 contiguous chunks (padded with zeros to a multiple of the count), each left to
+    right, then the chunks' results in order. Lane counts and splits of K or more are skipped."""
+    T = np.ascontiguousarray(T, np.float64)
+    out = np.empty(T.shape[0])
+    _other_sq_rows(T, np.asarray(lanes, np.int64), np.asarray(SPLITS, np.int64), out)
+    return out
+
+
+@jit
+def _other_sq_rows(T, lanes, splits, out):
+    """:func:`_other_sq` row by row, one thread (a sample of at most CHECK_SAMPLE rows: a parallel launch costs
+    more than it saves, :func:`~refkern.engines.filter.threads_for`). Every partial sum is formed in the order the
+    backend would form it; the squares are summed per lane (per chunk) and then together, in float64 (the lanes'
+    sums of squares as independent chains: one chain over every k waited on each addition)."""
     s, K = T.shape
-    worst = np.maximum((np.cumsum(T, axis=1) ** 2).sum(axis=1), (np.cumsum(T[:, ::-1], axis=1) ** 2).sum(axis=1))
-    for L in lanes:
-        if L >= K:
-            break
-        pad = -K % L
-        for seq in (T, T[:, ::-1]):
-            P = np.cumsum(np.pad(seq, ((0, 0), (0, pad))).reshape(s, -1, L), axis=1)
-            tot = P[:, -1]
-            comb = np.maximum(_tree_sq(tot), (np.cumsum(tot, axis=1) ** 2).sum(axis=1))
-            worst = np.maximum(worst, (P * P).sum(axis=(1, 2)) + comb)
-    for c in SPLITS:
-        if c >= K:
-            break
-        pad = -K % c
-        P = np.cumsum(np.pad(T, ((0, 0), (0, pad))).reshape(s, c, -1), axis=2)
-        worst = np.maximum(worst, (P * P).sum(axis=(1, 2)) + (np.cumsum(P[:, :, -1], axis=1) ** 2).sum(axis=1))
-    return worst
-
-
-def _tree_sq(v):
-    """Per row of ``v``, the sum of squares of the partial sums of a pairwise tree (a horizontal reduction)."""
-    total = np.zeros(v.shape[0])
-    while v.shape[1] > 1:
-        v = np.pad(v, ((0, 0), (0, v.shape[1] % 2))).reshape(v.shape[0], -1, 2).sum(axis=2)
-        total += (v * v).sum(axis=1)
-    return total
+    most = max(lanes.max() if lanes.size else 1, splits.max() if splits.size else 1)
+    buf = np.zeros(2 * (K + most))  # a row padded with zeros, and the row reversed, padded
+    acc = np.empty(most)
+    sqv = np.empty(most)
+    for r in range(s):
+        t = T[r]
+        base = K + most
+        for k in range(K):
+            buf[k] = t[k]
+            buf[base + k] = t[K - 1 - k]
+        lr = 0.0
+        rl = 0.0
+        p = 0.0
+        q = 0.0
+        for k in range(K):
+            p += buf[k]
+            q += buf[base + k]
+            lr += p * p
+            rl += q * q
+        worst = max(lr, rl)
+        for L in lanes:
+            if L >= K:
+                break
+            n = -(-K // L)  # steps of L: K padded with zeros to a multiple of L
+            for d in range(2):  # left to right, right to left
+                o = d * base
+                acc[:L] = 0.0
+                sqv[:L] = 0.0
+                for b in range(n):
+                    for l in range(L):
+                        acc[l] += buf[o + b * L + l]
+                        sqv[l] += acc[l] * acc[l]
+                sq = 0.0
+                inorder = 0.0
+                c = 0.0
+                for l in range(L):
+                    sq += sqv[l]
+                    c += acc[l]
+                    inorder += c * c
+                tree = 0.0  # pairwise: L a power of two (LANES), an odd count padded with a zero
+                m = L
+                while m > 1:
+                    h = (m + 1) // 2
+                    for l in range(h):
+                        acc[l] = acc[2 * l] + (acc[2 * l + 1] if 2 * l + 1 < m else 0.0)
+                        tree += acc[l] * acc[l]
+                    m = h
+                worst = max(worst, sq + max(tree, inorder))
+        for c in splits:
+            if c >= K:
+                break
+            w = -(-K // c)  # the chunk length: K padded with zeros to a multiple of c
+            acc[:c] = 0.0
+            sqv[:c] = 0.0
+            for k in range(w):
+                for i in range(c):
+                    acc[i] += buf[i * w + k]
+                    sqv[i] += acc[i] * acc[i]
+            sq = 0.0
+            res = 0.0
+            inorder = 0.0
+            for i in range(c):
+                sq += sqv[i]
+                res += acc[i]
+                inorder += res * res
+            worst = max(worst, sq + inorder)
+        out[r] = worst
 
 
 def order_bound(pr, mag, idx, at_most: int = CHECK_SAMPLE, bound=None):

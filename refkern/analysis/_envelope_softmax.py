@@ -67,9 +67,7 @@ float32 envelope plus one p-ulp only on the terms whose interval straddles a rou
 """
 
 import numpy as np
-from numba import prange
 
-from refkern._jit import jit
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Format, round_array
 
 __all__ = [
@@ -148,67 +146,33 @@ def _eta_h(u_m, out: Format) -> float:
     return 2.0 ** (out.emin - out.prec) if u_m > 0 else 0.0
 
 
-def _ranks(c, thr):
-    """Per row: how many entries of ``c`` are >= each entry of ``thr`` (both (R, n)): each row of ``c`` sorted
-    once, each threshold found by bisection (ties count as >=; a NaN sorts last, above every threshold)."""
-    c, thr = np.ascontiguousarray(c, np.float64), np.ascontiguousarray(thr, np.float64)
-    out = np.empty(c.shape, np.int64)
-    _ranks_rows(c, thr, out)
-    return out
-
-
-@jit(parallel=True)
-def _ranks_rows(c, thr, out):
-    R, n = c.shape
-    for i in prange(R):
-        s = np.sort(c[i])
-        out[i] = n - np.searchsorted(s, thr[i], side="left")
-
-
 class _Rows:
     """The denominator side of rows of logits ``z`` (R, n) (-inf: masked) with logit errors ``dl``, in float32
-    (or float64) arithmetic of unit ``u`` with each exp term stored once with ``u_m`` (module docstring)."""
+    (or float64) arithmetic of unit ``u`` with each exp term stored once with ``u_m`` (module docstring), one
+    jitted pass per row (:func:`~refkern.analysis._softmax_rows.rows_pass`, which states the terms)."""
 
-    def __init__(self, z, dl, d64, u, u_m, out, num_ops, num_rescales=None):
+    def __init__(self, z, dl, d64, u, u_m, out, num_ops, num_rescales=None, keep=True):
+        """``keep``: also hold ``t``, ``gap``, ``theta`` and ``live`` (the softmax envelopes and the flash
+        hypotheses read them; attention's envelope needs only ``e_n`` and the rows' sums)."""
+        from refkern.analysis._softmax_rows import ROW_FIELDS, rank_tables, rows_pass
+
         R, n = z.shape
         self.n = n
-        with np.errstate(all="ignore"):
-            bad = (np.isnan(z) | (z == np.inf)).any(axis=1)
-            live = np.isfinite(z) & ~bad[:, None]
-            zf = np.where(live, z, -np.inf)
-            M = zf.max(axis=1, initial=-np.inf)
-            gap = np.where(live, M[:, None] - z, 0.0)
-            d64 = np.where(live, d64 + 2.0**-52 * (gap + 1.0), 0.0)  # + the float64 exp of the envelope's weights
-            dl = np.where(live, dl + d64, 0.0)
-            top = np.where(live, z + dl, -np.inf).max(axis=1, initial=-np.inf)  # >= the computed maximum
-            theta = dl + ARG_ROUNDINGS * u * np.where(live, top[:, None] - z + dl, 0.0)
-            rank = np.maximum(_ranks(np.where(live, z + 2 * dl, -np.inf), np.where(live, z - 2 * dl, np.inf)) - 1, 0)
-            eps_e = 2 * EXP_ULPS * u  # exp within EXP_ULPS ulps of the working format
-            lam_d = theta + _lg((1 + rank) * eps_e + (rank + n - 1) * u + u_m)  # + the term's one store
-            r_n = rank if num_rescales is None else np.minimum(rank, num_rescales)
-            lam_n = theta + _lg((1 + r_n) * eps_e + (r_n + num_ops) * u + u_m)
-            t = np.where(live, np.exp(-gap), 0.0)
-            self.e_d = self._grow(t, gap, lam_d, live)
-            self.e_n = self._grow(t, gap, lam_n, live)
-            lmax = np.maximum(np.where(live, lam_d, 0.0).max(axis=1, initial=0.0),
-                              np.where(live, lam_n, 0.0).max(axis=1, initial=0.0))  # fmt: skip
-            self.D = t.sum(axis=1)
-            self.a = UNDERFLOW_OPS * n * _eta(u) * np.exp(2 * lmax) * self.D
-            eta_h = _eta_h(u_m, out)
-            if eta_h:  # stored terms that may fall below the result format's normal range, eta_h 2 D e**lmax each
-                thr = 2.0**out.emin * 2 * self.D * np.exp(lmax)
-                lam = np.maximum(lam_d, lam_n)
-                n_u = (live & (t * np.exp(-np.where(live, lam, 0.0)) < thr[:, None])).sum(axis=1)
-                self.a = self.a + eta_h * n_u * 2 * self.D * np.exp(2 * lmax)
-            self.ED = self.e_d.sum(axis=1)
-        self.M, self.gap, self.live, self.bad, self.t, self.theta = M, gap, live, bad, t, theta
-        self.empty = ~bad & ~live.any(axis=1)
-        self.d64max = d64.max(axis=1, initial=0.0)
-
-    @staticmethod
-    def _grow(t, gap, lam, live):
-        """t (e**lam - 1): how far a term within a factor e**+-lam of t may be (no 0 * inf where t underflows)."""
-        return np.where(live, np.where(lam < 1.0, t * np.expm1(np.minimum(lam, 1.0)), np.exp(lam - gap)), 0.0)
+        z, dl, d64 = (np.ascontiguousarray(np.broadcast_to(v, (R, n)), np.float64) for v in (z, dl, d64))
+        shape = (R, n) if keep else (1, 1)
+        self.t, self.gap, self.theta = (np.empty(shape) for _ in range(3))
+        self.live = np.empty(shape, np.bool_)
+        self.e_n = np.empty((R, n))
+        st = np.empty((R, ROW_FIELDS))
+        eta_h = _eta_h(u_m, out)
+        tables = rank_tables(n, u, u_m, 2 * EXP_ULPS * u, num_ops, num_rescales)  # eps_e: exp within EXP_ULPS ulps
+        rows_pass(z, dl, d64, float(u), float(ARG_ROUNDINGS), -1 if num_rescales is None else int(num_rescales),
+                  *tables, UNDERFLOW_OPS * n * _eta(u), eta_h, 2.0**out.emin, bool(keep), self.t, self.gap,
+                  self.theta, self.e_n, self.live, st)  # fmt: skip
+        if not keep:
+            del self.t, self.gap, self.theta, self.live
+        self.M, self.D, self.ED, self.a, self.d64max = (np.ascontiguousarray(st[:, k]) for k in range(5))
+        self.bad, self.empty = st[:, 5] != 0, st[:, 6] != 0
 
     def ratio_bound(self, num, o_abs, vmax, slack, wv):
         """|computed - exact| of sum_j t_j v_j (1 + b_j) / sum_j t_j (1 + a_j) (module docstring), per row and
@@ -264,9 +228,10 @@ def _softmax(lay, u, u_m, ref, out, log):
     return np.where(np.isnan(b), np.inf, b)
 
 
-def _logits(a):
-    """Per output batch: (z (L, S) float64 logits with the mask, s sum_l |q_l k_l| (L, S), mask (L, S),
-    sum_l |q_l| + sum_l |k_l| (L, S))."""
+def _logits(a, l1=False):
+    """Per output batch: (z (L, S) float64 logits with the mask, s sum_l |q_l k_l| (L, S), mask ((L, S), or a
+    0-d zero where there is none), and with ``l1`` the pair (sum_l |q_l| (L,), sum_l |k_l| (S,)) whose outer
+    sum is each logit's, else None)."""
     L, E = a.Q.shape[1], a.Q.shape[2]
     S = a.K.shape[1]
     s = abs(a.scale)
@@ -275,35 +240,42 @@ def _logits(a):
         with np.errstate(all="ignore"):
             z = a.scale * (q @ k.T) if E else np.zeros((L, S))
             mag = s * (np.abs(q) @ np.abs(k).T) if E else np.zeros((L, S))
-            l1 = np.abs(q).sum(axis=1)[:, None] + np.abs(k).sum(axis=1)[None, :]
+            n1 = (np.abs(q).sum(axis=1), np.abs(k).sum(axis=1)) if l1 else None
         if a.causal:
             m = np.where(np.arange(S)[None, :] > np.arange(L)[:, None], -np.inf, 0.0)
         elif a.has_mask:
             m = np.broadcast_to(a.mask[a.im[b]], (L, S))
         else:
-            m = np.zeros((L, S))
-        yield b, z + m, mag, m, l1
+            m = np.zeros(())
+            z += 0.0  # as z + m: a -0.0 logit becomes +0.0
+            yield b, z, mag, m, n1
+            continue
+        yield b, z + m, mag, m, n1
 
 
 def _logit_errors(a, u, u_m, out):
     """Per output batch: (b, z, Delta, Delta64): the logits, their errors in the working precision with the
-    half-format stores (S1, S2), and the float64 logits' own (module docstrings)."""
+    half-format stores (S1, S2), and the float64 logits' own (module docstrings; one jitted pass per batch,
+    :func:`~refkern.analysis._softmax_rows.logit_errors_pass`, which states the terms)."""
+    from refkern.analysis._softmax_rows import logit_errors_pass
+
     E = a.Q.shape[2]
     kk = (E + LOGIT_ROUNDINGS) * u
     G = kk / (1.0 - kk) if kk < 1.0 else np.inf
     G_h = (1 + G) * (1 + u_m) ** 2 - 1  # q and k (scaled) stored with u_m: a factor (1 + u_m)**2 on each product
     eta, eta_h = _eta(u), _eta_h(u_m, out)
     s = abs(a.scale)
-    for b, z, mag, m, l1 in _logits(a):
-        with np.errstate(all="ignore"):
-            dl = G_h * mag + (E + LOGIT_ROUNDINGS) * eta
-            if u_m:  # a stored q or k that underflows, then the stored scores
-                dl = dl + (1 + G_h) * eta_h * max(s, np.sqrt(s)) * l1 + E * eta_h**2
-                dl = dl + u_m * (mag + dl) + eta_h
-            madd = np.isfinite(m) & (m != 0)  # a float mask: converted and added (two roundings), stored
-            dl = dl + np.where(madd, (2 * u + u_m) * (1 + 2 * u + u_m) * (np.abs(z) + mag + dl) + eta_h, 0.0)
-            d64 = 2.0**-52 * ((E + 2) * mag + np.abs(z))
-        yield b, z, np.where(np.isnan(dl), np.inf, dl), d64
+    for b, z, mag, m, n1 in _logits(a, l1=bool(u_m)):
+        L, S = z.shape
+        dl, d64 = np.empty((L, S)), np.empty((L, S))
+        ql, kl = n1 if n1 is not None else (np.zeros(L), np.zeros(S))
+        has_m = np.ndim(m) > 0 and not a.causal  # a float mask (a causal one adds no rounding: 0 or -inf)
+        mm = np.ascontiguousarray(np.broadcast_to(m, (L, S)) if has_m else np.zeros((1, 1)), np.float64)
+        logit_errors_pass(np.ascontiguousarray(z, np.float64), np.ascontiguousarray(mag, np.float64),
+                          np.ascontiguousarray(ql, np.float64), np.ascontiguousarray(kl, np.float64), mm, has_m,
+                          G_h, (E + LOGIT_ROUNDINGS) * eta, u_m, (1 + G_h) * eta_h * max(s, np.sqrt(s)),
+                          E * eta_h**2, eta_h, (2 * u + u_m) * (1 + 2 * u + u_m), float(E + 2), dl, d64)  # fmt: skip
+        yield b, z, dl, d64
 
 
 def _attention(lay, u, u_m, ref, out):
@@ -315,7 +287,7 @@ def _attention(lay, u, u_m, ref, out):
     if S == 0 or L == 0 or Ev == 0:
         return res
     for b, z, dl, d64 in _logit_errors(a, u, u_m, out):
-        rows = _Rows(z, dl, d64, u, u_m, out, _DIV_ROUNDINGS + 1 + S - 1)
+        rows = _Rows(z, dl, d64, u, u_m, out, _DIV_ROUNDINGS + 1 + S - 1, keep=False)
         v = a.V[a.iv[b]]
         with np.errstate(all="ignore"):
             num = rows.e_n @ np.abs(v)

@@ -9,7 +9,7 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
-from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
+from refkern.analysis._envelope_softmax import EXP_SCALE_BINADES
 from refkern.analysis.partials import block_partials
 
 __all__ = ["attention_noise", "attention_rows", "AttentionRows", "BLOCK", "DOT_BLOCK"]
@@ -58,25 +58,27 @@ def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
     v = a.V[a.iv[b]]
     k = a.K[a.ik[b]]
     q = a.Q[a.iq[b]]
-    _, arg, t, D, w = _weights(z)
+    L, S = z.shape
     with np.errstate(all="ignore"):
+        t, w, beta2, g = (np.empty((L, S)) for _ in range(4))
+        D, psq, rec = np.empty(L), np.empty(L), np.empty(L)
+        qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
+        # the dot products' partial sums: per block of DOT_BLOCK features for float32 results; for half ones
+        # the order-free (E + 1) (s sum|q k|)**2 (formed per term below), larger, and negligible next to the
+        # scores' store u_m |z|
+        part = np.empty((0, 0)) if u_m else np.ascontiguousarray(_block_partials(q, k.T, DOT_BLOCK), np.float64)
+        tops, bs = (np.array(c, np.float64) for c in zip(*EXP_SCALE_BINADES))
+        _row_terms(np.ascontiguousarray(z, np.float64), np.ascontiguousarray(np.broadcast_to(m, z.shape), np.float64),
+                   np.ascontiguousarray(mag, np.float64), qk2, part, u, u_m, uq, s, E + 1.0, u <= 2.0**-53, tops, bs,
+                   t, w, beta2, g, D, psq, rec)  # fmt: skip
         Ev = v.shape[1]
         ov = w @ np.concatenate([v, np.abs(v)], axis=1)  # o and sum_j w_j |v_j| (w >= 0) in one GEMM
         o, wv = ov[:, :Ev], ov[:, Ev:]
-        qk2 = (q * q) @ (k * k).T  # sum_l (q_l k_jl)**2: the products' roundings, the k side's
-        # the dot products' partial sums: per block of DOT_BLOCK features for float32 results; for half ones
-        # the order-free (E + 1) (s sum|q k|)**2, larger, and negligible next to the scores' store u_m |z|
-        part = (E + 1.0) * (mag / s) ** 2 if u_m else _block_partials(q, k.T, DOT_BLOCK)
-        B = exp_ulps_rows(arg, t, u)[0]
-        beta2, g = np.empty(z.shape), np.empty(z.shape)
-        _beta2(*(np.ascontiguousarray(x, np.float64) for x in (z, arg, t, w, B, np.broadcast_to(m, z.shape),
-               np.broadcast_to(part, z.shape), qk2)), u, u_m, uq, s, beta2, g)  # fmt: skip
         gv = g @ np.concatenate([v * v, v], axis=1)
         A2 = gv[:, :Ev] - 2.0 * o * gv[:, Ev:] + o * o * g.sum(axis=1)[:, None]  # sum_j g_j (v_j - o)**2
         var = np.maximum(A2, 0.0)
         var = var + (uq * s) ** 2 * _shared_q(w, v, k, q, o)
-        rec = _records(z)
-        adds = u * u * _partial_sq(t) / (D * D) + 2.0 * rec * u * u
+        adds = u * u * psq / (D * D) + 2.0 * rec * u * u
         var = var + adds[:, None] * o * o
         var = var + u * u * _block_partials(w, v) + 2.0 * (u * o) ** 2 + rec[:, None] * (u * wv) ** 2
         var = var + u_m**2 * ((w * w) @ (v * v))  # P stored before P @ V (half results)
@@ -85,29 +87,84 @@ def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
                          np.where(np.isfinite(var), var, 0.0))  # fmt: skip
 
 
-@jit(parallel=True)
-def _beta2(z, arg, t, w, B, m, part, qk2, u, u_m, uq, s, beta2, g):
-    """Each weight's own relative variance ``beta2`` (:func:`attention_rows`: its exponential within ``B`` ulps,
-    its argument, its logit's roundings, a float mask's addition, the scores' store) and ``g = w**2 beta2``, in
-    one pass over the (L, S) arrays instead of a dozen whole-array temporaries; the same float64 operations in
-    the same order. A term of weight 0 (or a non-finite argument) moves nothing: 0."""
+@jit(parallel=True, error_model="numpy")
+def _row_terms(z, m, mag, qk2, part, u, u_m, uq, s, e1, f64, tops, bs, t, w, beta2, g, D, psq, rec):
+    """Per row of the (L, S) logits ``z``, in one jitted task (the values of :func:`~refkern.analysis._rows._weights`,
+    :func:`~refkern.analysis._rows._records`, :func:`~refkern.analysis._rows._partial_sq` of ``t`` and
+    :func:`~refkern.analysis._rows.exp_ulps_rows`, as those compute them on float64 rows): ``t = exp(z - M)``, its
+    sum ``D``, the weights ``w``, the records ``rec`` and the partial sums' squares ``psq`` of ``t``; then each
+    weight's own relative variance ``beta2`` (:func:`attention_rows`: its exponential within ``B`` ulps, B of
+    :data:`~refkern.analysis._envelope_softmax.EXP_SCALE_BINADES` at its argument (``tops``, ``bs``; 1 for a
+    float64 unit, ``f64``), its argument, its logit's roundings, a float mask's addition, the scores' store) and
+    ``g = w**2 beta2``, the same float64 operations as the array form (the sums left to right). The logit's partial
+    sums: ``part`` per term, or for half results (``u_m``) the order-free ``e1 (mag / s)**2`` (``e1 = E + 1``).
+    A term of weight 0 (or a non-finite argument) moves nothing: 0."""
     L, S = z.shape
     us2, uqs2 = (u * s) ** 2, (uq * s) ** 2
+    k = tops.size
     for i in prange(L):
+        M = -np.inf
+        lr = 0
+        mx = -np.inf
         for j in range(S):
+            y = z[i, j]
+            if y == y and y > M:
+                M = y
+            y = -np.inf if y != y else y
+            if j >= 1 and y > mx:
+                lr += 1
+            mx = max(mx, y)
+        rl = 0
+        mx = -np.inf
+        for j in range(S - 1, -1, -1):
+            y = z[i, j]
+            y = -np.inf if y != y else y
+            if j <= S - 2 and y > mx:
+                rl += 1
+            mx = max(mx, y)
+        rec[i] = max(lr, rl)
+        Mf = M if M - M == 0.0 else 0.0
+        tot = 0.0
+        for j in range(S):
+            e = np.exp(z[i, j] - Mf)
+            t[i, j] = e
+            tot += e
+        D[i] = tot
+        p, left, right = 0.0, 0.0, tot * tot
+        for j in range(S):
+            p += t[i, j]
+            if j >= 1:
+                left += p * p
+            if j <= S - 3:
+                d = tot - p
+                right += d * d
+        psq[i] = 0.0 if S < 2 else (left if (left != left or left >= right) else right)
+        for j in range(S):
+            tt = t[i, j]
+            ww = tt / tot
+            w[i, j] = ww
             zz = z[i, j]
-            a = arg[i, j]
-            if not (np.isfinite(a) and t[i, j] > 0.0):
+            a = zz - Mf
+            if not (a - a == 0.0 and tt > 0.0):
                 beta2[i, j] = 0.0
-                g[i, j] = 0.0 * w[i, j] * w[i, j]  # NaN where w is, as w * w * 0 was
+                g[i, j] = 0.0 * ww * ww  # NaN where w is, as w * w * 0 was
                 continue
+            B = 1.0
+            if not f64:
+                aa = abs(a)
+                B = bs[k - 1]
+                for c in range(k - 1):
+                    if aa < tops[c]:
+                        B = bs[c]
+                        break
             q2 = qk2[i, j]
-            logit = us2 * (part[i, j] + q2) + (u * zz) ** 2 + uqs2 * q2
+            pt = e1 * (mag[i, j] / s) ** 2 if u_m else part[i, j]
+            logit = us2 * (pt + q2) + (u * zz) ** 2 + uqs2 * q2
             mm = m[i, j]
-            madd = (u * zz) ** 2 if (np.isfinite(mm) and mm != 0.0) else 0.0
-            b = (2.0 * B[i, j] * u) ** 2 + (u * a) ** 2 + logit + madd + (u_m * zz) ** 2
+            madd = (u * zz) ** 2 if (mm - mm == 0.0 and mm != 0.0) else 0.0
+            b = (2.0 * B * u) ** 2 + (u * a) ** 2 + logit + madd + (u_m * zz) ** 2
             beta2[i, j] = b
-            g[i, j] = w[i, j] * w[i, j] * b
+            g[i, j] = ww * ww * b
 
 
 def _shared_q(w, v, k, q, o):

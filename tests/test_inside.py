@@ -392,7 +392,7 @@ def test_straddle_by_hand():
     exact 1 + 2**-8 + 2**-12 lies 2**-12 beyond it: z = 2**-12 / 2**-14 = 4 with sigma 2**-14; err 2**-13
     halves it (z 2), err 2**-12 covers it (z 0); -1 mirrors; a = 0 rounds [-2**-134, 2**-134]."""
     from refkern.accumulate.formats import BFLOAT16
-    from refkern.analysis.inside import _straddle_z
+    from refkern.analysis.noise_store import straddle_z as _straddle_z
 
     def z(a, xh, err, pre):
         out = np.empty(1)

@@ -43,6 +43,7 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FORMATS
 from refkern.analysis.hypotheses import Model
 from refkern.analysis.noise import Noise, noise
+from refkern.analysis.noise_store import straddle_z
 from refkern.analysis.passes import chunks, ulps_at
 from refkern.analysis.stats import ALPHA, group_sums, level
 from refkern.analysis.structure import group_failures, n_groups
@@ -189,17 +190,20 @@ def _healthy_pass(a, c, var, sc, lam, prec, emin, strides, lens, z, gs, gv, ws, 
 
 
 def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None, coherent=None,
-          y=None, straddle=None) -> StatFit:  # fmt: skip
+          y=None, straddle=None, members=None) -> StatFit:  # fmt: skip
     """The element and group tests of one model of centre ``c`` and variance ``var`` (in units of values
     times ``scale``, a power of two: :attr:`~refkern.analysis.noise.Noise.scale`); with ``grid``, a
     value off that format's grid is refused (a model that stores its result in a coarser format); with
     ``coherent`` (:attr:`~refkern.analysis.noise.Noise.coherent`), the scale test of the GEMMs
     (:func:`~refkern.analysis.verdict._scale_failure`) on the exact result ``y``, its variance widened by
-    the errors that several elements share; with ``straddle``, the element test of :func:`_straddle`."""
+    the errors that several elements share; with ``straddle``, the element test of :func:`_straddle`; with
+    ``members``, that of :func:`_members`."""
     if np.ndim(scale) or scale != 1.0:
         a, c = a * scale, c * scale
     if straddle is not None:
         z, fails, keep, r, vk = _straddle(a, c, var, over, lam_el, straddle)
+    elif members is not None:
+        z, fails, keep, r, vk = _members(a, c, var, over, lam_el, members)
     else:
         z, fails, keep, r, vk = _element_test_arrays(a, c, var, lam_el, grid)
         z[over], fails[over] = np.inf, True
@@ -216,43 +220,6 @@ def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=N
     return StatFit(model, c, var, z, fails, groups, lam_el)
 
 
-@jit(parallel=True, error_model="numpy")
-def _straddle_z(a, xh, err, pre, prec, emin, z):
-    """The element test of a result stored once in the format (prec, emin) (:func:`_straddle`): per
-    element, the distance from the high-precision centre ``xh`` (within ``err`` of the exact result) to the
-    values that round to ``a``, ``[a - h_lo, a + h_hi]`` (half the spacing to each neighbour: below a power
-    of two the spacing toward zero halves; at 0 half the smallest subnormal each side), less ``err``, in
-    units of ``sqrt(pre)``; 0 where equal or both NaN, inf at any other special."""
-    tiny = 2.0 ** (emin - prec + 1)
-    for i in prange(a.size):
-        x, y = a[i], xh[i]
-        if x == y or (x != x and y != y):
-            z[i] = 0.0
-            continue
-        if not (x - x == 0.0 and y - y == 0.0):
-            z[i] = np.inf
-            continue
-        ax = abs(x)
-        if ax == 0.0:
-            lo = hi = tiny / 2.0
-        else:
-            m, e = math.frexp(ax)  # ax = m 2**e, m in [1/2, 1)
-            sp = 2.0 ** (max(e - 1, emin) - prec + 1)
-            down = sp / 2.0 if m == 0.5 and e - 1 > emin else sp  # the spacing toward zero
-            lo, hi = (down / 2.0, sp / 2.0) if x > 0 else (sp / 2.0, down / 2.0)
-        d = 0.0
-        if y < x - lo:
-            d = (x - lo) - y
-        elif y > x + hi:
-            d = y - (x + hi)
-        d = max(d - err[i], 0.0)
-        if d == 0.0:
-            z[i] = 0.0
-        else:
-            zi = d / math.sqrt(pre[i])
-            z[i] = np.inf if zi != zi else zi
-
-
 def _straddle(a, c, var, over, lam_el, st):
     """(z, fails, keep, r, vk) of the element test where the model's roundings before the final store are
     far finer than it (a half result of a float32 reduction): ``st = (xh, err, pre, out)`` (:attr:`~refkern.
@@ -266,7 +233,7 @@ def _straddle(a, c, var, over, lam_el, st):
     xh, err, pre, out = st
     z = np.empty(np.shape(a))
     flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (a, xh, err, pre))
-    _straddle_z(*flat, out.prec, out.emin, z.reshape(-1))
+    straddle_z(*flat, out.prec, out.emin, z.reshape(-1))
     z[over] = np.inf
     fails = z > lam_el
     with np.errstate(invalid="ignore"):
@@ -274,6 +241,34 @@ def _straddle(a, c, var, over, lam_el, st):
         r = np.where(keep, a - c, 0.0)
     vk = np.where(keep, var, 0.0)
     return z, fails, keep, r, vk
+
+
+def _members(a, c, var, over, lam_el, mb):
+    """(z, fails, keep, r, vk) of the element test where the family's long chains are emulated (a float32
+    sum or mean: :mod:`refkern.analysis.noise_chains`): ``mb = (var_el, thunk, out)``. An element passes on
+    ``var_el``, the scale of every other order, or on one emulated member, whose last rounding is known
+    exactly (``thunk()`` yields batches of centres, their errors and scales before it, (k,) + shape each, as
+    :func:`_straddle` tests a store): the smallest z. Each member is one correct kernel with its own
+    sub-Gaussian bound, so an element outside every one is refused at the level of the one that made it;
+    the group tests keep the residual ``a - c`` on ``var``, the whole family's scale."""
+    var_el, thunk, out = mb
+    z, fails, keep, r, vk = _element_test_arrays(a, c, var_el, lam_el, None)
+    z[over], fails[over] = np.inf, True
+    if (fails & ~over).any():
+        for batch in thunk():  # longest chains first: stop once every element is explained
+            for xh, err, pre in zip(*batch):
+                zm = np.empty(np.shape(a))
+                flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (a, xh, err, pre))
+                straddle_z(*flat, out.prec, out.emin, zm.reshape(-1))
+                np.minimum(z, zm, out=z)
+            z[over] = np.inf
+            fails = z > lam_el
+            if not (fails & ~over).any():
+                break
+        with np.errstate(invalid="ignore"):
+            keep = ~fails & np.isfinite(a) & np.isfinite(c)
+            r = np.where(keep, a - c, 0.0)
+    return z, fails, keep, r, np.where(keep, var, 0.0)
 
 
 def _scale_tests_pass(st, lam, coh) -> bool:
@@ -376,14 +371,16 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     # the output, no residual arrays); any other goes through _test, which says what fails
     held = coh.held_stats if hasattr(coh, "held_stats") and coh.fused is not None and sc == 1.0 else None
     r0 = _healthy(m0, actual, x, nz.var, lam_el, lam_grp, only, sc, out) if (
-        d.verdict == "rounding" and (coh is None or held) and nz.straddle is None) else None  # fmt: skip
+        d.verdict == "rounding" and (coh is None or held) and nz.straddle is None and nz.members is None
+    ) else None  # fmt: skip
     if r0 is not None and held is not None and not _scale_tests_pass(held(actual, x, nz.var), lam_grp, coh):
         r0 = None  # a scale test fails: _test says which
     if nz.straddle is not None:  # the store known exactly: flagged beyond lam sigma before it and half an ulp
         p = _power(nz.straddle[0], x, out, lam_el)
         det = {"element": {k: v + 0.5 for k, v in p.items()}, **det}
-    else:
-        det = {"element": _power(nz.var, x, out, lam_el, sc, peak=getattr(r0, "peak", None)), **det}
+    else:  # with emulated members, an element off by this is flagged unless it is one of them
+        v_el = nz.var if nz.members is None else nz.members[0]
+        det = {"element": _power(v_el, x, out, lam_el, sc, peak=getattr(r0, "peak", None)), **det}
     if d.verdict == "exact":
         return _replace(d, det=det, thresholds=thresholds)
     if r0 is not None:
@@ -393,7 +390,8 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     over = overflowed(a, x)
     acc = m0.acc
     st = (*nz.straddle[1](), nz.straddle[0], out) if nz.straddle is not None else None
-    r0 = _test(m0, a, x, nz.var, over, lam_el, lam_grp, axes, only, sc, coherent=coh, y=x, straddle=st)
+    mb = None if nz.members is None else (*nz.members, out)
+    r0 = _test(m0, a, x, nz.var, over, lam_el, lam_grp, axes, only, sc, coherent=coh, y=x, straddle=st, members=mb)
     fam = [r0]
     if not r0.explains:  # the other members of the family only where the standard formulas do not explain it
         members = [(key, text, v()) for key, text, v in nz.models]

@@ -26,7 +26,10 @@ blocked, tree and cascade orders have smaller partial sums than either (each of 
 a sum of fewer consecutive terms), and a CPU scalar loop is the left-to-right order itself. Per family:
 
 * **sum, mean** (and the average pools, whose windows are short: the order-free ``(n + 1) (u M)**2``,
-  ``M = sum|x|``): ``u**2 S**2``; a mean adds its division ``u |y|``.
+  ``M = sum|x|``): ``u**2 S**2``; a mean adds its division ``u |y|``. With a float32 result that scale
+  stays for the group tests, while the element test takes the long chains out and emulates them
+  (:mod:`refkern.analysis.noise_chains`: one output is one draw, and the scalar loop's scale let a bug
+  of 33 times the spread of correct kernels pass).
 * **var, std**: ``M2 = sum d_k**2`` with ``d = x - mean``: each ``d_k`` (``2 d_k**2 u``) and its square
   (``d_k**2 u``), the partial sums of the squares (``S`` of ``d**2``), and, for Welford's updating
   algorithm, each running mean's rounding ``u (|m_k| + 2 |x_k - m_(k-1)| / k)``, which reaches M2 with the
@@ -95,8 +98,10 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
 from refkern.analysis.noise_attention import attention_noise
+from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest_sq
 from refkern.analysis.noise_rows import RowShared, keys, norm_sums
 from refkern.analysis.noise_store import straddle
+from refkern.analysis.stats import level
 
 __all__ = ["Noise", "noise", "RSQRT_ULPS"]
 
@@ -128,6 +133,11 @@ class Noise:
     #: sigma**2 before the store and a thunk giving ``(xh, err)``, the exact result to float64 within
     #: ``err``, for the element test that knows the store is one rounding to nearest (inside._straddle)
     straddle: object = None
+    #: where the family's longest chains are emulated (a float32 sum or mean, :mod:`~refkern.analysis.
+    #: noise_chains`): ``(var_el, thunk)``, the element test's sigma**2 for every other order and a thunk
+    #: yielding batches of the members' ``(xh, err, pre)``, (k,) + shape each (inside._members); ``var`` the
+    #: whole family's scale, for the group tests
+    members: object = None
 
 
 def _eta(f: Format, e: int = 0) -> float:
@@ -142,6 +152,26 @@ def _stores(y, out: Format):
 
 
 # ------------------------------------------------------------------------------------------------ sums
+
+
+def _chains(lay, kind, ref, stores, eta_w):
+    """:attr:`Noise.members` of a float32 sum or mean (:mod:`refkern.analysis.noise_chains`), or None
+    where nothing is emulated (fewer than 4 terms, or values that are not float32 numbers)."""
+    X = np.asarray(lay.X)
+    if chains_of(lay.n) < 2 or not np.array_equal(X, X.astype(np.float32)):
+        return None
+    u, d = FLOAT32.u, float(max(lay.n, 1) if kind == "mean" else 1)
+    var_el = lay.back(u * u * rest_sq(X) / d**2) + stores + ((u * ref) ** 2 if kind == "mean" else 0.0)
+    slack = (lay.n + 4) * eta_w**2  # what may underflow in the chains
+    # a correct member refused with probability at most ALPHA / PARTS over all members and rows: spent
+    # besides the element tests' share (noise_chains.members)
+    lam_v = level(len(member_specs(lay.n)) * X.shape[0])
+
+    def thunk():
+        for xh, err, pre in batches(X, kind, lam_v):
+            yield tuple(np.stack([lay.back(row) for row in a]) for a in (xh, err, pre + slack))
+
+    return var_el, thunk
 
 
 def _sum_rows(X, u, kind, n):
@@ -418,7 +448,8 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         v = lay.back(_sum_rows(lay.X, u, kind, lay.n))
         if kind == "mean":
             v = v + (u * ref) ** 2
-        return Noise(v + stores, [], every, sc, straddle=straddle(name, lay, v, out))
+        mb = _chains(lay, kind, ref, stores, eta_w) if out is FLOAT32 and not ek else None
+        return Noise(v + stores, [], every, sc, straddle=straddle(name, lay, v, out), members=mb)
     if kind == "mean":  # average pools: short windows, the order-free scale
         m = lay.absmean * lay.n
         return Noise(lay.back((lay.n + 1) * (u * m) ** 2 / lay.n**2) + (u * ref) ** 2 + stores, [], every, sc)

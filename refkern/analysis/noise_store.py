@@ -11,10 +11,12 @@ partial in the result format: :func:`thread_partials_sq` puts those roundings in
 import math
 
 import numpy as np
+from numba import prange
 
+from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 
-__all__ = ["GRAIN", "thread_partials_sq", "straddle"]
+__all__ = ["GRAIN", "thread_partials_sq", "straddle", "straddle_z"]
 
 
 GRAIN = 32768  #: torch's CPU parallel grain (at::internal::GRAIN_SIZE): a reduction splits into chunks of at least it
@@ -60,3 +62,40 @@ def straddle(name, lay, pre, out: Format):
         return xh, FLOAT64.u * np.abs(xh)
 
     return np.asarray(pre, np.float64) + (lay.n + 4) * math.ldexp(1.0, FLOAT32.emin - FLOAT32.prec) ** 2, thunk
+
+
+@jit(parallel=True, error_model="numpy")
+def straddle_z(a, xh, err, pre, prec, emin, z):
+    """The element test of a result stored once in the format (prec, emin) (``inside._straddle``): per
+    element, the distance from the high-precision centre ``xh`` (within ``err`` of the exact result) to the
+    values that round to ``a``, ``[a - h_lo, a + h_hi]`` (half the spacing to each neighbour: below a power
+    of two the spacing toward zero halves; at 0 half the smallest subnormal each side), less ``err``, in
+    units of ``sqrt(pre)``; 0 where equal or both NaN, inf at any other special."""
+    tiny = 2.0 ** (emin - prec + 1)
+    for i in prange(a.size):
+        x, y = a[i], xh[i]
+        if x == y or (x != x and y != y):
+            z[i] = 0.0
+            continue
+        if not (x - x == 0.0 and y - y == 0.0):
+            z[i] = np.inf
+            continue
+        ax = abs(x)
+        if ax == 0.0:
+            lo = hi = tiny / 2.0
+        else:
+            m, e = math.frexp(ax)  # ax = m 2**e, m in [1/2, 1)
+            sp = 2.0 ** (max(e - 1, emin) - prec + 1)
+            down = sp / 2.0 if m == 0.5 and e - 1 > emin else sp  # the spacing toward zero
+            lo, hi = (down / 2.0, sp / 2.0) if x > 0 else (sp / 2.0, down / 2.0)
+        d = 0.0
+        if y < x - lo:
+            d = (x - lo) - y
+        elif y > x + hi:
+            d = y - (x + hi)
+        d = max(d - err[i], 0.0)
+        if d == 0.0:
+            z[i] = 0.0
+        else:
+            zi = d / math.sqrt(pre[i])
+            z[i] = np.inf if zi != zi else zi

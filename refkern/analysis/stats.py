@@ -37,8 +37,8 @@ import math
 
 import numpy as np
 
-__all__ = ["ALPHA", "PARTS", "level", "distinct", "repeated", "group_sums", "proportion_margin", "smaller_pvalue",
-           "min_pvalue"]  # fmt: skip
+__all__ = ["ALPHA", "PARTS", "level", "asymmetric", "distinct", "repeated", "group_sums", "proportion_margin",
+           "smaller_pvalue", "min_pvalue"]  # fmt: skip
 
 ALPHA = 1e-6  #: false-alarm budget of one compare() call under the model (a choice, stated in the docs)
 PARTS = 3  #: the budget is split over: single elements, groups along the axes, fit of the alternatives
@@ -142,3 +142,44 @@ def min_pvalue(m: int, n: int) -> float:
         return 1.0 / math.comb(m + n, m)
     z = (0.5 - m * n / 2.0) / math.sqrt(m * n * (m + n + 1) / 12.0)
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def _lean(d, x) -> np.ndarray:
+    """(T_offset, T_scale) of :func:`asymmetric` for the errors ``d`` at the exact values ``x``, repeated
+    (exact, error) pairs counted once."""
+    keep = distinct(x, d)
+    d, x = d[keep], x[keep]
+    out = np.zeros(2)
+    for i, v in enumerate((d, d * x)):
+        den = float(np.sqrt(np.sum(v * v)))
+        out[i] = float(np.sum(v)) / den if den > 0 else 0.0
+    return out
+
+
+def asymmetric(d, x, alpha, emulated=()) -> bool:
+    """Do the errors ``d = actual - exact`` (at the exact values ``x``, a sample) lean one way, as the
+    accumulator's own emulated errors (``emulated``: its orders' ``c - exact`` on the same sample) do not?
+
+    To first order an accumulator's error is ``d_i = sum_j c_ij delta_j`` with ``c_ij`` fixed by the exact
+    data (its partial sums, module docstring); with the roundings' deltas independent and symmetric,
+    each ``d_i`` is symmetric, and distinct elements (their own accumulations) are independent. Given the
+    magnitudes ``|d_i|``, the signs are then independent fair coins, and for any weights ``v_i`` fixed by
+    the data, ``T = sum v_i d_i / sqrt(sum (v_i d_i)**2)`` is a Rademacher sum: ``P(|T| >= lam) <= 2
+    exp(-lam**2 / 2)`` (Hoeffding) whatever the accumulator's scale. Two statistics, at ``lam = level(2,
+    alpha)``: ``v = 1`` (an offset) and ``v = x`` (a scale error: the residual correlated with the output).
+    Unlike the offset and scale tests of the full fit these need no model of the scale, so an accumulator
+    whose noise is far louder than the bug cannot hide it: a constant offset of half the spread of
+    correct kernels, or a whole GEMM output scaled by 8x that spread, was named fp16 or bf16 accumulation
+    because the accumulator's scale covered it (bench_gemm_power). Repeated (exact, actual) pairs carry
+    the same rounding and count once (:func:`distinct`).
+
+    Where the deltas are not symmetric the emulations show it: a short accumulator stagnating on
+    one-signed terms loses every small term the same way, and its emulated orders lean as the backend
+    does. So ``T`` is refused only outside ``[min(0, T_k) - lam, max(0, T_k) + lam]`` over the emulated
+    orders' ``T_k``: a backend in an order between the emulated ones leans between them (as the noise-size
+    test takes its q between the quietest and the noisiest order), and the interval holds ``[-lam, lam]``,
+    so under the symmetric model the level is the one above."""
+    lam = level(2, alpha)
+    t = _lean(d, x)
+    ts = np.array([_lean(e, x) for e in emulated] + [np.zeros(2)])
+    return bool(np.any((t < ts.min(axis=0) - lam) | (t > ts.max(axis=0) + lam)))

@@ -58,7 +58,7 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT64, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.partials import order_bound
-from refkern.analysis.stats import ALPHA, level, min_pvalue, proportion_margin, smaller_pvalue
+from refkern.analysis.stats import ALPHA, asymmetric, level, min_pvalue, proportion_margin, smaller_pvalue
 from refkern.analysis.structure import counted_once, detectable, group_failures, n_groups, signatures
 from refkern.engines.filter import threads_for
 from refkern.kernels._element import NAIVE
@@ -500,8 +500,9 @@ def _noise_size(group, a_s, x_s, ok, alpha, c32=None):
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             q32 = ((c32 - x_s) ** 2 / var)[ok]
         too_clean = too_clean or not smaller_pvalue(q32, qa) <= alpha  # no louder than float32
+    lopsided = asymmetric(a_s[ok] - x_s[ok], x_s[ok], alpha, [(c - x_s)[ok] for _, c, _ in group])  # the signs
     for f, _, _ in group:
-        f.noise_ok = not (too_clean or too_noisy)
+        f.noise_ok = not (too_clean or too_noisy or lopsided)
 
 
 def _dominates(s: Fit, e: Fit, eps: float) -> bool:
@@ -566,24 +567,24 @@ def decide(actual, pr, ref, mag) -> Decision:
     bad = base.unexplained()
     cls = np.where(exact, 0, np.where(bad, 3, np.where(r0.z <= t.lam_el, 1, 2))).astype(np.int8)
     found = signatures(actual, base.centre, base.var, bad, pr, t.lam_el, sample)
+    whole, along = [], []  # the whole output's findings lead, then each group's
     for g in base.groups:
         if g.get("scale") and g["ax"] is not None:  # a group's scale test (:func:`_axis_scale_failures`)
-            found.insert(0, {"kind": "scale", "factor": 1.0 + g["mean"], "text": f"{g['axis']} {g['index']} is "
+            along.append({"kind": "scale", "factor": 1.0 + g["mean"], "text": f"{g['axis']} {g['index']} is "
                              f"{1.0 + g['mean']:.6g} times what {base.model.kind} gives ({g['z']:.3g} standard "
                              "errors): scaled, not accumulator noise"})  # fmt: skip
         if g["ax"] is None and g["axis"] == "offset":  # the offset test (:func:`_offset_failure`)
-            found.insert(0, {"kind": "offset", "axis": "all", "indices": [], "offsets": [g["mean"]], "bias": None,
+            whole.append({"kind": "offset", "axis": "all", "indices": [], "offsets": [g["mean"]], "bias": None,
                              "text": "the output is "
                              f"offset by {g['mean']:.3g} on average from what {base.model.kind} gives ({g['z']:.3g} "
                              "standard errors): an offset, not accumulator noise"})  # fmt: skip
             continue
         if g["ax"] is None:  # the scale test (:func:`_scale_failure`)
-            found.insert(0, {"kind": "scale", "factor": 1.0 + g["mean"], "text": f"the output is {1.0 + g['mean']:.6g} "
+            whole.append({"kind": "scale", "factor": 1.0 + g["mean"], "text": f"the output is {1.0 + g['mean']:.6g} "
                              f"times what {base.model.kind} gives ({g['z']:.3g} standard errors): a scale error, not "
                              "accumulator noise"})  # fmt: skip
+    found = whole + along + found
     if t.over.any():
         found.insert(0, _overflow_note(t.over, [(f"{f.model.precision} inputs", f.over_centre) for f in fits
                                                 if not f.model.rounding and f.over_centre is not None]))  # fmt: skip
     return Decision("mismatch", None, base.model, cls, fits, base.z, [], found, det, thresholds)
-
-

@@ -97,6 +97,29 @@ def test_errors_name_the_argument():
         rk.embedding_dense_backward(torch.randn(3, 4), torch.tensor([0, 1]), 5)
 
 
+def test_the_gradient_checks_are_the_shared_ones():
+    """grad_output and the backend's gradient are checked by the checks every backward makes
+    (kernels._grad.grad_output, compare's _actual_grad): their messages, word for word."""
+    w, idx = torch.randn(5, 3), torch.tensor([[0, 1], [1, 4]])
+    with pytest.raises(ValueError, match=r"^backward: grad_output must have shape indices\.shape \+ \(embedding_dim,\) = "
+                       r"\(2, 2\) \+ \(3,\); got grad_output\.shape=\(2, 2, 4\)\.$"):  # fmt: skip
+        rk.backward("embedding", torch.randn(2, 2, 4), idx, w)
+    with pytest.raises(TypeError, match=r"^backward: grad_output must have the dtype of the output of embedding, "
+                       r"float32; got grad_output\.dtype=float64\.$"):  # fmt: skip
+        rk.backward("embedding", torch.randn(2, 2, 3, dtype=torch.float64), idx, w)
+    with pytest.raises(TypeError, match=r"^compare_backward: the gradient of weight must have the dtype of weight, "
+                       r"float32; got float64\.$"):  # fmt: skip
+        rk.compare_backward({"weight": torch.zeros(5, 3, dtype=torch.float64)}, "embedding", torch.randn(2, 2, 3),
+                            idx, w)  # fmt: skip
+    with pytest.raises(TypeError, match=r"^compare: embedding returns float32 for these inputs; got actual\.dtype="
+                       r"float64\.$"):  # fmt: skip
+        rk.compare(torch.zeros(2, 2, 3, dtype=torch.float64), "embedding", idx, w)
+    with pytest.raises(ValueError, match=r"^compare: actual\.shape=\(2, 3\) differs from the shape embedding gives"):
+        rk.compare(torch.zeros(2, 3), "embedding", idx, w)
+    g = torch.randn(2, 2, 3, dtype=torch.float64)  # aten's backward: grad_output's own dtype and D
+    assert rk.embedding_dense_backward(g, idx, 5).dtype == torch.float64
+
+
 def test_the_audit_judges_embedding_dense_backward():
     from refkern.torch import audit
 

@@ -74,6 +74,24 @@ def test_errors():
         rk.l1_loss(torch.zeros(3), torch.zeros(3), reduction="max")
 
 
+@pytest.mark.parametrize("op", ["mse_loss", "l1_loss", "binary_cross_entropy", "nll_loss"])
+def test_the_result_and_gradient_checks_are_the_shared_ones(op):
+    """A loss's result and gradient are read by the checks every op makes (one message for each, word for word)."""
+    x = torch.rand(4, 3) * 0.8 + 0.1
+    t = torch.tensor([0, 2, 1, 1]) if op == "nll_loss" else torch.rand(4, 3)
+    with pytest.raises(TypeError, match=rf"^compare: {op} returns float32 for these inputs; got actual\.dtype="
+                       r"float64\.$"):  # fmt: skip
+        rk.compare(torch.zeros((), dtype=torch.float64), op, x, t)
+    with pytest.raises(ValueError, match=rf"^compare: actual\.shape=\(4,\) differs from the shape {op} gives for "
+                       r"these inputs, \(\)"):  # fmt: skip
+        rk.compare(torch.zeros(4), op, x, t)
+    if op == "l1_loss":
+        return
+    with pytest.raises(TypeError, match=r"^compare_backward: the gradient of input must have the dtype of input, "
+                       r"float32; got float64\.$"):  # fmt: skip
+        rk.compare_backward({"input": torch.zeros(4, 3, dtype=torch.float64)}, op, torch.tensor(1.0), x, t)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mse_loss_gradient(dtype):
     """Reference == truth; torch's gradient exact or rounding; a gradient without the factor 2 a mismatch; the

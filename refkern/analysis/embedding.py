@@ -28,19 +28,15 @@ __all__ = ["compare_call", "grad_report", "grad_bound"]
 
 def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False):
     """:func:`refkern.compare` for embedding's lookup: every element must be the looked-up value."""
-    from refkern._arrays import is_tensor, operand
+    from refkern._arrays import operand
     from refkern.analysis.evaluate import _bind
-    from refkern.analysis.losses import _report
+    from refkern.analysis.losses import _report, actual_of
     from refkern.kernels.embedding import embedding
 
-    device = str(actual.device) if is_tensor(actual) else "numpy"
     bound = _bind(name, args, kwargs)
     ref = operand(embedding(**bound), "reference", "compare")
-    act = operand(actual, "actual", "compare")
-    if tuple(act.shape) != tuple(ref.shape) or act.fmt != ref.fmt:
-        raise ValueError(f"compare: actual ({tuple(act.shape)}, {act.fmt.name}) differs from what embedding gives for "
-                         f"these inputs ({tuple(ref.shape)}, {ref.fmt.name}); pass the same arguments.")  # fmt: skip
-    a64, r64 = (np.asarray(o.values, np.float64).reshape(o.shape) for o in (act, ref))
+    a64, device = actual_of(actual, name, ref.shape, ref.fmt)
+    r64 = np.asarray(ref.values, np.float64).reshape(ref.shape)
     notes = ["a lookup copies values: judged bit for bit"]
     b = np.zeros(r64.shape)
     if bound.get("max_norm") is not None:
@@ -120,16 +116,13 @@ def grad_bound(c, ref) -> np.ndarray:
 
 def grad_report(got, g, a, who, rtol=None, atol=None):
     """compare_backward's Report for the gradient of embedding's weight."""
-    from refkern._arrays import is_tensor, operand
+    from refkern.analysis.compare import _actual_grad
     from refkern.analysis.losses import _report
     from refkern.kernels.embedding import grad_weight
     from refkern.kernels.embedding_grad import call_of
 
     c = call_of(g, a, who)
-    act = operand(got, "the gradient of weight", who)
-    if act.fmt != c.fmt:
-        raise TypeError(f"{who}: the gradient of weight must have the dtype of weight, {c.fmt.name}; got "
-                        f"{act.fmt.name}.")  # fmt: skip
+    a64, device = _actual_grad(got, "weight", c.fmt, who)
     ref = grad_weight(c)
     b = grad_bound(c, ref)
     blind = int(np.count_nonzero(np.isinf(b)))
@@ -137,6 +130,5 @@ def grad_report(got, g, a, who, rtol=None, atol=None):
              "(refkern.analysis.embedding): rows of one term are copies, judged bit for bit"]  # fmt: skip
     if blind:
         notes.append(f"no bound is claimed for {blind} elements (a token repeated beyond 1/(8 u) times)")
-    device = str(got.device) if is_tensor(got) else "numpy"
-    a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
+    a64 = a64.reshape(ref.shape)
     return _report("embedding backward (weight)", a64, ref, b, c.fmt, device, int(c.G.shape[0]), rtol, atol, notes)

@@ -217,67 +217,62 @@ def binary_envelope(op, x, y, w, pw, fmt, red) -> np.ndarray:
 
 
 def _binary_call(actual, name, args, kwargs, rtol, atol, arrays):
-    from refkern._arrays import is_tensor, operand
     from refkern.analysis.evaluate import _bind
     from refkern.kernels.loss_binary import binary_call, binary_values
 
-    device = str(actual.device) if is_tensor(actual) else "numpy"
     x, y, w, pw, fmt, _, red = binary_call(name, **_bind(name, args, kwargs))
     shape = x.shape if red == "none" else ()
-    act = operand(actual, "actual", "compare")
-    if tuple(act.shape) != tuple(shape) or act.fmt != fmt:
-        raise ValueError(f"compare: actual ({tuple(act.shape)}, {act.fmt.name}) differs from what {name} gives for "
-                         f"these inputs ({tuple(shape)}, {fmt.name}); pass the same arguments.")  # fmt: skip
+    a64, device = actual_of(actual, name, shape, fmt)
     ref = np.asarray(binary_values(name, x, y, w, pw, fmt, red), np.float64).reshape(shape)
     b = binary_envelope(name, x, y, w, pw, fmt, red).reshape(shape)
-    a64 = np.asarray(act.values, np.float64).reshape(shape)
     note = f"{name} judged by the worst-case envelope of torch's formula (refkern.analysis.losses)"
     rep = _report(name, a64, ref, b, fmt, device, int(x.size), rtol, atol, [note])
     return rep, ({"reference": ref, "actual": a64, "bound": b, "report": rep} if arrays else None)
 
 
 def _pointwise_call(actual, name, args, kwargs, rtol, atol, arrays):
-    from refkern._arrays import is_tensor, operand
     from refkern.analysis.evaluate import _bind
     from refkern.kernels.loss_pointwise import pointwise_call, pointwise_values
 
-    device = str(actual.device) if is_tensor(actual) else "numpy"
     x, t, fmt, _, red = pointwise_call(name, **_bind(name, args, kwargs))
     shape = x.shape if red == "none" else ()
-    act = operand(actual, "actual", "compare")
-    if tuple(act.shape) != tuple(shape) or act.fmt != fmt:
-        raise ValueError(f"compare: actual ({tuple(act.shape)}, {act.fmt.name}) differs from what {name} gives for "
-                         f"these inputs ({tuple(shape)}, {fmt.name}); pass the same arguments.")  # fmt: skip
+    a64, device = actual_of(actual, name, shape, fmt)
     ref = np.asarray(pointwise_values(name, x, t, fmt, red), np.float64).reshape(shape)
     b = np.asarray(pointwise_envelope(name, x, t, fmt, red)).reshape(shape)
-    a64 = np.asarray(act.values, np.float64).reshape(shape)
     rep = _report(name, a64, ref, b, fmt, device, int(x.size), rtol, atol,
                   [f"{name} judged by the worst-case envelope of its roundings (refkern.analysis.losses)"])  # fmt: skip
     return rep, ({"reference": ref, "actual": a64, "bound": b, "report": rep} if arrays else None)
 
 
+def actual_of(actual, name, shape, fmt):
+    """(float64 values, device) of a backend's result ``actual`` of op ``name`` (compare's reading,
+    :func:`refkern.analysis.compare._actual`), which must have the ``shape`` and format ``fmt`` the op gives for
+    these inputs: a ValueError (the shape) or TypeError (the dtype) naming both otherwise."""
+    from refkern.analysis.compare import _actual
+
+    a64, afmt, device = _actual(actual)
+    if a64.shape != tuple(shape):
+        raise ValueError(f"compare: actual.shape={a64.shape} differs from the shape {name} gives for these inputs, "
+                         f"{tuple(shape)}; pass the same arguments that produced it.")  # fmt: skip
+    if afmt.name != fmt.name:
+        raise TypeError(f"compare: {name} returns {fmt.name} for these inputs; got actual.dtype={afmt.name}.")
+    return a64, device
+
+
 def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False):
     """:func:`refkern.compare` for a loss: (Report, per-element arrays or None)."""
-    from refkern._arrays import is_tensor, operand
     from refkern.analysis.evaluate import _bind
 
     if name in ("mse_loss", "l1_loss"):
         return _pointwise_call(actual, name, args, kwargs, rtol, atol, arrays)
     if name.startswith("binary_cross_entropy"):
         return _binary_call(actual, name, args, kwargs, rtol, atol, arrays)
-    device = str(actual.device) if is_tensor(actual) else "numpy"
     c = loss_call(name, **_bind(name, args, kwargs))
-    act = operand(actual, "actual", "compare")
-    if tuple(act.shape) != tuple(c.out_shape):
-        raise ValueError(f"compare: actual.shape={tuple(act.shape)} differs from the shape {name} gives for these "
-                         f"inputs, {tuple(c.out_shape)}; pass the same arguments that produced it.")  # fmt: skip
-    if act.fmt != c.fmt:
-        raise TypeError(f"compare: {name} returns the input's dtype ({c.fmt.name}); got actual.dtype={act.fmt.name}.")
+    a64, device = actual_of(actual, name, c.out_shape, c.fmt)
     ls = None if name == "nll_loss" else log_sums(c.X)  # shared by the reference and the envelope
     ref = np.asarray(nll_values(c) if name == "nll_loss" else cross_entropy_values(c, ls), np.float64)
     ref = ref.reshape(c.out_shape)
     b, notes, over = envelope(c, c.fmt, ls)
-    a64 = np.asarray(act.values, np.float64).reshape(c.out_shape)
     spilled = over & ~np.isfinite(a64) & np.isfinite(ref)
     if spilled.any():  # the intermediate's overflow: inf or NaN is what such a correct implementation returns
         ref = np.where(spilled, a64, ref)
@@ -324,19 +319,15 @@ def grad_bound(c, G, ref_rows) -> np.ndarray:
 
 def grad_report(got, g, a, who, rtol=None, atol=None):
     """compare_backward's Report for the gradient of nll_loss's input."""
-    from refkern._arrays import is_tensor, operand
+    from refkern.analysis.compare import _actual_grad
     from refkern.kernels.loss_grad import _back, nll_grad, nll_grad_call
 
     c, G = nll_grad_call(g, a, who)
-    act = operand(got, "the gradient of input", who)
-    if act.fmt != c.fmt:
-        raise TypeError(f"{who}: the gradient of input must have the dtype of input, {c.fmt.name}; got "
-                        f"{act.fmt.name}.")  # fmt: skip
+    a64, device = _actual_grad(got, "input", c.fmt, who)
     ref_rows = nll_grad(c, G)
     b = _back(c, grad_bound(c, G, ref_rows))
     ref = np.asarray(_back(c, ref_rows), np.float64)
-    device = str(got.device) if is_tensor(got) else "numpy"
-    a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
+    a64 = a64.reshape(ref.shape)
     notes = ["the gradient of nll_loss judged by its worst-case envelope (refkern.analysis.losses): -w_t g (over the "
              "stored sum of the counted weights for a mean) at each counted target, 0 bit for bit elsewhere"]
     return _report("nll_loss backward (input)", a64, ref, b, c.fmt, device, 1, rtol, atol, notes)
@@ -347,19 +338,15 @@ def mse_grad_report(got, g, a, who, rtol=None, atol=None):
     ``norm = 2 / n`` (mean) or 2, a float64 constant converted to the working precision: a conversion, a
     difference, two products and the store, each one rounding: ``gamma_4(ua) |y|`` (times 1.01), plus the
     centre's store(s)."""
-    from refkern._arrays import is_tensor, operand
+    from refkern.analysis.compare import _actual_grad
     from refkern.kernels.loss_grad import mse_grad, mse_grad_call
 
     x, t, G, fmt, _, red = mse_grad_call(g, a, who)
-    act = operand(got, "the gradient of input", who)
-    if act.fmt != fmt or tuple(act.shape) != tuple(x.shape):
-        raise ValueError(f"{who}: the gradient of input must have shape {tuple(x.shape)} and dtype {fmt.name}; got "
-                         f"{tuple(act.shape)} {act.fmt.name}.")  # fmt: skip
+    a64, device = _actual_grad(got, "input", fmt, who)  # its shape: compare_backward checked it
     ref = mse_grad(x, t, G, fmt, red)
     with np.errstate(all="ignore"):
         b = gamma(4, _units(fmt)[2]) * np.abs(ref) * _SLACK + _stores(ref, fmt)
-    device = str(got.device) if is_tensor(got) else "numpy"
-    a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
+    a64 = a64.reshape(ref.shape)
     note = "the gradient of mse_loss judged by its worst-case envelope (refkern.analysis.losses)"
     return _report("mse_loss backward (input)", a64, ref, np.where(np.isnan(b), np.inf, b), fmt, device, 1, rtol,
                    atol, [note])  # fmt: skip
@@ -371,14 +358,11 @@ def bce_grad_report(got, g, a, who, rtol=None, atol=None):
     the product, p - y, by g, the division, by w, by 1/n) and the store: ``gamma_7(ua) |y|`` (times 1.01);
     where the computed ``(1 - p) p`` may fall on the other side of eps (within ``gamma_2(ua)`` of it) the
     clamped value is accepted too; plus the centre's store(s)."""
-    from refkern._arrays import is_tensor, operand
+    from refkern.analysis.compare import _actual_grad
     from refkern.kernels.loss_grad import BCE_EPS, bce_grad, bce_grad_call
 
     p, y, w, G, fmt, _, red = bce_grad_call(g, a, who)
-    act = operand(got, "the gradient of input", who)
-    if act.fmt != fmt or tuple(act.shape) != tuple(p.shape):
-        raise ValueError(f"{who}: the gradient of input must have shape {tuple(p.shape)} and dtype {fmt.name}; got "
-                         f"{tuple(act.shape)} {act.fmt.name}.")  # fmt: skip
+    a64, device = _actual_grad(got, "input", fmt, who)  # its shape: compare_backward checked it
     ref = bce_grad(p, y, w, G, fmt, red)
     ua = _units(fmt)[2]
     with np.errstate(all="ignore"):
@@ -388,8 +372,7 @@ def bce_grad_report(got, g, a, who, rtol=None, atol=None):
         other = np.where(q > BCE_EPS, G * w * (p - y) / BCE_EPS, G * w * (p - y) / q) / n
         b = gamma(7, ua) * np.abs(ref) * _SLACK + np.where(near, np.abs(other - ref), 0.0)
         b = b + _stores(ref, fmt)
-    device = str(got.device) if is_tensor(got) else "numpy"
-    a64 = np.asarray(act.values, np.float64).reshape(ref.shape)
+    a64 = a64.reshape(ref.shape)
     note = "the gradient of binary_cross_entropy judged by its worst-case envelope (refkern.analysis.losses)"
     return _report("binary_cross_entropy backward (input)", a64, ref, np.where(np.isnan(b), np.inf, b), fmt, device,
                    1, rtol, atol, [note])  # fmt: skip

@@ -85,6 +85,21 @@ def _radix_keys(k, k2, m, npass):
 
 
 @jit
+def _sort_bits(bits, top, m, npass):
+    """Sort the floats whose bit patterns are bits[:m] (unsigned, ``top`` their sign bit) ascending in place:
+    each pattern mapped to a key that orders as its float (a negative one inverted, a positive one with its sign
+    bit set), the keys sorted (:func:`_radix_keys`, ``npass`` digits), mapped back."""
+    k, k2 = np.empty(m, bits.dtype), np.empty(m, bits.dtype)
+    for i in range(m):
+        b = bits[i]
+        k[i] = ~b if b & top else b | top
+    res = _radix_keys(k, k2, m, npass)
+    for i in range(m):
+        b = res[i]
+        bits[i] = b & ~top if b & top else ~b
+
+
+@jit
 def _sort_row(v, m, f32):
     """Sort the finite v[:m] ascending in place (-0.0 before +0.0); ``f32``: every value is a float32 (32-bit
     keys, three digits instead of six)."""
@@ -92,29 +107,11 @@ def _sort_row(v, m, f32):
         w = np.empty(m, np.float32)
         for i in range(m):
             w[i] = v[i]
-        bits = w.view(np.uint32)
-        top = np.uint32(1) << np.uint32(31)
-        k, k2 = np.empty(m, np.uint32), np.empty(m, np.uint32)
-        for i in range(m):
-            b = bits[i]
-            k[i] = ~b if b & top else b | top
-        res = _radix_keys(k, k2, m, 3)
-        for i in range(m):
-            b = res[i]
-            bits[i] = b & ~top if b & top else ~b
+        _sort_bits(w.view(np.uint32), np.uint32(1) << np.uint32(31), m, 3)
         for i in range(m):
             v[i] = w[i]
         return
-    bits = v.view(np.uint64)
-    top = np.uint64(1) << np.uint64(63)
-    k, k2 = np.empty(m, np.uint64), np.empty(m, np.uint64)
-    for i in range(m):
-        b = bits[i]
-        k[i] = ~b if b & top else b | top
-    res = _radix_keys(k, k2, m, 6)
-    for i in range(m):
-        b = res[i]
-        bits[i] = b & ~top if b & top else ~b
+    _sort_bits(v.view(np.uint64), np.uint64(1) << np.uint64(63), m, 6)
 
 
 @jit(inline="always")

@@ -149,7 +149,7 @@ def reduced_exact(c, M, fmt) -> float:
     D = None
     if c.reduction == "mean":
         if c.target is None:
-            D = Fraction(c.X.shape[0])
+            D = Fraction(c.raw.shape[0])
         else:
             w = np.ones(c.C) if c.weight is None else c.weight
             D = exact_sum(w[c.target[rows]])

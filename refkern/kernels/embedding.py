@@ -23,7 +23,7 @@ from fractions import Fraction
 import numpy as np
 from numba import prange
 
-from refkern._arrays import is_tensor, operand
+from refkern._arrays import converted_once, is_tensor, operand
 from refkern._jit import jit
 from refkern.accumulate.eft import two_sum
 from refkern.accumulate.formats import FLOAT64, Format
@@ -107,13 +107,24 @@ class EmbeddingGrad:
     tensor: bool
 
 
-def embedding_grad_call(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq, who) -> EmbeddingGrad:
-    """Validate an embedding_dense_backward call (grad_output of shape ``indices.shape + (D,)``)."""
-    og = operand(grad_output, "grad_output", who)
+def embedding_grad_call(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq, who, weight=None
+                        ) -> EmbeddingGrad:  # fmt: skip
+    """Validate an embedding_dense_backward call: grad_output of shape ``indices.shape + (D,)``, checked by the one
+    check every backward rule makes (:func:`refkern.kernels._grad.grad_output`). ``weight``: the forward's weight
+    operand, for embedding's backward (grad_output has its dtype and ``D`` is its embedding dimension); None for
+    aten's embedding_dense_backward (any floating dtype, any D: the gradient takes grad_output's)."""
+    from refkern.kernels._grad import _shape
+    from refkern.kernels._grad import grad_output as _checked
+
     idx = indices_of(indices, "indices", who)
-    if tuple(og.shape[:-1]) != tuple(idx.shape) or len(og.shape) != idx.ndim + 1:
-        raise ValueError(f"{who}: grad_output must have shape indices.shape + (embedding_dim,) = {tuple(idx.shape)} + "
-                         f"(D,); got grad_output.shape={tuple(og.shape)}.")  # fmt: skip
+    given = _shape(grad_output)
+    if weight is not None:
+        fmt, D, text = weight.fmt, weight.shape[-1], f"({weight.shape[-1]},)"
+    else:
+        fmt = operand(grad_output, "grad_output", who).fmt  # its own dtype (converted once: the check reuses it)
+        D, text = (given[-1] if len(given) == idx.ndim + 1 else -1), "(D,)"
+    og = _checked(grad_output, "embedding", fmt, (*idx.shape, D), who,
+                  f"shape indices.shape + (embedding_dim,) = {tuple(idx.shape)} + {text}")  # fmt: skip
     if isinstance(num_weights, bool) or not isinstance(num_weights, (int, np.integer)) or num_weights < 0:
         raise ValueError(f"{who}: num_weights must be a non-negative int; got num_weights={num_weights!r}.")
     V = int(num_weights)
@@ -211,6 +222,7 @@ def embedding_dense_backward(grad_output, indices, num_weights: int, padding_idx
     who = "embedding_dense_backward"
     if padding_idx == -1:
         padding_idx = None
-    c = embedding_grad_call(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq, who)
+    with converted_once():
+        c = embedding_grad_call(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq, who)
     return deliver(grad_weight(c), c.fmt, c.tensor)
 

@@ -2,7 +2,7 @@
 (:func:`refkern.kernels.embedding.grad_weight`); the indices have no gradient."""
 
 from refkern.kernels._common import deliver
-from refkern.kernels._grad import Adjoint, grad_output
+from refkern.kernels._grad import Adjoint
 
 __all__ = ["_embedding", "call_of"]
 
@@ -14,11 +14,11 @@ def call_of(g, a, who):
     from refkern.kernels.embedding import embedding_grad_call
 
     ow = operand(a["weight"], "weight", who)
-    og = grad_output(g, "embedding", ow.fmt, None, who)
-    if len(ow.shape) != 2 or (og.shape and og.shape[-1] != ow.shape[1]):
-        raise ValueError(f"{who}: grad_output must have shape input.shape + ({ow.shape[-1]},); got grad_output.shape="
-                         f"{tuple(og.shape)}.")  # fmt: skip
-    return embedding_grad_call(g, a["input"], ow.shape[0], a.get("padding_idx"), a.get("scale_grad_by_freq"), who)
+    if len(ow.shape) != 2:
+        raise ValueError(f"{who}: weight must have shape (num_embeddings, embedding_dim); got weight.shape="
+                         f"{tuple(ow.shape)}.")  # fmt: skip
+    return embedding_grad_call(g, a["input"], ow.shape[0], a.get("padding_idx"), a.get("scale_grad_by_freq"), who,
+                               weight=ow)  # fmt: skip
 
 
 def _embedding(op, g, a, wrt, who):

@@ -125,7 +125,7 @@ def row_coefficients(c: LossCall):
 
 def _ce_rows(c: LossCall, M, L, eL, status):
     """Float64 row values of cross_entropy, their bound, and which rows are special (module docstring)."""
-    R, C = c.X.shape
+    R, C = c.raw.shape
     w = np.ones(C) if c.weight is None else c.weight
     kind, *coef = row_coefficients(c)
     with np.errstate(all="ignore"):

@@ -28,7 +28,7 @@ def nll_grad_call(g, a, who):
 
 def nll_grad(c, G) -> np.ndarray:
     """The gradient (R, C) in row layout (class last), float64 values rounded to the input's format."""
-    R, C = c.X.shape
+    R, C = c.raw.shape  # the rows as held: c.X would make a float64 copy of them
     out = np.zeros((R, C))
     rows = np.flatnonzero(c.valid)
     if not rows.size:

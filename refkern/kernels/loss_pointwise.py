@@ -24,6 +24,7 @@ from numba import get_num_threads, prange
 
 from refkern._arrays import is_tensor, operand, promote
 from refkern._jit import jit
+from refkern.accumulate.eft import two_sum
 from refkern.accumulate.exact import BLOCK, _sum_range, exact_sum
 from refkern.accumulate.formats import FLOAT64, round_array
 from refkern.accumulate.superacc import SIZE, acc_init, acc_merge
@@ -50,19 +51,34 @@ def pointwise_call(op, input, target, size_average=None, reduce=None, reduction=
     return x, t, promote(ox.fmt, ot.fmt), ox.torch or ot.torch, red
 
 
-def _two_sum(a, b):
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
-
-
-def _square(s):
-    """(q, q') with q + q' = s**2 exactly (Dekker; |s| < 2**996)."""
+@jit(inline="always")
+def _square_k(s):
+    """(q, q') with q + q' = s**2 exactly (Dekker; 2**-480 <= |s| < 2**995 or s = 0: no overflow, no underflow).
+    Written once for scalars (the jitted kernel) and arrays (:func:`_square`, its Python body)."""
     q = s * s
     c = _SPLIT * s
     hi = c - (c - s)
     lo = s - hi
     return q, ((hi * hi - q) + 2.0 * hi * lo) + lo * lo
+
+
+@jit(inline="always")
+def _square_cross_k(s, e):
+    """(p, p') with p + p' = 2 s e exactly (Dekker; the same range as :func:`_square_k`); for scalars and, as
+    :func:`_square_cross`, arrays."""
+    a = 2.0 * s
+    p = a * e
+    c = _SPLIT * a
+    ah = c - (c - a)
+    al = a - ah
+    c = _SPLIT * e
+    eh = c - (c - e)
+    el = e - eh
+    return p, ((ah * eh - p) + ah * el + al * eh) + al * el
+
+
+# the same error-free transformations on whole float64 arrays (numpy runs the Python bodies elementwise)
+_two_sum, _square, _square_cross = two_sum.py_func, _square_k.py_func, _square_cross_k.py_func
 
 
 def _round_pair(q, r, fmt):
@@ -91,29 +107,6 @@ def _parts(op, x, t):
         return [q, qe, p1, p1e, p2, p2e], plain, special
 
 
-def _square_cross(s, e):
-    """(p, p') = 2 s e exactly."""
-    a = 2.0 * s
-    p = a * e
-    c = _SPLIT * a
-    ah = c - (c - a)
-    al = a - ah
-    c = _SPLIT * e
-    eh = c - (c - e)
-    el = e - eh
-    return p, ((ah * eh - p) + ah * el + al * eh) + al * el
-
-
-@jit(inline="always")
-def _square_k(s):
-    """(q, q') with q + q' = s**2 exactly (Dekker; 2**-480 <= |s| < 2**995 or s = 0: no overflow, no underflow)."""
-    q = s * s
-    c = _SPLIT * s
-    hi = c - (c - s)
-    lo = s - hi
-    return q, ((hi * hi - q) + 2.0 * hi * lo) + lo * lo
-
-
 @jit(parallel=True)
 def _reduce_parts(x, t, mse, nseg, accs, flag):
     """accs[k] += the exact parts of every element of segment k (:func:`_parts`, computed per element: the
@@ -131,10 +124,7 @@ def _reduce_parts(x, t, mse, nseg, accs, flag):
         for blk in range(lo_b, hi_b):
             m = 0
             for i in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
-                a, b = x[i], t[i]
-                sd = a - b
-                bb = sd - a
-                e = (a - (sd - bb)) + (-b - bb)
+                sd, e = two_sum(x[i], -t[i])
                 if not (abs(sd) < 2.0**995 and (sd == 0.0 or abs(sd) >= 2.0**-480) and e - e == 0.0):
                     flag[k] = 1
                     continue
@@ -156,19 +146,6 @@ def _reduce_parts(x, t, mse, nseg, accs, flag):
                     buf[m], buf[m + 1], buf[m + 2], buf[m + 3] = p1, p1e, p2, p2e
                     m += 4
             _sum_range(buf, 0, m, accs[k], scratch)
-
-
-@jit(inline="always")
-def _square_cross_k(s, e):
-    a = 2.0 * s
-    p = a * e
-    c = _SPLIT * a
-    ah = c - (c - a)
-    al = a - ah
-    c = _SPLIT * e
-    eh = c - (c - e)
-    el = e - eh
-    return p, ((ah * eh - p) + ah * el + al * eh) + al * el
 
 
 @jit

@@ -202,6 +202,60 @@ def test_an_rms_statistic_not_returned_is_no_pattern():
     assert not [c for c in a.calls if c.pattern]
 
 
+class _InlineNorm(torch.nn.Module):
+    """An RMSNorm written out inside a larger module (the projection consumes it; the module returns something
+    else); ``upcast=False``: the statistic in the input's dtype (float16: x**2 overflows beyond |x| = 256)."""
+
+    def __init__(self, d, upcast=True):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.proj = torch.nn.Linear(d, d)
+        self.upcast = upcast
+
+    def forward(self, x):
+        h = x.to(torch.float32) if self.upcast else x
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.proj(self.w * h.to(x.dtype))
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
+def test_an_inline_rms_norm_is_one_pattern_row(dtype):
+    torch.manual_seed(0)
+    m = _InlineNorm(64).to(dtype)
+    x = torch.randn(4, 10, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    a = _audit(m, x)
+    rows = [c for c in a.calls if c.pattern]
+    assert [c.pattern for c in rows] == ["rms_norm"] and rows[0].name == "_InlineNorm", a.report()
+    assert rows[0].op.endswith("; inline, weight from the stream)") and rows[0].shapes == [(4, 10, 64), (64,)]
+    assert a.first_failure is None, a.report()
+
+
+def test_an_inline_float16_statistic_that_overflows_is_the_pattern_mismatch():
+    """x**2 in float16 beyond |x| = 256 is infinite, rsqrt(inf) = 0, the output 0: every op is exact, the
+    normalisation is not; with the statistic in float32 it is right."""
+    torch.manual_seed(0)
+    x = (torch.randn(4, 10, 64, generator=torch.Generator().manual_seed(1)) * 300).half()
+    a = _audit(_InlineNorm(64).half(), x)
+    assert a.first_failure is None, a.report()
+    a = _audit(_InlineNorm(64, upcast=False).half(), x)
+    assert all(c.verdict in OK for c in a.calls if not c.pattern), a.report()
+    f = a.first_failure
+    assert f is not None and f.pattern == "rms_norm" and f.verdict == "mismatch", a.report()
+
+
+def test_a_statistic_scaling_another_tensor_inline_is_no_pattern():
+    class Mix(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x, z):  # z scaled by x's statistic: not a normalisation of x
+            return self.proj(z * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    a = _audit(Mix(), torch.randn(4, 8), torch.randn(4, 8))
+    assert not [c for c in a.calls if c.pattern], a.report()
+
+
 class _Rotary(torch.nn.Module):
     """Llama's rotary, written out: angles position * inv_freq, q * cos + rotate_half(q) * sin."""
 

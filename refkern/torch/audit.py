@@ -270,6 +270,9 @@ class Audit(AuditResults):
             return  # an in-place draw outside any forward: parameters being initialised, a constant
         if kind in ("random", "fused", "unchecked"):
             self._count(name, False, dsp.reason(kind, func))
+            if found:  # an inline rms_norm whose output this op consumes (refkern.torch.patterns)
+                with _disable_current_modes(), torch.no_grad():
+                    self._patterns(found)
             self._show(name)
             return
         with _disable_current_modes(), torch.no_grad():  # the analysis runs no op through any mode
@@ -288,7 +291,9 @@ class Audit(AuditResults):
             t = p.out
             shapes = [tuple(v.shape) for v in (getattr(p, "x", None), getattr(p, "weight", None), getattr(p, "q", None),
                                                getattr(p, "theta", None)) if isinstance(v, torch.Tensor)]  # fmt: skip
-            call = AuditCall(len(self.calls), self._where(), p.name, str(t.device), str(t.dtype).removeprefix("torch."),
+            m = getattr(p, "module", None)  # an inline rms_norm: named by the module that computed its statistic
+            where = self._where() if m is None else self._names.get(id(m), type(m).__name__)
+            call = AuditCall(len(self.calls), where, p.name, str(t.device), str(t.dtype).removeprefix("torch."),
                              shapes, None, aten=f"pattern {p.kind}", pattern=p.kind)  # fmt: skip
             try:
                 call.report, call.sampled = patterns.judge(

@@ -12,7 +12,13 @@ made each tensor, from which tensors) and names the two patterns:
   is, not what the stream did with them, so that ``(w + 1) * h`` for ``w * h`` and a second epsilon
   are its failure. Modules whose weight is an offset by definition (Gemma's ``x (1 + w)``,
   :data:`OFFSET_WEIGHT`) are judged with ``1 + w``. A module without a weight: the stream's last
-  multiplication by a tensor of d elements, if any.
+  multiplication by a tensor of d elements, if any. **Inline**: a statistic whose module does not return
+  the normalised tensor (an RMSNorm written out inside an attention or MLP module), where ``x * r`` (r the
+  statistic, x its input or its widened copy), through conversions, views and products by tensors, reaches
+  an op that is none of those (the projection that consumes it): that op's operand is the output, judged
+  with the stream's own epsilon and weight (its last product by a tensor of d elements): there is no
+  module to say what they should be, so what it judges is the composition (a statistic summed in the
+  input's bfloat16, say), not the constants.
 - **rotary**: ``add(mul(q, C), mul(R, S))`` where C is, through views, a conversion and a scaling by a
   number, ``cos(theta)``, and R is q rotated: made from q by selections, negations and concatenations
   that, replayed on a probe, give ``rotate_half`` (``cat(-q[..., d/2:], q[..., :d/2])``, Llama) or GPT-J's
@@ -25,7 +31,7 @@ made each tensor, from which tensors) and names the two patterns:
 The matcher holds few activations: the angles of each cosine (a few rows of position times frequency)
 while the cosine's result lives, the minuend ``a`` of each ``a - f(a)`` (a range reduction, or a
 hand-written ``x - mean(x)``) while the difference lives, and an RMS statistic's input until its
-module returns; integer index tensors of views. Everything else is weak references.
+module returns (or its inline output is consumed); integer index tensors of views. Everything else is weak references.
 """
 
 import weakref
@@ -139,6 +145,8 @@ class Matcher:
         if kind == "move":  # keep the integer tensors a replay of this view needs (index's indices)
             node.keep = [t.tensor() for t in ins[1:] if t.tensor() is not None and not t.tensor().is_floating_point()]
         found = []
+        if self._rms and node.counted and not self._normalising(node):
+            found += self._inline(ins)
         if name in ("cos", "sin") and ins:
             node.keep = self._angle(ins[0])
         elif self._reduction(node):  # an angle reduced before a cosine, maybe: its angle kept while it lives
@@ -146,6 +154,7 @@ class Matcher:
             weakref.finalize(outs[0], self._held.pop, id(node), None)
         stat = self._rms_stat(node) if name in ("rsqrt", "pow", "reciprocal") and ins and module is not None else None
         if stat is not None:
+            stat["module"] = module
             self._rms.setdefault(id(module), []).append(stat)
         elif node.counted and module is not None:
             for stat in self._rms.get(id(module), ()):
@@ -261,7 +270,7 @@ class Matcher:
         ynode = e[1] if e is not None and e[0]() is y else None
         for stat in reversed(stats):
             x = stat["x"]
-            if tuple(y.shape) != tuple(x.shape) or not self._normalises(ynode, stat["end"]):
+            if stat.get("found") or tuple(y.shape) != tuple(x.shape) or not self._normalises(ynode, stat["end"]):
                 continue
             d = x.shape[-1]
             w = getattr(module, "weight", None)
@@ -277,6 +286,77 @@ class Matcher:
             name = f"rms_norm (composed: {', '.join(stat['ops'])}{how})"
             return [Pattern("rms_norm", name, y, x=x, weight=None if w is None else w.detach(), eps=eps, d=d)]
         return []
+
+    @staticmethod
+    def _normalising(n):
+        """Whether node n is a step a normalised tensor may still take (a product, a conversion, a view)."""
+        return n.op in ("mul", *_PLAIN, "expand") or n.view
+
+    def _inline(self, ins):
+        """The inline rms_norm patterns (module docstring) whose output is one of ``ins``, the operands of an op
+        that is not a normalising step: each pending statistic that an operand normalises (``x * r`` on the
+        way), once."""
+        found = []
+        for stats in list(self._rms.values()):
+            for stat in stats:
+                if stat.get("found"):
+                    continue
+                for i in ins:
+                    x = stat["x"]
+                    i = self._laid_out(i, tuple(x.shape))  # through the views that fed it (linear's 2-d view)
+                    y = None if i is None else i.tensor()
+                    if y is None or not self._scales_x(i.node, stat):
+                        continue
+                    stat["found"] = True
+                    d = x.shape[-1]
+                    w = self._stream_weight(i.node, d)
+                    how = "; inline, weight from the stream" if w is not None else "; inline, no weight"
+                    name = f"rms_norm (composed: {', '.join(stat['ops'])}{how})"
+                    found.append(Pattern("rms_norm", name, y, x=x, weight=None if w is None else w.detach(),
+                                         eps=stat["eps"], d=d, module=stat["module"]))  # fmt: skip
+                    break
+        return found
+
+    @staticmethod
+    def _laid_out(i, shape):
+        """Tensor i, or the tensor it is a view or copy of (a few steps back), that has ``shape``; else None."""
+        for _ in range(4):
+            t = i.tensor()
+            if t is not None and tuple(t.shape) == shape:
+                return i
+            n = i.node
+            if n is None or not (n.view or n.op in _PLAIN) or not n.ins:
+                return None
+            i = n.ins[0]
+        return None
+
+    def _scales_x(self, n, stat, depth=6):
+        """Whether node n is made by normalising steps from ``x * r``: a product of the statistic's result (through
+        views and conversions) and its input x (or x's widened copy)."""
+        todo, seen, end, x_in = [(n, 0)], set(), stat["end"], stat["x_in"]
+        while todo:
+            m, d = todo.pop()
+            if m is None or id(m) in seen or d > depth or not self._normalising(m):
+                continue
+            seen.add(id(m))
+            if m.op == "mul" and len(m.ins) == 2:
+                for a, b in ((m.ins[0], m.ins[1]), (m.ins[1], m.ins[0])):
+                    if self._plain_of(a, x_in) and self._normalises(b.node, end):
+                        return True
+            todo += [(i.node, d + 1) for i in m.ins]
+        return False
+
+    @staticmethod
+    def _plain_of(i, x_in):
+        """Whether tensor i is x_in, or made from it by conversions only."""
+        for _ in range(4):
+            if i.same(x_in):
+                return True
+            n = i.node
+            if n is None or n.op not in _PLAIN or not n.ins:
+                return False
+            i = n.ins[0]
+        return False
 
     @staticmethod
     def _normalises(n, end, depth=6):

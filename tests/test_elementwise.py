@@ -77,6 +77,19 @@ def test_hard_cases(op, kw, span, fmt):
     _check(op, kw, HARD[fmt], fmt)
 
 
+def test_erf_float64_tier_decides_and_is_the_truth():
+    """erf's float64 tier (_ew_f64.f_erf) decides nearly every float32 element, at its edges too (4.5, where
+    erf is 1 within 2**-32; the smallest subnormal), and the reference it gives is the truth's."""
+    from refkern.kernels import _ew_f64
+
+    rng = np.random.default_rng(5)
+    xs = np.concatenate([rng.standard_normal(2000) * 2, rng.uniform(-4.6, 4.6, 2000), [4.5, -4.5, 4.4999995,
+                         3.92, 2.0**-149, -(2.0**-126), 1e-30]]).astype(np.float32)  # fmt: skip
+    decided = [_ew_f64.f_erf(float(v), 24, -126, 127)[1] for v in xs]
+    assert np.mean(decided) > 0.999 and all(decided[-7:])
+    _check("erf", {}, xs.astype(np.float64).tolist(), "float32")
+
+
 def test_large_arguments_of_sin_and_cos_are_reduced_exactly():
     """cos(1e5) in float32 (rotary angles): the float32 value 1e5 = 100000 exactly."""
     assert float(refkern.cos(np.float32([1e5]))[0]) == pytest.approx(float(np.float32(math.cos(1e5))), abs=0)

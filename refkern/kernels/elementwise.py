@@ -6,9 +6,9 @@ Every element is the real function of the input value rounded once (to nearest, 
 input's dtype (float16, bfloat16, float32, float64), subnormal results and overflow to +-inf included.
 Ziv's strategy, in three steps:
 
-1. for results of at most 24 bits, exp, log, tanh, sigmoid, silu, sin and cos first try a float64 evaluation with a
-   rigorous bound (exp_fast, then one rounding per operation); then, or else,
-   a jitted double-word evaluation with a rigorous error bound (:mod:`refkern.kernels._ew_scalar`,
+1. for results of at most 24 bits, exp, log, tanh, sigmoid, silu, erf, sin and cos first try a float64
+   evaluation with a rigorous bound (exp_fast, then one rounding per operation: :mod:`refkern.kernels._ew_f64`);
+   then, or else, a jitted double-word evaluation with a rigorous error bound (:mod:`refkern.kernels._ew_scalar`,
    :mod:`refkern.kernels._ew_dd`), parallel over the elements;
 2. the rounding decided from that bound (:func:`refkern.kernels._transcendental.decide_scaled`: every
    real within the bound rounds alike), which settles all but about ``2**-40`` of float32 elements and
@@ -31,6 +31,7 @@ from refkern._arrays import operand
 from refkern._jit import jit
 from refkern.accumulate.formats import round_to
 from refkern.kernels import _ew_exact as xe
+from refkern.kernels import _ew_f64 as f
 from refkern.kernels import _ew_scalar as s
 from refkern.kernels._common import deliver
 from refkern.kernels._transcendental import decide_scaled
@@ -66,8 +67,8 @@ def _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i):
 @jit(parallel=True)
 def _k_exp(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
-        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
-            r, dec = s.f_exp(x[i], prec, emin, emax)
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_exp(x[i], prec, emin, emax)
             if dec:
                 out[i] = r
                 continue
@@ -92,8 +93,8 @@ def _k_expm1(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_log(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
-        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
-            r, dec = s.f_log(x[i], prec, emin, emax)
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_log(x[i], prec, emin, emax)
             if dec:
                 out[i] = r
                 continue
@@ -125,8 +126,8 @@ def _k_rsqrt(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_tanh(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
-        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
-            r, dec = s.f_tanh(x[i], prec, emin, emax)
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_tanh(x[i], prec, emin, emax)
             if dec:
                 out[i] = r
                 continue
@@ -137,8 +138,8 @@ def _k_tanh(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_sigmoid(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
-        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
-            r, dec = s.f_sigmoid(x[i], False, prec, emin, emax)
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_sigmoid(x[i], False, prec, emin, emax)
             if dec:
                 out[i] = r
                 continue
@@ -149,8 +150,8 @@ def _k_sigmoid(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_silu(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
-        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
-            r, dec = s.f_sigmoid(x[i], True, prec, emin, emax)
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_sigmoid(x[i], True, prec, emin, emax)
             if dec:
                 out[i] = r
                 continue
@@ -175,6 +176,11 @@ def _k_gelu_tanh(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_erf(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_erf(x[i], prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_erf(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 
@@ -182,8 +188,8 @@ def _k_erf(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_sin_cos(x, want_cos, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
-        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_scalar`)
-            r, dec = s.f_sin_cos(x[i], want_cos, prec, emin, emax)
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_sin_cos(x[i], want_cos, prec, emin, emax)
             if dec:
                 out[i] = r
                 continue

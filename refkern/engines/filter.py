@@ -357,13 +357,16 @@ class _Gemm:
            (||a|| ||b|| / sum |terms|, pi / 2 for Gaussian data) phi is high.
         2. More than TILE_EXACT_MIN of the block still undecided: the whole block by the Numba
            kernel, else element by element (:func:`_exact_pairs`: per element the row statistics
-           of both operands and the gathers on top of the exact sum). bench_filter's cost model
+           of both operands and the gathers on top of the exact sum; every block's elements of a
+           batch element in one call, so that B's rows are gathered once: at 1024**3 a gather per
+           block read B four times, 9.7 of 94 ms of CPU). bench_filter's cost model
            measured the whole block by the Numba kernel at 0.35 of the block element by element
            (256 x 1024, K = 1024); ABS_GEMM_COST there measured 0.097 and 0.110 in two runs.
         So the engine costs at most the exact path plus its one GEMM and the O(M N) passes."""
         nt, m, n = V.shape
         for t in range(nt):
             numba_rows = []  # the blocks for the Numba kernel, in one call per batch element
+            pairs = []  # the elements for the exact path, in one call per batch element (one gather of B's rows)
             for i0 in range(0, m, ROW_BLOCK):
                 i1 = min(m, i0 + ROW_BLOCK)
                 c = int(counts[t, i0:i1].sum())
@@ -394,8 +397,10 @@ class _Gemm:
                 if ii is None:
                     ii, jj = np.empty(c, np.int64), np.empty(c, np.int64)
                     _collect_every(und, counts, t, i0, i1, 1, ii, jj)  # all c of them: step 1
-                self._pairs(V, t, ii, jj, k, fmt)
+                pairs.append((ii, jj))
                 self._count("exact_elements", c)
+            if pairs:
+                self._pairs(V, t, np.concatenate([q[0] for q in pairs]), np.concatenate([q[1] for q in pairs]), k, fmt)
             if numba_rows:
                 rows = np.concatenate(numba_rows)
                 V[t, rows] = self._numba_rows(t, rows)

@@ -6,7 +6,10 @@ A torch call reaches refkern as the adapter sees it (refkern.torch.ops.from_call
 ``check``, ``audit`` and ``reference_mode``. Only calls no reference can reproduce are left out, with
 the adapter's reason: attention with dropout (a random mask). By default at most SAMPLES samples per
 op and dtype are judged (evenly spaced: every variant of the sample generator is reached); the test
-marked slow judges all of them."""
+marked slow judges all of them.
+
+The gradients likewise: for every registered op with a backward, the samples' gradients as torch's autograd
+computes them, each judged by ``compare_backward`` wherever the adapter hands refkern's op that very tensor."""
 
 import warnings
 
@@ -107,6 +110,103 @@ def test_sample_inputs_are_accepted_and_judged(info, dtype):
 @pytest.mark.parametrize("info, dtype", _CASES)
 def test_every_sample_input_is_accepted_and_judged(info, dtype):
     _, _, _, problems = _judge(info, dtype, None)
+    assert not problems, "\n".join(problems[:5])
+
+
+#: (OpInfo, dtype) whose samples' gradients meet a fault in a module this test's owner does not hold: judged in
+#: full (every sample), expected to fail until the named fix lands (strict: a fix makes the xfail fail)
+_GRAD_FAULTS = {
+    **{("matmul", d): "kernels/_grad._tap_judge: an empty gradient (K = 0 or no rows: (5, 5, 0) @ (0, 5), "
+       "(5, 0, 0) @ (0, 0)) builds a conv_transpose1d judge with dilation=0, refused"
+       for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16)},
+    **{(n, d): "pool backward (kernels/pool_grad): a batch of 0 samples ((0, 8, 8), (0, 3, 9)) ends in numpy's "
+       "'cannot reshape array of size 0'" for n in ("nn.functional.adaptive_avg_pool1d", "nn.functional.avg_pool1d")
+       for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16)},
+    **{("nn.functional.batch_norm", d): "kernels/norm_grad: batch_norm's gradient of an empty 1-D input (shape (0,), "
+       "running statistics (0,)), whose forward torch and refkern accept, is refused: 'batch_norm expects input of "
+       "shape (N, C) or (N, C, *)'" for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16)},
+}  # fmt: skip
+
+
+def _judge_grads(o, dtype, limit):
+    """Every sample's gradients, as torch's autograd computes them (grad_output drawn from a seeded generator in
+    the output's dtype), judged by compare_backward on the sample's call as the adapter reads it: the gradient
+    of each argument refkern's op takes as given (an argument the adapter transforms, addmm's exact form or
+    attention's mask, has no gradient to judge there, and is counted apart)."""
+    from refkern.gradients import compare_backward, differentiable
+
+    torch.manual_seed(0)
+    samples = list(o.sample_inputs("cpu", dtype, requires_grad=True))
+    if limit and len(samples) > limit:
+        samples = [samples[round(i * (len(samples) - 1) / (limit - 1))] for i in range(limit)]
+    judged, apart, problems = 0, 0, []
+    for i, s in enumerate(samples):
+        args, kwargs = (s.input, *s.args), dict(s.kwargs)
+        seen = set()
+        leaves = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad
+                  and not (id(t) in seen or seen.add(id(t)))]  # fmt: skip
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = o.op(*args, **kwargs)
+                out = out[0] if isinstance(out, tuple) else out
+                if not leaves or not out.requires_grad:
+                    continue
+                g = torch.randn(tuple(out.shape), generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+                g = g.to(out.dtype)
+                grads = torch.autograd.grad(out, leaves, g, allow_unused=True)
+        except Exception:  # torch refuses it: nothing to judge
+            continue
+        spec = _spec(o, args, kwargs)
+        where = f"{_id(o)} {dtype} input {tuple(s.input.shape)} args {s.args!r:.60} kwargs {s.kwargs!r:.60}"
+        if spec is None or spec.unsupported:
+            continue  # the forward test says why (dropout's random mask)
+        names = differentiable(spec.op, spec.args, spec.kwargs)
+        a, k = spec.on_cpu()
+        for leaf, got in zip(leaves, grads):
+            mine = [n for n, v in names.items() if v is leaf]
+            if len(mine) != 1:
+                apart += 1
+                continue
+            got = torch.zeros_like(leaf) if got is None else got
+            try:
+                rep = compare_backward({mine[0]: got}, spec.op, g, *a, **k)[mine[0]]
+            except Exception as exc:
+                problems.append(f"{where} grad {mine[0]}: {type(exc).__name__}: {exc}")
+                continue
+            judged += 1
+            allowed = ("exact", "rounding") if dtype in (torch.float32, torch.float64) else ("exact", "rounding",
+                                                                                            "reduced-precision")  # fmt: skip
+            if rep.verdict not in allowed:
+                problems.append(f"{where} grad {mine[0]}: {rep.verdict}\n{rep}")
+    return judged, apart, problems
+
+
+def _grad_case(o, d):
+    fault = _GRAD_FAULTS.get((o.name, d))
+    marks = [pytest.mark.xfail(strict=True, reason=fault)] if fault else []
+    return pytest.param(o, d, fault is not None, id=f"{_id(o)}-{str(d).removeprefix('torch.')}", marks=marks)
+
+
+#: every (OpInfo, dtype) of an op with a backward (its record's ``backward``; cross_entropy's and
+#: binary_cross_entropy_with_logits' gradients have none yet, l1_loss's is autograd's sub, abs and mean)
+_GRAD_CASES = [_grad_case(o, d) for o in INFOS for d in DTYPES if d in o.supported_dtypes("cpu")
+               and _BY_NAME[o.name].backward is not None]  # fmt: skip
+
+
+@pytest.mark.parametrize("info, dtype, whole", _GRAD_CASES)
+def test_sample_gradients_are_judged(info, dtype, whole):
+    """The gradients of the samples torch differentiates: each one refkern's op takes as an argument is judged,
+    with no false alarm (the forward's rule). A case with a known fault elsewhere judges every sample."""
+    judged, apart, problems = _judge_grads(info, dtype, None if whole else SAMPLES)
+    assert not problems, "\n".join(problems[:5])
+    assert judged or apart, "no gradient torch computes"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("info, dtype, whole", _GRAD_CASES)
+def test_every_sample_gradient_is_judged(info, dtype, whole):
+    _, _, problems = _judge_grads(info, dtype, None)
     assert not problems, "\n".join(problems[:5])
 
 

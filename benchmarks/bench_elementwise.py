@@ -2,6 +2,7 @@
 reference's speed beside torch's float64 version of the same op (one run, one machine).
 
     python benchmarks/bench_elementwise.py [--n 200000] [--seeds 3] [--speed-n 1000000] [--json FILE]
+    python benchmarks/bench_elementwise.py --speed-only [OP ...]   (the speed part alone)
 
 False alarms: for every op x dtype, ``seeds`` calls of ``refkern.compare(torch_op(x), op, x)`` on inputs
 over the whole range (a third random bit patterns: subnormals, huge values, specials; the rest normal at
@@ -10,7 +11,7 @@ nor rounding. Power: float32/bfloat16 bugs (a 2-ulp systematic offset, a relativ
 ulps, a float32 range reduction of cos at 1e4..1e5, a stray epsilon in rsqrt, gelu's tanh form for its
 erf form, exp as 2**(x log2 e) with a float32 product, given as a numpy array: the fast-math classes apply
 to CUDA tensors and arrays of unknown origin). Speed: float32 inputs, the reference (correctly
-rounded, float32 result) against torch's float64 op on the same values, best of 3, after a warm-up call.
+rounded, float32 result) against torch's float64 op on the same values, timed in blocks (benchmarks/_timing).
 """
 
 import argparse
@@ -126,25 +127,30 @@ def power(n):
     return rows
 
 
-def speed(n):
+def speed(n, only=None):
+    """Per op: the reference on n float32 inputs (float32 result) and torch's float64 op on the same values, each
+    timed in blocks of consecutive calls (benchmarks/_timing.per_call: a warm-up call, the best of 3 blocks;
+    torch's side as many calls per block as fill about 50 ms), the ratio from the one run."""
+    from _timing import per_call
+
     rows = []
     x32 = torch.from_numpy(np.random.default_rng(3).standard_normal(n) * 3).float()
     for op, f, kw in OPS:
+        if only and op not in only:
+            continue
         x = x32.abs() + 1e-3 if op in ("log", "log2", "rsqrt", "sqrt") or kw.get("exponent") in (2.5, -0.5) else x32
         ref = getattr(refkern, op)
-        ref(x[:16], **kw)
-        best_r = min(_timed(ref, x, kw) for _ in range(3))
         x64 = x.double()
-        best_t = min(_timed(lambda t, k: _call(f, t, k), x64, kw) for _ in range(3))  # noqa: B023 (called at once)
-        rows.append({"op": _label(op, kw), "n": n, "reference_s": best_r, "torch_float64_s": best_t,
-                     "ratio": best_r / best_t})  # fmt: skip
+        t = time.perf_counter()
+        _call(f, x64, kw)
+        calls = max(1, int(0.05 / max(time.perf_counter() - t, 1e-6)))
+        got = per_call({"ref": (lambda: ref(x, **kw), 1), "torch": (lambda: _call(f, x64, kw), calls)},  # noqa: B023
+                       3)  # fmt: skip
+        rows.append({"op": _label(op, kw), "n": n, "reference_s": got["ref"], "torch_float64_s": got["torch"],
+                     "ratio": got["ref"] / got["torch"]})  # fmt: skip
+        print(f"  {rows[-1]['op']}: {got['ref']:.4f} s, torch float64 {got['torch']:.5f} s, {rows[-1]['ratio']:.1f}x",
+              flush=True)  # fmt: skip
     return rows
-
-
-def _timed(fn, x, kw):
-    t = time.perf_counter()
-    fn(x, **kw) if fn.__name__ != "<lambda>" else fn(x, kw)
-    return time.perf_counter() - t
 
 
 def main():
@@ -154,7 +160,14 @@ def main():
     p.add_argument("--power-n", type=int, default=20_000)
     p.add_argument("--speed-n", type=int, default=1_000_000)
     p.add_argument("--json")
+    p.add_argument("--speed-only", nargs="*", default=None, help="only the speed part (of these ops, or of all)")
     a = p.parse_args()
+    if a.speed_only is not None:
+        out = {"torch": torch.__version__, "speed": speed(a.speed_n, a.speed_only)}
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(out, fh, indent=1)
+        return
     out = {"torch": torch.__version__, "false_alarms": false_alarms(a.n, a.seeds), "power": power(a.power_n),
            "speed": speed(a.speed_n)}  # fmt: skip
     fa = out["false_alarms"]

@@ -90,6 +90,20 @@ def test_erf_float64_tier_decides_and_is_the_truth():
     _check("erf", {}, xs.astype(np.float64).tolist(), "float32")
 
 
+def test_gelu_float64_tier_decides_and_is_the_truth():
+    """gelu's float64 tier (_ew_f64.f_gelu: the series, and Laplace's continued fraction below -3, where 1 + erf
+    cancels) decides nearly every float32 element, at its edges too, and the reference is the truth's."""
+    from refkern.kernels import _ew_f64
+
+    rng = np.random.default_rng(6)
+    xs = np.concatenate([rng.standard_normal(2000) * 3, rng.uniform(-20, 8, 2000), [-3.0, -3.0000002, 6.4, 6.3999996,
+                         -6.4, -14.0, -59.9, -(2.0**-126), 2.0**-149]]).astype(np.float32)  # fmt: skip
+    decided = [_ew_f64.f_gelu(float(v), 24, -126, 127)[1] for v in xs]
+    assert np.mean(decided) > 0.999 and all(decided[-9:-1])
+    assert not decided[-1]  # 2**-150 (1 + erf(2**-149.5)): above the midpoint by 2**-299, the exact path's to say
+    _check("gelu", {}, xs.astype(np.float64).tolist(), "float32")
+
+
 def test_large_arguments_of_sin_and_cos_are_reduced_exactly():
     """cos(1e5) in float32 (rotary angles): the float32 value 1e5 = 100000 exactly."""
     assert float(refkern.cos(np.float32([1e5]))[0]) == pytest.approx(float(np.float32(math.cos(1e5))), abs=0)

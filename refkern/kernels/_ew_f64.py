@@ -1,5 +1,5 @@
 """The float64 tier of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 1): for results of at
-most 24 bits, exp, log, tanh, sigmoid, silu, erf, sin and cos evaluated in float64 with a rigorous bound (each
+most 24 bits, exp, log, tanh, sigmoid, silu, erf, gelu, sin and cos evaluated in float64 with a rigorous bound (each
 function's derivation in its docstring or the comment below), the rounding decided by
 :func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)`` sends the element on to the double-word
 path (:mod:`refkern.kernels._ew_scalar`)."""
@@ -10,11 +10,11 @@ import numpy as np
 
 from refkern._jit import jit
 from refkern.accumulate.eft import two_product
-from refkern.kernels._ew_dd import _FH, K_2SQPI, K_LN2, _reduce
-from refkern.kernels._ew_scalar import _INF, _NAN, _U, _scaled
+from refkern.kernels._ew_dd import _FH, K_2SQPI, K_LN2, K_SQRT2PI, _reduce
+from refkern.kernels._ew_scalar import _INF, _NAN, _RSQ2PI, _U, _scaled
 from refkern.kernels._transcendental import decide_scaled, exp_fast, log_fast
 
-__all__ = ["f_exp", "f_sigmoid", "f_tanh", "f_log", "f_erf", "f_sin_cos"]
+__all__ = ["f_exp", "f_sigmoid", "f_tanh", "f_log", "f_erf", "f_gelu", "f_sin_cos"]
 
 # ---------------------------------------------------------------- the float64 tier (results of <= 24 bits)
 # exp_fast (refkern.kernels._transcendental) gives e**x = v 2**m within 2u relative for -2000 <= x <= 1, and
@@ -131,25 +131,44 @@ def f_sin_cos(x, want_cos, prec, emin, emax):
     return r, ok
 
 
-# 1 / (2k + 1) for k = 0..255, each rounded once (u relative): f_erf's series
+# 1 / (2k + 1) for k = 0..255, each rounded once (u relative): the series of f_erf and f_gelu
 _INV_ODD = 1.0 / (2.0 * np.arange(256) + 1.0)
+
+
+@jit(inline="always")
+def _odd_series(c):
+    """(P, n): ``P = sum_(k <= n) tau_k``, ``tau_0 = 1``, ``tau_k = tau_(k-1) c / (2k + 1)`` for an exact c >= 0
+    (A&S 7.1.6: ``erf z = 2/sqrt(pi) e**(-z**2) z P`` at ``c = 2 z**2``; every term positive), within
+    ``4.04 n u + 2**-59`` relative of the whole series; n = 0 where 255 terms do not reach it.
+
+    Each computed term is two products by rounded numbers (c exact, 1/(2k + 1) within u) away from the last,
+    so within gamma_(3k) of its own exact value; the sequential sum of n + 1 positive terms adds gamma_n: within
+    ``(gamma_(3n) + gamma_n)(1 + gamma_n) <= 4.04 n u`` (n <= 255). The loop stops where the next ratio ``r =
+    c / (2n + 3) <= 1/2`` and the computed ``tau_n <= 2**-60 P``: the tail ``sum_(k > n) tau_k <= tau_n (r + r**2
+    + ...) <= tau_n`` is below ``2**-59`` of the sum."""
+    t = 1.0
+    P = 1.0
+    n = 0
+    while True:
+        n += 1
+        if n > 255:
+            return P, 0
+        t = (t * c) * _INV_ODD[n]
+        P += t
+        if c <= 0.5 * (2 * n + 3) and t <= 2.0**-60 * P:
+            return P, n
 
 
 @jit
 def f_erf(x, prec, emin, emax):
     """erf x for results of at most 24 bits (x a value of such a format), decided in float64, else (nan, False).
 
-    For 2**-400 <= |x| = z < 4.5: ``erf z = 2/sqrt(pi) e**(-z**2) S``, ``S = sum_k t_k``, ``t_0 = z``,
-    ``t_k = t_(k-1) c / (2k + 1)``, ``c = 2 z**2`` (Abramowitz and Stegun 7.1.6; every term positive). z**2 and
-    c are exact (z has at most 24 bits: its square 48). Each computed term is two products by rounded numbers
-    (c exact, 1/(2k + 1) within u) away from the last, so within gamma_(3k) of its own exact value; the
-    sequential sum of n + 1 positive terms adds gamma_n: S_n within ``(gamma_(3n) + gamma_n)(1 + gamma_n)
-    <= 4.04 n u`` (n <= 255) relative. The loop stops where the next ratio ``r = c / (2n + 3) <= 1/2`` and the
-    computed ``t_n <= 2**-60 S_n``: the tail ``sum_(k > n) t_k <= t_n (r + r**2 + ...) <= t_n`` is below
-    ``2**-59 S``. Then e**(-z**2) within 2.02u (exp_fast), 2/sqrt(pi) within u (its double-word's high
-    word), two products u each: the value within ``(4.04 n + 6) u + 2**-59`` relative, charged with a factor
-    1.01. For z >= 4.5: ``0 < erfc z < e**(-z**2) / (z sqrt(pi)) < 2.02e-10 < 2**-32`` (A&S 7.1.13), so erf z
-    is 1 within 2**-32. Below 2**-400 and beyond the series' 255 terms: (nan, False)."""
+    For 2**-400 <= |x| = z < 4.5: ``erf z = 2/sqrt(pi) e**(-z**2) z P`` (:func:`_odd_series` at ``c = 2 z**2``;
+    z**2 and c exact: z has at most 24 bits, its square 48): P within ``4.04 n u + 2**-59``, e**(-z**2) within
+    2.02u (exp_fast), 2/sqrt(pi) within u (its double-word's high word), three products u each: the value
+    within ``(4.04 n + 6.02) u + 2**-59`` relative, charged with a factor 1.01. For z >= 4.5: ``0 < erfc z <
+    e**(-z**2) / (z sqrt(pi)) < 2.02e-10 < 2**-32`` (A&S 7.1.13), so erf z is 1 within 2**-32. Below 2**-400
+    and beyond the series' 255 terms: (nan, False)."""
     ax = abs(x)
     if not (2.0**-400 <= ax < _INF):
         return _NAN, False
@@ -158,20 +177,91 @@ def f_erf(x, prec, emin, emax):
         r, ok = decide_scaled(1.0, 0.0, 2.0**-32, 0, prec, emin, emax)
         return sg * r, ok
     z2 = ax * ax
-    c = 2.0 * z2
-    t = ax
-    S = ax
-    n = 0
-    while True:
-        n += 1
-        if n > 255:
-            return _NAN, False
-        t = (t * c) * _INV_ODD[n]
-        S += t
-        if c <= 0.5 * (2 * n + 3) and t <= 2.0**-60 * S:
-            break
+    P, n = _odd_series(2.0 * z2)
+    if n == 0:
+        return _NAN, False
     v, m = exp_fast(-z2)
-    q = (K_2SQPI[0] * v) * S
-    rel = ((4.04 * n + 6.0) * _U + 2.0**-59) * 1.01
+    q = ((K_2SQPI[0] * v) * ax) * P
+    rel = ((4.04 * n + 6.02) * _U + 2.0**-59) * 1.01
     r, ok = decide_scaled(q, 0.0, rel * q, m, prec, emin, emax)
     return sg * r, ok
+
+
+@jit
+def f_gelu(x, prec, emin, emax):
+    """gelu x = x/2 (1 + erf(x / sqrt 2)) for results of at most 24 bits, decided in float64, else (nan, False).
+
+    ``erf(x / sqrt 2) = E = sqrt(2/pi) e**(-x**2 / 2) x P`` (:func:`_odd_series` at ``c = x**2``, exact, as is
+    x**2 / 2: x / sqrt 2 is never formed): E within ``relE = (4.04 n + 6.02) u + 2**-59`` relative (the series,
+    exp_fast's 2.02u, the constant's u, three products), charged with 1.01. ``D = fl(1 + E)`` then differs from
+    the exact ``1 + erf`` by at most ``e1 = 1.01 relE |E| + u |D|``, which is large beside D where x < 0 makes
+    ``1 + E`` cancel (the bound says so, and decide_scaled then leaves the element to the double-word path);
+    the result ``q = fl((x/2) D)`` (x/2 exact) within ``(|x/2| e1 + u |q|) 1.01``. For x >= 6.4: ``1 - erf(x /
+    sqrt 2) < 2**-32`` (f_erf's bound at 4.5 < 6.4 / sqrt 2), so D = 2 within 2**-32. Below 2**-400 in
+    magnitude, non-finite, x <= -60 or beyond 255 terms: (nan, False); x < -3: :func:`_gelu_tail`."""
+    ax = abs(x)
+    if not (2.0**-400 <= ax < _INF) or x <= -60.0:
+        return _NAN, False
+    if x < -3.0:
+        return _gelu_tail(ax, prec, emin, emax)
+    h = 0.5 * x
+    if x >= 6.4:
+        D, e1 = 2.0, 2.0**-32
+    else:
+        c = x * x
+        P, n = _odd_series(c)
+        if n == 0:
+            return _NAN, False
+        v, m = exp_fast(-0.5 * c)
+        E = math.ldexp(((K_SQRT2PI[0] * v) * x) * P, m)
+        D = 1.0 + E
+        e1 = 1.01 * ((4.04 * n + 6.02) * _U + 2.0**-59) * abs(E) + _U * D
+    q = h * D
+    return decide_scaled(q, 0.0, (abs(h) * e1 + _U * abs(q)) * 1.01, 0, prec, emin, emax)
+
+
+@jit(inline="always")
+def _g_cf(y, step, n, tail):
+    """The depth-n continued fraction ``y + s/(y + 2s/(... (y + n s/(y + tail))))`` (s = step), backward."""
+    d = y + tail
+    for j in range(n, 0, -1):
+        d = y + (j * step) / d
+    return d
+
+
+@jit
+def _laplace(y, step):
+    """(G, rel, ok): Laplace's continued fraction of erfc (A&S 7.1.14), ``G = y + s/(y + 2s/(y + 3s/(...)))``, for
+    y >= 2 and s = 1/2 (erfc y = e**(-y**2) / (sqrt(pi) G)) or s = 1 (erfc(y / sqrt 2) = sqrt(2/pi) e**(-y**2/2) /
+    G: every level of the first at z = y / sqrt 2 multiplied by sqrt 2, ``d'_j = sqrt 2 d_j = y + j / d'_(j+1)``, so
+    that y is exact and y / sqrt 2 never formed); G within rel of the computed G. The tail after depth n,
+    ``(n + 1) s / d_(n+1)``, lies in ``(0, (n + 1) s / y)`` and the fraction is monotone in it: the evaluations
+    with tails 0 and (n + 1) s / y bracket G. Each is computed as ``d_j = fl(y + fl(j s / d_(j+1)))`` (j s
+    exact): relative error at most ``2u + theta eps_(j+1)``, ``theta = (j s / d_(j+1)) / d_j < 1``, so within
+    ``(2 n + 3) u`` (the tail's division and sum included). n doubles from 16 until the bracket is below 2**-45
+    of G (at most 256; else ok is False); rel is half the bracket plus ``(2 n + 3) u``, relative."""
+    n = 16
+    while True:
+        a = _g_cf(y, step, n, 0.0)
+        b = _g_cf(y, step, n, (n + 1) * step / y)
+        lo, hi = min(a, b), max(a, b)
+        if hi - lo <= 2.0**-45 * lo:
+            break
+        n *= 2
+        if n > 256:
+            return 1.0, 0.0, False
+    G = 0.5 * (lo + hi)
+    return G, 0.5 * (hi - lo) / G + (2 * n + 3) * _U, True
+
+
+@jit
+def _gelu_tail(y, prec, emin, emax):
+    """gelu(-y) for 3 < y < 60: ``-y/2 erfc(y / sqrt 2) = -y e**(-y**2 / 2) / (sqrt(2 pi) G(y))`` (:func:`_laplace`
+    with s = 1). e**(-y**2/2) within 2.02u (exp_fast; y**2 exact), 1/sqrt(2 pi) within 2**-54, two products and a
+    division u each: within ``(rel_G + 5.1 u) |q|``, charged with 1.01."""
+    G, rel, ok = _laplace(y, 1.0)
+    if not ok:
+        return _NAN, False
+    v, m = exp_fast(-0.5 * (y * y))
+    q = -((_RSQ2PI * y) * v) / G
+    return decide_scaled(q, 0.0, (rel + 5.1 * _U) * abs(q) * 1.01, m, prec, emin, emax)

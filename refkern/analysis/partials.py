@@ -56,7 +56,7 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
-from refkern.engines.filter import decide_one
+from refkern.engines.filter import decide_one, threads_for
 
 __all__ = [
     "BLOCK_MIN",
@@ -297,9 +297,11 @@ def _cells(X, W, bias, stride, dilation, groups, cb, block, orders, out_shape, w
     sb = np.broadcast_to(np.asarray(sb, np.float64), (c_out, wo))
     for Xp, plane, off, pitch, sl in planes:
         o, mo, vo = out[sl], (mag[sl] if mag is not None else none), (val[sl] if val is not None else none)
-        _cells_pass(Xp, W3, plane.astype(np.int64), off, int(pitch), int(wo), int(groups), int(cb), float(block),
-                    order, b, sb, np.asarray(fmt, np.int64), _cell_pixels(cells.size, (ho - 1) * pitch + wo),
-                    bool(with_sq), float(final), o, mo, vo)  # fmt: skip
+        with threads_for(o.size * cin_g * kh * kw):  # the products it forms: one thread for a small GEMM (a linear
+            # layer's 0.5M: 0.1 ms, where a parallel launch waits for both threads, ms under load)
+            _cells_pass(Xp, W3, plane.astype(np.int64), off, int(pitch), int(wo), int(groups), int(cb), float(block),
+                        order, b, sb, np.asarray(fmt, np.int64), _cell_pixels(cells.size, (ho - 1) * pitch + wo),
+                        bool(with_sq), float(final), o, mo, vo)  # fmt: skip
     return out
 
 

@@ -104,6 +104,19 @@ def test_gelu_float64_tier_decides_and_is_the_truth():
     _check("gelu", {}, xs.astype(np.float64).tolist(), "float32")
 
 
+def test_gelu_tanh_float64_tier_decides_and_is_the_truth():
+    """The tanh form's float64 tier (_ew_f64.f_gelu_tanh: x sigmoid(w), w's own rounding charged through sigmoid's
+    sensitivity) decides nearly every float32 element, past w = 700 too, and the reference is the truth's."""
+    from refkern.kernels import _ew_f64
+
+    rng = np.random.default_rng(8)
+    xs = np.concatenate([rng.standard_normal(2000) * 3, rng.uniform(-20, 20, 2000), [-3.0, 400.0, 420.0, -(2.0**-126),
+                         2.0**20, -20.0]]).astype(np.float32)  # fmt: skip
+    decided = [_ew_f64.f_gelu_tanh(float(v), 24, -126, 127)[1] for v in xs]
+    assert np.mean(decided) > 0.995 and all(decided[-6:])
+    _check("gelu", {"approximate": "tanh"}, xs.astype(np.float64).tolist(), "float32")
+
+
 def test_large_arguments_of_sin_and_cos_are_reduced_exactly():
     """cos(1e5) in float32 (rotary angles): the float32 value 1e5 = 100000 exactly."""
     assert float(refkern.cos(np.float32([1e5]))[0]) == pytest.approx(float(np.float32(math.cos(1e5))), abs=0)

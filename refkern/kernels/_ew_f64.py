@@ -1,6 +1,6 @@
 """The float64 tier of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 1): for results of at
-most 24 bits, exp, log, tanh, sigmoid, silu, erf, gelu, sin and cos evaluated in float64 with a rigorous bound (each
-function's derivation in its docstring or the comment below), the rounding decided by
+most 24 bits, exp, log, tanh, sigmoid, silu, erf, gelu (both forms), sin and cos evaluated in float64 with a
+rigorous bound (each function's derivation in its docstring or the comment below), the rounding decided by
 :func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)`` sends the element on to the double-word
 path (:mod:`refkern.kernels._ew_scalar`)."""
 
@@ -10,11 +10,11 @@ import numpy as np
 
 from refkern._jit import jit
 from refkern.accumulate.eft import two_product
-from refkern.kernels._ew_dd import _FH, K_2SQPI, K_LN2, K_SQRT2PI, _reduce
+from refkern.kernels._ew_dd import _FH, K_2SQPI, K_KAPPA, K_LN2, K_SQRT2PI, _reduce
 from refkern.kernels._ew_scalar import _INF, _NAN, _RSQ2PI, _U, _scaled
 from refkern.kernels._transcendental import decide_scaled, exp_fast, log_fast
 
-__all__ = ["f_exp", "f_sigmoid", "f_tanh", "f_log", "f_erf", "f_gelu", "f_sin_cos"]
+__all__ = ["f_exp", "f_sigmoid", "f_tanh", "f_log", "f_erf", "f_gelu", "f_gelu_tanh", "f_sin_cos"]
 
 # ---------------------------------------------------------------- the float64 tier (results of <= 24 bits)
 # exp_fast (refkern.kernels._transcendental) gives e**x = v 2**m within 2u relative for -2000 <= x <= 1, and
@@ -265,3 +265,31 @@ def _gelu_tail(y, prec, emin, emax):
     v, m = exp_fast(-0.5 * (y * y))
     q = -((_RSQ2PI * y) * v) / G
     return decide_scaled(q, 0.0, (rel + 5.1 * _U) * abs(q) * 1.01, m, prec, emin, emax)
+
+
+@jit
+def f_gelu_tanh(x, prec, emin, emax):
+    """gelu's tanh form ``x/2 (1 + tanh u) = x sigmoid(w)``, ``w = 2 u = 2 sqrt(2/pi) x (1 + kappa x**2)``, for
+    results of at most 24 bits, decided in float64, else (nan, False).
+
+    x**2 is exact (24 bits), ``t = fl(kappa x**2)`` within 2u (kappa = 0.044715 and the product, u each),
+    ``fl(1 + t)`` within 3u (t >= 0: ``2u t + u (1 + t)``), the product by x 4u, by ``2 sqrt(2/pi)`` (the
+    constant within u, doubled exactly) 6u: w within ``6.06 u |w|``. sigmoid's relative sensitivity is
+    ``1 - sigmoid <= 1``, so that costs at most ``6.06 u |w| e**|dw|``, charged ``6.12 u |w|`` (|w| <= 700:
+    ``|dw| < 2**-40``); sigmoid(w) itself within f_sigmoid's 4.04u (w >= 0) or 6.06u (:func:`_f_sigmoid`), the
+    product by x one u more. Where ``fl(w) > 700``: ``1 - sigmoid(w) < e**-699``, the result is x within
+    ``2**-1000 |x|`` (x > 400 there: no subnormal). ``fl(w) < -700``, |x| below 2**-400 or above 2**20, zero
+    and non-finite x: (nan, False)."""
+    ax = abs(x)
+    if not (2.0**-400 <= ax <= 2.0**20):
+        return _NAN, False
+    w = (2.0 * K_SQRT2PI[0]) * (x * (1.0 + K_KAPPA[0] * (x * x)))
+    if w > 700.0:
+        return decide_scaled(x, 0.0, 2.0**-1000 * ax, 0, prec, emin, emax)
+    if w < -700.0:
+        return _NAN, False
+    q, rel, k = _f_sigmoid(w)
+    xs, j = _scaled(x)
+    q = q * xs
+    rel = rel + 1.01 * _U + 6.12 * _U * abs(w)
+    return decide_scaled(q, 0.0, rel * abs(q), k + j, prec, emin, emax)

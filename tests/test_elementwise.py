@@ -117,6 +117,27 @@ def test_gelu_tanh_float64_tier_decides_and_is_the_truth():
     _check("gelu", {"approximate": "tanh"}, xs.astype(np.float64).tolist(), "float32")
 
 
+@pytest.mark.parametrize("op", ["exp2", "log2"])
+def test_exp2_log2_float64_tiers_decide_and_are_the_truth(op):
+    """exp2's and log2's float64 tiers (_ew_f64: 2**n e**(f ln 2); log x / ln 2) decide nearly every float32
+    element, subnormal results, overflow and exact powers of two included, and the reference is the truth's."""
+    from refkern.kernels import _ew_f64
+
+    rng = np.random.default_rng(9)
+    if op == "exp2":
+        edge = [-149.0, -149.5, -126.0, 127.0, 128.0, 0.5, -0.5, 3.0]
+        left = [-150.0]  # 2**-150: the tie between 0 and 2**-149, the exact path's (to even: 0)
+        xs = np.concatenate([rng.standard_normal(2000) * 20, rng.uniform(-160, 130, 2000), edge])
+    else:
+        edge = [1.0, 2.0, 0.5, 2.0**-149, 2.0**-126, 3.4e38, 1.0000001, 3.0]
+        left = [0.99999994]  # log2(1 - 2**-24): log S - ln 2 cancels (S = 2 - 2**-23), left to the next tier
+        xs = np.concatenate([np.exp2(rng.uniform(-149, 128, 2000)), rng.uniform(0.5, 2, 2000), edge])
+    xs = xs.astype(np.float32)
+    decided = [getattr(_ew_f64, "f_" + op)(float(v), 24, -126, 127)[1] for v in xs]
+    assert np.mean(decided) > 0.999 and all(decided[-len(edge):])
+    _check(op, {}, np.concatenate([xs, np.float32(left)]).astype(np.float64).tolist(), "float32")
+
+
 def test_large_arguments_of_sin_and_cos_are_reduced_exactly():
     """cos(1e5) in float32 (rotary angles): the float32 value 1e5 = 100000 exactly."""
     assert float(refkern.cos(np.float32([1e5]))[0]) == pytest.approx(float(np.float32(math.cos(1e5))), abs=0)

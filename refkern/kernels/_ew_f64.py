@@ -1,6 +1,7 @@
 """The float64 tier of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 1): for results of at
-most 24 bits, exp, log, tanh, sigmoid, silu, erf, gelu (both forms), sin and cos evaluated in float64 with a
-rigorous bound (each function's derivation in its docstring or the comment below), the rounding decided by
+most 24 bits, exp, exp2, log, log2, tanh, sigmoid, silu, erf, gelu (both forms), sin and cos evaluated in
+float64 with a rigorous bound (each function's derivation in its docstring or the comment below), the rounding
+decided by
 :func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)`` sends the element on to the double-word
 path (:mod:`refkern.kernels._ew_scalar`)."""
 
@@ -14,7 +15,7 @@ from refkern.kernels._ew_dd import _FH, K_2SQPI, K_KAPPA, K_LN2, K_SQRT2PI, _red
 from refkern.kernels._ew_scalar import _INF, _NAN, _RSQ2PI, _U, _scaled
 from refkern.kernels._transcendental import decide_scaled, exp_fast, log_fast
 
-__all__ = ["f_exp", "f_sigmoid", "f_tanh", "f_log", "f_erf", "f_gelu", "f_gelu_tanh", "f_sin_cos"]
+__all__ = ["f_exp", "f_exp2", "f_sigmoid", "f_tanh", "f_log", "f_log2", "f_erf", "f_gelu", "f_gelu_tanh", "f_sin_cos"]
 
 # ---------------------------------------------------------------- the float64 tier (results of <= 24 bits)
 # exp_fast (refkern.kernels._transcendental) gives e**x = v 2**m within 2u relative for -2000 <= x <= 1, and
@@ -80,6 +81,13 @@ def f_log(x, prec, emin, emax):
     relative; the product's rounding and the sum's, u of each), two additions (u each of their results)."""
     if not (0.0 < x < math.inf):
         return math.nan, False
+    b, e = _log_val(x)
+    return decide_scaled(b, 0.0, e, 0, prec, emin, emax)
+
+
+@jit(inline="always")
+def _log_val(x):
+    """(b, e): log x within e of b, for 0 < x finite (:func:`f_log`'s derivation)."""
     S, j = _scaled(x)
     L, eL = log_fast(1.0, S - 1.0, 0.0)  # S - 1 exact
     k = float(j)
@@ -87,8 +95,36 @@ def f_log(x, prec, emin, emax):
     kl += k * K_LN2[1]
     a = L + kh
     b = a + kl
-    e = eL + abs(k) * 2.0**-103 + _U * (abs(k * K_LN2[1]) + abs(kl) + abs(a) + abs(b)) * 1.01
-    return decide_scaled(b, 0.0, e, 0, prec, emin, emax)
+    return b, eL + abs(k) * 2.0**-103 + _U * (abs(k * K_LN2[1]) + abs(kl) + abs(a) + abs(b)) * 1.01
+
+
+_LOG2E = 1.4426950408889634  # 1 / ln 2 within u
+
+
+@jit
+def f_log2(x, prec, emin, emax):
+    """log2 x = log(x) / ln 2: log x within e of b (:func:`f_log`), times 1/ln 2 (within u, one product: u): within
+    ``(e / ln 2 + 2 u |q|) 1.01``. Powers of two give an integer, which the bound decides (no midpoint is near)."""
+    if not (0.0 < x < math.inf):
+        return math.nan, False
+    b, e = _log_val(x)
+    q = b * _LOG2E
+    return decide_scaled(q, 0.0, (e * _LOG2E + 2.0 * _U * abs(q)) * 1.01, 0, prec, emin, emax)
+
+
+@jit
+def f_exp2(x, prec, emin, emax):
+    """2**x = 2**n e**(f ln 2), n = rint(x), f = x - n exact (|x| <= 1100: x has at most 24 bits, f in [-1/2,
+    1/2]); y = fl(f ln 2) within 2u |y| <= 0.7u (ln 2 and the product), which moves e**y by at most 0.71u
+    relative; exp_fast 2.02u (scale m): within ``2.73 u`` of q 2**(m + n), charged 1.01 and 2**-1073."""
+    if not (-1100.0 <= x <= 1100.0):
+        return math.nan, False
+    n = np.rint(x)
+    f = x - n
+    if f == 0.0:  # 2**n exactly: decide_scaled rounds it (subnormal or overflow included)
+        return decide_scaled(1.0, 0.0, 0.0, int(n), prec, emin, emax)
+    v, m = exp_fast(f * K_LN2[0])
+    return decide_scaled(v, 0.0, (2.73 * _U * 1.01 + 2.0**-1073) * v, m + int(n), prec, emin, emax)
 
 
 @jit

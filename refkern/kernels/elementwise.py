@@ -6,8 +6,8 @@ Every element is the real function of the input value rounded once (to nearest, 
 input's dtype (float16, bfloat16, float32, float64), subnormal results and overflow to +-inf included.
 Ziv's strategy, in three steps:
 
-1. for results of at most 24 bits, exp, log, tanh, sigmoid, silu, erf, gelu (both forms), sin and cos first try
-   a float64 evaluation with a rigorous bound (exp_fast, then one rounding per operation:
+1. for results of at most 24 bits, exp, exp2, log, log2, tanh, sigmoid, silu, erf, gelu (both forms), sin and
+   cos first try a float64 evaluation with a rigorous bound (exp_fast, then one rounding per operation:
    :mod:`refkern.kernels._ew_f64`); then, or else, a jitted double-word evaluation with a rigorous error
    bound (:mod:`refkern.kernels._ew_scalar`, :mod:`refkern.kernels._ew_dd`), parallel over the elements;
 2. the rounding decided from that bound (:func:`refkern.kernels._transcendental.decide_scaled`: every
@@ -79,6 +79,11 @@ def _k_exp(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_exp2(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_exp2(x[i], prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_exp2(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 
@@ -105,6 +110,11 @@ def _k_log(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_log2(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_log2(x[i], prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_log2(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 

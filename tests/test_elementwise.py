@@ -138,6 +138,31 @@ def test_exp2_log2_float64_tiers_decide_and_are_the_truth(op):
     _check(op, {}, np.concatenate([xs, np.float32(left)]).astype(np.float64).tolist(), "float32")
 
 
+@pytest.mark.parametrize("op", ["expm1", "log1p", "softplus"])
+def test_expm1_log1p_softplus_float64_tiers_are_the_truth(op):
+    """expm1's, log1p's and softplus's float64 tiers (_ew_f64: Horner below 0.35 and e**x - 1 above; log_fast of
+    x, or of the exact 1 + x; log1p(e**-|x|) through log_fast with exp_fast's error) decide float32 elements and
+    give the truth's reference, at their edges too (0.35, overflow, -1/32, the threshold, -700)."""
+    from refkern.kernels import _ew_f64
+
+    rng = np.random.default_rng(11)
+    if op == "expm1":
+        edge = [0.35, -0.35, 0.3500001, 88.72, 88.73, -20.0, 1e-30, 2.0**-149]
+        xs = np.concatenate([rng.standard_normal(1500) * 3, rng.uniform(-0.4, 0.4, 1500), rng.uniform(-110, 90, 500)])
+    elif op == "log1p":
+        edge = [-0.03125, -0.999999, 3.4e38, 2.0**-60, 3.0]
+        xs = np.concatenate([np.abs(rng.standard_normal(1500)) * 3, rng.uniform(-1, -0.04, 1500),
+                             np.exp2(rng.uniform(-60, 128, 500))])  # fmt: skip
+    else:
+        edge = [20.0, 20.000002, 19.999998, -700.0, -103.0, -88.0, 0.5]
+        xs = np.concatenate([rng.standard_normal(1500) * 5, rng.uniform(-120, 30, 2000)])
+    xs = np.concatenate([xs, edge]).astype(np.float32)
+    params = (1.0, 20.0) if op == "softplus" else ()
+    decided = [getattr(_ew_f64, "f_" + op)(float(v), *params, 24, -126, 127)[1] for v in xs]
+    assert np.mean(decided) > 0.999 and all(decided[-len(edge):])
+    _check(op, {}, xs.astype(np.float64).tolist(), "float32")
+
+
 def test_large_arguments_of_sin_and_cos_are_reduced_exactly():
     """cos(1e5) in float32 (rotary angles): the float32 value 1e5 = 100000 exactly."""
     assert float(refkern.cos(np.float32([1e5]))[0]) == pytest.approx(float(np.float32(math.cos(1e5))), abs=0)

@@ -1,9 +1,8 @@
-"""The float64 tier of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 1): for results of at
-most 24 bits, exp, exp2, log, log2, tanh, sigmoid, silu, erf, gelu (both forms), sin and cos evaluated in
-float64 with a rigorous bound (each function's derivation in its docstring or the comment below), the rounding
-decided by
-:func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)`` sends the element on to the double-word
-path (:mod:`refkern.kernels._ew_scalar`)."""
+"""The float64 tier of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 1): for results of at most
+24 bits, exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, softplus, silu, erf, gelu (both forms), sin and cos
+evaluated in float64 with a rigorous bound (each function's derivation in its docstring or the comment below), the
+rounding decided by :func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)`` sends the element on to
+the double-word path (:mod:`refkern.kernels._ew_scalar`)."""
 
 import math
 
@@ -15,7 +14,8 @@ from refkern.kernels._ew_dd import _FH, K_2SQPI, K_KAPPA, K_LN2, K_SQRT2PI, _red
 from refkern.kernels._ew_scalar import _INF, _NAN, _RSQ2PI, _U, _scaled
 from refkern.kernels._transcendental import decide_scaled, exp_fast, log_fast
 
-__all__ = ["f_exp", "f_exp2", "f_sigmoid", "f_tanh", "f_log", "f_log2", "f_erf", "f_gelu", "f_gelu_tanh", "f_sin_cos"]
+__all__ = ["f_exp", "f_exp2", "f_sigmoid", "f_tanh", "f_log", "f_log2", "f_expm1", "f_log1p", "f_softplus",
+           "f_erf", "f_gelu", "f_gelu_tanh", "f_sin_cos"]
 
 # ---------------------------------------------------------------- the float64 tier (results of <= 24 bits)
 # exp_fast (refkern.kernels._transcendental) gives e**x = v 2**m within 2u relative for -2000 <= x <= 1, and
@@ -329,3 +329,71 @@ def f_gelu_tanh(x, prec, emin, emax):
     q = q * xs
     rel = rel + 1.01 * _U + 6.12 * _U * abs(w)
     return decide_scaled(q, 0.0, rel * abs(q), k + j, prec, emin, emax)
+
+
+#: 1 / (k + 1)! for k = 0..13, each rounded once (u relative): f_expm1's polynomial
+_INV_FACT1 = np.array([1.0 / math.factorial(k + 1) for k in range(14)])
+
+
+@jit
+def f_expm1(x, prec, emin, emax):
+    """e**x - 1 for results of at most 24 bits, decided in float64, else (nan, False).
+
+    For 2**-400 <= |x| <= 0.35: ``x P(x)``, ``P = sum_(k <= 13) x**k / (k + 1)!`` by Horner; the truncation is
+    below ``0.35**14 / 15! < 2**-60`` of P; Horner's error (Higham, Accuracy and Stability, 5.1) is at most
+    ``gamma_28 sum |c_k| |x|**k`` and the rounded coefficients add ``u`` of that sum, which is at most
+    ``(e**0.35 - 1) / 0.35 < 1.19`` while ``P >= (1 - e**-0.35) / 0.35 > 0.84``: within ``(28.2 * 1.19 / 0.84
+    + 1.42) u < 41.4 u``, the product by x one u more: charged ``43 u + 2**-60``, times 1.01. For 0.35 < |x|,
+    -2000 <= x <= 1100: ``E - 1``, E = e**x within 2.02u (exp_fast), the difference one rounding: within
+    ``2.02 u E + u |q|`` (``E / |E - 1| <= 3.4``: no cancellation to speak of)."""
+    ax = abs(x)
+    if not (2.0**-400 <= ax) or not (-2000.0 <= x <= 1100.0):
+        return _NAN, False
+    if ax <= 0.35:
+        P = _INV_FACT1[13]
+        for k in range(12, -1, -1):
+            P = _INV_FACT1[k] + x * P
+        q = x * P
+        return decide_scaled(q, 0.0, (43.0 * _U + 2.0**-60) * 1.01 * abs(q), 0, prec, emin, emax)
+    v, m = exp_fast(x)
+    if x > 0.0:  # (v - 2**-m) 2**m: 2**-m exact (m >= 0 here)
+        q = v - math.ldexp(1.0, -m)
+        return decide_scaled(q, 0.0, (2.02 * _U * v + _U * abs(q)) * 1.01, m, prec, emin, emax)
+    E = math.ldexp(v, m)  # may lose bits below 2**-1074: at most 2**-1074 against |q| > 0.29
+    q = E - 1.0
+    return decide_scaled(q, 0.0, (2.02 * _U * E + _U * abs(q) + 2.0**-1073) * 1.01, 0, prec, emin, emax)
+
+
+@jit
+def f_log1p(x, prec, emin, emax):
+    """log(1 + x) for results of at most 24 bits, decided in float64, else (nan, False): for 2**-60 <= x finite,
+    log_fast(1, x) (:func:`~refkern.kernels._transcendental.log_fast`: within its e_L); for -1 < x <= -1/32, 1 + x
+    is exact (x has at most 24 bits, its last at 2**-29 or above) and ``log(1 + x) <= log(31/32)``: f_log's value
+    and bound of the exact 1 + x. Elsewhere (nan, False)."""
+    if 2.0**-60 <= x < _INF:
+        L, eL = log_fast(1.0, x, 0.0)
+        return decide_scaled(L, 0.0, eL * 1.01, 0, prec, emin, emax)
+    if -1.0 < x <= -0.03125:
+        b, e = _log_val(1.0 + x)
+        return decide_scaled(b, 0.0, e * 1.01, 0, prec, emin, emax)
+    return _NAN, False
+
+
+@jit
+def f_softplus(x, beta, threshold, prec, emin, emax):
+    """torch's softplus at beta = 1 for results of at most 24 bits, decided in float64, else (nan, False): x where
+    ``x > threshold`` (the exact comparison torch's ``x * 1 > threshold`` makes); else for -700 <= x <= 0,
+    ``log1p(t)``, t = e**x within 2.02u (exp_fast) and log_fast(1, t, 2.02u t) within its e_L of it; for x > 0,
+    ``x + log1p(e**-x)`` likewise, the sum one rounding more (u of it). Other beta, x < -700, non-finite x:
+    (nan, False)."""
+    if beta != 1.0 or not (-700.0 <= x < _INF):
+        return _NAN, False
+    if x > threshold:
+        return x, True
+    v, m = exp_fast(-abs(x))
+    t = math.ldexp(v, m)
+    L, eL = log_fast(1.0, t, 2.02 * _U * t)
+    if x <= 0.0:
+        return decide_scaled(L, 0.0, eL * 1.01, 0, prec, emin, emax)
+    q = x + L
+    return decide_scaled(q, 0.0, (eL + _U * q) * 1.01, 0, prec, emin, emax)

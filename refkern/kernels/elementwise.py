@@ -6,10 +6,11 @@ Every element is the real function of the input value rounded once (to nearest, 
 input's dtype (float16, bfloat16, float32, float64), subnormal results and overflow to +-inf included.
 Ziv's strategy, in three steps:
 
-1. for results of at most 24 bits, exp, exp2, log, log2, tanh, sigmoid, silu, erf, gelu (both forms), sin and
-   cos first try a float64 evaluation with a rigorous bound (exp_fast, then one rounding per operation:
-   :mod:`refkern.kernels._ew_f64`); then, or else, a jitted double-word evaluation with a rigorous error
-   bound (:mod:`refkern.kernels._ew_scalar`, :mod:`refkern.kernels._ew_dd`), parallel over the elements;
+1. for results of at most 24 bits, exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, silu, softplus (beta = 1),
+   erf, gelu (both forms), sin and cos first try a float64 evaluation with a rigorous bound (exp_fast, then one
+   rounding per operation: :mod:`refkern.kernels._ew_f64`); then, or else, a jitted double-word evaluation with a
+   rigorous error bound (:mod:`refkern.kernels._ew_scalar`, :mod:`refkern.kernels._ew_dd`), parallel over the
+   elements;
 2. the rounding decided from that bound (:func:`refkern.kernels._transcendental.decide_scaled`: every
    real within the bound rounds alike), which settles all but about ``2**-40`` of float32 elements and
    ``2**-45`` of float64 ones;
@@ -91,6 +92,11 @@ def _k_exp2(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_expm1(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_expm1(x[i], prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_expm1(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 
@@ -122,6 +128,11 @@ def _k_log2(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_log1p(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_log1p(x[i], prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_log1p(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 
@@ -220,6 +231,11 @@ def _k_sin_cos(x, want_cos, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_softplus(x, beta, threshold, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_softplus(x[i], beta, threshold, prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_softplus(x[i], beta, threshold)
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 

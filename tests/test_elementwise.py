@@ -163,6 +163,18 @@ def test_expm1_log1p_softplus_float64_tiers_are_the_truth(op):
     _check(op, {}, xs.astype(np.float64).tolist(), "float32")
 
 
+@pytest.mark.parametrize("op", ["sin", "cos"])
+def test_sin_cos_cody_waite_near_multiples_of_half_pi_is_the_truth(op):
+    """Below 2**20 the float64 tier reduces by Cody and Waite (_ew_f64._cody_waite, pi/2 in three parts): at the
+    float32 values nearest k pi/2 (and their neighbours), where the reduced argument is smallest and the
+    reduction's error matters most, the reference is the truth's."""
+    rng = np.random.default_rng(13)
+    k = np.concatenate([np.arange(1, 200), rng.integers(200, 667_000, 600)])
+    near = (k * (math.pi / 2)).astype(np.float32)
+    xs = np.concatenate([near, np.nextafter(near, np.float32(np.inf)), np.nextafter(near, np.float32(0))])
+    _check(op, {}, xs.astype(np.float64).tolist(), "float32")
+
+
 def test_large_arguments_of_sin_and_cos_are_reduced_exactly():
     """cos(1e5) in float32 (rotary angles): the float32 value 1e5 = 100000 exactly."""
     assert float(refkern.cos(np.float32([1e5]))[0]) == pytest.approx(float(np.float32(math.cos(1e5))), abs=0)

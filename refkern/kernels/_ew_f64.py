@@ -5,11 +5,13 @@ rounding decided by :func:`~refkern.kernels._transcendental.decide_scaled`; ``(n
 the double-word path (:mod:`refkern.kernels._ew_scalar`)."""
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from refkern._jit import jit
 from refkern.accumulate.eft import two_product
+from refkern.kernels import _ew_exact as xe
 from refkern.kernels._ew_dd import _FH, K_2SQPI, K_KAPPA, K_LN2, K_SQRT2PI, _reduce
 from refkern.kernels._ew_scalar import _INF, _NAN, _RSQ2PI, _U, _scaled
 from refkern.kernels._transcendental import decide_scaled, exp_fast, log_fast
@@ -127,10 +129,44 @@ def f_exp2(x, prec, emin, emax):
     return decide_scaled(v, 0.0, (2.73 * _U * 1.01 + 2.0**-1073) * v, m + int(n), prec, emin, emax)
 
 
+def _pio2_parts():
+    """pi/2 as P1 + P2 + P3 (P1, P2 of at most 33 significant bits, P3 a float64) and a bound of the rest, from
+    the exact integer interval of pi/2 (:func:`~refkern.kernels._ew_exact.const`)."""
+    lo, hi, sh = xe.const("pi/2", 200)
+    ends = [Fraction(lo, 2**-sh), Fraction(hi, 2**-sh)]
+    P1 = Fraction(math.floor(ends[0] * 2**32), 2**32)
+    P2 = Fraction(math.floor((ends[0] - P1) * 2**65), 2**65)
+    P3 = float(ends[0] - P1 - P2)
+    tail = max(abs(e - P1 - P2 - Fraction(P3)) for e in ends)
+    return float(P1), float(P2), P3, float(tail) * 1.01 + 2.0**-1000
+
+
+_P1, _P2, _P3, _PTAIL = _pio2_parts()
+_2OPI = 0.6366197723675814  # 2 / pi, rounded: n = rint(x 2/pi) need only be near, the bound takes r as it is
+
+
+@jit
+def _cody_waite(ax):
+    """(n, r, e): ``ax = n pi/2 + r'`` with ``|r' - r| <= e``, for 0.78 < ax < 2**20 (Cody and Waite): n = rint(ax
+    2/pi) < 2**20, so n P1 and n P2 are exact (20 + 33 bits), ``ax - n P1`` is exact (Sterbenz: the two within a
+    factor 2), then ``t - n P2`` and ``- fl(n P3)`` one rounding each, and pi/2's rest beyond P3 times n:
+    ``e = 1.01 u (|t2| + |n P3| + |r|) + n tail``. n = -1 where |r| > 0.7854 (f_sin_cos's Taylor bound is for
+    |r| <= pi/4 and holds to there), then the exact reduction decides."""
+    n = np.rint(ax * _2OPI)
+    t1 = ax - n * _P1
+    t2 = t1 - n * _P2
+    p3 = n * _P3
+    r = t2 - p3
+    if abs(r) > 0.7854:
+        return -1, 0.0, 0.0
+    return int(n) & 3, r, 1.01 * _U * (abs(t2) + abs(p3) + abs(r)) + n * _PTAIL
+
+
 @jit
 def f_sin_cos(x, want_cos, prec, emin, emax):
-    """sin x or cos x for 2**-450 <= |x| finite: r from the exact reduction (_ew_dd._reduce, its high word:
-    the low word is below u |r|), then Taylor in float64, 11 terms (truncation below 2**-72 of the
+    """sin x or cos x for 2**-450 <= |x| finite: r from Cody and Waite's reduction below 2**20
+    (:func:`_cody_waite`), else the exact one (_ew_dd._reduce, its high word: the low word is below u |r|), then
+    Taylor in float64, 11 terms (truncation below 2**-72 of the
     value for |r| <= pi/4), by Horner in s = r**2: Higham's bound gamma_22 sum |c_k| s**k, with sum |c_k|
     s**k / |p(s)| at most sinh(r) / sin(r) <= 1.23 (sin) and cosh(r) / cos(r) <= 1.88 (cos), the rounded
     coefficients and s one u more each, the product by r one u: at most 28u (sin) and 41u (cos) relative,
@@ -140,6 +176,11 @@ def f_sin_cos(x, want_cos, prec, emin, emax):
         return math.nan, False
     if ax <= 0.78:
         n, rh, rl, er = 0, ax, 0.0, 0.0
+    elif ax < 2.0**20:
+        n, rh, er = _cody_waite(ax)
+        rl = 0.0
+        if n < 0:
+            n, rh, rl, er = _reduce(ax)
     else:
         n, rh, rl, er = _reduce(ax)
     sq = rh * rh

@@ -175,6 +175,20 @@ def test_sin_cos_cody_waite_near_multiples_of_half_pi_is_the_truth(op):
     _check(op, {}, xs.astype(np.float64).tolist(), "float32")
 
 
+@pytest.mark.parametrize("y", [2.5, -3.0, 1.0 / 3.0, 7.25])
+def test_pow_float64_tier_is_the_truth(y):
+    """pow's float64 tier (_ew_f64.f_pow: e**(y log x), the exponent's absolute error carried) decides float32
+    elements over the whole positive range, exact results included (4**2.5 = 32), and gives the truth's."""
+    from refkern.kernels import _ew_f64
+
+    rng = np.random.default_rng(14)
+    xs = np.concatenate([np.abs(rng.standard_normal(1500)) * 3, np.exp2(rng.uniform(-40, 40, 1500)),
+                         [4.0, 9.0, 0.25, 1.0, 2.0, 1e-45, 3.4e38]]).astype(np.float32)  # fmt: skip
+    decided = [_ew_f64.f_pow(float(v), y, 24, -126, 127)[1] for v in xs]
+    assert np.mean(decided) > 0.99 and decided[-7]  # 4: 32 for y = 2.5, exact and decided
+    _check("pow", {"exponent": y}, xs.astype(np.float64).tolist(), "float32")
+
+
 def test_large_arguments_of_sin_and_cos_are_reduced_exactly():
     """cos(1e5) in float32 (rotary angles): the float32 value 1e5 = 100000 exactly."""
     assert float(refkern.cos(np.float32([1e5]))[0]) == pytest.approx(float(np.float32(math.cos(1e5))), abs=0)

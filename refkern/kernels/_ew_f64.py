@@ -1,8 +1,8 @@
 """The float64 tier of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 1): for results of at most
-24 bits, exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, softplus, silu, erf, gelu (both forms), sin and cos
-evaluated in float64 with a rigorous bound (each function's derivation in its docstring or the comment below), the
-rounding decided by :func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)`` sends the element on to
-the double-word path (:mod:`refkern.kernels._ew_scalar`)."""
+24 bits, exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, softplus, silu, erf, gelu (both forms), sin, cos and pow
+(0 < x) evaluated in float64 with a rigorous bound (each function's derivation in its docstring or the comment
+below), the rounding decided by :func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)`` sends the
+element on to the double-word path (:mod:`refkern.kernels._ew_scalar`)."""
 
 import math
 from fractions import Fraction
@@ -16,7 +16,7 @@ from refkern.kernels._ew_dd import _FH, K_2SQPI, K_KAPPA, K_LN2, K_SQRT2PI, _red
 from refkern.kernels._ew_scalar import _INF, _NAN, _RSQ2PI, _U, _scaled
 from refkern.kernels._transcendental import decide_scaled, exp_fast, log_fast
 
-__all__ = ["f_exp", "f_exp2", "f_sigmoid", "f_tanh", "f_log", "f_log2", "f_expm1", "f_log1p", "f_softplus",
+__all__ = ["f_exp", "f_exp2", "f_sigmoid", "f_tanh", "f_log", "f_log2", "f_expm1", "f_log1p", "f_softplus", "f_pow",
            "f_erf", "f_gelu", "f_gelu_tanh", "f_sin_cos"]
 
 # ---------------------------------------------------------------- the float64 tier (results of <= 24 bits)
@@ -438,3 +438,22 @@ def f_softplus(x, beta, threshold, prec, emin, emax):
         return decide_scaled(L, 0.0, eL * 1.01, 0, prec, emin, emax)
     q = x + L
     return decide_scaled(q, 0.0, (eL + _U * q) * 1.01, 0, prec, emin, emax)
+
+
+@jit
+def f_pow(x, y, prec, emin, emax):
+    """x**y for 0 < x finite and a finite number y, results of at most 24 bits, decided in float64, else (nan,
+    False): ``e**(y log x)``, log x within e of b (:func:`f_log`'s value and absolute bound), ``w = fl(y b)``
+    within ``|y| e + u |w|`` of y log x (an absolute error of the exponent, however b cancels near x = 1), which
+    moves e**w by at most 1.01 times that relative (|w| <= 700, the error below 2**-30); exp_fast 2.02u. Exact
+    and midpoint results need no care: an exact one is decided (no midpoint within the bound), a midpoint never
+    is (the exact path's)."""
+    if not (0.0 < x < _INF) or not (abs(y) < _INF):
+        return _NAN, False
+    b, e = _log_val(x)
+    w = y * b
+    ew = abs(y) * e + _U * abs(w)
+    if not (abs(w) <= 700.0) or ew > 2.0**-30:
+        return _NAN, False
+    v, m = exp_fast(w)
+    return decide_scaled(v, 0.0, (2.02 * _U + 1.01 * ew) * 1.01 * v, m, prec, emin, emax)

@@ -175,6 +175,18 @@ def test_sin_cos_cody_waite_near_multiples_of_half_pi_is_the_truth(op):
     _check(op, {}, xs.astype(np.float64).tolist(), "float32")
 
 
+def test_rsqrt_float64_tier_is_the_truth():
+    """rsqrt's float64 tier (_ew_f64.f_rsqrt: 1 / sqrt(x), two correct roundings) over the whole positive float32
+    range, subnormals and exact results (rsqrt(4) = 1/2) included, gives the truth's."""
+    from refkern.kernels import _ew_f64
+
+    rng = np.random.default_rng(15)
+    xs = np.concatenate([np.exp2(rng.uniform(-149, 128, 3000)), [4.0, 0.25, 1e-45, 3.4e38]]).astype(np.float32)
+    decided = [_ew_f64.f_rsqrt(float(v), 24, -126, 127)[1] for v in xs]
+    assert np.mean(decided) > 0.999 and all(decided[-4:])
+    _check("rsqrt", {}, xs.astype(np.float64).tolist(), "float32")
+
+
 @pytest.mark.parametrize("y", [2.5, -3.0, 1.0 / 3.0, 7.25])
 def test_pow_float64_tier_is_the_truth(y):
     """pow's float64 tier (_ew_f64.f_pow: e**(y log x), the exponent's absolute error carried) decides float32

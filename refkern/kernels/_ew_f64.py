@@ -1,8 +1,8 @@
 """The float64 tier of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 1): for results of at most
-24 bits, exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, softplus, silu, erf, gelu (both forms), sin, cos and pow
-(0 < x) evaluated in float64 with a rigorous bound (each function's derivation in its docstring or the comment
-below), the rounding decided by :func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)`` sends the
-element on to the double-word path (:mod:`refkern.kernels._ew_scalar`)."""
+24 bits, exp, exp2, expm1, log, log2, log1p, rsqrt, tanh, sigmoid, softplus, silu, erf, gelu (both forms), sin, cos
+and pow (0 < x) evaluated in float64 with a rigorous bound (each function's derivation in its docstring or the
+comment below), the rounding decided by :func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)``
+sends the element on to the double-word path (:mod:`refkern.kernels._ew_scalar`)."""
 
 import math
 from fractions import Fraction
@@ -17,7 +17,7 @@ from refkern.kernels._ew_scalar import _INF, _NAN, _RSQ2PI, _U, _scaled
 from refkern.kernels._transcendental import decide_scaled, exp_fast, log_fast
 
 __all__ = ["f_exp", "f_exp2", "f_sigmoid", "f_tanh", "f_log", "f_log2", "f_expm1", "f_log1p", "f_softplus", "f_pow",
-           "f_erf", "f_gelu", "f_gelu_tanh", "f_sin_cos"]
+           "f_rsqrt", "f_erf", "f_gelu", "f_gelu_tanh", "f_sin_cos"]
 
 # ---------------------------------------------------------------- the float64 tier (results of <= 24 bits)
 # exp_fast (refkern.kernels._transcendental) gives e**x = v 2**m within 2u relative for -2000 <= x <= 1, and
@@ -457,3 +457,15 @@ def f_pow(x, y, prec, emin, emax):
         return _NAN, False
     v, m = exp_fast(w)
     return decide_scaled(v, 0.0, (2.02 * _U + 1.01 * ew) * 1.01 * v, m, prec, emin, emax)
+
+
+@jit
+def f_rsqrt(x, prec, emin, emax):
+    """1 / sqrt(x) for 0 < x finite (a value of a format of at most 24 bits), decided in float64, else (nan,
+    False): float64's sqrt and division are correctly rounded: the sqrt's rounding moves 1/s by at most u / (1 -
+    u) relative, the division's by u more, so ``fl(1 / fl(sqrt x))`` is within ``(1 + u) / (1 - u) - 1 < 2.01
+    u`` of it; charged with a factor 1.01."""
+    if not (0.0 < x < _INF):
+        return _NAN, False
+    q = 1.0 / math.sqrt(x)
+    return decide_scaled(q, 0.0, 2.01 * 1.01 * _U * q, 0, prec, emin, emax)

@@ -6,11 +6,11 @@ Every element is the real function of the input value rounded once (to nearest, 
 input's dtype (float16, bfloat16, float32, float64), subnormal results and overflow to +-inf included.
 Ziv's strategy, in three steps:
 
-1. for results of at most 24 bits, exp, exp2, expm1, log, log2, log1p, tanh, sigmoid, silu, softplus (beta = 1),
-   erf, gelu (both forms), sin, cos and pow (0 < x) first try a float64 evaluation with a rigorous bound (exp_fast,
-   then one rounding per operation: :mod:`refkern.kernels._ew_f64`); then, or else, a jitted double-word evaluation
-   with a rigorous error bound (:mod:`refkern.kernels._ew_scalar`, :mod:`refkern.kernels._ew_dd`), parallel over the
-   elements;
+1. for results of at most 24 bits, exp, exp2, expm1, log, log2, log1p, rsqrt, tanh, sigmoid, silu, softplus (beta =
+   1), erf, gelu (both forms), sin, cos and pow (0 < x) first try a float64 evaluation with a rigorous bound
+   (exp_fast, then one rounding per operation: :mod:`refkern.kernels._ew_f64`); then, or else, a jitted double-word
+   evaluation with a rigorous error bound (:mod:`refkern.kernels._ew_scalar`, :mod:`refkern.kernels._ew_dd`),
+   parallel over the elements;
 2. the rounding decided from that bound (:func:`refkern.kernels._transcendental.decide_scaled`: every
    real within the bound rounds alike), which settles all but about ``2**-40`` of float32 elements and
    ``2**-45`` of float64 ones;
@@ -140,6 +140,11 @@ def _k_log1p(x, prec, emin, emax, mode, out, lo, und):
 @jit(parallel=True)
 def _k_rsqrt(x, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
+        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
+            r, dec = f.f_rsqrt(x[i], prec, emin, emax)
+            if dec:
+                out[i] = r
+                continue
         qh, ql, e, k, ok = s.v_rsqrt(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 

@@ -494,3 +494,37 @@ def test_held_norm_sums_equal_the_residual_sums():
     plain = n.coherent.stats(r, n.var, keep, c.astype(np.float64))
     for h, p in zip(held[:5], plain[:5]):
         assert np.allclose(h, p, rtol=1e-12, atol=1e-300)
+
+
+def test_quick_path_row_sums_equal_the_residual_sums():
+    """The quick path (inside._healthy, row by row with a norm's fused parts) forms the rows' scale sums in the
+    same pass as the element and group tests: they are those from the residual arrays (RowShared.stats,
+    the loadings formed as arrays), to rounding of the order, and its element and group verdicts are
+    _test's."""
+    from refkern.analysis.hypotheses import Model
+    from refkern.analysis.inside import _healthy, _test
+    from refkern.analysis.stats import level
+
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(64, 48, generator=g)
+    w, b = torch.randn(48, generator=g), torch.randn(48, generator=g)
+    out = torch.nn.functional.layer_norm(x, (48,), w, b, 1e-5)
+    args = {"input": x, "normalized_shape": (48,), "weight": w, "bias": b, "eps": 1e-5}
+    ref = np.asarray(rk.layer_norm(x, (48,), w, b, 1e-5), np.float32)
+    n = nz.noise("layer_norm", args, ref, FLOAT32, 5.0)
+    a, c = out.numpy(), ref
+    m = Model("rounding", None, "r", FLOAT32, FLOAT32)
+    lam_el, lam_grp = level(a.size), level(2 * 48 + 1)
+    quick = _healthy(m, a, c, n.var, lam_el, lam_grp, (1,), 1.0, FLOAT32, n.coherent.fused.parts)
+    assert quick is not None and quick.held_rows is not None
+    r = a.astype(np.float64) - c
+    keep = np.ones(c.shape, bool)
+    plain = n.coherent.stats(r, n.var, keep, c.astype(np.float64))
+    for h, p in zip(quick.held_rows, plain[:5]):
+        assert np.allclose(h, p, rtol=1e-12, atol=1e-300)
+    full = _test(m, a.astype(np.float64), c.astype(np.float64), n.var, np.zeros(c.shape, bool), lam_el, lam_grp,
+                 ("row", "col"), (1,))  # fmt: skip
+    assert full.explains and np.allclose(quick.z, full.z, rtol=1e-15, atol=0)
+    bad = a.copy()
+    bad[:, 5] += 0.05  # one column off: its group fails, and the quick path declines
+    assert _healthy(m, bad, c, n.var, lam_el, lam_grp, (1,), 1.0, FLOAT32, n.coherent.fused.parts) is None

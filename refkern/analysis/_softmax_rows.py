@@ -11,9 +11,10 @@ sums run left to right (numpy's are pairwise: they differ within float64's own e
 its ``(n + E + 64) 2**-50`` slack covers), and exp, expm1 and log1p are the C library's (numpy's are within an ulp
 of them).
 
-The ranks are counted without a comparison sort: the live ``z + 2 dl'`` and ``z - 2 dl'`` are sorted by their
+The ranks are counted without a comparison sort: by buckets of equal width over the range of the live ``z + 2
+dl'`` (:func:`_ranks_by_buckets`), or where those cluster, the live ``z + 2 dl'`` and ``z - 2 dl'`` sorted by their
 bits (the float order: a sign flip of the negative values' bits; an LSD radix sort of the top bits, then an
-insertion sort of the ties, or a radix sort of all 64 bits where those are many), then merged.
+insertion sort of the ties, or a radix sort of all 64 bits where those are many) and merged.
 """
 
 import numpy as np
@@ -120,6 +121,94 @@ def _sort(k, p, m):
     return sk, sp
 
 
+@jit
+def _ranks_by_sort(zi, dlp, lv, m, n, rank):
+    """rank[j] = max(#{k live: c_k >= thr_j} - 1, 0) for the live j of a row (``c = z + 2 dl'``, ``thr = z - 2
+    dl'``; n - 1 where thr is -inf): the live c sorted, the live thresholds sorted with their index, merged."""
+    ck, cp = np.empty(m, np.uint64), np.zeros(m, np.int64)
+    tk, tp = np.empty(m, np.uint64), np.empty(m, np.int64)
+    q = 0
+    for j in range(n):
+        if lv[j]:
+            ck[q] = _key(zi[j] + 2 * dlp[j])
+            tk[q] = _key(zi[j] - 2 * dlp[j])
+            tp[q] = j
+            q += 1
+    sc, _ = _sort(ck, cp, m)
+    st, sp = _sort(tk, tp, m)
+    p = 0  # sc[:p] < the threshold
+    for q in range(m):
+        j = sp[q]
+        if zi[j] - 2 * dlp[j] == -np.inf:  # an infinite logit error: every entry of the row counts
+            rank[j] = n - 1
+            continue
+        while p < m and sc[p] < st[q]:
+            p += 1
+        rank[j] = max(m - p - 1, 0)
+
+
+_MAX_BUCKET = 64  # entries of one bucket beyond which the ranks are counted by sorting instead
+
+
+@jit
+def _ranks_by_buckets(zi, dlp, lv, m, n, rank):
+    """:func:`_ranks_by_sort`'s ranks counted without sorting, where the finite c spread over their range: m
+    equal-width buckets over [min c, max c] (``b(x) = min(floor((x - min c) m / (max c - min c)), m - 1)``,
+    monotone in x as each of its float64 steps is), so every c of a lower bucket than a threshold's is below
+    it, every c of a higher one is not, and only the threshold's own bucket is compared value by value. False
+    (nothing written) where a bucket would hold more than :data:`_MAX_BUCKET` entries (clustered c) or the
+    range's scale is not finite."""
+    lo, hi = np.inf, -np.inf
+    for j in range(n):
+        if lv[j]:
+            c = zi[j] + 2 * dlp[j]
+            if c != np.inf:
+                lo = min(lo, c)
+                hi = max(hi, c)
+    nb = max(m, 1)
+    scale = nb / (hi - lo) if hi > lo else 0.0
+    if not scale < np.inf:
+        return False
+    cnt = np.zeros(nb + 1, np.int64)
+    for j in range(n):
+        if lv[j]:
+            c = zi[j] + 2 * dlp[j]
+            if c != np.inf:
+                cnt[min(np.int64((c - lo) * scale), nb - 1) + 1] += 1
+    for b in range(1, nb + 1):
+        if cnt[b] > _MAX_BUCKET:
+            return False
+        cnt[b] += cnt[b - 1]  # cnt[b]: the finite c of the buckets below b
+    vals = np.empty(max(cnt[nb], 1))
+    fill = cnt[:nb].copy()
+    for j in range(n):
+        if lv[j]:
+            c = zi[j] + 2 * dlp[j]
+            if c != np.inf:
+                b = min(np.int64((c - lo) * scale), nb - 1)
+                vals[fill[b]] = c
+                fill[b] += 1
+    nfin = cnt[nb]
+    for j in range(n):
+        if not lv[j]:
+            continue
+        t = zi[j] - 2 * dlp[j]
+        if t == -np.inf:  # an infinite logit error: every entry of the row counts
+            rank[j] = n - 1
+            continue
+        if nfin == 0 or t <= lo:
+            below = 0
+        elif t > hi:
+            below = nfin
+        else:
+            b = min(np.int64((t - lo) * scale), nb - 1)
+            below = cnt[b]
+            for k in range(cnt[b], cnt[b + 1]):
+                below += vals[k] < t
+        rank[j] = max(m - below - 1, 0)  # the infinite c are never below a finite threshold
+    return True
+
+
 @jit(parallel=True, error_model="numpy")
 def rows_pass(z, dl, d64, u, arg_r, num_rescales, lg_d, eg_d, lg_n, eg_n, und, eta_h, emin2, keep, t, gap, theta,
               e_n, live, rows):  # fmt: skip
@@ -160,28 +249,9 @@ def rows_pass(z, dl, d64, u, arg_r, num_rescales, lg_d, eg_d, lg_n, eg_n, und, e
                 top = max(top, v + x)  # >= the computed maximum
             else:
                 dlp[j] = 0.0
-        # ranks: the live c = z + 2 dl' sorted, the live thresholds z - 2 dl' sorted with their index, merged
-        ck, cp = np.empty(m, np.uint64), np.zeros(m, np.int64)
-        tk, tp = np.empty(m, np.uint64), np.empty(m, np.int64)
-        q = 0
-        for j in range(n):
-            if lv[j]:
-                ck[q] = _key(zi[j] + 2 * dlp[j])
-                tk[q] = _key(zi[j] - 2 * dlp[j])
-                tp[q] = j
-                q += 1
-        sc, _ = _sort(ck, cp, m)
-        st, sp = _sort(tk, tp, m)
         rank = np.empty(n, np.int64)
-        p = 0  # sc[:p] < the threshold
-        for q in range(m):
-            j = sp[q]
-            if zi[j] - 2 * dlp[j] == -np.inf:  # an infinite logit error: every entry of the row counts
-                rank[j] = n - 1
-                continue
-            while p < m and sc[p] < st[q]:
-                p += 1
-            rank[j] = max(m - p - 1, 0)
+        if not _ranks_by_buckets(zi, dlp, lv, m, n, rank):
+            _ranks_by_sort(zi, dlp, lv, m, n, rank)
         D = 0.0
         ED = 0.0
         lmax = 0.0

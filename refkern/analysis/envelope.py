@@ -271,12 +271,18 @@ def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out, stor
     has_given = given is not None
     given = (np.zeros(R), np.zeros(R)) if given is None else given
     gm, gv = (np.broadcast_to(np.asarray(g, np.float64), (R,)).copy() for g in given)
-    bound = np.empty((R, n))
     eta = stores * 0.5 * 2.0 ** (out.emin - out.prec + 1)
     X, ref = (np.ascontiguousarray(v, v.dtype if v.dtype in (np.float32, np.float64) else np.float64) for v in
               (X, np.asarray(ref)))  # fmt: skip
+    g_n, g_n3 = _gamma(n, u)[()], _gamma(n + 3, u)[()]
+    if not has_given and (g_n == np.inf or (not one_pass and g_n3 == np.inf)) and R * n and np.isfinite(ref).all():
+        # the statistics' error is unbounded (n u > 1/8: bfloat16 beyond 32 terms): every element's bound is
+        # inf (_norm_rows: an infinite or NaN e_m2 makes every b inf or NaN, NaN becomes inf; only a special
+        # reference could make the store's term NaN), held as one value broadcast rather than (R, n) of them
+        return np.broadcast_to(np.inf, (R, n))
+    bound = np.empty((R, n))
     _norm_rows(X, _param_rows(W, R, n), _param_rows(B, R, n), ref.reshape(R, n), bool(center), float(eps),
-               has_given, gm, gv, u, u_m, bool(one_pass), _gamma(n, u)[()], _gamma(n + 3, u)[()], _underflow(n, u),
+               has_given, gm, gv, u, u_m, bool(one_pass), g_n, g_n3, _underflow(n, u),
                stores * out.u, eta, bound)  # fmt: skip
     return bound
 

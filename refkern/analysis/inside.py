@@ -41,10 +41,11 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FORMATS
+from refkern.analysis._healthy import _healthy
 from refkern.analysis.hypotheses import Model
 from refkern.analysis.noise import Noise, noise
 from refkern.analysis.noise_store import straddle_z
-from refkern.analysis.passes import chunks, ulps_at
+from refkern.analysis.passes import ulps_at
 from refkern.analysis.stats import ALPHA, group_sums, level
 from refkern.analysis.structure import group_failures, n_groups
 from refkern.analysis.verdict import (
@@ -56,7 +57,6 @@ from refkern.analysis.verdict import (
     _scale_failure,
     n_rows,
     overflowed,
-    z_one,
 )
 
 __all__ = ["decide_inside", "StatFit", "INSIDE"]
@@ -103,90 +103,6 @@ class StatFit:
                 "tested_on": "every element", "unexplained": int(self.unexplained().sum()),
                 "failing_groups": len(self.groups), "max_ratio": self.max_z / self.lam,
                 "test": INSIDE}  # fmt: skip
-
-
-def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out):
-    """:func:`_test` of the standard model on a result it explains, in one pass that keeps no residual
-    array (:func:`_healthy_pass`): a :class:`StatFit` with no failure, and the largest ``lam sigma`` in ulps
-    of the result (:func:`_power`'s, which that pass computes on the way); None where an element or a group
-    fails, and the caller runs :func:`_test` to say which. ``a`` and ``c`` as they are held (float32 or
-    float64, widened per element)."""
-    shape = np.shape(c)
-    af, cf = (np.ascontiguousarray(v).reshape(-1) for v in (a, c))
-    sc = np.ascontiguousarray(np.broadcast_to(np.asarray(scale, np.float64), shape) if np.ndim(scale) else
-                              np.asarray([scale], np.float64)).reshape(-1)  # fmt: skip
-    n = cf.size
-    strides = [int(np.prod(shape[ax + 1 :], dtype=np.int64)) for ax in only]
-    lens = [shape[ax] for ax in only]
-    nch = chunks(n)
-    gs = np.zeros((nch, len(only), max(lens, default=1)))
-    gv, ws, wv = np.zeros_like(gs), np.zeros_like(gs), np.zeros_like(gs)
-    z, peak = np.empty(n), np.zeros(nch)
-    nfail = _healthy_pass(af, cf, np.ascontiguousarray(var, np.float64).reshape(-1), sc, lam_el, out.prec, out.emin,
-                          np.asarray(strides, np.int64), np.asarray(lens, np.int64), z, gs, gv, ws, wv,
-                          peak)  # fmt: skip
-    if nfail:
-        return None
-    fails = np.zeros(n, np.bool_)  # none (pages of zeros, never written)
-    g, v, gw, vw = gs.sum(axis=0), gv.sum(axis=0), ws.sum(axis=0), wv.sum(axis=0)
-    with np.errstate(all="ignore"):
-        if np.any((g != 0) & ~(np.abs(g) <= lam_grp * np.sqrt(v))):
-            return None
-        if np.any((gw != 0) & ~(np.abs(gw) <= lam_grp * np.sqrt(vw))):  # the groups' scale tests
-            return None
-    f = StatFit(model, c, var, z.reshape(shape), fails.reshape(shape), [], lam_el)
-    f.peak = float(peak.max(initial=0.0))
-    return f
-
-
-@jit(parallel=True, error_model="numpy")
-def _healthy_pass(a, c, var, sc, lam, prec, emin, strides, lens, z, gs, gv, ws, wv, peak):
-    """Per element, as :func:`~refkern.analysis.verdict._element_test` with ``a`` and ``c`` scaled by ``sc``
-    (one value, or one per element: powers of two, exact): ``z`` and the count of ``z > lam``; the kept
-    elements' residuals and variances summed per index along each group axis (its stride and length; the index kept as a
-    counter, no division per element), and those of the groups' scale tests (``r w`` and ``sigma**2 w**2``, ``w
-    = y / sigma**2``), per chunk; and per chunk the largest ``lam sqrt(var) / sc`` in ulps
-    of the result format (prec, emin) at the finite ``c`` (:func:`_power_max`). Returns the number of
-    failing elements."""
-    n = a.size
-    nch = gs.shape[0]
-    nax = strides.size
-    one = sc.size == 1
-    nfail = 0
-    for ch in prange(nch):
-        best = 0.0
-        bad_here = 0
-        start = ch * n // nch
-        gi, sub = np.empty(nax, np.int64), np.empty(nax, np.int64)
-        for t in range(nax):
-            gi[t] = (start // strides[t]) % lens[t]
-            sub[t] = start % strides[t]
-        for i in range(start, (ch + 1) * n // nch):
-            s = sc[0] if one else sc[i]
-            x, y0, v = np.float64(a[i]), np.float64(c[i]), var[i]
-            x, y = x * s, y0 * s
-            sv = np.sqrt(v)
-            zi = z_one(x, y, sv)
-            z[i] = zi
-            bad = zi > lam
-            bad_here += bad
-            if not bad and x - x == 0.0 and y - y == 0.0:
-                w = y / v if v > 0.0 and v < np.inf else 0.0  # the scale tests' weight (_axis_scale_failures)
-                for t in range(nax):
-                    gs[ch, t, gi[t]] += x - y
-                    gv[ch, t, gi[t]] += v
-                    ws[ch, t, gi[t]] += (x - y) * w
-                    wv[ch, t, gi[t]] += v * w * w
-            for t in range(nax):
-                sub[t] += 1
-                if sub[t] == strides[t]:
-                    sub[t] = 0
-                    gi[t] = gi[t] + 1 if gi[t] + 1 < lens[t] else 0
-            if y0 - y0 == 0.0:
-                best = max(best, ulps_at(y0, y0, lam * sv / s, True, prec, emin)[0])
-        peak[ch] = best
-        nfail += bad_here
-    return nfail
 
 
 def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None, coherent=None,
@@ -370,10 +286,12 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     # a result rounding explains, tested in one pass over the values as they are held (no float64 copy of
     # the output, no residual arrays); any other goes through _test, which says what fails
     held = coh.held_stats if hasattr(coh, "held_stats") and coh.fused is not None and sc == 1.0 else None
-    r0 = _healthy(m0, actual, x, nz.var, lam_el, lam_grp, only, sc, out) if (
+    parts = getattr(coh.fused, "parts", None) if held is not None else None
+    r0 = _healthy(m0, actual, x, nz.var, lam_el, lam_grp, only, sc, out, parts) if (
         d.verdict == "rounding" and (coh is None or held) and nz.straddle is None and nz.members is None
     ) else None  # fmt: skip
-    if r0 is not None and held is not None and not _scale_tests_pass(held(actual, x, nz.var), lam_grp, coh):
+    if r0 is not None and held is not None and not _scale_tests_pass(
+            (*r0.held_rows, None) if r0.held_rows is not None else held(actual, x, nz.var), lam_grp, coh):  # fmt: skip
         r0 = None  # a scale test fails: _test says which
     if nz.straddle is not None:  # the store known exactly: flagged beyond lam sigma before it and half an ulp
         p = _power(nz.straddle[0], x, out, lam_el)
@@ -384,7 +302,7 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     if d.verdict == "exact":
         return _replace(d, det=det, thresholds=thresholds)
     if r0 is not None:
-        return Decision("rounding", None, m0, _classes(d.fits[0].state == 0, 1), list(d.fits) + [r0], r0.z, [],
+        return Decision("rounding", None, m0, d.classes, list(d.fits) + [r0], r0.z, [],  # decide_envelope's classes
                         list(d.structure), det, thresholds)  # fmt: skip
     a, x = np.asarray(actual, np.float64), np.asarray(x, np.float64)
     over = overflowed(a, x)

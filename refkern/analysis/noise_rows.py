@@ -134,6 +134,14 @@ def norm_sums(X, mean, r, Wr, smu2, srel2, bounds):
     R, n = X.shape
     Bt, Bm = bounds
 
+    def finish(rows):
+        """(num, var, yw, extra, bound) per row from the seven sums of :func:`_norm_row_sums` (R, 7)."""
+        num, vv, yw, A1, Q1, A2, Q2 = rows.T
+        with np.errstate(all="ignore"):
+            extra = np.where(smu2 > 0, smu2 * (A1 * A1 - Q1), 0.0) + np.where(srel2 > 0, srel2 * (A2 * A2 - Q2), 0.0)
+            bound = (0.0 if Bt is None else Bt * np.abs(A2)) + (0.0 if Bm is None else Bm * np.abs(A1))
+        return num, vv, yw, extra, np.broadcast_to(bound, (R,)).astype(np.float64)
+
     def fused(rr, vk, y, held=False):
         rows = np.empty((R, 7))
         cols = np.zeros((2, n))
@@ -142,12 +150,11 @@ def norm_sums(X, mean, r, Wr, smu2, srel2, bounds):
         p, q, var = (rr, vk, y) if held else (rr, y, vk)
         arrays = (np.ascontiguousarray(v if held else np.asarray(v, np.float64)).reshape(R, n) for v in (p, q, var))
         _norm_row_sums(*arrays, held, X, mean, r, Wr, rows, cols)
-        num, vv, yw, A1, Q1, A2, Q2 = rows.T
-        with np.errstate(all="ignore"):
-            extra = np.where(smu2 > 0, smu2 * (A1 * A1 - Q1), 0.0) + np.where(srel2 > 0, srel2 * (A2 * A2 - Q2), 0.0)
-            bound = (0.0 if Bt is None else Bt * np.abs(A2)) + (0.0 if Bm is None else Bm * np.abs(A1))
-        return (num, vv, yw, extra, np.broadcast_to(bound, (R,)).astype(np.float64)), cols
+        return finish(rows), cols
 
+    #: what a pass over the held values needs to form the seven sums itself (inside._healthy): the rows' X,
+    #: mean, r and W, and ``finish`` of its (R, 7) sums
+    fused.parts = (X, mean, r, Wr, finish)
     return fused
 
 

@@ -57,8 +57,8 @@ class _EnvelopeFit:
     def ratio_at(self, flat) -> np.ndarray:
         """:attr:`ratio` at the flat indices ``flat`` only."""
         a, c, b, params = self.src
-        return np.array([0.0 if self.state.reshape(-1)[i] == 0 else _ratio_one(float(a[i]), float(c[i]), b[i], *params)
-                         for i in flat], np.float64)  # fmt: skip
+        return np.array([0.0 if self.state.reshape(-1)[i] == 0 else _ratio_one(float(a[i]), float(c[i]),
+                         b[i if b.size == a.size else 0], *params) for i in flat], np.float64)  # fmt: skip
 
     @property
     def vacuous(self) -> np.ndarray:
@@ -104,12 +104,13 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
                 else f"{key}: otherwise a correct float32 computation")  # fmt: skip
         m = Model(key, prec, kind, st, fmt)
         state = np.empty(a.size, np.int8)
-        c, b = _held(mid), np.ascontiguousarray(bound, np.float64).reshape(-1)
+        c, b = _held(mid), _bound_held(bound)
         params = (st is not out, *st.params, key == ONE_PASS)
         counts, tcnt = np.zeros((nch, 5), np.int64), np.zeros(nch, np.int64)
         tidx, tval = np.zeros((nch, _TOP), np.int64), np.zeros((nch, _TOP))
-        lo, hi, room = median_bracket(c, b, out.prec, out.emin) if ulps else (0.0, 0.0, 0.0)
-        kept = np.empty((nch, int(room * (-(-a.size // nch))) + 64 if ulps else 0))
+        lo, hi, room = median_bracket(c, np.broadcast_to(b, c.shape), out.prec, out.emin) if ulps else (0.0, 0.0, 0.0)
+        # a bracket of one value needs no kept value (median_in_bracket): one slot each, overwritten
+        kept = np.empty((nch, (int(room * (-(-a.size // nch))) + 64 if lo != hi else 1) if ulps else 0))
         n_kept, n_below, peak, uerr = np.zeros(nch, np.int64), np.zeros(nch, np.int64), np.zeros(nch), np.zeros(nch)
         _envelope_pass(a, c, b, *params, ulps, out.prec, out.emin, lo, hi, np.empty(0), state, counts, tidx, tval,
                        tcnt, kept, n_kept, n_below, peak, uerr)  # fmt: skip
@@ -124,10 +125,20 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
         if ulps:
             f.median_ulps = median_in_bracket(kept, n_kept, n_below, a.size, lo, hi)
             if f.median_ulps is None:  # outside the sampled bracket: two passes of its own
-                f.median_ulps = median_max_bound_ulps(np.asarray(c, np.float64), b, out.prec, out.emin)[0]
+                f.median_ulps = median_max_bound_ulps(np.asarray(c, np.float64), np.ascontiguousarray(
+                    np.broadcast_to(b, c.shape)), out.prec, out.emin)[0]  # fmt: skip
             f.max_ulps, f.max_error_ulps = (float(peak.max()), float(uerr.max())) if a.size else (0.0, 0.0)
         fits.append(f)
     return fits
+
+
+def _bound_held(bound):
+    """A bound flat and contiguous in float64; one value where it is one value broadcast (the norms' infinite
+    envelope: :func:`~refkern.analysis.envelope._norm_envelope`), which the passes read for every element."""
+    b = np.asarray(bound)
+    if b.size > 1 and not any(b.strides):
+        return np.full(1, b.reshape(-1)[0], np.float64)
+    return np.ascontiguousarray(b, np.float64).reshape(-1)
 
 
 def _held(v):
@@ -183,7 +194,8 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
     the bound in ulps of the result format (oprec, oemin) at ``c``: the count below ``lo``, the
     values in [lo, hi] (kept while there is room, all counted:
     :func:`~refkern.analysis.passes.median_in_bracket`) and the largest; and the largest ``|a - c|``
-    in those ulps. ``a`` and ``c`` are float32 or float64, each element widened as it is read.
+    in those ulps. ``a`` and ``c`` are float32 or float64, each element widened as it is read; ``bound``
+    has a's size, or one value for every element.
 
     Each chunk goes by blocks of :data:`_BLOCK` elements in two loops: the first computes every
     element's figures with selects and arithmetic only (the equal/unequal bit of real outputs is a
@@ -194,6 +206,7 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
     n = a.size
     nch = counts.shape[0]
     keep_ratio = ratio.size == n
+    full = bound.size == n  # else one bound for every element
     for ch in prange(nch):
         n0 = n2 = n3 = n4 = m = nk = nb = 0
         pk = ue = 0  # bits of the largest bound and error in ulps
@@ -208,7 +221,7 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
             size = min(_BLOCK, stop - s)
             for t in range(size):
                 i = s + t
-                x, y, b = np.float64(a[i]), np.float64(c[i]), bound[i]  # float32 arrays widened here, exactly
+                x, y, b = np.float64(a[i]), np.float64(c[i]), bound[i if full else 0]  # float32 widened, exactly
                 sm = (x == y) | ((x != x) & (y != y))
                 r = _ratio_one(x, y, b, grid, prec, emin, emax, one_pass)
                 if ulps:

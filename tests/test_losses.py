@@ -49,6 +49,34 @@ def test_references_equal_the_truth(dtype, shape):
             assert np.array_equal(got, truth.nll_loss(lp, t, reduction=red, **kw), equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES[:3])
+def test_nll_loss_sum_and_mean_of_many_rows_equal_the_truth(dtype):
+    """The float32-held path (exact float64 products, a float64 mean bracketed, the exact path where the bracket
+    straddles a rounding boundary) against mpmath: 2000 rows, weights of both signs, ignored rows."""
+    g = torch.Generator().manual_seed(5)
+    lp = (torch.randn(2000, 7, generator=g) * torch.exp(torch.randn(2000, 1, generator=g) * 2)).to(dtype)
+    t = torch.randint(0, 7, (2000,), generator=g)
+    t[::5] = -100
+    w = torch.randn(7, generator=g).to(dtype)
+    assert torch.isfinite(lp).all()  # every value finite: the path under test, not IEEE's special sums
+    for red in ("sum", "mean"):
+        for kw in ({}, {"weight": w}):
+            got = np.asarray(rk.nll_loss(lp, t, reduction=red, **kw).double())
+            assert np.array_equal(got, truth.nll_loss(lp, t, reduction=red, **kw))
+
+
+def test_nll_loss_mean_at_a_tie_is_rounded_to_even():
+    """-x_t = 1 and 1 + 2**-23 (float32): the mean 1 + 2**-24 is the midpoint of 1 and 1 + 2**-23, which the
+    float64 quotient holds exactly: the bracket straddles it, the exact path rounds it to even, 1.0; with
+    1 + 2**-23 twice and 1 + 2**-22 once the mean is 1 + (2**-22 + 2**-22) / 3 = 1 + 4/3 2**-23, nearest
+    1 + 2**-23 (the fast path decides it)."""
+    one_up = 1 + 2.0**-23
+    lp = torch.tensor([[-1.0, 0.0], [0.0, -one_up]])
+    assert rk.nll_loss(lp, torch.tensor([0, 1])).item() == 1.0
+    lp = torch.tensor([[-one_up], [-one_up], [-(1 + 2.0**-22)]])
+    assert rk.nll_loss(lp, torch.tensor([0, 0, 0])).item() == 1 + 2.0**-23
+
+
 def test_special_values_as_torch():
     x = torch.tensor([[0.0, 1.0, -math.inf], [math.nan, 0.0, 1.0], [2.0, 2.0, 2.0], [5.0, -math.inf, -math.inf]])
     t = torch.tensor([2, 0, 1, 0])

@@ -99,6 +99,8 @@ def _rows(v: np.ndarray, dtype=np.float64):
     view where the layout allows), and the per-sample shape."""
     if v.ndim == 1:
         return np.asarray(v, dtype).reshape(1, -1), ()
+    if v.ndim == 2:  # (N, C): the rows already (no moveaxis, no product of the leading shape: a fixed cost)
+        return np.asarray(v, dtype), (v.shape[0],)
     moved = np.moveaxis(v, 1, -1)
     rows = int(np.prod(moved.shape[:-1], dtype=np.int64))  # explicit: reshape(-1, 0) is ambiguous for C = 0
     return np.asarray(moved, dtype).reshape(rows, v.shape[1]), (v.shape[0], *v.shape[2:])

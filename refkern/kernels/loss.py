@@ -219,22 +219,55 @@ def nll_values(c: LossCall) -> np.ndarray:
 
     R = c.raw.shape[0]
     valid = c.valid
-    t = np.where(valid, c.target, 0)
+    all_valid = bool(valid.all())
+    t = c.target if all_valid else np.where(valid, c.target, 0)
     xt = np.asarray(c.raw[np.arange(R), t], np.float64)  # only the targets' entries
+    if c.reduction != "none" and c.weight is None and all_valid and c.raw.dtype == np.float32 and R:
+        fast = _nll_reduced_fast(c, xt, xt) if np.isfinite(xt).all() else None  # unweighted: wv unread
+        if fast is not None:
+            return np.asarray(fast, np.float64)
     wt = np.ones(R) if c.weight is None else c.weight[t]
     if c.reduction == "none":
         with np.errstate(all="ignore"):
             prod = np.where(valid, -(wt * xt), 0.0)  # exact for float32 inputs; IEEE's rounding for float64
         out = round_array(np.ascontiguousarray(prod), *c.fmt.params) if c.fmt.prec < 53 else prod + 0.0
         return np.where(valid, out, 0.0).reshape(c.sample_shape)
-    all_valid = bool(valid.all())
     xv, wv = (xt, wt) if all_valid else (xt[valid], wt[valid])
     if not (np.isfinite(xv).all() and (c.weight is None or np.isfinite(wv).all())):
         # IEEE's sum of the products (a float64 product that overflowed takes the exact path)
         with np.errstate(all="ignore"):
             s = np.where(valid, -(wt * xt), 0.0).sum()
         return np.asarray(s / _divisor(c)[0] if c.reduction == "mean" else s, np.float64)
-    return np.asarray(lx.nll_exact(c, wv, xv), np.float64)
+    fast = _nll_reduced_fast(c, wv, xv) if c.raw.dtype == np.float32 and xv.size else None
+    return np.asarray(lx.nll_exact(c, wv, xv) if fast is None else fast, np.float64)
+
+
+def _nll_reduced_fast(c: LossCall, wv, xv):
+    """nll_loss's sum or mean of finite float32 (or narrower) log-probabilities without Fractions, or None where
+    the exact path decides. The products ``w_t x_t`` are exact in float64 (24 + 24 bits), so a sum is one exact
+    sum rounded once to the format (:func:`~refkern.accumulate.exact.exact_sum`); a mean is ``q = RN(S / D)``
+    with ``S`` and ``D`` (the count, or the weights' sum) each correctly rounded to float64: ``q`` within
+    ``(1 + u)**3 - 1 < 3.01 u`` of the real mean (u = 2**-53), and its rounding to the format is taken where
+    every real within that of ``q`` rounds alike (:func:`_bracketed`'s bracket, rounded as two scalars; an
+    infinite rounding, an overflow, is left to the exact path too); a zero numerator or divisor (the sign
+    of a zero, num / 0) is left to the exact path."""
+    from refkern.accumulate.exact import exact_sum
+
+    terms = np.ascontiguousarray(-xv if c.weight is None else -(wv * xv), np.float64)
+    if c.reduction == "sum":
+        return float(exact_sum(terms, c.fmt))
+    S = float(exact_sum(terms, FLOAT64))
+    D = float(xv.size) if c.weight is None else float(exact_sum(np.ascontiguousarray(wv, np.float64), FLOAT64))
+    if S == 0.0 or D == 0.0 or not np.isfinite(S):
+        return None
+    from fractions import Fraction
+
+    from refkern.accumulate.ziv import round_fraction
+
+    q = S / D
+    f = (3.01 * U * abs(q) + 2.0 * U * abs(q)) * (1.0 + 2.0 * U) + 2.0**-1073  # as _bracketed's, one scalar
+    lo, hi = (round_fraction(Fraction(v), c.fmt) for v in (q - f, q + f))  # no parallel launch for two values
+    return lo if lo == hi and np.signbit(lo) == np.signbit(hi) and np.isfinite(lo) else None
 
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,  # noqa: A002

@@ -169,6 +169,7 @@ import torch.nn.functional as F
 
 import refkern as rk
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, TFLOAT32, round_array
+from refkern.analysis.noise_store import GRAIN
 
 KS = (9, 27, 72, 288, 1152, 4608)
 DATA = ("randn", "cancelling", "positive", "wide")
@@ -1005,8 +1006,8 @@ def alternatives(op, args, kw, good):
         if name == "sum":
             for how in ("left-to-right", "reversed", "tree", "blocks of 128", "Kahan"):
                 out.append((f"{how} fp32", _sums(X, how)))
-        elif name == "mean":
-            for how in ("left-to-right", "tree", "Kahan"):
+        elif name == "mean":  # the sum's orders, then divided (torch's mean is its sum over n)
+            for how in ("left-to-right", "reversed", "tree", "blocks of 128", "Kahan"):
                 out.append((f"{how} fp32 / n", _sums(X, how) / F32(n)))
             out.append(("tree fp32 times fl(1/n)", _tree(X) * (F32(1.0) / F32(n))))
         elif name in ("var", "std"):
@@ -2679,6 +2680,20 @@ def pw_correct(op, args, kw, dtype, good, data):
             s = _lanes(X, lanes, block)
             s = s if op == "sum" else s / F32(n)
             out.append((f"{lanes} lanes in blocks of {block}, pairwise fp32", _to(s, dt, good.shape)))
+        if half and n > GRAIN:  # torch's CPU kernel on more threads than this machine has: each thread's
+            # float32 partial stored in the result format (noise_store.thread_partials_sq: reproduced torch
+            # 2.13 on 1 to 32 threads), the partials added in float32
+            for T in range(2, -(-n // GRAIN) + 1):
+                c = -(-n // T)
+                parts = [_tree(X[:, a : a + c]) for a in range(0, n, c)]
+                if op == "mean":
+                    parts = [p / F32(n) for p in parts]
+                parts = [torch.from_numpy(np.ascontiguousarray(p, F32)).to(dt).float().numpy() for p in parts]
+                tot = parts[0]
+                for p in parts[1:]:
+                    tot = (tot + p).astype(F32)
+                out.append((f"torch CPU on {T} threads (partials stored in the result format)", _to(tot, dt,
+                                                                                                   good.shape)))
     if op in ("layer_norm", "rms_norm"):
         W, B = _f32(args[2]).reshape(1, n), (_f32(args[3]).reshape(1, n) if len(args) > 3 else F32(0.0))
         eps = kwc["eps"]

@@ -120,3 +120,44 @@ def test_asymmetric_by_hand():
     assert asymmetric(np.tile([1.0, -1.0], 32), np.arange(64.0), alpha) is False
     # repeated (exact, error) pairs count once: 64 copies of one pair are one error, T = 1
     assert asymmetric(np.ones(64), np.zeros(64), alpha) is False
+
+
+def test_thread_members_by_hand():
+    """bf16 sum of 2 * GRAIN + 2 terms, ones then twos: two or three threads (ceil(n / GRAIN) = 3).
+    T = 2, chunks of GRAIN + 1: partials 32769 -> 32768 (bf16 spacing 256 there, 1 above 32768, far from
+    the midpoint) and 65538 -> 65536, total 98304. T = 3, chunks of 21846: 21846 -> 21888 (spacing 128),
+    10923 + 2 * 10923 = 32769 -> 32768, 43692 -> 43776 (spacing 256); total 98432. No partial is near a
+    boundary (the chunks' float32 scale is under 1.5 at lam = 7), so one member each, its scale the
+    float32 additions of the partials: (2**-24)**2 times 98304**2, and 54656**2 + 98432**2."""
+    from refkern.accumulate.formats import BFLOAT16
+    from refkern.analysis.noise_store import GRAIN, thread_members
+
+    X = np.concatenate([np.ones(GRAIN + 1), 2.0 * np.ones(GRAIN + 1)]).reshape(1, -1)
+    xh, err, pre = thread_members(X, "sum", BFLOAT16, 7.0)
+    assert xh.tolist() == [[98304.0], [98432.0]]
+    u2 = 2.0**-48
+    assert pre[:, 0].tolist() == pytest.approx([u2 * 98304.0**2, u2 * (54656.0**2 + 98432.0**2)], abs=0)
+    # a mean: divided before the store (32769 / n, 65538 / n rounded) and after (32768 + 65536) / n
+    xh, _, _ = thread_members(X, "mean", BFLOAT16, 7.0)
+    n = X.shape[1]
+    r = [float(torch.tensor(v / n).bfloat16()) for v in (32769.0, 65538.0)]
+    assert xh[:2, 0].tolist() == pytest.approx([sum(r), 98304.0 / n], rel=1e-15, abs=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_half_sums_on_any_thread_count_are_rounding(dtype):
+    """torch's CPU stores each thread's partial in the result format: on 1 to 8 threads its half sums and
+    means of 3e5 terms stay rounding, and the sum one ulp off (a bug the thread members do not make here)
+    is caught where no member lands on it."""
+    x = torch.randn(300_001, generator=torch.Generator().manual_seed(5)).to(dtype)
+    old = torch.get_num_threads()
+    try:
+        for th in (1, 2, 3, 8):
+            torch.set_num_threads(th)
+            for op in ("sum", "mean"):
+                assert rk.compare(getattr(x, op)(), op, x).verdict in ("exact", "rounding"), (th, op)
+    finally:
+        torch.set_num_threads(old)
+    good = x.sum()
+    far = (good.double() * (1 + 2.0**-6)).to(dtype)  # 2**-6 relative: several ulps of a half result
+    assert rk.compare(far, "sum", x).verdict == "mismatch"

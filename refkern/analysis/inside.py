@@ -118,11 +118,12 @@ def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=N
         a, c = a * scale, c * scale
     if straddle is not None:
         z, fails, keep, r, vk = _straddle(a, c, var, over, lam_el, straddle)
-    elif members is not None:
-        z, fails, keep, r, vk = _members(a, c, var, over, lam_el, members)
     else:
-        z, fails, keep, r, vk = _element_test_arrays(a, c, var, lam_el, grid)
+        v_el = var if members is None or members[0] is None else members[0]
+        z, fails, keep, r, vk = _element_test_arrays(a, c, v_el, lam_el, grid)
         z[over], fails[over] = np.inf, True
+    if members is not None:
+        z, fails, keep, r, vk = _members(a, c, var, over, lam_el, members, z, fails, keep, r)
     groups = group_failures(r, vk, keep, c, a, axes, lam_grp, only) if only and _any_group(r, vk, keep, only,
                                                                                           lam_grp) else []  # fmt: skip
     st = coherent.stats(r, vk, keep, y) if hasattr(coherent, "stats") else None  # one pass for the scale tests
@@ -159,17 +160,17 @@ def _straddle(a, c, var, over, lam_el, st):
     return z, fails, keep, r, vk
 
 
-def _members(a, c, var, over, lam_el, mb):
-    """(z, fails, keep, r, vk) of the element test where the family's long chains are emulated (a float32
-    sum or mean: :mod:`refkern.analysis.noise_chains`): ``mb = (var_el, thunk, out)``. An element passes on
-    ``var_el``, the scale of every other order, or on one emulated member, whose last rounding is known
-    exactly (``thunk()`` yields batches of centres, their errors and scales before it, (k,) + shape each, as
-    :func:`_straddle` tests a store): the smallest z. Each member is one correct kernel with its own
-    sub-Gaussian bound, so an element outside every one is refused at the level of the one that made it;
-    the group tests keep the residual ``a - c`` on ``var``, the whole family's scale."""
-    var_el, thunk, out = mb
-    z, fails, keep, r, vk = _element_test_arrays(a, c, var_el, lam_el, None)
-    z[over], fails[over] = np.inf, True
+def _members(a, c, var, over, lam_el, mb, z, fails, keep, r):
+    """(z, fails, keep, r, vk) of the element test where members of the family are emulated (a float32
+    sum's long chains, :mod:`refkern.analysis.noise_chains`; a half sum's thread partials stored in the
+    result format, :func:`~refkern.analysis.noise_store.thread_members`): ``mb = (var_el, thunk, out)``.
+    An element passes the first test (``z``, ``fails``: on ``var_el``, the scale of every other order, or
+    the store's test) or one emulated member, whose last rounding is known exactly (``thunk()`` yields
+    batches of centres, their errors and scales before it, (k,) + shape each, tested as :func:`_straddle`
+    tests a store): the smallest z. Each member is one correct kernel with its own sub-Gaussian bound, so
+    an element outside every one is refused at the level of the one that made it; the group tests keep
+    the residual ``a - c`` on ``var``, the whole family's scale."""
+    _, thunk, out = mb
     if (fails & ~over).any():
         for batch in thunk():  # longest chains first: stop once every element is explained
             for xh, err, pre in zip(*batch):
@@ -297,7 +298,7 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
         p = _power(nz.straddle[0], x, out, lam_el)
         det = {"element": {k: v + 0.5 for k, v in p.items()}, **det}
     else:  # with emulated members, an element off by this is flagged unless it is one of them
-        v_el = nz.var if nz.members is None else nz.members[0]
+        v_el = nz.var if nz.members is None or nz.members[0] is None else nz.members[0]
         det = {"element": _power(v_el, x, out, lam_el, sc, peak=getattr(r0, "peak", None)), **det}
     if d.verdict == "exact":
         return _replace(d, det=det, thresholds=thresholds)

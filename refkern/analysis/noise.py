@@ -100,7 +100,7 @@ from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_row
 from refkern.analysis.noise_attention import attention_noise
 from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest_sq
 from refkern.analysis.noise_rows import RowShared, keys, norm_sums
-from refkern.analysis.noise_store import straddle
+from refkern.analysis.noise_store import straddle, thread_members
 from refkern.analysis.stats import level
 
 __all__ = ["Noise", "noise", "RSQRT_ULPS"]
@@ -449,6 +449,14 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         if kind == "mean":
             v = v + (u * ref) ** 2
         mb = _chains(lay, kind, ref, stores, eta_w) if out is FLOAT32 and not ek else None
+        if out.prec < FLOAT32.prec and not ek:  # torch's CPU threads' partials, stored in the result format
+
+            def threads():
+                got = thread_members(lay.X, name, out, lam)
+                if got is not None:
+                    yield tuple(np.stack([lay.back(row) for row in a]) for a in got)
+
+            mb = (None, threads)
         return Noise(v + stores, [], every, sc, straddle=straddle(name, lay, v, out), members=mb)
     if kind == "mean":  # average pools: short windows, the order-free scale
         m = lay.absmean * lay.n

@@ -447,9 +447,12 @@ def f_pow(x, y, prec, emin, emax):
     within ``|y| e + u |w|`` of y log x (an absolute error of the exponent, however b cancels near x = 1), which
     moves e**w by at most 1.01 times that relative (|w| <= 700, the error below 2**-30); exp_fast 2.02u. Exact
     and midpoint results need no care: an exact one is decided (no midpoint within the bound), a midpoint never
-    is (the exact path's)."""
-    if not (0.0 < x < _INF) or not (abs(y) < _INF):
+    is (the exact path's). y = 2 is left to the double-word path (an exact square), y = -1/2 is
+    :func:`f_rsqrt`."""
+    if not (0.0 < x < _INF) or not (abs(y) < _INF) or y == 2.0:  # x**2: the double-word path squares exactly
         return _NAN, False
+    if y == -0.5:
+        return f_rsqrt(x, prec, emin, emax)
     b, e = _log_val(x)
     w = y * b
     ew = abs(y) * e + _U * abs(w)

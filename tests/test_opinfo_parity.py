@@ -203,10 +203,17 @@ def test_sample_gradients_are_judged(info, dtype, whole):
     assert judged or apart, "no gradient torch computes"
 
 
+#: the slow gradient test's cap per op and dtype: every sample of every op but the max pools (864 and 1,440
+#: samples per dtype, a variant of each parameter repeated; their backward took 4-8 minutes per dtype on a loaded
+#: machine), of which 240 evenly spaced ones. Measured once on all of them (issue 25, torch 2.13 CPU, 4 dtypes):
+#: max_pool1d 3,456 gradients exact, max_pool2d 5,760 exact or rounding, none a false alarm
+SLOW_GRAD_SAMPLES = 240
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("info, dtype, whole", _GRAD_CASES)
 def test_every_sample_gradient_is_judged(info, dtype, whole):
-    _, _, problems = _judge_grads(info, dtype, None)
+    _, _, problems = _judge_grads(info, dtype, None if whole else SLOW_GRAD_SAMPLES)
     assert not problems, "\n".join(problems[:5])
 
 

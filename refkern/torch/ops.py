@@ -111,8 +111,8 @@ def from_call(func, args, kwargs) -> OpCall | None:
     if name == "linear":
         return OpCall(name, "linear", (_get(args, kwargs, 0, "input"), _get(args, kwargs, 1, "weight"),
                                        _get(args, kwargs, 2, "bias")))  # fmt: skip
-    if name in ("matmul", "mm", "bmm"):
-        other = _get(args, kwargs, 1, "other", _get(args, kwargs, 1, "mat2"))
+    if name in ("matmul", "mm", "bmm", "mv"):  # torch.mv(input, vec): matmul of a matrix and a vector
+        other = _get(args, kwargs, 1, "other", _get(args, kwargs, 1, "mat2", _get(args, kwargs, 1, "vec")))
         return OpCall(name, "matmul", (_get(args, kwargs, 0, "input"), other))
     # addmm(input, mat1, mat2, beta=1, alpha=1) = beta * input + alpha * mat1 @ mat2 (baddbmm: batched)
     inp, m1 = _get(args, kwargs, 0, "input"), _get(args, kwargs, 1, "mat1", _get(args, kwargs, 1, "batch1"))

@@ -29,13 +29,14 @@ __all__ = ["compare_call", "grad_report", "grad_bound"]
 def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False):
     """:func:`refkern.compare` for embedding's lookup: every element must be the looked-up value."""
     from refkern._arrays import operand
+    from refkern.analysis.actual import actual_as
     from refkern.analysis.evaluate import _bind
-    from refkern.analysis.losses import _report, actual_of
+    from refkern.analysis.losses import _report
     from refkern.kernels.embedding import embedding
 
     bound = _bind(name, args, kwargs)
     ref = operand(embedding(**bound), "reference", "compare")
-    a64, device = actual_of(actual, name, ref.shape, ref.fmt)
+    a64, device = actual_as(actual, name, ref.shape, ref.fmt)
     r64 = np.asarray(ref.values, np.float64).reshape(ref.shape)
     notes = ["a lookup copies values: judged bit for bit"]
     b = np.zeros(r64.shape)
@@ -116,13 +117,13 @@ def grad_bound(c, ref) -> np.ndarray:
 
 def grad_report(got, g, a, who, rtol=None, atol=None):
     """compare_backward's Report for the gradient of embedding's weight."""
-    from refkern.analysis.compare import _actual_grad
+    from refkern.analysis.actual import actual_grad
     from refkern.analysis.losses import _report
     from refkern.kernels.embedding import grad_weight
     from refkern.kernels.embedding_grad import call_of
 
     c = call_of(g, a, who)
-    a64, device = _actual_grad(got, "weight", c.fmt, who)
+    a64, device = actual_grad(got, "weight", c.fmt, who)
     ref = grad_weight(c)
     b = grad_bound(c, ref)
     blind = int(np.count_nonzero(np.isinf(b)))

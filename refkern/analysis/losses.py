@@ -39,6 +39,7 @@ rounding: the Report's ``detectable`` gives its size in ulps.
 import numpy as np
 
 from refkern.accumulate.formats import FLOAT32, FLOAT64
+from refkern.analysis.actual import actual_as
 from refkern.kernels._loss_bound import logsoftmax_rows, pick_bounds, row_sums
 from refkern.kernels._loss_call import loss_call
 from refkern.kernels.loss import cross_entropy_values, gamma, log_sums, nll_values
@@ -222,7 +223,7 @@ def _binary_call(actual, name, args, kwargs, rtol, atol, arrays):
 
     x, y, w, pw, fmt, _, red = binary_call(name, **_bind(name, args, kwargs))
     shape = x.shape if red == "none" else ()
-    a64, device = actual_of(actual, name, shape, fmt)
+    a64, device = actual_as(actual, name, shape, fmt)
     ref = np.asarray(binary_values(name, x, y, w, pw, fmt, red), np.float64).reshape(shape)
     b = binary_envelope(name, x, y, w, pw, fmt, red).reshape(shape)
     note = f"{name} judged by the worst-case envelope of torch's formula (refkern.analysis.losses)"
@@ -236,27 +237,12 @@ def _pointwise_call(actual, name, args, kwargs, rtol, atol, arrays):
 
     x, t, fmt, _, red = pointwise_call(name, **_bind(name, args, kwargs))
     shape = x.shape if red == "none" else ()
-    a64, device = actual_of(actual, name, shape, fmt)
+    a64, device = actual_as(actual, name, shape, fmt)
     ref = np.asarray(pointwise_values(name, x, t, fmt, red), np.float64).reshape(shape)
     b = np.asarray(pointwise_envelope(name, x, t, fmt, red)).reshape(shape)
     rep = _report(name, a64, ref, b, fmt, device, int(x.size), rtol, atol,
                   [f"{name} judged by the worst-case envelope of its roundings (refkern.analysis.losses)"])  # fmt: skip
     return rep, ({"reference": ref, "actual": a64, "bound": b, "report": rep} if arrays else None)
-
-
-def actual_of(actual, name, shape, fmt):
-    """(float64 values, device) of a backend's result ``actual`` of op ``name`` (compare's reading,
-    :func:`refkern.analysis.compare._actual`), which must have the ``shape`` and format ``fmt`` the op gives for
-    these inputs: a ValueError (the shape) or TypeError (the dtype) naming both otherwise."""
-    from refkern.analysis.compare import _actual
-
-    a64, afmt, device = _actual(actual)
-    if a64.shape != tuple(shape):
-        raise ValueError(f"compare: actual.shape={a64.shape} differs from the shape {name} gives for these inputs, "
-                         f"{tuple(shape)}; pass the same arguments that produced it.")  # fmt: skip
-    if afmt.name != fmt.name:
-        raise TypeError(f"compare: {name} returns {fmt.name} for these inputs; got actual.dtype={afmt.name}.")
-    return a64, device
 
 
 def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False):
@@ -268,7 +254,7 @@ def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False)
     if name.startswith("binary_cross_entropy"):
         return _binary_call(actual, name, args, kwargs, rtol, atol, arrays)
     c = loss_call(name, **_bind(name, args, kwargs))
-    a64, device = actual_of(actual, name, c.out_shape, c.fmt)
+    a64, device = actual_as(actual, name, c.out_shape, c.fmt)
     ls = None if name == "nll_loss" else log_sums(c.X)  # shared by the reference and the envelope
     ref = np.asarray(nll_values(c) if name == "nll_loss" else cross_entropy_values(c, ls), np.float64)
     ref = ref.reshape(c.out_shape)
@@ -319,11 +305,11 @@ def grad_bound(c, G, ref_rows) -> np.ndarray:
 
 def grad_report(got, g, a, who, rtol=None, atol=None):
     """compare_backward's Report for the gradient of nll_loss's input."""
-    from refkern.analysis.compare import _actual_grad
+    from refkern.analysis.actual import actual_grad
     from refkern.kernels.loss_grad import _back, nll_grad, nll_grad_call
 
     c, G = nll_grad_call(g, a, who)
-    a64, device = _actual_grad(got, "input", c.fmt, who)
+    a64, device = actual_grad(got, "input", c.fmt, who)
     ref_rows = nll_grad(c, G)
     b = _back(c, grad_bound(c, G, ref_rows))
     ref = np.asarray(_back(c, ref_rows), np.float64)
@@ -338,11 +324,11 @@ def mse_grad_report(got, g, a, who, rtol=None, atol=None):
     ``norm = 2 / n`` (mean) or 2, a float64 constant converted to the working precision: a conversion, a
     difference, two products and the store, each one rounding: ``gamma_4(ua) |y|`` (times 1.01), plus the
     centre's store(s)."""
-    from refkern.analysis.compare import _actual_grad
+    from refkern.analysis.actual import actual_grad
     from refkern.kernels.loss_grad import mse_grad, mse_grad_call
 
     x, t, G, fmt, _, red = mse_grad_call(g, a, who)
-    a64, device = _actual_grad(got, "input", fmt, who)  # its shape: compare_backward checked it
+    a64, device = actual_grad(got, "input", fmt, who)  # its shape: compare_backward checked it
     ref = mse_grad(x, t, G, fmt, red)
     with np.errstate(all="ignore"):
         b = gamma(4, _units(fmt)[2]) * np.abs(ref) * _SLACK + _stores(ref, fmt)
@@ -358,11 +344,11 @@ def bce_grad_report(got, g, a, who, rtol=None, atol=None):
     the product, p - y, by g, the division, by w, by 1/n) and the store: ``gamma_7(ua) |y|`` (times 1.01);
     where the computed ``(1 - p) p`` may fall on the other side of eps (within ``gamma_2(ua)`` of it) the
     clamped value is accepted too; plus the centre's store(s)."""
-    from refkern.analysis.compare import _actual_grad
+    from refkern.analysis.actual import actual_grad
     from refkern.kernels.loss_grad import BCE_EPS, bce_grad, bce_grad_call
 
     p, y, w, G, fmt, _, red = bce_grad_call(g, a, who)
-    a64, device = _actual_grad(got, "input", fmt, who)  # its shape: compare_backward checked it
+    a64, device = actual_grad(got, "input", fmt, who)  # its shape: compare_backward checked it
     ref = bce_grad(p, y, w, G, fmt, red)
     ua = _units(fmt)[2]
     with np.errstate(all="ignore"):

@@ -352,9 +352,12 @@ def _norm(lay, name, ref_rows, u, out, eta2):
             with np.errstate(all="ignore"):
                 return (np.asarray(Xc, np.float64) - mean[:, None]) * (r[:, None] * Wr)
 
+        def rw():  # loadings are thunks: the quick path's fused sums never form these (R, n) arrays
+            return r[:, None] * Wr
+
         Bt = np.full(R, 2.0 * RSQRT_ULPS * u)
-        bounds = [(Bt, t)] + ([] if drift is None else [(drift, r[:, None] * Wr)])
-        terms = [(smu2, r[:, None] * Wr), (srel2_stat, t)]
+        bounds = [(Bt, t)] + ([] if drift is None else [(drift, rw)])
+        terms = [(smu2, rw), (srel2_stat, t)]
         if folded:
 
             def xrw():

@@ -3,9 +3,11 @@
 import numpy as np
 from numba import prange
 
-from refkern._arrays import converted_once, is_tensor, operand
+from refkern._arrays import converted_once, operand
 from refkern._jit import jit
 from refkern.accumulate.formats import FORMATS
+from refkern.analysis.actual import actual as _actual  # (gradients.py reads these two here too)
+from refkern.analysis.actual import actual_grad as _actual_grad  # noqa: F401
 from refkern.analysis.bounds import bound1, precision_ratios, working_units
 from refkern.analysis.envelope import OPS as ENVELOPE_OPS
 from refkern.analysis.envelope import envelopes
@@ -26,25 +28,6 @@ __all__ = ["compare", "assert_matches_reference", "elements"]
 ELEMENTWISE_OPS = _op_names(error_model="elementwise")  #: judged by refkern.analysis.elementwise
 LOSS_OPS = _op_names(error_model="loss")  #: judged by refkern.analysis.losses
 GATHER_OPS = _op_names(error_model="gather")  #: judged bit for bit by refkern.analysis.embedding
-
-
-def _actual(actual, held=False):
-    """(float64 values, format, device) of a backend's output, without loss; with ``held``, the
-    values as :func:`~refkern._arrays.operand` holds them (float32 for fp16, bf16 and fp32 outputs,
-    every value exact), with no float64 copy."""
-    device = str(actual.device) if is_tensor(actual) else "numpy"
-    o = operand(actual, "actual", "compare")
-    return np.asarray(o.values, None if held else np.float64).reshape(o.shape), o.fmt, device
-
-
-def _actual_grad(got, name, fmt, who):
-    """(float64 values, device) of a backend's gradient ``got`` of argument ``name``, whose dtype must be
-    ``fmt``'s (the argument's: torch returns each gradient in its argument's dtype); a TypeError otherwise."""
-    device = str(got.device) if is_tensor(got) else "numpy"
-    o = operand(got, f"the gradient of {name}", who)
-    if o.fmt.name != fmt.name:
-        raise TypeError(f"{who}: the gradient of {name} must have the dtype of {name}, {fmt.name}; got {o.fmt.name}.")
-    return np.asarray(o.values, np.float64).reshape(o.shape), device
 
 
 def _ulps(actual, ref, fmt):

@@ -118,10 +118,8 @@ def test_no_module_imports_a_name_from_the_package_root():
     )
 
 
-#: the cycles left in modules this test's owner does not hold, each with its fix: analysis/inside.py imports
-#: analysis/_healthy.py (module level) and _healthy.py imports inside.StatFit (deferred): move StatFit out of
-#: inside.py into a leaf module both import (or into _healthy.py)
-_ELSEWHERE = [["refkern.analysis._healthy", "refkern.analysis.inside"]]
+#: the cycles left in modules this test's owner does not hold, each with its fix (none today)
+_ELSEWHERE = []
 
 
 def test_no_import_cycle_between_modules():
@@ -131,11 +129,6 @@ def test_no_import_cycle_between_modules():
     assert not found, "import cycles:\n" + "\n\n".join(_describe(c, edges) for c in found)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the cycle of _ELSEWHERE: analysis/_healthy.py <-> analysis/inside.py "
-    "(move inside.StatFit to a leaf module); when it is gone, remove this mark and _ELSEWHERE",
-)
 def test_no_import_cycle_at_all():
     edges, _ = graph(ROOT)
     found = cycles(edges)

@@ -7,6 +7,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.analysis.passes import chunks, ulps_at
+from refkern.analysis.statfit import StatFit
 from refkern.analysis.verdict import z_one
 
 __all__ = ["_healthy"]
@@ -14,7 +15,7 @@ __all__ = ["_healthy"]
 
 def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out, parts=None):
     """:func:`~refkern.analysis.inside._test` of the standard model on a result it explains, in one pass that
-    keeps no residual array (:func:`_healthy_pass`): a :class:`~refkern.analysis.inside.StatFit` with no failure,
+    keeps no residual array (:func:`_healthy_pass`): a :class:`~refkern.analysis.statfit.StatFit` with no failure,
     and the largest ``lam sigma`` in ulps of the result (:func:`~refkern.analysis.inside._power`'s, which that
     pass computes on the way); None where an element or a group fails, and the caller runs ``_test`` to say
     which. ``a`` and ``c`` as they are held (float32 or
@@ -56,7 +57,6 @@ def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out, parts=None):
             return None
         if np.any((gw != 0) & ~(np.abs(gw) <= lam_grp * np.sqrt(vw))):  # the groups' scale tests
             return None
-    from refkern.analysis.inside import StatFit
 
     f = StatFit(model, c, var, z.reshape(shape), fails.reshape(shape), [], lam_el)
     f.peak = float(peak.max(initial=0.0))

@@ -34,7 +34,6 @@ of the result at the reference: median and largest) that would have been flagged
 """
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from numba import prange
@@ -46,6 +45,7 @@ from refkern.analysis.hypotheses import Model
 from refkern.analysis.noise import Noise, noise
 from refkern.analysis.noise_store import straddle_z
 from refkern.analysis.passes import ulps_at
+from refkern.analysis.statfit import INSIDE, StatFit
 from refkern.analysis.stats import ALPHA, group_sums, level
 from refkern.analysis.structure import group_failures, n_groups
 from refkern.analysis.verdict import (
@@ -61,48 +61,8 @@ from refkern.analysis.verdict import (
 
 __all__ = ["decide_inside", "StatFit", "INSIDE"]
 
-INSIDE = "statistical, inside the envelope"  #: the ``test`` of the thresholds and detectable of these reports
 
 _FULL = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
-@dataclass
-class StatFit:
-    """One model of the statistical test, tested on every element."""
-
-    model: Model
-    centre: np.ndarray
-    var: np.ndarray
-    z: np.ndarray
-    fails: np.ndarray
-    groups: list
-    lam: float
-
-    @property
-    def explains(self) -> bool:
-        return not self.fails.any() and not self.groups
-
-    def unexplained(self) -> np.ndarray:
-        out = self.fails.copy()
-        for g in self.groups:
-            if g["ax"] is None:  # a scale test: the elements whose residual has the scale's sign
-                if g["mask"] is not None:  # the row scale tests' first group holds every failing row's
-                    out |= g["mask"]
-                continue
-            sl = [slice(None)] * out.ndim
-            sl[g["ax"]] = g["index"]
-            out[tuple(sl)] = True
-        return out
-
-    @property
-    def max_z(self) -> float:
-        return float(self.z.max()) if self.z.size else 0.0
-
-    def summary(self, lam_el=None) -> dict:
-        return {"kind": self.model.kind, "precision": self.model.precision, "explains": self.explains,
-                "tested_on": "every element", "unexplained": int(self.unexplained().sum()),
-                "failing_groups": len(self.groups), "max_ratio": self.max_z / self.lam,
-                "test": INSIDE}  # fmt: skip
 
 
 def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None, coherent=None,
@@ -172,12 +132,12 @@ def _members(a, c, var, over, lam_el, mb, z, fails, keep, r):
     the residual ``a - c`` on ``var``, the whole family's scale."""
     _, thunk, out = mb
     if (fails & ~over).any():
-        for batch in thunk():  # longest chains first: stop once every element is explained
-            for xh, err, pre in zip(*batch):
-                zm = np.empty(np.shape(a))
-                flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (a, xh, err, pre))
-                straddle_z(*flat, out.prec, out.emin, zm.reshape(-1))
-                np.minimum(z, zm, out=z)
+        for xh, err, pre in thunk():  # longest chains first: stop once every element is explained
+            zm = np.empty(np.shape(xh))  # a batch's members in one pass
+            flat = (np.ascontiguousarray(v, np.float64).reshape(-1) for v in (np.broadcast_to(a, zm.shape), xh,
+                                                                                err, pre))  # fmt: skip
+            straddle_z(*flat, out.prec, out.emin, zm.reshape(-1))
+            np.minimum(z, zm.min(axis=0), out=z)
             z[over] = np.inf
             fails = z > lam_el
             if not (fails & ~over).any():

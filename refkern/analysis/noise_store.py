@@ -54,16 +54,19 @@ def _spacing(r, out: Format):
 
 
 def _chunk_sq(D, E, C, s, e):
-    """``max(sum_k P_k**2, sum_k Q_k**2)`` of the rows' chunk [s, e) (prefix sums ``P`` of at least two
-    terms, suffix sums ``Q``), from the prefix sums ``C`` and the running sums ``E`` of ``C`` and ``D`` of
-    ``C**2`` (``E[k] = sum_(i<k) C_i``): three differences each, no pass over the chunk."""
-    m = e - s
-    if m < 2:
-        return np.zeros(C.shape[0])
+    """``max(sum_k P_k**2, sum_k Q_k**2)`` of the rows' chunks [s_j, e_j) (index arrays; prefix sums ``P``
+    of at least two terms, suffix sums ``Q``), (R, chunks), from the prefix sums ``C`` and the running sums
+    ``E`` of ``C`` and ``D`` of ``C**2`` (``E[k] = sum_(i<k) C_i``): three differences each, no pass over a
+    chunk."""
+    s, e = np.asarray(s), np.asarray(e)
+    m = (e - s).astype(np.float64)
+    big = e - s >= 2
+    s2, e1, em1 = np.where(big, s + 2, s), np.where(big, e + 1, s), np.where(big, e - 1, s)
     cs, ce = C[:, s], C[:, e]
-    lr = (D[:, e + 1] - D[:, s + 2]) - 2.0 * cs * (E[:, e + 1] - E[:, s + 2]) + (m - 1) * cs * cs
-    rl = (D[:, e - 1] - D[:, s]) - 2.0 * ce * (E[:, e - 1] - E[:, s]) + (m - 1) * ce * ce
-    return np.maximum(np.maximum(lr, rl), 0.0)
+    with np.errstate(invalid="ignore"):
+        lr = (D[:, e1] - D[:, s2]) - 2.0 * cs * (E[:, e1] - E[:, s2]) + (m - 1) * cs * cs
+        rl = (D[:, em1] - D[:, s]) - 2.0 * ce * (E[:, em1] - E[:, s]) + (m - 1) * ce * ce
+    return np.where(big, np.maximum(np.maximum(lr, rl), 0.0), 0.0)
 
 
 AMBIGUOUS = 6  #: partials near a rounding boundary whose both roundings are enumerated (2**6 members at most)
@@ -91,35 +94,33 @@ def thread_members(X, name, out: Format, lam: float):
     xh, pre = [], []
     for T in range(2, top + 1):
         c = -(-n // T)
-        edges = sorted(set(min(a, n) for a in range(0, n + c, c)))
+        edges = np.unique(np.minimum(np.arange(0, n + c, c), n))
+        s_, e_ = edges[:-1], edges[1:]
+        S = (C[:, e_] - C[:, s_]).T  # (chunks, R)
+        sd0 = lam * np.sqrt(u2 * _chunk_sq(D, E, C, s_, e_)).T
         for key in ("before", "after") if name == "mean" else ("sum",):
-            parts, alts = [], []
-            for s, e in zip(edges[:-1], edges[1:]):
-                v = (C[:, e] - C[:, s]) / (d if key == "before" else 1.0)
-                sd = lam * np.sqrt(u2 * _chunk_sq(D, E, C, s, e)) / (d if key == "before" else 1.0)
-                sd = sd + FLOAT64.u * np.abs(v)
-                r = round_array(v, *out.params)
-                alt = round_array(v + np.where(v >= r, 2.0, -2.0) * sd, *out.params)  # across the boundary
-                parts.append(r)
-                with np.errstate(invalid="ignore"):  # an overflowing partial (inf) has no neighbour
-                    alts.append(np.where(np.abs(alt - r) <= _spacing(r, out), alt, r))  # one boundary at most
-            parts, alts = np.stack(parts), np.stack(alts)
-            amb = np.flatnonzero(np.any(alts != parts, axis=1))
+            f = d if key == "before" else 1.0
+            v, sd = S / f, sd0 / f
+            sd = sd + FLOAT64.u * np.abs(v)
+            r = round_array(v.ravel(), *out.params).reshape(v.shape)
+            alt = round_array((v + np.where(v >= r, 2.0, -2.0) * sd).ravel(), *out.params).reshape(v.shape)
+            with np.errstate(invalid="ignore"):  # across one boundary at most; an overflowing partial has none
+                alt = np.where(np.abs(alt - r) <= _spacing(r, out), alt, r)
+            amb = np.flatnonzero(np.any(alt != r, axis=1))
             wide = np.zeros(R)
             if amb.size > AMBIGUOUS:  # too many to enumerate: as noise, one spacing each
-                wide = np.sum(np.where(alts != parts, _spacing(parts, out) ** 2, 0.0), axis=0)
+                wide = np.sum(np.where(alt != r, _spacing(r, out) ** 2, 0.0), axis=0)
                 amb = amb[:0]
-            for mask in range(1 << amb.size):
-                p = parts.copy()
-                for b, t in enumerate(amb):
-                    if mask >> b & 1:
-                        p[t] = alts[t]
-                P = np.cumsum(p, axis=0)[1:]  # the float32 additions of the partials
-                tot, v = P[-1], u2 * np.sum(P * P, axis=0) + wide
-                if key == "after":  # the float32 division, then the store
-                    tot, v = tot / n, v / float(n) ** 2 + u2 * (tot / n) ** 2
-                xh.append(tot)
-                pre.append(v)
+            picks = (np.arange(1 << amb.size)[:, None] >> np.arange(amb.size)) & 1  # (combos, ambiguous)
+            p = np.repeat(r[None], len(picks), axis=0)  # (combos, chunks, R)
+            if amb.size:
+                p[:, amb] = np.where(picks[:, :, None] == 1, alt[amb][None], r[amb][None])
+            P = np.cumsum(p, axis=1)[:, 1:]  # the float32 additions of the partials
+            tot, var = P[:, -1], u2 * np.sum(P * P, axis=1) + wide
+            if key == "after":  # the float32 division, then the store
+                tot, var = tot / n, var / float(n) ** 2 + u2 * (tot / n) ** 2
+            xh.extend(tot)
+            pre.extend(var)
     xh = np.stack(xh)
     return xh, 4.0 * FLOAT64.u * np.abs(xh), np.stack(pre)
 

@@ -161,3 +161,17 @@ def test_torch_half_sums_on_any_thread_count_are_rounding(dtype):
     good = x.sum()
     far = (good.double() * (1 + 2.0**-6)).to(dtype)  # 2**-6 relative: several ulps of a half result
     assert rk.compare(far, "sum", x).verdict == "mismatch"
+
+
+def test_sign_power_by_hand():
+    """The sign test can reject only where sqrt(N) > lam = level(2, alpha): N distinct nonzero errors."""
+    from refkern.analysis.stats import sign_power
+
+    alpha = 1e-6
+    lam2 = level(2, alpha) ** 2  # 30.4: lam = 5.51
+    assert lam2 == pytest.approx(2 * math.log(4 / alpha), abs=0)
+    x = np.arange(64.0)
+    assert sign_power(np.ones(31), x[:31], alpha) is True  # sqrt(31) = 5.57 > 5.51
+    assert sign_power(np.ones(30), x[:30], alpha) is False  # sqrt(30) = 5.48
+    assert sign_power(np.r_[np.ones(30), np.zeros(30)], x[:60], alpha) is False  # zeros do not count
+    assert sign_power(np.ones(64), np.zeros(64), alpha) is False  # one distinct pair

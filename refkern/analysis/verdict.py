@@ -58,7 +58,7 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT64, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.partials import order_bound
-from refkern.analysis.stats import ALPHA, asymmetric, level, min_pvalue, proportion_margin, smaller_pvalue
+from refkern.analysis.stats import ALPHA, asymmetric, level, min_pvalue, proportion_margin, sign_power, smaller_pvalue
 from refkern.analysis.structure import counted_once, detectable, group_failures, n_groups, signatures
 from refkern.engines.filter import threads_for
 from refkern.kernels._element import NAIVE
@@ -488,7 +488,8 @@ def _noise_size(group, a_s, x_s, ok, alpha, c32=None):
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         qa = ((a_s - x_s) ** 2 / var)[ok]
         qs = [((c - x_s) ** 2 / var)[ok] for _, c, _ in group]
-    if min_pvalue(qa.size, qa.size) > alpha:  # no power: no evidence for any accumulator of this group
+    d_ok, x_ok = a_s[ok] - x_s[ok], x_s[ok]
+    if min_pvalue(qa.size, qa.size) > alpha or not sign_power(d_ok, x_ok, alpha):  # no power: no evidence
         for f, _, _ in group:
             f.noise_ok = False
         return
@@ -500,7 +501,7 @@ def _noise_size(group, a_s, x_s, ok, alpha, c32=None):
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             q32 = ((c32 - x_s) ** 2 / var)[ok]
         too_clean = too_clean or not smaller_pvalue(q32, qa) <= alpha  # no louder than float32
-    lopsided = asymmetric(a_s[ok] - x_s[ok], x_s[ok], alpha, [(c - x_s)[ok] for _, c, _ in group])  # the signs
+    lopsided = asymmetric(d_ok, x_ok, alpha, [(c - x_s)[ok] for _, c, _ in group])  # the signs
     for f, _, _ in group:
         f.noise_ok = not (too_clean or too_noisy or lopsided)
 

@@ -8,9 +8,25 @@ import numpy as np
 
 from refkern.analysis.hypotheses import Model
 
-__all__ = ["INSIDE", "StatFit"]
+__all__ = ["INSIDE", "StatFit", "unexplained"]
 
 INSIDE = "statistical, inside the envelope"  #: the ``test`` of the thresholds and detectable of these reports
+
+
+def unexplained(fails, groups) -> np.ndarray:
+    """Elements beyond the element test (``fails``) and the elements of the failing groups; of a failing
+    scale test (``ax`` None), those whose residual has the scale's sign (its ``mask``; the row scale
+    tests' first group holds every failing row's, the others None)."""
+    out = fails.copy()
+    for g in groups:
+        if g["ax"] is None:
+            if g["mask"] is not None:
+                out |= g["mask"]
+            continue
+        sl = [slice(None)] * out.ndim
+        sl[g["ax"]] = g["index"]
+        out[tuple(sl)] = True
+    return out
 
 
 @dataclass
@@ -30,16 +46,7 @@ class StatFit:
         return not self.fails.any() and not self.groups
 
     def unexplained(self) -> np.ndarray:
-        out = self.fails.copy()
-        for g in self.groups:
-            if g["ax"] is None:  # a scale test: the elements whose residual has the scale's sign
-                if g["mask"] is not None:  # the row scale tests' first group holds every failing row's
-                    out |= g["mask"]
-                continue
-            sl = [slice(None)] * out.ndim
-            sl[g["ax"]] = g["index"]
-            out[tuple(sl)] = True
-        return out
+        return unexplained(self.fails, self.groups)
 
     @property
     def max_z(self) -> float:

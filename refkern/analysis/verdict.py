@@ -58,6 +58,7 @@ from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT64, round_to
 from refkern.analysis.hypotheses import Model, centre, centre_sample, models, rounding_variance
 from refkern.analysis.partials import order_bound
+from refkern.analysis.statfit import unexplained
 from refkern.analysis.stats import ALPHA, asymmetric, level, min_pvalue, proportion_margin, sign_power, smaller_pvalue
 from refkern.analysis.structure import counted_once, detectable, group_failures, n_groups, signatures
 from refkern.engines.filter import threads_for
@@ -127,15 +128,7 @@ class Fit:
     def unexplained(self) -> np.ndarray:
         """Elements beyond lam_el and the elements of the failing groups (of a failing scale test: the
         elements whose residual has the scale's sign, :func:`_scale_failure`)."""
-        out = self.fails.copy()
-        for g in self.groups:
-            if g["ax"] is None:
-                out |= g["mask"]
-                continue
-            sl = [slice(None)] * out.ndim
-            sl[g["ax"]] = g["index"]
-            out[tuple(sl)] = True
-        return out
+        return unexplained(self.fails, self.groups)
 
     def summary(self, lam_el) -> dict:
         d = {"kind": self.model.kind, "precision": self.model.precision, "explains": self.explains,

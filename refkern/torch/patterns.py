@@ -343,8 +343,18 @@ class Matcher:
                 for a, b in ((m.ins[0], m.ins[1]), (m.ins[1], m.ins[0])):
                     if self._plain_of(a, x_in) and self._normalises(b.node, end):
                         return True
+                if not any(self._per_feature(i) for i in m.ins):
+                    continue  # a product by a tensor that varies along the rows (rotary's cos): not a weight
             todo += [(i.node, d + 1) for i in m.ins]
         return False
+
+    @staticmethod
+    def _per_feature(i):
+        """Whether tensor i is a scalar or one value per feature (every dimension but the last of size 1): a
+        product by it keeps a normalised row a normalised row (a weight), where a product by cos of the positions
+        does not (an RMSNorm followed by a rotary embedding is not an rms_norm of the rotated values)."""
+        t = i.tensor()
+        return t is not None and all(k == 1 for k in tuple(t.shape)[:-1])
 
     @staticmethod
     def _plain_of(i, x_in):

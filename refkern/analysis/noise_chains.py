@@ -19,10 +19,11 @@ members whose chains are long are emulated exactly, and the scale keeps only the
   16), left to right (and, for the one scalar chain, also right to left), for every ``T L < C``. Their
   chain values ``c_j`` are exact float32 numbers; how they are combined is free, so each member is a
   centre ``sum c_j`` with a scale of its own: the combine's partial sums (``max(sum P_k**2, sum Q_k**2)``
-  over the chain values, as for a sum) and each chain's last addition ``c_j`` (a SIMD loop's tail joins
-  in the combine instead of its lane: that moves a chain value by one rounding). The last addition
-  (or a mean's division) is one rounding to nearest of a value within that scale of the centre: the
-  element test of a stored result (``inside._straddle``), so a single chain must be matched exactly.
+  over the chain values, as for a sum) and, for SIMD lanes (``L > 1``), each chain's last addition ``c_j``
+  (a SIMD loop's tail joins in the combine instead of its lane: that moves a chain value by one
+  rounding). The last addition (or a mean's division) is one rounding to nearest of a value within that
+  scale of the centre: the element test of a stored result (``inside._straddle``), so a single chain
+  must be matched exactly.
 * **the rest** (:func:`rest_sq`): every order whose chains hold at most ``ceil(n / C)`` terms, on the
   sum convention of :mod:`refkern.analysis.noise` (on data without structure other splits have smaller
   partial sums): the larger of ``C`` contiguous chunks and ``C`` strided lanes, each read either way,

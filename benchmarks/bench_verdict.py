@@ -2681,7 +2681,7 @@ def pw_correct(op, args, kw, dtype, good, data):
             s = s if op == "sum" else s / F32(n)
             out.append((f"{lanes} lanes in blocks of {block}, pairwise fp32", _to(s, dt, good.shape)))
         if half and n > GRAIN:  # torch's CPU kernel on more threads than this machine has: each thread's
-            # float32 partial stored in the result format (noise_store.thread_partials_sq: reproduced torch
+            # float32 partial stored in the result format (noise_store.thread_members: reproduced torch
             # 2.13 on 1 to 32 threads), the partials added in float32
             for T in range(2, -(-n // GRAIN) + 1):
                 c = -(-n // T)

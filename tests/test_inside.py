@@ -12,7 +12,7 @@ from refkern.accumulate.formats import FLOAT32
 from refkern.analysis import noise as nz
 from refkern.analysis import noise_attention as nz_att
 from refkern.analysis.noise_rows import RowShared, keys
-from refkern.analysis.noise_store import GRAIN, thread_partials_sq
+from refkern.analysis.noise_store import GRAIN, thread_members
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -381,10 +381,14 @@ def test_keys_by_hand():
 
 def test_thread_partials_by_hand():
     """n = 65537 = 2 GRAIN + 1 allows T = 2 and 3: chunks of 32769 (sums 32769 and 32768) or of 21846
-    (21846, 21846, 21845) of ones: max(32769**2 + 32768**2, 2 * 21846**2 + 21845**2) = 2147549185."""
+    (21846, 21846, 21845) of ones. Stored in bf16 (spacing 256 at 32768, 128 at 21846): 32768 + 32768 and
+    3 x 21888 (21846 is 86 above 21760, past the midpoint), the emulated members' totals."""
+    from refkern.accumulate.formats import BFLOAT16
+
     assert GRAIN == 32768
     X = np.ones((1, 2 * GRAIN + 1))
-    assert thread_partials_sq(X).tolist() == pytest.approx([32769.0**2 + 32768.0**2], abs=0)
+    xh, _, _ = thread_members(X, "sum", BFLOAT16, 7.0)
+    assert xh[:, 0].tolist() == pytest.approx([65536.0, 65664.0], abs=0)
 
 
 def test_straddle_by_hand():

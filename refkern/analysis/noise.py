@@ -163,15 +163,20 @@ def _chains(lay, kind, ref, stores, eta_w):
     u, d = FLOAT32.u, float(max(lay.n, 1) if kind == "mean" else 1)
     var_el = lay.back(u * u * rest_sq(X) / d**2) + stores + ((u * ref) ** 2 if kind == "mean" else 0.0)
     slack = (lay.n + 4) * eta_w**2  # what may underflow in the chains
-    # a correct member refused with probability at most ALPHA / PARTS over all members and rows: spent
-    # besides the element tests' share (noise_chains.members)
-    lam_v = level(len(member_specs(lay.n)) * X.shape[0])
 
-    def thunk():
+    def thunk():  # only where an element fails the rest's scale
+        # a correct member refused with probability at most ALPHA / PARTS over all members and rows: spent
+        # besides the element tests' share (noise_chains.members)
+        lam_v = level(len(member_specs(lay.n)) * X.shape[0])
         for xh, err, pre in batches(X, kind, lam_v):
-            yield tuple(np.stack([lay.back(row) for row in a]) for a in (xh, err, pre + slack))
+            yield _laid_back(lay, (xh, err, pre + slack))
 
     return var_el, thunk
+
+
+def _laid_back(lay, arrays):
+    """Emulated members' (k, R) arrays in the output's layout, (k,) + shape each."""
+    return tuple(np.stack([lay.back(row) for row in a]) for a in arrays)
 
 
 def _sum_rows(X, u, kind, n):
@@ -451,13 +456,15 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         v = lay.back(_sum_rows(lay.X, u, kind, lay.n))
         if kind == "mean":
             v = v + (u * ref) ** 2
-        mb = _chains(lay, kind, ref, stores, eta_w) if out is FLOAT32 and not ek else None
-        if out.prec < FLOAT32.prec and not ek:  # torch's CPU threads' partials, stored in the result format
+        mb = None
+        if out is FLOAT32 and not ek:
+            mb = _chains(lay, kind, ref, stores, eta_w)
+        elif out.prec < FLOAT32.prec and not ek:  # torch's CPU threads' partials, stored in the result format
 
             def threads():
                 got = thread_members(lay.X, name, out, lam)
                 if got is not None:
-                    yield tuple(np.stack([lay.back(row) for row in a]) for a in got)
+                    yield _laid_back(lay, got)
 
             mb = (None, threads)
         return Noise(v + stores, [], every, sc, straddle=straddle(name, lay, v, out), members=mb)

@@ -8,9 +8,10 @@ exact result, so the test asks how far the exact result lies from the values tha
 thread's partial in the result format. Those roundings are deterministic given the partials, so
 :func:`thread_members` emulates them on the very inputs, one member per thread count: a partial is
 rounded as its exact value is (unless that value lies within the float32 scale of a rounding boundary,
-where either neighbour may come out: then one spacing of the result format more in the member's scale).
-:func:`thread_partials_sq` is the scale of those roundings taken as noise instead (the variance's
-straddle keeps it: its partials are not emulated).
+where either neighbour may come out: then both are members). Measured on torch 2.13: this split (contiguous
+chunks of ``ceil(n / T)``, each partial stored in the result format, the partials added in float32)
+reproduced its bf16 and fp16 sums on 1 to 32 threads, 100 of 100 cases of 3e5 and 1e6 terms; a mean's
+partials are divided by n before the store (68 of 72) or after.
 """
 
 import math
@@ -21,30 +22,10 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format, round_array
 
-__all__ = ["GRAIN", "thread_partials_sq", "thread_members", "straddle", "straddle_z"]
+__all__ = ["GRAIN", "thread_members", "straddle", "straddle_z"]
 
 
 GRAIN = 32768  #: torch's CPU parallel grain (at::internal::GRAIN_SIZE): a reduction splits into chunks of at least it
-
-
-def thread_partials_sq(X) -> np.ndarray:
-    """Per row of X (R, n): ``max_T sum_t P_t**2`` over the splits of torch's CPU reductions: ``T`` threads
-    (``2 <= T <= ceil(n / GRAIN)``, any machine), contiguous chunks of ``ceil(n / T)``, ``P_t`` a chunk's sum.
-    A half sum on several threads stores each thread's float32 partial in the result format and adds them
-    in float32 (measured on torch 2.13: this emulation reproduced its bf16 and fp16 sums on 1 to 32
-    threads, 100 of 100 cases of 3e5 and 1e6 terms); a mean's partials, divided by n before or after the
-    store (68 of 72 matched "before"), round alike. Those roundings, ``u_o |P_t|`` each (over n for a
-    mean), are in the scale before the store, sub-Gaussian as every other."""
-    R, n = X.shape
-    C = np.concatenate([np.zeros((R, 1)), np.cumsum(np.asarray(X, np.float64), axis=1)], axis=1)
-    best = np.zeros(R)
-    for T in range(2, -(-n // GRAIN) + 1):
-        c = -(-n // T)
-        edges = np.minimum(np.arange(0, n + c, c), n)
-        edges = np.unique(edges)
-        P = np.diff(C[:, edges], axis=1)
-        best = np.maximum(best, (P * P).sum(axis=1))
-    return best
 
 
 def _spacing(r, out: Format):
@@ -74,7 +55,7 @@ AMBIGUOUS = 6  #: partials near a rounding boundary whose both roundings are enu
 
 def thread_members(X, name, out: Format, lam: float):
     """torch's CPU half sum or mean of each row of X (R, n) on ``T`` threads, ``2 <= T <= ceil(n / GRAIN)``
-    (contiguous chunks of ``ceil(n / T)``, as :func:`thread_partials_sq`), emulated: ``(xh, err, pre)``, each
+    (contiguous chunks of ``ceil(n / T)``, module docstring), emulated: ``(xh, err, pre)``, each
     (k, R). A chunk's float32 sum ``s_t`` lies within ``lam sigma_t`` of its exact sum ``S_t`` (``sigma_t =
     u sqrt(S_t**2)`` of its partial sums, the sum convention), so the stored partial is ``RN(S_t)`` (a mean's
     ``RN(S_t / n)``: divided before the store, 68 of 72 measured; and after, ``RN(S_t) / n``) unless ``S_t``

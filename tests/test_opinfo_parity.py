@@ -116,12 +116,6 @@ def test_every_sample_input_is_accepted_and_judged(info, dtype):
 #: (OpInfo, dtype) whose samples' gradients meet a fault in a module this test's owner does not hold: judged in
 #: full (every sample), expected to fail until the named fix lands (strict: a fix makes the xfail fail)
 _GRAD_FAULTS = {
-    **{("matmul", d): "kernels/_grad._tap_judge: an empty gradient (K = 0 or no rows: (5, 5, 0) @ (0, 5), "
-       "(5, 0, 0) @ (0, 0)) builds a conv_transpose1d judge with dilation=0, refused"
-       for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16)},
-    **{(n, d): "pool backward (kernels/pool_grad): a batch of 0 samples ((0, 8, 8), (0, 3, 9)) ends in numpy's "
-       "'cannot reshape array of size 0'" for n in ("nn.functional.adaptive_avg_pool1d", "nn.functional.avg_pool1d")
-       for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16)},
     **{("nn.functional.batch_norm", d): "kernels/norm_grad: batch_norm's gradient of an empty 1-D input (shape (0,), "
        "running statistics (0,)), whose forward torch and refkern accept, is refused: 'batch_norm expects input of "
        "shape (N, C) or (N, C, *)'" for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16)},

@@ -123,7 +123,8 @@ def _tap_judge(name, lt, rt, to_grad, from_grad):
     filter (g, c) -> q at tap t is rt[g, t, c, q]; padding (T - 1) P and dilation P make every tap
     valid at every output position. Its analysis then knows the per-tap roundings of torch's CPU
     kernels, which form such gradients one GEMM per image (or broadcast batch element) and add
-    them in the result's dtype. Output: (1, G * Q, P)."""
+    them in the result's dtype. Output: (1, G * Q, P). Every dimension must be non-zero (dilation P and
+    groups G must be positive): a caller judges an empty gradient, or one of empty sums, otherwise."""
     gr, t, p, c = _shape(lt)
     q = _shape(rt)[3]
     xc = _flip(_perm(lt, (0, 3, 1, 2)), (2,)).reshape((1, gr * c, t * p))

@@ -68,6 +68,9 @@ def _matmul(op, g, a, wrt, who):
     batch = tuple(np.broadcast_shapes(ba, bb))
     nb = len(batch)
     G = g.reshape(batch + (m, n))
+    # the taps' judge only where every tap has terms and the gradient elements (no dimension is 0): an empty
+    # gradient has nothing to judge, and one of empty sums is +0 everywhere, judged as the plain product (K = 0)
+    taps = math.prod(batch) * m * k * n > 0
     out = {}
     if "a" in wrt:  # grad_a[.., i, p] = sum over (broadcast axes, j) of G[.., i, j] B[.., p, j]
         kept, red = _split_batch(batch, ba)
@@ -77,7 +80,7 @@ def _matmul(op, g, a, wrt, who):
         if len(sa) == 1:  # a row: the product is 1-D
             L = L.reshape((r * n,))
         judge = None
-        if r > 1:  # broadcast: torch sums the per-batch products; judge as taps (one per broadcast element)
+        if r > 1 and taps:  # broadcast: torch sums the per-batch products; judge as taps (one per broadcast element)
 
             def judge(kept=kept, red=red, r=r):
                 q = math.prod(ba)
@@ -100,7 +103,7 @@ def _matmul(op, g, a, wrt, who):
         if len(sb) == 1:  # a column: the product is 1-D
             R = R.reshape((r * m,))
         judge = None
-        if r > 1:
+        if r > 1 and taps:
 
             def judge(kept=kept, red=red, r=r):
                 q = math.prod(bb)

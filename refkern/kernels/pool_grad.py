@@ -42,7 +42,8 @@ def _pool_call(op, g, a, who) -> _PoolCall:
     _check_grad(op, g, tuple(y.shape), a["input"], "input", who)
     og = operand(g, "grad_output", who)
     P, H, W = X.shape
-    G = np.ascontiguousarray(np.asarray(og.values, np.float64).reshape(P, -1, int(y.shape[-1])))
+    oh = int(y.shape[-2]) if nd == 2 else 1  # named, not -1: a batch of 0 planes (P = 0) has no size to infer
+    G = np.ascontiguousarray(np.asarray(og.values, np.float64).reshape(P, oh, int(y.shape[-1])))
     c = _PoolCall(G, H, W, tuple(x.shape), x.fmt, x.torch or og.torch)
     if idx is not None:
         c.idx = np.asarray(idx).reshape(G.shape)

@@ -503,6 +503,230 @@ def test_doctor_reports_the_filter_and_its_self_test(capsys):
     assert "engine filter    usable on cpu; numpy " in out and "self-test passed: float64 GEMM: exact" in out
 
 
+# ----------------------------------------------- the decision as torch ops (filter_device), on CPU tensors
+
+
+def _operands(a, b, bias=None):
+    """(p, A3, Bt3, ia, ib, bias64, shape) of matmul(a, b) or, with a bias, linear(a, b^T, bias)."""
+    from refkern.kernels._common import plan
+    from refkern.kernels.gemm import linear_operands, matmul_operands
+
+    if bias is None:
+        p = plan("matmul", {"a": a, "b": b}, ("a", "b"), "exact", None)
+        A3, Bt3, ia, ib, shape = matmul_operands(p)
+        return p, A3, Bt3, ia, ib, None, shape
+    w = b.T.contiguous()
+    p = plan("linear", {"x": a, "weight": w, "bias": bias}, ("x", "weight"), "exact", None)
+    X, W, b64, shape = linear_operands(p)
+    zero = np.zeros(1, np.int64)
+    return p, X, W, zero, zero, b64, shape
+
+
+def _adversarial():
+    """(name, a, b, bias) over tests/test_filter.py's adversarial set: every kind and format, the
+    rounding-boundary rows (ties, cancellation onto a midpoint, binade edge, subnormal, overflow), signed
+    zeros and overflow, a bias, a wide exponent spread."""
+    cases = []
+    for dtype in NARROW:
+        for kind in KINDS:
+            rng = _rng("filter-device", dtype, kind)
+            cases.append((f"{dtype} {kind}", _data(rng, (9, 40), dtype, kind), _data(rng, (40, 7), dtype, kind), None))
+            if kind != "special":
+                cases.append((f"{dtype} {kind} bias", _data(rng, (9, 33), dtype, kind), _data(rng, (33, 6), dtype, kind),
+                              _data(rng, (6,), dtype, kind)))  # fmt: skip
+        A = _midpoint_rows(dtype)
+        e = np.where(A != 0, np.floor(np.log2(np.abs(np.where(A != 0, A, 1)))), 0)
+        half = np.floor(e / 2)
+        x, y = _tensor(A / 2.0**half, dtype), _tensor(np.broadcast_to(2.0**half, A.shape), dtype)
+        cases.append((f"{dtype} boundaries", x[:, None, :], y[:, :, None], None))
+        big = float(torch.finfo(getattr(torch, dtype)).max) / 2
+        a = _tensor([[big, big, big], [-0.0, 0.0, -0.0], [1.0, -1.0, 0.0], [-big, -big, -big]], dtype)
+        cases.append((f"{dtype} overflow, signed zeros", a, _tensor([[1.0, 0.0], [1.0, -0.0], [1.0, 1.0]], dtype), None))
+    return cases
+
+
+def _both_decisions(a, b, bias):
+    """On the same float64 GEMM values and norms (torch on the CPU): (device R, device undecided, decide_one's
+    values, decide_one's undecided mask, the exact result, the format's name), all (T, M, N)."""
+    from refkern.engines import filter_device as fd
+
+    p, A3, Bt3, ia, ib, b64, shape = _operands(a, b, bias)
+    A, B = torch.from_numpy(A3[ia]), torch.from_numpy(np.ascontiguousarray(Bt3[ib]))
+    V, na, nb = fd.value_gemm(A, B), fd.norms(A), fd.norms(B)
+    nt, m, n = V.shape
+    name = p.out.name
+    bt = None if b64 is None else torch.from_numpy(b64.copy())
+    R, und = fd.decide_gemm(V.clone(), na, nb, A.shape[2], name, bt)
+    Vc = V.numpy().copy()
+    und_c, counts = np.empty(Vc.shape, np.uint8), np.empty((nt, m), np.int64)
+    bcol = np.zeros(n) if b64 is None else b64
+    rng = np.arange(nt)
+    filt._decide(Vc, na.numpy(), nb.numpy(), rng, rng, np.zeros(m), bcol, A.shape[2], *p.work.params, und_c, counts)
+    exact = (truth.matmul(a, b) if bias is None else truth.linear(a, b.T.contiguous(), bias)).double()
+    return R, und, Vc, und_c.astype(bool), exact.numpy().reshape(nt, m, n), name
+
+
+@pytest.mark.parametrize("case", _adversarial(), ids=lambda c: c[0])
+def test_device_decision_is_exact_and_never_bolder_than_decide_one(case):
+    """The device decision on CPU tensors: (a) every element it decides is the exact result, bit for
+    bit (refkern.truth); (b) it decides no element decide_one leaves undecided on the same values, to
+    the same value (it is slightly more conservative: bfloat16 / float16 ends whose float32 value has a
+    midpoint's bit pattern, float16's subnormal range; the module docstring)."""
+    _, a, b, bias = case
+    R, und, Vc, und_c, exact, name = _both_decisions(a, b, bias)
+    got = R.double().numpy()
+    dec = ~und.numpy()
+    assert np.array_equal(got[dec].view(np.int64), exact[dec].view(np.int64)), "a decided element is not exact"
+    assert not (dec & und_c).any(), "decided an element decide_one leaves undecided"
+    assert np.array_equal(got[dec].view(np.int64), Vc[dec].view(np.int64))
+    if name == "float32":  # only the folded constant's 8 steps separate them: the same elements here
+        assert (dec == ~und_c).all()
+
+
+def test_device_decision_decides_most_elements():
+    """Gaussian data: the device decides what decide_one decides (so the tests above can fail)."""
+    rng = _rng("filter-device-most")
+    for dtype in NARROW:
+        a, b = _data(rng, (64, 256), dtype, "normal"), _data(rng, (256, 48), dtype, "normal")
+        _, und, _, und_c, _, _ = _both_decisions(a, b, None)
+        assert (~und_c).sum() > 0.9 * und_c.size
+        assert (~und.numpy()).sum() >= 0.99 * (~und_c).sum()
+
+
+def test_device_scale_by_hand():
+    from refkern.engines import filter_device as fd
+
+    c = (1023 + 1) * 1.015625 * 2.0**-53  # K = 1023: 1.1546319456101628e-13, exact
+    assert fd.scale(1023) == c + 8 * 2.0**-95  # ulp(c) = 2**-95 (c in [2**-43, 2**-42)): 8 steps
+    assert fd.scale(1023) >= c * (1 + 8 * 2.0**-53)
+    assert fd.CHUNK == 33554432 and fd.EXACT_TERM_S == pytest.approx(2.5e-9, abs=0)
+
+
+def test_double_rounding_trap_for_bfloat16_and_float16():
+    """torch rounds float64 to bfloat16 / float16 through float32 (twice): 1 + 2**-8 + 2**-30 gives 1
+    in bfloat16, the correct rounding is 1 + 2**-7. The device decision must not decide it so."""
+    from refkern.engines import filter_device as fd
+
+    for dtype, p in (("bfloat16", 8), ("float16", 11)):
+        x = 1 + 2.0**-p + 2.0**-30
+        assert torch.tensor([x], dtype=torch.float64).to(getattr(torch, dtype)).item() == 1.0  # torch's two roundings
+        a = _tensor([[1.0, 2.0**-p, 2.0**-15]], dtype)
+        b = _tensor([[1.0], [1.0], [2.0**-15]], dtype)
+        R, und, _, _, exact, _ = _both_decisions(a, b, None)
+        assert exact[0, 0, 0] == 1 + 2.0 ** (1 - p)
+        assert und[0, 0, 0] or R.double()[0, 0, 0] == exact[0, 0, 0]
+        got = fd.gemm(*_operands(a, b)[:6], (1, 1), False, torch.device("cpu"))[0]
+        assert got[0, 0] == 1 + 2.0 ** (1 - p)
+
+
+@pytest.mark.parametrize("k", [2**16, 2**18, 2**20])
+def test_device_halved_bound_decides_wrong(k):
+    """_worst_case's admissible s: undecided or right with the bound; decided, and wrongly, with half."""
+    from refkern.engines import filter_device as fd
+
+    S, s, T = _worst_case(k)
+    V = torch.tensor([[[s]]], dtype=torch.float64)
+    one = torch.ones((1, 1), dtype=torch.float64)
+    R, und = fd.decide_gemm(V.clone(), one * T, one, k, "float32")
+    assert und.item() or R.item() == np.float32(S)
+    R, und = fd.decide_gemm(V.clone(), one * T / 2, one, k, "float32")
+    assert not und.item() and R.item() == 1.0 != np.float32(S)
+
+
+def test_device_halved_bound_end_to_end(monkeypatch):
+    """A 'BLAS' erring by 0.99 gamma_K T (the model allows it): the device path stays exact; with its
+    bound halved (fd.scale / 2) it returns a wrong float32 result."""
+    from refkern.engines import filter_device as fd
+
+    k = 2**20
+    S, s, T = _worst_case(k)
+    a = np.zeros((1, k), np.float32)
+    a[0, :3] = 1, 2.0**-24, 2.0**-40
+    a[0, 3] = -0.0  # marks the value GEMM (|A| has no -0)
+    b = np.zeros((k, 1), np.float32)
+    b[:3, 0] = 1
+    real = fd.value_gemm
+
+    def bad(A, B):
+        r = real(A, B)
+        return torch.where(r > 0.5, s, r) if torch.signbit(A).any() else r
+
+    monkeypatch.setattr(fd, "value_gemm", bad)
+    args = _operands(a, b)
+    v = fd.gemm(*args[:6], (1, 1), False, torch.device("cpu"))[0]
+    assert np.float32(v[0, 0]) == np.float32(S)
+    half = fd.scale
+    monkeypatch.setattr(fd, "scale", lambda kk: half(kk) / 2)
+    v = fd.gemm(*args[:6], (1, 1), False, torch.device("cpu"))[0]
+    assert np.float32(v[0, 0]) != np.float32(S)
+
+
+def _device_gemm_equals_truth(a, b, bias=None, want_mag=False, stats=None):
+    from refkern.engines import filter_device as fd
+
+    p, A3, Bt3, ia, ib, b64, shape = _operands(a, b, bias)
+    v, mag = fd.gemm(p, A3, Bt3, ia, ib, b64, shape, want_mag, torch.device("cpu"), stats)
+    want = truth.matmul(a, b) if bias is None else truth.linear(a, b.T.contiguous(), bias)
+    _all_same(torch.from_numpy(v).to(want.dtype), want, "device path vs truth")
+    return v, mag
+
+
+@pytest.mark.parametrize("case", _adversarial(), ids=lambda c: c[0])
+def test_device_path_equals_truth(case):
+    """fd.gemm (the path refkern.matmul takes for a CUDA tensor) on CPU tensors, exact path included."""
+    _device_gemm_equals_truth(*case[1:])
+
+
+def test_device_paths_tight_chunks_blocks_and_magnitudes(monkeypatch):
+    """Every route: the |A| |B| bound over the rows holding undecided elements (forced), chunks of a few
+    rows and of several batch elements, filter's whole-block rule for many undecided elements, and the
+    magnitudes for the verdict (within gamma_K of numpy's |A| |B|^T + |bias|)."""
+    from refkern.engines import filter_device as fd
+
+    rng = _rng("filter-device-paths")
+    x = rng.standard_normal((40, 64)).astype(np.float32)
+    y = rng.standard_normal((64, 30)).astype(np.float32)
+    x[:, :32] *= 2.0**12  # large entries of a meet small ones of b: norms 2**12 * 32 / 51 times sum |a b|
+    y[:32] *= 2.0**-12
+    a, b = torch.from_numpy(x), torch.from_numpy(y)
+    bias = torch.from_numpy(rng.standard_normal(30).astype(np.float32))
+    monkeypatch.setattr(fd, "tight_pays", lambda *args: True)
+    st = {}
+    _device_gemm_equals_truth(a, b, bias, stats=st)
+    assert st["abs_gemm_rows"] > 0 and st["undecided_after_tight"] < st["undecided_first"] / 10, st
+    x[:, 1::2] = -x[:, ::2]  # cancelling pairs of terms, and one small term: sum 2**-30 y[63]
+    y[1::2] = y[::2]
+    x[:, 62], x[:, 63] = 0, 2.0**-30  # condition numbers about 2**35: every element undecided
+    monkeypatch.setattr(fd, "CHUNK", 50)  # 1 row of 30 per chunk; below, 3 batch elements of 4 x 4 per chunk
+    _device_gemm_equals_truth(a, b, bias)
+    _device_gemm_equals_truth(torch.from_numpy(x[:24, :4].reshape(6, 4, 4)), torch.from_numpy(y[:4, :4].copy()))
+    monkeypatch.setattr(filt, "ROW_BLOCK", 8)  # 0.35 * 8 * 30 = 84 undecided: filter's block rule
+    st = {}
+    v, mag = _device_gemm_equals_truth(a, b, want_mag=True, stats=st)
+    assert st.get("numba_block_elements", 0) > 0, st
+    want = np.abs(x).astype(np.float64) @ np.abs(y).astype(np.float64)
+    assert np.all(np.abs(mag - want) <= 2 * 65 * 2.0**-53 * want)
+    v, mag = _device_gemm_equals_truth(a, b, bias, want_mag=True)
+    assert np.all(np.abs(mag - want - np.abs(bias.double().numpy())) <= 2 * 66 * 2.0**-53 * mag)
+
+
+def test_device_matmul_on_cpu_tensors():
+    """fd.matmul, the path whose result stays on the device (benchmarks/bench_filter.py --gpu)."""
+    from refkern.engines import filter_device as fd
+
+    rng = _rng("filter-device-matmul")
+    for dtype in NARROW:
+        for kind in ("normal", "cancel", "spread", "special"):
+            a, b = _data(rng, (12, 50), dtype, kind), _data(rng, (50, 9), dtype, kind)
+            bias = _data(rng, (9,), dtype, "normal")
+            got, st = fd.matmul(a, b)
+            assert got.dtype == a.dtype and st["elements"] == 108
+            _all_same(got, truth.matmul(a, b), f"{dtype} {kind}")
+            _all_same(fd.matmul(a, b, bias)[0], truth.linear(a, b.T.contiguous(), bias), f"{dtype} {kind} bias")
+    with pytest.raises(ValueError, match=r"^matmul: expects 2-D"):
+        fd.matmul(a, b.double())
+
+
 # ------------------------------------------------------------------------------------ GPU
 
 

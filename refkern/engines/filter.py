@@ -34,8 +34,10 @@ mask, and with the tight bound one float64 block of ``rows x N`` per block of ro
 im2col in chunks of images (:mod:`refkern.engines.filter_conv`).
 
 On a CUDA device the GEMM runs on cuBLAS in float64 (torch's TF32 and reduced-precision switches
-concern float32 and half GEMMs only; :func:`self_test` checks the device's GEMM); the decision and
-the exact path run on the CPU.
+concern float32 and half GEMMs only; :func:`self_test` checks the device's GEMM), and so do the norms
+and the decision, as torch ops (:mod:`refkern.engines.filter_device`, the same bound folded, never
+deciding an element decide_one leaves undecided); the results come back once in the result format
+and only the undecided elements run the exact path on the CPU.
 """
 
 import contextlib
@@ -463,6 +465,11 @@ def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False, device=None, stats
     bcol = np.ascontiguousarray(bias, np.float64) if has_bias else np.zeros(n)
     if k >= K_MAX:
         raise ValueError(f"{p.op}: the filter needs K < 2**40; got K={k}.")
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        from refkern.engines import filter_device
+
+        if filter_device.supports(p.work.params):  # the decision on the device, as torch ops
+            return filter_device.gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag, device, stats)
     g = _Gemm(p, A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), np.zeros(m), bcol, has_bias, device)
     g.stats = stats
     g.values(V, mag)

@@ -1,0 +1,365 @@
+"""The filtering engine's decision as torch ops on the tensors' device (issue 27, point 4).
+
+:mod:`refkern.engines.filter` decides each element of a float64 GEMM with :func:`~refkern.engines.
+filter.decide_one` in a jitted CPU loop. On a CUDA device that loop would need the whole float64
+result copied back (128 MiB at 4096**2). Here the same test runs as whole-tensor torch ops where the
+tensors live (cuBLAS's GEMM, the norms, the bound, both ends of each interval rounded to the result
+format and compared); only the undecided elements' indices come back to the CPU, where the existing
+exact path (:func:`~refkern.engines.filter._exact_pairs`, the Numba engine's own element) computes
+them. The decided values are rounded on the device, in the result format. Every function takes
+torch tensors on any device, the CPU included, so that the tests run it without a GPU.
+
+**The bound** (:func:`decide`). decide_one takes e = fl(C m), C = (K + 1) SLACK 2**-53 (exact),
+m = fl(fl(na nb) + |bias|). Here e' = fl(fl(fl(na C1) nb) + fl(|bias| C1)): the constant folded into
+the row norms saves one pass over the (M, N) result. C1 = C moved up by 8 float64 steps
+(:func:`scale`), so C1 >= C (1 + 8u), u = 2**-53 (each step adds ulp(C) >= u C). With every rounding
+relative error at most u: e' >= C1 (na nb + |b|) (1 - u)**3 >= C (na nb + |b|) (1 + u)**3 >= e,
+because (1 + u)**3 / (1 - u)**3 < 1 + 7u. So e' >= e for every element, and since fl(s - e) and
+fl(s + e) are monotonic in e, the interval tested here contains decide_one's: whatever this decides,
+decide_one's derivation holds for it (the exact sum lies in [fl(s - e'), fl(s + e')]), and every
+element decided here is decided by decide_one to the same value (a wider interval that rounds to one
+value contains the narrower). The tight bound (m = fl(G + |b|), G the float64 GEMM of |A| |B|^T) is
+covered the same way: e' = fl(C1 fl(G + |b|)) >= fl(C fl(G + |b|)).
+
+**decide_one's range guards** hold by themselves for float32-or-narrower factors (``applies``): a
+nonzero norm is >= 2**-149 (a nonzero square >= 2**-298), so m is 0, or >= 2**-298 > M_MIN, or
+inf/NaN (a term inf or NaN); a finite m < (sqrt(K) 2**128)**2 + 2**128 < 2**(298 + 40) < M_MAX.
+m = 0 means every term is zero: s = +-0, both ends round to zero, and a zero result is left
+undecided here (its sign needs the exact path, decide_one's step 4), which also stands for
+decide_one's test |s| > e: a nonzero value r = round(fl(s - e')) = round(fl(s + e')) has the sign of
+both ends, so fl(s - e') > 0 (or fl(s + e') < 0), i.e. s > e' (or s < -e'). inf or NaN in m makes
+e' inf or NaN: the ends are -inf and inf, or NaN, and never compare equal. No product underflows:
+e' >= 2**-52 2**-149 2**-149 (normal).
+
+**Rounding the ends to the result format.** float32: torch's float64 -> float32 conversion (one
+IEEE rounding to nearest even, subnormals and overflow to inf included). bfloat16 and float16:
+torch converts float64 to them through float32, two roundings, wrong where the float32 value lands
+on a midpoint of the narrow format (torch gives 1 for 1 + 2**-8 + 2**-30 in bfloat16; the correct
+rounding is 1 + 2**-7). So each end y = fl32(x) is rounded to the narrow format from float32 (one
+rounding), and the element is decided only when neither y is a possible rounding boundary of the
+narrow format: every boundary (a midpoint, or the overflow threshold max + ulp / 2) is a float32
+number, so a boundary in [lo, hi] is also in [fl32(lo), fl32(hi)] (rounding is monotonic), and
+when round(fl32(lo)) == round(fl32(hi)) and neither is a boundary, none lies between them: the
+exact sum rounds to that value. A float32 y is a bfloat16 boundary iff its 16 low bits are 0x8000
+(bfloat16 is float32 without those bits, subnormals included); a float16 boundary in float16's
+normal range iff its 13 low bits are 0x1000; below 2**-14 (float16's subnormals) every end counts as
+a possible boundary: such elements go exact. This is slightly more conservative than decide_one (an
+end whose float32 value has that bit pattern, about 2**-16 or 2**-13 of the elements, and float16's
+subnormal results), never less.
+
+**What runs where, and memory.** On the device: the float64 GEMM (cuBLAS), the norms, the decision
+in chunks of at most CHUNK elements (three float64 and three 4-byte temporaries per element of a
+chunk: at most 24 CHUNK bytes = 768 MiB, beside the float64 result), the rounded results, and the
+|A| |B|^T GEMM over the rows holding undecided elements where it pays (:func:`tight_pays`). On the
+CPU: the undecided elements by the exact path, on copies of the rows they need.
+"""
+
+import math
+import time
+
+import numpy as np
+
+from refkern.engines import filter as filt
+
+__all__ = ["CHUNK", "EXACT_TERM_S", "supports", "scale", "norms", "decide", "decide_gemm", "value_gemm", "tight_pays",
+           "Device", "exact_elements", "gemm", "matmul"]
+
+CHUNK = 1 << 25  # elements per decision chunk: 24 bytes of temporaries each (module docstring)
+EXACT_TERM_S = 2.5e-9  # the CPU exact path, seconds per product on one thread (measured: 2.44 ns, K = 4096)
+
+_FORMATS = {(24, -126, 127): "float32", (8, -126, 127): "bfloat16", (11, -14, 15): "float16"}
+
+
+def supports(params) -> bool:
+    """Whether :func:`decide` rounds to the format (prec, emin, emax): float32, bfloat16, float16."""
+    return tuple(params) in _FORMATS
+
+
+def scale(k) -> float:
+    """C1: (K + 1) SLACK 2**-53 (exact, :func:`~refkern.engines.filter.bound`'s constant) moved up by
+    8 float64 steps, so C1 >= C (1 + 8u) (module docstring: the folded bound stays above decide_one's)."""
+    c = (k + 1) * filt.SLACK * 2.0**-53
+    for _ in range(8):
+        c = math.nextafter(c, math.inf)
+    return c
+
+
+def norms(X):
+    """fl(sqrt(sum_k X[..., k]**2)) per row of a float64 tensor of <= 24-bit values: each square is
+    exact (a separate op, so never contracted into an FMA), torch's sum any order (gamma_{K-1}), as
+    :func:`~refkern.engines.filter._norms`."""
+    return (X * X).sum(-1).sqrt()
+
+
+def _boundary(y, low_bits):
+    """Whether the float32 tensor y's ``low_bits`` lowest bits are 1 followed by zeros: a midpoint of
+    the format that drops them (module docstring)."""
+    b = y.view(_torch().int32)
+    return (b & ((1 << low_bits) - 1)) == (1 << (low_bits - 1))
+
+
+def _round_ends(lo, hi, name):
+    """(r, undecided): lo, hi float64 ends (consumed), r the result-format value of lo, undecided
+    where the ends do not round to one nonzero value of the format (module docstring)."""
+    torch = _torch()
+    yl, yh = lo.to(torch.float32), hi.to(torch.float32)
+    del lo, hi
+    if name == "float32":
+        und = yl != yh
+        und |= yl == 0  # a zero result: its sign needs the exact path; +0 == -0 compare equal
+        return yl, und
+    dt = getattr(torch, name)
+    rl, rh = yl.to(dt), yh.to(dt)  # one rounding each, from float32
+    und = rl != rh
+    und |= rl == 0
+    if name == "bfloat16":
+        und |= _boundary(yl, 16)
+        und |= _boundary(yh, 16)
+    else:
+        und |= _boundary(yl, 13)
+        und |= _boundary(yh, 13)
+        und |= yl.abs() < 2.0**-14  # float16's subnormal range: every end a possible boundary
+        und |= yh.abs() < 2.0**-14
+    return rl, und
+
+
+def decide(s, e, name):
+    """(r, undecided) for the float64 values ``s`` (the GEMM plus the bias) and bounds ``e`` (same
+    shape, consumed: overwritten with s + e): r holds the correctly rounded result, in the format
+    ``name``, wherever ``undecided`` is False."""
+    lo = s - e
+    hi = e.add_(s)  # s + e, the same rounding
+    return _round_ends(lo, hi, name)
+
+
+def tight_pays(undecided, rows, n, k, gemm_s, m, threads):
+    """Whether the |A| |B|^T GEMM over ``rows`` rows (of m, at N = n) costs less than the exact
+    path on the ``undecided`` elements it might decide: its time is the value GEMM's measured time
+    ``gemm_s`` times rows / m (same K and N), the exact path's K EXACT_TERM_S per element on
+    ``threads`` threads. On a GPU the GEMM is cheap (4096 rows at K = 4096: a few ms against
+    10 us per element on one CPU thread), so it runs whenever more than a few hundred are left."""
+    return gemm_s * rows / max(m, 1) < undecided * k * EXACT_TERM_S / max(threads, 1)
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def value_gemm(A, B):
+    """A @ B^T in float64 on the tensors' device (cuBLAS on CUDA: a float64 GEMM, which torch's TF32
+    and reduced-precision switches leave alone; :func:`~refkern.engines.filter.self_test` checks it)."""
+    return _torch().matmul(A, B.transpose(-1, -2))
+
+
+def _bias_view(bias, bias_rows):
+    return bias.view((1, -1, 1) if bias_rows else (1, 1, -1))
+
+
+def decide_gemm(V, na, nb, k, name, bias=None, bias_rows=False, mag=None):
+    """(R, undecided) for V (T, M, N), the float64 GEMM of K products per element (without the bias;
+    V += bias in place): R in the format ``name`` (float32, bfloat16, float16), correctly rounded
+    wherever ``undecided`` is False. The bound: with ``mag`` (T, M, N) = |A| |B|^T + |bias| (float64),
+    e' = fl(C1 mag); else from the row norms na (T, M) of A and nb (T, N) of B, e' = fl(fl(fl(na C1)
+    nb) + fl(|bias| C1)) (module docstring). bias: (N,), or (M,) with ``bias_rows``, float64. In
+    chunks of at most CHUNK elements (whole batch elements, or rows of one)."""
+    torch = _torch()
+    c1 = scale(k)
+    bc = None
+    if bias is not None:
+        V += _bias_view(bias, bias_rows)  # s = V + bias: one more rounded addition, counted in K + 1
+        bc = _bias_view(bias.abs() * c1, bias_rows)
+    if mag is None:
+        na = na * c1  # fl(na C1)
+    R = torch.empty(V.shape, dtype=getattr(torch, name), device=V.device)
+    und = torch.empty(V.shape, dtype=torch.bool, device=V.device)
+    nt, m, n = V.shape
+    if m * n <= CHUNK:
+        step = max(1, CHUNK // max(m * n, 1))
+        parts = [(slice(t, min(nt, t + step)), slice(0, m)) for t in range(0, nt, step)]
+    else:
+        rows = max(1, CHUNK // max(n, 1))
+        parts = [(slice(t, t + 1), slice(i, min(m, i + rows))) for t in range(nt) for i in range(0, m, rows)]
+    for ts, rs in parts:
+        if mag is not None:
+            e = mag[ts, rs] * c1
+        else:
+            e = na[ts, rs, None] * nb[ts, None, :]
+            if bc is not None:
+                e += bc[:, rs] if bias_rows else bc  # fl(fl(na C1) nb) + fl(|b| C1)
+        R[ts, rs], und[ts, rs] = decide(V[ts, rs], e, name)
+    return R, und
+
+
+class Device:
+    """One batch ``V[t] = A[ia[t]] @ B[ib[t]]^T (+ bias)`` decided on the tensors' device. A (TA, M, K)
+    and B (TB, N, K): tensors of exactly representable values (float16, bfloat16, float32 or their
+    float64 widening), ia and ib int64 numpy arrays, bias a tensor (N,) (per column) or (M,) with
+    ``bias_rows``, or None; ``name`` the result format."""
+
+    def __init__(self, A, B, ia, ib, bias, name, bias_rows=False):
+        torch = _torch()
+        self.dev = A.device
+        self.A = A.to(torch.float64)
+        self.B = B.to(device=self.dev, dtype=torch.float64)
+        self.ia, self.ib, self.name, self.bias_rows = np.asarray(ia), np.asarray(ib), name, bias_rows
+        self.bias = None if bias is None else bias.to(device=self.dev, dtype=torch.float64)
+        self.k = self.A.shape[2]
+        self.stats = {}
+
+    def _sync(self):
+        if self.dev.type == "cuda":
+            _torch().cuda.synchronize(self.dev)
+
+    def _pair(self, X, idx):
+        """X[idx] (the batch elements the GEMM pairs), a view when idx is 0 .. T - 1."""
+        if idx.size == X.shape[0] and (idx == np.arange(idx.size)).all():
+            return X
+        return X[_torch().as_tensor(idx, device=self.dev)]
+
+    def run(self, want_mag=False):
+        """(R, V, mag, idx): R (T, M, N) the results in the format (valid where decided), V the GEMM's
+        values plus the bias (float64), mag (|A| |B|^T + |bias|, float64) or None, idx the undecided
+        elements as a (n, 3) int64 numpy array of (t, i, j)."""
+        A, B = self._pair(self.A, self.ia), self._pair(self.B, self.ib)
+        self._sync()
+        t0 = time.perf_counter()
+        V = value_gemm(A, B)
+        self._sync()
+        gemm_s = time.perf_counter() - t0  # the tight bound's cost model (tight_pays)
+        mag = None
+        if want_mag:  # the tight bound from the start: the magnitudes are wanted anyway
+            mag = value_gemm(A.abs(), B.abs())
+            if self.bias is not None:
+                mag += _bias_view(self.bias, self.bias_rows).abs()
+            R, und = decide_gemm(V, None, None, self.k, self.name, self.bias, self.bias_rows, mag=mag)
+        else:
+            R, und = decide_gemm(V, norms(A), norms(B), self.k, self.name, self.bias, self.bias_rows)
+        idx = und.nonzero()
+        self.stats["elements"] = V.numel()
+        self.stats["undecided_first"] = int(idx.shape[0])
+        if idx.shape[0] and not want_mag:
+            idx = self._tighten(A, B, V, R, und, idx, gemm_s)
+        self.stats["undecided_after_tight"] = int(idx.shape[0])
+        return R, V, mag, idx.cpu().numpy()
+
+    def _tighten(self, A, B, V, R, und, idx, gemm_s):
+        """The undecided elements against the tight bound (|A| |B|^T over the rows holding them, per
+        batch element) where :func:`tight_pays`; the undecided that remain, as idx."""
+        import numba
+
+        torch = _torch()
+        nt, m, n = V.shape
+        keep = []
+        tcol = idx[:, 0]
+        for t in range(nt):
+            it = idx[tcol == t] if nt > 1 else idx
+            if it.shape[0] == 0:
+                continue
+            rows = torch.unique(it[:, 1])
+            if not tight_pays(it.shape[0], rows.numel(), n, self.k, gemm_s / nt, m, numba.get_num_threads()):
+                keep.append(it)
+                continue
+            G = value_gemm(A[t, rows].abs(), B[t].abs())
+            if self.bias is not None:
+                G += (self.bias[rows, None] if self.bias_rows else self.bias[None, :]).abs()
+            r, u = decide(V[t, rows], G.mul_(scale(self.k)), self.name)
+            was = und[t, rows]
+            now = was & u
+            R[t, rows] = torch.where(was & ~u, r, R[t, rows])
+            und[t, rows] = now
+            self.stats["abs_gemm_rows"] = self.stats.get("abs_gemm_rows", 0) + rows.numel()
+            sub = now.nonzero()
+            keep.append(torch.stack([torch.full_like(sub[:, 0], t), rows[sub[:, 0]], sub[:, 1]], 1))
+        return torch.cat(keep) if keep else idx[:0]
+
+
+def exact_elements(a_rows, b_rows, idx, bias, bias_rows, params):
+    """The exact path on the undecided elements ``idx`` ((n, 3) int64 of (t, i, j)): a_rows(t, rows)
+    and b_rows(t, rows) give float64 numpy copies of those rows of A[ia[t]] and B[ib[t]]; bias a
+    numpy array (or None). Returns float64 numpy values, in idx's order."""
+    out = np.empty(idx.shape[0])
+    for t in np.unique(idx[:, 0]):
+        sel = np.flatnonzero(idx[:, 0] == t)
+        ii, jj = idx[sel, 1], idx[sel, 2]
+        ua, ri = np.unique(ii, return_inverse=True)
+        ub, rj = np.unique(jj, return_inverse=True)
+        a, b = np.ascontiguousarray(a_rows(t, ua)), np.ascontiguousarray(b_rows(t, ub))
+        has = bias is not None
+        bb = np.ascontiguousarray((bias[ii] if bias_rows else bias[jj]) if has else np.zeros(sel.size))
+        o = np.empty(sel.size)
+        k = a.shape[1]
+        with filt.threads_for(sel.size * k):
+            filt._exact_pairs(a, b, ri.reshape(-1), rj.reshape(-1), bb, has, True, *params, o)
+        out[sel] = o
+    return out
+
+
+def matmul(a, b, bias=None):
+    """Exact ``a @ b (+ bias)`` of two 2-D torch tensors (float16, bfloat16 or float32, one dtype) on
+    their device, correctly rounded to their dtype; the result stays on the device. The float64 GEMM
+    and the decision run there (:class:`Device`); the undecided elements' rows are copied to the CPU,
+    computed by the exact path and written back. ``bias`` (N,) of the same dtype: one more term of
+    each sum (``torch.addmm``'s and ``F.linear``'s exact reference). Returns (result, stats)."""
+    torch = _torch()
+    name = str(a.dtype).removeprefix("torch.")
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype or name not in _FORMATS.values():
+        raise ValueError(f"matmul: expects 2-D float16/bfloat16/float32 tensors of one dtype with matching inner "
+                         f"dimensions; got a {tuple(a.shape)} {a.dtype} and b {tuple(b.shape)} {b.dtype}.")  # fmt: skip
+    params = next(p for p, v in _FORMATS.items() if v == name)
+    zero = np.zeros(1, np.int64)
+    d = Device(a[None], b.T[None], zero, zero, bias, name)
+    R, V, _, idx = d.run()
+    if idx.shape[0]:
+        rows_a = lambda t, r: d.A[0, torch.as_tensor(r, device=d.dev)].cpu().numpy()  # noqa: E731
+        rows_b = lambda t, r: d.B[0, torch.as_tensor(r, device=d.dev)].cpu().numpy()  # noqa: E731
+        bn = None if bias is None else bias.double().cpu().numpy()
+        vals = exact_elements(rows_a, rows_b, idx, bn, False, params)
+        it = torch.as_tensor(idx, device=d.dev)
+        R[it[:, 0], it[:, 1], it[:, 2]] = torch.from_numpy(vals).to(device=d.dev, dtype=R.dtype)
+    return R[0], d.stats
+
+
+def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag, device, stats=None):
+    """:func:`refkern.engines.filter.gemm` with the decision on ``device`` (``supports(p.work.params)``):
+    the prepared float64 numpy operands go to the device as float32 (exact: narrow values), the
+    decided results come back once in the result format, the undecided elements are computed on the
+    CPU from the numpy operands. (values, magnitudes or None) as float64 numpy arrays of out_shape."""
+    torch = _torch()
+    name = _FORMATS[tuple(p.work.params)]
+    A = torch.from_numpy(A3.astype(np.float32)).to(device)  # astype keeps a transposed view's layout
+    B = torch.from_numpy(Bt3.astype(np.float32)).to(device)
+    has_bias = bias is not None
+    bcol = np.array(bias, np.float64) if has_bias else np.zeros(Bt3.shape[1])  # a writable copy for torch
+    d = Device(A, B, ia, ib, torch.from_numpy(bcol) if has_bias else None, name)
+    R, _, mag, idx = d.run(want_mag)
+    V = R.cpu().to(torch.float64).numpy()  # one copy back, in the result format; widened exactly
+    mag = None if mag is None else mag.cpu().numpy()
+    if stats is not None:
+        for key, v in d.stats.items():
+            stats[key] = stats.get(key, 0) + v
+    if idx.shape[0]:
+        _exact_numpy(p, A3, Bt3, ia, ib, bcol, has_bias, V, idx, stats)
+    return V.reshape(out_shape), (None if mag is None else mag.reshape(out_shape))
+
+
+def _exact_numpy(p, A3, Bt3, ia, ib, bcol, has_bias, V, idx, stats):
+    """V[idx] := the exact path, on the CPU's numpy operands: element by element, or, where a batch
+    element holds at least TILE_EXACT_MIN ROW_BLOCK N undecided elements (so that some block of
+    ROW_BLOCK rows may exceed the share at which filter's rule computes the whole block by the
+    Numba kernel), by filter's own rule (``_refine``, tight bound already applied)."""
+    nt, m, n = V.shape
+    g = filt._Gemm(p, A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), np.zeros(m), bcol, has_bias, None)
+    g.stats = stats
+    per_t = np.bincount(idx[:, 0], minlength=nt)
+    if per_t.max() >= filt.TILE_EXACT_MIN * filt.ROW_BLOCK * n:
+        und = np.zeros(V.shape, np.uint8)
+        und[idx[:, 0], idx[:, 1], idx[:, 2]] = 1
+        counts = und.sum(2, dtype=np.int64)
+        g._refine(V, und, counts, A3.shape[2], p.work.params, tight=True)
+        return
+    for t in np.flatnonzero(per_t):
+        sel = idx[idx[:, 0] == t]
+        g._count("exact_elements", sel.shape[0])
+        g._pairs(V, t, sel[:, 1], sel[:, 2], A3.shape[2], p.work.params)

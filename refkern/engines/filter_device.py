@@ -48,10 +48,14 @@ end whose float32 value has that bit pattern, about 2**-16 or 2**-13 of the elem
 subnormal results), never less.
 
 **What runs where, and memory.** On the device: the float64 GEMM (cuBLAS), the norms, the decision
-in chunks of at most CHUNK elements (three float64 and three 4-byte temporaries per element of a
-chunk: at most 24 CHUNK bytes = 768 MiB, beside the float64 result), the rounded results, and the
-|A| |B|^T GEMM over the rows holding undecided elements where it pays (:func:`tight_pays`). On the
-CPU: the undecided elements by the exact path, on copies of the rows they need.
+in chunks of at most CHUNK elements (at most 32 bytes of temporaries per element of a chunk: a
+float64 bound where a bias or the magnitudes enter it, both ends in float32, their narrow roundings,
+an int32 bit test and boolean masks; 1 GiB at CHUNK, beside the float64 result), the rounded
+results, and the |A| |B|^T GEMM over the rows holding undecided elements where it pays
+(:func:`tight_pays`). On the CPU: the undecided elements by the exact path, on copies of the rows
+they need. Every elementwise step is one torch op, except fl(s -+ fl(na C1) nb) without a bias
+(torch.addcmul, whose kernel may contract the product into an FMA: the product then is exact, which
+the bound above covers, :func:`decide`).
 """
 
 import math
@@ -64,7 +68,7 @@ from refkern.engines import filter as filt
 __all__ = ["CHUNK", "EXACT_TERM_S", "supports", "scale", "norms", "decide", "decide_gemm", "value_gemm", "tight_pays",
            "Device", "exact_elements", "gemm", "matmul"]
 
-CHUNK = 1 << 25  # elements per decision chunk: 24 bytes of temporaries each (module docstring)
+CHUNK = 1 << 25  # elements per decision chunk: at most 32 bytes of temporaries each (module docstring)
 EXACT_TERM_S = 2.5e-9  # the CPU exact path, seconds per product on one thread (measured: 2.44 ns, K = 4096)
 
 _FORMATS = {(24, -126, 127): "float32", (8, -126, 127): "bfloat16", (11, -14, 15): "float16"}
@@ -98,12 +102,11 @@ def _boundary(y, low_bits):
     return (b & ((1 << low_bits) - 1)) == (1 << (low_bits - 1))
 
 
-def _round_ends(lo, hi, name):
-    """(r, undecided): lo, hi float64 ends (consumed), r the result-format value of lo, undecided
-    where the ends do not round to one nonzero value of the format (module docstring)."""
+def _round_ends(yl, yh, name):
+    """(r, undecided): yl, yh the float32 roundings of the two ends, r the result-format value of the
+    lower, undecided where the ends do not round to one nonzero value of the format (module
+    docstring)."""
     torch = _torch()
-    yl, yh = lo.to(torch.float32), hi.to(torch.float32)
-    del lo, hi
     if name == "float32":
         und = yl != yh
         und |= yl == 0  # a zero result: its sign needs the exact path; +0 == -0 compare equal
@@ -124,12 +127,25 @@ def _round_ends(lo, hi, name):
 
 
 def decide(s, e, name):
-    """(r, undecided) for the float64 values ``s`` (the GEMM plus the bias) and bounds ``e`` (same
-    shape, consumed: overwritten with s + e): r holds the correctly rounded result, in the format
-    ``name``, wherever ``undecided`` is False."""
-    lo = s - e
-    hi = e.add_(s)  # s + e, the same rounding
-    return _round_ends(lo, hi, name)
+    """(r, undecided) for the float64 values ``s`` (the GEMM plus the bias) and bounds ``e`` (a float64
+    tensor of s's shape, or a pair (x, y) of factors broadcast to it, e = x y never formed): r holds
+    the correctly rounded result, in the format ``name``, wherever ``undecided`` is False.
+
+    Each end fl(s -+ e) is formed in float64 and rounded to float32 in one pass (an ``out=`` float32
+    tensor: torch computes in the inputs' float64 and converts on the store, the same two roundings as
+    two passes). With the factors, torch.addcmul(s, x, y, value=-+1) may round the product x y or
+    (contracted into an FMA) not: either way the subtrahend is at least fl(x y) >= decide_one's e
+    (x = fl(na C1) >= C (1 + 8u)(1 - u) na, module docstring), and fl is monotonic."""
+    torch = _torch()
+    yl = torch.empty(s.shape, dtype=torch.float32, device=s.device)
+    yh = torch.empty(s.shape, dtype=torch.float32, device=s.device)
+    if isinstance(e, tuple):
+        torch.addcmul(s, *e, value=-1, out=yl)
+        torch.addcmul(s, *e, value=1, out=yh)
+    else:
+        torch.sub(s, e, out=yl)
+        torch.add(s, e, out=yh)
+    return _round_ends(yl, yh, name)
 
 
 def tight_pays(undecided, rows, n, k, gemm_s, m, threads):
@@ -172,8 +188,6 @@ def decide_gemm(V, na, nb, k, name, bias=None, bias_rows=False, mag=None):
         bc = _bias_view(bias.abs() * c1, bias_rows)
     if mag is None:
         na = na * c1  # fl(na C1)
-    R = torch.empty(V.shape, dtype=getattr(torch, name), device=V.device)
-    und = torch.empty(V.shape, dtype=torch.bool, device=V.device)
     nt, m, n = V.shape
     if m * n <= CHUNK:
         step = max(1, CHUNK // max(m * n, 1))
@@ -181,13 +195,19 @@ def decide_gemm(V, na, nb, k, name, bias=None, bias_rows=False, mag=None):
     else:
         rows = max(1, CHUNK // max(n, 1))
         parts = [(slice(t, t + 1), slice(i, min(m, i + rows))) for t in range(nt) for i in range(0, m, rows)]
+    if len(parts) > 1:
+        R = torch.empty(V.shape, dtype=getattr(torch, name), device=V.device)
+        und = torch.empty(V.shape, dtype=torch.bool, device=V.device)
     for ts, rs in parts:
         if mag is not None:
             e = mag[ts, rs] * c1
-        else:
+        elif bc is not None:
             e = na[ts, rs, None] * nb[ts, None, :]
-            if bc is not None:
-                e += bc[:, rs] if bias_rows else bc  # fl(fl(na C1) nb) + fl(|b| C1)
+            e += bc[:, rs] if bias_rows else bc  # fl(fl(na C1) nb) + fl(|b| C1)
+        else:
+            e = (na[ts, rs, None], nb[ts, None, :])  # fl(na C1) nb, never formed (decide)
+        if len(parts) == 1:
+            return decide(V, e, name)
         R[ts, rs], und[ts, rs] = decide(V[ts, rs], e, name)
     return R, und
 
@@ -264,7 +284,7 @@ class Device:
             G = value_gemm(A[t, rows].abs(), B[t].abs())
             if self.bias is not None:
                 G += (self.bias[rows, None] if self.bias_rows else self.bias[None, :]).abs()
-            r, u = decide(V[t, rows], G.mul_(scale(self.k)), self.name)
+            r, u = decide(V[t, rows], G.mul_(scale(self.k)), self.name)  # fl(C1 fl(G + |b|))
             was = und[t, rows]
             now = was & u
             R[t, rows] = torch.where(was & ~u, r, R[t, rows])

@@ -217,15 +217,18 @@ def _targets(fn, args, kwargs, spec) -> list:
         elif mine:
             out.append(_Target(label, where, None, f"no backward reference: it is {' and '.join(mine)} of {spec.op} "
                                "at once (its gradient is the sum of theirs)"))  # fmt: skip
+        elif named := [k for k, v in zip(_ops.get(spec.op).operands, spec.args) if v is a]:
+            out.append(_Target(label, where, None, f"no backward reference: refkern computes no gradient with "
+                               f"respect to {spec.op}'s {named[0]}"))  # fmt: skip
         else:
             out.append(_Target(label, where, None, f"no backward reference: it reaches {spec.op} transformed, not as "
                                "one of its arguments"))  # fmt: skip
     return out
 
 
-def _leaf(a, device):
+def _leaf(a, device, grad):
     t = _to(a, device)
-    return t.detach().requires_grad_(True) if _floating(t) else t
+    return t.detach().requires_grad_(True) if grad and _floating(t) else t
 
 
 def _run_backward(fn, args, kwargs, backend: Backend, compiled: bool, targets, grad_output):
@@ -233,8 +236,10 @@ def _run_backward(fn, args, kwargs, backend: Backend, compiled: bool, targets, g
     from the first output): (output, grad_output used, {label: gradient or None}, the backward's
     exception or None)."""
     dev = backend.device
-    leaf_args = [_leaf(a, dev) for a in args]
-    leaf_kw = {k: _leaf(v, dev) for k, v in kwargs.items()}
+    judged = {t.where for t in targets if t.name is not None}  # only these need a gradient (nll_loss's class
+    # weights, for one, are not differentiable in torch: asking would fail the forward)
+    leaf_args = [_leaf(a, dev, ("arg", i) in judged) for i, a in enumerate(args)]
+    leaf_kw = {k: _leaf(v, dev, ("kw", k) in judged) for k, v in kwargs.items()}
     if isinstance(fn, torch.nn.Module):
         target = copy.deepcopy(fn).to(dev)
         for p in target.parameters():
@@ -356,12 +361,13 @@ def check(
     make_g = _grad_output_maker(grad_output)
     tensors = [t for t in spec.tensors()]
     dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
+    values = {str(t.dtype).removeprefix("torch.") for t in tensors if t.is_floating_point()}  # not targets, indices
     rows, ran, grads = [], [], []
     for b in resolve(devices):
         if isinstance(b, str):
             rows.append(CheckRow(b, None, "not available on this machine"))
             continue
-        missing = sorted(dtypes - set(b.dtypes))
+        missing = sorted(values - set(b.dtypes))
         for compiled in (False, True) if compile else (False,):
             name = b.name + ("+compile" if compiled else "")
             if missing:
@@ -388,7 +394,7 @@ def check(
                 out = out[0]
             e = elements(out, spec.op, *ref_args, **ref_kwargs)
             rows.append(CheckRow(name, e["report"], b.note()))
-            ran.append((name, {k: e[k] for k in ("actual", "bound", "report")}))
+            ran.append((name, {k: e.get(k) for k in ("actual", "bound", "report")}))
             if run_grads and failed is not None:
                 msg = str(failed).strip().splitlines()
                 note = f"failed: backward: {type(failed).__name__}: {(msg[0] if msg else '')[:160]}"

@@ -232,6 +232,11 @@ def _same(func, args, kwargs) -> OpCall:
     if op == "scaled_dot_product_attention" and vals.get("dropout_p", 0.0):
         return OpCall(torch_name, unsupported=f"attention with dropout_p={vals['dropout_p']} (a random mask no "
                       "reference can reproduce)")  # fmt: skip
+    if _ops.get(op).positional:  # every operand in torch's order (a loss's target and weight, embedding's weight)
+        given = [vals.pop(k) for k in _ops.get(op).operands if k in vals]
+        while given and given[-1] is None:  # an operand passed as None: the op's default
+            given.pop()
+        return OpCall(torch_name, op, tuple(given), vals)
     operand = vals.pop(names[0])  # positional: refkern names it x, input or query
     return OpCall(torch_name, op, (operand,), vals)
 

@@ -27,6 +27,7 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
+from refkern.engines.filter import threads_for
 
 __all__ = ["chunks", "top_k", "insert_top", "merge_top", "ulp_exponent", "scale_down", "pow2_neg", "ulps_at",
            "bound_ulps", "median", "median_bracket", "median_in_bracket", "median_max_bound_ulps", "SCALE1", "SCALE2",
@@ -87,10 +88,12 @@ def merge_top(idx, val, cnt, k: int) -> np.ndarray:
 def top_k(eligible, key, k: int = 10) -> np.ndarray:
     """Flat indices of the (at most) ``k`` eligible elements with the largest ``key``, largest first,
     ties in index order (flat bool and float64 arrays of one size), in one pass."""
-    nch = chunks(key.size)
-    idx, val, cnt = np.zeros((nch, k), np.int64), np.zeros((nch, k)), np.zeros(nch, np.int64)
-    if key.size and k:
-        _top_chunks(eligible, key, nch, idx, val, cnt)
+    with threads_for(key.size):  # a few ns per element: one thread below PARALLEL_TERMS elements (an audit's
+        # ResNet-18: 21 passes of at most 0.8M elements, 0.24 s on two threads under load, each launch waiting)
+        nch = chunks(key.size)
+        idx, val, cnt = np.zeros((nch, k), np.int64), np.zeros((nch, k)), np.zeros(nch, np.int64)
+        if key.size and k:
+            _top_chunks(eligible, key, nch, idx, val, cnt)
     return merge_top(idx, val, cnt, k)
 
 
@@ -304,10 +307,11 @@ def median_max_bound_ulps(ref, bound, prec: int, emin: int) -> tuple:
     n = ref.size
     if not n:
         return 0.0, 0.0
-    nch = chunks(n)
-    hist, peak = np.zeros((nch, NBINS), np.int64), np.zeros(nch)
-    _ulps_histogram(ref, bound, prec, emin, nch, hist, peak)
-    return median_from_histogram(hist, ref, bound, prec, emin), float(peak.max())
+    with threads_for(n):  # as top_k (the chunks, and so the gathered values' order, follow the threads inside)
+        nch = chunks(n)
+        hist, peak = np.zeros((nch, NBINS), np.int64), np.zeros(nch)
+        _ulps_histogram(ref, bound, prec, emin, nch, hist, peak)
+        return median_from_histogram(hist, ref, bound, prec, emin), float(peak.max())
 
 
 @jit(parallel=True)
@@ -345,10 +349,11 @@ def median(v) -> float:
     lo, hi = float(s[max(mid - 1 - h, 0)]), float(s[min(mid + h, BRACKET_SAMPLE - 1)])
     if lo != lo or hi != hi:
         return float(np.median(v))
-    nch = chunks(n)
-    kept = np.empty((nch, int(3.0 * 2 * h / BRACKET_SAMPLE * (-(-n // nch))) + 64))
-    n_kept, n_below, n_nan = (np.zeros(nch, np.int64) for _ in range(3))
-    _bracket_pass(v, lo, hi, kept, n_kept, n_below, n_nan)
+    with threads_for(n):  # as top_k
+        nch = chunks(n)
+        kept = np.empty((nch, int(3.0 * 2 * h / BRACKET_SAMPLE * (-(-n // nch))) + 64))
+        n_kept, n_below, n_nan = (np.zeros(nch, np.int64) for _ in range(3))
+        _bracket_pass(v, lo, hi, kept, n_kept, n_below, n_nan)
     if n_nan.any():
         return float("nan")
     m = median_in_bracket(kept, n_kept, n_below, n, lo, hi)

@@ -11,6 +11,12 @@ _timing.py: never interleaved single calls), the best block per side. Targets (2
   float64 conv2d;
 * ``refkern.compare`` on that conv: <= 2x the exact reference alone;
 * (``--audit``) ``refkern.torch.audit`` of ResNet-18 on 1x3x224x224: <= 3x its float64 eager forward.
+* (``--gpu``, only this section) exact matmul 4096^3 on a CUDA device, float32, bfloat16 and float16
+  inputs (:func:`refkern.engines.filter_device.matmul`, the result left on the device): <= 1.5x torch's
+  float64 matmul on the same device. Each side in blocks of calls, ``torch.cuda.synchronize()`` before
+  every clock read, the median block. Also: the device part alone (GEMM, norms, decision, the undecided
+  indices back; no exact path), and ``refkern.matmul`` on CUDA tensors (its numpy operands, the result
+  back in the result format); the undecided elements per case. Under 60 s on an H100 after warm-up.
 
 Also measured, not targets: the undecided elements per case (after the norm bound; what the
 |A||B| bound and the exact path then handled), cancelling matmuls (condition numbers about 3e4
@@ -38,7 +44,7 @@ from refkern.kernels._common import plan
 from refkern.kernels.gemm import matmul_operands
 
 TARGETS = {"matmul_vs_numpy_f64": 1.3, "conv2d_resnet_vs_torch_f64": 0.8, "compare_vs_exact": 2.0,
-           "audit_resnet18_vs_f64_eager": 3.0}  # fmt: skip
+           "audit_resnet18_vs_f64_eager": 3.0, "gpu_matmul_vs_torch_f64": 1.5}  # fmt: skip
 
 
 def _inputs(n, dtype, rng):
@@ -180,6 +186,63 @@ def bench_audit(quick):
                  cpu_ratio=t_audit[1] / t64[1], target=TARGETS["audit_resnet18_vs_f64_eager"])]  # fmt: skip
 
 
+def _gpu_per_call(sides, blocks, dev):
+    """{name: (fn, calls)} -> {name: median seconds per call}: a warm-up call each, then ``blocks``
+    rounds in which every side runs ``calls`` consecutive calls, the device synchronised before each
+    clock read."""
+    import statistics
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    for fn, _ in sides.values():
+        fn()
+    sync()
+    times = {name: [] for name in sides}
+    for _ in range(blocks):
+        for name, (fn, calls) in sides.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            times[name].append((time.perf_counter() - t0) / calls)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def bench_gpu(n, blocks, dev):
+    """Exact matmul n^3 on the CUDA device ``dev`` against torch's float64 matmul there (module
+    docstring; ``--device cpu`` runs the same code on the CPU, to check it without a GPU)."""
+    from refkern.engines import filter_device as fd
+
+    g = torch.Generator(device=dev).manual_seed(0)  # the same data on every run
+    a0 = torch.randn(n, n, device=dev, generator=g)
+    b0 = torch.randn(n, n, device=dev, generator=g)
+    zero = np.zeros(1, np.int64)
+    rows = []
+    for dtype in ("float32", "bfloat16", "float16"):
+        a, b = a0.to(getattr(torch, dtype)), b0.to(getattr(torch, dtype))
+        a64, b64 = a.double(), b.double()
+
+        def device_part(a=a, b=b, dtype=dtype):
+            return fd.Device(a[None], b.T[None], zero, zero, None, dtype).run()
+
+        st = fd.matmul(a, b)[1]  # compiles the exact path's kernel outside the timing
+        sides = {"torch_f64": (partial(torch.matmul, a64, b64), 10), "exact": (partial(fd.matmul, a, b), 2),
+                 "device_part": (device_part, 2)}  # fmt: skip
+        t = _gpu_per_call(sides, blocks, dev)
+        t.update(_gpu_per_call({"refkern_matmul": (partial(rk.matmul, a, b), 1)}, 2, dev))
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        rows.append(dict(op="gpu matmul", case=f"{n}^3", dtype=dtype, device=name,
+                         exact_s=t["exact"], torch_f64_s=t["torch_f64"], ratio=t["exact"] / t["torch_f64"],
+                         device_part_s=t["device_part"], device_part_ratio=t["device_part"] / t["torch_f64"],
+                         refkern_matmul_s=t["refkern_matmul"],
+                         refkern_matmul_ratio=t["refkern_matmul"] / t["torch_f64"],
+                         target=TARGETS["gpu_matmul_vs_torch_f64"], **st))  # fmt: skip
+    return rows
+
+
 def _timed(fn):
     """(wall seconds, the process's CPU seconds) of one call."""
     t0, c0 = time.perf_counter(), time.process_time()
@@ -198,6 +261,10 @@ def _table(rows):
             extra = f"cond {r['median_condition']:.2g}; filter / (numba + gemm) {r['filter_vs_numba_plus_gemm']:.2f}"
         if "cpu_ratio" in r:
             extra = f"wall; CPU time {r['cpu_ratio']:.2f}x"
+        if "device_part_ratio" in r:
+            extra = (f"{r['device']}: torch f64 {r['torch_f64_s'] * 1e3:.2f} ms; device part alone "
+                     f"{r['device_part_ratio']:.2f}x; refkern.matmul (copies) {r['refkern_matmul_ratio']:.2f}x; "
+                     f"undecided after |A||B| {r['undecided_after_tight']}")  # fmt: skip
         if "abs_gemm_per_exact_element" in r:
             extra = (f"|A||B| block GEMM = {r['abs_gemm_per_exact_element']:.3f} of its elements exact; the block by "
                      f"the Numba kernel = {r['numba_block_per_pairs']:.3f} of it element by element")  # fmt: skip
@@ -206,20 +273,7 @@ def _table(rows):
         print(f"{r['op']:<18} {r['case']:<28} {r['dtype']:<9} {ratio:>7.3f} {tgt or '':>6}  {und} {extra} {mark}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--audit", action="store_true", help="also audit ResNet-18 (slow)")
-    ap.add_argument("--json")
-    a = ap.parse_args()
-    blocks = 2 if a.quick else 4
-    load0 = os.getloadavg()
-    rows = bench_matmul([256] if a.quick else [512, 1024], ["float32", "bfloat16", "float16"], blocks)
-    rows += bench_conv(blocks, a.quick)
-    rows += bench_cancelling(256 if a.quick else 1024, 1 if a.quick else 2)
-    rows += bench_cost_model(256 if a.quick else 1024, 2)
-    if a.audit:
-        rows += bench_audit(a.quick)
+def _finish(rows, a, load0):
     load1 = os.getloadavg()
     _table(rows)
     print(f"load average (1, 5, 15 min) before {load0}, after {load1}; NUMBA_NUM_THREADS="
@@ -227,6 +281,37 @@ def main():
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"rows": rows, "targets": TARGETS, "load_before": load0, "load_after": load1}, fh, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--audit", action="store_true", help="also audit ResNet-18 (slow)")
+    ap.add_argument("--gpu", action="store_true", help="only the CUDA section (exact matmul 4096^3 on the device)")
+    ap.add_argument("--device", default="cuda", help="the --gpu section's device (cpu: to check the code)")
+    ap.add_argument("--n", type=int, help="the --gpu section's size (default 4096, 1024 with --quick)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    blocks = 2 if a.quick else 4
+    load0 = os.getloadavg()
+    if a.gpu:
+        dev = torch.device(a.device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            print("bench_filter --gpu: no CUDA device here; nothing measured.")
+            return 1
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        print(f"device {name}; torch {torch.__version__}; NUMBA_NUM_THREADS="
+              f"{os.environ.get('NUMBA_NUM_THREADS')}; load average {load0}")  # fmt: skip
+        rows = bench_gpu(a.n or (1024 if a.quick else 4096), 3 if a.quick else 5, dev)
+        _finish(rows, a, load0)
+        return 1 if any(r["ratio"] > r["target"] for r in rows) and not a.quick else 0
+    rows = bench_matmul([256] if a.quick else [512, 1024], ["float32", "bfloat16", "float16"], blocks)
+    rows += bench_conv(blocks, a.quick)
+    rows += bench_cancelling(256 if a.quick else 1024, 1 if a.quick else 2)
+    rows += bench_cost_model(256 if a.quick else 1024, 2)
+    if a.audit:
+        rows += bench_audit(a.quick)
+    _finish(rows, a, load0)
     missed = [r for r in rows if r.get("target") is not None and r["ratio"] > r["target"]]
     return 1 if missed and not a.quick else 0
 

@@ -751,6 +751,50 @@ def test_cuda_self_test():
     assert ok, detail
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", NARROW)
+def test_cuda_device_decision_4096(dtype):
+    """4096^3 on the device (filter_device.matmul: GEMM and decision there, the undecided elements on the
+    CPU): rows 0..31 bit-identical to the Numba engine on the CPU; most elements decided on the device."""
+    from refkern.engines import filter_device as fd
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(4096, 4096, device="cuda", generator=g).to(getattr(torch, dtype))
+    b = torch.randn(4096, 4096, device="cuda", generator=g).to(getattr(torch, dtype))
+    got, st = fd.matmul(a, b)
+    assert got.device.type == "cuda" and got.dtype == a.dtype
+    assert st["undecided_first"] < 0.01 * st["elements"], st
+    _all_same(got[:32].cpu(), rk.matmul(a[:32].cpu(), b.cpu(), engine="numba"), f"{dtype} 4096^3 rows 0..31")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", NARROW)
+def test_cuda_device_decision_cancellation(dtype):
+    """Cancelling pairs of terms and one small term (condition numbers about 2**27: most elements go to
+    the exact path), and the rounding-boundary rows, on the device: the same bits as the Numba engine."""
+    from refkern.engines import filter_device as fd
+
+    rng = _rng("filter-cuda-cancel", dtype)
+    x = rng.standard_normal((256, 512)).astype(np.float32)
+    y = rng.standard_normal((512, 192)).astype(np.float32)
+    x[:, 1::2] = -x[:, ::2]
+    y[1::2] = y[::2]
+    x[:, 510], x[:, 511] = 0, 2.0**-20
+    a, b = _tensor(x, dtype), _tensor(y, dtype)
+    want = rk.matmul(a, b, engine="numba")
+    got, st = fd.matmul(a.cuda(), b.cuda())
+    _all_same(got.cpu(), want, "filter_device.matmul")
+    _all_same(rk.matmul(a.cuda(), b.cuda(), engine="filter"), want, "refkern.matmul on CUDA tensors")
+    A = _midpoint_rows(dtype)
+    e = np.where(A != 0, np.floor(np.log2(np.abs(np.where(A != 0, A, 1)))), 0)
+    half = np.floor(e / 2)
+    xt, yt = _tensor(A / 2.0**half, dtype), _tensor(np.broadcast_to(2.0**half, A.shape), dtype)
+    a, b = xt[:, None, :], yt[:, :, None]
+    _all_same(rk.matmul(a.cuda(), b.cuda(), engine="filter"), truth.matmul(a, b), "boundaries on CUDA")
+
+
 # --------------------------------------------------------------------------- the verdict's sample
 
 

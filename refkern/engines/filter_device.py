@@ -139,12 +139,16 @@ def decide(s, e, name):
     torch = _torch()
     yl = torch.empty(s.shape, dtype=torch.float32, device=s.device)
     yh = torch.empty(s.shape, dtype=torch.float32, device=s.device)
-    if isinstance(e, tuple):
-        torch.addcmul(s, *e, value=-1, out=yl)
-        torch.addcmul(s, *e, value=1, out=yh)
-    else:
-        torch.sub(s, e, out=yl)
-        torch.add(s, e, out=yh)
+    try:
+        if isinstance(e, tuple):
+            torch.addcmul(s, *e, value=-1, out=yl)
+            torch.addcmul(s, *e, value=1, out=yh)
+        else:
+            torch.sub(s, e, out=yl)
+            torch.add(s, e, out=yh)
+    except RuntimeError:  # a torch that refuses a float32 out= of float64 inputs: form the ends, then convert
+        yl.copy_(torch.addcmul(s, *e, value=-1) if isinstance(e, tuple) else s - e)
+        yh.copy_(torch.addcmul(s, *e, value=1) if isinstance(e, tuple) else s + e)
     return _round_ends(yl, yh, name)
 
 
@@ -332,8 +336,10 @@ def matmul(a, b, bias=None):
     d = Device(a[None], b.T[None], zero, zero, bias, name)
     R, V, _, idx = d.run()
     if idx.shape[0]:
-        rows_a = lambda t, r: d.A[0, torch.as_tensor(r, device=d.dev)].cpu().numpy()  # noqa: E731
-        rows_b = lambda t, r: d.B[0, torch.as_tensor(r, device=d.dev)].cpu().numpy()  # noqa: E731
+        def rows(X):  # the rows an exact element needs, to the CPU as float32 (exact), widened there
+            return lambda t, r: X[0, torch.as_tensor(r, device=d.dev)].float().cpu().numpy().astype(np.float64)
+
+        rows_a, rows_b = rows(d.A), rows(d.B)
         bn = None if bias is None else bias.double().cpu().numpy()
         vals = exact_elements(rows_a, rows_b, idx, bn, False, params)
         it = torch.as_tensor(idx, device=d.dev)
@@ -348,8 +354,8 @@ def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag, device, stats=None):
     CPU from the numpy operands. (values, magnitudes or None) as float64 numpy arrays of out_shape."""
     torch = _torch()
     name = _FORMATS[tuple(p.work.params)]
-    A = torch.from_numpy(A3.astype(np.float32)).to(device)  # astype keeps a transposed view's layout
-    B = torch.from_numpy(Bt3.astype(np.float32)).to(device)
+    A = torch.from_numpy(_f32(A3)).to(device)
+    B = torch.from_numpy(_f32(Bt3)).to(device)
     has_bias = bias is not None
     bcol = np.array(bias, np.float64) if has_bias else np.zeros(Bt3.shape[1])  # a writable copy for torch
     d = Device(A, B, ia, ib, torch.from_numpy(bcol) if has_bias else None, name)
@@ -362,6 +368,13 @@ def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag, device, stats=None):
     if idx.shape[0]:
         _exact_numpy(p, A3, Bt3, ia, ib, bcol, has_bias, V, idx, stats)
     return V.reshape(out_shape), (None if mag is None else mag.reshape(out_shape))
+
+
+def _f32(x):
+    """x (float64 numpy, narrow values) as float32, exactly: half the bytes to the device; astype keeps a
+    transposed view's layout (torch takes its strides) unless a stride is negative."""
+    y = x.astype(np.float32)
+    return y if all(st >= 0 for st in y.strides) else np.ascontiguousarray(y)
 
 
 def _exact_numpy(p, A3, Bt3, ia, ib, bcol, has_bias, V, idx, stats):

@@ -116,8 +116,13 @@ def mse_grad(x, t, G, fmt, red) -> np.ndarray:
 
 
 def _mse_loss(op, g, a, wrt, who):
+    """The gradients of mse_loss: the input's ``2 (x - t) g (/ n)`` and the target's ``2 (t - x) g (/ n)``, the
+    same function with the operands swapped (torch's autograd computes the target's as ``mse_loss_backward(g,
+    target, input)``): each real number rounded once, a zero signed as that formula's IEEE value."""
     x, t, G, fmt, tensor, red = mse_grad_call(g, a, who)
-    return {"input": Adjoint("input", op, (), compute=lambda: deliver(mse_grad(x, t, G, fmt, red), fmt, tensor))}
+    pairs = {"input": (x, t), "target": (t, x)}
+    return {k: Adjoint(k, op, (), compute=lambda p=pairs[k]: deliver(mse_grad(*p, G, fmt, red), fmt, tensor))
+            for k in wrt}  # fmt: skip
 
 
 #: torch's EPSILON in binary_cross_entropy's backward: 1e-12 as a float32 (measured: float64 gradients at the
@@ -154,5 +159,10 @@ def bce_grad(p, y, w, G, fmt, red) -> np.ndarray:
 
 
 def _bce(op, g, a, wrt, who):
+    """The gradients of binary_cross_entropy: the input's (:func:`bce_grad`) and the target's
+    (:func:`bce_target_grad`)."""
+    from refkern.kernels.loss_target import bce_target_grad
+
     p, y, w, G, fmt, tensor, red = bce_grad_call(g, a, who)
-    return {"input": Adjoint("input", op, (), compute=lambda: deliver(bce_grad(p, y, w, G, fmt, red), fmt, tensor))}
+    fns = {"input": bce_grad, "target": bce_target_grad}
+    return {k: Adjoint(k, op, (), compute=lambda f=fns[k]: deliver(f(p, y, w, G, fmt, red), fmt, tensor)) for k in wrt}

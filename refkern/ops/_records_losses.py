@@ -7,8 +7,18 @@ cross_entropy never reaches torch's dispatcher whole (it is ``log_softmax`` then
 ``compare`` and ``check`` judge the whole. mse_loss is aten's ``mse_loss``; l1_loss reaches the dispatcher as
 ``sub``, ``abs`` and ``mean`` (each judged there)."""
 
+from dataclasses import replace
+
 from refkern.ops._record import Call, Op
 from refkern.ops._records import _backward
+
+_TARGETS = "refkern.analysis.loss_targets:"  # the judges that route a target's gradient (and the input's on)
+
+
+def _with_target(rule, truth, judge, audit):
+    """The :class:`~refkern.ops.Backward` of a loss differentiable in its target too: the target's gradient judged
+    by :mod:`refkern.analysis.loss_targets`, which hands the input's to ``judge``'s usual envelope."""
+    return replace(_backward(rule, truth, judge, audit), judge=_TARGETS + judge)
 
 _F = "torch.nn.functional."
 _PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction")
@@ -27,23 +37,23 @@ RECORDS = (
        calls=(Call(f"{_F}cross_entropy", (*_PARAMS, "label_smoothing")),),
        opinfo=("nn.functional.cross_entropy",)),
     Op("mse_loss", "loss", "refkern.kernels.loss_pointwise:mse_loss", "refkern.truth.losses:mse_loss",
-       ("input", "target"), "loss", required=2, positional=True, differentiable=("input",),
+       ("input", "target"), "loss", required=2, positional=True, differentiable=("input", "target"),
        torch_function=f"{_F}mse_loss", calls=(Call(f"{_F}mse_loss", _POINTWISE),), aten=("mse_loss",),
        aten_backward=("mse_loss_backward",), autograd=(("MseLossBackward0", ("input", "target")),),
-       opinfo=("nn.functional.mse_loss",), backward=_backward("loss_grad:_mse_loss", "mse_loss", "mse_loss_report",
-                                                             "mse_loss")),
+       opinfo=("nn.functional.mse_loss",), backward=_with_target("loss_grad:_mse_loss", "mse_loss", "mse_loss_report",
+                                                                 "mse_loss")),
     Op("l1_loss", "loss", "refkern.kernels.loss_pointwise:l1_loss", "refkern.truth.losses:l1_loss",
        ("input", "target"), "loss", required=2, positional=True, torch_function=f"{_F}l1_loss",
        calls=(Call(f"{_F}l1_loss", _POINTWISE),), opinfo=("nn.functional.l1_loss",)),
     Op("binary_cross_entropy", "loss", "refkern.kernels.loss_binary:binary_cross_entropy",
        "refkern.truth.losses:binary_cross_entropy", ("input", "target", "weight"), "loss", required=2,
-       positional=True, differentiable=("input",), torch_function=f"{_F}binary_cross_entropy",
+       positional=True, differentiable=("input", "target"), torch_function=f"{_F}binary_cross_entropy",
        calls=(Call(f"{_F}binary_cross_entropy", ("input", "target", "weight", "size_average", "reduce",
                                                    "reduction")),),
        aten=("binary_cross_entropy",), aten_backward=("binary_cross_entropy_backward",),
        autograd=(("BinaryCrossEntropyBackward0", ("input", "target")),),
        opinfo=("nn.functional.binary_cross_entropy",),
-       backward=_backward("loss_grad:_bce", "binary_cross_entropy", "bce_report", "binary_cross_entropy")),
+       backward=_with_target("loss_grad:_bce", "binary_cross_entropy", "bce_report", "binary_cross_entropy")),
     Op("binary_cross_entropy_with_logits", "loss", "refkern.kernels.loss_binary:binary_cross_entropy_with_logits",
        "refkern.truth.losses:binary_cross_entropy_with_logits", ("input", "target", "weight"), "loss", required=2,
        positional=True, torch_function=f"{_F}binary_cross_entropy_with_logits",

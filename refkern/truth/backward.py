@@ -242,18 +242,27 @@ def nll_loss(name, grad_output, a, wrt, precision=None):
     return nll_backward(grad_output, a, wrt)
 
 
+def _wrt(name, wrt) -> tuple:
+    """The arguments asked for: ``wrt`` as a tuple, every differentiable one of the record's when None."""
+    if wrt is None:
+        return _ops.get(name).differentiable
+    return (wrt,) if isinstance(wrt, str) else tuple(wrt)
+
+
 def mse_loss(name, grad_output, a, wrt, precision=None):
-    """``2 (x - t) g (/ n)``: exact Fractions (:mod:`refkern.truth.losses`)."""
+    """``2 (x - t) g (/ n)`` for the input, ``2 (t - x) g (/ n)`` for the target: exact Fractions
+    (:mod:`refkern.truth.losses`)."""
     from refkern.truth.losses import mse_backward
 
-    return mse_backward(grad_output, a, wrt)
+    return mse_backward(grad_output, a, _wrt(name, wrt))
 
 
 def binary_cross_entropy(name, grad_output, a, wrt, precision=None):
-    """``g w (p - y) / max(p (1 - p), 1e-12)``: exact Fractions (:mod:`refkern.truth.losses`)."""
+    """``g w (p - y) / max(p (1 - p), 1e-12)`` for the input (exact Fractions), ``-g w logit(p)`` for the target
+    (mpmath intervals) (:mod:`refkern.truth.losses`)."""
     from refkern.truth.losses import bce_backward
 
-    return bce_backward(grad_output, a, wrt)
+    return bce_backward(grad_output, a, _wrt(name, wrt), precision or 64)
 
 
 def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **kwargs) -> dict:

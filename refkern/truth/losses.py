@@ -311,7 +311,8 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
 
 
 def mse_backward(grad_output, a, wrt) -> dict:
-    """``{"input": 2 (x - t) g (/ n for a mean)}``: exact Fractions, rounded once."""
+    """``{"input": 2 (x - t) g, "target": 2 (t - x) g}`` (each over n for a mean), for the arguments in ``wrt``:
+    exact Fractions, rounded once (a zero is +0)."""
     red = _red(a.get("reduction", "mean"), a.get("size_average"), a.get("reduce"))
     ox, ot = operand(a["input"], "input", "truth.backward"), operand(a["target"], "target", "truth.backward")
     x, t = np.broadcast_arrays(np.asarray(ox.values, np.float64).reshape(ox.shape),
@@ -319,16 +320,23 @@ def mse_backward(grad_output, a, wrt) -> dict:
     go = operand(grad_output, "grad_output", "truth.backward")
     G = np.broadcast_to(np.asarray(go.values, np.float64).reshape(go.shape), x.shape)
     fmt = ox.fmt if ox.fmt.prec >= ot.fmt.prec else ot.fmt
-    out = np.empty(x.shape)
-    for i in np.ndindex(*x.shape):
-        q = 2 * (Fraction(float(x[i])) - Fraction(float(t[i]))) * Fraction(float(G[i]))
-        out[i] = round_fraction(q / x.size if red == "mean" else q, fmt)
-    return {"input": out}
+    out = {}
+    for k, (u, v) in (("input", (x, t)), ("target", (t, x))):
+        if k not in wrt:
+            continue
+        r = np.empty(x.shape)
+        for i in np.ndindex(*x.shape):
+            q = 2 * (Fraction(float(u[i])) - Fraction(float(v[i]))) * Fraction(float(G[i]))
+            r[i] = round_fraction(q / x.size if red == "mean" else q, fmt)
+        out[k] = r
+    return out
 
 
-def bce_backward(grad_output, a, wrt) -> dict:
+def bce_backward(grad_output, a, wrt, precision=64) -> dict:
     """``{"input": g w (p - y) / max(p (1 - p), eps) (/ n)}``, eps torch's 1e-12 as a float32: exact Fractions,
-    rounded once."""
+    rounded once; ``{"target": -g w (log p - log(1 - p)) (/ n)}`` (the derivative of the unclamped loss, torch's):
+    mpmath intervals of the logs, rounded once (Ziv), and torch's formula in float64 where p is 0, 1/2 or 1 or g
+    or w is 0 or not finite (an infinity, NaN, or a zero signed as that formula signs it)."""
     red = _red(a.get("reduction", "mean"), a.get("size_average"), a.get("reduce"))
     op = "truth.backward"
     op_p, op_y = operand(a["input"], "input", op), operand(a["target"], "target", op)
@@ -339,10 +347,26 @@ def bce_backward(grad_output, a, wrt) -> dict:
         operand(a["weight"], "weight", op).values, np.float64).reshape(operand(a["weight"], "weight", op).shape), shape)
     go = operand(grad_output, "grad_output", op)
     G = np.broadcast_to(np.asarray(go.values, np.float64).reshape(go.shape), shape)
-    out = np.empty(shape)
-    eps = Fraction(float(np.float32(1e-12)))
-    for i in np.ndindex(*shape):
-        P, Y, W, Gi = (Fraction(float(v[i])) for v in (p, y, w, G))
-        q = Gi * W * (P - Y) / max(P * (1 - P), eps)
-        out[i] = round_fraction(q / p.size if red == "mean" else q, op_p.fmt)
-    return {"input": out}
+    n = p.size if red == "mean" else 1
+    out = {}
+    if "input" in wrt:
+        r = np.empty(shape)
+        eps = Fraction(float(np.float32(1e-12)))
+        for i in np.ndindex(*shape):
+            P, Y, W, Gi = (Fraction(float(v[i])) for v in (p, y, w, G))
+            q = Gi * W * (P - Y) / max(P * (1 - P), eps)
+            r[i] = round_fraction(q / n, op_p.fmt)
+        out["input"] = r
+    if "target" in wrt:
+        r = np.empty(shape)
+        for i in np.ndindex(*shape):
+            pi, gi, wi = float(p[i]), float(G[i]), float(w[i])
+            if not (0 < pi < 1 and pi != 0.5 and math.isfinite(gi * wi) and gi * wi != 0):
+                with np.errstate(all="ignore"):
+                    r[i] = -(np.log(pi) - np.log1p(-pi)) * gi * wi / n
+                continue
+            c = -Fraction(gi) * Fraction(wi) / n
+            P = Fraction(pi)
+            r[i] = _decide(op_p.fmt, lambda c=c, P=P: _ivq(c) * (iv.log(_ivq(P)) - iv.log(_ivq(1 - P))), precision)
+        out["target"] = r
+    return out

@@ -1,7 +1,7 @@
 """The float64 tier of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 1): for results of at most
 24 bits, exp, exp2, expm1, log, log2, log1p, rsqrt, tanh, sigmoid, softplus, silu, erf, gelu (both forms), sin, cos
 and pow (0 < x) evaluated in float64 with a rigorous bound (each function's derivation in its docstring or the
-comment below), the rounding decided by :func:`~refkern.kernels._transcendental.decide_scaled`; ``(nan, False)``
+comment below), the rounding decided by :func:`~refkern.kernels._transcendental.decide_near`; ``(nan, False)``
 sends the element on to the double-word path (:mod:`refkern.kernels._ew_scalar`)."""
 
 import math
@@ -11,10 +11,11 @@ import numpy as np
 
 from refkern._jit import jit
 from refkern.accumulate.eft import two_product
+from refkern.accumulate.formats import round_to
 from refkern.kernels import _ew_exact as xe
 from refkern.kernels._ew_dd import _FH, K_2SQPI, K_KAPPA, K_LN2, K_SQRT2PI, _reduce
 from refkern.kernels._ew_scalar import _INF, _NAN, _RSQ2PI, _U, _scaled
-from refkern.kernels._transcendental import decide_scaled, exp_fast, log_fast
+from refkern.kernels._transcendental import decide_near, exp_fast, ldexp, log_fast
 
 __all__ = ["f_exp", "f_exp2", "f_sigmoid", "f_tanh", "f_log", "f_log2", "f_expm1", "f_log1p", "f_softplus", "f_pow",
            "f_rsqrt", "f_erf", "f_gelu", "f_gelu_tanh", "f_sin_cos"]
@@ -35,7 +36,7 @@ def f_exp(x, prec, emin, emax):
     if not (-2000.0 <= x <= 1100.0):
         return math.nan, False
     v, m = exp_fast(x)
-    return decide_scaled(v, 0.0, 2.02 * _U * v, m, prec, emin, emax)
+    return decide_near(v, 2.02 * _U * v, m, prec, emin, emax)
 
 
 @jit(inline="always")
@@ -43,9 +44,9 @@ def _f_sigmoid(x):
     """(q, rel, k): sigmoid(x) within rel q 2**k of q 2**k, for |x| <= 2000 (comment above)."""
     if x >= 0.0:
         v, m = exp_fast(-x)
-        return 1.0 / (1.0 + math.ldexp(v, m)), 4.04 * _U + 2.0**-1073, 0
+        return 1.0 / (1.0 + ldexp(v, m)), 4.04 * _U + 2.0**-1073, 0
     v, m = exp_fast(x)
-    return v / (1.0 + math.ldexp(v, m)), 6.06 * _U + 2.0**-1073, m
+    return v / (1.0 + ldexp(v, m)), 6.06 * _U + 2.0**-1073, m
 
 
 @jit
@@ -57,7 +58,7 @@ def f_sigmoid(x, times_x, prec, emin, emax):
     if times_x:
         xs, j = _scaled(x)
         q, rel, k = q * xs, rel + 1.01 * _U, k + j
-    return decide_scaled(q, 0.0, rel * abs(q), k, prec, emin, emax)
+    return decide_near(q, rel * abs(q), k, prec, emin, emax)
 
 
 @jit
@@ -69,10 +70,10 @@ def f_tanh(x, prec, emin, emax):
     if not (0.0625 <= ax <= 40.0):
         return math.nan, False
     v, m = exp_fast(-2.0 * ax)
-    E = math.ldexp(v, m)
+    E = ldexp(v, m)
     q = (1.0 - E) / (1.0 + E)
     rel = (2.02 * _U * 2.0 * E / ((1.0 - E) * (1.0 + E)) + 3.0 * _U) * 1.01
-    r, ok = decide_scaled(q, 0.0, rel * q, 0, prec, emin, emax)
+    r, ok = decide_near(q, rel * q, 0, prec, emin, emax)
     return (r if x > 0.0 else -r), ok
 
 
@@ -84,7 +85,7 @@ def f_log(x, prec, emin, emax):
     if not (0.0 < x < math.inf):
         return math.nan, False
     b, e = _log_val(x)
-    return decide_scaled(b, 0.0, e, 0, prec, emin, emax)
+    return decide_near(b, e, 0, prec, emin, emax)
 
 
 @jit(inline="always")
@@ -111,7 +112,7 @@ def f_log2(x, prec, emin, emax):
         return math.nan, False
     b, e = _log_val(x)
     q = b * _LOG2E
-    return decide_scaled(q, 0.0, (e * _LOG2E + 2.0 * _U * abs(q)) * 1.01, 0, prec, emin, emax)
+    return decide_near(q, (e * _LOG2E + 2.0 * _U * abs(q)) * 1.01, 0, prec, emin, emax)
 
 
 @jit
@@ -124,9 +125,9 @@ def f_exp2(x, prec, emin, emax):
     n = np.rint(x)
     f = x - n
     if f == 0.0:  # 2**n exactly: decide_scaled rounds it (subnormal or overflow included)
-        return decide_scaled(1.0, 0.0, 0.0, int(n), prec, emin, emax)
+        return decide_near(1.0, 0.0, int(n), prec, emin, emax)
     v, m = exp_fast(f * K_LN2[0])
-    return decide_scaled(v, 0.0, (2.73 * _U * 1.01 + 2.0**-1073) * v, m + int(n), prec, emin, emax)
+    return decide_near(v, (2.73 * _U * 1.01 + 2.0**-1073) * v, m + int(n), prec, emin, emax)
 
 
 def _pio2_parts():
@@ -204,7 +205,7 @@ def f_sin_cos(x, want_cos, prec, emin, emax):
         v, e = -sn, e_s
     else:
         v, e = -cs, e_c
-    r, ok = decide_scaled(sg * v, 0.0, e, 0, prec, emin, emax)
+    r, ok = decide_near(sg * v, e, 0, prec, emin, emax)
     return r, ok
 
 
@@ -251,7 +252,7 @@ def f_erf(x, prec, emin, emax):
         return _NAN, False
     sg = 1.0 if x > 0.0 else -1.0
     if ax >= 4.5:
-        r, ok = decide_scaled(1.0, 0.0, 2.0**-32, 0, prec, emin, emax)
+        r, ok = decide_near(1.0, 2.0**-32, 0, prec, emin, emax)
         return sg * r, ok
     z2 = ax * ax
     P, n = _odd_series(2.0 * z2)
@@ -260,7 +261,7 @@ def f_erf(x, prec, emin, emax):
     v, m = exp_fast(-z2)
     q = ((K_2SQPI[0] * v) * ax) * P
     rel = ((4.04 * n + 6.02) * _U + 2.0**-59) * 1.01
-    r, ok = decide_scaled(q, 0.0, rel * q, m, prec, emin, emax)
+    r, ok = decide_near(q, rel * q, m, prec, emin, emax)
     return sg * r, ok
 
 
@@ -290,11 +291,11 @@ def f_gelu(x, prec, emin, emax):
         if n == 0:
             return _NAN, False
         v, m = exp_fast(-0.5 * c)
-        E = math.ldexp(((K_SQRT2PI[0] * v) * x) * P, m)
+        E = ldexp(((K_SQRT2PI[0] * v) * x) * P, m)
         D = 1.0 + E
         e1 = 1.01 * ((4.04 * n + 6.02) * _U + 2.0**-59) * abs(E) + _U * D
     q = h * D
-    return decide_scaled(q, 0.0, (abs(h) * e1 + _U * abs(q)) * 1.01, 0, prec, emin, emax)
+    return decide_near(q, (abs(h) * e1 + _U * abs(q)) * 1.01, 0, prec, emin, emax)
 
 
 @jit(inline="always")
@@ -341,7 +342,7 @@ def _gelu_tail(y, prec, emin, emax):
         return _NAN, False
     v, m = exp_fast(-0.5 * (y * y))
     q = -((_RSQ2PI * y) * v) / G
-    return decide_scaled(q, 0.0, (rel + 5.1 * _U) * abs(q) * 1.01, m, prec, emin, emax)
+    return decide_near(q, (rel + 5.1 * _U) * abs(q) * 1.01, m, prec, emin, emax)
 
 
 @jit
@@ -362,14 +363,14 @@ def f_gelu_tanh(x, prec, emin, emax):
         return _NAN, False
     w = (2.0 * K_SQRT2PI[0]) * (x * (1.0 + K_KAPPA[0] * (x * x)))
     if w > 700.0:
-        return decide_scaled(x, 0.0, 2.0**-1000 * ax, 0, prec, emin, emax)
+        return decide_near(x, 2.0**-1000 * ax, 0, prec, emin, emax)
     if w < -700.0:
         return _NAN, False
     q, rel, k = _f_sigmoid(w)
     xs, j = _scaled(x)
     q = q * xs
     rel = rel + 1.01 * _U + 6.12 * _U * abs(w)
-    return decide_scaled(q, 0.0, rel * abs(q), k + j, prec, emin, emax)
+    return decide_near(q, rel * abs(q), k + j, prec, emin, emax)
 
 
 #: 1 / (k + 1)! for k = 0..13, each rounded once (u relative): f_expm1's polynomial
@@ -395,14 +396,14 @@ def f_expm1(x, prec, emin, emax):
         for k in range(12, -1, -1):
             P = _INV_FACT1[k] + x * P
         q = x * P
-        return decide_scaled(q, 0.0, (43.0 * _U + 2.0**-60) * 1.01 * abs(q), 0, prec, emin, emax)
+        return decide_near(q, (43.0 * _U + 2.0**-60) * 1.01 * abs(q), 0, prec, emin, emax)
     v, m = exp_fast(x)
     if x > 0.0:  # (v - 2**-m) 2**m: 2**-m exact (m >= 0 here)
-        q = v - math.ldexp(1.0, -m)
-        return decide_scaled(q, 0.0, (2.02 * _U * v + _U * abs(q)) * 1.01, m, prec, emin, emax)
-    E = math.ldexp(v, m)  # may lose bits below 2**-1074: at most 2**-1074 against |q| > 0.29
+        q = v - ldexp(1.0, -m)
+        return decide_near(q, (2.02 * _U * v + _U * abs(q)) * 1.01, m, prec, emin, emax)
+    E = ldexp(v, m)  # may lose bits below 2**-1074: at most 2**-1074 against |q| > 0.29
     q = E - 1.0
-    return decide_scaled(q, 0.0, (2.02 * _U * E + _U * abs(q) + 2.0**-1073) * 1.01, 0, prec, emin, emax)
+    return decide_near(q, (2.02 * _U * E + _U * abs(q) + 2.0**-1073) * 1.01, 0, prec, emin, emax)
 
 
 @jit
@@ -413,10 +414,10 @@ def f_log1p(x, prec, emin, emax):
     and bound of the exact 1 + x. Elsewhere (nan, False)."""
     if 2.0**-60 <= x < _INF:
         L, eL = log_fast(1.0, x, 0.0)
-        return decide_scaled(L, 0.0, eL * 1.01, 0, prec, emin, emax)
+        return decide_near(L, eL * 1.01, 0, prec, emin, emax)
     if -1.0 < x <= -0.03125:
         b, e = _log_val(1.0 + x)
-        return decide_scaled(b, 0.0, e * 1.01, 0, prec, emin, emax)
+        return decide_near(b, e * 1.01, 0, prec, emin, emax)
     return _NAN, False
 
 
@@ -432,12 +433,12 @@ def f_softplus(x, beta, threshold, prec, emin, emax):
     if x > threshold:
         return x, True
     v, m = exp_fast(-abs(x))
-    t = math.ldexp(v, m)
+    t = ldexp(v, m)
     L, eL = log_fast(1.0, t, 2.02 * _U * t)
     if x <= 0.0:
-        return decide_scaled(L, 0.0, eL * 1.01, 0, prec, emin, emax)
+        return decide_near(L, eL * 1.01, 0, prec, emin, emax)
     q = x + L
-    return decide_scaled(q, 0.0, (eL + _U * q) * 1.01, 0, prec, emin, emax)
+    return decide_near(q, (eL + _U * q) * 1.01, 0, prec, emin, emax)
 
 
 @jit
@@ -447,9 +448,12 @@ def f_pow(x, y, prec, emin, emax):
     within ``|y| e + u |w|`` of y log x (an absolute error of the exponent, however b cancels near x = 1), which
     moves e**w by at most 1.01 times that relative (|w| <= 700, the error below 2**-30); exp_fast 2.02u. Exact
     and midpoint results need no care: an exact one is decided (no midpoint within the bound), a midpoint never
-    is (the exact path's). y = 2 is left to the double-word path (an exact square), y = -1/2 is
-    :func:`f_rsqrt`."""
-    if not (0.0 < x < _INF) or not (abs(y) < _INF) or y == 2.0:  # x**2: the double-word path squares exactly
+    is (the exact path's). y = 2, any finite x: ``x * x`` is exact in float64 (x has at most 24 bits, the square
+    48; float32's range squared, ``2**-298`` to ``2**256``, lies in float64's normal range), rounded once by
+    round_to (ties to even included). y = -1/2 is :func:`f_rsqrt`."""
+    if y == 2.0 and abs(x) < _INF:
+        return round_to(x * x, prec, emin, emax), True
+    if not (0.0 < x < _INF) or not (abs(y) < _INF):
         return _NAN, False
     if y == -0.5:
         return f_rsqrt(x, prec, emin, emax)
@@ -459,7 +463,7 @@ def f_pow(x, y, prec, emin, emax):
     if not (abs(w) <= 700.0) or ew > 2.0**-30:
         return _NAN, False
     v, m = exp_fast(w)
-    return decide_scaled(v, 0.0, (2.02 * _U + 1.01 * ew) * 1.01 * v, m, prec, emin, emax)
+    return decide_near(v, (2.02 * _U + 1.01 * ew) * 1.01 * v, m, prec, emin, emax)
 
 
 @jit
@@ -471,4 +475,4 @@ def f_rsqrt(x, prec, emin, emax):
     if not (0.0 < x < _INF):
         return _NAN, False
     q = 1.0 / math.sqrt(x)
-    return decide_scaled(q, 0.0, 2.01 * 1.01 * _U * q, 0, prec, emin, emax)
+    return decide_near(q, 2.01 * 1.01 * _U * q, 0, prec, emin, emax)

@@ -36,7 +36,7 @@ from refkern.kernels._ew_dd import (
     log_core,
     sin_cos_core,
 )
-from refkern.kernels._transcendental import _F_HI, _F_LO
+from refkern.kernels._transcendental import _F_HI, _F_LO, frexp1
 
 _NAN = math.nan
 _INF = math.inf
@@ -52,9 +52,8 @@ def _special(v):
 
 @jit(inline="always")
 def _scaled(x):
-    """x = xs 2**j with xs in [1, 2) (x finite, nonzero)."""
-    m, ex = math.frexp(x)
-    return 2.0 * m, ex - 1
+    """x = xs 2**j with xs in [1, 2) (x finite, nonzero): :func:`~refkern.kernels._transcendental.frexp1`."""
+    return frexp1(x)
 
 
 @jit

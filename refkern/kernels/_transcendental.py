@@ -36,6 +36,12 @@ when every such value rounds alike: scaled so that the format's quantum is 1, th
 (``N = 2**(prec-1)`` above the subnormal range) the grid below is twice as fine, so the value
 must also exceed ``N - 1/4``. Rounds to zero (sign kept) below half the smallest subnormal and
 to +-inf beyond the largest finite value, as IEEE 754 does.
+
+**decide_near(q, e, k, fmt)** decides the same thing for a single float64 ``q`` first by :func:`bracket_around`
+on ``fl(q 2**k)`` (two roundings of the enclosure's ends; a float32 format by the hardware's conversion), which
+costs a few ns where decide_scaled's frexp and ldexp calls cost tens; what it leaves (about twice decide_scaled's
+share, 2**-26 of float32 elements) goes to decide_scaled. :func:`ldexp` and :func:`frexp1` are libm's ldexp and a
+scaled frexp built from the bits (the same values) where the exponents allow, libm's call otherwise.
 """
 
 import math
@@ -44,14 +50,14 @@ from fractions import Fraction
 import numpy as np
 
 from refkern._jit import jit
-from refkern.accumulate._bits import fma
+from refkern.accumulate._bits import bits, fma, from_bits, pow2
 from refkern.accumulate.dd import EPS, dd_add, dd_add_fp, dd_mul
 from refkern.accumulate.eft import two_product, two_sum
 from refkern.accumulate.formats import round_to
 from refkern.kernels import _exact_real as xr
 
 __all__ = ["EPS", "EXP_FAST_REL", "EXP_DD_REL", "U", "exp_fast", "exp_dd", "log_fast", "log_dd", "decide_scaled",
-           "bracket", "bracket_around", "X_MIN"]  # fmt: skip
+           "decide_near", "bracket", "bracket_around", "ldexp", "frexp1", "X_MIN"]  # fmt: skip
 
 U = 2.0**-53
 EXP_FAST_REL = 2.0 * U
@@ -159,7 +165,7 @@ def log_fast(c0, t, e_t):
     S = c0 + t
     L0 = math.log(S)
     v, m = exp_fast(-L0)
-    w = S * math.ldexp(v, m) - 1.0
+    w = S * ldexp(v, m) - 1.0
     aw = abs(w) + 3.1 * U * (1.0 + abs(w))
     rel_s = (U * S + e_t) / S  # |log(c0 + T) - log(S)| <= rel_s / (1 - rel_s)
     return L0, (aw / (1.0 - aw) + rel_s / (1.0 - rel_s)) * 1.0001
@@ -192,7 +198,7 @@ def log_dd(c0, th, tl, e_t):
     L0 = math.log(sh)
     eh, el, m = exp_dd(-L0, 0.0)
     ph, pl = dd_mul(sh, sl, eh, el)
-    ph, pl = math.ldexp(ph, m), math.ldexp(pl, m)
+    ph, pl = ldexp(ph, m), ldexp(pl, m)
     wh, wl = dd_add_fp(ph, pl, -1.0)
     aw = abs(wh) + abs(wl)
     if not aw <= 2.0**-10:
@@ -244,7 +250,7 @@ def decide_scaled(qh, ql, e, k, prec, emin, emax):
     neg = qh < 0.0
     if neg:
         qh, ql = -qh, -ql
-    E = math.frexp(qh)[1] - 1  # 2**E <= qh < 2**(E+1)
+    E = frexp1(qh)[1]  # 2**E <= qh < 2**(E+1)
     top = E + k
     if top + 2 <= emin - prec:  # |r| < 1.3 * 2**(top+1) < 2**(emin-prec): below half the smallest subnormal
         return (-0.0 if neg else 0.0), True
@@ -252,9 +258,9 @@ def decide_scaled(qh, ql, e, k, prec, emin, emax):
         return (-np.inf if neg else np.inf), True
     Q = max(top, emin) - prec + 1  # exponent of the format's quantum at r
     sc = k - Q
-    mh = math.ldexp(qh, sc)  # exact: the result lies in [2**-3, 2**prec)
-    ml = math.ldexp(ql, sc)
-    es = math.ldexp(e, sc) * (1.0 + 2.0**-50) + 2.0**-1060  # the two ldexp may lose 2**-1075 each
+    mh = ldexp(qh, sc)  # exact: the result lies in [2**-3, 2**prec)
+    ml = ldexp(ql, sc)
+    es = ldexp(e, sc) * (1.0 + 2.0**-50) + 2.0**-1060  # the two ldexp may lose 2**-1075 each
     N = np.rint(mh)
     f, fl = two_sum(mh - N, ml)  # mh - N is exact (Sterbenz, or N == 0)
     dist = (abs(f) + abs(fl) + es) * (1.0 + 2.0**-50)
@@ -264,7 +270,61 @@ def decide_scaled(qh, ql, e, k, prec, emin, emax):
         return np.nan, False  # might lie in the binade below, whose grid is twice as fine
     if N == 0.0:
         return (-0.0 if neg else 0.0), True
-    if Q + math.frexp(N)[1] - 1 > emax:
+    if Q + frexp1(N)[1] > emax:
         return (-np.inf if neg else np.inf), True
-    v = math.ldexp(N, Q)
+    v = ldexp(N, Q)
     return (-v if neg else v), True
+
+
+@jit(inline="always")
+def ldexp(v, m):
+    """``math.ldexp(v, m)``, the same value: for -1022 <= m <= 1023 the product by the exact ``2**m``
+    (:func:`~refkern.accumulate._bits.pow2`), one rounding to nearest as ldexp's own (only where the result is
+    subnormal or overflows is there anything to round); libm's ldexp otherwise."""
+    if -1022 <= m <= 1023:
+        return v * pow2(m)
+    return math.ldexp(v, m)
+
+
+@jit(inline="always")
+def frexp1(x):
+    """(xs, j): ``x = xs 2**j`` with ``1 <= |xs| < 2``, for x finite and nonzero; ``(2 m, e - 1)`` of libm's
+    ``frexp(x) = (m, e)`` for every x: a normal x from its bits (the exponent field replaced by 1023's), zeros,
+    subnormals, infinities and NaN through libm's frexp."""
+    b = bits(x)
+    ef = (b >> 52) & 2047
+    if ef == 0 or ef == 2047:
+        m, ex = math.frexp(x)
+        return 2.0 * m, ex - 1
+    return from_bits((b & ~(np.int64(2047) << 52)) | (np.int64(1023) << 52)), ef - 1023
+
+
+@jit(inline="always")
+def decide_near(q, e, k, prec, emin, emax):
+    """decide_scaled(q, 0, e, k, ...): (RN(r), True) when every real ``r = (q + t) 2**k``, ``|t| <= e``, rounds
+    alike to the format, else (nan, False); q, e floats, k an integer with ``|k| < 2**20``.
+
+    First, for -1022 <= k <= 1023, :func:`bracket_around` of ``y = fl(q 2**k)`` with the bound ``B = fl(fl(es (1 +
+    2**-50)) + 2**-1072)``, ``es = fl(e 2**k)``: y and es are within 2**-1075 of ``q 2**k`` and ``e 2**k`` (a
+    product by a power of two rounds only below 2**-1022), so r lies within ``es + 2**-1074`` of y, and B is at least
+    that (``(es (1 + 2**-50)(1 - u) + 2**-1072)(1 - u) >= es + 2**-1073`` where the sum is normal; a sum below
+    2**-1021 of two multiples of 2**-1074 is exact). The ends of the bracket round by the float32 conversion for
+    the float32 format (IEEE 754's rounding to nearest, subnormals and overflow included: the same as round_to),
+    by round_to otherwise. Where the bracket straddles a boundary, or q, e or y is not finite: decide_scaled."""
+    if -1022 <= k <= 1023:
+        s = pow2(k)
+        y = q * s
+        B = (e * s) * (1.0 + 2.0**-50) + 2.0**-1072
+        if abs(y) < np.inf and B < np.inf:
+            f = (B + 2.0 * U * abs(y)) * (1.0 + 2.0 * U) + 2.0**-1073  # bracket_around's enclosure of [y - B, y + B]
+            lo = y - f
+            hi = y + f
+            if prec == 24 and emin == -126 and emax == 127:
+                a = np.float64(np.float32(lo))
+                b = np.float64(np.float32(hi))
+            else:
+                a = round_to(lo, prec, emin, emax)
+                b = round_to(hi, prec, emin, emax)
+            if a == b and np.signbit(a) == np.signbit(b):
+                return a, True
+    return decide_scaled(q, 0.0, e, k, prec, emin, emax)

@@ -4,7 +4,8 @@ torch's signatures and special values.
 
 Every element is the real function of the input value rounded once (to nearest, ties to even) to the
 input's dtype (float16, bfloat16, float32, float64), subnormal results and overflow to +-inf included.
-Ziv's strategy, in three steps:
+Ziv's strategy, in three steps (after a vectorised pass, :mod:`refkern.kernels._ew_vec`, that settles exp, exp2,
+sigmoid, silu and tanh on most arguments for results of at most 24 bits):
 
 1. for results of at most 24 bits, exp, exp2, expm1, log, log2, log1p, rsqrt, tanh, sigmoid, silu, softplus (beta =
    1), erf, gelu (both forms), sin, cos and pow (0 < x) first try a float64 evaluation with a rigorous bound
@@ -35,6 +36,7 @@ from refkern.kernels import _ew_exact as xe
 from refkern.kernels import _ew_f64 as f
 from refkern.kernels import _ew_scalar as s
 from refkern.kernels._common import deliver
+from refkern.kernels._ew_vec import VEC
 from refkern.kernels._transcendental import decide_scaled
 
 __all__ = ["exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid",
@@ -261,8 +263,7 @@ def _k_pow(x, y, prec, emin, emax, mode, out, lo, und):
 def _k_sqrt(x, recip, prec, emin, emax, mode, out, lo, und):
     for i in prange(x.size):
         v = 1.0 / x[i] if recip else np.sqrt(x[i])  # correctly rounded in float64 (module docstring)
-        out[i] = round_to(v, prec, emin, emax) if mode == 0 else v
-        lo[i] = 0.0
+        out[i] = round_to(v, prec, emin, emax) if mode == 0 else v  # (lo: zeros, mode 1's only)
 
 
 _K = {"exp": _k_exp, "exp2": _k_exp2, "expm1": _k_expm1, "log": _k_log, "log2": _k_log2, "log1p": _k_log1p,
@@ -272,9 +273,17 @@ UNARY = ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "recip
          "gelu", "erf", "softplus", "sin", "cos", "pow")  # fmt: skip
 
 
-def _launch(fn, x, fmt, params, mode):
-    """(out, lo, und) of the kernel of ``fn`` ("gelu_tanh" for the tanh form) on the flat float64 x."""
-    out, lo, und = np.empty(x.size), np.zeros(x.size), np.zeros(x.size, np.bool_)
+def _launch(fn, x, fmt, params, mode, first=True):
+    """(out, lo, und) of the kernel of ``fn`` ("gelu_tanh" for the tanh form) on the flat float64 x; for results
+    of at most 24 bits, the vectorised first pass (:mod:`refkern.kernels._ew_vec`) first, the kernel on what it
+    leaves."""
+    out, lo, und = np.empty(x.size), np.zeros(x.size if mode == 1 else 1), np.zeros(x.size, np.bool_)
+    if first and mode == 0 and fmt.params[0] <= 24 and fn in VEC:
+        VEC[fn](x, *fmt.params, out, und)
+        idx = np.flatnonzero(und)
+        if idx.size:
+            out[idx], _, und[idx] = _launch(fn, x[idx], fmt, params, mode, False)
+        return out, lo, und
     args = (*fmt.params, mode, out, lo, und)
     if fn in _K:
         _K[fn](x, *args)

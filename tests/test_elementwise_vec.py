@@ -1,0 +1,79 @@
+"""The vectorised first pass (refkern.kernels._ew_vec) and pow(x, 2)'s exact square against the mpmath truth,
+element by element: dense sweeps across the edges of each pass's range (where it hands over to the float64 tier),
+random values of each format inside it, and the elements it decides counted (a pass that decided nothing would
+test nothing)."""
+
+import numpy as np
+import pytest
+
+import refkern
+import refkern.truth as truth
+from refkern.accumulate.formats import FORMATS
+from refkern.kernels import _ew_vec
+from tests.strategies import same, to_array
+
+# (op, the pass's range edges, a scale for random arguments)
+EDGES = {
+    "exp": ([-104.0, 89.0, 88.72283935546875, -103.97207641601562, -87.33654022216797, 0.0], 40.0),
+    "exp2": ([-151.0, 129.0, 128.0, -149.0, -150.0, -126.0, 0.0], 60.0),
+    "sigmoid": ([100.0, -100.0, 0.0, 16.6355, -87.3, -103.3], 20.0),
+    "silu": ([100.0, -100.0, 0.0, 16.6355, -87.3, -103.3], 20.0),
+    "tanh": ([0.0625, -0.0625, 40.0, -40.0, 9.0, 0.0], 5.0),
+}
+
+
+def _f64(a):
+    """A numpy array or a tensor (bfloat16 comes as one) as float64 numpy values."""
+    return np.asarray(a.double() if hasattr(a, "double") else a, np.float64).reshape(-1)
+
+
+def _values(op, fmt):
+    edges, scale = EDGES[op]
+    f32 = np.float32
+    near = [np.nextafter(f32(e), f32(d * np.inf)) for e in edges for d in (-1, 1)]
+    sweep = [np.float32(e) + np.float32(k) * np.float32(2.0**-12) for e in edges for k in range(-40, 41)]
+    rng = np.random.default_rng(len(op))
+    rand = rng.standard_normal(4000) * scale
+    bits = rng.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    bits = bits[np.isfinite(bits)]
+    xs = np.concatenate([np.array(edges + near + sweep, np.float32), rand.astype(np.float32), bits]).astype(np.float64)
+    return [float(v) for v in _f64(to_array(list(xs), fmt))]
+
+
+def _check(op, xs, fmt, **kw):
+    x = to_array(xs, fmt)
+    got = _f64(getattr(refkern, op)(x, **kw))
+    want = _f64(getattr(truth, op)(x, **kw))
+    bad = [(xs[i], got[i], want[i]) for i in range(len(xs)) if not same(got[i], want[i])]
+    assert not bad, f"{op} {fmt}: (x, reference, truth) {bad[:5]}"
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("op", sorted(EDGES))
+def test_first_pass_is_the_truth(op, fmt):
+    xs = _values(op, fmt)
+    _check(op, xs, fmt)
+    # the pass itself decides most elements inside its range (else the float64 tier would answer them all)
+    x = np.asarray(xs, np.float64)
+    out, und = np.empty(x.size), np.zeros(x.size, np.bool_)
+    _ew_vec.VEC[op](x, *FORMATS[fmt].params, out, und)
+    assert (~und).sum() >= 0.5 * x.size  # a sixth of the values are random bit patterns, mostly outside its range
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16"])
+def test_square_is_exact_and_rounded_once(fmt):
+    """pow(x, 2) as ``round(x * x)``: the ties of each format written out by hand (a square that is a midpoint:
+    4097**2 = 2**24 + 8193 -> 2**24 + 8192 in float32, 17**2 = 289 -> 288 in bfloat16, 47**2 = 2209 -> 2208 in
+    float16: the even neighbour), overflow and
+    underflow, and random values of each format against the truth."""
+    hand = {"float32": [(4097.0, 16785408.0), (2.0**64, np.inf), (2.0**64 - 2.0**40, 3.4028232635611926e38), (2.0**-75, 0.0), (2.0**-74, 2.0**-148)],
+            "bfloat16": [(17.0, 288.0), (2.0**64, np.inf), (2.0**-75, 0.0)],
+            "float16": [(47.0, 2208.0), (257.0, np.inf), (2.0**-13, 0.0), (2.0**-12, 2.0**-24), (3.0, 9.0)]}[fmt]  # fmt: skip
+    for x, want in hand:
+        got = float(_f64(refkern.pow(to_array([x], fmt), 2.0))[0])
+        assert got == want, (fmt, x, got, want)
+    rng = np.random.default_rng(5)
+    xs = [float(v) for v in _f64(to_array(list(rng.standard_normal(3000) * 1e3), fmt))]
+    raw = rng.integers(0, 2**32, 500).astype(np.uint32).view(np.float32).astype(np.float64)
+    xs += [float(v) for v in _f64(to_array(list(raw), fmt))]
+    _check("pow", xs, fmt, exponent=2.0)

@@ -605,7 +605,6 @@ def test_device_scale_by_hand():
 def test_double_rounding_trap_for_bfloat16_and_float16():
     """torch rounds float64 to bfloat16 / float16 through float32 (twice): 1 + 2**-8 + 2**-30 gives 1
     in bfloat16, the correct rounding is 1 + 2**-7. The device decision must not decide it so."""
-    from refkern.engines import filter_device as fd
 
     for dtype, p in (("bfloat16", 8), ("float16", 11)):
         x = 1 + 2.0**-p + 2.0**-30
@@ -615,8 +614,8 @@ def test_double_rounding_trap_for_bfloat16_and_float16():
         R, und, _, _, exact, _ = _both_decisions(a, b, None)
         assert exact[0, 0, 0] == 1 + 2.0 ** (1 - p)
         assert und[0, 0, 0] or R.double()[0, 0, 0] == exact[0, 0, 0]
-        got = fd.gemm(*_operands(a, b)[:6], (1, 1), False, torch.device("cpu"))[0]
-        assert got[0, 0] == 1 + 2.0 ** (1 - p)
+        got = filt.device_values(*_operands(a, b)[:6], False, torch.device("cpu"))[0]
+        assert got[0, 0, 0] == 1 + 2.0 ** (1 - p)
 
 
 @pytest.mark.parametrize("k", [2**16, 2**18, 2**20])
@@ -653,27 +652,26 @@ def test_device_halved_bound_end_to_end(monkeypatch):
 
     monkeypatch.setattr(fd, "value_gemm", bad)
     args = _operands(a, b)
-    v = fd.gemm(*args[:6], (1, 1), False, torch.device("cpu"))[0]
-    assert np.float32(v[0, 0]) == np.float32(S)
+    v = filt.device_values(*args[:6], False, torch.device("cpu"))[0]
+    assert np.float32(v[0, 0, 0]) == np.float32(S)
     half = fd.scale
     monkeypatch.setattr(fd, "scale", lambda kk: half(kk) / 2)
-    v = fd.gemm(*args[:6], (1, 1), False, torch.device("cpu"))[0]
-    assert np.float32(v[0, 0]) != np.float32(S)
+    v = filt.device_values(*args[:6], False, torch.device("cpu"))[0]
+    assert np.float32(v[0, 0, 0]) != np.float32(S)
 
 
 def _device_gemm_equals_truth(a, b, bias=None, want_mag=False, stats=None):
-    from refkern.engines import filter_device as fd
-
     p, A3, Bt3, ia, ib, b64, shape = _operands(a, b, bias)
-    v, mag = fd.gemm(p, A3, Bt3, ia, ib, b64, shape, want_mag, torch.device("cpu"), stats)
+    v, mag = filt.device_values(p, A3, Bt3, ia, ib, b64, want_mag, torch.device("cpu"), stats)
     want = truth.matmul(a, b) if bias is None else truth.linear(a, b.T.contiguous(), bias)
-    _all_same(torch.from_numpy(v).to(want.dtype), want, "device path vs truth")
-    return v, mag
+    _all_same(torch.from_numpy(v.reshape(shape)).to(want.dtype), want, "device path vs truth")
+    return v.reshape(shape), (None if mag is None else mag.reshape(shape))
 
 
 @pytest.mark.parametrize("case", _adversarial(), ids=lambda c: c[0])
 def test_device_path_equals_truth(case):
-    """fd.gemm (the path refkern.matmul takes for a CUDA tensor) on CPU tensors, exact path included."""
+    """filter.device_values (the path refkern.matmul takes for a CUDA tensor) on CPU tensors, exact path
+    included."""
     _device_gemm_equals_truth(*case[1:])
 
 

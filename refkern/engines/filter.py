@@ -40,82 +40,40 @@ deciding an element decide_one leaves undecided); the results come back once in 
 and only the undecided elements run the exact path on the CPU.
 """
 
-import contextlib
-
 import numba
 import numpy as np
 from numba import prange
 
 from refkern._jit import jit
-from refkern.accumulate.exact import BLOCK
-from refkern.accumulate.formats import round_to
-from refkern.accumulate.superacc import SIZE, acc_init
-from refkern.kernels._element import EXACT, reduce_element, row_stats
+from refkern.engines import filter_device
+from refkern.engines.filter_element import (  # the element's exact path and threads
+    K_MAX,
+    M_MAX,
+    M_MIN,
+    PARALLEL_TERMS,
+    SLACK,
+    _exact_pairs,
+    _threads,
+    bound,
+    decide_one,
+    threads_for,
+)
+from refkern.kernels._element import EXACT
 
-__all__ = ["applies", "gemm", "decide_one", "bound", "self_test", "SLACK",
+__all__ = ["applies", "gemm", "device_values", "decide_one", "bound", "self_test", "SLACK",
            "M_MIN", "M_MAX", "K_MAX", "ABS_GEMM_COST", "ABS_SAMPLE", "TILE_EXACT_MIN",
            "ROW_BLOCK", "PARALLEL_TERMS", "threads_for"]  # fmt: skip
 
-SLACK = 1.015625  # 1 + 2**-6: c in e = c (K + 1) u m, derived in decide_one
-M_MIN = 2.0**-960  # below: e could underflow and a flushed subnormal sum is not covered (decide_one)
-M_MAX = 2.0**1000  # above: s + e could overflow float64
-K_MAX = 1 << 40  # (2K + 2) u <= 2**-10 for K below this: decide_one's derivation
 ABS_GEMM_COST = 0.1  # a block's |A||B| GEMM, in elements of the block by the exact path (bench_filter)
 ABS_SAMPLE = 32  # undecided elements sampled per block to predict what the tight bound decides
 TILE_EXACT_MIN = 0.35  # fraction still undecided: the whole block by the Numba kernel (bench_filter)
 ROW_BLOCK = 256  # rows per block for these two rules
-PARALLEL_TERMS = 1 << 22  # products the exact path must form before it runs on every thread
 
 
 def applies(p) -> bool:
     """Whether the filter can compute Plan ``p``: ``exact`` on float32-or-narrower factors, a result
     format of at most 26 bits (so that the float64 value is never the answer itself)."""
     return p.method == EXACT and p.narrow and p.work.prec <= 26
-
-
-@jit(inline="always")
-def bound(k, m):
-    """e = fl(c (K + 1) u m), c = SLACK, u = 2**-53: the error bound of :func:`decide_one`.
-    (K + 1) c 2**-53 is exact (K + 1 < 2**41 times a 7-bit c), so e has one rounding."""
-    return ((k + 1) * 1.015625 * 2.0**-53) * m
-
-
-@jit(inline="always")
-def decide_one(s, m, k, prec, emin, emax):
-    """The correctly rounded value, in the format (prec, emin, emax), of the exact sum S of K + 1
-    terms (K products and the bias, every term a multiple of 2**-1074) of which ``s`` is a float64
-    sum in any order and ``m`` a float64 number with ``m >= (1 - gamma_{2K+2}) T``, T = sum |terms|;
-    NaN where the bound cannot decide (the caller then computes the element exactly).
-
-    Derivation (u = 2**-53, K < K_MAX so (2K + 2) u <= 2**-10):
-    1. |s - S| <= gamma_K T (K additions; an addition whose result is subnormal is exact here,
-       every partial sum being a multiple of 2**-1074; a BLAS that flushes it to zero errs by at
-       most 2**-1022 more per addition: F = K 2**-1022 in total).
-    2. T <= m / (1 - gamma_{2K+2}) <= m (1 + 2**-9), gamma_K <= K u (1 + 2**-9): |s - S| <=
-       err' = K u m (1 + 2**-9)**2 + F <= 1.005 K u m + F.
-    3. e = :func:`bound` >= c (K + 1) u m (1 - u), c = 1 + 2**-6. The ends fl(s -+ e) err by at most
-       u (|s| + e) + 2**-1075 each, |s| <= T + err' <= 1.002 m + err'. S lies between them when
-       e (1 - u) - u (1.002 m + err') - 2**-1075 >= err', i.e. when (dividing by u m, m >= M_MIN so
-       (F + 2**-1075) / (u m) <= 2**-9 K + 2**-62): c (K + 1) (1 - 2u) - 1.002 - 2u >=
-       1.005 K (1 + u) + 2**-9 K + 2**-62, true for c = 1 + 2**-6 (1.0156 K + 0.0136 against
-       1.0070 K) and false near c = 1: the slack is what the rounding of the bound needs.
-    4. |s| > e: S is not zero and has the sign of s (a zero sum's sign needs the exact path).
-    5. Rounding is monotonic: when round(fl(s - e)) == round(fl(s + e)), S rounds to that value,
-       overflow to inf, subnormals and a tiny S rounding to a signed zero included.
-    m NaN or inf (a term inf or NaN) fails M_MIN <= m <= M_MAX: such elements go exact.
-    For float32 the hardware conversion float64 -> float32 is round_to(x, 24, -126, 127)."""
-    if M_MIN <= m <= M_MAX:
-        e = bound(k, m)
-        if abs(s) > e:
-            if prec == 24 and emin == -126 and emax == 127:
-                lo = np.float64(np.float32(s - e))
-                hi = np.float64(np.float32(s + e))
-            else:
-                lo = round_to(s - e, prec, emin, emax)
-                hi = round_to(s + e, prec, emin, emax)
-            if lo == hi:
-                return lo
-    return np.nan
 
 
 @jit(parallel=True)
@@ -184,23 +142,6 @@ def _collect_every(und, counts, t, i0, i1, step, ii, jj):
     return q
 
 
-@jit(parallel=True)
-def _exact_pairs(A, B, ri, rj, bias, has_bias, narrow, prec, emin, emax, out):
-    """out[s] = bias[s] + sum_k A[ri[s], k] B[rj[s], k], exact, rounded once (the Numba engine's
-    reduce_element, with the rows' statistics computed here)."""
-    for s in prange(ri.size):
-        acc = np.empty(SIZE, np.int64)
-        acc_init(acc)
-        scratch = np.empty(BLOCK)
-        st = np.empty((2, 2), np.int64)
-        row_stats(A[ri[s] : ri[s] + 1], st[0:1])
-        row_stats(B[rj[s] : rj[s] + 1], st[1:2])
-        out[s] = reduce_element(
-            A[ri[s]], B[rj[s]], bias[s], has_bias, EXACT, narrow, st[0, 0], st[0, 1], st[1, 0], st[1, 1],
-            prec, emin, emax, acc, scratch,
-        )  # fmt: skip
-
-
 def _norms(X):
     """fl(sqrt(fl(sum_k X[..., k]**2))) per row of a (..., K) float64 array of <= 24-bit values, any
     layout: each square is exact (<= 48 bits, >= 2**-298), numpy's sum errs by gamma_{K-1} in
@@ -208,28 +149,6 @@ def _norms(X):
     a parallel Numba kernel right after a BLAS call shares the cores with BLAS threads still
     spinning (measured: +5 ms at 512**3 on 2 cores)."""
     return np.sqrt(np.einsum("...k,...k->...", X, X))
-
-
-@contextlib.contextmanager
-def _threads(n):
-    """Numba kernels on ``n`` threads inside (see :func:`_norms`: after a BLAS call, one thread
-    unless the work is large enough to pay for the contention)."""
-    old = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(n, old)))
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
-
-
-def threads_for(terms):
-    """A context: Numba kernels inside on every thread when the work reaches ``PARALLEL_TERMS``
-    products, else on one. Below it a parallel launch costs more than it saves: the verdict's
-    sample kernels (1820 patches of 576 terms) took 1.3 ms of CPU on one thread, and a parallel
-    kernel on 1820 elements 32 ms of wall time on 2 threads against 0.013 ms on one (load average
-    12.8 on 2 cores: each launch waits for both threads to be scheduled, and for torch's and the
-    BLAS's spinning threads)."""
-    return _threads(numba.get_num_threads() if terms >= PARALLEL_TERMS else 1)
 
 
 def _device_gemm(device):
@@ -407,6 +326,25 @@ class _Gemm:
                 rows = np.concatenate(numba_rows)
                 V[t, rows] = self._numba_rows(t, rows)
 
+    def exact_undecided(self, V, idx):
+        """V[idx] := the exact path, idx (n, 3) the undecided (t, i, j) the device left
+        (:mod:`refkern.engines.filter_device`, its tight bound already applied): element by element,
+        or, where a batch element holds at least TILE_EXACT_MIN ROW_BLOCK N of them (so that a block
+        of ROW_BLOCK rows may exceed the share at which :meth:`_refine` takes the Numba kernel for the
+        whole block), by :meth:`_refine`'s rule."""
+        nt, m, n = V.shape
+        k, fmt = self.A.shape[2], self.p.work.params
+        per_t = np.bincount(idx[:, 0], minlength=nt)
+        if per_t.max() >= TILE_EXACT_MIN * ROW_BLOCK * n:
+            und = np.zeros(V.shape, np.uint8)
+            und[idx[:, 0], idx[:, 1], idx[:, 2]] = 1
+            self._refine(V, und, und.sum(2, dtype=np.int64), k, fmt, tight=True)
+            return
+        for t in np.flatnonzero(per_t):
+            sel = idx[idx[:, 0] == t]
+            self._count("exact_elements", sel.shape[0])
+            self._pairs(V, t, sel[:, 1], sel[:, 2], k, fmt)
+
     def _tight_fraction(self, V, t, ii, jj, k, fmt):
         """The fraction of the sampled undecided elements (ii, jj) of V[t] that the tight bound, sum
         |terms| formed directly, decides."""
@@ -465,15 +403,28 @@ def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag=False, device=None, stats
     bcol = np.ascontiguousarray(bias, np.float64) if has_bias else np.zeros(n)
     if k >= K_MAX:
         raise ValueError(f"{p.op}: the filter needs K < 2**40; got K={k}.")
-    if device is not None and getattr(device, "type", "cpu") != "cpu":
-        from refkern.engines import filter_device
-
-        if filter_device.supports(p.work.params):  # the decision on the device, as torch ops
-            return filter_device.gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag, device, stats)
+    if device is not None and getattr(device, "type", "cpu") != "cpu" and filter_device.supports(p.work.params):
+        V, mag = device_values(p, A3, Bt3, ia, ib, bias, want_mag, device, stats)
+        return V.reshape(out_shape), (mag.reshape(out_shape) if want_mag else None)
     g = _Gemm(p, A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), np.zeros(m), bcol, has_bias, device)
     g.stats = stats
     g.values(V, mag)
     return V.reshape(out_shape), (mag.reshape(out_shape) if want_mag else None)
+
+
+def device_values(p, A3, Bt3, ia, ib, bias, want_mag, device, stats=None):
+    """(V, magnitudes or None), (T, M, N) float64, with the decision on ``device`` (any torch device,
+    the CPU included: the tests run it there): :func:`refkern.engines.filter_device.gemm`, then the
+    exact path here on the elements it left (:meth:`_Gemm.exact_undecided`)."""
+    V, mag, idx = filter_device.gemm(p, A3, Bt3, ia, ib, bias, want_mag, device, stats)
+    if idx.shape[0]:
+        has_bias = bias is not None
+        bcol = np.ascontiguousarray(bias, np.float64) if has_bias else np.zeros(Bt3.shape[1])
+        g = _Gemm(p, A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), np.zeros(A3.shape[1]), bcol,
+                  has_bias, None)  # fmt: skip
+        g.stats = stats
+        g.exact_undecided(V, idx)
+    return V, mag
 
 
 # ---------------------------------------------------------------------------------- self-test

@@ -63,7 +63,7 @@ import time
 
 import numpy as np
 
-from refkern.engines import filter as filt
+from refkern.engines import filter_element as fe
 
 __all__ = ["CHUNK", "EXACT_TERM_S", "supports", "scale", "norms", "decide", "decide_gemm", "value_gemm", "tight_pays",
            "Device", "exact_elements", "gemm", "matmul"]
@@ -80,9 +80,9 @@ def supports(params) -> bool:
 
 
 def scale(k) -> float:
-    """C1: (K + 1) SLACK 2**-53 (exact, :func:`~refkern.engines.filter.bound`'s constant) moved up by
+    """C1: (K + 1) SLACK 2**-53 (exact, :func:`~refkern.engines.filter_element.bound`'s constant) moved up by
     8 float64 steps, so C1 >= C (1 + 8u) (module docstring: the folded bound stays above decide_one's)."""
-    c = (k + 1) * filt.SLACK * 2.0**-53
+    c = (k + 1) * fe.SLACK * 2.0**-53
     for _ in range(8):
         c = math.nextafter(c, math.inf)
     return c
@@ -314,8 +314,8 @@ def exact_elements(a_rows, b_rows, idx, bias, bias_rows, params):
         bb = np.ascontiguousarray((bias[ii] if bias_rows else bias[jj]) if has else np.zeros(sel.size))
         o = np.empty(sel.size)
         k = a.shape[1]
-        with filt.threads_for(sel.size * k):
-            filt._exact_pairs(a, b, ri.reshape(-1), rj.reshape(-1), bb, has, True, *params, o)
+        with fe.threads_for(sel.size * k):
+            fe._exact_pairs(a, b, ri.reshape(-1), rj.reshape(-1), bb, has, True, *params, o)
         out[sel] = o
     return out
 
@@ -347,27 +347,23 @@ def matmul(a, b, bias=None):
     return R[0], d.stats
 
 
-def gemm(p, A3, Bt3, ia, ib, bias, out_shape, want_mag, device, stats=None):
-    """:func:`refkern.engines.filter.gemm` with the decision on ``device`` (``supports(p.work.params)``):
-    the prepared float64 numpy operands go to the device as float32 (exact: narrow values), the
-    decided results come back once in the result format, the undecided elements are computed on the
-    CPU from the numpy operands. (values, magnitudes or None) as float64 numpy arrays of out_shape."""
+def gemm(p, A3, Bt3, ia, ib, bias, want_mag, device, stats=None):
+    """The device part of :func:`refkern.engines.filter.gemm` (``supports(p.work.params)``): the
+    prepared float64 numpy operands go to ``device`` as float32 (exact: narrow values), the decided
+    results come back once in the result format. (V (T, M, N) float64 numpy, decided where idx does
+    not name it; magnitudes or None; idx (n, 3) the undecided (t, i, j), for the caller's exact path)."""
     torch = _torch()
     name = _FORMATS[tuple(p.work.params)]
     A = torch.from_numpy(_f32(A3)).to(device)
     B = torch.from_numpy(_f32(Bt3)).to(device)
-    has_bias = bias is not None
-    bcol = np.array(bias, np.float64) if has_bias else np.zeros(Bt3.shape[1])  # a writable copy for torch
-    d = Device(A, B, ia, ib, torch.from_numpy(bcol) if has_bias else None, name)
+    bt = None if bias is None else torch.from_numpy(np.array(bias, np.float64))  # a writable copy for torch
+    d = Device(A, B, ia, ib, bt, name)
     R, _, mag, idx = d.run(want_mag)
     V = R.cpu().to(torch.float64).numpy()  # one copy back, in the result format; widened exactly
-    mag = None if mag is None else mag.cpu().numpy()
     if stats is not None:
         for key, v in d.stats.items():
             stats[key] = stats.get(key, 0) + v
-    if idx.shape[0]:
-        _exact_numpy(p, A3, Bt3, ia, ib, bcol, has_bias, V, idx, stats)
-    return V.reshape(out_shape), (None if mag is None else mag.reshape(out_shape))
+    return V, (None if mag is None else mag.cpu().numpy()), idx
 
 
 def _f32(x):
@@ -375,24 +371,3 @@ def _f32(x):
     transposed view's layout (torch takes its strides) unless a stride is negative."""
     y = x.astype(np.float32)
     return y if all(st >= 0 for st in y.strides) else np.ascontiguousarray(y)
-
-
-def _exact_numpy(p, A3, Bt3, ia, ib, bcol, has_bias, V, idx, stats):
-    """V[idx] := the exact path, on the CPU's numpy operands: element by element, or, where a batch
-    element holds at least TILE_EXACT_MIN ROW_BLOCK N undecided elements (so that some block of
-    ROW_BLOCK rows may exceed the share at which filter's rule computes the whole block by the
-    Numba kernel), by filter's own rule (``_refine``, tight bound already applied)."""
-    nt, m, n = V.shape
-    g = filt._Gemm(p, A3, Bt3, np.ascontiguousarray(ia), np.ascontiguousarray(ib), np.zeros(m), bcol, has_bias, None)
-    g.stats = stats
-    per_t = np.bincount(idx[:, 0], minlength=nt)
-    if per_t.max() >= filt.TILE_EXACT_MIN * filt.ROW_BLOCK * n:
-        und = np.zeros(V.shape, np.uint8)
-        und[idx[:, 0], idx[:, 1], idx[:, 2]] = 1
-        counts = und.sum(2, dtype=np.int64)
-        g._refine(V, und, counts, A3.shape[2], p.work.params, tight=True)
-        return
-    for t in np.flatnonzero(per_t):
-        sel = idx[idx[:, 0] == t]
-        g._count("exact_elements", sel.shape[0])
-        g._pairs(V, t, sel[:, 1], sel[:, 2], A3.shape[2], p.work.params)

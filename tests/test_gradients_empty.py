@@ -86,3 +86,30 @@ def test_pool_gradients_of_a_nonempty_batch_are_unchanged(op, shape, kw):
     x = torch.randn((2, *shape[1:]), dtype=torch.float64).float()
     g = torch.randn(tuple(getattr(F, op)(x, **kw).shape))
     assert _bits(rk.backward(op, g, x, **kw)["input"]) == _bits(rk.truth.backward(op, g, x, **kw)["input"])
+
+
+#: (input shape, training) of batch_norm with no element: OpInfo's 1-D (0,) with running statistics (0,), and a
+#: batch of 0 samples, where weight and bias still get a gradient (+0: no term reaches them)
+BATCH_NORMS = [((0,), True), ((0,), False), ((0, 3), True), ((0, 3), False), ((0, 3, 4), True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, training", BATCH_NORMS)
+def test_batch_norm_of_an_empty_input(shape, training, dtype):
+    c = shape[1] if len(shape) > 1 else 0
+    x = torch.randn(shape, dtype=torch.float64).to(dtype).requires_grad_()
+    rm, rv = torch.zeros(c, dtype=dtype), torch.ones(c, dtype=dtype)
+    params = [torch.randn(c, dtype=torch.float64).to(dtype).requires_grad_() for _ in range(2)] if c else [None] * 2
+    leaves = (x, *[p for p in params if p is not None])
+    g, grads = _torch_grads(lambda *t: F.batch_norm(t[0], rm, rv, *(t[1:] or params), training=training), leaves)
+    args = (x.detach(), rm, rv, *[None if p is None else p.detach() for p in params])
+    names = ("input", "weight", "bias")[: len(leaves)]
+    mine = rk.backward("batch_norm", g, *args, training=training)
+    truth = rk.truth.backward("batch_norm", g, *args, training=training)
+    reps = compare_backward(dict(zip(names, grads)), "batch_norm", g, *args, training=training)
+    for k, got in zip(names, grads):
+        assert tuple(mine[k].shape) == tuple(got.shape) and _bits(mine[k]) == _bits(truth[k])
+        assert reps[k].verdict == "exact", reps[k]
+    if c:  # a weight's gradient of 1 where no term reaches it: a mismatch
+        bad = compare_backward({"weight": torch.ones(c, dtype=dtype)}, "batch_norm", g, *args, training=training)
+        assert bad["weight"].verdict == "mismatch"

@@ -66,8 +66,16 @@ def _norm(name, operands, params, *, aten, aten_backward, autograd, memo=(), req
               torch_function=f"{_F}{name}", calls=(Call(f"{_F}{name}", params),), aten=aten,
               aten_backward=aten_backward, aten_memo=memo, autograd=autograd, sample=sample, needs=needs,
               opinfo=(f"nn.functional.{name}",),
-              backward=_backward("norm_grad:_norm", name if name in ("group_norm", "batch_norm") else "norm",
-                                 "norm_report", name))  # fmt: skip
+              backward=_norm_backward(name))  # fmt: skip
+
+
+def _norm_backward(name):
+    """A norm's :class:`Backward`: norm_grad's rule and the norms' envelope; batch_norm's through its own rule and
+    route (:func:`refkern.kernels.batch_norm_backward.batch_norm_rule`: an input with no element too)."""
+    if name == "batch_norm":
+        return Backward(_RULE + "batch_norm_backward:batch_norm_rule", _TRUTH + name,
+                        "refkern.analysis.batch_norm_gradients:batch_norm_report", _AUDIT + name)  # fmt: skip
+    return _backward("norm_grad:_norm", name if name == "group_norm" else "norm", "norm_report", name)
 
 
 def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_calls=(), needs):

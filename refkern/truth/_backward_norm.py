@@ -57,6 +57,10 @@ def _batch_norm_backward(name, G, og, a, wrt):
     from refkern.ops._args import eps as _eps
 
     x, ox = _values(a["input"], "input", "truth.backward")
+    if x.size == 0:  # no element: no term reaches any gradient (the input's empty, weight's and bias's +0)
+        shapes = {k: _values(a[k], k, "truth.backward")[0].shape for k in ("input", "weight", "bias")
+                  if a.get(k) is not None}  # fmt: skip
+        return _deliver_norm({k: np.zeros(shapes[k]) for k in _wrt(a, wrt)}, shapes, og, ox, a)
     nb, c = x.shape[:2]
     hw = math.prod(x.shape[2:])
     eps = _eps(a["eps"], "truth.backward")

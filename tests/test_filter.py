@@ -708,6 +708,56 @@ def test_device_paths_tight_chunks_blocks_and_magnitudes(monkeypatch):
     assert np.all(np.abs(mag - want - np.abs(bias.double().numpy())) <= 2 * 66 * 2.0**-53 * mag)
 
 
+def test_device_bias_per_row_and_empty_shapes():
+    """decide_gemm with a bias per row (the convolution's layout) decides as filter's _decide with brow;
+    empty GEMMs and K = 0 (every element the bias, or a signed zero) through filter.device_values."""
+    from refkern.engines import filter_device as fd
+
+    rng = _rng("filter-device-brow")
+    A = torch.from_numpy(rng.standard_normal((2, 20, 64)).astype(np.float32).astype(np.float64))
+    B = torch.from_numpy(rng.standard_normal((2, 12, 64)).astype(np.float32).astype(np.float64))
+    brow = torch.from_numpy(rng.standard_normal(20).astype(np.float32).astype(np.float64))
+    brow[3] = -0.0
+    V, na, nb = fd.value_gemm(A, B), fd.norms(A), fd.norms(B)
+    R, und = fd.decide_gemm(V.clone(), na, nb, 64, "float32", brow, bias_rows=True)
+    Vc = V.numpy().copy()
+    und_c, counts = np.empty(Vc.shape, np.uint8), np.empty((2, 20), np.int64)
+    t = np.arange(2)
+    filt._decide(Vc, na.numpy(), nb.numpy(), t, t, brow.numpy(), np.zeros(12), 64, 24, -126, 127, und_c, counts)
+    dec = ~und.numpy()
+    assert dec.sum() > 400 and (dec == (und_c == 0)).all()
+    assert np.array_equal(R.double().numpy()[dec], Vc[dec])
+    for a, b in (((0, 5), (5, 3)), ((4, 0), (0, 3)), ((4, 5), (5, 0))):
+        x, y = torch.ones(a), torch.ones(b)
+        _device_gemm_equals_truth(x, y)
+    x, y, bias = torch.ones(3, 0), torch.ones(0, 2), torch.tensor([1.5, -0.0])
+    _device_gemm_equals_truth(x, y, bias)
+
+
+def test_filter_gemm_takes_the_device_path_for_a_cuda_device(monkeypatch):
+    """filter.gemm with a CUDA device goes through filter_device (here run on the CPU in its place), then
+    filter's exact path on what it left."""
+    from types import SimpleNamespace
+
+    from refkern.engines import filter_device as fd
+
+    calls = []
+    real = fd.gemm
+
+    def on_cpu(p, A3, Bt3, ia, ib, bias, want_mag, device, stats=None):
+        calls.append(device.type)
+        return real(p, A3, Bt3, ia, ib, bias, want_mag, torch.device("cpu"), stats)
+
+    monkeypatch.setattr(fd, "gemm", on_cpu)
+    rng = _rng("filter-device-dispatch")
+    a, b = _data(rng, (9, 40), "float32", "cancel"), _data(rng, (40, 7), "float32", "special")
+    p, A3, Bt3, ia, ib, _, shape = _operands(a, b)
+    st = {}
+    v = filt.gemm(p, A3, Bt3, ia, ib, None, shape, device=SimpleNamespace(type="cuda"), stats=st)[0]
+    assert calls == ["cuda"] and st["exact_elements"] > 0
+    _all_same(torch.from_numpy(v).float(), truth.matmul(a, b))
+
+
 def test_device_matmul_on_cpu_tensors():
     """fd.matmul, the path whose result stays on the device (benchmarks/bench_filter.py --gpu)."""
     from refkern.engines import filter_device as fd

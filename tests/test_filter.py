@@ -600,6 +600,10 @@ def test_device_scale_by_hand():
     assert fd.scale(1023) == c + 8 * 2.0**-95  # ulp(c) = 2**-95 (c in [2**-43, 2**-42)): 8 steps
     assert fd.scale(1023) >= c * (1 + 8 * 2.0**-53)
     assert fd.CHUNK == 33554432 and fd.EXACT_TERM_S == pytest.approx(2.5e-9, abs=0)
+    assert fd.TIGHT_SHARE == pytest.approx(0.3633802276324186, abs=0)  # 1 - 2 / pi
+    # the rule by hand: one 4096-row GEMM of 2.5 ms against 4,000 elements of K = 4096 on 16 threads
+    assert not fd.tight_pays(4000, 4096, 4096, 4096, 2.5e-3, 4096, 16)  # 0.36 * 4000 * 0.64 us = 0.93 ms
+    assert fd.tight_pays(12000, 4096, 4096, 4096, 2.5e-3, 4096, 16)  # 2.8 ms
 
 
 def test_double_rounding_trap_for_bfloat16_and_float16():

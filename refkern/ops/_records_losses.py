@@ -9,8 +9,8 @@ cross_entropy never reaches torch's dispatcher whole (it is ``log_softmax`` then
 
 from dataclasses import replace
 
-from refkern.ops._record import Call, Op
-from refkern.ops._records import _backward
+from refkern.ops._record import Backward, Call, Op
+from refkern.ops._records import _RULE, _TRUTH, _backward
 
 _TARGETS = "refkern.analysis.loss_targets:"  # the judges that route a target's gradient (and the input's on)
 
@@ -56,8 +56,10 @@ RECORDS = (
        backward=_with_target("loss_grad:_bce", "binary_cross_entropy", "bce_report", "binary_cross_entropy")),
     Op("binary_cross_entropy_with_logits", "loss", "refkern.kernels.loss_binary:binary_cross_entropy_with_logits",
        "refkern.truth.losses:binary_cross_entropy_with_logits", ("input", "target", "weight"), "loss", required=2,
-       positional=True, torch_function=f"{_F}binary_cross_entropy_with_logits",
+       positional=True, differentiable=("input", "target"), torch_function=f"{_F}binary_cross_entropy_with_logits",
        calls=(Call(f"{_F}binary_cross_entropy_with_logits", ("input", "target", "weight", "size_average", "reduce",
                                                                "reduction", "pos_weight")),),
-       aten=("binary_cross_entropy_with_logits",), opinfo=("nn.functional.binary_cross_entropy_with_logits",)),
+       aten=("binary_cross_entropy_with_logits",), opinfo=("nn.functional.binary_cross_entropy_with_logits",),
+       backward=Backward(_RULE + "loss_logits_grad:_bce_logits", _TRUTH + "binary_cross_entropy_with_logits",
+                         "refkern.analysis.loss_logits:logits_report")),
 )  # fmt: skip

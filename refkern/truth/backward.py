@@ -265,6 +265,14 @@ def binary_cross_entropy(name, grad_output, a, wrt, precision=None):
     return bce_backward(grad_output, a, _wrt(name, wrt), precision or 64)
 
 
+def binary_cross_entropy_with_logits(name, grad_output, a, wrt, precision=None):
+    """``g w (A sigmoid(x) - pw y)`` for the input, ``g w (-x + (pw - 1) softplus(-x))`` for the target (over n for a
+    mean): mpmath intervals (:mod:`refkern.truth.losses`)."""
+    from refkern.truth.losses import bce_logits_backward
+
+    return bce_logits_backward(grad_output, a, _wrt(name, wrt), precision or 64)
+
+
 def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **kwargs) -> dict:
     """Ground truth of :func:`refkern.backward`: ``{argument name: gradient}``, each element the exact
     sum (mpmath, exact precision derived from its terms) of its terms from the forward definition,

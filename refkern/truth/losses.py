@@ -19,6 +19,7 @@ import mpmath
 import numpy as np
 
 from refkern._arrays import operand
+from refkern.truth._backward_common import _round_float_to
 from refkern.truth.reductions import round_fraction
 from refkern.truth.softmax import _decide, _ivq
 
@@ -369,4 +370,61 @@ def bce_backward(grad_output, a, wrt, precision=64) -> dict:
             P = Fraction(pi)
             r[i] = _decide(op_p.fmt, lambda c=c, P=P: _ivq(c) * (iv.log(_ivq(P)) - iv.log(_ivq(1 - P))), precision)
         out["target"] = r
+    return out
+
+
+def bce_logits_backward(grad_output, a, wrt, precision=64) -> dict:
+    """``{"input": c (A sigmoid(x) - pw y), "target": c (-x + (pw - 1) log(1 + e**-x))}``, ``A = 1 + (pw - 1) y``,
+    ``c = g w (/ n)``: mpmath intervals (exp, log), rounded once (Ziv); exact Fractions where the value is rational
+    (x = 0, A = 0, pw = 1, c = 0), a zero signed as torch's formula in float64 signs it; that formula's IEEE value
+    where an operand is not finite."""
+    red = _red(a.get("reduction", "mean"), a.get("size_average"), a.get("reduce"))
+    op = "truth.backward"
+    ox = operand(a["input"], "input", op)
+    shape = tuple(ox.shape)
+    fmt = ox.fmt
+
+    def arr(name, default=None):
+        v = a.get(name)
+        if v is None:
+            return np.full(shape, default)
+        o = operand(v, name, op)
+        return np.broadcast_to(np.asarray(o.values, np.float64).reshape(o.shape), shape)
+
+    x, y, w, pw = arr("input"), arr("target"), arr("weight", 1.0), arr("pos_weight", 1.0)
+    go = operand(grad_output, "grad_output", op)
+    G = np.broadcast_to(np.asarray(go.values, np.float64).reshape(go.shape), shape)
+    n = x.size if red == "mean" else 1
+    out = {}
+    for k in wrt:
+        r = np.empty(shape)
+        for i in np.ndindex(*shape):
+            xi, yi, wi, pi, gi = (float(v[i]) for v in (x, y, w, pw, G))
+            with np.errstate(all="ignore"):  # torch's formula in float64: the specials, and the sign of a zero
+                if k == "input":
+                    s = 0.0 if xi <= -700 else 1 / (1 + math.exp(-xi))  # e**-x beyond float64: 1 / inf
+                    ieee = ((pi * yi + 1 - yi) * s - pi * yi) * gi * wi / n
+                else:
+                    ieee = (-xi + (pi - 1) * (np.logaddexp(0.0, -xi))) * gi * wi / n
+            if not all(math.isfinite(v) for v in (xi, yi, wi, pi, gi)):
+                r[i] = _round_float_to(ieee, fmt)
+                continue
+            X, Y, PW = Fraction(xi), Fraction(yi), Fraction(pi)
+            c = Fraction(gi) * Fraction(wi) / n
+            A = 1 + (PW - 1) * Y
+            if k == "input" and (X == 0 or A == 0 or c == 0):
+                q = c * (A * (Fraction(1, 2) if X == 0 else 0) - PW * Y)
+            elif k == "target" and (PW == 1 or c == 0):
+                q = -c * X
+            else:
+                if k == "input":
+                    make = lambda c=c, A=A, X=X, PW=PW, Y=Y: _ivq(c) * (  # noqa: E731
+                        _ivq(A) / (1 + iv.exp(-_ivq(X))) - _ivq(PW * Y))
+                else:
+                    make = lambda c=c, X=X, PW=PW: _ivq(c) * (  # noqa: E731
+                        -_ivq(X) + _ivq(PW - 1) * iv.log(1 + iv.exp(-_ivq(X))))
+                r[i] = _decide(fmt, make, precision)
+                continue
+            r[i] = round_fraction(q, fmt) if q != 0 else math.copysign(0.0, ieee)
+        out[k] = r
     return out

@@ -10,6 +10,7 @@ module forward pre/post hooks keep a stack). See :mod:`refkern.torch.dispatch` f
 """
 
 import bisect
+import contextlib
 import sys
 import time
 import weakref
@@ -18,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from refkern.analysis.compare import compare
+from refkern.engines.filter import PARALLEL_TERMS
 from refkern.gradients import compare_backward
 from refkern.torch import dispatch as dsp
 from refkern.torch import dispatch_backward as dbw
@@ -43,6 +45,26 @@ def _cpu(a, copy=False):
     if isinstance(a, torch.device):
         return torch.device("cpu")
     return a
+
+
+@contextlib.contextmanager
+def _torch_threads(*objs):
+    """torch's own ops inside (the analysis of one op: copies to the CPU and to float64, a defined op
+    recomputed, the bit-for-bit comparison) on one thread where the op's largest tensor holds fewer than
+    ``PARALLEL_TERMS`` elements, as :func:`~refkern.engines.filter.threads_for` runs Numba's kernels: below
+    it a parallel region costs more than it saves (``_same_bits`` on a 64 x 112 x 112 float32 activation at
+    load 4 on 2 cores: 8.4 ms of CPU on two threads, 0.43 ms on one, each region waiting for a thread the
+    machine is busy with). The model's own ops run outside this, on the threads the caller set."""
+    old = torch.get_num_threads()
+    n = max((t.numel() for o in objs for t in _tensors(o)), default=0)
+    if old == 1 or n >= PARALLEL_TERMS:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 class _Mode(TorchDispatchMode):
@@ -271,11 +293,12 @@ class Audit(AuditResults):
         if kind in ("random", "fused", "unchecked"):
             self._count(name, False, dsp.reason(kind, func))
             if found:  # an inline rms_norm whose output this op consumes (refkern.torch.patterns)
-                with _disable_current_modes(), torch.no_grad():
+                with _disable_current_modes(), torch.no_grad(), _torch_threads(args, out):
                     self._patterns(found)
             self._show(name)
             return
-        with _disable_current_modes(), torch.no_grad():  # the analysis runs no op through any mode
+        with _disable_current_modes(), torch.no_grad(), _torch_threads(args, out):  # the analysis runs no op
+            # through any mode, and torch's ops in it on one thread where the op is small (_torch_threads)
             if kind == "defined":
                 self._defined(func, args, kwargs, out, before)
             elif kind == "backward":

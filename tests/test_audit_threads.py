@@ -1,0 +1,57 @@
+"""The audit's analysis runs torch's own ops on one thread below the filter's PARALLEL_TERMS elements
+(refkern.torch.audit._torch_threads), the model's ops on the caller's threads, and restores them."""
+
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import refkern.torch  # noqa: E402,F401  (refkern.torch.audit the module, not the function of that name)
+from refkern.engines.filter import PARALLEL_TERMS  # noqa: E402
+
+audit_mod = sys.modules["refkern.torch.audit"]
+
+
+@pytest.fixture
+def two_threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_small_op_analysed_on_one_thread_then_restored(two_threads):
+    small = torch.zeros(PARALLEL_TERMS - 1)
+    with audit_mod._torch_threads((small,), [torch.zeros(3)]):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+
+
+def test_large_op_keeps_the_callers_threads(two_threads):
+    big = torch.empty(PARALLEL_TERMS)  # 2**22 elements: the threshold itself is parallel (threads_for's >=)
+    with audit_mod._torch_threads((torch.zeros(3),), big):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 2
+
+
+def test_restored_when_the_analysis_raises(two_threads):
+    with pytest.raises(RuntimeError), audit_mod._torch_threads(torch.zeros(4)):
+        raise RuntimeError("analysis failed")
+    assert torch.get_num_threads() == 2
+
+
+def test_model_ops_run_on_the_callers_threads(two_threads):
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch.get_num_threads())  # the module's forward: outside any analysis
+            return torch.relu(x)
+
+    with torch.no_grad(), refkern.torch.audit(progress=False) as a:
+        Probe()(torch.randn(8, 8))
+        Probe()(torch.randn(8, 8))
+    assert seen == [2, 2]
+    assert torch.get_num_threads() == 2
+    assert [c.op for c in a.calls] == ["relu", "relu"] and all(c.report.verdict == "exact" for c in a.calls)

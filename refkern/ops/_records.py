@@ -71,9 +71,9 @@ def _norm(name, operands, params, *, aten, aten_backward, autograd, memo=(), req
 
 def _norm_backward(name):
     """A norm's :class:`Backward`: norm_grad's rule and the norms' envelope; batch_norm's through its own rule and
-    route (:func:`refkern.kernels.batch_norm_backward.batch_norm_rule`: an input with no element too)."""
+    route (:func:`refkern.kernels.batch_norm_grad.batch_norm_rule`: an input with no element too)."""
     if name == "batch_norm":
-        return Backward(_RULE + "batch_norm_backward:batch_norm_rule", _TRUTH + name,
+        return Backward(_RULE + "batch_norm_grad:batch_norm_rule", _TRUTH + name,
                         "refkern.analysis.batch_norm_gradients:batch_norm_report", _AUDIT + name)  # fmt: skip
     return _backward("norm_grad:_norm", name if name == "group_norm" else "norm", "norm_report", name)
 

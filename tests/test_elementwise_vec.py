@@ -3,6 +3,8 @@ element by element: dense sweeps across the edges of each pass's range (where it
 random values of each format inside it, and the elements it decides counted (a pass that decided nothing would
 test nothing)."""
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,10 @@ EDGES = {
     "sigmoid": ([100.0, -100.0, 0.0, 16.6355, -87.3, -103.3], 20.0),
     "silu": ([100.0, -100.0, 0.0, 16.6355, -87.3, -103.3], 20.0),
     "tanh": ([0.0625, -0.0625, 40.0, -40.0, 9.0, 0.0], 5.0),
+    "log": ([1.0, 0.75, 1.5, 2.0, 0.5, 1.0 + 1 / 256, 1.0 - 1 / 256, 2.0**-126, 2.0**-149, 3.0e38, 0.0], 1e3),
+    "log2": ([1.0, 0.75, 1.5, 2.0, 0.5, 1.0 + 1 / 256, 2.0**-126, 2.0**-149, 2.0**100, 3.0e38, 0.0], 1e3),
+    "erf": ([4.5, -4.5, 0.0, 1 / 256, -1 / 256, 3 / 256, 4.49609375, 2.0**-40, 2.0**-149, 1.0, 0.5], 2.0),
+    "gelu": ([-3.0, 6.37, 6.36, -14.5, -14.0, -10.0, 0.0, 2.0**-40, -(2.0**-149), -5.0, 1.0], 4.0),
 }
 
 
@@ -40,6 +46,43 @@ def _values(op, fmt):
     return [float(v) for v in _f64(to_array(list(xs), fmt))]
 
 
+def test_log_table_by_hand():
+    """The table's entry at 1 is exact (1 and 0: no cancellation near x = 1); every entry's -log(INVC) within
+    2**-100 (mpmath at 300 bits); |r| <= 0.0053 at the ends of every cell, ``S = c_k +- 1/256`` (exact rationals)."""
+    mp = pytest.importorskip("mpmath")
+    assert _ew_vec.INVC[32] == 1.0 and _ew_vec.LT_HI[32] == 0.0 and _ew_vec.LT_LO[32] == 0.0
+    assert _ew_vec.INVC[0] == 178956971 / 2**27  # 4/3 to 28 bits (k = -32, c = 0.75): 4/3 2**27 = 178956970.67
+    with mp.workprec(300):
+        for i in range(97):
+            want = -mp.log(mp.mpf(_ew_vec.INVC[i]))
+            assert abs(want - mp.mpf(_ew_vec.LT_HI[i]) - mp.mpf(_ew_vec.LT_LO[i])) <= mp.mpf(2) ** -100
+            c = 1 + Fraction(i - 32, 128)
+            for s in (c - Fraction(1, 256), c + Fraction(1, 256)):
+                assert abs(s * Fraction(_ew_vec.INVC[i]) - 1) < Fraction(53, 10000)
+        assert abs(mp.log(2) - mp.mpf(_ew_vec.LN2_HI) - mp.mpf(_ew_vec.LN2_LO)) <= mp.mpf(2) ** -93
+
+
+def test_erf_table_by_hand():
+    """erf's coefficients at z0 = 0 are the Maclaurin series', written out: 2/sqrt(pi) (1, 0, -1/3, 0, 1/10, 0,
+    -1/42); at z0 = 1, a_1 = 2/sqrt(pi) e**-1 = 0.41510749742059477; A0 at 1 is erf(1) = 0.8427007929497149."""
+    a0h, a0l, A = _ew_vec.erf_table()
+    c = 1.1283791670955126  # 2 / sqrt(pi)
+    want = [c, 0.0, -c / 3, 0.0, c / 10, 0.0, -c / 42]
+    assert all(abs(A[0, n + 1] - w) <= 2.0**-52 * abs(w) for n, w in enumerate(want))
+    assert abs(A[128, 1] - 0.41510749742059477) <= 2.0**-53
+    assert a0h[128] == 0.8427007929497149 and a0h[0] == a0l[0] == 0.0
+
+
+def test_erfcx_table_by_hand():
+    """erfcx(2) = e**4 erfc(2) = 0.2553956763105057 (A&S 7.1); its derivative 2 z f - 2/sqrt(pi) =
+    -0.10679646, written out; the second coefficient f''/2 = (2 f + 2 z f') / 2."""
+    F = _ew_vec.erfcx_table()
+    assert abs(F[0, 0] - 0.2553956763105057) <= 2.0**-52
+    f1 = 4 * 0.2553956763105057 - 1.1283791670955126
+    assert abs(F[0, 1] - f1) <= 2.0**-50
+    assert abs(F[0, 2] - (0.2553956763105057 + 2 * f1)) <= 2.0**-48
+
+
 def _check(op, xs, fmt, **kw):
     x = to_array(xs, fmt)
     got = _f64(getattr(refkern, op)(x, **kw))
@@ -57,7 +100,7 @@ def test_first_pass_is_the_truth(op, fmt):
     x = np.asarray(xs, np.float64)
     out, und = np.empty(x.size), np.zeros(x.size, np.bool_)
     _ew_vec.VEC[op](x, *FORMATS[fmt].params, out, und)
-    assert (~und).sum() >= 0.5 * x.size  # a sixth of the values are random bit patterns, mostly outside its range
+    assert (~und).sum() >= 0.3 * x.size  # random bit patterns and (log) negative values lie outside its range
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16"])

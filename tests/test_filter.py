@@ -618,8 +618,10 @@ def test_double_rounding_trap_for_bfloat16_and_float16():
         R, und, _, _, exact, _ = _both_decisions(a, b, None)
         assert exact[0, 0, 0] == 1 + 2.0 ** (1 - p)
         assert und[0, 0, 0] or R.double()[0, 0, 0] == exact[0, 0, 0]
-        got = filt.device_values(*_operands(a, b)[:6], False, torch.device("cpu"))[0]
+        st = {}
+        got = filt.device_values(*_operands(a, b)[:6], False, torch.device("cpu"), st)[0]
         assert got[0, 0, 0] == 1 + 2.0 ** (1 - p)
+        assert st["undecided_first"] == 1 and st["undecided_rounded_once"] == 0  # decided by round_once
 
 
 @pytest.mark.parametrize("k", [2**16, 2**18, 2**20])
@@ -710,6 +712,63 @@ def test_device_paths_tight_chunks_blocks_and_magnitudes(monkeypatch):
     assert np.all(np.abs(mag - want) <= 2 * 65 * 2.0**-53 * want)
     v, mag = _device_gemm_equals_truth(a, b, bias, want_mag=True)
     assert np.all(np.abs(mag - want - np.abs(bias.double().numpy())) <= 2 * 66 * 2.0**-53 * mag)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_round_once_is_one_rounding(dtype):
+    """round_once (round to odd to float32, then to nearest) against refkern's round_to on values where
+    two roundings go wrong: midpoints of the format plus or minus a float64 ulp and 2**-30, ties, float32
+    midpoints, subnormal results, the overflow threshold, zeros, inf and NaN; random values too."""
+    from refkern.accumulate.formats import round_array
+    from refkern.engines import filter_device as fd
+
+    fin = torch.finfo(getattr(torch, dtype))
+    p, emin, emax = {"bfloat16": (8, -126, 127), "float16": (11, -14, 15)}[dtype]
+    mids = [1 + 2.0**-p, 1 + 3 * 2.0**-p, 2 - 2.0 ** (-p - 1), float(fin.max) + 2.0 ** (emax - p),
+            float(fin.smallest_normal) * (1 + 2.0**-p), float(fin.smallest_normal) * 2.0 ** -p * 1.5,
+            float(fin.smallest_normal) * 2.0**-p / 2]  # fmt: skip
+    xs = [0.0, -0.0, np.inf, -np.inf, float(fin.max), 1.0 + 2.0**-24 + 2.0**-40]
+    for m in mids:
+        for d in (0.0, 2.0**-30 * m, -(2.0**-30) * m, np.spacing(m), -np.spacing(m), 2.0**-25 * m):
+            xs += [m + d, -(m + d)]
+    rng = _rng("round-once", dtype)
+    xs += list(rng.standard_normal(2000) * 2.0 ** rng.integers(emin - p - 2, emax + 2, 2000))
+    x = np.array(xs)
+    got = fd.round_once(torch.from_numpy(x), dtype).double().numpy()
+    want = round_array(x, p, emin, emax)
+    assert np.array_equal(got.view(np.int64), want.view(np.int64)), x[got.view(np.int64) != want.view(np.int64)][:5]
+    assert np.isnan(fd.round_once(torch.tensor([np.nan], dtype=torch.float64), dtype).item())
+    t = torch.tensor([1 + 2.0**-p + 2.0**-30], dtype=torch.float64)
+    assert t.to(getattr(torch, dtype)).item() == 1.0 and fd.round_once(t, dtype).item() == 1 + 2.0 ** (1 - p)
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_device_run_decides_once_what_looked_like_midpoints(dtype):
+    """Gaussian products: the second, one-rounding look at the undecided elements of a bfloat16 or
+    float16 result decides those whose float32 end only looked like a midpoint, never one decide_one
+    leaves undecided, and the results are exact."""
+    from refkern.engines import filter_device as fd
+
+    rng = _rng("filter-device-once", dtype)
+    a, b = _data(rng, (256, 256), dtype, "normal"), _data(rng, (256, 256), dtype, "normal")
+    zero = np.zeros(1, np.int64)
+    d = fd.Device(a[None], b.T[None], zero, zero, None, dtype)
+    R, V, _, idx = d.run()
+    und = np.zeros(V.shape, bool)
+    und[idx[:, 0], idx[:, 1], idx[:, 2]] = True
+    Vc = V.numpy().copy()
+    und_c, counts = np.empty(Vc.shape, np.uint8), np.empty((1, 256), np.int64)
+    z = np.zeros(1, np.int64)
+    A64, B64 = d.A, d.B
+    filt._decide(Vc, fd.norms(A64).numpy(), fd.norms(B64).numpy(), z, z, np.zeros(256), np.zeros(256), 256,
+                 *_operands(a, b)[0].work.params, und_c, counts)  # fmt: skip
+    dec = ~und
+    assert not (dec & (und_c == 1)).any()
+    exact = rk.matmul(a, b, engine="numba").double().numpy()[None]  # (== truth: the tests above; 65k elements)
+    assert np.array_equal(R.double().numpy()[dec].view(np.int64), exact[dec].view(np.int64))
+    if dtype != "float32":
+        assert d.stats["undecided_rounded_once"] <= d.stats["undecided_first"]
+        assert d.stats["undecided_rounded_once"] <= (und_c == 1).sum()
 
 
 def test_device_bias_per_row_and_empty_shapes():

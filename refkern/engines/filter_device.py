@@ -5,8 +5,8 @@ filter.decide_one` in a jitted CPU loop. On a CUDA device that loop would need t
 result copied back (128 MiB at 4096**2). Here the same test runs as whole-tensor torch ops where the
 tensors live (cuBLAS's GEMM, the norms, the bound, both ends of each interval rounded to the result
 format and compared); only the undecided elements' indices come back to the CPU, where the existing
-exact path (:func:`~refkern.engines.filter._exact_pairs`, the Numba engine's own element) computes
-them. The decided values are rounded on the device, in the result format. Every function takes
+exact path (:func:`~refkern.engines.filter_element._exact_pairs`, the Numba engine's own element)
+computes them. The decided values are rounded on the device, in the result format. Every function takes
 torch tensors on any device, the CPU included, so that the tests run it without a GPU.
 
 **The bound** (:func:`decide`). decide_one takes e = fl(C m), C = (K + 1) SLACK 2**-53 (exact),
@@ -23,13 +23,13 @@ covered the same way: e' = fl(C1 fl(G + |b|)) >= fl(C fl(G + |b|)).
 
 **decide_one's range guards** hold by themselves for float32-or-narrower factors (``applies``): a
 nonzero norm is >= 2**-149 (a nonzero square >= 2**-298), so m is 0, or >= 2**-298 > M_MIN, or
-inf/NaN (a term inf or NaN); a finite m < (sqrt(K) 2**128)**2 + 2**128 < 2**(298 + 40) < M_MAX.
+inf/NaN (a term inf or NaN); a finite m <= K 2**256 + 2**128 < 2**297 < M_MAX (K < 2**40).
 m = 0 means every term is zero: s = +-0, both ends round to zero, and a zero result is left
 undecided here (its sign needs the exact path, decide_one's step 4), which also stands for
 decide_one's test |s| > e: a nonzero value r = round(fl(s - e')) = round(fl(s + e')) has the sign of
 both ends, so fl(s - e') > 0 (or fl(s + e') < 0), i.e. s > e' (or s < -e'). inf or NaN in m makes
 e' inf or NaN: the ends are -inf and inf, or NaN, and never compare equal. No product underflows:
-e' >= 2**-52 2**-149 2**-149 (normal).
+e' >= 2**-53 2**-149 2**-149 (normal; C1 >= 2**-53 for K >= 0).
 
 **Rounding the ends to the result format.** float32: torch's float64 -> float32 conversion (one
 IEEE rounding to nearest even, subnormals and overflow to inf included). bfloat16 and float16:
@@ -43,9 +43,10 @@ when round(fl32(lo)) == round(fl32(hi)) and neither is a boundary, none lies bet
 exact sum rounds to that value. A float32 y is a bfloat16 boundary iff its 16 low bits are 0x8000
 (bfloat16 is float32 without those bits, subnormals included); a float16 boundary in float16's
 normal range iff its 13 low bits are 0x1000; below 2**-14 (float16's subnormals) every end counts as
-a possible boundary: such elements go exact. This is slightly more conservative than decide_one (an
-end whose float32 value has that bit pattern, about 2**-16 or 2**-13 of the elements, and float16's
-subnormal results), never less.
+a possible boundary. That leaves about 2**-16 (bfloat16) or 2**-13 (float16) of the elements
+undecided although decide_one decides them; those undecided elements are looked at again, gathered,
+with both ends in float64 rounded once (:func:`round_once`, :meth:`Device._once`), which decides
+what decide_one decides on them (tests: never more).
 
 **What runs where, and memory.** On the device: the float64 GEMM (cuBLAS), the norms, the decision
 in chunks of at most CHUNK elements (at most 32 bytes of temporaries per element of a chunk: a

@@ -771,6 +771,46 @@ def test_device_run_decides_once_what_looked_like_midpoints(dtype):
         assert d.stats["undecided_rounded_once"] <= (und_c == 1).sum()
 
 
+@pytest.mark.parametrize("case", _adversarial(), ids=lambda c: c[0])
+def test_pairwise_stage_is_exact_where_it_decides(case):
+    """filter_device.pairwise (the device's second stage: the undecided elements' products gathered and
+    summed pairwise, gamma_L in place of gamma_K) on every element of the adversarial set: what it
+    decides is refkern.truth, bit for bit; bias as one more term."""
+    from refkern.engines import filter_device as fd
+
+    _, a, b, bias = case
+    p, A3, Bt3, ia, ib, b64, shape = _operands(a, b, bias)
+    A, B = torch.from_numpy(A3[ia]), torch.from_numpy(np.ascontiguousarray(Bt3[ib]))
+    nt, m, n = A.shape[0], A.shape[1], B.shape[1]
+    t, i, j = (x.reshape(-1) for x in torch.meshgrid(torch.arange(nt), torch.arange(m), torch.arange(n), indexing="ij"))
+    bv = None if b64 is None else torch.from_numpy(b64.copy())[j]
+    r, und = fd.pairwise(A, B, t, i, j, bv, p.out.name)
+    exact = (truth.matmul(a, b) if bias is None else truth.linear(a, b.T.contiguous(), bias)).double().numpy().reshape(-1)
+    dec = ~und.numpy()
+    assert np.array_equal(r.double().numpy()[dec].view(np.int64), exact[dec].view(np.int64))
+
+
+def test_pairwise_stage_decides_what_the_norm_bound_cannot(monkeypatch):
+    """K = 4096 Gaussian float32 rows: the pairwise stage decides nearly every element the norm and
+    |A||B| bounds left (gamma_12 against gamma_4096), exactly (the Numba engine on those rows)."""
+    from refkern.engines import filter_device as fd
+
+    rng = _rng("filter-device-pairwise")
+    a = torch.from_numpy(rng.standard_normal((48, 4096)).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal((4096, 256)).astype(np.float32))
+    bias = torch.from_numpy(rng.standard_normal(256).astype(np.float32))
+    monkeypatch.setattr(fd.Device, "force_pairwise", True)
+    for bb in (None, bias):
+        got, st = fd.matmul(a, b, bb)
+        assert st["undecided_after_tight"] > 20 and st["undecided_after_pairwise"] <= st["undecided_after_tight"] / 20
+        want = rk.matmul(a, b, engine="numba") if bb is None else rk.linear(a, b.T.contiguous(), bb, engine="numba")
+        _all_same(got, want, f"pairwise stage, bias {bb is not None}")
+    monkeypatch.setattr(fd, "PAIRWISE_PRODUCTS", 1 << 13)  # chunks of 2 elements
+    _all_same(fd.matmul(a[:4], b)[0], rk.matmul(a[:4], b, engine="numba"), "pairwise in chunks")
+    # by hand: 2,000 elements x 4096 x 2.5 ns / 16 threads = 1.28 ms > 1 ms; 1,500: 0.96 ms
+    assert fd.pairwise_pays(2000, 4096, 16) and not fd.pairwise_pays(1500, 4096, 16)
+
+
 def test_device_bias_per_row_and_empty_shapes():
     """decide_gemm with a bias per row (the convolution's layout) decides as filter's _decide with brow;
     empty GEMMs and K = 0 (every element the bias, or a signed zero) through filter.device_values."""

@@ -67,11 +67,14 @@ import numpy as np
 from refkern.engines import filter_element as fe
 
 __all__ = ["CHUNK", "EXACT_TERM_S", "TIGHT_SHARE", "supports", "scale", "norms", "decide", "decide_gemm",
-           "round_once", "value_gemm", "tight_pays", "Device", "exact_elements", "gemm", "matmul"]  # fmt: skip
+           "round_once", "value_gemm", "tight_pays", "pairwise", "pairwise_pays", "PAIRWISE_PRODUCTS",
+           "PAIRWISE_MIN_S", "Device", "exact_elements", "gemm", "matmul"]  # fmt: skip
 
 CHUNK = 1 << 25  # elements per decision chunk: at most 32 bytes of temporaries each (module docstring)
 EXACT_TERM_S = 2.5e-9  # the CPU exact path, seconds per product on one thread (measured: 2.44 ns, K = 4096)
 TIGHT_SHARE = 1 - 2 / math.pi  # the undecided share the |A||B| bound decides on Gaussian data (tight_pays)
+PAIRWISE_PRODUCTS = 1 << 24  # products per chunk of the pairwise stage: 3 float64 temporaries, 384 MiB
+PAIRWISE_MIN_S = 1e-3  # the pairwise stage's launches (4 ops x log2 K levels, gathers): its fixed cost
 
 _FORMATS = {(24, -126, 127): "float32", (8, -126, 127): "bfloat16", (11, -14, 15): "float16"}
 
@@ -180,6 +183,53 @@ def tight_pays(undecided, rows, n, k, gemm_s, m, threads):
     On an H100 with 16 CPU threads at 4096^3 a row's GEMM costs about one element's exact path, so
     it runs where rows hold about three undecided elements each."""
     return gemm_s * rows / max(m, 1) < TIGHT_SHARE * undecided * k * EXACT_TERM_S / max(threads, 1)
+
+
+def pairwise(A, B, t, i, j, bias, name):
+    """(r, undecided) for the elements (t, i, j) (int64 tensors) of A[t] @ B[t]^T (+ bias), float64
+    tensors A (T, M, K) and B (T, N, K) of narrow values, ``bias`` the values added to each element
+    (a float64 tensor of t's length) or None: the K products gathered (exact), the bias one more
+    term, zeros to 2**L terms, and summed pairwise by whole-tensor halvings (each a sum of two: one
+    rounded addition, in no order to choose), and so are their absolute values. Pairwise summation
+    errs by at most gamma_L sum |terms| (Higham, *Accuracy and Stability*, 2nd ed., eq. (4.6)), which
+    is decide_one's assumption with L in place of K, and the pairwise sum T' of |terms| is at least
+    (1 - gamma_L) T: so e' = fl(scale(L) T') bounds the error as decide_one's derivation says. With
+    L = 12 instead of K = 4096 the interval is 340 times narrower; the ends are rounded as in
+    :func:`round_once` (bfloat16, float16) or by the conversion (float32), a zero result undecided.
+    In chunks of PAIRWISE_PRODUCTS products (three float64 temporaries of that size)."""
+    torch = _torch()
+    k = A.shape[2] + (bias is not None)
+    L = max(1, math.ceil(math.log2(max(k, 2))))
+    c1 = scale(L)
+    rows = max(1, PAIRWISE_PRODUCTS >> L)
+    r = torch.empty(t.shape, dtype=getattr(torch, name), device=A.device)
+    und = torch.empty(t.shape, dtype=torch.bool, device=A.device)
+    for c0 in range(0, t.shape[0], rows):
+        sl = slice(c0, c0 + rows)
+        p = torch.zeros((t[sl].shape[0], 1 << L), dtype=torch.float64, device=A.device)
+        torch.mul(A[t[sl], i[sl]], B[t[sl], j[sl]], out=p[:, : A.shape[2]])  # exact products
+        if bias is not None:
+            p[:, A.shape[2]] = bias[sl]
+        q = p.abs()
+        while p.shape[1] > 1:
+            p = p.view(p.shape[0], -1, 2).sum(-1)  # one rounded addition per pair
+            q = q.view(q.shape[0], -1, 2).sum(-1)
+        sv, e = p[:, 0], q[:, 0] * c1
+        lo, hi = sv - e, sv + e
+        if name == "float32":
+            rl, rh = lo.to(torch.float32), hi.to(torch.float32)
+        else:
+            rl, rh = round_once(lo, name), round_once(hi, name)
+        r[sl], und[sl] = rl, (rl != rh) | (rl == 0)
+    return r, und
+
+
+def pairwise_pays(undecided, k, threads):
+    """Whether the pairwise stage is worth its launches: the exact path would take longer than
+    PAIRWISE_MIN_S on ``threads`` CPU threads (K EXACT_TERM_S per element). Its own cost per product
+    on a GPU (about 70 bytes of memory traffic: the gathers, the product, the halvings) is a few
+    hundredths of a nanosecond, far below the exact path's 2.5 ns per thread."""
+    return undecided * k * EXACT_TERM_S / max(threads, 1) > PAIRWISE_MIN_S
 
 
 def _torch():
@@ -291,7 +341,23 @@ class Device:
         if idx.shape[0] and not want_mag:
             idx = self._tighten(A, B, V, R, und, idx, gemm_s)
         self.stats["undecided_after_tight"] = int(idx.shape[0])
+        if idx.shape[0] and (self.dev.type == "cuda" or self.force_pairwise):
+            import numba
+
+            if self.force_pairwise or pairwise_pays(idx.shape[0], self.k, numba.get_num_threads()):
+                idx = self._pairwise(A, B, R, idx)
+                self.stats["undecided_after_pairwise"] = int(idx.shape[0])
         return R, V, mag, idx.cpu().numpy()
+
+    force_pairwise = False  # the tests: the pairwise stage on CPU tensors too
+
+    def _pairwise(self, A, B, R, idx):
+        """The undecided elements idx by :func:`pairwise`; those that remain, as idx."""
+        t, i, j = idx[:, 0], idx[:, 1], idx[:, 2]
+        b = None if self.bias is None else self.bias[i if self.bias_rows else j]
+        r, u = pairwise(A, B, t, i, j, b, self.name)
+        R[t, i, j] = _torch().where(u, R[t, i, j], r)
+        return idx[u]
 
     def _once(self, V, R, und, idx, mag, na, nb):
         """The undecided elements idx of a bfloat16 or float16 result again, with both ends in float64

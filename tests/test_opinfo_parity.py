@@ -179,8 +179,7 @@ def _grad_case(o, d):
 
 
 #: every (OpInfo, dtype) torch differentiates (bmm's triton_optimized variant it does not) of an op with a
-#: backward (its record's ``backward``; cross_entropy's gradient has none yet, l1_loss's is autograd's sub, abs and
-#: mean)
+#: backward (its record's ``backward``; l1_loss's is autograd's sub, abs and mean)
 _GRAD_CASES = [_grad_case(o, d) for o in INFOS for d in DTYPES if d in o.supported_dtypes("cpu")
                and _BY_NAME[o.name].backward is not None and o.supports_autograd]  # fmt: skip
 

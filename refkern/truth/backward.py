@@ -265,6 +265,13 @@ def binary_cross_entropy(name, grad_output, a, wrt, precision=None):
     return bce_backward(grad_output, a, _wrt(name, wrt), precision or 64)
 
 
+def cross_entropy(name, grad_output, a, wrt, precision=None):
+    """``s (p A - B)``: the softmax by mpmath intervals, the coefficients exact (:mod:`refkern.truth.losses`)."""
+    from refkern.truth.losses import ce_backward
+
+    return ce_backward(grad_output, a, _wrt(name, wrt), precision or 64)
+
+
 def binary_cross_entropy_with_logits(name, grad_output, a, wrt, precision=None):
     """``g w (A sigmoid(x) - pw y)`` for the input, ``g w (-x + (pw - 1) softplus(-x))`` for the target (over n for a
     mean): mpmath intervals (:mod:`refkern.truth.losses`)."""

@@ -428,3 +428,60 @@ def bce_logits_backward(grad_output, a, wrt, precision=64) -> dict:
             r[i] = round_fraction(q, fmt) if q != 0 else math.copysign(0.0, ieee)
         out[k] = r
     return out
+
+
+def ce_backward(grad_output, a, wrt, precision=64) -> dict:
+    """``{"input": s (p A - B)}`` of cross_entropy (:mod:`refkern.kernels.loss_ce_grad`'s module docstring, read
+    here from torch's definitions with this module's own reading of the arguments): ``p`` the softmax by mpmath
+    intervals (``p_j = 1 / sum_k e**(x_k - x_j)``), the coefficients exact Fractions, rounded once (Ziv); rational
+    where every finite logit of the row is equal or a logit is -inf; torch's formula in float64 for a row with NaN
+    or +inf, all -inf, a non-finite grad_output or a mean over no weight."""
+    rows, tg, probs, w, shape, fmt = _read("cross_entropy", a["input"], a["target"], a.get("weight"))
+    red = _red(a.get("reduction", "mean"), a.get("size_average"), a.get("reduce"))
+    ign, eps = a.get("ignore_index", -100), Fraction(float(a.get("label_smoothing", 0.0)))
+    R, C = rows.shape
+    W = [Fraction(v) for v in w]
+    go = operand(grad_output, "grad_output", "truth.backward")
+    Gv = [float(v) for v in np.asarray(go.values, np.float64).reshape(-1)]
+    counted = [r for r in range(R) if probs is not None or int(tg[r]) != ign]
+    if red != "mean":
+        D = Fraction(1)
+    elif probs is not None:
+        D = Fraction(R)
+    else:
+        D = sum((W[int(tg[r])] for r in counted), Fraction(0))
+    out = np.zeros((R, C))
+    for r in counted:
+        g = Gv[r] if red == "none" else Gv[0]
+        if probs is not None:
+            B = [((1 - eps) * Fraction(float(probs[r, j])) + eps / C) * W[j] for j in range(C)]
+        else:
+            t = int(tg[r])
+            B = [eps / C * W[j] + ((1 - eps) * W[t] if j == t else 0) for j in range(C)]
+        x = [float(v) for v in rows[r]]
+        with np.errstate(all="ignore"):  # torch's formula in float64 (the specials, and a zero's sign)
+            xa = np.array(x)
+            ls = (xa - np.max(xa)) - np.log(np.sum(np.exp(xa - np.max(xa))))
+            gy = -(g / float(D)) * np.array([float(b) for b in B]) if D != 0 else np.full(C, math.nan)
+            ieee = gy - np.exp(ls) * np.sum(gy)
+        if any(math.isnan(v) or v == math.inf for v in x) or all(v == -math.inf for v in x) or \
+                not math.isfinite(g) or D == 0:  # fmt: skip
+            out[r] = [_round_float_to(v, fmt) for v in ieee]
+            continue
+        s = Fraction(g) / D
+        A = sum(B, Fraction(0))
+        fin = [j for j in range(C) if x[j] != -math.inf]
+        X = [Fraction(v) if v != -math.inf else None for v in x]
+        equal = all(X[j] == X[fin[0]] for j in fin)
+        for j in range(C):
+            if X[j] is None or equal or s == 0 or (A == 0 and B[j] == 0):
+                p = Fraction(0) if X[j] is None else (Fraction(1, len(fin)) if equal else None)
+                q = Fraction(0) if p is None else s * (p * A - B[j])
+                out[r, j] = round_fraction(q, fmt) if q != 0 else math.copysign(0.0, ieee[j])
+                continue
+            out[r, j] = _decide(fmt, lambda s=s, A=A, B=B[j], X=X, j=j, fin=fin: _ivq(s) * (_ivq(A) / sum(
+                (iv.exp(_ivq(X[k] - X[j])) for k in fin), iv.mpf(0)) - _ivq(B)), precision)  # fmt: skip
+    x = np.asarray(operand(a["input"], "input", "truth.backward").values).reshape(
+        operand(a["input"], "input", "truth.backward").shape)
+    res = out.reshape(x.shape) if x.ndim == 1 else np.moveaxis(out.reshape(*shape, x.shape[1]), -1, 1)
+    return {"input": res}

@@ -6,9 +6,10 @@ Each case computes an exact GEMM on the device, by the device path that stays th
 (``filter_device.matmul``) and by ``refkern.matmul`` / ``refkern.linear`` on CUDA tensors (the
 filter's device decision, results copied back), and compares both with the Numba engine on the CPU,
 bit for bit. One line per case: PASS, or FAIL with the first differing element, both values in hex
-and as bits of the result format. Then the device's own self-test (the float64 GEMM's assumption)
-and a 1024^3 float32 product checked on a block of rows. ``--device cpu`` runs the same on CPU
-tensors (to check the script without a GPU). Exit status 1 when any case fails.
+and as bits of the result format. Then the device's own self-test (the float64 GEMM's assumption),
+a 1024^3 float32 product checked on a block of rows, and the pairwise stage (forced) at K = 4096.
+``--device cpu`` runs the same on CPU tensors (to check the script without a GPU). Exit status 1
+when any case fails.
 """
 
 import argparse
@@ -142,6 +143,19 @@ def main():
     print(f"{'FAIL' if diff else 'PASS'} float32 1024^3, rows 0..63 against the Numba engine (undecided "
           f"{st['undecided_first']} -> {st['undecided_after_tight']} of {st['elements']}; "
           f"{time.perf_counter() - t0:.2f} s)" + (f": {diff}" if diff else ""))  # fmt: skip
+    t0 = time.perf_counter()
+    a, b = torch.randn(32, 4096, generator=g), torch.randn(4096, 512, generator=g)
+    bias = torch.randn(512, generator=g)
+    fd.Device.force_pairwise = True  # the pairwise stage on these few undecided elements too
+    try:
+        got, st = fd.matmul(a.to(dev), b.to(dev), bias.to(dev))
+    finally:
+        fd.Device.force_pairwise = False
+    diff = _first_difference(got, rk.linear(a, b.T.contiguous(), bias, engine="numba"), "float32")
+    fails += bool(diff)
+    print(f"{'FAIL' if diff else 'PASS'} float32 32 x 4096 x 512 with bias, the pairwise stage forced (undecided "
+          f"{st['undecided_first']} -> {st['undecided_after_tight']} -> {st.get('undecided_after_pairwise')} of "
+          f"{st['elements']}; {time.perf_counter() - t0:.2f} s)" + (f": {diff}" if diff else ""))  # fmt: skip
     print(f"SMOKE {'PASS' if not fails else f'FAIL ({fails} failed)'} in {time.perf_counter() - t_start:.1f} s")
     return 1 if fails else 0
 

@@ -52,11 +52,12 @@ what decide_one decides on them (tests: never more).
 in chunks of at most CHUNK elements (at most 32 bytes of temporaries per element of a chunk: a
 float64 bound where a bias or the magnitudes enter it, both ends in float32, their narrow roundings,
 an int32 bit test and boolean masks; 1 GiB at CHUNK, beside the float64 result), the rounded
-results, and the |A| |B|^T GEMM over the rows holding undecided elements where it pays
-(:func:`tight_pays`). On the CPU: the undecided elements by the exact path, on copies of the rows
-they need. Every elementwise step is one torch op, except fl(s -+ fl(na C1) nb) without a bias
-(torch.addcmul, whose kernel may contract the product into an FMA: the product then is exact, which
-the bound above covers, :func:`decide`).
+results, the |A| |B|^T GEMM over the rows holding undecided elements where it pays
+(:func:`tight_pays`), and the pairwise stage on the elements still undecided where it pays
+(:func:`pairwise`, :func:`pairwise_pays`; chunks of PAIRWISE_PRODUCTS gathered products). On the
+CPU: what remains, by the exact path, on copies of the rows it needs. Every elementwise step is one
+torch op, except fl(s -+ fl(na C1) nb) without a bias (torch.addcmul, whose kernel may contract the
+product into an FMA: the product then is exact, which the bound above covers, :func:`decide`).
 """
 
 import math

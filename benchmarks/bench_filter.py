@@ -265,7 +265,8 @@ def _table(rows):
         if "device_part_ratio" in r:
             extra = (f"{r['device']}: torch f64 {r['torch_f64_s'] * 1e3:.2f} ms; device part alone "
                      f"{r['device_part_ratio']:.2f}x; refkern.matmul (copies) {r['refkern_matmul_ratio']:.2f}x; "
-                     f"undecided after |A||B| {r['undecided_after_tight']}; one call: device part "
+                     f"undecided after |A||B| {r['undecided_after_tight']}, after the pairwise stage "
+                     f"{r.get('undecided_after_pairwise', '(not run)')}; one call: device part "
                      f"{r['device_seconds'] * 1e3:.1f} ms, exact path with copies "
                      f"{r['exact_seconds'] * 1e3:.1f} ms")  # fmt: skip
         if "abs_gemm_per_exact_element" in r:

@@ -74,7 +74,7 @@ __all__ = ["CHUNK", "EXACT_TERM_S", "TIGHT_SHARE", "supports", "scale", "norms",
 CHUNK = 1 << 25  # elements per decision chunk: at most 32 bytes of temporaries each (module docstring)
 EXACT_TERM_S = 2.5e-9  # the CPU exact path, seconds per product on one thread (measured: 2.44 ns, K = 4096)
 TIGHT_SHARE = 1 - 2 / math.pi  # the undecided share the |A||B| bound decides on Gaussian data (tight_pays)
-PAIRWISE_PRODUCTS = 1 << 24  # products per chunk of the pairwise stage: 3 float64 temporaries, 384 MiB
+PAIRWISE_PRODUCTS = 1 << 24  # products per chunk of the pairwise stage: about 5 float64 temporaries, 640 MiB
 PAIRWISE_MIN_S = 1e-3  # the pairwise stage's launches (4 ops x log2 K levels, gathers): its fixed cost
 
 _FORMATS = {(24, -126, 127): "float32", (8, -126, 127): "bfloat16", (11, -14, 15): "float16"}
@@ -189,33 +189,36 @@ def tight_pays(undecided, rows, n, k, gemm_s, m, threads):
 def pairwise(A, B, t, i, j, bias, name):
     """(r, undecided) for the elements (t, i, j) (int64 tensors) of A[t] @ B[t]^T (+ bias), float64
     tensors A (T, M, K) and B (T, N, K) of narrow values, ``bias`` the values added to each element
-    (a float64 tensor of t's length) or None: the K products gathered (exact), the bias one more
-    term, zeros to 2**L terms, and summed pairwise by whole-tensor halvings (each a sum of two: one
-    rounded addition, in no order to choose), and so are their absolute values. Pairwise summation
-    errs by at most gamma_L sum |terms| (Higham, *Accuracy and Stability*, 2nd ed., eq. (4.6)), which
-    is decide_one's assumption with L in place of K, and the pairwise sum T' of |terms| is at least
+    (a float64 tensor of t's length) or None: the K products gathered (exact), zeros to 2**w terms,
+    summed pairwise by whole-tensor halvings (each a sum of two: one rounded addition, in no order to
+    choose), the bias added at the root, and the same for their absolute values. A summation tree of
+    depth L = w (+ 1 with the bias) errs by at most gamma_L sum |terms| (Higham, *Accuracy and
+    Stability*, 2nd ed., section 4.2: each term passes through at most L rounded additions), which is
+    decide_one's assumption with L in place of K, and the same tree's sum T' of |terms| is at least
     (1 - gamma_L) T: so e' = fl(scale(L) T') bounds the error as decide_one's derivation says. With
     L = 12 instead of K = 4096 the interval is 340 times narrower; the ends are rounded as in
     :func:`round_once` (bfloat16, float16) or by the conversion (float32), a zero result undecided.
-    In chunks of PAIRWISE_PRODUCTS products (three float64 temporaries of that size)."""
+    In chunks of PAIRWISE_PRODUCTS products (the two gathered operands, the products and their
+    absolute values, and the halvings: about five float64 temporaries of that size)."""
     torch = _torch()
-    k = A.shape[2] + (bias is not None)
-    L = max(1, math.ceil(math.log2(max(k, 2))))
+    w = max(1, math.ceil(math.log2(max(A.shape[2], 2))))  # the products padded to 2**w
+    L = w + (bias is not None)  # the bias added at the root: a tree of depth w + 1
     c1 = scale(L)
-    rows = max(1, PAIRWISE_PRODUCTS >> L)
+    rows = max(1, PAIRWISE_PRODUCTS >> w)
     r = torch.empty(t.shape, dtype=getattr(torch, name), device=A.device)
     und = torch.empty(t.shape, dtype=torch.bool, device=A.device)
     for c0 in range(0, t.shape[0], rows):
         sl = slice(c0, c0 + rows)
-        p = torch.zeros((t[sl].shape[0], 1 << L), dtype=torch.float64, device=A.device)
+        p = torch.zeros((t[sl].shape[0], 1 << w), dtype=torch.float64, device=A.device)
         torch.mul(A[t[sl], i[sl]], B[t[sl], j[sl]], out=p[:, : A.shape[2]])  # exact products
-        if bias is not None:
-            p[:, A.shape[2]] = bias[sl]
         q = p.abs()
         while p.shape[1] > 1:
             p = p.view(p.shape[0], -1, 2).sum(-1)  # one rounded addition per pair
             q = q.view(q.shape[0], -1, 2).sum(-1)
-        sv, e = p[:, 0], q[:, 0] * c1
+        sv, tq = p[:, 0], q[:, 0]
+        if bias is not None:
+            sv, tq = sv + bias[sl], tq + bias[sl].abs()
+        e = tq * c1
         lo, hi = sv - e, sv + e
         if name == "float32":
             rl, rh = lo.to(torch.float32), hi.to(torch.float32)

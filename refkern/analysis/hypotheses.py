@@ -41,6 +41,7 @@ import numpy as np
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, TFLOAT32, Format, round_array
 from refkern.analysis.evaluate import Problem, sample_run
 from refkern.analysis.stats import level
+from refkern.analysis.tensor_cores import drift, fit_drift
 from refkern.engines.filter import threads_for
 from refkern.kernels._element import ENERGY, EXACT, NAIVE, PAIRWISE
 
@@ -65,6 +66,7 @@ class Model:
     tap_store: bool = True  # with taps: each tap's sum is rounded to ``storage`` before it is added (col2im)
     tap_running: bool = True  # with taps: the running sum is held in ``storage`` (else summed in fp32, rounded once)
     product: Format | None = None  # the product sum stored in this format, then a bias added in ``storage``
+    rz: bool = False  # the accumulator rounds toward zero (NVIDIA tensor cores): a drift fitted (tensor_cores)
 
     @property
     def rounding(self) -> bool:
@@ -105,6 +107,10 @@ def models(out: Format, in_prec: int, has_bias: bool, op: str = "") -> list:
             for mode, tag in ((NEAREST, ""), (AWAY, ", ties away"), (TRUNCATE, ", truncated")):
                 ms.append(Model(f"tf32{tag}", "tf32", f"tf32 inputs ({_MODE[mode]}), fp32 accumulation", out,
                                 FLOAT32, (TFLOAT32, mode, False)))  # fmt: skip
+            for mode, tag in ((NEAREST, ""), (TRUNCATE, ", truncated")):  # ties away: nearest's drift alike
+                ms.append(Model(f"tf32 tensor cores{tag}", "tf32", f"tf32 inputs ({_MODE[mode]}), fp32 tensor-core "
+                                "accumulation (rounded toward zero, NVIDIA)", out, FLOAT32, (TFLOAT32, mode, False),
+                                rz=True))  # fmt: skip
         for f, modes in ((FLOAT16, (NEAREST,)), (BFLOAT16, (NEAREST, TRUNCATE))):
             if in_prec <= f.prec:
                 continue  # the inputs are already this coarse: rounding them changes nothing
@@ -196,6 +202,11 @@ def _tapped(terms, n_taps, m: Model, n: int):
     return c, var
 
 
+def _taps(pr: Problem) -> int:
+    """Taps per channel of a convolution's terms (1 for the products): the drift's second order."""
+    return int(np.prod(pr.ops[0].W.shape[2:])) if pr.kind == "conv" else 1
+
+
 def _n_taps(pr: Problem) -> int:
     w = pr.ops[0].weight
     return int(np.prod(w.shape[2:]))
@@ -223,9 +234,24 @@ def _product_then_bias(p, mag, b, m: Model, n: int, lam: float, order=None):
     return c, var
 
 
-def centre(pr: Problem, m: Model):
-    """(c, var) of the model on every element of the problem, float64 arrays of its shape."""
+def centre(pr: Problem, m: Model, actual=None):
+    """(c, var) of the model on every element of the problem, float64 arrays of its shape. An RZ
+    model's centre carries the drift fitted on ``actual`` (:mod:`refkern.analysis.tensor_cores`)."""
     n = pr.n_terms
+    if m.rz:
+        c, var = centre(pr, dataclasses.replace(m, rz=False))
+        if actual is None:
+            return c, var
+        rounded, taps, D = pr.with_inputs(m.inputs), _taps(pr), None
+        step = max(1, 2**20 // max(n, 1))
+        for s0 in range(0, pr.size, step):
+            idx = np.arange(s0, min(pr.size, s0 + step))
+            L, R, _, _ = rounded.terms(idx)
+            part = drift(L, R, taps)
+            D = np.empty((pr.size, part.shape[1])) if D is None else D
+            D[idx] = part
+        return fit_drift(np.asarray(actual, np.float64).reshape(-1), c.reshape(-1), var.reshape(-1), D)[0].reshape(
+            c.shape), var
     if m.taps:  # computed from the gathered terms, in chunks of at most 2**20 terms
         c, var = np.empty(pr.size), np.empty(pr.size)
         step = max(1, 2**20 // max(n, 1))
@@ -262,10 +288,21 @@ def _order_term(pr: Problem, idx=None):
     return o.reshape(pr.shape) if idx is None else o.reshape(-1)[idx]
 
 
-def centre_sample(terms, pr: Problem, m: Model):
-    """(c, var) of the model on the gathered elements ``terms = (L, R, bias, has_bias)``."""
+def centre_sample(terms, pr: Problem, m: Model, actual=None):
+    """(c, var) of the model on the gathered elements ``terms = (L, R, bias, has_bias)`` (an RZ model's
+    drift fitted on ``actual``, the backend's values there, as :func:`centre`)."""
     with threads_for(terms[0].size):  # a sample is small: its kernels on one thread (threads_for)
-        return _centre_sample(terms, pr, m)
+        if not m.rz:
+            return _centre_sample(terms, pr, m)
+        c, var = _centre_sample(terms, pr, dataclasses.replace(m, rz=False))
+        if actual is None:
+            return c, var
+        memo = _shared(terms)
+        key = ("drift", m.inputs)
+        if key not in memo:
+            Lr, Rr, _ = _rounded(terms, memo, m.inputs)
+            memo[key] = drift(Lr, Rr, _taps(pr))
+        return fit_drift(actual, c, var, memo[key])[0], var
 
 
 _SHARED = (None, {})  # (the last sample's terms, its runs and rounded operands): see _shared

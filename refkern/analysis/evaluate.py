@@ -27,12 +27,12 @@ from numba import prange
 import refkern.ops as _ops
 from refkern._jit import jit
 from refkern.accumulate.exact import BLOCK
-from refkern.accumulate.formats import Format, round_array
+from refkern.accumulate.formats import Format, round_array, round_to
 from refkern.accumulate.superacc import SIZE, acc_init
 from refkern.engines.filter import decide_one, threads_for
 from refkern.kernels import conv, conv_transpose, gemm
 from refkern.kernels._common import plan
-from refkern.kernels._element import EXACT, abs_sum, reduce_element, row_stats
+from refkern.kernels._element import EXACT, NAIVE, abs_sum, reduce_element, row_stats
 from refkern.ops._bind import bind
 
 __all__ = ["OPS", "Evaluation", "Problem", "Terms", "evaluate", "problem", "op_name", "sample_run"]
@@ -203,17 +203,98 @@ def _dot64(a, b, bias):
     return s
 
 
+_ROWS_AT_ONCE = 4  # rows whose float32 chains _naive_f32 interleaves: 4 additions in flight (latency 3 to 4 cycles)
+
+
+@jit
+def _naive_f32(L, R, bias, has_bias, out):
+    """out[s] = :func:`~refkern.accumulate.methods.naive` of row s in float32 (fl(s + fl(t_k)) left to right,
+    the bias last), in float32 arithmetic instead of :func:`~refkern.accumulate.formats.round_to` on float64
+    (two emulated roundings per term, 8 ns; about 1 ns here). The same values: ``t_k = L R`` is exact in
+    float64 (narrow inputs) and its conversion to float32 is round_to(t, 24, -126, 127) (the filter's
+    :func:`~refkern.engines.filter.decide_one` reads it so too); the sum of two float32 numbers rounded to
+    float64 and then to float32 is the float32 sum rounded once, since 53 >= 2 * 24 + 2 (double rounding is
+    innocuous for addition: Figueroa, SIGNUM Newsl. 30(3), 1995; Roux, 2014, subnormals and overflow
+    included: a float64 sum that is not exact needs operands 2**29 apart, far from float32's subnormals, and
+    overflow is decided by a float64 threshold), inf, NaN and the sign of a zero sum alike (+0 + -0 = +0 in
+    both). Rows in groups of :data:`_ROWS_AT_ONCE`, each its own chain in its own order."""
+    S, K = L.shape
+    g = S - S % _ROWS_AT_ONCE
+    for s in range(0, g, _ROWS_AT_ONCE):
+        a0, a1, a2, a3 = L[s], L[s + 1], L[s + 2], L[s + 3]
+        b0, b1, b2, b3 = R[s], R[s + 1], R[s + 2], R[s + 3]
+        c0 = c1 = c2 = c3 = np.float32(0.0)
+        for k in range(K):
+            c0 = c0 + np.float32(a0[k] * b0[k])
+            c1 = c1 + np.float32(a1[k] * b1[k])
+            c2 = c2 + np.float32(a2[k] * b2[k])
+            c3 = c3 + np.float32(a3[k] * b3[k])
+        if has_bias:
+            c0, c1 = c0 + np.float32(bias[s]), c1 + np.float32(bias[s + 1])
+            c2, c3 = c2 + np.float32(bias[s + 2]), c3 + np.float32(bias[s + 3])
+        out[s], out[s + 1], out[s + 2], out[s + 3] = np.float64(c0), np.float64(c1), np.float64(c2), np.float64(c3)
+    for s in range(g, S):
+        a, b = L[s], R[s]
+        c = np.float32(0.0)
+        for k in range(K):
+            c = c + np.float32(a[k] * b[k])
+        if has_bias:
+            c = c + np.float32(bias[s])
+        out[s] = np.float64(c)
+
+
+@jit
+def _naive_rows(L, R, bias, has_bias, prec, emin, emax, out):
+    """out[s] = :func:`~refkern.accumulate.methods.naive` of row s in the format (prec, emin, emax): the same
+    operations in the same order (``fl(s + fl(t_k))``, :func:`~refkern.accumulate.formats.round_to`, the bias
+    last), four rows' chains interleaved: each step waits on the last one's two roundings (8 ns a term
+    alone), four chains keep four in flight."""
+    S, K = L.shape
+    g = S - S % _ROWS_AT_ONCE
+    for s in range(0, g, _ROWS_AT_ONCE):
+        a0, a1, a2, a3 = L[s], L[s + 1], L[s + 2], L[s + 3]
+        b0, b1, b2, b3 = R[s], R[s + 1], R[s + 2], R[s + 3]
+        c0 = c1 = c2 = c3 = 0.0
+        for k in range(K):
+            c0 = round_to(c0 + round_to(a0[k] * b0[k], prec, emin, emax), prec, emin, emax)
+            c1 = round_to(c1 + round_to(a1[k] * b1[k], prec, emin, emax), prec, emin, emax)
+            c2 = round_to(c2 + round_to(a2[k] * b2[k], prec, emin, emax), prec, emin, emax)
+            c3 = round_to(c3 + round_to(a3[k] * b3[k], prec, emin, emax), prec, emin, emax)
+        if has_bias:
+            c0 = round_to(c0 + round_to(bias[s], prec, emin, emax), prec, emin, emax)
+            c1 = round_to(c1 + round_to(bias[s + 1], prec, emin, emax), prec, emin, emax)
+            c2 = round_to(c2 + round_to(bias[s + 2], prec, emin, emax), prec, emin, emax)
+            c3 = round_to(c3 + round_to(bias[s + 3], prec, emin, emax), prec, emin, emax)
+        out[s], out[s + 1], out[s + 2], out[s + 3] = c0, c1, c2, c3
+    for s in range(g, S):
+        a, b = L[s], R[s]
+        c = 0.0
+        for k in range(K):
+            c = round_to(c + round_to(a[k] * b[k], prec, emin, emax), prec, emin, emax)
+        if has_bias:
+            c = round_to(c + round_to(bias[s], prec, emin, emax), prec, emin, emax)
+        out[s] = c
+
+
 @jit(parallel=True)
 def _sample_kernel(L, R, bias, has_bias, out, mag, method, narrow, prec, emin, emax):
     """out[s] = bias[s] + sum_k L[s, k] R[s, k] by ``method``; mag[s] = sum of |terms|. EXACT with
     products exact in float64 (``narrow``) and a result of at most 26 bits: first the filter's test
     (a float64 sum, the bound from mag, :func:`~refkern.engines.filter.decide_one`), the exact path
-    where it cannot decide; the same correctly rounded value either way."""
+    where it cannot decide; the same correctly rounded value either way. NAIVE: :func:`_naive_f32` (float32)
+    or :func:`_naive_rows`, the values of :func:`~refkern.accumulate.methods.naive`."""
     filt = method == EXACT and narrow and prec <= 26
+    rows = method == NAIVE  # left to right: whole rows here, four chains at a time (the loop below: mag only)
+    if rows and narrow and prec == 24 and emin == -126 and emax == 127:
+        _naive_f32(L, R, bias, has_bias, out)  # float32 arithmetic itself
+    elif rows:
+        _naive_rows(L, R, bias, has_bias, prec, emin, emax, out)
     for s in prange(L.shape[0]):
         b = bias[s] if has_bias else 0.0
         m = abs_sum(L[s], R[s], b)
         mag[s] = m
+        if rows:
+            continue
         if filt:
             r = decide_one(_dot64(L[s], R[s], b), m, L.shape[1], prec, emin, emax)
             if r == r:

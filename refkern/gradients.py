@@ -53,12 +53,27 @@ def _rule(name):
     return _ops.resolve_path(_ops.get(name).backward.rule)
 
 
+def _given(a, k) -> bool:
+    """Whether argument ``k`` of the bound call ``a`` was given as something with a gradient: not None, and not
+    integers (cross_entropy's class-index target is differentiable only as probabilities)."""
+    import numpy as np
+
+    from refkern._arrays import is_tensor
+
+    v = a.get(k)
+    if v is None:
+        return False
+    if is_tensor(v):
+        return bool(v.is_floating_point())
+    return np.asarray(v).dtype.kind not in "iub"
+
+
 def differentiable(op, args, kwargs, who="backward") -> dict:
     """``{name: value}`` of the differentiable arguments of ``op(*args, **kwargs)`` that were given
-    (not None), bound by the op's signature."""
+    (not None, not integers), bound by the op's signature."""
     name = _op_name(op, who)
     a = _bind(name, args, kwargs, who)
-    return {k: a[k] for k in _ops.get(name).differentiable if a.get(k) is not None}
+    return {k: a[k] for k in _ops.get(name).differentiable if _given(a, k)}
 
 
 def adjoints(op, grad_output, *args, wrt=None, who="backward", **kwargs) -> dict:
@@ -67,7 +82,7 @@ def adjoints(op, grad_output, *args, wrt=None, who="backward", **kwargs) -> dict
     name = _op_name(op, who)
     diff = _ops.get(name).differentiable
     a = _bind(name, args, kwargs, who)
-    given = tuple(k for k in diff if a.get(k) is not None)
+    given = tuple(k for k in diff if _given(a, k))
     if wrt is None:
         wrt = given
     elif isinstance(wrt, str):

@@ -116,4 +116,30 @@ def test_the_record_names_the_gradient():
     import refkern.ops as ops
 
     r = ops.get("cross_entropy")
-    assert r.differentiable == ("input",) and r.backward.judge.endswith("loss_ce_grad:ce_report")
+    assert r.differentiable == ("input", "target") and r.backward.judge.endswith("loss_ce_grad:ce_report")
+
+
+@pytest.mark.parametrize("smoothing", (0.0, 0.3))
+@pytest.mark.parametrize("red", ("none", "mean", "sum"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_probability_target_gradient(dtype, red, smoothing):
+    """The probability target's gradient, ``-(g / D) (1 - eps) w log p``: equal to the truth bit for bit (a -inf
+    logit gives torch's infinity), torch's judged exact or rounding, torch's 3% off a mismatch."""
+    x, t, w, gen = _case(dtype, True, 4)
+    xx, tt = x.clone().requires_grad_(), t.clone().requires_grad_()
+    kw = dict(reduction=red, label_smoothing=smoothing)
+    loss = F.cross_entropy(xx, tt, w, **kw)
+    g = torch.randn(tuple(loss.shape), generator=gen, dtype=torch.float64).to(dtype)
+    (gt,) = torch.autograd.grad(loss, tt, g)
+    mine = rk.backward("cross_entropy", g, x, t, w, wrt="target", **kw)["target"]
+    assert _bits(mine) == _bits(rk.truth.backward("cross_entropy", g, x, t, w, wrt="target", **kw)["target"])
+    assert compare_backward({"target": gt}, "cross_entropy", g, x, t, w, **kw)["target"].verdict in ("exact", "rounding")
+    off = (gt.double() * 1.03).to(dtype)
+    assert compare_backward({"target": off}, "cross_entropy", g, x, t, w, **kw)["target"].verdict == "mismatch"
+
+
+def test_class_indices_have_no_gradient():
+    x, t, g = torch.randn(3, 4), torch.tensor([0, 1, 2]), torch.tensor(1.0)
+    assert list(rk.backward("cross_entropy", g, x, t)) == ["input"]  # the integers are not differentiable
+    with pytest.raises(TypeError, match=r"^backward: cross_entropy's target holds class indices"):
+        rk.backward("cross_entropy", g, x, t, wrt="target")

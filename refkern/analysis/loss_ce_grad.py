@@ -22,7 +22,7 @@ eta_w + 7 eta_o`` (eta: half the format's smallest subnormal)."""
 
 import numpy as np
 
-__all__ = ["ce_report", "ce_bound"]
+__all__ = ["ce_report", "ce_bound", "ce_target_bound"]
 
 
 def ce_bound(c, G, ref_rows) -> np.ndarray:
@@ -76,15 +76,48 @@ def ce_bound(c, G, ref_rows) -> np.ndarray:
     return np.where(np.isnan(b), np.inf, b)
 
 
+def ce_target_bound(c, G, ref_rows) -> np.ndarray:
+    """The envelope (R, C), row layout, of torch's gradient of a probability target: autograd forms ``-(g / R) w_j
+    y_j (1 - eps)`` (a mean's division, the products by the weight, by the stored log_softmax ``y`` and by ``1 -
+    eps``: at most 4 roundings in the dtype, the negation exact), ``y`` within the forward's envelope ``e_y``
+    (:func:`refkern.kernels._loss_bound.pick_bounds`) of the exact ``log p``: ``|s (1 - eps) w_j| e_y (1 +
+    gamma_4(u_o)) + gamma_4(u_o) |ref| + 4 eta_o``, times 1.01."""
+    from refkern.kernels._loss_bound import logsoftmax_rows, pick_bounds
+    from refkern.kernels.loss import gamma, log_sums
+    from refkern.kernels.loss_ce_grad import ce_coefficients
+
+    fmt = c.fmt
+    X = c.X
+    R, C = X.shape
+    if not R:
+        return np.zeros((R, C))
+    D, _ = ce_coefficients(c)
+    w = np.ones(C) if c.weight is None else np.asarray(c.weight, np.float64)
+    g4, eta_o = float(gamma(4, fmt.u)), 0.5 * 2.0 ** (fmt.emin - fmt.prec + 1)
+    stats = logsoftmax_rows(X, log_sums(X), fmt)
+    ey = np.stack([pick_bounds(X, stats, np.full(R, j), fmt) for j in range(C)], axis=1)
+    with np.errstate(all="ignore"):
+        coef = np.abs(G / float(D))[:, None] * (1 - c.label_smoothing) * np.abs(w)[None, :]
+        b = (coef * ey * (1 + g4) + g4 * np.abs(ref_rows) + 4 * eta_o) * 1.01
+    return np.where(np.isnan(b), np.inf, b)
+
+
 def ce_report(name, k, adj, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):
-    """compare_backward's Report for the gradient of cross_entropy's input."""
+    """compare_backward's Report for the gradient of cross_entropy's input or probability target."""
     from refkern.analysis.actual import actual_grad
     from refkern.analysis.losses import _report
-    from refkern.kernels.loss_ce_grad import ce_grad, ce_grad_call
+    from refkern.kernels.loss_ce_grad import ce_grad, ce_grad_call, ce_target_grad
     from refkern.kernels.loss_grad import _back
 
     c, G, _ = ce_grad_call(grad_output, bound, who)
-    a64, device = actual_grad(got, "input", c.fmt, who)
+    a64, device = actual_grad(got, k, c.fmt, who)
+    if k == "target":
+        ref_rows = ce_target_grad(c, G)
+        b, ref = _back(c, ce_target_bound(c, G, ref_rows)), np.asarray(_back(c, ref_rows), np.float64)
+        note = ("the gradient of cross_entropy's probability target judged by the worst-case envelope of torch's "
+                "products with its stored log_softmax (refkern.analysis.loss_ce_grad)")
+        return _report("cross_entropy backward (target)", a64.reshape(ref.shape), ref, b, c.fmt, device, 1, rtol,
+                       atol, [note])  # fmt: skip
     ref_rows = ce_grad(c, G)
     b = _back(c, ce_bound(c, G, ref_rows))
     ref = np.asarray(_back(c, ref_rows), np.float64)

@@ -27,7 +27,7 @@ import numpy as np
 from refkern.accumulate.ziv import round_fraction
 from refkern.kernels import _exact_real as xr
 
-__all__ = ["ce_grad_call", "ce_coefficients", "ce_grad", "_cross_entropy"]
+__all__ = ["ce_grad_call", "ce_coefficients", "ce_grad", "ce_target_grad", "_cross_entropy"]
 
 _MAX_BITS = 1 << 15
 
@@ -167,12 +167,84 @@ def ce_grad(c, G) -> np.ndarray:
         np.zeros(X.shape)  # fmt: skip
 
 
+def _log_iv(lo: Fraction, hi: Fraction, W: int):
+    """(lo, hi) enclosing log of every real in [lo, hi] (0 < lo), each end within a few units of 2**-W."""
+    sh = W + 8
+    a, b = math.floor(lo * (1 << sh)), math.ceil(hi * (1 << sh))
+    if a <= 0:  # lo below 2**-sh: its own dyadic reading
+        n, e = xr.dyadic(lo)
+        a_lo = xr.log_interval(n, n, e, W)[0]
+    else:
+        a_lo = xr.log_interval(a, a, -sh, W)[0]
+    return Fraction(a_lo, 1 << W), Fraction(xr.log_interval(b, b, -sh, W)[1], 1 << W)
+
+
+def _target_row(x, g, D, y, w, eps, fmt) -> np.ndarray:
+    """One row of the probability target's gradient, ``-s (1 - eps) w_j log p_j`` (``s = g / D``), rounded once:
+    torch's formula in float64 where an operand is not finite or p_j = 0; an exact zero (p_j = 1, every other
+    logit -inf; or a zero coefficient) signed as that formula signs it; else Ziv's loop (log p_j is irrational
+    unless p_j = 1, by Lindemann-Weierstrass: a rational q = log p_j would make ``sum_k e**(x_k - x_j + q)`` equal
+    1, a linear relation between exponentials of rationals with positive coefficients)."""
+    C = x.size
+    with np.errstate(all="ignore"):
+        m = np.max(x)
+        ls = (x - m) - np.log(np.sum(np.exp(x - m)))
+        ieee = -(g / float(D)) * w * ls * (1 - float(eps)) if D != 0 else np.full(C, np.nan)
+    if np.isnan(x).any() or (x == np.inf).any() or not np.isfinite(x).any() or not math.isfinite(g) or D == 0:
+        return ieee
+    s = Fraction(g) / D
+    xs = [Fraction(float(v)) if np.isfinite(v) else None for v in x]
+    live = [k for k in range(C) if xs[k] is not None]
+    M = max(xs[k] for k in live)
+    out = ieee.copy()
+    todo = []
+    for j in range(C):
+        coef = -s * (1 - eps) * Fraction(float(w[j]))
+        if xs[j] is None or not math.isfinite(ieee[j]):
+            continue  # p_j = 0: an infinity (or NaN), torch's
+        if coef == 0 or len(live) == 1:  # log p_j = 0 where x_j is the only finite logit
+            out[j] = math.copysign(0.0, ieee[j])
+        else:
+            todo.append((j, coef))
+    W = 96
+    while todo and W <= _MAX_BITS:
+        E = [_exp_iv(xs[k] - M, W) for k in live]
+        L = _log_iv(sum(e[0] for e in E), sum(e[1] for e in E), W)
+        left = []
+        for j, coef in todo:
+            v = _mul((coef, coef), (xs[j] - M - L[1], xs[j] - M - L[0]))
+            r = _decide(v[0], v[1], fmt)
+            if r is None:
+                left.append((j, coef))
+            else:
+                out[j] = r
+        todo, W = left, W * 2
+    if todo:
+        raise RuntimeError(f"cross_entropy: the target's gradient did not converge within {_MAX_BITS} bits.")
+    return out
+
+
+def ce_target_grad(c, G) -> np.ndarray:
+    """The probability target's gradient (R, C) in row layout: ``-s_r (1 - eps) w_j log p_rj`` (``s_r = g_r / D``, D
+    the mean's R), each element rounded once to the target's format (the input's: torch requires one dtype)."""
+    D, _ = ce_coefficients(c)
+    X = c.X
+    w = np.ones(c.C) if c.weight is None else np.asarray(c.weight, np.float64)
+    eps = Fraction(c.label_smoothing)
+    rows = [_target_row(X[r], float(G[r]), D, c.probs[r], w, eps, c.fmt) for r in range(X.shape[0])]
+    return np.stack(rows) if rows else np.zeros(X.shape)
+
+
 def _cross_entropy(op, g, a, wrt, who):
-    """The backward rule (:class:`refkern.ops.Backward`): the input's gradient."""
+    """The backward rule (:class:`refkern.ops.Backward`): the input's gradient, and a probability target's."""
     from refkern.kernels._common import deliver
     from refkern.kernels._grad import Adjoint
     from refkern.kernels.loss_grad import _back
 
     c, G, torch_g = ce_grad_call(g, a, who)
-    return {"input": Adjoint("input", op, (), compute=lambda: deliver(np.ascontiguousarray(_back(c, ce_grad(c, G))),
-                                                                      c.fmt, c.tensor or torch_g))}  # fmt: skip
+    if "target" in wrt and c.target is not None:
+        raise TypeError(f"{who}: cross_entropy's target holds class indices (integers), which have no gradient; "
+                        "ask for wrt='input', or pass probability targets (floating-point, the input's shape).")
+    fns = {"input": ce_grad, "target": ce_target_grad}
+    return {k: Adjoint(k, op, (), compute=lambda f=fns[k]: deliver(np.ascontiguousarray(_back(c, f(c, G))), c.fmt,
+                                                                   c.tensor or torch_g)) for k in wrt}  # fmt: skip

@@ -33,7 +33,7 @@ RECORDS = (
        opinfo=("nn.functional.nll_loss",), backward=_backward("loss_grad:_nll_loss", "nll_loss", "nll_loss_report",
                                                              "nll_loss")),
     Op("cross_entropy", "loss", "refkern.kernels.loss:cross_entropy", "refkern.truth.losses:cross_entropy",
-       ("input", "target", "weight"), "loss", required=2, positional=True, differentiable=("input",),
+       ("input", "target", "weight"), "loss", required=2, positional=True, differentiable=("input", "target"),
        torch_function=f"{_F}cross_entropy", calls=(Call(f"{_F}cross_entropy", (*_PARAMS, "label_smoothing")),),
        opinfo=("nn.functional.cross_entropy",),
        backward=Backward(_RULE + "loss_ce_grad:_cross_entropy", _TRUTH + "cross_entropy",

@@ -242,10 +242,13 @@ def nll_loss(name, grad_output, a, wrt, precision=None):
     return nll_backward(grad_output, a, wrt)
 
 
-def _wrt(name, wrt) -> tuple:
-    """The arguments asked for: ``wrt`` as a tuple, every differentiable one of the record's when None."""
+def _wrt(name, wrt, a) -> tuple:
+    """The arguments asked for: ``wrt`` as a tuple, or every differentiable one of the record's given (not None,
+    not integers: :func:`refkern.gradients.differentiable`'s rule) when None."""
+    from refkern.gradients import _given
+
     if wrt is None:
-        return _ops.get(name).differentiable
+        return tuple(k for k in _ops.get(name).differentiable if _given(a, k))
     return (wrt,) if isinstance(wrt, str) else tuple(wrt)
 
 
@@ -254,7 +257,7 @@ def mse_loss(name, grad_output, a, wrt, precision=None):
     (:mod:`refkern.truth.losses`)."""
     from refkern.truth.losses import mse_backward
 
-    return mse_backward(grad_output, a, _wrt(name, wrt))
+    return mse_backward(grad_output, a, _wrt(name, wrt, a))
 
 
 def binary_cross_entropy(name, grad_output, a, wrt, precision=None):
@@ -262,14 +265,14 @@ def binary_cross_entropy(name, grad_output, a, wrt, precision=None):
     (mpmath intervals) (:mod:`refkern.truth.losses`)."""
     from refkern.truth.losses import bce_backward
 
-    return bce_backward(grad_output, a, _wrt(name, wrt), precision or 64)
+    return bce_backward(grad_output, a, _wrt(name, wrt, a), precision or 64)
 
 
 def cross_entropy(name, grad_output, a, wrt, precision=None):
     """``s (p A - B)``: the softmax by mpmath intervals, the coefficients exact (:mod:`refkern.truth.losses`)."""
     from refkern.truth.losses import ce_backward
 
-    return ce_backward(grad_output, a, _wrt(name, wrt), precision or 64)
+    return ce_backward(grad_output, a, _wrt(name, wrt, a), precision or 64)
 
 
 def binary_cross_entropy_with_logits(name, grad_output, a, wrt, precision=None):
@@ -277,7 +280,7 @@ def binary_cross_entropy_with_logits(name, grad_output, a, wrt, precision=None):
     mean): mpmath intervals (:mod:`refkern.truth.losses`)."""
     from refkern.truth.losses import bce_logits_backward
 
-    return bce_logits_backward(grad_output, a, _wrt(name, wrt), precision or 64)
+    return bce_logits_backward(grad_output, a, _wrt(name, wrt, a), precision or 64)
 
 
 def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **kwargs) -> dict:

@@ -431,11 +431,12 @@ def bce_logits_backward(grad_output, a, wrt, precision=64) -> dict:
 
 
 def ce_backward(grad_output, a, wrt, precision=64) -> dict:
-    """``{"input": s (p A - B)}`` of cross_entropy (:mod:`refkern.kernels.loss_ce_grad`'s module docstring, read
-    here from torch's definitions with this module's own reading of the arguments): ``p`` the softmax by mpmath
-    intervals (``p_j = 1 / sum_k e**(x_k - x_j)``), the coefficients exact Fractions, rounded once (Ziv); rational
-    where every finite logit of the row is equal or a logit is -inf; torch's formula in float64 for a row with NaN
-    or +inf, all -inf, a non-finite grad_output or a mean over no weight."""
+    """``{"input": s (p A - B), "target": -s (1 - eps) w log p}`` (the target's for probability targets) of
+    cross_entropy (:mod:`refkern.kernels.loss_ce_grad`'s module docstring, read here from torch's definitions with
+    this module's own reading of the arguments): ``p`` the softmax by mpmath intervals (``p_j = 1 / sum_k e**(x_k
+    - x_j)``), the coefficients exact Fractions, rounded once (Ziv); rational where every finite logit of the row
+    is equal or a logit is -inf; torch's formula in float64 for a row with NaN or +inf, all -inf, a non-finite
+    grad_output or a mean over no weight."""
     rows, tg, probs, w, shape, fmt = _read("cross_entropy", a["input"], a["target"], a.get("weight"))
     red = _red(a.get("reduction", "mean"), a.get("size_average"), a.get("reduce"))
     ign, eps = a.get("ignore_index", -100), Fraction(float(a.get("label_smoothing", 0.0)))
@@ -483,5 +484,42 @@ def ce_backward(grad_output, a, wrt, precision=64) -> dict:
                 (iv.exp(_ivq(X[k] - X[j])) for k in fin), iv.mpf(0)) - _ivq(B)), precision)  # fmt: skip
     x = np.asarray(operand(a["input"], "input", "truth.backward").values).reshape(
         operand(a["input"], "input", "truth.backward").shape)
-    res = out.reshape(x.shape) if x.ndim == 1 else np.moveaxis(out.reshape(*shape, x.shape[1]), -1, 1)
-    return {"input": res}
+
+    def back(v):
+        return v.reshape(x.shape) if x.ndim == 1 else np.moveaxis(v.reshape(*shape, x.shape[1]), -1, 1)
+
+    res = {"input": back(out)} if "input" in wrt else {}
+    if "target" in wrt:
+        res["target"] = back(_ce_target(rows, Gv, D, W, eps, red, fmt, precision))
+    return res
+
+
+def _ce_target(rows, Gv, D, W, eps, red, fmt, precision):
+    """The probability target's gradient ``-(g / D) (1 - eps) w_j log p_j`` in row layout: mpmath intervals of
+    ``log p_j = -log sum_k e**(x_k - x_j)``, rounded once; torch's formula in float64 for the specials (p_j = 0, a
+    NaN or +inf row, a mean over nothing) and the sign of a zero (p_j = 1 or a zero coefficient)."""
+    R, C = rows.shape
+    out = np.zeros((R, C))
+    for r in range(R):
+        g = Gv[r] if red == "none" else Gv[0]
+        x = [float(v) for v in rows[r]]
+        with np.errstate(all="ignore"):
+            xa = np.array(x)
+            ls = (xa - np.max(xa)) - np.log(np.sum(np.exp(xa - np.max(xa))))
+            ieee = -(g / float(D)) * np.array([float(v) for v in W]) * ls * (1 - float(eps)) if D != 0 else \
+                np.full(C, math.nan)  # fmt: skip
+        fin = [j for j in range(C) if math.isfinite(x[j])]
+        if any(math.isnan(v) or v == math.inf for v in x) or not fin or not math.isfinite(g) or D == 0:
+            out[r] = [_round_float_to(v, fmt) for v in ieee]
+            continue
+        for j in range(C):
+            coef = -(Fraction(g) / D) * (1 - eps) * W[j]
+            if not math.isfinite(x[j]) or not math.isfinite(ieee[j]):
+                out[r, j] = _round_float_to(ieee[j], fmt)
+            elif coef == 0 or len(fin) == 1:
+                out[r, j] = math.copysign(0.0, ieee[j])
+            else:
+                X = [Fraction(x[k]) for k in fin]
+                out[r, j] = _decide(fmt, lambda coef=coef, X=X, xj=Fraction(x[j]): _ivq(coef) * -iv.log(sum(
+                    (iv.exp(_ivq(v - xj)) for v in X), iv.mpf(0))), precision)  # fmt: skip
+    return out

@@ -204,12 +204,13 @@ def _dot64(a, b, bias):
 
 
 _ROWS_AT_ONCE = 4  # rows whose float32 chains _naive_f32 interleaves: 4 additions in flight (latency 3 to 4 cycles)
+_ROWS_PER_TASK = 64  # rows per parallel task of the NAIVE models (each row alone: any split gives the same values)
 
 
 @jit
-def _naive_f32(L, R, bias, has_bias, out):
-    """out[s] = :func:`~refkern.accumulate.methods.naive` of row s in float32 (fl(s + fl(t_k)) left to right,
-    the bias last), in float32 arithmetic instead of :func:`~refkern.accumulate.formats.round_to` on float64
+def _naive_f32(L, R, bias, has_bias, out, lo, hi):
+    """out[s] = :func:`~refkern.accumulate.methods.naive` of row s, lo <= s < hi, in float32 (fl(s + fl(t_k)) left
+    to right, the bias last), in float32 arithmetic instead of :func:`~refkern.accumulate.formats.round_to` on float64
     (two emulated roundings per term, 8 ns; about 1 ns here). The same values: ``t_k = L R`` is exact in
     float64 (narrow inputs) and its conversion to float32 is round_to(t, 24, -126, 127) (the filter's
     :func:`~refkern.engines.filter.decide_one` reads it so too); the sum of two float32 numbers rounded to
@@ -218,9 +219,9 @@ def _naive_f32(L, R, bias, has_bias, out):
     included: a float64 sum that is not exact needs operands 2**29 apart, far from float32's subnormals, and
     overflow is decided by a float64 threshold), inf, NaN and the sign of a zero sum alike (+0 + -0 = +0 in
     both). Rows in groups of :data:`_ROWS_AT_ONCE`, each its own chain in its own order."""
-    S, K = L.shape
-    g = S - S % _ROWS_AT_ONCE
-    for s in range(0, g, _ROWS_AT_ONCE):
+    K = L.shape[1]
+    g = hi - (hi - lo) % _ROWS_AT_ONCE
+    for s in range(lo, g, _ROWS_AT_ONCE):
         a0, a1, a2, a3 = L[s], L[s + 1], L[s + 2], L[s + 3]
         b0, b1, b2, b3 = R[s], R[s + 1], R[s + 2], R[s + 3]
         c0 = c1 = c2 = c3 = np.float32(0.0)
@@ -233,7 +234,7 @@ def _naive_f32(L, R, bias, has_bias, out):
             c0, c1 = c0 + np.float32(bias[s]), c1 + np.float32(bias[s + 1])
             c2, c3 = c2 + np.float32(bias[s + 2]), c3 + np.float32(bias[s + 3])
         out[s], out[s + 1], out[s + 2], out[s + 3] = np.float64(c0), np.float64(c1), np.float64(c2), np.float64(c3)
-    for s in range(g, S):
+    for s in range(g, hi):
         a, b = L[s], R[s]
         c = np.float32(0.0)
         for k in range(K):
@@ -244,14 +245,14 @@ def _naive_f32(L, R, bias, has_bias, out):
 
 
 @jit
-def _naive_rows(L, R, bias, has_bias, prec, emin, emax, out):
-    """out[s] = :func:`~refkern.accumulate.methods.naive` of row s in the format (prec, emin, emax): the same
-    operations in the same order (``fl(s + fl(t_k))``, :func:`~refkern.accumulate.formats.round_to`, the bias
+def _naive_rows(L, R, bias, has_bias, prec, emin, emax, out, lo, hi):
+    """out[s] = :func:`~refkern.accumulate.methods.naive` of row s, lo <= s < hi, in the format (prec, emin, emax):
+    the same operations in the same order (``fl(s + fl(t_k))``, :func:`~refkern.accumulate.formats.round_to`, the bias
     last), four rows' chains interleaved: each step waits on the last one's two roundings (8 ns a term
     alone), four chains keep four in flight."""
-    S, K = L.shape
-    g = S - S % _ROWS_AT_ONCE
-    for s in range(0, g, _ROWS_AT_ONCE):
+    K = L.shape[1]
+    g = hi - (hi - lo) % _ROWS_AT_ONCE
+    for s in range(lo, g, _ROWS_AT_ONCE):
         a0, a1, a2, a3 = L[s], L[s + 1], L[s + 2], L[s + 3]
         b0, b1, b2, b3 = R[s], R[s + 1], R[s + 2], R[s + 3]
         c0 = c1 = c2 = c3 = 0.0
@@ -266,7 +267,7 @@ def _naive_rows(L, R, bias, has_bias, prec, emin, emax, out):
             c2 = round_to(c2 + round_to(bias[s + 2], prec, emin, emax), prec, emin, emax)
             c3 = round_to(c3 + round_to(bias[s + 3], prec, emin, emax), prec, emin, emax)
         out[s], out[s + 1], out[s + 2], out[s + 3] = c0, c1, c2, c3
-    for s in range(g, S):
+    for s in range(g, hi):
         a, b = L[s], R[s]
         c = 0.0
         for k in range(K):
@@ -285,10 +286,15 @@ def _sample_kernel(L, R, bias, has_bias, out, mag, method, narrow, prec, emin, e
     or :func:`_naive_rows`, the values of :func:`~refkern.accumulate.methods.naive`."""
     filt = method == EXACT and narrow and prec <= 26
     rows = method == NAIVE  # left to right: whole rows here, four chains at a time (the loop below: mag only)
-    if rows and narrow and prec == 24 and emin == -126 and emax == 127:
-        _naive_f32(L, R, bias, has_bias, out)  # float32 arithmetic itself
-    elif rows:
-        _naive_rows(L, R, bias, has_bias, prec, emin, emax, out)
+    f32 = rows and narrow and prec == 24 and emin == -126 and emax == 127  # float32 arithmetic itself
+    S = L.shape[0]
+    nch = -(-S // _ROWS_PER_TASK) if rows else 0
+    for c in prange(nch):
+        lo, hi = c * _ROWS_PER_TASK, min(S, (c + 1) * _ROWS_PER_TASK)
+        if f32:
+            _naive_f32(L, R, bias, has_bias, out, lo, hi)
+        else:
+            _naive_rows(L, R, bias, has_bias, prec, emin, emax, out, lo, hi)
     for s in prange(L.shape[0]):
         b = bias[s] if has_bias else 0.0
         m = abs_sum(L[s], R[s], b)

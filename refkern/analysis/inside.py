@@ -238,7 +238,8 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     nz = noise(name, args, x, out, lam_el) if nz is None else nz
     only = tuple(ax for ax in nz.group_axes if x.shape[ax] >= 2)
     # each group a sum and a scale test; the scale test one more, and each row's one more where rows share errors
-    lam_grp = level(2 * n_groups(x.shape, only) + (nz.coherent is not None) + n_rows(nz.coherent))
+    lam_grp = level(2 * n_groups(x.shape, only) + (nz.coherent is not None or bool(nz.precisions))
+                    + n_rows(nz.coherent))  # a precision with shared errors of its own: its scale test  # fmt: skip
     thresholds = {"alpha": ALPHA, "element": lam_el, "group": lam_grp, "test": INSIDE, "envelope": 1.0}
     det = {"test": INSIDE, "envelope": d.detectable.get("element"), "group_axes": [axes[i] for i in only]}
     m0 = Model("rounding", None, d.fits[0].model.kind, out, d.fits[0].model.acc)
@@ -337,11 +338,25 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
         with np.errstate(all="ignore"):
             q = np.where(f.z == 0, 0.0, ((a - c) * nz.scale) ** 2 / nz.var)
         cands.append((float(np.sum(np.minimum(np.nan_to_num(q, nan=np.inf), lam_el**2))), f))
-    for prec, key, text, v in nz.precisions if coh is not None else ():
+    for prec, key, text, v in nz.precisions:
         # same centre, a wider scale: the evidence a bug would not give is the scale test (a scale error is
-        # not accumulator noise) and the group tests, passed on its scale
-        f = _test(Model(key, prec, text, out, acc), a, x, v(), over, lam_el, lam_grp, axes, only, sc, coherent=coh,
-                  y=x)  # fmt: skip
+        # not accumulator noise) and the group tests, passed on its scale; a precision with its own shared
+        # errors gives (sigma**2, coherent, "broad"): weighed only where the float32 family leaves more than
+        # half of the elements unexplained (the breakdown point: noise_scan's evidence)
+        if nz.coherent is not None:
+            var_p, coh_p, broad = v(), coh, None
+        else:
+            got = v()
+            if not isinstance(got, tuple):
+                continue  # no scale test to run: nothing would tell it from a bug
+            var_p, coh_p, broad = got
+        if broad and not np.count_nonzero(bad0) * 2 > bad0.size:
+            notes.append({"kind": "blind", "text": f"{key} would explain it, but the float32 family explains most "
+                          f"elements: below the breakdown point a running sum in {prec} and a bug cannot be told "
+                          "apart here"})  # fmt: skip
+            continue
+        f = _test(Model(key, prec, text, out, acc), a, x, var_p, over, lam_el, lam_grp, axes, only, sc,
+                  coherent=coh_p, y=x)  # fmt: skip
         fits.append(f)
         if f.explains:
             with np.errstate(all="ignore"):

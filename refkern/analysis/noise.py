@@ -100,6 +100,7 @@ from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_row
 from refkern.analysis.noise_attention import attention_noise
 from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest_sq
 from refkern.analysis.noise_rows import RowShared, keys, norm_sums
+from refkern.analysis.noise_scan import half_scan
 from refkern.analysis.noise_store import straddle, thread_members
 from refkern.analysis.stats import level
 
@@ -480,7 +481,18 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         with np.errstate(all="ignore"):
             P = np.cumsum(X, axis=1)
             acc = np.cumsum(P * P, axis=1) - P[:, :1] ** 2  # the partial sums formed up to each element
-        return Noise(lay.back(u * u * np.maximum(acc, 0.0)) + stores, [], _cumsum_axes(name, args, nd), sc)
+        scan = _cumsum_axes(name, args, nd)
+        precs = []
+        if out.prec < FLOAT32.prec and nd and X.size:  # a running sum held in the result format (noise_scan)
+            P2 = P * P
+            P2[:, 0] = 0.0
+            n = X.shape[1]
+
+            def rows(w, ax=scan[0]):
+                return np.ascontiguousarray(np.moveaxis(w, ax, -1)).reshape(-1, n)
+
+            precs = [half_scan(X, P2, rows, lay.back, out, stores)]
+        return Noise(lay.back(u * u * np.maximum(acc, 0.0)) + stores, [], scan, sc, precisions=precs)
     if kind == "norm":
         eta2 = 2.0 * _eta(out) ** 2 + (lay.n + 4) * eta_w**2
         std, fold, drift_bound, drift, shared = _norm(lay, name, lay.rows(ref_held, ref_held.dtype), u, out, eta2)

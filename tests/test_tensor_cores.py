@@ -115,3 +115,19 @@ def test_tensor_core_conv2d_taps_major_is_tf32():
     out = np.stack([_tensor_core_gemm(W.numpy(), cols[n].numpy()) for n in range(2)]).reshape(2, 16, 12, 12)
     rep = rk.compare(torch.from_numpy(out).float(), "conv2d", x, w, padding=1)
     assert (rep.verdict, rep.precision) == ("reduced-precision", "tf32"), str(rep)
+
+
+def test_cuda_division_by_a_scalar_is_a_product_by_its_reciprocal():
+    # torch's CUDA div(a, b) with b a CPU scalar computes a * fl32(1 / b) (refkern.torch._bits.reciprocal_product):
+    # written here with numpy's float32 arithmetic, on values where it differs from the quotient in the last bit
+    from refkern.torch._bits import times_reciprocal
+
+    a = np.float32(np.arange(1, 2000)) * np.float32(0.37)
+    b = 2.0794415416798357  # T5's log(max_distance / max_exact) = log(8)
+    want = a * (np.float32(1) / np.float32(b))
+    assert (want != a / np.float32(b)).sum() > 0  # the case the audit must accept
+    got = times_reciprocal(torch.from_numpy(a), b, torch.float32).numpy()
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    ah = torch.from_numpy(a[:50]).half()
+    half = times_reciprocal(ah, b, torch.float16)  # in float32, rounded once
+    assert half.tolist() == torch.from_numpy(ah.float().numpy() * (np.float32(1) / np.float32(b))).half().tolist()

@@ -2,7 +2,7 @@
 reference's speed beside torch's float64 version of the same op (one run, one machine).
 
     python benchmarks/bench_elementwise.py [--n 200000] [--seeds 3] [--speed-n 1000000] [--json FILE]
-    python benchmarks/bench_elementwise.py --speed-only [OP ...]   (the speed part alone)
+    python benchmarks/bench_elementwise.py --speed-only [OP ...] [--threads 1]   (the speed part alone)
 
 False alarms: for every op x dtype, ``seeds`` calls of ``refkern.compare(torch_op(x), op, x)`` on inputs
 over the whole range (a third random bit patterns: subnormals, huge values, specials; the rest normal at
@@ -17,6 +17,7 @@ rounded, float32 result) against torch's float64 op on the same values, timed in
 import argparse
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -127,10 +128,12 @@ def power(n):
     return rows
 
 
-def speed(n, only=None):
+def speed(n, only=None, blocks=5):
     """Per op: the reference on n float32 inputs (float32 result) and torch's float64 op on the same values, each
-    timed in blocks of consecutive calls (benchmarks/_timing.per_call: a warm-up call, the best of 3 blocks;
-    torch's side as many calls per block as fill about 50 ms), the ratio from the one run."""
+    timed in blocks of consecutive calls (benchmarks/_timing.per_call: a warm-up call, the best of ``blocks``
+    blocks; each side as many calls per block as fill about 0.1 s), by the wall clock and by the process's CPU time
+    (which a loaded machine disturbs less: a thread waiting for a core costs no CPU time); the ratios from the one
+    run."""
     from _timing import per_call
 
     rows = []
@@ -141,15 +144,23 @@ def speed(n, only=None):
         x = x32.abs() + 1e-3 if op in ("log", "log2", "rsqrt", "sqrt") or kw.get("exponent") in (2.5, -0.5) else x32
         ref = getattr(refkern, op)
         x64 = x.double()
-        t = time.perf_counter()
-        _call(f, x64, kw)
-        calls = max(1, int(0.05 / max(time.perf_counter() - t, 1e-6)))
-        got = per_call({"ref": (lambda: ref(x, **kw), 1), "torch": (lambda: _call(f, x64, kw), calls)},  # noqa: B023
-                       3)  # fmt: skip
-        rows.append({"op": _label(op, kw), "n": n, "reference_s": got["ref"], "torch_float64_s": got["torch"],
-                     "ratio": got["ref"] / got["torch"]})  # fmt: skip
-        print(f"  {rows[-1]['op']}: {got['ref']:.4f} s, torch float64 {got['torch']:.5f} s, {rows[-1]['ratio']:.1f}x",
-              flush=True)  # fmt: skip
+        sides = {"ref": lambda: ref(x, **kw), "torch": lambda: _call(f, x64, kw)}  # noqa: B023
+        calls = {}
+        for name, fn in sides.items():
+            fn()
+            t = time.perf_counter()
+            fn()
+            calls[name] = max(1, int(0.1 / max(time.perf_counter() - t, 1e-6)))
+        got = {clock: per_call({k: (fn, calls[k]) for k, fn in sides.items()}, blocks, clock)
+               for clock in (time.perf_counter, time.process_time)}  # fmt: skip
+        wall, cpu = got[time.perf_counter], got[time.process_time]
+        rows.append({"op": _label(op, kw), "n": n, "reference_s": wall["ref"], "torch_float64_s": wall["torch"],
+                     "ratio": wall["ref"] / wall["torch"], "reference_cpu_s": cpu["ref"],
+                     "torch_float64_cpu_s": cpu["torch"], "ratio_cpu": cpu["ref"] / cpu["torch"]})  # fmt: skip
+        r = rows[-1]
+        print(f"  {r['op']}: {r['reference_s'] * 1e3:.2f} ms, torch float64 {r['torch_float64_s'] * 1e3:.2f} ms, "
+              f"{r['ratio']:.1f}x wall; CPU {r['reference_cpu_s'] * 1e3:.2f} / {r['torch_float64_cpu_s'] * 1e3:.2f} "
+              f"ms, {r['ratio_cpu']:.1f}x", flush=True)  # fmt: skip
     return rows
 
 
@@ -161,14 +172,22 @@ def main():
     p.add_argument("--speed-n", type=int, default=1_000_000)
     p.add_argument("--json")
     p.add_argument("--speed-only", nargs="*", default=None, help="only the speed part (of these ops, or of all)")
+    p.add_argument("--threads", type=int, help="torch's and numba's thread count (default: theirs)")
     a = p.parse_args()
+    if a.threads:
+        import numba
+
+        torch.set_num_threads(a.threads)
+        numba.set_num_threads(a.threads)
     if a.speed_only is not None:
-        out = {"torch": torch.__version__, "speed": speed(a.speed_n, a.speed_only)}
+        out = {"torch": torch.__version__, "threads": a.threads, "load": os.getloadavg(),
+               "speed": speed(a.speed_n, a.speed_only)}  # fmt: skip
         if a.json:
             with open(a.json, "w") as fh:
                 json.dump(out, fh, indent=1)
         return
-    out = {"torch": torch.__version__, "false_alarms": false_alarms(a.n, a.seeds), "power": power(a.power_n),
+    out = {"torch": torch.__version__, "threads": a.threads, "load": os.getloadavg(),
+           "false_alarms": false_alarms(a.n, a.seeds), "power": power(a.power_n),
            "speed": speed(a.speed_n)}  # fmt: skip
     fa = out["false_alarms"]
     print(f"false alarms: {sum(r['false_alarms'] for r in fa)} of {sum(r['calls'] for r in fa)} calls "
@@ -180,9 +199,10 @@ def main():
     for r in out["power"]:
         v = r["verdict"] + (f" ({r['precision']})" if r["precision"] else "")
         print(f"| {r['bug']} | {r['dtype']} | {v} | {r['unexplained']} |")
-    print("| op | reference (s) | torch float64 (s) | ratio |")
+    print("| op | reference (ms) | torch float64 (ms) | ratio (wall) | ratio (CPU) |")
     for r in out["speed"]:
-        print(f"| {r['op']} | {r['reference_s']:.3f} | {r['torch_float64_s']:.4f} | {r['ratio']:.1f} |")
+        print(f"| {r['op']} | {r['reference_s'] * 1e3:.2f} | {r['torch_float64_s'] * 1e3:.2f} | {r['ratio']:.1f} "
+              f"| {r['ratio_cpu']:.1f} |")  # fmt: skip
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -1,9 +1,9 @@
-"""The vectorisable first pass of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 0): for
-results of at most 24 bits, exp, exp2, sigmoid, silu, tanh, log, log2, erf and gelu on the arguments where their float64
-evaluation needs no branch, no libm call and no scaling outside float64's normal range, so that LLVM vectorises the
-loop; the rounding decided by the two ends of the bound (:func:`_decide`). An element outside that range, or whose
-bound straddles a rounding boundary, is marked in ``und`` and goes through the float64 tier
-(:mod:`refkern.kernels._ew_f64`) and on.
+"""The vectorisable first pass of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 0): for results
+of at most 24 bits, exp, exp2, sigmoid, silu, tanh, log, log2, erf, gelu, sin, cos, sqrt, reciprocal, rsqrt and pow
+on the arguments where their float64 evaluation needs no branch, no libm call and no scaling outside float64's
+normal range, so that LLVM vectorises the loop; the rounding decided by the two ends of the bound (:func:`_decide`).
+An element outside that range, or whose bound straddles a rounding boundary, is marked in ``und`` and goes through
+the float64 tier (:mod:`refkern.kernels._ew_f64`) and on.
 
 The evaluations and their bounds are the float64 tier's (each derivation there, cited at each kernel); only the
 ranges are narrower. log and log2 have their own table-driven evaluation (:func:`_log_core`), which needs no libm
@@ -15,75 +15,101 @@ import math
 from fractions import Fraction
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from refkern._jit import jit
 from refkern.accumulate._bits import bits, from_bits, pow2
 from refkern.accumulate.formats import round_to
 from refkern.kernels import _ew_exact as xe
-from refkern.kernels._ew_dd import K_LN2
+from refkern.kernels._ew_dd import _FH, K_LN2
+from refkern.kernels._ew_f64 import _2OPI, _P1, _P2, _P3, _PTAIL
 from refkern.kernels._transcendental import U, exp_fast
 
 __all__ = ["VEC"]
 
 
+def _round(v, fmt):
+    """v rounded to nearest even to the format ``fmt``: None for float32 (the hardware's conversion, IEEE 754's
+    rounding to nearest: round_to's result), else its (prec, emin, emax) for round_to. Chosen by type when a kernel
+    compiles (:func:`_round_impl`), so that a float32 kernel holds no round_to: its branches stopped LLVM
+    vectorising the loops (gelu's 19 -> 40 ms on 1e6 elements)."""
+    raise NotImplementedError("jitted only")
+
+
+@overload(_round, inline="always")
+def _round_impl(v, fmt):
+    if isinstance(fmt, types.NoneType):
+
+        def f32(v, fmt):
+            return np.float64(np.float32(v))
+
+        return f32
+
+    def other(v, fmt):
+        return round_to(v, fmt[0], fmt[1], fmt[2])
+
+    return other
+
+
+#: elements per task of erf's parallel pass: each task runs a plain loop (a separately compiled function), which
+#: LLVM vectorised where the same loop as a prange body stayed scalar (34 -> 9 ms of CPU on 1e6 float32 elements,
+#: one thread); the other passes went the other way (sigmoid 2.3 -> 31 ms, exp 1.9 -> 5.4) and stay prange loops
+_CHUNK = 8192
+
+
 @jit(inline="always")
-def _decide(y, e, prec, emin, emax):  # (no short-circuit ``and`` in these kernels: its branches stop vectorising)
+def _decide(y, e, fmt):  # (no short-circuit ``and`` in these kernels: its branches stop vectorising)
     """(RN(r), True) when every real r within e of the float64 y rounds alike to the format, else (RN(y - f),
     False): :func:`~refkern.kernels._transcendental.bracket_around`'s enclosure ``f = (e + 2u|y|)(1 + 2u) +
-    2**-1073`` of ``[y - e, y + e]``, its ends rounded by the float32 conversion for float32 (IEEE 754's rounding
-    to nearest: round_to's result) and by round_to otherwise."""
+    2**-1073`` of ``[y - e, y + e]``, its ends rounded by :func:`_round`."""
     f = (e + 2.0 * U * abs(y)) * (1.0 + 2.0 * U) + 2.0**-1073
-    if prec == 24 and emin == -126 and emax == 127:
-        a = np.float64(np.float32(y - f))
-        b = np.float64(np.float32(y + f))
-    else:
-        a = round_to(y - f, prec, emin, emax)
-        b = round_to(y + f, prec, emin, emax)
+    a = _round(y - f, fmt)
+    b = _round(y + f, fmt)
     return a, (a == b) & (np.signbit(a) == np.signbit(b))
 
 
 @jit(parallel=True)
-def _v_exp(x, prec, emin, emax, out, und):
+def _v_exp(x, fmt, out, und):
     """e**x for -104 <= x <= 89: exp_fast's ``v 2**m`` within 2.02u (f_exp), ``-151 <= m <= 129``, so ``2**m`` is
     exact and ``y = v 2**m`` a normal float64 (no rounding). Beyond: e**x rounds to zero or overflows in float32,
     the float64 tier decides it."""
     for i in prange(x.size):
-        xi = x[i]
+        xi = np.float64(x[i])
         ok = (-104.0 <= xi) & (xi <= 89.0)
         v, m = exp_fast(xi if ok else 0.0)
         y = v * pow2(m)
-        r, dec = _decide(y, 2.02 * U * y, prec, emin, emax)
+        r, dec = _decide(y, 2.02 * U * y, fmt)
         out[i] = r
         und[i] = not (ok & dec)
 
 
 @jit(parallel=True)
-def _v_exp2(x, prec, emin, emax, out, und):
+def _v_exp2(x, fmt, out, und):
     """2**x for -151 <= x <= 129: f_exp2's ``v 2**(m + n)`` within ``(2.73 u 1.01 + 2**-1073) v``, ``2**(m + n)``
     exact and the product normal (as in :func:`_v_exp`). An integer x gives a power of two exactly (the bound
     decides it unless it is a tie of the subnormal range: the float64 tier's)."""
     for i in prange(x.size):
-        xi = x[i]
+        xi = np.float64(x[i])
         ok = (-151.0 <= xi) & (xi <= 129.0)
         xc = xi if ok else 0.0
         n = np.rint(xc)
         v, m = exp_fast((xc - n) * K_LN2[0])
         y = v * pow2(m + np.int64(n))
-        r, dec = _decide(y, (2.73 * U * 1.01 + 2.0**-1073) * y, prec, emin, emax)
+        r, dec = _decide(y, (2.73 * U * 1.01 + 2.0**-1073) * y, fmt)
         out[i] = r
         und[i] = not (ok & dec)
 
 
 @jit(parallel=True)
-def _v_sigmoid(x, times_x, prec, emin, emax, out, und):
+def _v_sigmoid(x, times_x, fmt, out, und):
     """sigmoid(x) (times x where ``times_x``) for ``0 < |x| <= 100``: ``E = e**-|x| = v 2**m`` (m >= -146: E is
     exact and normal), ``q = 1 / (1 + E)`` (x > 0) or ``E / (1 + E)`` (x < 0), the operations of the float64 tier's
     ``_f_sigmoid`` (the scaling by an exact power of two commutes with the rounding of a normal quotient): within
     4.04u or 6.06u relative, charged 6.06u both; the product by x one u more (1.01u, as f_sigmoid charges: the
     product is normal, |x| >= 2**-149 and q >= e**-100)."""
     for i in prange(x.size):
-        xi = x[i]
+        xi = np.float64(x[i])
         ok = (0.0 < abs(xi)) & (abs(xi) <= 100.0)
         xc = xi if ok else 1.0
         v, m = exp_fast(-abs(xc))
@@ -93,17 +119,17 @@ def _v_sigmoid(x, times_x, prec, emin, emax, out, und):
         if times_x:
             q = q * xc
             rel = rel + 1.01 * U
-        r, dec = _decide(q, rel * abs(q), prec, emin, emax)
+        r, dec = _decide(q, rel * abs(q), fmt)
         out[i] = r
         und[i] = not (ok & dec)
 
 
 @jit(parallel=True)
-def _v_tanh(x, prec, emin, emax, out, und):
+def _v_tanh(x, fmt, out, und):
     """tanh x for ``1/16 <= |x| <= 40``: f_tanh's ``(1 - E) / (1 + E)``, ``E = e**(-2|x|)`` (v 2**m, m >= -116:
     exact and normal), within ``(2.02 u 2E / ((1 - E)(1 + E)) + 3u) 1.01`` relative; the sign of x after."""
     for i in prange(x.size):
-        xi = x[i]
+        xi = np.float64(x[i])
         ax = abs(xi)
         ok = (0.0625 <= ax) & (ax <= 40.0)
         axc = ax if ok else 1.0
@@ -111,7 +137,7 @@ def _v_tanh(x, prec, emin, emax, out, und):
         E = v * pow2(m)
         q = (1.0 - E) / (1.0 + E)
         rel = (2.02 * U * 2.0 * E / ((1.0 - E) * (1.0 + E)) + 3.0 * U) * 1.01
-        r, dec = _decide(q, rel * q, prec, emin, emax)
+        r, dec = _decide(q, rel * q, fmt)
         out[i] = r if xi > 0.0 else -r
         und[i] = not (ok & dec)
 
@@ -187,24 +213,24 @@ def _log_core(x):
 
 
 @jit(parallel=True)
-def _v_log(x, base2, prec, emin, emax, out, und):
+def _v_log(x, base2, fmt, out, und):
     """log x (log2 x where ``base2``: ``b / ln 2``, times _LOG2E within u, one product: ``(e / ln 2 + 2u |q|)
     1.01``, as f_log2) for positive normal x, from :func:`_log_core`."""
     for i in prange(x.size):
-        b, e, ok = _log_core(x[i])
+        b, e, ok = _log_core(np.float64(x[i]))
         if base2:
             b = b * _LOG2E
             e = (e * _LOG2E + 2.0 * U * abs(b)) * 1.01
-        r, dec = _decide(b, e, prec, emin, emax)
+        r, dec = _decide(b, e, fmt)
         out[i] = r
         und[i] = not (ok & dec)
 
 
-def _log(x, *args):
+def _log(x, params, *args):
     _v_log(x, False, *args)
 
 
-def _log2(x, *args):
+def _log2(x, params, *args):
     _v_log(x, True, *args)
 
 
@@ -237,7 +263,7 @@ def erf_table():
 
 
 @jit(parallel=True)
-def _v_erf(x, a0h, a0l, A, prec, emin, emax, out, und):
+def _v_erf(x, a0h, a0l, A, fmt, out, und):
     """erf x for ``0 < |x| = z``: 1 within 2**-32 for z >= 4.5 (f_erf's bound); below, Taylor's polynomial of degree 7
     at the nearest ``z0 = j/128`` (:func:`erf_table`), ``h = z - z0`` exact (both on z's grid, |h| <= 2**-8).
 
@@ -248,8 +274,14 @@ def _v_erf(x, a0h, a0l, A, prec, emin, emax, out, und):
     coefficients' rounding); ``t = h p`` within ``14.8u |h| + u |t|``; ``s = A0L + t``, ``y = A0H + s`` one rounding
     each; the table's 2**-100 (none at j = 0, where erf(0) = 0). Charged ``(17.1u |h| + 2**-61 |h| + u (|t| + |s| +
     |y|) + 2**-100) 1.01``; the sign of x after. x = 0, non-finite x: the float64 tier's."""
-    for i in prange(x.size):
-        xi = x[i]
+    for c in prange((x.size + _CHUNK - 1) // _CHUNK):
+        _b_erf(x, c * _CHUNK, min(x.size, (c + 1) * _CHUNK), a0h, a0l, A, fmt, out, und)
+
+
+@jit
+def _b_erf(x, lo, hi, a0h, a0l, A, fmt, out, und):
+    for i in range(lo, hi):
+        xi = np.float64(x[i])
         z = abs(xi)
         ok = (0.0 < z) & (z < np.inf)
         big = z >= 4.5
@@ -269,12 +301,12 @@ def _v_erf(x, a0h, a0l, A, prec, emin, emax, out, und):
         e = ((17.1 * U + 2.0**-61) * abs(h) + U * (abs(t) + abs(s) + abs(y)) + 2.0**-100 * min(j, 1)) * 1.01
         y = 1.0 if big else y
         e = 2.0**-32 if big else e
-        r, dec = _decide(y, e, prec, emin, emax)
+        r, dec = _decide(y, e, fmt)
         out[i] = r if xi > 0.0 else -r
         und[i] = not (ok & dec)
 
 
-def _erf(x, *args):
+def _erf(x, params, *args):
     _v_erf(x, *erf_table(), *args)
 
 
@@ -313,7 +345,7 @@ _RSQ2 = 0.7071067811865476  # 1 / sqrt(2) within u
 
 
 @jit(parallel=True)
-def _v_gelu(x, a0h, a0l, A, prec, emin, emax, out, und):
+def _v_gelu(x, a0h, a0l, A, fmt, out, und):
     """gelu x = x/2 (1 + erf(x / sqrt 2)) for -3 <= x < 6.37, x != 0; the tail x < -3 in :func:`_v_gelu_tail`.
 
     ``z = fl(fl(1/sqrt 2) x)`` within ``2.01u |z|`` of x / sqrt 2 (two roundings), which moves erf by at most
@@ -323,7 +355,7 @@ def _v_gelu(x, a0h, a0l, A, prec, emin, emax, out, und):
     bound), so q = x within ``|x/2| 2**-32``. D >= 2 Phi(-3) = 0.0027 here: the cancellation in 1 + E costs at most
     a factor 370 of u, far inside the bound's reach."""
     for i in prange(x.size):
-        xi = x[i]
+        xi = np.float64(x[i])
         ok = (-3.0 <= xi) & (xi < np.inf) & (xi != 0.0)
         big = xi >= 6.37
         xc = xi if (ok & (not big)) else 0.0
@@ -348,13 +380,13 @@ def _v_gelu(x, a0h, a0l, A, prec, emin, emax, out, und):
         e = (abs(h2) * (eE + 2.27 * U * az + U * abs(D)) + U * abs(q)) * 1.01
         q = xi if big else q
         e = abs(0.5 * xi) * 2.0**-32 if big else e
-        r, dec = _decide(q, e, prec, emin, emax)
+        r, dec = _decide(q, e, fmt)
         out[i] = r
         und[i] = not ((ok | big) & dec)
 
 
 @jit(parallel=True)
-def _v_gelu_tail(x, F, prec, emin, emax, out, und):
+def _v_gelu_tail(x, F, fmt, out, und):
     """gelu x for -14.5 <= x < -3 (y = -x): ``-y/2 erfc(y / sqrt 2) = -(y/2) f(z) e**(-y**2/2)``, f = erfcx.
 
     ``e**(-y**2/2) = v 2**m`` by exp_fast (y**2/2 exact: within 2.02u; m >= -153, 2**m exact, the result normal).
@@ -367,7 +399,7 @@ def _v_gelu_tail(x, F, prec, emin, emax, out, und):
     of successive terms below ``|h| / z_min < 0.0075``, f >= a_0 / 1.1): 21.4u. Two products, u each. Total ``(28.5u +
     2**-70)``, charged ``(29u + 2**-70) 1.01`` relative."""
     for i in prange(x.size):
-        xi = x[i]
+        xi = np.float64(x[i])
         ok = (-14.5 <= xi) & (xi < -3.0)
         y = -xi if ok else 4.0
         z = _RSQ2 * y
@@ -379,28 +411,158 @@ def _v_gelu_tail(x, F, prec, emin, emax, out, und):
             p = F[k, n] + h * p
         v, m = exp_fast(-0.5 * (y * y))
         q = -(((0.5 * y) * p) * v) * pow2(m)
-        r, dec = _decide(q, (29.0 * U + 2.0**-70) * 1.01 * abs(q), prec, emin, emax)
+        r, dec = _decide(q, (29.0 * U + 2.0**-70) * 1.01 * abs(q), fmt)
         out[i] = r
         und[i] = not (ok & dec)
 
 
-def _gelu(x, prec, emin, emax, out, und):
-    _v_gelu(x, *erf_table(), prec, emin, emax, out, und)
+def _gelu(x, params, fmt, out, und):
+    _v_gelu(x, *erf_table(), fmt, out, und)
     idx = np.flatnonzero(und & (x < -3.0) & (x >= -14.5))
     if idx.size:
-        o2, u2 = np.empty(idx.size), np.zeros(idx.size, np.bool_)
-        _v_gelu_tail(x[idx], erfcx_table(), prec, emin, emax, o2, u2)
+        o2, u2 = np.empty(idx.size, out.dtype), np.zeros(idx.size, np.bool_)
+        _v_gelu_tail(x[idx], erfcx_table(), fmt, o2, u2)
         out[idx], und[idx] = o2, u2
 
 
-def _sigmoid(x, *args):
+@jit(parallel=True)
+def _v_sin_cos(x, want_cos, fmt, out, und):
+    """sin x or cos x for ``2**-450 <= |x| < 2**20``: f_sin_cos's evaluation without its branches: Cody and Waite's
+    reduction (:func:`~refkern.kernels._ew_f64._cody_waite`'s steps and bound: for |x| <= 0.78, n = 0 and every
+    step is exact, the bound only larger than f_sin_cos's 0), ``|r| <= 0.7854`` required, both Taylor polynomials
+    (11 terms by Horner in r**2, within 64u relative), the quadrant's chosen; plus the reduction's error."""
+    for i in prange(x.size):
+        xi = np.float64(x[i])
+        ax = abs(xi)
+        ok = (2.0**-450 <= ax) & (ax < 2.0**20)
+        axc = ax if ok else 0.5
+        n = np.rint(axc * _2OPI)
+        t1 = axc - n * _P1
+        t2 = t1 - n * _P2
+        p3 = n * _P3
+        r = t2 - p3
+        ok = ok & (abs(r) <= 0.7854)
+        er = 1.01 * U * (abs(t2) + abs(p3) + abs(r)) + n * _PTAIL
+        sq = r * r
+        ps = _FH[21]
+        pc = _FH[20]
+        for k in range(9, -1, -1):
+            ps = _FH[2 * k + 1] - sq * ps
+            pc = _FH[2 * k] - sq * pc
+        sn = r * ps
+        q = (np.int64(n) + (1 if want_cos else 0)) & 3  # cos x = sin(x + pi/2)
+        v = sn if (q & 1) == 0 else pc
+        v = -v if q >= 2 else v
+        v = -v if (xi < 0.0) & (not want_cos) else v
+        r2, dec = _decide(v, 64.0 * U * abs(v) + er, fmt)
+        out[i] = r2
+        und[i] = not (ok & dec)
+
+
+def _sin(x, params, *args):
+    _v_sin_cos(x, False, *args)
+
+
+def _cos(x, params, *args):
+    _v_sin_cos(x, True, *args)
+
+
+def _sigmoid(x, params, *args):
     _v_sigmoid(x, False, *args)
 
 
-def _silu(x, *args):
+def _silu(x, params, *args):
     _v_sigmoid(x, True, *args)
 
 
-#: fn -> its first pass ``(x, prec, emin, emax, out, und)`` (a float64 x, results of at most 24 bits)
-VEC = {"exp": _v_exp, "exp2": _v_exp2, "sigmoid": _sigmoid, "silu": _silu, "tanh": _v_tanh, "log": _log, "log2": _log2,
-       "erf": _erf, "gelu": _gelu}  # fmt: skip
+@jit(parallel=True)
+def _v_root(x, kind, fmt, out, und):
+    """kind 0: sqrt x, 1: 1/x, each correctly rounded in float64 and rounded once more to the format: innocuous
+    for ``p <= 24`` (``53 >= 2p + 2``, :mod:`refkern.kernels.elementwise`'s docstring), every element decided
+    (specials as float64's). kind 2: x * x, exact in float64 for x of at most 24 bits in float32's range (f_pow's
+    y = 2), rounded once: decided unless the bracket meets a tie (the float64 tier's). kind 3: 1/sqrt(x) for 0 < x
+    finite, f_rsqrt's ``fl(1 / fl(sqrt x))`` within ``2.01u 1.01`` relative."""
+    for i in prange(x.size):
+        xi = np.float64(x[i])
+        if kind == 0 or kind == 1:
+            v = np.sqrt(xi) if kind == 0 else 1.0 / xi
+            out[i] = _round(v, fmt)
+            und[i] = False
+        elif kind == 2:
+            v = xi * xi
+            r, dec = _decide(v, 0.0, fmt)
+            out[i] = r
+            und[i] = not (dec & (abs(xi) < np.inf))
+        else:
+            ok = (0.0 < xi) & (xi < np.inf)
+            v = 1.0 / np.sqrt(xi if ok else 1.0)
+            r, dec = _decide(v, 2.01 * 1.01 * U * v, fmt)
+            out[i] = r
+            und[i] = not (ok & dec)
+
+
+def _exp(x, params, *args):
+    _v_exp(x, *args)
+
+
+def _exp2(x, params, *args):
+    _v_exp2(x, *args)
+
+
+def _tanh(x, params, *args):
+    _v_tanh(x, *args)
+
+
+def _sqrt(x, params, *args):
+    _v_root(x, 0, *args)
+
+
+def _reciprocal(x, params, *args):
+    _v_root(x, 1, *args)
+
+
+def _rsqrt(x, params, *args):
+    _v_root(x, 3, *args)
+
+
+@jit(parallel=True)
+def _v_pow(x, y, fmt, out, und):
+    """x**y for 0 < x finite, y finite: f_pow's ``e**(y log x)`` with :func:`_log_core`'s log (b within e): ``w =
+    fl(y b)`` within ``ew = |y| e + u |w|``, which moves e**w by at most 1.01 ew relative (ew <= 2**-30); exp_fast
+    2.02u; for -104 <= w <= 89 the scale 2**m is exact and the product normal (as :func:`_v_exp`). Within ``(2.02u
+    + 1.01 ew) 1.01 v``. Exact results are decided, midpoints never (the exact path's)."""
+    for i in prange(x.size):
+        b, e, ok = _log_core(np.float64(x[i]))
+        w = y * b
+        ew = abs(y) * e + U * abs(w)
+        ok = ok & (-104.0 <= w) & (w <= 89.0) & (ew <= 2.0**-30)
+        v, m = exp_fast(w if ok else 0.0)
+        q = v * pow2(m)
+        r, dec = _decide(q, (2.02 * U + 1.01 * ew) * 1.01 * q, fmt)
+        out[i] = r
+        und[i] = not (ok & dec)
+
+
+def _pow(x, params, *args):
+    y = params[0]
+    if y == 2.0:
+        _v_root(x, 2, *args)
+    elif y == -0.5:
+        _v_root(x, 3, *args)
+    elif abs(y) < np.inf:
+        _v_pow(x, y, *args)
+    else:
+        args[-1][:] = True  # an infinite exponent: the float64 tier's and the exact path's special values
+
+
+def kernel_format(fmt):
+    """The ``fmt`` argument of the passes: None for float32, else the format's (prec, emin, emax)."""
+    return None if tuple(fmt.params) == (24, -126, 127) else tuple(int(v) for v in fmt.params)
+
+
+#: fn -> its first pass ``(x, params, fmt, out, und)`` (fmt: :func:`kernel_format`): x the float32 values of the
+#: input (every format of at most 24 bits is one), out float32 (it holds every result of such a format exactly),
+#: und bool
+VEC = {"exp": _exp, "exp2": _exp2, "sigmoid": _sigmoid, "silu": _silu, "tanh": _tanh, "log": _log, "log2": _log2,
+       "erf": _erf, "gelu": _gelu, "sqrt": _sqrt, "reciprocal": _reciprocal, "rsqrt": _rsqrt, "pow": _pow,
+       "sin": _sin, "cos": _cos}  # fmt: skip

@@ -36,11 +36,11 @@ from refkern.kernels import _ew_exact as xe
 from refkern.kernels import _ew_f64 as f
 from refkern.kernels import _ew_scalar as s
 from refkern.kernels._common import deliver
-from refkern.kernels._ew_vec import VEC
+from refkern.kernels._ew_vec import VEC, kernel_format
 from refkern.kernels._transcendental import decide_scaled
 
 __all__ = ["exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid",
-           "silu", "gelu", "erf", "softplus", "sin", "cos", "pow", "values", "UNARY"]  # fmt: skip
+           "silu", "gelu", "erf", "softplus", "sin", "cos", "pow", "values", "rounded", "UNARY"]  # fmt: skip
 
 
 @jit(inline="always")
@@ -273,17 +273,9 @@ UNARY = ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "recip
          "gelu", "erf", "softplus", "sin", "cos", "pow")  # fmt: skip
 
 
-def _launch(fn, x, fmt, params, mode, first=True):
-    """(out, lo, und) of the kernel of ``fn`` ("gelu_tanh" for the tanh form) on the flat float64 x; for results
-    of at most 24 bits, the vectorised first pass (:mod:`refkern.kernels._ew_vec`) first, the kernel on what it
-    leaves."""
+def _launch(fn, x, fmt, params, mode):
+    """(out, lo, und) of the kernel of ``fn`` ("gelu_tanh" for the tanh form) on the flat float64 x."""
     out, lo, und = np.empty(x.size), np.zeros(x.size if mode == 1 else 1), np.zeros(x.size, np.bool_)
-    if first and mode == 0 and fmt.params[0] <= 24 and fn in VEC:
-        VEC[fn](x, *fmt.params, out, und)
-        idx = np.flatnonzero(und)
-        if idx.size:
-            out[idx], _, und[idx] = _launch(fn, x[idx], fmt, params, mode, False)
-        return out, lo, und
     args = (*fmt.params, mode, out, lo, und)
     if fn in _K:
         _K[fn](x, *args)
@@ -402,11 +394,30 @@ def _exact(fn, x: float, params, fmt) -> float:
 
 def _apply(name, fn, input, params=()):  # noqa: A002
     o = operand(input, "input", name)
-    x = np.ascontiguousarray(o.values, np.float64).reshape(-1)
-    out, _, und = _launch(fn, x, o.fmt, params, 0)
+    return deliver(rounded(fn, o.values, o.fmt, params).reshape(o.shape), o.fmt, o.torch)
+
+
+def rounded(fn: str, x: np.ndarray, fmt, params=()) -> np.ndarray:
+    """The correctly rounded values of ``fn`` ("gelu_tanh" for gelu's tanh form) at the values x of the format
+    ``fmt``, flat: float32 for formats of at most 24 bits where the vectorised first pass exists (it holds them
+    exactly), float64 otherwise."""
+    if fmt.params[0] <= 24 and fn in VEC:  # the vectorised first pass on the float32 values, into float32
+        x32 = np.ascontiguousarray(x, np.float32).reshape(-1)  # exact: x lies in the format
+        out, und = np.empty(x32.size, np.float32), np.zeros(x32.size, np.bool_)
+        VEC[fn](x32, params, kernel_format(fmt), out, und)
+        idx = np.flatnonzero(und)
+        if idx.size:  # the rest through the float64 tier, the double-word path and the exact path
+            out[idx] = _rounded(fn, x32[idx].astype(np.float64), fmt, params)
+        return out
+    return _rounded(fn, np.ascontiguousarray(x, np.float64).reshape(-1), fmt, params)
+
+
+def _rounded(fn, x, fmt, params):
+    """Steps 1 to 3 of the module docstring on the flat float64 x."""
+    out, _, und = _launch(fn, x, fmt, params, 0)
     for i in np.flatnonzero(und):
-        out[i] = _exact(fn, float(x[i]), params, o.fmt)
-    return deliver(out.reshape(o.shape), o.fmt, o.torch)
+        out[i] = _exact(fn, float(x[i]), params, fmt)
+    return out
 
 
 def values(fn: str, x: np.ndarray, fmt, params=()):

@@ -112,13 +112,7 @@ def test_batch_norm_of_an_empty_input(shape, training, dtype):
         assert reps[k].verdict == "exact", reps[k]
 
 
-#: a fault in a module this file's owner does not hold (strict: a fix makes the xfail fail)
-_Z_ONE = ("analysis/verdict.z_one: |x - y| / sd with sd = 0 (a float64 sum of no term: no rounding, no variance) "
-          "raises ZeroDivisionError inside the jitted _element_test (numba's Python error model) instead of giving inf")
-
-
-@pytest.mark.parametrize("dtype", [pytest.param(d, marks=pytest.mark.xfail(strict=True, reason=_Z_ONE))
-                                   if d == torch.float64 else d for d in DTYPES])  # fmt: skip
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("training", (True, False))
 def test_a_nonzero_gradient_of_an_empty_batch_norm_is_a_mismatch(training, dtype):
     """A weight's gradient of 1 where no term reaches it (a batch of 0 samples): a mismatch."""

@@ -268,7 +268,8 @@ def test_every_hypothesis_tried_is_reported():
     x, w = r(8, 64), r(8, 64)
     rep = rk.compare(F.linear(x, w) + 1.0, "linear", x, w)
     assert rep.verdict == "mismatch"
-    assert {"rounding", "tf32", "tf32, ties away", "tf32, truncated", "fp16 inputs", "bf16 inputs", "bf16 inputs, truncated",
+    assert {"rounding", "tf32", "tf32, ties away", "tf32, truncated", "tf32 tensor cores", "tf32 tensor cores, truncated",
+            "fp16 inputs", "bf16 inputs", "bf16 inputs, truncated",
             "fp16 autocast", "bf16 autocast", "fp16 accumulation (left-to-right)", "fp16 accumulation (pairwise)",
             "bf16 accumulation (left-to-right)", "bf16 accumulation (pairwise)"} == set(rep.hypotheses)
 

@@ -553,7 +553,8 @@ def judge(p, judge_norm, sample=None):
         return judge_norm(spec, cpu(p.out))
     from refkern.analysis.rotary import compare_rotary
 
-    out, q, theta, sampled = cpu(p.out), cpu(p.q), cpu(p.theta), 0
+    # the output on its device: the rotation's cos and sin are judged by that device's accuracy classes
+    out, q, theta, sampled = p.out.detach().as_subclass(torch.Tensor), cpu(p.q), cpu(p.theta), 0
     d = q.shape[-1]
     if sample is not None and q.numel() > sample and q.dim() > 1:
         n = q.numel() // d

@@ -131,3 +131,17 @@ def test_cuda_division_by_a_scalar_is_a_product_by_its_reciprocal():
     ah = torch.from_numpy(a[:50]).half()
     half = times_reciprocal(ah, b, torch.float16)  # in float32, rounded once
     assert half.tolist() == torch.from_numpy(ah.float().numpy() * (np.float32(1) / np.float32(b))).half().tolist()
+
+
+def test_same_bits_by_hand():
+    # the audit's bit comparison: a NaN pair is equal whatever its payload, -0 and +0 differ, an inf against a
+    # finite value differs with no finite ulp count; the largest finite ulp distance and the first index come back
+    from refkern.torch._bits import _same_bits
+
+    a = torch.tensor([1.0, float("nan"), -0.0, 2.0, float("inf"), 1.0], dtype=torch.float32)
+    e = torch.tensor([1.0, float("nan"), 0.0, 2.0 + 2.0**-22, 1.0, 1.0], dtype=torch.float32)
+    e.view(torch.int32)[1] = 0x7FC00001  # another NaN payload
+    n, nd, ulp, first = _same_bits(a, e)
+    assert (n, nd, first) == (6, 3, 2)
+    assert ulp == pytest.approx(2.0**-22 / (2.0**-23 * (2.0 + 2.0**-22)), abs=0)
+    assert _same_bits(torch.arange(4), torch.tensor([0, 1, 3, 3])) == (4, 1, float("inf"), 2)

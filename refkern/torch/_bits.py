@@ -9,28 +9,50 @@ import torch
 __all__ = []
 
 
+_INT = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
 def _same_bits(actual, expected):
-    """(number of elements, number that differ, max ulp among them, first differing flat index)."""
+    """(number of elements, number that differ, max ulp among them, first differing flat index). Floating
+    tensors of one dtype: their bit patterns compared in one pass (equal bits are equal values of one
+    sign), then, among the differing elements only, NaN pairs dropped (any NaN matches any NaN) and the
+    ulps measured: on a 64 x 112 x 112 activation with 3 differing elements, 1.5 ms of one thread against
+    20 to 31 ms for the float comparison of every element (helper-28's measurement, load 4)."""
     a, e = actual.reshape(-1), expected.reshape(-1)
     n = a.numel()
     if a.shape != e.shape:
         return n, n, math.inf, 0
+    it = _INT.get(a.dtype) if a.dtype == e.dtype else None
+    if it is None:
+        return _same_values(a, e, n)
+    bad = (a.view(it) != e.view(it)).nonzero().reshape(-1)
+    if bad.numel():
+        bad = bad[~(torch.isnan(a[bad]) & torch.isnan(e[bad]))]
+    if not bad.numel():
+        return n, 0, 0.0, None
+    return n, int(bad.numel()), _ulps(a[bad], e[bad]), int(bad[0])
+
+
+def _ulps(a, e) -> float:
+    """The largest |a - e| in units of a's dtype's spacing at e (finite ratios; inf where none is)."""
+    ad, ed = a.double(), e.double()
+    tiny = torch.tensor(torch.finfo(a.dtype).tiny, dtype=torch.float64)
+    d = (ad - ed).abs() / (torch.finfo(a.dtype).eps * torch.maximum(ed.abs(), tiny))
+    d = d[torch.isfinite(d)]
+    return float(d.max()) if d.numel() else math.inf
+
+
+def _same_values(a, e, n):
+    """:func:`_same_bits` for tensors of different dtypes, or not floating: by value (and sign)."""
     if a.is_floating_point():
         same = (a == e) & (torch.signbit(a) == torch.signbit(e)) | (torch.isnan(a) & torch.isnan(e))
     else:
         same = a == e
-    bad = (~same).nonzero()
+    bad = (~same).nonzero().reshape(-1)
     if not bad.numel():
         return n, 0, 0.0, None
-    ulp = math.inf
-    if a.is_floating_point():
-        ad, ed = a.double(), e.double()
-        spacing = torch.finfo(a.dtype).eps * torch.maximum(ed.abs(), torch.tensor(torch.finfo(a.dtype).tiny)).double()
-        with torch.no_grad():
-            d = ((ad - ed).abs() / spacing)[~same]
-        d = d[torch.isfinite(d)]
-        ulp = float(d.max()) if d.numel() else math.inf
-    return n, int(bad.numel()), ulp, int(bad[0, 0])
+    ulp = _ulps(a[bad], e[bad]) if a.is_floating_point() else math.inf
+    return n, int(bad.numel()), ulp, int(bad[0])
 
 
 def _top_is(mode):

@@ -20,6 +20,8 @@ the whole cut at ``--budget`` seconds (the sections left are named as skipped, n
    target is 1.5x.
 
 ``--device cpu --small`` runs the same script on the CPU at small sizes: the script's own smoke test.
+``--save FILE`` keeps each mismatch's inputs and the device's output (``torch.load``), so that a false alarm
+seen on a lent GPU can be studied afterwards on the CPU, without device time.
 """
 
 import argparse
@@ -37,6 +39,7 @@ import refkern as rk
 import refkern.torch as rkt
 
 OK = ("exact", "rounding", "reduced-precision")
+FOUND = {}  # "dtype case" -> the inputs, keywords and the device's output of each mismatch (--save)
 
 
 def _data(shape, dtype, dev, gen, kind="normal"):
@@ -256,6 +259,8 @@ def _cases(small, dtypes=("bfloat16", "float32", "float16")):
 def section_check(args, out):
     rows = []
     for label, fn, build, kw, backward, dt, tf32 in _cases(args.small, tuple(args.dtypes.split(","))):
+        if args.cases and not any(c in label for c in args.cases.split(",")):
+            continue
         if time.perf_counter() - T0 > args.budget:
             rows.append({"case": label, "dtype": dt, "skipped": "budget"})
             continue
@@ -281,8 +286,14 @@ def section_check(args, out):
                 "bad": bool(bad),
                 "s": round(time.perf_counter() - t, 1),
             }
-            if bad:
-                row["text"] = str(res)
+            if bad:  # the very inputs and the device's output kept, to be studied later on any CPU
+                with torch.no_grad():
+                    FOUND[f"{dt} {label}"] = {"args": [x.cpu() if isinstance(x, torch.Tensor) else x for x in a],
+                                              "kwargs": kw, "out": fn(*a, **kw).cpu()}  # fmt: skip
+                row["text"] = str(res) + "\n" + "\n".join(
+                    [str(r.report) for r in res.rows if r.report is not None and r.report.verdict == "mismatch"]
+                    + [f"gradient {g.argument}: {g.report}" for g in res.grads
+                       if g.report is not None and g.report.verdict == "mismatch"])  # fmt: skip
         except Exception as e:  # a section's failure is reported, the next case runs
             row = {
                 "case": label,
@@ -309,8 +320,8 @@ def section_audit(args, out):
     from audit_models import hf_model
 
     rows = []
-    for kind, mode in (("llama", "bf16"), ("llama", "fp32"), ("gpt2", "bf16"), ("bert", "bf16"), ("llama", "train"),
-                       ("qwen2", "bf16"), ("t5", "bf16"), ("vit", "bf16"), ("whisper", "bf16")):  # fmt: skip
+    todo = [tuple(m.split(":")) for m in args.models.split(",")]
+    for kind, mode in todo:
         if time.perf_counter() - T0 > args.budget:
             rows.append({"model": kind, "mode": mode, "skipped": "budget"})
             continue
@@ -346,7 +357,9 @@ def section_audit(args, out):
                 "s": round(time.perf_counter() - t, 1),
             }
             if a.first_failure is not None:
-                row["report"] = a.report()[-3000:]
+                row["report"] = "\n".join(f"call {c.index} {c.name} {c.op} {c.dtype} {c.shapes}:\n{c.report}"
+                                           for c in a.calls if getattr(c, "verdict", None) not in
+                                           (None, "exact", "rounding"))[:6000]  # fmt: skip
         except Exception as e:
             row = {
                 "model": kind,
@@ -410,7 +423,54 @@ def section_filter(args, out):
     out["filter"] = rows
 
 
-SECTIONS = {"check": section_check, "filter": section_filter, "audit": section_audit}
+def _seq(x):
+    """cumsum with the running sum rounded to x's dtype at every addition."""
+    out, acc = torch.empty_like(x), torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for k in range(x.shape[-1]):
+        acc = (acc.float() + x[..., k].float()).to(x.dtype)
+        out[..., k] = acc
+    return out
+
+
+def _tree(x, block):
+    """cumsum by Hillis-Steele trees over blocks of ``block`` in x's dtype, the carry in x's dtype."""
+    out, carry = torch.empty_like(x), torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for s in range(0, x.shape[-1], block):
+        b = x[..., s : s + block].clone()
+        b[..., 0] = (b[..., 0].float() + carry.float()).to(x.dtype)
+        d = 1
+        while d < b.shape[-1]:
+            p = b.clone()
+            b[..., d:] = (p[..., d:].float() + p[..., :-d].float()).to(x.dtype)
+            d *= 2
+        out[..., s : s + block], carry = b, b[..., -1]
+    return out
+
+
+def section_diag(args, out):
+    """Which emulation each CUDA kernel equals, bit for bit (fractions of elements)."""
+    from refkern.torch._bits import times_reciprocal
+
+    g = torch.Generator().manual_seed(7)
+    rows = {}
+    for dt in (torch.bfloat16, torch.float16):
+        x = torch.randn(4, 8192, generator=g).to(dt)
+        y = torch.cumsum(x.to(args.device), -1).cpu()
+        for name, e in [("sequential", _seq(x)), *[(f"tree{b}", _tree(x, b)) for b in (16, 32, 64, 1024)]]:
+            rows[f"cumsum {dt} = {name}"] = float((y == e).double().mean())
+        r = rk.compare(y, "cumsum", x, dim=-1)
+        rows[f"cumsum {dt} verdict"] = f"{r.verdict} {r.precision} counts {r.counts}"
+    a = torch.randn(4096, generator=g) * 10
+    for b in (3.7, 2.0794415416798357):
+        q = (a.to(args.device) / b).cpu()
+        rows[f"div by {b}: = quotient"] = float((q == a / b).double().mean())
+        rows[f"div by {b}: = a * fl(1/b)"] = float((q == times_reciprocal(a, b, torch.float32)).double().mean())
+    for k, v in rows.items():
+        print(f"diag {k}: {v}", flush=True)
+    out["diag"] = rows
+
+
+SECTIONS = {"check": section_check, "filter": section_filter, "audit": section_audit, "diag": section_diag}
 
 
 def main():
@@ -419,8 +479,15 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget", type=float, default=300.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--save", default=None, help="torch.save the failing cases' inputs and outputs here")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--dtypes", default="bfloat16,float32,float16", help="section check's dtypes")
+    ap.add_argument("--cases", default="", help="section check: only cases whose label holds one of these")
+    ap.add_argument(
+        "--models",
+        default="llama:bf16,llama:fp32,gpt2:bf16,bert:bf16,llama:train,qwen2:bf16,t5:bf16,vit:bf16,whisper:bf16",
+        help="section audit: model:mode pairs",
+    )
     ap.add_argument("--sections", default="check,filter,audit")
     args = ap.parse_args()
     T0 = time.perf_counter()
@@ -436,6 +503,8 @@ def main():
         except Exception as e:
             out[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
             print(f"section {name} failed: {out[name]['trace']}", flush=True)
+        if args.save and FOUND:
+            torch.save(FOUND, args.save)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1, default=str)

@@ -1,16 +1,17 @@
 """The vectorisable first pass of the elementwise functions (:mod:`refkern.kernels.elementwise`, step 0): for results
-of at most 24 bits, exp, exp2, sigmoid, silu, tanh, log, log2, erf, gelu, sin, cos, sqrt, reciprocal, rsqrt and pow
-on the arguments where their float64 evaluation needs no branch, no libm call and no scaling outside float64's
-normal range, so that LLVM vectorises the loop; the rounding decided by the two ends of the bound (:func:`_decide`).
-An element outside that range, or whose bound straddles a rounding boundary, is marked in ``und`` and goes through
-the float64 tier (:mod:`refkern.kernels._ew_f64`) and on.
+of at most 24 bits, exp, exp2, expm1, sigmoid, silu, tanh, log, log2, log1p, sin, cos, sqrt, reciprocal, rsqrt, pow
+and gelu's tanh form (erf and gelu: :mod:`refkern.kernels._ew_vec_erf`) on the arguments where their float64
+evaluation needs no branch, no libm call and no scaling outside float64's normal range, so that LLVM vectorises the
+loop; the rounding decided by the two ends of the bound (:func:`_decide`). An element outside that range, or whose
+bound straddles a rounding boundary, is marked in ``und`` and goes through the float64 tier
+(:mod:`refkern.kernels._ew_f64`) and on.
 
 The evaluations and their bounds are the float64 tier's (each derivation there, cited at each kernel); only the
 ranges are narrower. log and log2 have their own table-driven evaluation (:func:`_log_core`), which needs no libm
 call: the float64 tier's checks libm's log through exp, 30 ns per element. Measured (1e6 float32 elements, one
-thread): exp's float64 tier 9-12 ns per element, this pass about 5 ns; log 30 -> 8 ns."""
+thread, process CPU time): exp's float64 tier 9-12 ns per element, this pass 2 ns; log 30 -> 3.6 ns; sigmoid 15 ->
+2.3 ns; sin 20 -> 2.4 ns."""
 
-import functools
 import math
 from fractions import Fraction
 
@@ -19,10 +20,10 @@ from numba import prange, types
 from numba.extending import overload
 
 from refkern._jit import jit
-from refkern.accumulate._bits import bits, from_bits, pow2
+from refkern.accumulate._bits import bits, fma, from_bits, pow2
 from refkern.accumulate.formats import round_to
 from refkern.kernels import _ew_exact as xe
-from refkern.kernels._ew_dd import _FH, K_LN2
+from refkern.kernels._ew_dd import _FH, K_KAPPA, K_LN2, K_SQRT2PI
 from refkern.kernels._ew_f64 import _2OPI, _P1, _P2, _P3, _PTAIL
 from refkern.kernels._transcendental import U, exp_fast
 
@@ -52,10 +53,6 @@ def _round_impl(v, fmt):
     return other
 
 
-#: elements per task of erf's parallel pass: each task runs a plain loop (a separately compiled function), which
-#: LLVM vectorised where the same loop as a prange body stayed scalar (34 -> 9 ms of CPU on 1e6 float32 elements,
-#: one thread); the other passes went the other way (sigmoid 2.3 -> 31 ms, exp 1.9 -> 5.4) and stay prange loops
-_CHUNK = 8192
 
 
 @jit(inline="always")
@@ -168,21 +165,37 @@ _LOG2E = 1.4426950408889634  # 1 / ln 2 within u (the float64 tier's)
 
 
 @jit(inline="always")
-def _log_core(x):
-    """(b, e, ok): ``|log x - b| <= e`` for x a positive normal float64 of at most 24 significant bits (ok False
-    elsewhere; the value then meaningless).
+def _log1p_poly(r):
+    """``p = r h_1``, ``h_k = c_k + r h_(k+1)``, ``c_k = (-1)**(k+1) / k`` for k = 8..1: log1p(r) for |r| <
+    0.0053 within ``(4.1u + 2**-63) |p|`` (:func:`_log_core`'s derivation)."""
+    h = -0.125
+    h = 1.0 / 7.0 + r * h
+    h = -1.0 / 6.0 + r * h
+    h = 0.2 + r * h
+    h = -0.25 + r * h
+    h = 1.0 / 3.0 + r * h
+    h = -0.5 + r * h
+    h = 1.0 + r * h
+    return r * h
 
-    ``x = S 2**j``, S in [1, 2) from the bits, halved (j + 1) where S >= 1.5: S in [0.75, 1.5), 24 bits at most.
-    ``k = rint(128 (S - 1))`` in [-32, 64], ``|S - c_k| <= 1/256``; ``r = S INVC_k - 1`` is exact (the product has
-    at most 24 + 29 bits, and lies within a factor 2 of 1: Sterbenz) and ``|r| <= (1/256) / 0.75 + 2**-27 <
-    0.0053``. ``log x = j ln2 + (-log INVC_k) + log1p(r)``; log1p(r) by ``p = r h_1``, ``h_k = c_k + r h_(k+1)``,
-    ``c_k = (-1)**(k+1) / k`` for k = 8..1: each partial h_k lies within a factor 1.006 of c_k (``|r h_(k+1)| <=
-    0.0053 |c_(k+1)| 1.006``), so each step adds at most 3u (c_k's rounding, the product's and the sum's) of it and
-    passes on at most 0.006 of the error before: h_1 within 3.02u, p within 4.03u of ``r h_1``, charged 4.1u; the
-    truncation ``|r|**9 / 9 / (1 - |r|) < 2**-64 |r|`` (|p| >= 0.997 |r|: charged 2**-63 |p|). The sum: ``A =
-    j LN2_HI + LT_HI`` (the product exact: |j| < 2**11, LN2_HI 40 bits; the sum one rounding), ``B = LT_LO + j
-    LN2_LO`` (two roundings, u of each), ``C = p + B``, ``b = A + C`` (u of each); the constants' own errors,
-    2**-100 and ``|j| 2**-93``. At k = 0 the table's value is 0 and r = S - 1: no cancellation near x = 1."""
+
+@jit(inline="always")
+def _log_core(x):
+    """(b, e, ok): ``|log x - b| <= e`` for x a positive normal float64 (ok False elsewhere; the value then
+    meaningless).
+
+    ``x = S 2**j``, S in [1, 2) from the bits, halved (j + 1) where S >= 1.5: S in [0.75, 1.5). ``k = rint(128 (S -
+    1))`` in [-32, 64], ``|S - c_k| <= 1/256``; ``r = fma(S, INVC_k, -1)``, one rounding (none where S has at most
+    24 bits: the product has at most 24 + 29 bits and lies within a factor 2 of 1), within ``u |r|`` of ``S INVC_k -
+    1``, which moves log1p(r) by at most ``1.006 u |r|``, charged ``1.01u |r|``; ``|r| <= (1/256) / 0.75 + 2**-27 +
+    u < 0.0053``. ``log x = j ln2 + (-log INVC_k) + log1p(r)``; log1p(r) by :func:`_log1p_poly`: each partial h_k
+    lies within a factor 1.006 of c_k (``|r h_(k+1)| <= 0.0053 |c_(k+1)| 1.006``), so each step adds at most 3u (c_k's
+    rounding, the product's and the sum's) of it and passes on at most 0.006 of the error before: h_1 within 3.02u,
+    p within 4.03u of ``r h_1``, charged 4.1u; the truncation ``|r|**9 / 9 / (1 - |r|) < 2**-64 |r|`` (|p| >= 0.997
+    |r|: charged 2**-63 |p|). The sum: ``A = j LN2_HI + LT_HI`` (the product exact: |j| < 2**11, LN2_HI 40 bits; the
+    sum one rounding), ``B = LT_LO + j LN2_LO`` (two roundings, u of each), ``C = p + B``, ``b = A + C`` (u of each);
+    the constants' own errors, 2**-100 and ``|j| 2**-93``. At k = 0 the table's value is 0 and INVC 1: no
+    cancellation near x = 1."""
     ok = (2.0**-1022 <= x) & (x < np.inf)
     xc = x if ok else 1.0
     bx = bits(xc)
@@ -192,24 +205,116 @@ def _log_core(x):
     S = S * 0.5 if big else S
     j = j + 1 if big else j
     k = np.int64(np.rint((S - 1.0) * 128.0))
-    r = S * INVC[k + 32] - 1.0
-    h = -0.125
-    h = 1.0 / 7.0 + r * h
-    h = -1.0 / 6.0 + r * h
-    h = 0.2 + r * h
-    h = -0.25 + r * h
-    h = 1.0 / 3.0 + r * h
-    h = -0.5 + r * h
-    h = 1.0 + r * h
-    p = r * h
+    r = fma(S, INVC[k + 32], -1.0)
+    p = _log1p_poly(r)
     fj = float(j)
     A = fj * LN2_HI + LT_HI[k + 32]
     B = LT_LO[k + 32] + fj * LN2_LO
     C = p + B
     b = A + C
     e = (U * (abs(A) + abs(B) + abs(fj * LN2_LO) + abs(C) + abs(b)) + (4.1 * U + 2.0**-63) * abs(p)
-         + abs(fj) * 2.0**-93 + 2.0**-100) * 1.01  # fmt: skip
+         + 1.01 * U * abs(r) + abs(fj) * 2.0**-93 + 2.0**-100) * 1.01  # fmt: skip
     return b, e, ok
+
+
+@jit(parallel=True)
+def _v_log1p(x, fmt, out, und):
+    """log(1 + x) for -1 < x < 2**21, x != 0: for |x| <= 2**-8, :func:`_log1p_poly` at r = x (within ``(4.1u +
+    2**-63) |p|``, charged 1.01 more); otherwise :func:`_log_core` of ``1 + x``, which is exact: x has at most 24
+    bits, the last at 2**-31 or above, and ``1 + x < 2**22`` (or ``x <= -1/2``: Sterbenz). x < -1: NaN."""
+    for i in prange(x.size):
+        xi = np.float64(x[i])
+        small = abs(xi) <= 2.0**-8
+        ok = (-1.0 < xi) & (xi < 2.0**21) & (xi != 0.0)
+        p = _log1p_poly(xi if small else 0.0)
+        b, e, okl = _log_core(1.0 + xi if (ok & (not small)) else 2.0)
+        y = p if small else b
+        e = (4.1 * U + 2.0**-63) * 1.01 * abs(p) if small else e
+        r, dec = _decide(y, e, fmt)
+        nan = xi < -1.0  # outside the domain: NaN (IEEE 754's log1p, torch's)
+        out[i] = np.nan if nan else r
+        und[i] = not ((ok & dec) | nan)
+
+
+@jit(parallel=True)
+def _v_softplus(x, threshold, fmt, out, und):
+    """torch's softplus at beta = 1 for |x| <= 100: x where ``x > threshold``; else ``log1p(t)`` (x <= 0) or ``x +
+    log1p(t)`` (x > 0), ``t = e**-|x| = v 2**m`` (exp_fast: within 2.02u t; exact and normal), as f_softplus. log1p(t)
+    for t <= 2**-8 by :func:`_log1p_poly` (``(4.1u + 2**-63) |p|``), else by :func:`_log_core` of ``s = fl(1 + t)``
+    (its e, plus ``|log s - log(1 + t)| <= u``: the sum's rounding, ``u s``, over s >= 1); t's own error moves log1p
+    by at most 2.02u t (log1p' <= 1). The sum with x one rounding more (u |q|). All charged 1.01."""
+    for i in prange(x.size):
+        xi = np.float64(x[i])
+        ok = abs(xi) <= 100.0
+        v, m = exp_fast(-abs(xi) if ok else 0.0)
+        t = v * pow2(m)
+        small = t <= 2.0**-8
+        p = _log1p_poly(t if small else 0.0)
+        b, e, okl = _log_core(1.0 if small else 1.0 + t)
+        L = p if small else b
+        eL = ((4.1 * U + 2.0**-63) * abs(p) if small else e + U) + 2.02 * U * t
+        q = xi + L if xi > 0.0 else L
+        e = (eL + (U * abs(q) if xi > 0.0 else 0.0)) * 1.01
+        r, dec = _decide(q, e, fmt)
+        above = xi > threshold
+        out[i] = xi if above else r
+        und[i] = not ((ok & dec) | above)
+
+
+def _softplus(x, params, fmt, out, und):
+    if params[0] == 1.0:
+        _v_softplus(x, params[1], fmt, out, und)
+    else:
+        und[:] = True  # another beta: the double-word path's
+
+
+#: 1 / (k + 1)! for k = 0..13, each rounded once: f_expm1's polynomial
+_INV_FACT1 = np.array([1.0 / math.factorial(k + 1) for k in range(14)])
+
+
+@jit(parallel=True)
+def _v_expm1(x, fmt, out, und):
+    """e**x - 1 for ``2**-400 <= |x|``, -104 <= x <= 89: f_expm1's two evaluations, both computed, the one for |x|
+    chosen: ``x P(x)`` (|x| <= 0.35, within ``(43u + 2**-60) 1.01 |q|``) or ``E - 1``, ``E = v 2**m`` exact and
+    normal (exp_fast, 2.02u), within ``(2.02u E + u |q| + 2**-1073) 1.01`` (f_expm1's bound for x < -0.35; for x >
+    0.35 its ``(v - 2**-m) 2**m`` is this same rounding, scaled by an exact power of two)."""
+    for i in prange(x.size):
+        xi = np.float64(x[i])
+        ax = abs(xi)
+        ok = (2.0**-400 <= ax) & (-104.0 <= xi) & (xi <= 89.0)
+        small = ax <= 0.35
+        xs = xi if small else 0.0
+        P = _INV_FACT1[13]
+        for k in range(12, -1, -1):
+            P = _INV_FACT1[k] + xs * P
+        q1 = xs * P
+        v, m = exp_fast(xi if ok else 0.0)
+        E = v * pow2(m)
+        q2 = E - 1.0
+        q = q1 if small else q2
+        e = (43.0 * U + 2.0**-60) * 1.01 * abs(q1) if small else (2.02 * U * E + U * abs(q2) + 2.0**-1073) * 1.01
+        r, dec = _decide(q, e, fmt)
+        out[i] = r
+        und[i] = not (ok & dec)
+
+
+@jit(parallel=True)
+def _v_gelu_tanh(x, fmt, out, und):
+    """gelu's tanh form ``x sigmoid(w)``, ``w = 2 sqrt(2/pi) x (1 + kappa x**2)``, for ``2**-400 <= |x| <= 2**20``
+    and ``|w| <= 100``: f_gelu_tanh's evaluation (w within ``6.06u |w|``, which moves sigmoid by ``6.12u |w|``
+    relative) with :func:`_v_sigmoid`'s sigmoid (6.06u, E exact and normal) and the product by x (1.01u)."""
+    for i in prange(x.size):
+        xi = np.float64(x[i])
+        ax = abs(xi)
+        w = (2.0 * K_SQRT2PI[0]) * (xi * (1.0 + K_KAPPA[0] * (xi * xi)))
+        ok = (2.0**-400 <= ax) & (ax <= 2.0**20) & (abs(w) <= 100.0)
+        wc = w if ok else 1.0
+        v, m = exp_fast(-abs(wc))
+        E = v * pow2(m)
+        q = (1.0 if wc > 0.0 else E) / (1.0 + E) * xi
+        r, dec = _decide(q, (6.06 * U + 2.0**-1073 + 1.01 * U + 6.12 * U * abs(wc)) * abs(q), fmt)
+        out[i] = r
+        und[i] = not (ok & dec)
 
 
 @jit(parallel=True)
@@ -232,197 +337,6 @@ def _log(x, params, *args):
 
 def _log2(x, params, *args):
     _v_log(x, True, *args)
-
-
-@functools.lru_cache(maxsize=1)
-def erf_table():
-    """(A0H, A0L, A): erf's Taylor coefficients at ``z0 = j/128``, j = 0..580 (z0 up to 4.53), built on first use
-    (0.4 s of exact arithmetic: not at import). ``A0H + A0L`` is erf(z0) within 2**-100 (the exact path's interval,
-    its midpoint rounded twice; 0 at j = 0); ``A[j, n]``, n = 1..7, is ``a_n = erf^(n)(z0) / n! = 2/sqrt(pi)
-    (-1)**(n-1) H_(n-1)(z0) e**(-z0**2) / n!`` (Hermite's H by its recurrence, exact at the rational z0; the two
-    constants' intervals 2**-120 wide) rounded once: within 1.0001u."""
-    W = 130
-    k2 = xe.const("2/sqrt(pi)", W)
-    k2 = Fraction(k2[0] + k2[1], 2) * Fraction(2) ** k2[2]
-    a0h, a0l, A = np.zeros(581), np.zeros(581), np.zeros((581, 8))
-    for j in range(581):
-        z = Fraction(j, 128)
-        if j:
-            lo, hi, sh = xe.erf(xe.point(float(z)), W)
-            mid = Fraction(lo + hi, 2) * Fraction(2) ** sh
-            a0h[j] = float(mid)
-            a0l[j] = float(mid - Fraction(a0h[j]))
-        lo, hi, sh = xe.exp(xe.point(-float(z * z)), W)  # z**2 = j**2 / 2**14: exact in float64
-        ez = Fraction(lo + hi, 2) * Fraction(2) ** sh
-        H = [Fraction(1), 2 * z]
-        for n in range(1, 6):
-            H.append(2 * z * H[n] - 2 * n * H[n - 1])
-        for n in range(1, 8):
-            A[j, n] = float(k2 * (-1) ** (n - 1) * H[n - 1] * ez / math.factorial(n))
-    return a0h, a0l, A
-
-
-@jit(parallel=True)
-def _v_erf(x, a0h, a0l, A, fmt, out, und):
-    """erf x for ``0 < |x| = z``: 1 within 2**-32 for z >= 4.5 (f_erf's bound); below, Taylor's polynomial of degree 7
-    at the nearest ``z0 = j/128`` (:func:`erf_table`), ``h = z - z0`` exact (both on z's grid, |h| <= 2**-8).
-
-    Remainder: Cramer's inequality ``|H_n(z)| <= 1.0865 sqrt(2**n n!) e**(z**2/2)`` (A&S 22.14.17) gives
-    ``|erf^(n+1)| <= 2/sqrt(pi) 1.0865 sqrt(2**n n!) e**(-z**2/2)``, so the Lagrange remainder after h**7 is at most
-    ``0.02442 |h|**8 <= 2**-61 |h|``, and ``P~ = sum_(n>=1) |a_n| |h|**(n-1) <= 1.1284 + 0.0034 + 9e-6 < 1.133``.
-    ``p = a_1 + h (a_2 + ... h a_7)`` by Horner: within ``(gamma_12 + 1.0001u) P~ < 14.8u`` (Higham 5.1 and the
-    coefficients' rounding); ``t = h p`` within ``14.8u |h| + u |t|``; ``s = A0L + t``, ``y = A0H + s`` one rounding
-    each; the table's 2**-100 (none at j = 0, where erf(0) = 0). Charged ``(17.1u |h| + 2**-61 |h| + u (|t| + |s| +
-    |y|) + 2**-100) 1.01``; the sign of x after. x = 0, non-finite x: the float64 tier's."""
-    for c in prange((x.size + _CHUNK - 1) // _CHUNK):
-        _b_erf(x, c * _CHUNK, min(x.size, (c + 1) * _CHUNK), a0h, a0l, A, fmt, out, und)
-
-
-@jit
-def _b_erf(x, lo, hi, a0h, a0l, A, fmt, out, und):
-    for i in range(lo, hi):
-        xi = np.float64(x[i])
-        z = abs(xi)
-        ok = (0.0 < z) & (z < np.inf)
-        big = z >= 4.5
-        zc = z if (ok & (not big)) else 0.0
-        j = np.int64(np.rint(zc * 128.0))
-        h = zc - j * 0.0078125
-        p = A[j, 7]
-        p = A[j, 6] + h * p
-        p = A[j, 5] + h * p
-        p = A[j, 4] + h * p
-        p = A[j, 3] + h * p
-        p = A[j, 2] + h * p
-        p = A[j, 1] + h * p
-        t = h * p
-        s = a0l[j] + t
-        y = a0h[j] + s
-        e = ((17.1 * U + 2.0**-61) * abs(h) + U * (abs(t) + abs(s) + abs(y)) + 2.0**-100 * min(j, 1)) * 1.01
-        y = 1.0 if big else y
-        e = 2.0**-32 if big else e
-        r, dec = _decide(y, e, fmt)
-        out[i] = r if xi > 0.0 else -r
-        und[i] = not (ok & dec)
-
-
-def _erf(x, params, *args):
-    _v_erf(x, *erf_table(), *args)
-
-
-@functools.lru_cache(maxsize=1)
-def erfcx_table():
-    """F[j - 64, n] = ``f^(n)(z0) / n!``, n = 0..10, of ``f = erfcx = e**(z**2) erfc z`` at ``z0 = j/32``, j = 64..332
-    (z0 from 2 to 10.375), built on first use (0.8 s). f(z0) from the exact path's erfc (2**-200 relative) times
-    e**(z0**2); then ``f' = 2 z f - 2/sqrt(pi)``, ``f^(n+1) = 2 z f^(n) + 2 n f^(n-1)`` exactly on rationals. The
-    recurrence cancels (about 5 bits a step at z0 = 10), so each coefficient is computed from the four corners of
-    the two inputs' intervals (it is linear in f(z0) and in 2/sqrt(pi): the corners bound it) and their spread
-    asserted below 2**-70 relative before the one rounding to float64 (within 1.0001u)."""
-    W = 200
-    c = xe.const("2/sqrt(pi)", W)
-    cs = [Fraction(c[0], 1) * Fraction(2) ** c[2], Fraction(c[1], 1) * Fraction(2) ** c[2]]
-    F = np.zeros((269, 11))
-    for j in range(64, 333):
-        z = Fraction(j, 32)
-        lo, hi, sh = xe.erf(xe.point(float(z)), W, complement=True)
-        elo, ehi, esh = xe.exp(xe.point(float(z * z)), W)  # z**2 = j**2 / 2**10: exact in float64
-        fs = [lo * elo * Fraction(2) ** (sh + esh), hi * ehi * Fraction(2) ** (sh + esh)]
-        ends = []
-        for f0 in fs:
-            for k in cs:
-                d = [f0, 2 * z * f0 - k]
-                for n in range(1, 10):
-                    d.append(2 * z * d[n] + 2 * n * d[n - 1])
-                ends.append([d[n] / math.factorial(n) for n in range(11)])
-        for n in range(11):
-            a, b = min(e[n] for e in ends), max(e[n] for e in ends)
-            assert b - a <= Fraction(1, 2**70) * abs(a), (j, n)
-            F[j - 64, n] = float((a + b) / 2)
-    return F
-
-
-_RSQ2 = 0.7071067811865476  # 1 / sqrt(2) within u
-
-
-@jit(parallel=True)
-def _v_gelu(x, a0h, a0l, A, fmt, out, und):
-    """gelu x = x/2 (1 + erf(x / sqrt 2)) for -3 <= x < 6.37, x != 0; the tail x < -3 in :func:`_v_gelu_tail`.
-
-    ``z = fl(fl(1/sqrt 2) x)`` within ``2.01u |z|`` of x / sqrt 2 (two roundings), which moves erf by at most
-    ``2/sqrt(pi)`` times that; ``E = erf(z)`` by :func:`_v_erf`'s polynomial within its ``e_E`` (sign of x);
-    ``D = fl(1 + E)`` one rounding (u |D|); ``q = fl((x/2) D)`` one more (x/2 exact): within ``(|x/2| (e_E +
-    2.27u |z| + u |D|) + u |q|) 1.01``. For x >= 6.37, ``x / sqrt 2 >= 4.5043``: ``1 - erf < 2**-32`` (f_erf's
-    bound), so q = x within ``|x/2| 2**-32``. D >= 2 Phi(-3) = 0.0027 here: the cancellation in 1 + E costs at most
-    a factor 370 of u, far inside the bound's reach."""
-    for i in prange(x.size):
-        xi = np.float64(x[i])
-        ok = (-3.0 <= xi) & (xi < np.inf) & (xi != 0.0)
-        big = xi >= 6.37
-        xc = xi if (ok & (not big)) else 0.0
-        z = _RSQ2 * xc
-        az = abs(z)
-        j = np.int64(np.rint(az * 128.0))
-        h = az - j * 0.0078125
-        p = A[j, 7]
-        p = A[j, 6] + h * p
-        p = A[j, 5] + h * p
-        p = A[j, 4] + h * p
-        p = A[j, 3] + h * p
-        p = A[j, 2] + h * p
-        p = A[j, 1] + h * p
-        t = h * p
-        s = a0l[j] + t
-        y = a0h[j] + s
-        eE = ((17.1 * U + 2.0**-61) * abs(h) + U * (abs(t) + abs(s) + abs(y)) + 2.0**-100 * min(j, 1)) * 1.01
-        D = 1.0 + (y if z >= 0.0 else -y)
-        h2 = 0.5 * xc
-        q = h2 * D
-        e = (abs(h2) * (eE + 2.27 * U * az + U * abs(D)) + U * abs(q)) * 1.01
-        q = xi if big else q
-        e = abs(0.5 * xi) * 2.0**-32 if big else e
-        r, dec = _decide(q, e, fmt)
-        out[i] = r
-        und[i] = not ((ok | big) & dec)
-
-
-@jit(parallel=True)
-def _v_gelu_tail(x, F, fmt, out, und):
-    """gelu x for -14.5 <= x < -3 (y = -x): ``-y/2 erfc(y / sqrt 2) = -(y/2) f(z) e**(-y**2/2)``, f = erfcx.
-
-    ``e**(-y**2/2) = v 2**m`` by exp_fast (y**2/2 exact: within 2.02u; m >= -153, 2**m exact, the result normal).
-    ``z = fl(fl(1/sqrt 2) y)`` within 2.01u |z|; ``|f'| / f <= sqrt(z**2 + 2) - z <= 1/z`` (from ``2/(sqrt(pi) (z +
-    sqrt(z**2 + 2))) < f(z)``, A&S 7.1.13), so z's error moves f by at most 2.03u relative. f(z) by Taylor's
-    polynomial of degree 10 at the nearest ``z0 = j/32`` (:func:`erfcx_table`, |h| <= 2**-6): ``f^(n)(z) = 2/sqrt(pi)
-    int (-2t)**n e**(-t**2 - 2zt) dt`` decreases in z, and ``|f^(n)(z)| <= 2/sqrt(pi) n! / (2 z**(n+1))``, so the
-    remainder is at most ``|h|**11 / (sqrt(pi) z_min**12) < 2**-78`` (z_min >= 2.1) against ``f >= 0.054``, charged
-    2**-70 relative; Horner's error ``(gamma_20 + 1.0001u) sum |a_n| |h|**n``, the sum within 1.017 of f (the ratio
-    of successive terms below ``|h| / z_min < 0.0075``, f >= a_0 / 1.1): 21.4u. Two products, u each. Total ``(28.5u +
-    2**-70)``, charged ``(29u + 2**-70) 1.01`` relative."""
-    for i in prange(x.size):
-        xi = np.float64(x[i])
-        ok = (-14.5 <= xi) & (xi < -3.0)
-        y = -xi if ok else 4.0
-        z = _RSQ2 * y
-        j = np.int64(np.rint(z * 32.0))
-        h = z - j * 0.03125
-        k = j - 64
-        p = F[k, 10]
-        for n in range(9, -1, -1):
-            p = F[k, n] + h * p
-        v, m = exp_fast(-0.5 * (y * y))
-        q = -(((0.5 * y) * p) * v) * pow2(m)
-        r, dec = _decide(q, (29.0 * U + 2.0**-70) * 1.01 * abs(q), fmt)
-        out[i] = r
-        und[i] = not (ok & dec)
-
-
-def _gelu(x, params, fmt, out, und):
-    _v_gelu(x, *erf_table(), fmt, out, und)
-    idx = np.flatnonzero(und & (x < -3.0) & (x >= -14.5))
-    if idx.size:
-        o2, u2 = np.empty(idx.size, out.dtype), np.zeros(idx.size, np.bool_)
-        _v_gelu_tail(x[idx], erfcx_table(), fmt, o2, u2)
-        out[idx], und[idx] = o2, u2
 
 
 @jit(parallel=True)
@@ -457,6 +371,18 @@ def _v_sin_cos(x, want_cos, fmt, out, und):
         r2, dec = _decide(v, 64.0 * U * abs(v) + er, fmt)
         out[i] = r2
         und[i] = not (ok & dec)
+
+
+def _log1p(x, params, *args):
+    _v_log1p(x, *args)
+
+
+def _expm1(x, params, *args):
+    _v_expm1(x, *args)
+
+
+def _gelu_tanh(x, params, *args):
+    _v_gelu_tanh(x, *args)
 
 
 def _sin(x, params, *args):
@@ -564,5 +490,6 @@ def kernel_format(fmt):
 #: input (every format of at most 24 bits is one), out float32 (it holds every result of such a format exactly),
 #: und bool
 VEC = {"exp": _exp, "exp2": _exp2, "sigmoid": _sigmoid, "silu": _silu, "tanh": _tanh, "log": _log, "log2": _log2,
-       "erf": _erf, "gelu": _gelu, "sqrt": _sqrt, "reciprocal": _reciprocal, "rsqrt": _rsqrt, "pow": _pow,
-       "sin": _sin, "cos": _cos}  # fmt: skip
+       "sqrt": _sqrt, "reciprocal": _reciprocal, "rsqrt": _rsqrt, "pow": _pow,
+       "sin": _sin, "cos": _cos, "log1p": _log1p, "expm1": _expm1, "gelu_tanh": _gelu_tanh,
+       "softplus": _softplus}  # fmt: skip

@@ -35,8 +35,9 @@ from refkern.accumulate.formats import round_to
 from refkern.kernels import _ew_exact as xe
 from refkern.kernels import _ew_f64 as f
 from refkern.kernels import _ew_scalar as s
+from refkern.kernels import _ew_vec, _ew_vec_erf
 from refkern.kernels._common import deliver
-from refkern.kernels._ew_vec import VEC, kernel_format
+from refkern.kernels._ew_vec import kernel_format
 from refkern.kernels._transcendental import decide_scaled
 
 __all__ = ["exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid",
@@ -266,6 +267,7 @@ def _k_sqrt(x, recip, prec, emin, emax, mode, out, lo, und):
         out[i] = round_to(v, prec, emin, emax) if mode == 0 else v  # (lo: zeros, mode 1's only)
 
 
+VEC = {**_ew_vec.VEC, **_ew_vec_erf.VEC}  # the vectorised first passes, by function
 _K = {"exp": _k_exp, "exp2": _k_exp2, "expm1": _k_expm1, "log": _k_log, "log2": _k_log2, "log1p": _k_log1p,
       "rsqrt": _k_rsqrt, "tanh": _k_tanh, "sigmoid": _k_sigmoid, "silu": _k_silu, "gelu": _k_gelu,
       "gelu_tanh": _k_gelu_tanh, "erf": _k_erf}  # fmt: skip

@@ -987,3 +987,26 @@ def test_sample_kernel_filter(kind, work):
     n = int(np.sum(np.isfinite(decided) | np.isinf(decided)))
     assert kind == "special" or n > 150, n  # most by the test
     assert work != "float32" or n < 300, n  # in float32 the cancelling rows by the exact path
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_matmul_and_linear_of_cuda_tensors_take_the_device_path(dtype, monkeypatch):
+    """refkern.matmul / linear of CUDA tensors go through filter_device.matmul (no copies of the operands to the
+    CPU and back): with CPU tensors standing in for CUDA ones (kernels.gemm._cuda), the same bits as the Numba
+    engine, and the device path was taken (its result delivered as a CPU tensor of the dtype)."""
+    import refkern.engines.filter_device as fd
+    from refkern.kernels import gemm as gemm_mod
+
+    rng = _rng("device-glue", dtype)
+    a, b = _data(rng, (48, 300), dtype, "normal"), _data(rng, (300, 40), dtype, "cancel")
+    bias = _data(rng, (40,), dtype, "normal")
+    want_mm = rk.matmul(a, b, engine="numba")
+    want_lin = rk.linear(a, b.T.contiguous(), bias, engine="numba")
+    taken = []
+    real = fd.matmul
+    monkeypatch.setattr(gemm_mod, "_cuda", lambda t: isinstance(t, torch.Tensor))
+    monkeypatch.setattr(fd, "matmul", lambda *args: taken.append(1) or real(*args))
+    _all_same(rk.matmul(a, b), want_mm)
+    _all_same(rk.linear(a, b.T.contiguous(), bias, engine="filter"), want_lin)
+    assert len(taken) == 2
+    assert rk.matmul(a, b, accumulate="naive").dtype == a.dtype and len(taken) == 2  # not exact: the general path

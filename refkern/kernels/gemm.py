@@ -7,7 +7,7 @@ import refkern.engines as engines
 from refkern._arrays import is_tensor
 from refkern.engines import filter as filt
 from refkern.engines import run_gemm
-from refkern.kernels._common import finish, plan
+from refkern.kernels._common import deliver, finish, plan
 from refkern.kernels._element import EXACT
 from refkern.kernels._gemm_numba import linear_operands, matmul_operands, run_numba
 from refkern.scale._dispatch import dask_in, to_dask
@@ -44,6 +44,40 @@ def _run(p, engine, A3, Bt3, ia, ib, bias, shape, device, names):
     return run_numba(p, A3, Bt3, ia, ib, bias, shape)[0]
 
 
+def _cuda(t) -> bool:
+    """Whether ``t`` is a torch tensor on a CUDA device (one place, so a test can stand a CPU tensor in)."""
+    return getattr(getattr(t, "device", None), "type", None) == "cuda"
+
+
+def _on_device(engine, accumulate, accum_dtype, a, b, bias=None):
+    """``a @ b (+ bias)`` exactly by the filter's device path (:func:`refkern.engines.filter_device.matmul`:
+    the float64 GEMM and the decision on the device, the few undecided elements exact on the CPU), as a
+    CPU tensor, where it applies: 2-D float16/bfloat16/float32 tensors of one dtype on one CUDA device
+    (``bias`` 1-D or None), ``accumulate="exact"`` with no ``accum_dtype``, ``engine`` "filter", or "auto"
+    from ``FILTER_MIN_WORK`` products; None elsewhere (the general path). It spares the operands' copies
+    to the CPU and back (an H100 at 4096^3 float32: 228x torch's float64 matmul with them, 22x without;
+    docs/kernels.md). The same bits: the device path is the filter's decision, checked against the Numba
+    engine there (benchmarks/gpu_filter_smoke.py)."""
+    if engine not in ("auto", "filter") or accumulate != "exact" or accum_dtype is not None:
+        return None
+    ts = [t for t in (a, b, bias) if t is not None]
+    if not all(_cuda(t) for t in ts) or len({(t.device, t.dtype) for t in ts}) != 1:
+        return None
+    if str(a.dtype).removeprefix("torch.") not in ("float16", "bfloat16", "float32"):
+        return None
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or (bias is not None and (
+            bias.dim() != 1 or bias.shape[0] != b.shape[1])):  # fmt: skip
+        return None
+    if engine == "auto" and a.shape[0] * b.shape[1] * a.shape[1] < engines.FILTER_MIN_WORK:
+        return None
+    from refkern.accumulate.formats import FORMATS
+    from refkern.engines.filter_device import matmul as device_matmul
+
+    out, _ = device_matmul(a.detach(), b.detach(), None if bias is None else bias.detach())
+    fmt = FORMATS[str(a.dtype).removeprefix("torch.")]
+    return deliver(out.cpu().double().numpy(), fmt, True)
+
+
 def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None, engine: str = "auto"):
     """Reference ``a @ b`` with ``torch.matmul`` semantics.
 
@@ -68,6 +102,9 @@ def matmul(a, b, *, accumulate: str = "exact", accum_dtype=None, engine: str = "
     if dask_in(a, b):  # lazy, the same bits for every chunking (refkern.scale.array)
         return to_dask("matmul", a, b, accumulate=accumulate, accum_dtype=accum_dtype, engine=engine)
     engines.check_engine("matmul", engine, accumulate)
+    got = _on_device(engine, accumulate, accum_dtype, a, b)
+    if got is not None:
+        return got
     p = plan("matmul", {"a": a, "b": b}, ("a", "b"), accumulate, accum_dtype)
     A3, Bt3, ia, ib, shape = matmul_operands(p, contiguous=False)
     return finish(p, _run(p, engine, A3, Bt3, ia, ib, None, shape, _device(a, b), ("a", "b", "bias")))
@@ -84,6 +121,9 @@ def linear(x, weight, bias=None, *, accumulate: str = "exact", accum_dtype=None,
     the last term, in their working format. ``engine``: as in :func:`matmul`.
     """
     engines.check_engine("linear", engine, accumulate)
+    got = _on_device(engine, accumulate, accum_dtype, x, getattr(weight, "T", None), bias)
+    if got is not None:
+        return got
     p = plan("linear", {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), accumulate, accum_dtype)
     X, W, b, shape = linear_operands(p)
     zero = np.zeros(1, np.int64)

@@ -39,8 +39,8 @@ def test_a_half_running_sum_is_named(dtype, p):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_bug_below_the_breakdown_point_is_a_mismatch(dtype):
-    # torch's CPU cumsum (float32 accumulation) with 40 elements of 4 x 4096 off by 10% (a bf16 running sum in the half
-    # format is as loud by the row's end): the float32 family explains the rest, so no precision is weighed
+    # torch's CPU cumsum (float32 accumulation) with 40 elements of 4 x 4096 off by 10%, inside a half running
+    # sum's scale at that depth: the float32 family explains the rest, so the precision is not weighed
     x = torch.randn(4, 4096, generator=torch.Generator().manual_seed(2)).to(dtype)
     y = torch.cumsum(x, -1).double()
     y[1, 3000:3040] *= 1.1

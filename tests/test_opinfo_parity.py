@@ -201,12 +201,7 @@ SLOW_GRAD_SAMPLES = 240
 
 
 #: faults that only the slow test's further samples reach (the default test's 12 pass)
-_SLOW_GRAD_FAULTS = {
-    ("nn.functional.scaled_dot_product_attention", torch.float32): "noise_backward's attention: a causal (4, 4, 3, 8) "
-    "sample's key gradient of subnormal values (3.5e-40) is 20-31 subnormal ulps off torch's (7.44 sigma against "
-    "6.67; 0.0166x the worst-case envelope), likely because the weights P that underflow carry their absolute rounding eta through "
-    "dS = P (dP - Delta) and the product with q, where the scale counts eta once (a false alarm; issue 24)",
-}
+_SLOW_GRAD_FAULTS = {}  # none left: sdpa float32's subnormal key gradient (eta through dS, noise_backward) judged
 
 
 def _slow_case(p):

@@ -435,7 +435,10 @@ def attention_noise(at, G, name: str, ref):
     O^)`` (the stored output, with its forward variance; or ``sum P dP``: both forms charged), ``dS = P (dP -
     Delta)``, ``dq = s dS k``, ``dk = s dS^T q``. Every intermediate (P, dP, Delta, dS, the scaled q and k) may
     be stored in a half result format (``u_c = u + u_m`` per store, torch's math backend); the products'
-    sums in the working precision, their partial sums bounded per block as the forward's P @ V. The shared
+    sums in the working precision, their partial sums bounded per block as the forward's P @ V. Where values
+    fall below the normals a rounding errs by up to eta absolutely, whatever the value: each such rounding is
+    charged eta times what it is multiplied by on the way (P's by h, dP's and Delta's by P <= 1, then q or k;
+    a float32 key gradient of 3.5e-40 was 7.44 sigma off with eta counted once per sum). The shared
     row errors (the row's sum, Delta) reach dq coherently (``shared dq**2``, ``var_Delta (s P k)**2``) and dk
     and dv once per row (independent rows: variances add), as do the query heads of a GQA key."""
     from refkern.analysis._envelope_softmax import _logits
@@ -449,7 +452,8 @@ def attention_noise(at, G, name: str, ref):
     X = {"query": at.Q, "key": at.K, "value": at.V}[name]
     idx = {"query": at.iq, "key": at.ik, "value": at.iv}[name]
     var = np.zeros(X.shape)
-    S = at.K.shape[1]
+    S, E = at.K.shape[1], at.Q.shape[-1]
+    eta_x = max(eta_w, eta_o if u_m else 0.0)  # an intermediate's rounding below the normals (stored in half: eta_o)
     if S == 0 or X.size == 0:
         return var + _stores(np.asarray(ref, np.float64), fmt, 1)
     for b, z, mag, m, _ in _logits(at):
@@ -461,7 +465,7 @@ def attention_noise(at, G, name: str, ref):
             bP = rows.beta2 + uc * uc  # each weight's own relative variance, its store
             sh = rows.shared[:, None]
             if name == "value":
-                t = (w * w * (bP + sh)).T @ (dO * dO)
+                t = (w * w * (bP + sh)).T @ (dO * dO) + 2.0 * eta_x * eta_x * (np.ones_like(w).T @ (dO * dO))
                 t = t + u * u * (_block_partials(np.ascontiguousarray(w.T), dO) + (w * w).T @ (dO * dO))
             else:
                 dP = dO @ v.T
@@ -476,17 +480,21 @@ def attention_noise(at, G, name: str, ref):
                 h = dP - Del[:, None]
                 dS = w * h
                 ind = dS * dS * (bP + 2.0 * uc * uc) + w * w * (vdP + (uc * h) ** 2)  # own: P, dP, h, product, store
+                # the roundings that may land below the normals lose eta_x each (absolute, whatever the value):
+                # P's exp and division (their error times h in dS), dP's E products and E - 1 sums, Delta's
+                # E terms, h, dS's product (each times P <= 1 at most), through the product with k (or q)
+                eta_dS = eta_x * eta_x * (2.0 * h * h + (3.0 * E + 2.0))
                 if name == "query":
                     dq = dS @ k
-                    t = ind @ (k * k) + sh * dq * dq + vDel * (w @ k) ** 2
+                    t = ind @ (k * k) + sh * dq * dq + vDel * (w @ k) ** 2 + eta_dS @ (k * k)
                     t = t + u * u * (_block_partials(dS, k) + (dS * dS) @ (k * k)) + uq * uq * ((dS * dS) @ (k * k))
                     t = s * s * t + (u * s * dq) ** 2
                 else:
                     dk = dS.T @ q
-                    t = (ind + dS * dS * sh + w * w * vDel).T @ (q * q)
+                    t = (ind + dS * dS * sh + w * w * vDel).T @ (q * q) + eta_dS.T @ (q * q)
                     t = t + u * u * (_block_partials(np.ascontiguousarray(dS.T), q) + (dS * dS).T @ (q * q))
                     t = t + uq * uq * ((dS * dS).T @ (q * q))
                     t = s * s * t + (u * s * dk) ** 2
             var[idx[b]] += np.where(np.isfinite(t), t, np.inf)
-    n = S if name == "query" else at.Q.shape[1]
-    return var + _stores(np.asarray(ref, np.float64), fmt, n + 8)
+    n = S if name == "query" else at.Q.shape[1]  # the products and partial sums of the last GEMM, the scale:
+    return var + _stores(np.asarray(ref, np.float64), fmt, 2 * n + 8)  # each may lose eta_w (s eta_w: s <= 1 here)

@@ -7,13 +7,16 @@ never approximated. ``addmm``/``baddbmm`` with any ``alpha``, ``beta`` and input
 of products per element (:func:`_addmm`).
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 import refkern.ops as _ops
+from refkern.kernels._grad import Adjoint
 
 __all__ = ["OpCall", "from_call", "from_module", "FUNCTIONS", "torch_function", "op_keywords", "check_keywords",
-           "COMPOSITES", "composite_body", "operands"]  # fmt: skip
+           "COMPOSITES", "composite_body", "operands", "addmm_gradients"]  # fmt: skip
 
 # From the registry (:mod:`refkern.ops`): every torch callable an op stands for -> the name the audit
 # reports (the op's, or torch's own where it differs: "mm" for matmul); and the calls whose arguments
@@ -63,7 +66,8 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 class OpCall:
     """A refkern op and the arguments that reproduce a torch call (``unsupported`` says why not)."""
 
-    def __init__(self, torch_name, op=None, args=(), kwargs=None, unsupported=None, shown=None, dtype=None):
+    def __init__(self, torch_name, op=None, args=(), kwargs=None, unsupported=None, shown=None, dtype=None,
+                 scaled=None):  # fmt: skip
         self.torch_name = torch_name
         self.op = op
         self.args = tuple(args)
@@ -73,6 +77,17 @@ class OpCall:
         # the CPU): the call's tensors (their shapes, dtypes and device are reported), and its result dtype
         self.shown = None if shown is None else tuple(shown)
         self.dtype = dtype
+        # addmm / baddbmm: (input, mat1, mat2, beta, alpha, their names) as torch got them: gradient_calls reads them
+        self.scaled = scaled
+
+    def gradient_calls(self, grad_output) -> list:
+        """``[(tensor, argument, Adjoint)]``: for a call whose tensors reach refkern's op transformed (addmm's and
+        baddbmm's: :func:`_addmm`), each floating tensor of the call with the forward call whose exact result is
+        its gradient for ``grad_output`` (:func:`addmm_gradients`); empty for every other call, whose gradients
+        :func:`refkern.compare_backward` judges on the op's own arguments."""
+        if self.scaled is None:
+            return []
+        return addmm_gradients(grad_output, *self.scaled)
 
     def tensors(self):
         """The call's tensors, as the user gave them."""
@@ -134,14 +149,15 @@ def _addmm(name, inp, m1, m2, beta, alpha) -> OpCall:
     if len(tensors) < 3 or any(t.dtype not in _FLOATS for t in tensors) or len({t.dtype for t in tensors}) > 1:
         got = ", ".join(str(getattr(t, "dtype", type(t).__name__)).removeprefix("torch.") for t in (inp, m1, m2))
         return OpCall(name, unsupported=f"{name} of {got} (refkern takes three tensors of one floating dtype)")
+    scaled = (inp, m1, m2, beta, alpha, ("input", "mat1", "mat2") if name == "addmm" else ("input", "batch1", "batch2"))
     if beta == 0 and alpha == 1:
-        return OpCall(name, "matmul", (m1, m2))
+        return OpCall(name, "matmul", (m1, m2), scaled=scaled)
     n = m2.shape[-1]
     if name == "addmm" and beta == 1 and alpha == 1 and tuple(inp.shape) in ((), (1,), (n,), (1, 1), (1, n)):
         bias = inp.reshape(-1).expand(n).contiguous()  # broadcasts along the rows: a bias per column
-        return OpCall(name, "linear", (m1, m2.transpose(0, 1), bias))  # mat1 @ mat2 + bias, bias a term
+        # mat1 @ mat2 + bias, bias a term
+        return OpCall(name, "linear", (m1, m2.transpose(0, 1), bias), scaled=scaled)
     wide = m1.dtype == torch.float64
-    opmath = torch.float64 if wide else torch.float32
     blocks, rows = [], []  # the left operand's column blocks, the right operand's matching row blocks
     a64, b64 = m1.detach().to("cpu", torch.float64), m2.detach().to("cpu", torch.float64)
     out_shape = (*a64.shape[:-1], n)
@@ -155,7 +171,7 @@ def _addmm(name, inp, m1, m2, beta, alpha) -> OpCall:
             except RuntimeError:
                 return OpCall(name, unsupported=f"{name} with input of shape {tuple(inp.shape)}, which does not "
                               f"broadcast to the result's {out_shape}")  # fmt: skip
-        s = float(torch.tensor(float(scale), dtype=opmath))
+        s = _opmath(scale, m1.dtype)
         pair = _times(left, s, wide)
         if pair is None:
             return OpCall(name, unsupported=f"{name} with alpha={alpha}, beta={beta}: a product with a float64 "
@@ -166,7 +182,79 @@ def _addmm(name, inp, m1, m2, beta, alpha) -> OpCall:
     if not blocks:  # alpha = beta = 0: every element is +0, the empty sum
         blocks, rows = [a64[..., :0]], [b64[..., :0, :]]
     left, right = torch.cat(blocks, -1).contiguous(), torch.cat(rows, -2).contiguous()
-    return OpCall(name, "matmul", (left, right), shown=(inp, m1, m2), dtype=m1.dtype)
+    return OpCall(name, "matmul", (left, right), shown=(inp, m1, m2), dtype=m1.dtype, scaled=scaled)
+
+
+def _opmath(scale, dtype):
+    """``scale`` as torch's kernels take it: converted to the opmath type (float64 for float64 tensors, float32
+    for float32 and half ones), the value every product with it starts from."""
+    return float(torch.tensor(float(scale), dtype=torch.float64 if dtype == torch.float64 else torch.float32))
+
+
+def addmm_gradients(g, inp, mat1, mat2, beta, alpha, names=("input", "mat1", "mat2")) -> list:
+    """``[(tensor, argument, Adjoint)]``: the gradients of ``addmm(input, mat1, mat2, beta=, alpha=)`` (baddbmm's
+    batched alike, ``names`` its arguments' own: batch1, batch2) for ``grad_output`` ``g``, each as one forward
+    ``matmul`` whose exact result, rounded once,
+    is the exact gradient (the floating tensors among input, mat1, mat2):
+
+    * mat1: ``alpha (g @ mat2^T)``, mat2: ``alpha (mat1^T @ g)``: ``alpha g`` (alpha in the opmath type) is
+      one operand, exact in float64 for float32 and narrower g (24 + 24 bits), Dekker's two terms for float64
+      (:func:`_times`: the operand's columns, or rows, twice); with alpha = 1 the call is matmul's own adjoint
+      call, on the tensors' own dtype;
+    * input: ``beta g`` summed over the dimensions the input was broadcast along (autograd's ``sum_to``): a
+      matmul of ``beta g``, one row per input element and one column per element summed into it, with a
+      vector of ones. For half g each ``beta g`` is two terms, torch's opmath product ``fl32(beta g)`` and its
+      error (exact in float64): the sum is still exact, and the verdict's half-inputs model, which rounds each
+      term once, then rounds ``fl32(beta g)`` as torch's kernel does (``fl16(fl32(beta g))``, stored before
+      the sum; the rounded error terms add at most ``2**-24 sum |beta g|``). With one term the model would
+      round ``beta g`` once, and miss torch's double rounding: one ulp of a term where it allows half of one
+      (measured: 3 of 32 fp16/bf16 input gradients of 64-term sums, beta = 3.3, a mismatch of one element).
+
+    torch computes ``fl(fl(g @ mat2^T) alpha)`` (derivatives.yaml's maybe_multiply: the product rounded to the
+    result format, then the scale, rounded once more), and ``sum_to(fl(beta g))``; a judge of these calls
+    weighs that (docs/backward.md). None where a float64 product cannot be split exactly (_times)."""
+    wide = mat1.dtype == torch.float64
+    gd = g.detach().to("cpu")
+    a1, a2 = mat1.detach().to("cpu"), mat2.detach().to("cpu")
+    out = []
+
+    def scaled(t, s, axis, opmath=False):  # s t as float64 terms along axis; how many copies of the other side
+        if s == 1.0:
+            return t, 1
+        parts = _times(t.to(torch.float64), s, wide)
+        if parts is None:
+            return None, 0
+        if opmath and len(parts) == 1 and t.dtype in (torch.float16, torch.bfloat16):
+            hi = parts[0].to(torch.float32).to(torch.float64)  # torch's opmath product fl32(s t), then its error:
+            parts = (hi, parts[0] - hi)  # exact in float64 (s t holds 24 + 11 bits), the sum still s t exactly
+        return torch.cat(parts, axis), len(parts)
+
+    sa = _opmath(alpha, mat1.dtype)
+    if mat1.is_floating_point():
+        left, copies = scaled(gd, sa, -1)
+        right = a2.transpose(-1, -2)
+        if left is not None:
+            right = torch.cat([right.to(left.dtype)] * copies, -2)
+            out.append((mat1, names[1], Adjoint(names[1], "matmul", (left.contiguous(), right.contiguous()))))
+    if mat2.is_floating_point():
+        right, copies = scaled(gd, sa, -2)
+        left = a1.transpose(-1, -2)
+        if right is not None:
+            left = torch.cat([left.to(right.dtype)] * copies, -1)
+            out.append((mat2, names[2], Adjoint(names[2], "matmul", (left.contiguous(), right.contiguous()))))
+    if isinstance(inp, torch.Tensor) and inp.is_floating_point():
+        shape = tuple(gd.shape)
+        own = (1,) * (len(shape) - inp.dim()) + tuple(inp.shape)
+        kept = [i for i in range(len(shape)) if own[i] == shape[i]]
+        red = [i for i in range(len(shape)) if i not in kept]
+        rows = math.prod(own[i] for i in kept)
+        terms = gd.permute(*kept, *red).reshape(rows, math.prod(shape[i] for i in red))
+        left, copies = scaled(terms, _opmath(beta, mat1.dtype), -1, opmath=True)
+        if left is not None:
+            ones = torch.ones(left.shape[-1], dtype=left.dtype)
+            out.append((inp, names[0], Adjoint(names[0], "matmul", (left.contiguous(), ones),
+                                              from_grad=lambda got, rows=rows: got.reshape(rows))))  # fmt: skip
+    return out
 
 
 def _times(a, s, split):

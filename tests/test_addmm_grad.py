@@ -99,7 +99,10 @@ def test_the_names_are_torchs():
                                                                                                       "input"]  # fmt: skip
     spec = from_call(torch.baddbmm, (inp, m1, m2), {})
     assert [a for _, a, _ in spec.gradient_calls(g)] == ["batch1", "batch2", "input"]
+    want = [(id(inp), "input"), (id(m1), "batch1"), (id(m2), "batch2")]
+    assert [(id(t), a) for t, a in spec.gradient_names()] == want
     assert from_call(torch.mm, (m1[0], m2[0]), {}).gradient_calls(g[0]) == []
+    assert from_call(torch.mm, (m1[0], m2[0]), {}).gradient_names() == []
 
 
 def test_half_input_terms_are_torchs_opmath_products_and_their_error():

@@ -80,6 +80,14 @@ class OpCall:
         # addmm / baddbmm: (input, mat1, mat2, beta, alpha, their names) as torch got them: gradient_calls reads them
         self.scaled = scaled
 
+    def gradient_names(self) -> list:
+        """``[(tensor, argument)]``: the tensors :meth:`gradient_calls` gives gradients of, with torch's names for
+        them (input, mat1, mat2; baddbmm's batch1, batch2), before any grad_output exists; empty for other calls."""
+        if self.scaled is None:
+            return []
+        return [(t, n) for t, n in zip(self.scaled[:3], self.scaled[5]) if isinstance(t, torch.Tensor)
+                and t.is_floating_point()]  # fmt: skip
+
     def gradient_calls(self, grad_output) -> list:
         """``[(tensor, argument, Adjoint)]``: for a call whose tensors reach refkern's op transformed (addmm's and
         baddbmm's: :func:`_addmm`), each floating tensor of the call with the forward call whose exact result is

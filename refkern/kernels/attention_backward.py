@@ -271,8 +271,6 @@ def _groups(idx: np.ndarray, n: int):
     return order, starts
 
 
-
-
 class AttnBackCounts:
     """How many elements each path decided (tests)."""
 
@@ -281,14 +279,36 @@ class AttnBackCounts:
         self.exact_elements = 0
 
 
-def attention_backward(a: Attention, G: np.ndarray, wrt, force_exact: bool = False):
-    """({"query": (Bq, L, E), "key": (Bk, S, E), "value": (Bv, S, Ev)} float64 gradients of the names in wrt,
-    values of a.fmt, AttnBackCounts). G: grad_output as float64 (B, L, Ev). Every input must be finite."""
+def _mask_terms(M, L, S):
+    """The mask's gradient as a reduction: (rows, R, Kd, W) with W(x) the (B, L, S) array x as (B, R, Kd), R = Lm
+    Sm the mask's elements per mask batch, Kd the (i, j) pairs each sums (L / Lm rows times S / Sm columns:
+    a mask of shape (Lm, Sm), Lm in {1, L}, Sm in {1, S}, is broadcast along the others)."""
+    Lm, Sm = M.shape[1], M.shape[2]
+    li, si = L // Lm, S // Sm
+
+    def W(x):
+        B = x.shape[0]
+        return np.ascontiguousarray(x.reshape(B, Lm, li, Sm, si).transpose(0, 1, 3, 2, 4).reshape(B, Lm * Sm, li * si))
+
+    return Lm, Sm, li * si, W
+
+
+def attention_backward(a: Attention, G: np.ndarray, wrt, force_exact: bool = False, mask_fmt=None):
+    """({"query": (Bq, L, E), "key": (Bk, S, E), "value": (Bv, S, Ev), "attn_mask": (Bm, Lm, Sm)} float64
+    gradients of the names in wrt, values of a.fmt (the mask's: of ``mask_fmt``, its own format), AttnBackCounts).
+    G: grad_output as float64 (B, L, Ev). Every input must be finite.
+
+    The additive mask's gradient is ``dS`` summed over every (output batch, row, column) that reads the mask
+    element (its broadcast batch dimensions, and L or S where the mask has one row or one column), rounded
+    once: the logits' gradient, since ``z = s q k^T + m``. Fast path: the float64 dS within edS of the exact
+    values (:func:`_fast_rows`) summed by :func:`_fast_reduce` (scale 1, one-valued right operand); the
+    undecided elements exactly (:meth:`_Exact.element` of the dS terms, unscaled)."""
     B = a.iq.size
     L, S = a.Q.shape[1], a.V.shape[1]
     fmt = a.fmt
     counts = AttnBackCounts()
-    shapes = {"query": a.Q.shape, "key": a.K.shape, "value": a.V.shape}
+    shapes = {"query": a.Q.shape, "key": a.K.shape, "value": a.V.shape, "attn_mask": a.mask.shape}
+    fmts = {k: (mask_fmt or fmt) if k == "attn_mask" else fmt for k in wrt}
     out = {k: np.zeros(shapes[k]) for k in wrt}
     und = {k: np.zeros(shapes[k], np.bool_) for k in wrt}
     counts.elements = sum(v.size for v in out.values())
@@ -296,6 +316,8 @@ def attention_backward(a: Attention, G: np.ndarray, wrt, force_exact: bool = Fal
         return out, counts
     grp = {"query": _groups(a.iq, a.Q.shape[0]), "key": _groups(a.ik, a.K.shape[0]),
            "value": _groups(a.iv, a.V.shape[0])}  # fmt: skip
+    if "attn_mask" in wrt:
+        grp["attn_mask"] = _groups(a.im, a.mask.shape[0])
     if fmt.prec < 53 and not force_exact:
         P, eP, dS, edS = (np.empty((B, L, S)) for _ in range(4))
         status = np.zeros((B, L), np.int64)
@@ -313,6 +335,13 @@ def attention_backward(a: Attention, G: np.ndarray, wrt, force_exact: bool = Fal
                 _fast_reduce(dS, edS, a.K, a.ik, order, starts, st, a.scale, *fmt.params, out[k], und[k])
             elif k == "key":
                 _fast_reduce(tr(dS), tr(edS), a.Q, a.iq, order, starts, st_b, a.scale, *fmt.params, out[k], und[k])
+            elif k == "attn_mask":
+                Lm, Sm, Kd, W = _mask_terms(a.mask, L, S)
+                st_m = np.repeat(st.reshape(B, Lm, L // Lm).max(axis=2), Sm, axis=1)  # the rows each element reads
+                o, u = out[k].reshape(-1, Lm * Sm, 1), und[k].reshape(-1, Lm * Sm, 1)
+                _fast_reduce(W(dS), W(edS), np.ones((1, Kd, 1)), np.zeros(B, np.int64), order, starts,
+                             np.ascontiguousarray(st_m), 1.0, *fmts[k].params, o, u)  # fmt: skip
+                out[k], und[k] = o.reshape(shapes[k]), u.reshape(shapes[k])
             else:
                 _fast_reduce(tr(P), tr(eP), np.ascontiguousarray(G), np.arange(B, dtype=np.int64), order, starts,
                              st_b, 1.0, *fmt.params, out[k], und[k])  # fmt: skip
@@ -330,8 +359,12 @@ def attention_backward(a: Attention, G: np.ndarray, wrt, force_exact: bool = Fal
                 terms = [(ex.row(b, r), j, "dS", a.K[a.ik[b], j, c]) for b in bs for j in range(S)]
             elif k == "key":
                 terms = [(ex.row(b, i), r, "dS", a.Q[a.iq[b], i, c]) for b in bs for i in range(L)]
+            elif k == "attn_mask":  # (t, r, c): the mask element's row r (every row if Lm = 1), column c
+                rows = range(L) if a.mask.shape[1] == 1 else (r,)
+                cols = range(S) if a.mask.shape[2] == 1 else (c,)
+                terms = [(ex.row(b, i), j, "dS", 1.0) for b in bs for i in rows for j in cols]
             else:
                 terms = [(ex.row(b, i), r, "P", G[b, i, c]) for b in bs for i in range(L)]
-            out[k][t, r, c] = ex.element(terms, k != "value", fmt)
+            out[k][t, r, c] = ex.element(terms, k not in ("value", "attn_mask"), fmts[k])
             counts.exact_elements += 1
     return out, counts

@@ -155,8 +155,9 @@ def _attention_backward(name, G, og, a, wrt):
         rows[(b, i)] = r
         return r
 
-    def value(terms, scaled):
-        """RN(s sum coef X) with X = P_j or dS_j of a row. Rows of equal logits (and values) merge first:
+    def value(terms, scaled, fmt=fmt):
+        """RN(s sum coef X) with X = P_j or dS_j of a row, in ``fmt`` (the query's; the mask's for its gradient).
+        Rows of equal logits (and values) merge first:
         ``sum c P_j = P_j sum c`` and ``sum c dS_j(dO) = dS_j(sum c dO)`` (dS is linear in dO)."""
         live = [(r, j, kind, Fraction(float(cf))) for r, j, kind, cf in terms if r["nan"] or r["fin"]]
         if any(r["nan"] for r, _, _, _ in live):
@@ -237,6 +238,18 @@ def _attention_backward(name, G, og, a, wrt):
 
     names = ("query", "key", "value") if wrt is None else ((wrt,) if isinstance(wrt, str) else tuple(wrt))
     out = {}
+    if "attn_mask" in names:  # dS summed over every (batch, row, column) reading the mask element, rounded once
+        from refkern._arrays import operand
+
+        mf = operand(a["attn_mask"], "attn_mask", "truth.backward").fmt
+        Bm, Lm, Sm = at.mask.shape
+        v = np.zeros(at.mask.shape)
+        for t, r_, c in np.ndindex(Bm, Lm, Sm):
+            bs = [b for b in range(B) if at.im[b] == t]
+            rs, cs = (range(L) if Lm == 1 else (r_,)), (range(S) if Sm == 1 else (c,))
+            v[t, r_, c] = value([(row(b, i), j, "dS", 1.0) for b in bs for i in rs for j in cs], False, mf)
+        out["attn_mask"] = deliver(v.reshape(np.shape(a["attn_mask"])), mf, og.torch or at.tensor)
+        names = tuple(k for k in names if k != "attn_mask")
     for k in names:
         X = {"query": at.Q, "key": at.K, "value": at.V}[k]
         idx = {"query": at.iq, "key": at.ik, "value": at.iv}[k]

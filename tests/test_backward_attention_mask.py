@@ -81,3 +81,43 @@ def test_a_row_sums_to_zero():
     q, k, v, m, g = _draw((1, 3, 2), 5, (3, 1), torch.float32, 5)
     got, _ = _kernel(q, k, v, m, g)
     assert np.array_equal(got, np.zeros((3, 1))) and not np.signbit(got).any()
+
+
+def _torch_and_bound(qshape, S, mshape, dtype, seed):
+    from refkern.analysis._envelope_backward_attention import attention_bound
+
+    q, k, v, m, g = _draw(qshape, S, mshape, dtype, seed)
+    m = m.requires_grad_(True)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    (tg,) = torch.autograd.grad(out, m, g)
+    at = attention_operands(q, k, v, m.detach(), 0.0, False, None, False)
+    G = g.to(torch.float64).numpy().reshape(at.iq.size, *g.shape[-2:])
+    ref = attention_backward(at, G, ("attn_mask",), mask_fmt=_FMT[dtype])[0]["attn_mask"]
+    b, n = attention_bound(at, G, "attn_mask", ref, _FMT[dtype])
+    return tg.to(torch.float64).numpy().reshape(ref.shape), ref, b, n
+
+
+@pytest.mark.parametrize("dtype", tuple(_FMT), ids=lambda d: str(d).removeprefix("torch."))
+def test_torch_cpu_mask_gradients_lie_within_the_envelope(dtype):
+    """torch CPU's mask gradients (OpInfo's (4, 4, 3, 8) query with a (3, 6) mask, and the layouts above) within
+    the worst-case envelope of the exact gradient; n counts the (batch, row, column) triples per element."""
+    for seed, (qshape, S, mshape) in enumerate(((((4, 4, 3, 8), 6, (3, 6))),) + CASES):
+        got, ref, b, n = _torch_and_bound(qshape, S, mshape, dtype, seed)
+        assert (np.abs(got - ref) <= b).all(), f"{qshape} {S} {mshape}: {np.max(np.abs(got - ref) / b)}x the bound"
+    assert n == 2 * 3 * 3  # the last case: one value per (2, 1) batch of (2, 2, 3, 4), S = 3: 2 heads x L 3 x S 3
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=lambda d: str(d).removeprefix("torch."))
+def test_a_mask_gradient_of_one_batch_is_outside_the_envelope(dtype):
+    """A mask broadcast over 16 batches whose gradient kept only the first batch's dS (a missing sum_to): far
+    outside the envelope (float32: at most a few ulps of |dS| sums wide)."""
+    q, k, v, m, g = _draw((4, 4, 3, 8), 6, (3, 6), dtype, 2)
+    at = attention_operands(q, k, v, m, 0.0, False, None, False)
+    G = g.to(torch.float64).numpy().reshape(16, 3, 8)
+    from refkern.analysis._envelope_backward_attention import attention_bound
+
+    ref = attention_backward(at, G, ("attn_mask",), mask_fmt=_FMT[dtype])[0]["attn_mask"]
+    one = attention_backward(attention_operands(q[:1, :1], k[:1, :1], v[:1, :1], m, 0.0, False, None, False),
+                             G[:1], ("attn_mask",), mask_fmt=_FMT[dtype])[0]["attn_mask"]  # fmt: skip
+    b, _ = attention_bound(at, G, "attn_mask", ref, _FMT[dtype])
+    assert (np.abs(one - ref) > b).mean() > 0.9

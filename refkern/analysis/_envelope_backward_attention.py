@@ -30,11 +30,12 @@ REDUCE_EXTRA = 6  #: dq, dk beyond their sums: k' and q' stored, sqrt(s) twice a
 ATTN_SECOND_ORDER = 8  #: at most eight roundings compound on one path: (1 + 8 uu) covers their products
 
 
-def attention_bound(at, G: np.ndarray, name: str, ref: np.ndarray):
+def attention_bound(at, G: np.ndarray, name: str, ref: np.ndarray, mask_fmt=None):
     """(envelope, n_terms): the envelope of each element of the gradient ``name`` ("query", "key",
-    "value") of ``scaled_dot_product_attention`` around ``ref`` (its correctly rounded value, shaped as
-    the operand's 3-D stack: at.Q, at.K or at.V), for a call normalised as ``at``
-    (:class:`refkern.kernels.attention.Attention`) with grad_output G (B, L, Ev) float64.
+    "value", "attn_mask") of ``scaled_dot_product_attention`` around ``ref`` (its correctly rounded value, shaped
+    as the operand's 3-D stack: at.Q, at.K, at.V or at.mask), for a call normalised as ``at``
+    (:class:`refkern.kernels.attention.Attention`) with grad_output G (B, L, Ev) float64; ``mask_fmt``: the
+    mask's format, the mask gradient's (the query's by default).
 
     **What a correct backward computes.** torch's math backend: ``q' = q sqrt(s)``, ``k' = k sqrt(s)``
     (sqrt(s) a float32 scalar, each product stored in the dtype), ``z = q' k'^T + m`` (a matmul, the
@@ -75,7 +76,10 @@ def attention_bound(at, G: np.ndarray, name: str, ref: np.ndarray):
     6. The gradients, n terms each (every output batch reading the element times S, or times L):
        ``dq_ie``: ``|s| (sum edS |k| + gamma_{n+6} sum (|dS| + edS) |k|) + (n + 6) eta``, REDUCE_EXTRA = 6
        (k' stored, sqrt(s) as float32 twice, the products by sqrt(s), the broadcast partials' stores);
-       ``dk`` the same with q; ``dv_jc``: ``sum eP |dO| + gamma_{n+2} sum (P + eP) |dO| + (n + 2) eta``.
+       ``dk`` the same with q; ``dv_jc``: ``sum eP |dO| + gamma_{n+2} sum (P + eP) |dO| + (n + 2) eta``;
+       the additive mask's ``dm``, dS itself summed to the mask's shape (autograd's ``sum_to`` of the stored dS:
+       the logits ``z = s q k^T + m`` take m as it is, whose rounding step 1 charges): ``sum edS + gamma_n sum
+       (|dS| + edS) + n eta``, n the (batch, row, column) triples reading the element.
     7. The store and the centre, as softmax's step 5: ``E (1 + ATTN_SECOND_ORDER uu) + u_o (2 |ref| (1 +
        2 u_o) + E) + 2 eta_o``, ATTN_SECOND_ORDER = 8.
     8. The bound is evaluated in float64 from float64 values of the exact quantities (P by a float64
@@ -87,7 +91,8 @@ def attention_bound(at, G: np.ndarray, name: str, ref: np.ndarray):
     fmt = at.fmt
     uu = FLOAT64.u if fmt is FLOAT64 else max(fmt.u, FLOAT32.u)
     eta = 2.0**fmt.emin
-    u_o, eta_o = fmt.u, 2.0 ** (fmt.emin - fmt.prec)
+    fo = (mask_fmt or fmt) if name == "attn_mask" else fmt
+    u_o, eta_o = fo.u, 2.0 ** (fo.emin - fo.prec)
     B = at.iq.size
     L, E = at.Q.shape[1], at.Q.shape[2]
     S, Ev = at.K.shape[1], at.V.shape[2]
@@ -141,6 +146,9 @@ def attention_bound(at, G: np.ndarray, name: str, ref: np.ndarray):
         eh = edP + eDel + uu * (np.abs(dP) + np.abs(Del) + edP + eDel) + f64(S) * (np.abs(dP) + np.abs(Del))
         edS = np.where(fin, eP * (np.abs(h) + eh) + P * eh + DS_ROUNDINGS * uu * Pm * (np.abs(h) + eh) + eta, 0.0)
         dSm = np.where(fin, np.abs(P * h) + edS, 0.0)
+        if name == "attn_mask":
+            Etot, n, bad = _mask_envelope(at, edS, dSm, nanrow, uu, eta, f64)
+            return _stored(Etot, ref, bad, uu, u_o, eta_o), n
         idx = {"query": at.iq, "key": at.ik, "value": at.iv}[name]
         X = {"query": at.Q, "key": at.K, "value": at.V}[name]
         Eb = np.zeros(X.shape)
@@ -164,9 +172,30 @@ def attention_bound(at, G: np.ndarray, name: str, ref: np.ndarray):
         n = nb.max(initial=1) * (S if name == "query" else L)
         extra = REDUCE_EXTRA if name != "value" else 2
         Etot = Eb + (_gamma(n + extra, uu) + f64(n)) * Mg + (n + extra) * eta * (1.0 + (s if name != "value" else 0.0))
+        return _stored(Etot, ref, bad, uu, u_o, eta_o), int(n)
+
+
+def _stored(Etot, ref, bad, uu, u_o, eta_o):
+    """Step 7 (the store and the centre) and step 8's slack, of an element's envelope Etot around ``ref``."""
+    with np.errstate(all="ignore"):
         ra = np.abs(ref)
         Bd = Etot * (1 + ATTN_SECOND_ORDER * uu) + u_o * (2.0 * ra * (1 + 2 * u_o) + Etot) + 2.0 * eta_o
         Bd = Bd * EVAL_SLACK
         Bd = np.where(np.isnan(Bd), np.inf, Bd)
-        Bd = np.where(bad | ~np.isfinite(ref), 0.0, Bd)
-    return Bd, int(n)
+        return np.where(bad | ~np.isfinite(ref), 0.0, Bd)
+
+
+def _mask_envelope(at, edS, dSm, nanrow, uu, eta, f64):
+    """(Etot, n, bad) of the additive mask's gradient (step 6): per mask element the sums of edS and of
+    |dS| + edS over the (batch, row, column) triples reading it, n the most such triples."""
+    B, L, S = edS.shape
+    Bm, Lm, Sm = at.mask.shape
+    li, si = L // Lm, S // Sm
+    Eb, Mg, bad = np.zeros(at.mask.shape), np.zeros(at.mask.shape), np.zeros(at.mask.shape, bool)
+    for b in range(B):
+        t = at.im[b]
+        Eb[t] += edS[b].reshape(Lm, li, Sm, si).sum(axis=(1, 3))
+        Mg[t] += dSm[b].reshape(Lm, li, Sm, si).sum(axis=(1, 3))
+        bad[t] |= nanrow[b].reshape(Lm, li).any(axis=1)[:, None]
+    n = np.bincount(at.im, minlength=Bm).max(initial=1) * li * si
+    return Eb + (_gamma(n, uu) + f64(n)) * Mg + n * eta, int(n), bad

@@ -11,12 +11,18 @@ from refkern.kernels._grad import Adjoint, _shape, grad_output
 @dataclass
 class _AttnCall:
     """A validated attention backward call: the forward's normalised operands, grad_output as float64
-    (B, L, Ev), the original shapes of query, key and value, whether to return tensors."""
+    (B, L, Ev), the original shapes of query, key and value (and of a float attn_mask), whether to return
+    tensors, the float mask's format (None without one: a boolean mask has no gradient)."""
 
     a: object
     G: np.ndarray
     shapes: dict
     as_tensor: bool
+    mask_fmt: object = None
+
+    def fmt(self, k):
+        """The format gradient ``k`` is rounded to: the mask's for attn_mask, the query's otherwise."""
+        return self.mask_fmt if k == "attn_mask" else self.a.fmt
 
 
 def _attn_call(op, g, a, who) -> _AttnCall:
@@ -40,14 +46,19 @@ def _attn_call(op, g, a, who) -> _AttnCall:
     if at.Q.shape[2] > 0 and not math.isfinite(at.scale):
         raise ValueError(f"{who}: {op} backward needs a finite scale; got scale={at.scale}.")
     shapes = {k: _shape(a[k]) for k in ("query", "key", "value")}
-    return _AttnCall(at, G, shapes, at.tensor or og.torch)
+    mask, mask_fmt = a.get("attn_mask"), None
+    if mask is not None and not at.causal and str(getattr(mask, "dtype", "")) not in ("torch.bool", "bool"):
+        from refkern._arrays import operand
+
+        shapes["attn_mask"], mask_fmt = _shape(mask), operand(mask, "attn_mask", who).fmt
+    return _AttnCall(at, G, shapes, at.tensor or og.torch, mask_fmt)
 
 
 def _attn_grads(c: _AttnCall, wrt) -> dict:
     """{name: float64 gradient in its argument's shape} for the names in wrt."""
     from refkern.kernels.attention_backward import attention_backward
 
-    got, _ = attention_backward(c.a, c.G, wrt)
+    got, _ = attention_backward(c.a, c.G, wrt, mask_fmt=c.mask_fmt)
     return {k: v.reshape(c.shapes[k]) for k, v in got.items()}
 
 
@@ -59,7 +70,7 @@ def _attention(op, g, a, wrt, who):
 
     def grads():  # every gradient asked for from one pass over the rows
         if not memo:
-            memo.update({k: deliver(v, c.a.fmt, c.as_tensor) for k, v in _attn_grads(c, wrt).items()})
+            memo.update({k: deliver(v, c.fmt(k), c.as_tensor) for k, v in _attn_grads(c, wrt).items()})
         return memo
 
     return {k: Adjoint(k, op, (), compute=lambda k=k: grads()[k]) for k in wrt}

@@ -143,3 +143,101 @@ def test_class_indices_have_no_gradient():
     assert list(rk.backward("cross_entropy", g, x, t)) == ["input"]  # the integers are not differentiable
     with pytest.raises(TypeError, match=r"^backward: cross_entropy's target holds class indices"):
         rk.backward("cross_entropy", g, x, t, wrt="target")
+
+
+# ---------------------------------------------------------------- the fast path (loss_ce_grad_fast) and its fallback
+HALF = (torch.float32, torch.float16, torch.bfloat16)  # the formats of at most 24 bits: the float64 pass first
+
+
+def _fast_counts(monkeypatch):
+    """Record (rows sent, elements left undecided, elements) of each call of the float64 pass."""
+    import refkern.kernels.loss_ce_grad_fast as fast
+
+    seen, kernel = [], fast.ce_rows_fast
+
+    def spy(X, ok, *args):
+        kernel(X, ok, *args)
+        seen.append((int(ok.sum()), int(args[-1].sum()), args[-1].size))
+
+    monkeypatch.setattr(fast, "ce_rows_fast", spy)
+    return seen
+
+
+def _truth_equal(g, x, t, w=None, **kw):
+    kw["wrt"] = "input"
+    mine = rk.backward("cross_entropy", g, x, t, w, **kw)["input"]
+    assert _bits(mine) == _bits(rk.truth.backward("cross_entropy", g, x, t, w, **kw)["input"])
+    return mine
+
+
+def test_a_tie_of_the_half_formats_goes_to_the_exact_path(monkeypatch):
+    """Four equal logits (p = 1/4), target 0 of weight 1 + 2**-7, "sum", g = 1: the target's element is
+    ``-(3/4)(1 + 2**-7) = -0.110000011b``, nine bits, a midpoint of bfloat16 (ties to even: -0.1100001b =
+    -0.7578125); in float32 it is representable. The smallest bfloat16 subnormal as g with two equal logits gives
+    ``+-2**-134``, half of it: a tie to 0 (signs of the real values kept)."""
+    seen = _fast_counts(monkeypatch)
+    x, t = torch.zeros(1, 4, dtype=torch.bfloat16), torch.tensor([0])
+    w = torch.tensor([1 + 2**-7, 1.0, 1.0, 1.0], dtype=torch.bfloat16)
+    got = _truth_equal(torch.tensor(1.0, dtype=torch.bfloat16), x, t, w, reduction="sum")
+    assert got[0, 0].item() == -0.7578125 and got[0, 1].item() == (1 + 2**-7) / 4
+    assert seen[-1][1] >= 1  # the tie left undecided by the bound
+    got = _truth_equal(torch.tensor(1.0), x.float(), t, w.float(), reduction="sum")
+    assert got[0, 0].item() == -0.75 * (1 + 2**-7)
+    g = torch.tensor(2.0**-133, dtype=torch.bfloat16)
+    got = _truth_equal(g, torch.zeros(1, 2, dtype=torch.bfloat16), t, reduction="sum")
+    assert _bits(got) == _bits(torch.tensor([[-0.0, 0.0]]))
+    assert seen[-1][1] == 2
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_adversarial_rows_equal_the_truth(dtype, monkeypatch):
+    """Huge and tiny logit spreads (1e6, e**-2000 and below: the exponentials that underflow float64), -inf logits (p = 0
+    exactly: ``-s B_j``, or a zero signed by torch's formula), a row of one finite logit, rows holding NaN, +inf
+    or only -inf (torch's IEEE values), an ignored row, a zero and a negative weight, g = 0 in a row, label
+    smoothing, every reduction: bit for bit the truth's."""
+    seen = _fast_counts(monkeypatch)
+    gen = torch.Generator().manual_seed(7)
+    big = 1e6 if dtype == torch.float32 else 6e4  # (bfloat16 at 1e6: the truth's interval loop does not converge)
+    x = torch.randn(10, 9, generator=gen, dtype=torch.float64)
+    x[0] *= big
+    x[1] *= 3000.0 if dtype != torch.float16 else 300.0
+    x[2, :4] = -math.inf
+    x[3, :8] = -math.inf
+    x[4, 2], x[5, 3], x[6] = math.nan, math.inf, -math.inf
+    x[7] = 2.0**-140
+    x = x.to(dtype)
+    t = torch.randint(0, 9, (10,), generator=gen)
+    t[2], t[3], t[8] = 1, 8, -100
+    w = torch.rand(9, generator=gen, dtype=torch.float64).to(dtype)
+    w[4], w[5] = 0.0, -0.5
+    for red in ("none", "mean", "sum"):
+        for smoothing in (0.0, 0.25):
+            kw = dict(reduction=red, label_smoothing=smoothing)
+            loss = F.cross_entropy(x.double(), t, w.double(), **kw)
+            g = torch.randn(tuple(loss.shape), generator=gen, dtype=torch.float64).to(dtype)
+            if red == "none":
+                g[9] = 0.0
+            _truth_equal(g, x, t, w, **kw)
+            _truth_equal(g, x, torch.softmax(x.double().nan_to_num(0.0, 0.0, 0.0), 1).to(dtype), w, **kw)
+    assert all(n > 0 for n, _, _ in seen)  # the float64 pass took part every time
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_the_float64_pass_decides_almost_every_element(dtype, monkeypatch):
+    """A language model's rows, 64 x 2000 logits of scale 3 with class targets and smoothing 0.1: the bound (about
+    10u relative where no term cancels) leaves about 2**-40 of the elements to the exact path, so none here; the
+    result equals the exact path's row by row (:func:`refkern.kernels.loss_ce_grad._row`, integer intervals)."""
+    from refkern.kernels._loss_call import loss_call
+    from refkern.kernels.loss_ce_grad import _row, ce_coefficients
+
+    seen = _fast_counts(monkeypatch)
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(64, 2000, generator=gen) * 3.0).to(dtype)
+    t = torch.randint(0, 2000, (64,), generator=gen)
+    g = torch.tensor(1.0, dtype=dtype)
+    got = rk.backward("cross_entropy", g, x, t, label_smoothing=0.1)["input"]
+    assert seen == [(64, 0, 64 * 2000)]
+    c = loss_call("cross_entropy", x, t, label_smoothing=0.1)
+    D, B = ce_coefficients(c)
+    for r in (0, 31, 63):  # the exact path on whole rows (2000 exponentials each)
+        assert _bits(got[r]) == _bits(torch.tensor(_row(c.X[r], 1.0, D, B(r), c.fmt)))

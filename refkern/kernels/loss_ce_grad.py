@@ -112,8 +112,10 @@ def _decide(lo, hi, fmt):
     return ra if ra == rb and math.copysign(1.0, ra) == math.copysign(1.0, rb) else None
 
 
-def _row(x, g, D, B, fmt) -> np.ndarray:
-    """One row's gradient (float64 values rounded to fmt); ``B`` its coefficients (None: an ignored row)."""
+def _row(x, g, D, B, fmt, only=None, out=None) -> np.ndarray:
+    """One row's gradient (float64 values rounded to fmt); ``B`` its coefficients (None: an ignored row). With
+    ``only`` (indices) just those elements are computed, into ``out`` (the fast path's row, its other elements
+    decided)."""
     C = x.size
     if B is None:
         return np.zeros(C)
@@ -121,20 +123,24 @@ def _row(x, g, D, B, fmt) -> np.ndarray:
     fin = np.isfinite(x)
     if np.isnan(x).any() or (x == np.inf).any() or not fin.any() or not math.isfinite(g) or D == 0:
         return _ieee_row(x, g, float(D), Bf)
+    ieee = _ieee_row(x, g, float(D), Bf)  # the signs of the exact zeros
     s = Fraction(g) / D
+    if s == 0:
+        return np.copysign(0.0, ieee)
     A = sum(B, Fraction(0))
-    out = np.empty(C)
+    out = np.empty(C) if out is None else out
+    idx = range(C) if only is None else [int(j) for j in only]
     xs = [Fraction(float(v)) if f else None for v, f in zip(x, fin)]
     live = [j for j in range(C) if xs[j] is not None]
     equal = all(xs[j] == xs[live[0]] for j in live)
     todo = []
-    for j in range(C):
+    for j in idx:
         if xs[j] is None or equal:  # p rational: 0 at -inf, 1/n where every finite logit is equal
             p = Fraction(0) if xs[j] is None else Fraction(1, len(live))
             v = s * (p * A - B[j])
-            out[j] = round_fraction(v, fmt) if v != 0 else math.copysign(0.0, _ieee_row(x, g, float(D), Bf)[j])
-        elif s == 0 or (A == 0 and B[j] == 0):  # an exact zero, signed as torch's formula signs it
-            out[j] = math.copysign(0.0, _ieee_row(x, g, float(D), Bf)[j])
+            out[j] = round_fraction(v, fmt) if v != 0 else math.copysign(0.0, ieee[j])
+        elif A == 0 and B[j] == 0:  # an exact zero, signed as torch's formula signs it
+            out[j] = math.copysign(0.0, ieee[j])
         else:
             todo.append(j)
     M = max(xs[j] for j in live)
@@ -160,11 +166,72 @@ def _row(x, g, D, B, fmt) -> np.ndarray:
 
 
 def ce_grad(c, G) -> np.ndarray:
-    """The gradient (R, C) in row layout (class last), float64 values rounded to the input's format."""
+    """The gradient (R, C) in row layout (class last), float64 values rounded to the input's format: for formats
+    of at most 24 bits the float64 pass (:mod:`refkern.kernels.loss_ce_grad_fast`) first, the exact row
+    (:func:`_row`) for the elements it leaves; float64 inputs exactly."""
     D, B = ce_coefficients(c)
     X = c.X
-    return np.stack([_row(X[r], float(G[r]), D, B(r), c.fmt) for r in range(X.shape[0])]) if X.shape[0] else \
-        np.zeros(X.shape)  # fmt: skip
+    R = X.shape[0]
+    if not R:
+        return np.zeros(X.shape)
+    if c.fmt.prec > 24:
+        return np.stack([_row(X[r], float(G[r]), D, B(r), c.fmt) for r in range(R)])
+    from refkern.kernels.loss_ce_grad_fast import ce_rows_fast
+
+    ok, args = _fast_args(c, G, D)
+    out = np.zeros(X.shape)
+    und = np.zeros(X.shape, np.bool_)
+    f = c.fmt
+    ce_rows_fast(X, ok, *args, f.prec, f.emin, f.emax, out, und)
+    valid = c.valid if c.target is not None else np.ones(R, np.bool_)
+    for r in np.flatnonzero(~ok | und.any(axis=1)):
+        if not valid[r]:
+            continue  # an ignored row: zeros
+        if not ok[r] or und[r].all():
+            out[r] = _row(X[r], float(G[r]), D, B(r), c.fmt)
+        else:
+            _row(X[r], float(G[r]), D, B(r), c.fmt, np.flatnonzero(und[r]), out[r])
+    return out
+
+
+def _fast_args(c, G, D):
+    """(ok, the fast pass's arguments after ``ok``): rows with ``ok`` false (ignored, g not finite, D = 0, s = 0
+    or outside float64's normal range, A = 0 or a coefficient outside [2**-1000, 2**1000]) take the exact row."""
+    R, C = c.X.shape
+    lo, hi = 2.0**-1000, 2.0**1000
+    eps = Fraction(c.label_smoothing)
+    Df = float(D)
+    with np.errstate(all="ignore"):
+        s = np.asarray(G, np.float64) / Df if D != 0 else np.full(R, np.nan)
+    ok = np.isfinite(s) & (abs(s) >= lo) & (abs(s) <= hi)
+    if c.target is None:
+        wf = np.ones(C) if c.weight is None else np.asarray(c.weight, np.float64)
+        args = (np.full(R, -1, np.int64), np.zeros(R), np.zeros(1), np.ascontiguousarray(c.probs, np.float64),
+                np.ascontiguousarray(wf), float(1 - eps), float(eps / C), s, np.zeros(R), np.zeros(R))  # fmt: skip
+        return ok, args
+    wf = np.ones(C) if c.weight is None else np.asarray(c.weight, np.float64)
+    b0 = float(eps / C) * wf  # within 2.01u of eps / C w_j (two roundings): the kernel charges 2.03u
+    nz = b0[b0 != 0]
+    if nz.size and not ((abs(nz) >= lo) & (abs(nz) <= hi)).all():
+        ok[:] = False
+    sw = math.fsum(wf)  # sum w correctly rounded: within 1.01u |sw| of the exact sum
+    base = eps / C * Fraction(sw)
+    e_base = float(eps / C) * 1.03 * 2.0**-53 * abs(sw)  # eps / C |sw - sum w|, with eps / C's own rounding
+    tgt = np.asarray(c.target, np.int64).copy()
+    valid = c.valid
+    Bt, A, eA = np.zeros(R), np.zeros(R), np.zeros(R)
+    memo = {}
+    for r in np.flatnonzero(valid & ok):
+        t = int(tgt[r])
+        if t not in memo:
+            wt = Fraction(float(wf[t]))
+            bt, a = float(eps / C * wt + (1 - eps) * wt), float(base + (1 - eps) * wt)
+            memo[t] = bt, a, 1.01 * 2.0**-53 * abs(a) + e_base, (bt == 0 or lo <= abs(bt) <= hi) and lo <= abs(a) <= hi
+        Bt[r], A[r], eA[r], good = memo[t]
+        ok[r] = good
+    ok &= valid
+    tgt[~ok] = 0
+    return ok, (tgt, Bt, b0, np.zeros((1, 1)), np.zeros(1), 0.0, 0.0, s, A, eA)
 
 
 def _log_iv(lo: Fraction, hi: Fraction, W: int):

@@ -130,9 +130,9 @@ def _allowed(dtype):
 def _judge_grads(o, dtype, limit):
     """Every sample's gradients, as torch's autograd computes them (grad_output drawn from a seeded generator in
     the output's dtype), judged by compare_backward on the sample's call as the adapter reads it: the gradient
-    of each argument refkern's op takes as given (an argument the adapter transforms, attention's mask, has no
-    gradient to judge there, and is counted apart); addmm's and baddbmm's, whose tensors reach matmul
-    transformed, each by compare on the forward call whose exact result it is (OpCall.gradient_calls)."""
+    of each argument refkern's op takes as given (attention's float mask included; an argument with no
+    gradient to judge is counted apart); addmm's and baddbmm's, whose tensors reach matmul transformed, each by
+    compare on the forward call whose exact result it is (OpCall.gradient_calls)."""
     from refkern.gradients import compare_backward, differentiable
 
     torch.manual_seed(0)

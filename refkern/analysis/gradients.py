@@ -221,16 +221,18 @@ def attention_report(op, name, adj, got, g, a, who="compare_backward", rtol=None
     from refkern.analysis.compare import _actual_grad
 
     c = _attn_call(op, g, a, who)
-    act, device = _actual_grad(got, name, c.a.fmt, who)
+    act, device = _actual_grad(got, name, c.fmt(name), who)
     ref = _attn_grads(c, (name,))[name]
-    stack = {"query": c.a.Q, "key": c.a.K, "value": c.a.V}[name].shape
+    stack = {"query": c.a.Q, "key": c.a.K, "value": c.a.V, "attn_mask": c.a.mask}[name].shape
     from refkern.analysis.noise import Noise
     from refkern.analysis.noise_backward import attention_noise
 
-    b, n_terms = attention_bound(c.a, c.G, name, ref.reshape(stack))
-    nz = Noise(attention_noise(c.a, c.G, name, ref.reshape(stack)).reshape(ref.shape))
+    b, n_terms = attention_bound(c.a, c.G, name, ref.reshape(stack), c.mask_fmt)
+    nz = None  # the mask's gradient: no noise model yet (noise_backward), judged by its envelope alone
+    if name != "attn_mask":
+        nz = Noise(attention_noise(c.a, c.G, name, ref.reshape(stack)).reshape(ref.shape))
     return _envelope_finish(f"{op} backward ({name})", np.asarray(act, np.float64).reshape(ref.shape), ref,
-                            b.reshape(ref.shape), c.a.fmt, device, n_terms, op, nz, rtol, atol)  # fmt: skip
+                            b.reshape(ref.shape), c.fmt(name), device, n_terms, op, nz, rtol, atol)  # fmt: skip
 
 
 def reduction_report(op, name, adj, got, g, a, who="compare_backward", rtol=None, atol=None):

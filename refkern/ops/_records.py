@@ -177,7 +177,7 @@ RECORDS = (
              ("LogSoftmaxBackward0",)),
     Op("scaled_dot_product_attention", "attention", "refkern.kernels.attention:scaled_dot_product_attention",
        "refkern.truth.softmax:scaled_dot_product_attention", ("query", "key", "value", "attn_mask"), "envelope",
-       required=3, hypotheses=("P@V", "named bugs"), differentiable=("query", "key", "value"),
+       required=3, hypotheses=("P@V", "named bugs"), differentiable=("query", "key", "value", "attn_mask"),
        torch_function=f"{_F}scaled_dot_product_attention",
        calls=(Call(f"{_F}scaled_dot_product_attention",
                    ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")),),

@@ -205,6 +205,11 @@ def _targets(fn, args, kwargs, spec) -> list:
         found += [(k, ("kw", k), a) for k, a in kwargs.items() if _floating(a)]
     seen = set()
     found = [f for f in found if not (id(f[2]) in seen or seen.add(id(f[2])))]  # one row per tensor, first place
+    own = {id(t): n for t, n in spec.gradient_names()}  # addmm, baddbmm: each tensor's gradient its own call
+    if own:
+        return [_Target(own[id(a)], where, own[id(a)]) if id(a) in own else
+                _Target(label, where, None, f"no backward reference: it is not a tensor of {spec.torch_name}")
+                for label, where, a in found]  # fmt: skip
     if spec.op not in GRAD_OPS:
         why = f"no backward reference for {spec.op} (refkern has them for {', '.join(GRAD_OPS)})"
         return [_Target(label, where, None, why) for label, where, _ in found]
@@ -292,8 +297,10 @@ def _grad_output_maker(given):
 def _judge_grads(name, spec, targets, grads, g, ref_args, ref_kwargs) -> list:
     """One GradRow per target: each gradient with a reference judged by compare_backward on its own
     (one gradient refkern cannot compute leaves the others judged)."""
+    from refkern.analysis.compare import compare
     from refkern.gradients import compare_backward
 
+    calls = {n: adj for _, n, adj in spec.gradient_calls(g)}  # addmm's, baddbmm's (refkern.torch.ops)
     rows = []
     for t in targets:
         if t.name is None:
@@ -301,6 +308,10 @@ def _judge_grads(name, spec, targets, grads, g, ref_args, ref_kwargs) -> list:
         got = grads.get(t.label)
         if got is None:
             rows.append(GradRow(name, t.label, None, "no gradient: the output does not depend on it"))
+            continue
+        if t.name in calls:  # the forward call whose exact result the gradient is
+            adj = calls[t.name]
+            rows.append(GradRow(name, t.label, compare(adj.from_grad(got), adj.op, *adj.args, **adj.kwargs), ""))
             continue
         try:
             rep = compare_backward({t.name: got}, spec.op, g, *ref_args, **ref_kwargs)[t.name]

@@ -1,7 +1,9 @@
 """What compare costs on the losses next to the exact reference, and the reference next to torch's float64
 op (issue 26: each reference at most 5x torch's float64 version; compare a few times the reference).
 
-    python benchmarks/bench_losses.py [--blocks 3] [--json out.json] [--only cross_entropy mse_loss]
+    python benchmarks/bench_losses.py [--blocks 3] [--json out.json] [--only cross_entropy mse_loss] [--grad-rows 4096]
+
+(``--only`` with no names runs the gradient cases alone.)
 
 Cases (sizes users run): cross_entropy over a language model's vocabulary, logits (1024, 32000) in float32
 and bfloat16 with class targets, mean; nll_loss over the same rows' float32 log-probabilities; mse_loss
@@ -15,6 +17,7 @@ time: on a shared machine it is the steadier.
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -52,6 +55,41 @@ def cases():
            lambda: rk.binary_cross_entropy_with_logits(z, y),
            lambda: rk.compare(out, "binary_cross_entropy_with_logits", z, y),
            lambda: F.binary_cross_entropy_with_logits(z64, y64))  # fmt: skip
+
+
+def grad_cases(rows=4096):
+    """cross_entropy's input gradient over a language model's logits (rows x 32000, class targets, mean), bfloat16
+    and float32: ``reference`` is rk.backward, ``torch64`` torch's autograd (forward and backward) on float64
+    copies. The issue's target: at most 5x torch's float64 at 4096 x 32000 bfloat16."""
+    g = torch.Generator().manual_seed(1)
+    x32 = torch.randn(rows, 32000, generator=g) * 2.0
+    t = torch.randint(0, 32000, (rows,), generator=g)
+    for name, x in (("bf16", x32.bfloat16()), ("fp32", x32)):
+        go = torch.ones((), dtype=x.dtype)
+        x64 = x.double()
+
+        def t64(x64=x64):
+            xx = x64.clone().requires_grad_()
+            F.cross_entropy(xx, t).backward()
+            return xx.grad
+
+        yield (f"cross_entropy backward ({rows}, 32000) {name}",
+               lambda x=x, go=go: rk.backward("cross_entropy", go, x, t)["input"], t64)  # fmt: skip
+
+
+def run_grads(blocks=3, log=print, rows=4096):
+    """The gradients' reference next to torch's float64 autograd, one call per block (seconds each)."""
+    out = []
+    for name, ref, t64 in grad_cases(rows):
+        sides = {"torch64": (t64, 1), "reference": (ref, 1)}
+        wall, cpu = per_call(sides, blocks), per_call(sides, blocks, time.process_time)
+        row = {"case": name, "wall": wall, "cpu": cpu, "reference/torch64": wall["reference"] / wall["torch64"],
+               "cpu reference/torch64": cpu["reference"] / cpu["torch64"], "load": os.getloadavg()}  # fmt: skip
+        log(f"{name}: torch64 {wall['torch64']:.4g} s, reference {wall['reference']:.4g} s (wall); reference/torch64 "
+            f"{row['reference/torch64']:.2f}x wall ({row['cpu reference/torch64']:.2f}x CPU, target {TARGET_REF:g}x); "
+            f"load {row['load'][0]:.1f}")  # fmt: skip
+        out.append(row)
+    return out
 
 
 TARGET_REF = 5.0  #: issue 26: a reference at most 5x torch's float64 op
@@ -94,8 +132,11 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--only", nargs="*", help="ops to run (cross_entropy, nll_loss, mse_loss, "
                     "binary_cross_entropy_with_logits)")  # fmt: skip
+    ap.add_argument("--grad-rows", type=int, default=4096, help="rows of the gradient cases (0: none)")
     a = ap.parse_args()
-    rows = run(a.blocks, only=a.only)
+    rows = run(a.blocks, only=a.only) if a.only is None or a.only else []
+    if a.grad_rows:
+        rows += run_grads(a.blocks, rows=a.grad_rows)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -137,3 +137,23 @@ def test_compare_and_the_public_function():
         refkern.compare(torch.exp(x).reshape(-1), "exp", x)
     rep = refkern.compare(torch.exp(x), "exp", x, rtol=0, atol=0)
     assert rep.tolerance["failing"] == rep.counts["rounding"]
+
+
+def test_cuda_rsqrt_class_is_rsqrtf_two_ulps():
+    # CUDA's rsqrtf is documented within 2 ulps and torch's CUDA rsqrt calls it (an H100 gave 1.41 ulp): an array
+    # of unknown origin one ulp above the correctly rounded result is within CUDA's class; a CPU tensor is held to
+    # torch CPU's 1 / sqrt(x) (two roundings, about 1 ulp), and two ulps above is beyond every class
+    import numpy as np
+    import torch
+
+    import refkern as rk
+    from refkern.ops._accuracy import library
+
+    assert library("CUDA libdevice").ulps["rsqrt"] == 2.0
+    x = (np.random.default_rng(0).random(4096) * 100 + 0.01).astype(np.float32)
+    ref = np.asarray(rk.rsqrt(torch.from_numpy(x))).astype(np.float32)
+    up1 = np.nextafter(ref, np.float32(np.inf))
+    rep = rk.compare(up1, "rsqrt", x)
+    assert (rep.verdict, rep.model) == ("rounding", "CUDA libdevice"), str(rep)
+    assert rk.compare(torch.from_numpy(up1), "rsqrt", torch.from_numpy(x)).verdict == "mismatch"
+    assert rk.compare(np.nextafter(up1, np.float32(np.inf)), "rsqrt", x).verdict == "mismatch"

@@ -16,7 +16,8 @@ op                 bound E (before the final rounding to a half format)
 =================  ===========================================================================
 exp ... erf        ``L_f(v)`` (one library call)
 sqrt, reciprocal   ``r(v)`` (IEEE 754)
-rsqrt              ``r(v) + |v|/s r(s)``, s = sqrt x (torch's CPU: 1 / sqrt(x))
+rsqrt              ``r(v) + |v|/s r(s)``, s = sqrt x (torch's CPU: 1 / sqrt(x)); ``L_rsqrt(v)`` where the
+                   library has its own (CUDA's rsqrtf, 2 ulp)
 pow                y = 2, -1: ``r(v)``; y = 0.5: as sqrt; y = 3: ``r(v) + |x| r(x**2)``; y = -2: ``r(v) +
                    |v|/x**2 r(x**2)`` (for half inputs ``r(x**2)`` at the half format: bfloat16 pow(-0.711, 3)
                    is 0.98 ulp off, pow(-0.0664, -2) 1.23 ulp, measured); y = -0.5: as rsqrt; else ``L_pow(v)``
@@ -137,6 +138,8 @@ def bounds(fn, x, v, fmt, lib, params=()):
             E = L("sqrt", v, x) if not isinstance(_spec(lib, "sqrt", half), str) else r(v)
         elif fn == "reciprocal":
             E = r(v)
+        elif fn == "rsqrt" and not isinstance(_spec(lib, "rsqrt", half), str):  # a library's own rsqrt (CUDA)
+            E = L("rsqrt", v, x)
         elif fn == "rsqrt":
             s = np.sqrt(x)
             ls = L("sqrt", s, x) if not isinstance(_spec(lib, "sqrt", half), str) else r(s)

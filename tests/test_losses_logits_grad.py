@@ -120,3 +120,52 @@ def test_the_record_names_both_gradients():
 
     r = ops.get(OP)
     assert r.differentiable == ("input", "target") and r.backward.judge.endswith("loss_logits:logits_report")
+
+
+# ---------------------------------------------------------------- the input gradient's float64 pass and its fallback
+def _fast_counts(monkeypatch):
+    """Record (elements, elements left undecided) of each call of the float64 pass."""
+    import refkern.kernels.loss_logits_grad_fast as fast
+
+    seen, kernel = [], fast.logits_input_fast
+
+    def spy(*args):
+        kernel(*args)
+        seen.append((args[-1].size, int(args[-1].sum())))
+
+    monkeypatch.setattr(fast, "logits_input_fast", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+def test_input_gradient_fast_path_equals_the_truth(dtype, monkeypatch):
+    """Ties and exact values (x = 0: ``c (A / 2 - pw y)``, rational; with y = 1, pw = 1 + 2**-7 (bfloat16's 8 bits),
+    w = 1, "sum": ``(1 + 2**-7) / 2 - (1 + 2**-7) = -0.1000000 1b``, a midpoint of bfloat16), logits beyond 700
+    (the exact element's) and near it, g = 0 (exact zeros), zero and negative weights, every reduction: bit for bit
+    the truth's; random logits of scale 6 leave no element to the exact path."""
+    seen = _fast_counts(monkeypatch)
+    x, y, w, pw, gen = _case(dtype, 40, 11, True)
+    x[10:14] = torch.tensor([720.0, -720.0, 690.0, -690.0]).to(dtype) if dtype != torch.float16 else x[10:14]
+    x[14:16], y[14:16], pw[14:16], w[14:16] = 0.0, 1.0, 1 + 2**-7, 1.0
+    w[16], w[17] = 0.0, -0.75
+    for red in ("none", "mean", "sum"):
+        loss = F.binary_cross_entropy_with_logits(x.double(), y.double(), w.double(), reduction=red,
+                                                  pos_weight=pw.double())  # fmt: skip
+        g = torch.randn(tuple(loss.shape), generator=gen, dtype=torch.float64).to(dtype)
+        if red == "none":
+            g[14], g[15], g[18] = 1.0, 1.0, 0.0
+        kw = dict(reduction=red, pos_weight=pw, wrt="input")
+        mine = rk.backward(OP, g, x, y, w, **kw)["input"]
+        assert _bits(mine) == _bits(rk.truth.backward(OP, g, x, y, w, **kw)["input"])
+        if red == "none" and dtype == torch.bfloat16:
+            assert mine[14].item() == -0.50390625  # -0.10000001b rounded to even: -0.1000001b
+    assert all(u >= 1 for _, u in seen)  # the tie (and the logits past 700) left to the exact path
+    seen.clear()
+    z = (torch.randn(20000, generator=gen) * 6).to(dtype)
+    t = torch.rand(20000, generator=gen).to(dtype)
+    got = rk.backward(OP, torch.tensor(1.0, dtype=dtype), z, t, wrt="input")["input"]
+    assert seen == [(20000, 0)]
+    g1 = torch.tensor(1.0, dtype=dtype)
+    assert _bits(rk.backward(OP, g1, z[:300], t[:300], wrt="input")["input"]) == _bits(
+        rk.truth.backward(OP, g1, z[:300], t[:300], wrt="input")["input"])  # fmt: skip
+    assert got.shape == z.shape

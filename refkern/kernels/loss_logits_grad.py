@@ -119,7 +119,16 @@ def logits_grads(x, y, w, pw, G, fmt, red, wrt) -> dict:
     out = {}
     for k in wrt:
         v = logits_ieee(k, *flat, n)
-        for i in np.flatnonzero(finite):
+        todo = finite
+        if k == "input" and fmt.prec <= 24 and x.size:  # the float64 pass first (loss_logits_grad_fast)
+            from refkern.kernels.loss_logits_grad_fast import logits_input_fast
+
+            fast = np.empty(x.size)
+            und = np.zeros(x.size, np.bool_)
+            logits_input_fast(*flat, float(n), fmt.prec, fmt.emin, fmt.emax, fast, und)
+            v = np.where(finite & ~und, fast, v)
+            todo = finite & und
+        for i in np.flatnonzero(todo):
             r = _one(k, *(float(a[i]) for a in flat), n, fmt)
             v[i] = math.copysign(0.0, v[i]) if r is None else r  # None: an exact zero, signed by the formula
         out[k] = v.reshape(shape)

@@ -127,13 +127,17 @@ def _fast_counts(monkeypatch):
     """Record (elements, elements left undecided) of each call of the float64 pass."""
     import refkern.kernels.loss_logits_grad_fast as fast
 
-    seen, kernel = [], fast.logits_input_fast
+    seen = []
 
-    def spy(*args):
-        kernel(*args)
-        seen.append((args[-1].size, int(args[-1].sum())))
+    def spy_on(kernel):
+        def spy(*args):
+            kernel(*args)
+            seen.append((args[-1].size, int(args[-1].sum())))
 
-    monkeypatch.setattr(fast, "logits_input_fast", spy)
+        return spy
+
+    for name in ("logits_input_fast", "logits_target_fast"):
+        monkeypatch.setattr(fast, name, spy_on(getattr(fast, name)))
     return seen
 
 
@@ -159,7 +163,7 @@ def test_input_gradient_fast_path_equals_the_truth(dtype, monkeypatch):
         assert _bits(mine) == _bits(rk.truth.backward(OP, g, x, y, w, **kw)["input"])
         if red == "none" and dtype == torch.bfloat16:
             assert mine[14].item() == -0.50390625  # -0.10000001b rounded to even: -0.1000001b
-    assert all(u >= 1 for _, u in seen)  # the tie (and the logits past 700) left to the exact path
+    assert len(seen) == 3 and all(u >= 1 for _, u in seen)  # the tie (and the logits past 700) left to the exact path
     seen.clear()
     z = (torch.randn(20000, generator=gen) * 6).to(dtype)
     t = torch.rand(20000, generator=gen).to(dtype)
@@ -169,3 +173,34 @@ def test_input_gradient_fast_path_equals_the_truth(dtype, monkeypatch):
     assert _bits(rk.backward(OP, g1, z[:300], t[:300], wrt="input")["input"]) == _bits(
         rk.truth.backward(OP, g1, z[:300], t[:300], wrt="input")["input"])  # fmt: skip
     assert got.shape == z.shape
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+def test_target_gradient_fast_path_equals_the_truth(dtype, monkeypatch):
+    """The target's gradient ``c (-x + (pw - 1) softplus(-x))`` through the float64 pass: pw = 1 (``-c x``,
+    rational: exact where representable, a tie left to the exact element), pw = 0, logits past 100 (the exact
+    element's), g = 0, zero and negative weights, every reduction: bit for bit the truth's; random logits of scale 6
+    leave no element to the exact path."""
+    seen = _fast_counts(monkeypatch)
+    x, y, w, pw, gen = _case(dtype, 40, 12, True)
+    x[10:12] = torch.tensor([150.0, -150.0]).to(dtype)
+    w[16], w[17] = 0.0, -0.75
+    for red in ("none", "mean", "sum"):
+        loss = F.binary_cross_entropy_with_logits(x.double(), y.double(), w.double(), reduction=red,
+                                                  pos_weight=pw.double())  # fmt: skip
+        g = torch.randn(tuple(loss.shape), generator=gen, dtype=torch.float64).to(dtype)
+        if red == "none":
+            g[18] = 0.0
+        kw = dict(reduction=red, pos_weight=pw, wrt="target")
+        mine = rk.backward(OP, g, x, y, w, **kw)["target"]
+        assert _bits(mine) == _bits(rk.truth.backward(OP, g, x, y, w, **kw)["target"])
+    assert len(seen) == 3 and all(u >= 2 for _, u in seen)  # at least the logits past 100
+    seen.clear()
+    z = (torch.randn(20000, generator=gen) * 6).to(dtype)
+    t = torch.rand(20000, generator=gen).to(dtype)
+    q = (torch.rand(20000, generator=gen) * 3).to(dtype)
+    g1 = torch.tensor(1.0, dtype=dtype)
+    rk.backward(OP, g1, z, t, pos_weight=q, wrt="target")
+    assert seen == [(20000, 0)]
+    assert _bits(rk.backward(OP, g1, z[:300], t[:300], pos_weight=q[:300], wrt="target")["target"]) == _bits(
+        rk.truth.backward(OP, g1, z[:300], t[:300], pos_weight=q[:300], wrt="target")["target"])  # fmt: skip

@@ -120,12 +120,13 @@ def logits_grads(x, y, w, pw, G, fmt, red, wrt) -> dict:
     for k in wrt:
         v = logits_ieee(k, *flat, n)
         todo = finite
-        if k == "input" and fmt.prec <= 24 and x.size:  # the float64 pass first (loss_logits_grad_fast)
-            from refkern.kernels.loss_logits_grad_fast import logits_input_fast
+        if fmt.prec <= 24 and x.size:  # the float64 pass first (loss_logits_grad_fast)
+            from refkern.kernels import loss_logits_grad_fast as fk
 
             fast = np.empty(x.size)
             und = np.zeros(x.size, np.bool_)
-            logits_input_fast(*flat, float(n), fmt.prec, fmt.emin, fmt.emax, fast, und)
+            kernel = fk.logits_input_fast if k == "input" else fk.logits_target_fast
+            kernel(*flat, float(n), fmt.prec, fmt.emin, fmt.emax, fast, und)
             v = np.where(finite & ~und, fast, v)
             todo = finite & und
         for i in np.flatnonzero(todo):

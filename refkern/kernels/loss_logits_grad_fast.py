@@ -13,16 +13,23 @@ Bound (u = 2**-53), every operand finite, ``|x| <= 700`` (so sigmoid(x) >= e**-7
 4. ``ĉ = fl(fl(g w) / n)`` within ``2.01 u |c|`` (``2**-1000 <= |ĉ| <= 2**1000``, else undecided); ``v = fl(ĉ t)``:
    ``|v - c T| <= (2.03 u |ĉ| (|t| + e_t) + |ĉ| e_t + u |v| + 2**-1074) 1.01``, decided by the enclosure's ends
    (:func:`refkern.kernels.loss_ce_grad_fast._decide_signed`). Exact zeros and rational ties (x = 0, A = 0,
-   pw y = 0 with c = 0) fall inside their own bound: undecided, the exact element's."""
+   pw y = 0 with c = 0) fall inside their own bound: undecided, the exact element's.
+
+The target's gradient ``c (-x + (pw - 1) softplus(-x))``, ``|x| <= 100``: ``softplus(-x)`` as
+:func:`refkern.kernels._ew_vec._v_softplus` computes and bounds it (``L`` within ``e_L``, that derivation's terms
+charged 1.01); ``a = fl(fl(pw - 1) L)`` within ``e_a = (|pm| e_L + 1.01 u |pm| (L + e_L) + u |a|) 1.01``, ``t =
+fl(a - x)`` within ``e_t = e_a + u |t|``; ``ĉ t`` as in 4."""
 
 from numba import prange
 
 from refkern._jit import jit
+from refkern.accumulate._bits import pow2
 from refkern.kernels._ew_f64 import _f_sigmoid
-from refkern.kernels._transcendental import U, ldexp
+from refkern.kernels._ew_vec import _log1p_poly, _log_core
+from refkern.kernels._transcendental import U, exp_fast, ldexp
 from refkern.kernels.loss_ce_grad_fast import _decide_signed
 
-__all__ = ["logits_input_fast"]
+__all__ = ["logits_input_fast", "logits_target_fast"]
 
 
 @jit(parallel=True)
@@ -49,4 +56,36 @@ def logits_input_fast(x, y, w, pw, G, n, prec, emin, emax, out, und):
         e = (2.03 * U * abs(c) * (abs(t) + et) + abs(c) * et + U * abs(v) + 2.0**-1074) * 1.01
         r, dec = _decide_signed(v, e, 0.0, prec, emin, emax)
         out[i] = r
+        und[i] = not dec
+
+
+@jit(parallel=True)
+def logits_target_fast(x, y, w, pw, G, n, prec, emin, emax, out, und):
+    """The target's gradient as :func:`logits_input_fast` the input's (module docstring)."""
+    for i in prange(x.size):
+        xi, pi = x[i], pw[i]
+        c = (G[i] * w[i]) / n
+        ok = abs(xi) <= 100.0 and abs(pi) <= 2.0**500 and 2.0**-1000 <= abs(c) <= 2.0**1000
+        if not ok:
+            und[i] = True
+            continue
+        z = -xi  # softplus(z) = max(z, 0) + log1p(e**-|z|), _v_softplus's evaluation and bound
+        v, m = exp_fast(-abs(z))
+        t = v * pow2(m)
+        small = t <= 2.0**-8
+        p = _log1p_poly(t if small else 0.0)
+        b, e, okl = _log_core(1.0 if small else 1.0 + t)
+        L = p if small else b
+        eL = ((4.1 * U + 2.0**-63) * abs(p) if small else e + U) + 2.02 * U * t
+        q = z + L if z > 0.0 else L
+        eq = (eL + (U * abs(q) if z > 0.0 else 0.0)) * 1.01
+        pm = pi - 1.0
+        a = pm * q
+        ea = (abs(pm) * eq + 1.01 * U * abs(pm) * (q + eq) + U * abs(a)) * 1.01
+        tt = a - xi
+        et = ea + U * abs(tt)
+        r = c * tt
+        er = (2.03 * U * abs(c) * (abs(tt) + et) + abs(c) * et + U * abs(r) + 2.0**-1074) * 1.01
+        val, dec = _decide_signed(r, er, 0.0, prec, emin, emax)
+        out[i] = val
         und[i] = not dec

@@ -59,7 +59,8 @@ def cases():
 
 def grad_cases(rows=4096):
     """cross_entropy's input gradient over a language model's logits (rows x 32000, class targets, mean), bfloat16
-    and float32: ``reference`` is rk.backward, ``torch64`` torch's autograd (forward and backward) on float64
+    and float32, and binary_cross_entropy_with_logits' two gradients (4096 x 1024 float32, multi-label):
+    ``reference`` is rk.backward, ``torch64`` torch's autograd (forward and backward) on float64
     copies. The issue's target: at most 5x torch's float64 at 4096 x 32000 bfloat16."""
     g = torch.Generator().manual_seed(1)
     x32 = torch.randn(rows, 32000, generator=g) * 2.0
@@ -75,6 +76,17 @@ def grad_cases(rows=4096):
 
         yield (f"cross_entropy backward ({rows}, 32000) {name}",
                lambda x=x, go=go: rk.backward("cross_entropy", go, x, t)["input"], t64)  # fmt: skip
+    z = torch.randn(4096, 1024, generator=g) * 3.0
+    y = (torch.rand(4096, 1024, generator=g) < 0.1).float()
+    z64, y64, go = z.double(), y.double(), torch.ones(())
+
+    def b64():
+        zz, yy = z64.clone().requires_grad_(), y64.clone().requires_grad_()
+        F.binary_cross_entropy_with_logits(zz, yy).backward()
+        return zz.grad, yy.grad
+
+    yield ("binary_cross_entropy_with_logits backward, both (4096, 1024) fp32",
+           lambda: rk.backward("binary_cross_entropy_with_logits", go, z, y, wrt=("input", "target")), b64)  # fmt: skip
 
 
 def run_grads(blocks=3, log=print, rows=4096):

@@ -2660,7 +2660,7 @@ def pw_correct(op, args, kw, dtype, good, data):
     SIMD-lane sums, the two-pass folded norm, Hugging Face's RMSNorm (half: the normalised row rounded
     before the weight), online softmax over tiles of 128, softmax with torch's exp_u20 in two passes and
     online per element, attention direct, online over tiles of 128 keys and one key at a time, and (half)
-    with P rounded before P V. Sequential float32 sums of one-signed terms (offset data, var's squares)
+    with P rounded before P V. Sequential float32 sums of one-signed terms (offset data, var's and std's squares)
     beyond 10^5 terms (they drift towards stagnation: a bug of their own) are left out."""
     dt = DT[dtype]
     kwc = _pw_kw(kw)
@@ -2668,8 +2668,8 @@ def pw_correct(op, args, kw, dtype, good, data):
     if dtype != "float32":  # correct_env adds the float32 algorithms for float32 results only
         out += [(f"{k}, rounded", o.to(dt)) for k, o in alternatives(op, args, kwc, good.float())]
     n = args[0].shape[-1]
-    if n > 100_000 and (data == "offset" and op in ("sum", "mean", "cumsum") or op == "var"):
-        # one-signed terms (offset data; var's squares) summed sequentially in float32 drift towards
+    if n > 100_000 and (data == "offset" and op in ("sum", "mean", "cumsum") or op in ("var", "std")):
+        # one-signed terms (offset data; var's and std's squares) summed sequentially in float32 drift towards
         # stagnation (pytorch#38716): a bug of their own, not a correct implementation
         seq = ("left-to-right", "reversed", "two-pass left-to-right", "Welford fp32")
         out = [(k, o) for k, o in out if not any(k.startswith(s) for s in seq)]

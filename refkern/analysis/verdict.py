@@ -393,6 +393,8 @@ def z_one(x, y, sd):
     """One element's z, ``|x - y| / sd``: 0 where equal or both NaN, inf where undefined."""
     if x == y or (x != x and y != y):
         return 0.0
+    if not sd > 0.0:  # no scale (an exactly known value) and another value: infinitely far
+        return np.inf
     z = abs(x - y) / sd
     return np.inf if z != z else z
 

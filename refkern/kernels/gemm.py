@@ -121,7 +121,8 @@ def linear(x, weight, bias=None, *, accumulate: str = "exact", accum_dtype=None,
     the last term, in their working format. ``engine``: as in :func:`matmul`.
     """
     engines.check_engine("linear", engine, accumulate)
-    got = _on_device(engine, accumulate, accum_dtype, x, getattr(weight, "T", None), bias)
+    wt = weight.T if _cuda(weight) and weight.dim() == 2 else None  # (in, out): the device path's b
+    got = None if wt is None else _on_device(engine, accumulate, accum_dtype, x, wt, bias)
     if got is not None:
         return got
     p = plan("linear", {"x": x, "weight": weight, "bias": bias}, ("x", "weight"), accumulate, accum_dtype)

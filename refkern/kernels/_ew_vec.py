@@ -236,6 +236,21 @@ def _v_log1p(x, fmt, out, und):
         und[i] = not ((ok & dec) | nan)
 
 
+@jit(inline="always")
+def softplus_bound(z):
+    """(q, e) for |z| <= 100: q = softplus(z) = max(z, 0) + log1p(e**-|z|) in float64 within e, as
+    :func:`_v_softplus`'s docstring derives (_log_core's argument 1 + t, t <= 1, is always in its range)."""
+    v, m = exp_fast(-abs(z))
+    t = v * pow2(m)
+    small = t <= 2.0**-8
+    p = _log1p_poly(t if small else 0.0)
+    b, e, _ = _log_core(1.0 if small else 1.0 + t)
+    L = p if small else b
+    eL = ((4.1 * U + 2.0**-63) * abs(p) if small else e + U) + 2.02 * U * t
+    q = z + L if z > 0.0 else L
+    return q, (eL + (U * abs(q) if z > 0.0 else 0.0)) * 1.01
+
+
 @jit(parallel=True)
 def _v_softplus(x, threshold, fmt, out, und):
     """torch's softplus at beta = 1 for |x| <= 100: x where ``x > threshold``; else ``log1p(t)`` (x <= 0) or ``x +
@@ -246,15 +261,7 @@ def _v_softplus(x, threshold, fmt, out, und):
     for i in prange(x.size):
         xi = np.float64(x[i])
         ok = abs(xi) <= 100.0
-        v, m = exp_fast(-abs(xi) if ok else 0.0)
-        t = v * pow2(m)
-        small = t <= 2.0**-8
-        p = _log1p_poly(t if small else 0.0)
-        b, e, okl = _log_core(1.0 if small else 1.0 + t)
-        L = p if small else b
-        eL = ((4.1 * U + 2.0**-63) * abs(p) if small else e + U) + 2.02 * U * t
-        q = xi + L if xi > 0.0 else L
-        e = (eL + (U * abs(q) if xi > 0.0 else 0.0)) * 1.01
+        q, e = softplus_bound(xi if ok else 0.0)
         r, dec = _decide(q, e, fmt)
         above = xi > threshold
         out[i] = xi if above else r

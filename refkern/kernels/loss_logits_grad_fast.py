@@ -23,10 +23,9 @@ fl(a - x)`` within ``e_t = e_a + u |t|``; ``ĉ t`` as in 4."""
 from numba import prange
 
 from refkern._jit import jit
-from refkern.accumulate._bits import pow2
 from refkern.kernels._ew_f64 import _f_sigmoid
-from refkern.kernels._ew_vec import _log1p_poly, _log_core
-from refkern.kernels._transcendental import U, exp_fast, ldexp
+from refkern.kernels._ew_vec import softplus_bound
+from refkern.kernels._transcendental import U, ldexp
 from refkern.kernels.loss_ce_grad_fast import _decide_signed
 
 __all__ = ["logits_input_fast", "logits_target_fast"]
@@ -70,15 +69,7 @@ def logits_target_fast(x, y, w, pw, G, n, prec, emin, emax, out, und):
             und[i] = True
             continue
         z = -xi  # softplus(z) = max(z, 0) + log1p(e**-|z|), _v_softplus's evaluation and bound
-        v, m = exp_fast(-abs(z))
-        t = v * pow2(m)
-        small = t <= 2.0**-8
-        p = _log1p_poly(t if small else 0.0)
-        b, e, okl = _log_core(1.0 if small else 1.0 + t)
-        L = p if small else b
-        eL = ((4.1 * U + 2.0**-63) * abs(p) if small else e + U) + 2.02 * U * t
-        q = z + L if z > 0.0 else L
-        eq = (eL + (U * abs(q) if z > 0.0 else 0.0)) * 1.01
+        q, eq = softplus_bound(z)
         pm = pi - 1.0
         a = pm * q
         ea = (abs(pm) * eq + 1.01 * U * abs(pm) * (q + eq) + U * abs(a)) * 1.01

@@ -480,18 +480,18 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         X = lay.X
         with np.errstate(all="ignore"):
             P = np.cumsum(X, axis=1)
-            acc = np.cumsum(P * P, axis=1) - P[:, :1] ** 2  # the partial sums formed up to each element
+            P2 = P * P
+            acc = np.cumsum(P2, axis=1) - P2[:, :1]  # the partial sums formed up to each element
         scan = _cumsum_axes(name, args, nd)
         precs = []
         if out.prec < FLOAT32.prec and nd and X.size:  # a running sum held in the result format (noise_scan)
-            P2 = P * P
-            P2[:, 0] = 0.0
+            P2[:, 0] = 0.0  # the first value is stored, not summed
             n = X.shape[1]
 
             def rows(w, ax=scan[0]):
                 return np.ascontiguousarray(np.moveaxis(w, ax, -1)).reshape(-1, n)
 
-            precs = [half_scan(X, P2, rows, lay.back, out, stores)]
+            precs = [half_scan(P2, rows, lay.back, out, stores)]
         return Noise(lay.back(u * u * np.maximum(acc, 0.0)) + stores, [], scan, sc, precisions=precs)
     if kind == "norm":
         eta2 = 2.0 * _eta(out) ** 2 + (lay.n + 4) * eta_w**2

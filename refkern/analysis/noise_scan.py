@@ -49,7 +49,7 @@ class ScanShared:
             return float(np.sum(self.v * (tail * tail - tail2)))
 
 
-def half_scan(X, P2, rows, back, out, stores):
+def half_scan(P2, rows, back, out, stores):
     """The ``precisions`` entry of a cumsum with a half result ``out`` (module docstring): ``(precision,
     key, text, thunk)``, ``thunk()`` giving ``(sigma**2, coherent, "broad")``, the last asking the verdict
     for the evidence of the module docstring. ``P2``: the rows' squared partial sums, the first column

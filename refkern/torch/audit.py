@@ -43,8 +43,7 @@ def _plain(t):
 def _cpu(a, copy=False):
     """``a`` with every tensor detached, on the CPU, as a plain torch.Tensor (lossless)."""
     if isinstance(a, torch.Tensor):
-        t = a.detach().to("cpu", copy=copy)
-        return t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
+        return _plain(a.detach().to("cpu", copy=copy))
     if isinstance(a, (list, tuple)):
         return type(a)(_cpu(v, copy) for v in a)
     if isinstance(a, torch.device):

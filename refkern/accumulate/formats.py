@@ -25,6 +25,7 @@ __all__ = [
     "FLOAT64",
     "FORMATS",
     "round_to",
+    "round_to_vec",
     "truncate_to",
     "round_array",
     "round_away_to",
@@ -69,6 +70,8 @@ FLOAT64 = Format("float64", 53, -1022, 1023)
 FORMATS = {f.name: f for f in (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)}
 
 _ABS = np.int64(0x7FFFFFFFFFFFFFFF)
+_EXP = np.int64(0x7FF0000000000000)  # the exponent field of a float64
+_SIGN = np.int64(-0x8000000000000000)  # its sign bit
 
 
 @jit
@@ -97,16 +100,56 @@ def round_to(x, prec, emin, emax):
 
 
 @jit
+def round_to_vec(x, prec, emin, emax):
+    """:func:`round_to`, the same value for every float64 ``x``, with no branch on the value:
+    selects only, so that LLVM vectorizes a loop of it (an array rounded, a left-to-right sum of
+    many rows run with the rows as the vector lanes). :func:`round_to` keeps its branches: in one
+    chain of dependent roundings their prediction keeps the checks off the critical path (a
+    left-to-right bfloat16 sum, four rows interleaved: 3.7 ns a term with :func:`round_to`, 4.3 ns
+    with this; with the rows as vector lanes 0.9 ns with this, 1.5 ns with :func:`round_to`).
+
+    The same sigma as :func:`round_to`'s, ``1.5 * 2**(q + 52)`` with ``q = max(e, emin) - prec +
+    1``, formed in floating point: ``2**max(e, emin)`` is ``x``'s bits with the sign and
+    significand cleared (2**e for a normal x; 0 for a zero or a float64 subnormal, below every emin
+    here; inf for inf and NaN) raised to ``2**emin``, and sigma that times ``1.5 * 2**(53 - prec)``,
+    an exact float64 product where ``emax + 53 - prec <= 1022`` (every format here). Then the same
+    ``(x + sigma) - sigma``, and inf, NaN, overflow and the zero's sign as :func:`round_to` has them
+    (bit-identical on 17M values of every class: ``tests/test_formats.py``)."""
+    if prec >= 53:
+        return x
+    big = pow2(emax + 1)
+    top = max(from_bits(bits(x) & _EXP), pow2(emin))  # 2**max(e, emin)
+    sigma = top * (1.5 * pow2(53 - prec))  # 1.5 * 2**(q + 52), exact
+    y = (x + sigma) - sigma  # one RNE rounding to a multiple of 2**q
+    r = np.copysign(y, x)  # the sign of a zero result kept
+    r = np.copysign(np.inf, x) if (abs(x) >= big or abs(y) >= big) else r  # beyond the largest finite number
+    return x if x != x else r  # NaN unchanged
+
+
+@jit
+def _dropped(b, prec, emin):
+    """The number of low bits of the float64 pattern ``b`` below the format's last place at its
+    value: ``q - (e - 52)`` with ``q = max(e, emin) - prec + 1`` (e = -1023 for a zero or a float64
+    subnormal: below every emin here), at most 63."""
+    e = ((b >> 52) & 0x7FF) - 1023
+    return min(max(e, emin) - e + 53 - prec, 63)
+
+
+@jit
 def truncate_to(x, prec, emin, emax):
     """Round the float64 ``x`` toward zero to the format (prec, emin, emax): drop the bits below
     its last place (hardware that converts float32 to TF32 or bfloat16 by truncation does this).
-    Values beyond the format's range keep their exponent; specials are unchanged."""
-    if prec >= 53 or x != x or x == 0.0 or x - x != 0.0:
+    Values beyond the format's range keep their exponent; specials are unchanged.
+
+    The ``n`` bits of ``x``'s pattern below the last place (:func:`_dropped`) cleared: ``n <= 52``
+    clears significand bits only; ``n >= 53`` means ``|x| < 2**q`` and leaves the signed zero.
+    Selects only (as :func:`round_to_vec`)."""
+    if prec >= 53:
         return x
-    e = ((bits(x) & _ABS) >> 52) - 1023
-    q = max(e, emin) - prec + 1  # exponent of the last kept place
-    step = from_bits((np.int64(q) + 1023) << 52) if q >= -1022 else 2.0**q
-    return np.copysign(np.floor(abs(x) / step) * step, x)  # exact: division and product by 2**q
+    b = bits(x)
+    n = _dropped(b, prec, emin)
+    r = from_bits(b & (np.int64(-1) << n)) if n <= 52 else from_bits(b & _SIGN)
+    return x if (b & _EXP) == _EXP else r  # inf and NaN unchanged
 
 
 @jit
@@ -114,18 +157,22 @@ def round_away_to(x, prec, emin, emax):
     """Round the float64 ``x`` to nearest, ties away from zero, in the format (prec, emin, emax).
 
     NVIDIA's float32 -> TF32 conversion does this (PTX ``cvt.rna.tf32.f32``): 1024.5 becomes
-    1025, where round-to-nearest-even gives 1024. Overflow gives +-inf, specials are unchanged."""
-    if prec >= 53 or x != x or x == 0.0 or x - x != 0.0:
+    1025, where round-to-nearest-even gives 1024. Overflow gives +-inf, specials are unchanged.
+
+    Half a quantum added to the magnitude's bits, then the ``n`` bits below the last place
+    cleared (:func:`truncate_to`): a carry out of the significand is the next binade's first
+    value, exactly. ``n == 53`` (``2**e <= |x| < 2**q``, ``q = e + 1``): at least half a quantum,
+    so ``2**q``; ``n > 53``: below half of it, so the signed zero. Selects only (as :func:`round_to_vec`)."""
+    if prec >= 53:
         return x
-    t = truncate_to(x, prec, emin, emax)
-    e = ((bits(x) & _ABS) >> 52) - 1023
-    q = max(e, emin) - prec + 1
-    half = 2.0**q * 0.5
-    if abs(x - t) >= half:  # exact: x - t is below one quantum and a multiple of x's own ulp
-        t = t + np.copysign(2.0 * half, x)
-    if abs(t) >= pow2(emax + 1):
-        return np.inf if x > 0 else -np.inf
-    return t
+    b = bits(x)
+    n = _dropped(b, prec, emin)
+    k = min(n, 52)
+    up = from_bits((b + (np.int64(1) << (k - 1))) & (np.int64(-1) << k))  # n <= 52: half a quantum up, truncated
+    up = from_bits((b & _SIGN) | ((b & _EXP) + (np.int64(1) << 52))) if n == 53 else up  # 2**(e + 1), signed
+    r = up if n <= 53 else from_bits(b & _SIGN)
+    r = np.copysign(np.inf, x) if abs(r) >= pow2(emax + 1) else r
+    return x if (b & _EXP) == _EXP else r  # inf and NaN unchanged
 
 
 NEAREST_EVEN, TOWARD_ZERO, NEAREST_AWAY = 0, 1, 2
@@ -133,22 +180,24 @@ ROUNDING_MODES = {"nearest": NEAREST_EVEN, "truncate": TOWARD_ZERO, "nearest-awa
 
 
 @jit(parallel=True)
-def _round_array(x, prec, emin, emax, mode):
-    x = np.ascontiguousarray(x)  # transposed or broadcast views: reshape needs C order
-    out = np.empty_like(x)
-    flat = x.reshape(-1)
-    res = out.reshape(-1)
-    for i in prange(flat.size):
-        if mode == TOWARD_ZERO:
-            res[i] = truncate_to(flat[i], prec, emin, emax)
-        elif mode == NEAREST_AWAY:
-            res[i] = round_away_to(flat[i], prec, emin, emax)
-        else:
-            res[i] = round_to(flat[i], prec, emin, emax)
-    return out
+def _round_array(x, prec, emin, emax, mode, out):
+    """out[i] = x[i] rounded (flat, C-contiguous arrays of one size); the mode chosen once, outside
+    the loops, so that each loop is one branch-free body that LLVM vectorizes."""
+    if mode == TOWARD_ZERO:
+        for i in prange(x.size):
+            out[i] = truncate_to(x[i], prec, emin, emax)
+    elif mode == NEAREST_AWAY:
+        for i in prange(x.size):
+            out[i] = round_away_to(x[i], prec, emin, emax)
+    else:
+        for i in prange(x.size):
+            out[i] = round_to_vec(x[i], prec, emin, emax)
 
 
 def round_array(x, prec, emin, emax, mode=NEAREST_EVEN):
     """A copy of the float64 array ``x`` with every element rounded to the format: ``mode`` 0 (or
     False) to nearest even, 1 (or True) toward zero, 2 to nearest with ties away from zero."""
-    return _round_array(np.asarray(x, np.float64), prec, emin, emax, np.int64(int(mode)))
+    x = np.ascontiguousarray(x, np.float64)  # transposed or broadcast views: a C-order copy
+    out = np.empty_like(x)
+    _round_array(x.reshape(-1), prec, emin, emax, np.int64(int(mode)), out.reshape(-1))
+    return out

@@ -391,6 +391,29 @@ def test_thread_partials_by_hand():
     assert xh[:, 0].tolist() == pytest.approx([65536.0, 65664.0], abs=0)
 
 
+def test_partial_spacing_by_hand():
+    """The spacing a thread's stored partial may move by (noise_store._spacing), float16 (prec 11, emin
+    -14): 2**-10 next to 1 and 1.5, 2**-9 next to 2 (the larger side), 2**-24 for a subnormal and at 0
+    (frexp(0) gives the exponent 0: 0 was given 1/2's spacing, 2**-11)."""
+    from refkern.accumulate.formats import FLOAT16
+    from refkern.analysis.noise_store import _spacing
+
+    got = _spacing(np.array([1.0, 1.5, 2.0, 3 * 2.0**-24, 0.0, -0.0, 9.67e-5]), FLOAT16).tolist()
+    assert got == pytest.approx([2.0**-10, 2.0**-10, 2.0**-9, 2.0**-24, 2.0**-24, 2.0**-24, 2.0**-24], abs=0)
+
+
+def test_a_float16_mean_of_1e7_scaled_by_1_1_is_a_mismatch():
+    """torch's CPU float16 mean of 1e7 randn values (exact 5.53e-5, a float16 subnormal; bench_verdict's
+    power case, seed 0): some thread counts' stored partials round to 0, and with 0's spacing taken as 1/2's
+    one member's scale was 8192 ulps, so the output times 1.1 (93 ulps, 5.7x the spread of correct kernels)
+    was rounding."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(1, 10_000_000, generator=g, dtype=torch.float64).to(torch.float16)
+    y = torch.mean(x, -1)
+    assert _v(rk.compare(y, "mean", x, -1)) in ("exact", "rounding")
+    assert _v(rk.compare((y.double() * 1.1).to(torch.float16), "mean", x, -1)) == "mismatch"
+
+
 def test_straddle_by_hand():
     """bf16 (prec 8): a = 1 rounds [1 - 2**-9, 1 + 2**-8] (below a power of two the spacing halves). The
     exact 1 + 2**-8 + 2**-12 lies 2**-12 beyond it: z = 2**-12 / 2**-14 = 4 with sigma 2**-14; err 2**-13

@@ -29,9 +29,13 @@ GRAIN = 32768  #: torch's CPU parallel grain (at::internal::GRAIN_SIZE): a reduc
 
 
 def _spacing(r, out: Format):
-    """The larger spacing of the result format next to each value of ``r`` (the format's numbers)."""
+    """The larger spacing of the result format next to each value of ``r`` (the format's numbers): at 0 the
+    smallest subnormal (``frexp(0)`` gives the exponent 0, the spacing of 1/2: a partial rounded to 0 was
+    given 2**-11 in float16, 2**13 subnormal spacings, and a 10% error on a float16 mean of 1e7 values
+    passed)."""
     _, e = np.frexp(np.abs(r))
-    return np.ldexp(1.0, np.maximum(e - 1, out.emin) - out.prec + 1)
+    e = np.where(np.asarray(r) == 0, out.emin, np.maximum(e - 1, out.emin))
+    return np.ldexp(1.0, e - out.prec + 1)
 
 
 def _chunk_sq(D, E, C, s, e):

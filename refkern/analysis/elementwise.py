@@ -146,6 +146,8 @@ def bounds(fn, x, v, fmt, lib, params=()):
             if half:  # measured: torch's CPU rounds the half input's sqrt to the half format first
                 ls = ls + 0.5 * _ulp(s, fmt, True)
             E = r(v) + av / s * ls
+        elif fn == "pow" and np.ndim(params[0]):  # pow(Tensor, Tensor): the library's pow for every element
+            E = L("pow", v, x)
         elif fn == "pow":
             y = params[0]
             x2 = x * x
@@ -318,9 +320,9 @@ def analyse(act, fmt, device, fn, op, x, params, rtol=None, atol=None):
     known = ~(np.isnan(hi) & ~np.isnan(ref))
     v = np.where(known, hi, ref)  # the exact path alone: the rounded value
     err, same = _errors(a, ref, v, fmt, np.where(known, lo, 0.0))
-    if fn == "pow" and params[0] in (0.5, -0.5):  # C99's pow(-0, y), pow(-inf, y): torch's float16 gives them,
-        neg = (xf == 0) | (xf == -np.inf)  # its float32/float64 sqrt's and rsqrt's (the reference's)
-        alt = np.where(xf == 0, 0.0 if params[0] > 0 else np.inf, np.inf if params[0] > 0 else 0.0)
+    if fn == "pow" and not np.ndim(params[0]) and params[0] in (0.5, -0.5):  # C99's pow(-0, y), pow(-inf, y):
+        neg = (xf == 0) | (xf == -np.inf)  # torch's float16 gives them, its float32/float64 sqrt's and rsqrt's
+        alt = np.where(xf == 0, 0.0 if params[0] > 0 else np.inf, np.inf if params[0] > 0 else 0.0)  # (the reference's)
         c99 = neg & (a == alt) & ~np.signbit(a)
         same, err = same | c99, np.where(c99, 0.0, err)
     rounding, reduced = _candidates(device)
@@ -379,11 +381,24 @@ def _call(name, bound):
     if name == "softplus":
         return name, bound["input"], (float(bound["beta"]), float(bound["threshold"]))
     if name == "pow":
-        e = bound["exponent"]
-        if hasattr(e, "shape") and getattr(e, "ndim", 0) > 0:
-            raise TypeError("compare: pow's exponent must be a number (a tensor exponent is not supported yet).")
-        return name, bound["input"], (float(e.item() if hasattr(e, "item") else e),)
+        return name, bound["input"], (bound["exponent"],)
     return name, bound["input"], ()
+
+
+def _operands(name, inp, params):
+    """(input values (float64, the result's shape), params, format, tensor) of a bound call: pow with a tensor
+    exponent or a number base through :func:`refkern.kernels.elementwise.pow_operands` (both operands broadcast and
+    rounded to the result's format, as torch casts them; the exponents one per element), else the input itself."""
+    from refkern._arrays import operand
+
+    if name == "pow":
+        e = params[0]
+        if hasattr(e, "shape") or not (hasattr(inp, "shape") and hasattr(inp, "dtype")):
+            x, y, fmt, shape, tensor = ew.pow_operands(inp, e, "compare")
+            return x.reshape(shape), (y,), fmt, tensor
+        params = (float(e),)
+    x = operand(inp, "input", "compare")
+    return np.asarray(x.values, np.float64).reshape(x.shape), params, x.fmt, x.torch
 
 
 def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False):
@@ -394,18 +409,18 @@ def compare_call(actual, name, args, kwargs, rtol=None, atol=None, arrays=False)
     device = str(actual.device) if is_tensor(actual) else "numpy"
     act = operand(actual, "actual", "compare")
     fn, inp, params = _call(name, _bind(name, args, kwargs))
-    x = operand(inp, "input", "compare")
-    if tuple(act.shape) != tuple(x.shape):
+    xv, params, fmt, _ = _operands(name, inp, params)
+    if tuple(act.shape) != tuple(xv.shape):
         raise ValueError(f"compare: actual.shape={tuple(act.shape)} differs from the shape {name} gives for these "
-                         f"inputs, {tuple(x.shape)}; pass the same arguments that produced it.")  # fmt: skip
-    if act.fmt != x.fmt:
-        raise TypeError(f"compare: {name} returns the input's dtype ({x.fmt.name}); got actual.dtype={act.fmt.name}.")
+                         f"inputs, {tuple(xv.shape)}; pass the same arguments that produced it.")  # fmt: skip
+    if act.fmt != fmt:
+        raise TypeError(f"compare: {name} returns the input's dtype ({fmt.name}); got actual.dtype={act.fmt.name}.")
     a64 = np.asarray(act.values, np.float64).reshape(act.shape)
-    rep = analyse(a64, act.fmt, device, fn, name, np.asarray(x.values, np.float64), params, rtol, atol)
+    rep = analyse(a64, act.fmt, device, fn, name, xv, params, rtol, atol)
     if not arrays:
         return rep, None
     lib = {b.name: b for b in LIBRARIES}.get(rep.model) or _candidates(device)[0][0]  # the named class, or torch's
-    xf = np.asarray(x.values, np.float64).reshape(-1)
+    xf = xv.reshape(-1)
     ref = _reference(fn, xf, act.fmt, params)
     hi, _ = ew.values(fn, xf, act.fmt, params)
     B = bounds(fn, xf, np.where(np.isnan(hi), ref, hi), act.fmt, lib, params)

@@ -397,7 +397,9 @@ def v_sin_cos(x, want_cos):
 
 @jit(inline="always")
 def _is_int(y):
-    return math.floor(y) == y
+    """y an integer: every float64 of magnitude 2**52 or more is one (numba's math.floor returns an int64,
+    which wraps beyond 2**63: pow(-1e-19, 3e28) was NaN, not +0)."""
+    return abs(y) >= 2.0**52 or math.floor(y) == y
 
 
 @jit(inline="always")

@@ -463,11 +463,16 @@ def _v_pow(x, y, fmt, out, und):
     """x**y for 0 < x finite, y finite: f_pow's ``e**(y log x)`` with :func:`_log_core`'s log (b within e): ``w =
     fl(y b)`` within ``ew = |y| e + u |w|``, which moves e**w by at most 1.01 ew relative (ew <= 2**-30); exp_fast
     2.02u; for -104 <= w <= 89 the scale 2**m is exact and the product normal (as :func:`_v_exp`). Within ``(2.02u
-    + 1.01 ew) 1.01 v``. Exact results are decided, midpoints never (the exact path's)."""
+    + 1.01 ew) 1.01 v``. Exact results are decided, midpoints never (the exact path's). y: one exponent for every
+    element (size 1) or each element's (a tensor exponent); an infinite or NaN y is left undecided (ew is not
+    finite)."""
     for i in prange(x.size):
+        yi = y[0]
+        if y.size == x.size and y.size > 1:
+            yi = y[i]
         b, e, ok = _log_core(np.float64(x[i]))
-        w = y * b
-        ew = abs(y) * e + U * abs(w)
+        w = yi * b
+        ew = abs(yi) * e + U * abs(w)
         ok = ok & (-104.0 <= w) & (w <= 89.0) & (ew <= 2.0**-30)
         v, m = exp_fast(w if ok else 0.0)
         q = v * pow2(m)
@@ -478,12 +483,14 @@ def _v_pow(x, y, fmt, out, und):
 
 def _pow(x, params, *args):
     y = params[0]
-    if y == 2.0:
+    if np.ndim(y):  # a tensor exponent: each element's
+        _v_pow(x, np.ascontiguousarray(y, np.float64).reshape(-1), *args)
+    elif y == 2.0:
         _v_root(x, 2, *args)
     elif y == -0.5:
         _v_root(x, 3, *args)
     elif abs(y) < np.inf:
-        _v_pow(x, y, *args)
+        _v_pow(x, np.array([y], np.float64), *args)
     else:
         args[-1][:] = True  # an infinite exponent: the float64 tier's and the exact path's special values
 

@@ -68,6 +68,26 @@ def _v_erf(x, a0h, a0l, A, fmt, out, und):
         _b_erf(x, c * _CHUNK, min(x.size, (c + 1) * _CHUNK), a0h, a0l, A, fmt, out, und)
 
 
+@jit(inline="always")
+def _erf_poly(z, a0h, a0l, A):
+    """(y, e): erf z for ``0 <= z < 4.53`` by Taylor's polynomial of degree 7 at the nearest ``z0 = j/128``
+    (:func:`erf_table`), ``h = z - z0`` exact (both on z's grid, |h| <= 2**-8), and its bound e (derived in
+    :func:`_v_erf`'s docstring); shared by erf's and gelu's passes."""
+    j = np.int64(np.rint(z * 128.0))
+    h = z - j * 0.0078125
+    p = A[j, 7]
+    p = A[j, 6] + h * p
+    p = A[j, 5] + h * p
+    p = A[j, 4] + h * p
+    p = A[j, 3] + h * p
+    p = A[j, 2] + h * p
+    p = A[j, 1] + h * p
+    t = h * p
+    s = a0l[j] + t
+    y = a0h[j] + s
+    return y, ((17.1 * U + 2.0**-61) * abs(h) + U * (abs(t) + abs(s) + abs(y)) + 2.0**-100 * min(j, 1)) * 1.01
+
+
 @jit
 def _b_erf(x, lo, hi, a0h, a0l, A, fmt, out, und):
     for i in range(lo, hi):
@@ -75,20 +95,7 @@ def _b_erf(x, lo, hi, a0h, a0l, A, fmt, out, und):
         z = abs(xi)
         ok = (0.0 < z) & (z < np.inf)
         big = z >= 4.5
-        zc = z if (ok & (not big)) else 0.0
-        j = np.int64(np.rint(zc * 128.0))
-        h = zc - j * 0.0078125
-        p = A[j, 7]
-        p = A[j, 6] + h * p
-        p = A[j, 5] + h * p
-        p = A[j, 4] + h * p
-        p = A[j, 3] + h * p
-        p = A[j, 2] + h * p
-        p = A[j, 1] + h * p
-        t = h * p
-        s = a0l[j] + t
-        y = a0h[j] + s
-        e = ((17.1 * U + 2.0**-61) * abs(h) + U * (abs(t) + abs(s) + abs(y)) + 2.0**-100 * min(j, 1)) * 1.01
+        y, e = _erf_poly(z if (ok & (not big)) else 0.0, a0h, a0l, A)
         y = 1.0 if big else y
         e = 2.0**-32 if big else e
         r, dec = _decide(y, e, fmt)
@@ -151,19 +158,7 @@ def _v_gelu(x, a0h, a0l, A, fmt, out, und):
         xc = xi if (ok & (not big)) else 0.0
         z = _RSQ2 * xc
         az = abs(z)
-        j = np.int64(np.rint(az * 128.0))
-        h = az - j * 0.0078125
-        p = A[j, 7]
-        p = A[j, 6] + h * p
-        p = A[j, 5] + h * p
-        p = A[j, 4] + h * p
-        p = A[j, 3] + h * p
-        p = A[j, 2] + h * p
-        p = A[j, 1] + h * p
-        t = h * p
-        s = a0l[j] + t
-        y = a0h[j] + s
-        eE = ((17.1 * U + 2.0**-61) * abs(h) + U * (abs(t) + abs(s) + abs(y)) + 2.0**-100 * min(j, 1)) * 1.01
+        y, eE = _erf_poly(az, a0h, a0l, A)
         D = 1.0 + (y if z >= 0.0 else -y)
         h2 = 0.5 * xc
         q = h2 * D

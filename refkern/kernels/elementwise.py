@@ -1,6 +1,6 @@
 """Correctly rounded elementwise math: exp, exp2, expm1, log, log2, log1p, sqrt, rsqrt, reciprocal,
-tanh, sigmoid, silu, gelu (erf and tanh forms), erf, softplus, sin, cos and pow (tensor ** scalar), with
-torch's signatures and special values.
+tanh, sigmoid, silu, gelu (erf and tanh forms), erf, softplus, sin, cos and pow (a number or a tensor
+exponent), with torch's signatures and special values.
 
 Every element is the real function of the input value rounded once (to nearest, ties to even) to the
 input's dtype (float16, bfloat16, float32, float64), subnormal results and overflow to +-inf included.
@@ -29,9 +29,9 @@ from fractions import Fraction
 import numpy as np
 from numba import prange
 
-from refkern._arrays import operand
+from refkern._arrays import operand, promote
 from refkern._jit import jit
-from refkern.accumulate.formats import round_to
+from refkern.accumulate.formats import round_array, round_to
 from refkern.kernels import _ew_exact as xe
 from refkern.kernels import _ew_f64 as f
 from refkern.kernels import _ew_scalar as s
@@ -40,8 +40,8 @@ from refkern.kernels._common import deliver
 from refkern.kernels._ew_vec import kernel_format
 from refkern.kernels._transcendental import decide_scaled
 
-__all__ = ["exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid",
-           "silu", "gelu", "erf", "softplus", "sin", "cos", "pow", "values", "rounded", "UNARY"]  # fmt: skip
+__all__ = ["exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "silu",
+           "gelu", "erf", "softplus", "sin", "cos", "pow", "pow_operands", "values", "rounded", "UNARY"]  # fmt: skip
 
 
 @jit(inline="always")
@@ -225,38 +225,29 @@ def _k_erf(x, prec, emin, emax, mode, out, lo, und):
 
 
 @jit(parallel=True)
-def _k_sin_cos(x, want_cos, prec, emin, emax, mode, out, lo, und):
+def _k_param(x, which, p, prec, emin, emax, mode, out, lo, und):
+    """The functions with parameters, in one kernel: ``which`` 0 sin, 1 cos; 2 softplus (``p = (beta,
+    threshold)``); 3 pow, ``p`` the exponent of each element (``p.size == x.size``) or of all (``p.size == 1``)."""
     for i in prange(x.size):
+        a = p[0]
+        if p.size == x.size and p.size > 1:
+            a = p[i]
         if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
-            r, dec = f.f_sin_cos(x[i], want_cos, prec, emin, emax)
+            if which <= 1:
+                r, dec = f.f_sin_cos(x[i], which == 1, prec, emin, emax)
+            elif which == 2:
+                r, dec = f.f_softplus(x[i], p[0], p[1], prec, emin, emax)
+            else:
+                r, dec = f.f_pow(x[i], a, prec, emin, emax)
             if dec:
                 out[i] = r
                 continue
-        qh, ql, e, k, ok = s.v_sin_cos(x[i], want_cos)
-        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
-
-
-@jit(parallel=True)
-def _k_softplus(x, beta, threshold, prec, emin, emax, mode, out, lo, und):
-    for i in prange(x.size):
-        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
-            r, dec = f.f_softplus(x[i], beta, threshold, prec, emin, emax)
-            if dec:
-                out[i] = r
-                continue
-        qh, ql, e, k, ok = s.v_softplus(x[i], beta, threshold)
-        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
-
-
-@jit(parallel=True)
-def _k_pow(x, y, prec, emin, emax, mode, out, lo, und):
-    for i in prange(x.size):
-        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
-            r, dec = f.f_pow(x[i], y, prec, emin, emax)
-            if dec:
-                out[i] = r
-                continue
-        qh, ql, e, k, ok = s.v_pow(x[i], y)
+        if which <= 1:
+            qh, ql, e, k, ok = s.v_sin_cos(x[i], which == 1)
+        elif which == 2:
+            qh, ql, e, k, ok = s.v_softplus(x[i], p[0], p[1])
+        else:
+            qh, ql, e, k, ok = s.v_pow(x[i], a)
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 
 
@@ -271,6 +262,7 @@ VEC = {**_ew_vec.VEC, **_ew_vec_erf.VEC}  # the vectorised first passes, by func
 _K = {"exp": _k_exp, "exp2": _k_exp2, "expm1": _k_expm1, "log": _k_log, "log2": _k_log2, "log1p": _k_log1p,
       "rsqrt": _k_rsqrt, "tanh": _k_tanh, "sigmoid": _k_sigmoid, "silu": _k_silu, "gelu": _k_gelu,
       "gelu_tanh": _k_gelu_tanh, "erf": _k_erf}  # fmt: skip
+_PARAM = {"sin": 0, "cos": 1, "softplus": 2, "pow": 3}  # _k_param's which
 UNARY = ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "silu",
          "gelu", "erf", "softplus", "sin", "cos", "pow")  # fmt: skip
 
@@ -281,12 +273,9 @@ def _launch(fn, x, fmt, params, mode):
     args = (*fmt.params, mode, out, lo, und)
     if fn in _K:
         _K[fn](x, *args)
-    elif fn in ("sin", "cos"):
-        _k_sin_cos(x, fn == "cos", *args)
-    elif fn == "softplus":
-        _k_softplus(x, params[0], params[1], *args)
-    elif fn == "pow":
-        _k_pow(x, params[0], *args)
+    elif fn in _PARAM:
+        p = params[0] if fn == "pow" else params if fn == "softplus" else (0.0,)  # pow: a number or an array
+        _k_param(x, _PARAM[fn], np.ascontiguousarray(p, np.float64).reshape(-1), *args)
     else:
         _k_sqrt(x, fn == "reciprocal", *args)
     return out, lo, und
@@ -402,23 +391,51 @@ def _apply(name, fn, input, params=()):  # noqa: A002
 def rounded(fn: str, x: np.ndarray, fmt, params=()) -> np.ndarray:
     """The correctly rounded values of ``fn`` ("gelu_tanh" for gelu's tanh form) at the values x of the format
     ``fmt``, flat: float32 for formats of at most 24 bits where the vectorised first pass exists (it holds them
-    exactly), float64 otherwise."""
+    exactly), float64 otherwise. pow's ``params[0]``: a number (torch's ``pow(Tensor, Scalar)``: y = +-1/2 as
+    sqrt and rsqrt, special values included) or an array of one exponent per element (``pow(Tensor, Tensor)``,
+    which calls C99's pow for every element: pow(-0, 1/2) = +0, pow(-inf, 1/2) = +inf, pow(-0, -1/2) = +inf,
+    pow(-inf, -1/2) = +0)."""
+    out = _rounded_all(fn, x, fmt, params)
+    if fn == "pow" and np.ndim(params[0]):
+        _c99_half_powers(np.asarray(x, np.float64).reshape(-1), np.asarray(params[0], np.float64).reshape(-1), out)
+    return out
+
+
+def _c99_half_powers(x, y, out):
+    """C99's pow(-0, +-1/2) and pow(-inf, +-1/2) in place of sqrt's and rsqrt's (:func:`rounded`)."""
+    y = np.broadcast_to(y, x.shape)
+    neg = ((y == 0.5) | (y == -0.5)) & ((x == 0) | (x == -np.inf))
+    if neg.any():
+        big = (x == 0) == (y < 0)  # +inf: pow(-0, -1/2) and pow(-inf, 1/2); else +0
+        out[neg] = np.where(big, np.inf, 0.0)[neg]
+
+
+def _rounded_all(fn, x, fmt, params):
     if fmt.params[0] <= 24 and fn in VEC:  # the vectorised first pass on the float32 values, into float32
         x32 = np.ascontiguousarray(x, np.float32).reshape(-1)  # exact: x lies in the format
         out, und = np.empty(x32.size, np.float32), np.zeros(x32.size, np.bool_)
         VEC[fn](x32, params, kernel_format(fmt), out, und)
         idx = np.flatnonzero(und)
         if idx.size:  # the rest through the float64 tier, the double-word path and the exact path
-            out[idx] = _rounded(fn, x32[idx].astype(np.float64), fmt, params)
+            out[idx] = _rounded(fn, x32[idx].astype(np.float64), fmt, _at(fn, params, idx, x32.size))
         return out
     return _rounded(fn, np.ascontiguousarray(x, np.float64).reshape(-1), fmt, params)
+
+
+def _at(fn, params, idx, n):
+    """The parameters of the elements idx of n: pow's exponents where they are one per element."""
+    if fn == "pow" and np.size(params[0]) == n and n > 1:
+        return (np.asarray(params[0], np.float64).reshape(-1)[idx],)
+    return params
 
 
 def _rounded(fn, x, fmt, params):
     """Steps 1 to 3 of the module docstring on the flat float64 x."""
     out, _, und = _launch(fn, x, fmt, params, 0)
+    y = np.asarray(params[0], np.float64).reshape(-1) if fn == "pow" else None  # pow: each element's exponent
     for i in np.flatnonzero(und):
-        out[i] = _exact(fn, float(x[i]), params, fmt)
+        p = (float(y[i if y.size > 1 else 0]),) if fn == "pow" else params
+        out[i] = _exact(fn, float(x[i]), p, fmt)
     return out
 
 
@@ -531,13 +548,43 @@ def cos(input):  # noqa: A002
     return _apply("cos", "cos", input)
 
 
+def _is_array(v) -> bool:
+    return hasattr(v, "shape") and hasattr(v, "dtype")
+
+
+def pow_operands(input, exponent, name="pow"):  # noqa: A002
+    """torch.pow's operands where either is a tensor of exponents or bases: (x, y, fmt, shape, tensor), x and y
+    flat float64 of ``prod(shape)`` elements, both rounded to the result format fmt, as torch's TensorIterator
+    casts them to its common dtype before the kernel runs. fmt by torch's promotion: a tensor with dimensions
+    before a 0-dim one before a number (within the floating kinds); two of one rank, the wider format
+    (float16 with bfloat16: float32)."""
+    ops, ranks = [], []
+    for v, what in ((input, "input"), (exponent, "exponent")):
+        if _is_array(v):
+            o = operand(v, what, name)
+            ops.append(o)
+            ranks.append(2 if len(o.shape) else 1)
+        else:
+            ops.append(_number(v.item() if hasattr(v, "item") else v, name, what))
+            ranks.append(0)
+    top = max(ranks)
+    fmt = promote(*(o.fmt for o, r in zip(ops, ranks) if r == top))
+    vals = [np.asarray(round_array(np.asarray(o.values, np.float64), *fmt.params) if r else o, np.float64)
+            for o, r in zip(ops, ranks)]  # fmt: skip
+    x, y = np.broadcast_arrays(*vals)
+    tensor = any(r and o.torch for o, r in zip(ops, ranks))
+    return np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1), fmt, x.shape, tensor
+
+
 def pow(input, exponent):  # noqa: A001, A002
-    """Reference ``torch.pow(input, exponent)`` for a number ``exponent``: x**y correctly rounded, with
-    C99's special values (pow(x, 0) = 1, pow(1, y) = 1, pow(negative, non-integer) = NaN) and torch's
-    ``y = 0.5`` as sqrt, ``y = -0.5`` as rsqrt. A tensor exponent is not supported yet."""
-    if hasattr(exponent, "shape") and getattr(exponent, "ndim", 0) > 0:
-        raise TypeError("pow: exponent must be a number (a tensor exponent is not supported yet); got a "
-                        f"{type(exponent).__name__} of shape {tuple(exponent.shape)}.")  # fmt: skip
-    if hasattr(exponent, "item"):
-        exponent = exponent.item()
+    """Reference ``torch.pow(input, exponent)``: x**y correctly rounded, with C99's special values (pow(x, 0) =
+    1, pow(1, y) = 1, pow(negative, non-integer) = NaN) and torch's ``y = 0.5`` as sqrt, ``y = -0.5`` as rsqrt.
+
+    A number ``exponent`` is taken as the float64 value given (torch's ``pow(Tensor, Scalar)``). A tensor
+    exponent (or a number ``input`` with a tensor exponent) is broadcast against the input, and both are first
+    rounded to the result's dtype by torch's promotion (:func:`pow_operands`), as torch casts them: bfloat16
+    ``x ** torch.tensor(0.3)`` raises x to bfloat16's 0.30078125."""
+    if _is_array(exponent) or not _is_array(input):
+        x, y, fmt, shape, tensor = pow_operands(input, exponent)
+        return deliver(rounded("pow", x, fmt, (y,)).reshape(shape), fmt, tensor)
     return _apply("pow", "pow", input, (_number(exponent, "pow", "exponent"),))

@@ -23,7 +23,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 
-from refkern._arrays import operand
+from refkern._arrays import operand, promote
 from refkern.kernels._common import deliver
 from refkern.truth.reductions import round_fraction
 from refkern.truth.softmax import _round_ends
@@ -309,5 +309,31 @@ def cos(input):  # noqa: A002
     return _apply("cos", input)
 
 
+def _c99_pow(x, y, fmt):
+    """pow(Tensor, Tensor): C99's pow for each element (torch calls it there), which differs from the
+    number exponent's sqrt and rsqrt at y = +-1/2 only at x = -0 and x = -inf (C99 F.9.4.4)."""
+    if (y == 0.5 or y == -0.5) and (x == 0 or x == -_INF):
+        return _INF if (x == 0) == (y < 0) else 0.0
+    return value("pow", x, (y,), fmt)
+
+
 def pow(input, exponent):  # noqa: A001, A002
-    return _apply("pow", input, (float(exponent),))
+    """x**y; a tensor exponent (or a number input with one) broadcast, both operands first rounded to the result's
+    format by torch's promotion (a tensor with dimensions before a 0-dim one before a number), as torch casts them."""
+    arr = [hasattr(v, "shape") and hasattr(v, "dtype") for v in (input, exponent)]
+    if arr[0] and not arr[1]:
+        return _apply("pow", input, (float(exponent.item() if hasattr(exponent, "item") else exponent),))
+    ops = [operand(v, n, "pow") if a else float(v) for v, n, a in zip((input, exponent), ("input", "exponent"), arr)]
+    ranks = [(2 if len(o.shape) else 1) if a else 0 for o, a in zip(ops, arr)]
+    fmt = promote(*(o.fmt for o, r in zip(ops, ranks) if r == max(ranks)))
+
+    def cast(o, r):
+        if not r:
+            return np.asarray(o, np.float64)
+        flat = np.asarray(o.values, np.float64).reshape(-1).tolist()
+        vals = [v if (v != v or v in (_INF, -_INF) or v == 0) else round_fraction(Fraction(v), fmt) for v in flat]
+        return np.asarray(vals, np.float64).reshape(o.shape)
+
+    x, y = np.broadcast_arrays(*(cast(o, r) for o, r in zip(ops, ranks)))
+    out = [_c99_pow(a, b, fmt) for a, b in zip(x.reshape(-1).tolist(), y.reshape(-1).tolist())]
+    return deliver(np.asarray(out, np.float64).reshape(x.shape), fmt, any(r and o.torch for o, r in zip(ops, ranks)))

@@ -58,6 +58,37 @@ def test_registry_order_and_error_models():
     assert set(refkern.__all__) >= set(NAMES)
 
 
+def test_each_error_model_is_judged_by_compare_or_by_the_judge_its_entry_names():
+    import inspect
+
+    from refkern.analysis.envelope import OPS as ENVELOPE_OPS
+    from refkern.analysis.evaluate import OPS as SUM_OPS
+
+    assert set(ops.JUDGES) == set(ops.ERROR_MODELS) - {"sum", "envelope"}
+    assert {n for n in NAMES if ops.get(n).judge is None} == set(SUM_OPS + ENVELOPE_OPS)
+    for model, path in ops.JUDGES.items():
+        judge = ops.resolve_path(path)
+        assert list(inspect.signature(judge).parameters) == ["actual", "name", "args", "kwargs", "rtol", "atol",
+                                                             "arrays"], path  # fmt: skip
+        assert all(ops.get(n).judge is judge for n in ops.names(error_model=model))
+
+
+def test_compare_gives_the_judges_report():
+    """compare hands an op of a judged error model to its record's judge: the same verdict and figures."""
+    import numpy as np
+
+    x = np.array([0.5, -1.25, 3.0, 1e-3], np.float32)
+    for name, args, kw, got in [
+        ("exp", (x,), {}, np.exp(x.astype(np.float64)).astype(np.float32)),
+        ("mse_loss", (x, x[::-1].copy()), {}, np.float32(np.mean((x - x[::-1]) ** 2.0))),
+        ("embedding", (np.array([1, 0]), x.reshape(2, 2)), {}, x.reshape(2, 2)[[1, 0]]),
+    ]:
+        direct, _ = ops.get(name).judge(got, name, args, kw, None, None, False)
+        rep = refkern.compare(got, name, *args, **kw)
+        assert rep.op == direct.op == name
+        assert (rep.verdict, rep.max_ulp) == (direct.verdict, direct.max_ulp)
+
+
 def test_the_ops_with_a_backward_are_the_records_that_name_one():
     """refkern.gradients, the truth's gradients, the judging and the audit read each op's backward from its
     record (issue 25): every path a record names resolves, and every aten backward kernel has its reading."""

@@ -17,14 +17,24 @@ the command line's choices, the tests' parametrisation and the benchmarks iterat
 the valid names (``ops: unknown op='conv2'; choose one of 'dot', 'matmul', ... Did you mean 'conv2d'?``).
 """
 
-from refkern.ops._record import ERROR_MODELS, HYPOTHESES, REFKERN_ONLY, SAMPLE_KINDS, Backward, Call, Op, resolve_path
+from refkern.ops._record import (
+    ERROR_MODELS,
+    HYPOTHESES,
+    JUDGES,
+    REFKERN_ONLY,
+    SAMPLE_KINDS,
+    Backward,
+    Call,
+    Op,
+    resolve_path,
+)
 from refkern.ops._records import RECORDS
 from refkern.ops._records_elementwise import RECORDS as _ELEMENTWISE
 from refkern.ops._records_embedding import RECORDS as _EMBEDDING
 from refkern.ops._records_losses import RECORDS as _LOSSES
 
 __all__ = ["Op", "Call", "Backward", "REGISTRY", "names", "get", "lookup", "resolve_path", "ERROR_MODELS",
-           "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY"]  # fmt: skip
+           "JUDGES", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY"]  # fmt: skip
 
 
 def _build():

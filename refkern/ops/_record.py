@@ -6,7 +6,8 @@ import importlib
 import inspect
 from dataclasses import dataclass
 
-__all__ = ["Op", "Call", "Backward", "ERROR_MODELS", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY", "resolve_path"]
+__all__ = ["Op", "Call", "Backward", "ERROR_MODELS", "JUDGES", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY",
+           "resolve_path"]  # fmt: skip
 
 #: error models: "sum", one rounded sum of products per output element (the products and
 #: convolutions: :mod:`refkern.analysis.evaluate`, the statistical verdict of
@@ -17,6 +18,14 @@ __all__ = ["Op", "Call", "Backward", "ERROR_MODELS", "SAMPLE_KINDS", "HYPOTHESES
 #: division) judged by the envelope of torch's composition (:mod:`refkern.analysis.losses`); "gather", values
 #: selected, judged bit for bit (embedding's lookup: :mod:`refkern.analysis.embedding`)
 ERROR_MODELS = ("sum", "envelope", "elementwise", "loss", "gather")
+
+#: the error models whose calls :func:`refkern.compare` hands whole to their own judge, as ``"module:function"``
+#: paths (imported when first asked for), each called as ``judge(actual, name, args, kwargs, rtol, atol, arrays)``
+#: and returning (Report, the per-element arrays or None: :func:`refkern.analysis.compare.elements` asks for
+#: them with ``arrays``); "sum" and "envelope" are compare's own (the statistical verdict, the envelopes). A new
+#: error model is its entry here and its judging module.
+JUDGES = {"elementwise": "refkern.analysis.elementwise:compare_call", "loss": "refkern.analysis.losses:compare_call",
+          "gather": "refkern.analysis.embedding:compare_call"}  # fmt: skip
 
 #: how the audit's ``sample=`` shrinks a call (:mod:`refkern.torch.sample`); None: judged whole
 SAMPLE_KINDS = ("linear", "matmul", "conv", "rows", "batch_norm")
@@ -104,6 +113,13 @@ class Op:
     def truth(self):
         """The ground-truth function (``refkern.truth.conv2d``); imports mpmath."""
         return resolve_path(self.truth_path)
+
+    @property
+    def judge(self):
+        """The function :func:`refkern.compare` hands this op's calls to (:data:`JUDGES`), or None where compare
+        judges them itself (the error models "sum" and "envelope")."""
+        path = JUDGES.get(self.error_model)
+        return None if path is None else resolve_path(path)
 
     @property
     def signature(self) -> inspect.Signature:

@@ -20,6 +20,7 @@ def _with_target(rule, truth, judge, audit):
     by :mod:`refkern.analysis.loss_targets`, which hands the input's to ``judge``'s usual envelope."""
     return replace(_backward(rule, truth, judge, audit), judge=_TARGETS + judge)
 
+
 _F = "torch.nn.functional."
 _PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction")
 _POINTWISE = ("input", "target", "size_average", "reduce", "reduction")

@@ -147,24 +147,25 @@ class Problem:
         src = self.__dict__.get("_source")
         if rows is None and src is not None:  # with_inputs' problem: the source's rows, rounded
             base, (fmt, mode, round_bias) = src
-            got = base._held_rows(idx)
+            got = base._held_rows(idx, copy=False)  # round_array makes the copies
             if got is not None:
                 L, R, b, hb = got
-                rb = round_array(b, *fmt.params, mode) if round_bias and hb else b
+                rb = round_array(b, *fmt.params, mode) if round_bias and hb else b.copy()
                 rows = (round_array(L, *fmt.params, mode), round_array(R, *fmt.params, mode), rb, hb)
         if rows is None:
             rows = self._terms(idx)
             self._held = (idx, rows)
         return Terms(rows, self, idx)
 
-    def _held_rows(self, idx):
-        """Copies of the held rows of the elements ``idx`` (:meth:`terms`), or None where some are not held."""
+    def _held_rows(self, idx, copy=True):
+        """Copies of the held rows of the elements ``idx`` (:meth:`terms`; without ``copy`` the held arrays
+        themselves where ``idx`` is the held indices), or None where some are not held."""
         held = self.__dict__.get("_held")
         if held is None:
             return None
         hidx, (L, R, b, hb) = held
         if hidx.size == idx.size and np.array_equal(hidx, idx):
-            return L.copy(), R.copy(), b.copy(), hb
+            return (L.copy(), R.copy(), b.copy(), hb) if copy else (L, R, b, hb)
         order = np.argsort(hidx, kind="stable")
         pos = np.minimum(np.searchsorted(hidx[order], idx), max(hidx.size - 1, 0))
         if hidx.size == 0 or not np.array_equal(hidx[order[pos]], idx):

@@ -157,3 +157,20 @@ def test_cuda_rsqrt_class_is_rsqrtf_two_ulps():
     assert (rep.verdict, rep.model) == ("rounding", "CUDA libdevice"), str(rep)
     assert rk.compare(torch.from_numpy(up1), "rsqrt", torch.from_numpy(x)).verdict == "mismatch"
     assert rk.compare(np.nextafter(up1, np.float32(np.inf)), "rsqrt", x).verdict == "mismatch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["float32", "bfloat16", "float64"])
+def test_pow_minus_two_where_the_square_overflows_is_zero(dtype):
+    """torch's pow(x, -2) is 1 / fl(x x): where the square overflows (float32 and bfloat16: x = 1.85e19, x x =
+    3.4225e38 above 2**128 (1 - 2**-25) = 3.40282e38 and bfloat16's 2**128 (1 - 2**-9); float64: 1.4e154, x x =
+    1.96e308) the result is 0 against the exact 2.92e-39 (the full bfloat16 sweep's 768 false alarms). Where the
+    square is finite (x = 1.8e19: 3.24e38; 300, 3e153) a 0 is still a mismatch."""
+    big = {torch.float64: 1.4e154}.get(dtype, 1.85e19)
+    x = torch.tensor([big, 1.8e19, 300.0, 3e153 if dtype is torch.float64 else 4.0], dtype=dtype)
+    out = torch.pow(x, -2.0)
+    assert float(out[0]) == 0.0
+    assert refkern.compare(out, "pow", x, exponent=-2.0).verdict in ("exact", "rounding")
+    for i in (1, 2, 3):
+        bad = out.clone()
+        bad[i] = 0.0
+        assert refkern.compare(bad, "pow", x, exponent=-2.0).verdict == "mismatch", i

@@ -20,7 +20,10 @@ rsqrt              ``r(v) + |v|/s r(s)``, s = sqrt x (torch's CPU: 1 / sqrt(x));
                    library has its own (CUDA's rsqrtf, 2 ulp)
 pow                y = 2, -1: ``r(v)``; y = 0.5: as sqrt; y = 3: ``r(v) + |x| r(x**2)``; y = -2: ``r(v) +
                    |v|/x**2 r(x**2)`` (for half inputs ``r(x**2)`` at the half format: bfloat16 pow(-0.711, 3)
-                   is 0.98 ulp off, pow(-0.0664, -2) 1.23 ulp, measured); y = -0.5: as rsqrt; else ``L_pow(v)``
+                   is 0.98 ulp off, pow(-0.0664, -2) 1.23 ulp, measured), and ``|v|`` where ``fl(x**2)``
+                   overflows (1/inf = 0: float32 pow(1.85e19, -2) is 0, the exact 2.9e-39; x**2 rounded to
+                   bfloat16 for bfloat16, to float32 for float16: float16 pow(300, -2) is not 0); y = -0.5:
+                   as rsqrt; else ``L_pow(v)``; a tensor exponent: ``L_pow(v)`` at every element
 sigmoid            ``r(v) + |v|/s (r(s) + L_exp(e))``, e = e**-x, s = 1 + e; where e**-x overflows
                    the working format the result is 0: ``E >= |v|``
 silu               the same with v = x / s (torch's CPU: x / (1 + exp(-x)))
@@ -158,8 +161,11 @@ def bounds(fn, x, v, fmt, lib, params=()):
                 E = L("sqrt", v, x) if not isinstance(_spec(lib, "sqrt", half), str) else r(v)
             elif y == 3.0:
                 E = r(v) + np.abs(x) * r2
-            elif y == -2.0:
+            elif y == -2.0:  # 1 / fl(x x): where fl(x x) overflows (to inf) the result is 0
                 E = r(v) + av / x2 * r2
+                sq = fmt if fmt.name == "bfloat16" else w  # (x x rounded to bfloat16, measured; float16's in w)
+                top = math.ldexp(1.0 - 2.0**-(sq.prec + 1), sq.emax + 1) if sq.prec < 53 else math.inf  # (to inf)
+                E = np.where((np.abs(x2) >= top) | np.isinf(x2), np.maximum(E, av), E)
             elif y == -0.5:
                 s = np.sqrt(x)
                 ls = L("sqrt", s, x) if not isinstance(_spec(lib, "sqrt", half), str) else r(s)

@@ -128,3 +128,40 @@ def test_errors():
         refkern.pow(np.ones(2, np.float32), "2")
     with pytest.raises(ValueError, match=r"shape mismatch|broadcast"):
         refkern.pow(np.ones(2, np.float32), np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_both_gradients_of_a_tensor_exponent_are_the_truth(fmt, data):
+    from refkern.kernels.elementwise_grad import pow_gradients
+    from refkern.truth._backward_math import pow_gradients as truth_gradients
+
+    pairs = data.draw(_pairs(fmt))
+    gs = data.draw(st.lists(st.one_of(values(fmt, specials=True), st.floats(-4.0, 4.0)), min_size=len(pairs),
+                            max_size=len(pairs)))  # fmt: skip
+    x, y, g = (to_array(v, fmt, "torch") for v in ([p[0] for p in pairs], [p[1] for p in pairs], gs))
+    got, want = pow_gradients(g, x, y), truth_gradients(g, x, y)
+    for k in ("input", "exponent"):
+        a, b = _flat(got[k]), _flat(want[k])
+        bad = [(float(x[i]), float(y[i]), float(g[i]), a[i], b[i]) for i in range(len(pairs)) if not same(a[i], b[i])]
+        assert not bad, f"pow's {k} gradient {fmt}: (x, y, g, reference, truth) {bad[:5]}"
+
+
+def test_gradients_by_hand():
+    from refkern.kernels.elementwise_grad import pow_gradients
+
+    x = torch.tensor([4.0, 2.0, 1.0, 1.0, 0.0, 0.0, 2.0])
+    y = torch.tensor([0.5, 3.0, 2.5, 2.5, 2.0, -1.0, 0.0])
+    g = torch.tensor([1.0, 1.0, 1.0, -1.0, 1.0, 1.0, 3.0])
+    got = pow_gradients(g, x, y)
+    # d/dx: 0.5 / sqrt(4) = 0.25; 3 * 2**2 = 12; 2.5 (x = 1); -2.5; 2 * 0 = 0; torch's -1 * 0**-2 = -inf; y = 0: 0
+    assert [str(v) for v in _flat(got["input"])] == ["0.25", "12.0", "2.5", "-2.5", "0.0", "-inf", "0.0"]
+    # d/dy: x**y ln x. 4**0.5 ln 4 = 2.772588722239781 -> float32 2.7725887298583984; 8 ln 2 = 5.545177444479562 ->
+    # 5.545177459716797; ln 1 = 0: a zero with g's sign; x = 0, y >= 0: torch's 0; x = 0, y < 0: inf * -inf = -inf;
+    # 2**0 ln 2 = 0.6931471805599453 -> 0.6931471824645996, times 3: 2.0794415416798357 -> 2.0794415473937990
+    assert _flat(got["exponent"]).tolist() == [2.7725887298583984, 5.545177459716797, 0.0, -0.0, 0.0, -math.inf,
+                                               2.079441547393799]  # fmt: skip
+    assert math.copysign(1.0, _flat(got["exponent"])[3]) == -1.0
+    with pytest.raises(ValueError, match=r"^backward: pow's gradients take an exponent of the input's shape"):
+        pow_gradients(torch.ones(2, 3), torch.ones(2, 3), torch.ones(3))

@@ -57,7 +57,7 @@ from refkern.kernels._common import deliver
 from refkern.kernels._grad import Adjoint, grad_output
 from refkern.kernels._grad_balls import _add, _const, _fn, _mul, _r, blank, decide
 
-__all__ = ["gradient", "values", "reference", "grad_fn", "grad_params"]
+__all__ = ["gradient", "pow_gradients", "values", "reference", "grad_fn", "grad_params"]
 _KAPPA = 0.044715
 _BETA = math.sqrt(2.0 / math.pi)
 
@@ -196,7 +196,7 @@ def reference(fn, g, x, fmt, p=()):
     prec, emin, emax = fmt.params
     for i in np.flatnonzero(~done):
         if fn in mg.FNS:
-            out[i] = mg.exact(fn, float(g[i]), float(x[i]), p, fmt)
+            out[i] = mg.exact(fn, float(g[i]), float(x[i]), mg.sub(fn, p, i), fmt)
         else:
             out[i] = xe.ziv(lambda w, i=i: _interval(fn, float(x[i]), float(g[i]), w), prec, emin, emax)
     return out
@@ -239,3 +239,21 @@ def _elementwise(name, grad_output, a, wrt, who):
     grad_params(name, a, who)
     _operands(name, grad_output, a, who)  # validated now, as torch validates the call
     return {"input": Adjoint("input", name, (), compute=lambda: gradient(name, grad_output, a, who))}
+
+
+def pow_gradients(grad_output_, input, exponent, who="backward"):  # noqa: A002
+    """Both gradients of ``torch.pow(input, exponent)`` with a tensor exponent of the input's shape and dtype:
+    ``{"input": g y x**(y - 1), "exponent": g x**y ln x}``, each correctly rounded to the dtype (torch's
+    formulas where the real value is not defined: :mod:`refkern.kernels.math_grad`). A broadcast exponent, or
+    one of another dtype, takes autograd's sum over the broadcast axes and a cast of the gradient (a reduction
+    and a second rounding, not this elementwise rule): not supported here."""
+    x, y, fmt, shape, tensor = ew.pow_operands(input, exponent, who)
+    shapes = [tuple(getattr(v, "shape", ())) for v in (input, exponent)]
+    if shapes[0] != shapes[1] or operand(input, "input", who).fmt is not operand(exponent, "exponent", who).fmt:
+        raise ValueError(f"{who}: pow's gradients take an exponent of the input's shape and dtype; got shapes "
+                         f"{shapes[0]} and {shapes[1]}. Expand and convert the exponent first.")  # fmt: skip
+    g = grad_output(grad_output_, "pow", fmt, shape, who)
+    gf = np.ascontiguousarray(g.values, np.float64).reshape(-1)
+    return {k: deliver(reference(fn, gf, x, fmt, (y,)).reshape(shape), fmt, tensor or g.torch)
+            for k, fn in (("input", "pow"), ("exponent", "pow_exponent"))}  # fmt: skip
+

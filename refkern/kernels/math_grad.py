@@ -1,7 +1,8 @@
 """Correctly rounded gradients of the math functions: ``grad_input = g f'(x)``, the real derivative at the
 input x times grad_output g, rounded once (to nearest even) to the input's dtype, for f = exp, exp2, expm1,
-log, log2, log1p, sqrt, rsqrt, reciprocal, pow (a number exponent y), erf, softplus (beta b, threshold t), sin
-and cos. :mod:`refkern.kernels.elementwise_grad` calls :func:`values` and :func:`exact` for these names.
+log, log2, log1p, sqrt, rsqrt, reciprocal, pow (a number exponent y, or one per element), erf, softplus (beta b,
+threshold t), sin and cos; and pow's gradient with respect to a tensor exponent, ``g x**y ln x``
+("pow_exponent"). :mod:`refkern.kernels.elementwise_grad` calls :func:`values` and :func:`exact` for these names.
 
 ==========  ===================================  ==================================================
 f           f'(x)                                torch's autograd formula (tools/autograd/derivatives.yaml)
@@ -15,6 +16,7 @@ sqrt        ``1 / (2 sqrt x)``                   ``grad / (2 * result)``
 rsqrt       ``-1 / (2 x sqrt x)``                ``-0.5 * grad * result.pow(3)``
 reciprocal  ``-1 / x**2``                        ``-grad * (result * result)``
 pow         ``y x**(y - 1)``                     ``grad * (exponent * self.pow(exponent - 1))``; 0 if y == 0
+pow (wrt y) ``x**y ln x``                        ``grad * (result * self.log())``; 0 if x == 0, y >= 0
 erf         ``2 / sqrt(pi) e**(-x**2)``          ``2 / sqrt(pi) * exp(-self.pow(2)) * grad``
 softplus    ``s(b x)``; 1 where ``b x > t``      ``softplus_backward``: ``z = e**(b x)``, ``g z / (z + 1)``
 sin, cos    ``cos x``, ``-sin x``                ``grad * self.cos()``, ``grad * -self.sin()``
@@ -25,7 +27,10 @@ in IEEE float64, rounded once to the format (non-finite g or x; g = 0, whose exa
 sign the formula gives; the edges of each domain: log and log2 at 0, log1p at -1, sqrt and rsqrt at ``x <= 0``,
 reciprocal at 0, pow at 0, at a negative x with a non-integer y, with y = 0 (torch's zeros) and where
 ``|(y - 1) log2 |x|| > 4400``, which no finite ``g y`` (``2**-2148 <= |g y| < 2**2048``) brings back from
-overflow or underflow; cos at 0, a signed zero). The steps, as for the activations (Ziv's strategy):
+overflow or underflow, or a non-finite y; pow's exponent gradient at ``x <= 0``, at x = 1 (``ln 1 = 0``: a zero
+with g's sign), for a non-finite y and where ``|y log2 x| > 4400`` (``|ln x| >= 2**-53`` for x != 1 and ``|ln
+x| <= 745``: the value is beyond ``2**4300`` or below ``2**-4390``, saturated for every finite g); cos at 0, a
+signed zero). The steps, as for the activations (Ziv's strategy):
 
 1. **Exact and saturated elements**: ``g`` itself where ``f'(x) = 1`` (exp, expm1, sin at 0; pow with
    y = 1; softplus where ``b x > t``, the exact product, and where ``40 < b x``: ``1 - s(b x) < e**-40 <
@@ -63,7 +68,7 @@ from refkern.kernels._grad_balls import _const, _div, _fn, _mul, _r, blank, deci
 __all__ = ["FNS", "values", "exact", "torch_formula"]
 
 FNS = ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "softplus",
-       "sin", "cos")  # fmt: skip
+       "sin", "cos", "pow_exponent")  # fmt: skip
 _SAT_EXP, _SAT_ERF2, _UP_SOFTPLUS, _POW_LOG2 = 1500.0, 1600.0, 40.0, 4400.0  # module docstring, step 1
 _SAT_EXP2 = 2200.0  # module docstring, step 1
 _C_ERF = 2.0 / math.sqrt(math.pi)  # within 2**-50 relative of 2 / sqrt(pi)
@@ -71,9 +76,20 @@ _LN2 = math.log(2.0)  # within 2**-53 relative of ln 2 (torch's M_LN2, the same 
 _LN2_LOG2 = 0.6931471805599453  # the literal of torch's log2 formula (derivatives.yaml): the same double
 
 
+def sub(fn, p, idx):
+    """The parameters of the elements ``idx``: pow's exponents where there is one per element (a tensor
+    exponent, ``p[0]`` an array of x's size), else ``p``."""
+    if fn in ("pow", "pow_exponent") and np.ndim(p[0]):
+        return (np.asarray(p[0], np.float64)[idx],)
+    return p
+
+
 def torch_formula(fn, g, x, p):
     """torch's autograd formula (module docstring's table) in IEEE float64 at the arrays g, x."""
     with np.errstate(all="ignore"):
+        if fn == "pow_exponent":  # pow_backward_exponent: 0 where x = 0 and y >= 0, else grad * (result * log x)
+            y = p[0]
+            return np.where((x == 0) & (y >= 0), 0.0 * g, g * (np.power(x, y) * np.log(x)))
         if fn == "exp":
             return g * np.exp(x)
         if fn == "expm1":
@@ -93,10 +109,8 @@ def torch_formula(fn, g, x, p):
         if fn == "reciprocal":
             y = 1.0 / x
             return -g * (y * y)
-        if fn == "pow":
-            if p[0] == 0.0:
-                return np.zeros_like(x)  # torch's pow_backward: zeros where the exponent is 0
-            return g * (p[0] * np.power(x, p[0] - 1.0))
+        if fn == "pow":  # torch's pow_backward: zeros where the exponent is 0
+            return np.where(np.asarray(p[0]) == 0.0, 0.0, g * (p[0] * np.power(x, p[0] - 1.0)))
         if fn == "erf":
             return _C_ERF * np.exp(-(x * x)) * g
         if fn == "softplus":
@@ -119,13 +133,14 @@ def _edge(fn, x, p):
         return x <= 0
     if fn == "reciprocal":
         return x == 0
-    if fn == "pow":
-        y = p[0]
-        if y == 0.0:
-            return np.ones(x.shape, np.bool_)
+    if fn in ("pow", "pow_exponent"):
+        y = np.broadcast_to(np.asarray(p[0], np.float64), x.shape)
         with np.errstate(all="ignore"):
-            big = np.abs((y - 1.0) * np.log2(np.abs(x))) > _POW_LOG2
-        return (x == 0) | ((x < 0) & (not float(y).is_integer())) | big
+            big = np.abs((y - (fn == "pow")) * np.log2(np.abs(x))) > _POW_LOG2
+            frac = ~np.isfinite(y) | (np.floor(y) != y)
+        if fn == "pow_exponent":  # x**y ln x: x <= 0 (0 or NaN: torch's), x = 1 (a zero, g's sign), saturated
+            return (x <= 0) | (x == 1.0) | ~np.isfinite(y) | big
+        return (y == 0) | (x == 0) | ((x < 0) & frac) | ~np.isfinite(y) | big
     if fn == "cos":
         return x == 0
     return np.zeros(x.shape, np.bool_)
@@ -168,6 +183,11 @@ def _ball(fn, x, p):
             hi, lo = ew.values("pow", x, FLOAT64, (p[0] - 1.0,))
             v = np.where(np.isnan(hi), np.nan, hi)
             return _mul((p[0], 0.0), (v, np.abs(lo) + 2.0**-90 * np.abs(v) + 2.0**-1074))
+        if fn == "pow_exponent":  # x**y times ln x, each a function value (2**-90 relative)
+            hi, lo = ew.values("pow", x, FLOAT64, (p[0],))
+            lh, ll = ew.values("log", x, FLOAT64)
+            return _mul((hi, np.abs(lo) + 2.0**-90 * np.abs(hi) + 2.0**-1074),
+                        (lh, np.abs(ll) + 2.0**-90 * np.abs(lh) + 2.0**-1074))  # fmt: skip
         if fn == "erf":
             x2 = _mul(X, X)
             e = _fn("exp", (-x2[0], x2[1]))
@@ -191,14 +211,14 @@ def values(fn, g, x, fmt, p):
     v, rad, out, done, fin = blank(g, x)
     with np.errstate(all="ignore"):
         ieee = ~fin | (g == 0)
-        ieee[fin] |= _edge(fn, x[fin], p)
-        out[ieee] = round_array(torch_formula(fn, g[ieee], x[ieee], p), prec, emin, emax)
+        ieee[fin] |= _edge(fn, x[fin], sub(fn, p, fin))
+        out[ieee] = round_array(torch_formula(fn, g[ieee], x[ieee], sub(fn, p, ieee)), prec, emin, emax)
         v[ieee], done[ieee] = out[ieee], True
         one = np.zeros(n, np.bool_)  # f'(x) = 1: g itself
         if fn in ("exp", "expm1", "sin"):
             one = x == 0
-        elif fn == "pow" and p[0] == 1.0:
-            one = np.ones(n, np.bool_)
+        elif fn == "pow":
+            one = np.broadcast_to(np.asarray(p[0]) == 1.0, (n,)).copy()
         elif fn == "softplus":
             one = fin & (_above(np.where(fin, x, 0.0), p[0], p[1]) | (x * p[0] > _UP_SOFTPLUS))
         one &= ~done
@@ -230,7 +250,7 @@ def values(fn, g, x, fmt, p):
             v[quot], rad[quot], done[quot] = q, np.abs(q) * 2.0**-53, True  # one rounding: within 2**-53 relative
         rest = np.flatnonzero(~done)
         if rest.size:
-            decide(rest, g, _ball(fn, x[rest], p), fmt, v, rad, out, done)
+            decide(rest, g, _ball(fn, x[rest], sub(fn, p, rest)), fmt, v, rad, out, done)
     return v, rad, out, done
 
 
@@ -269,6 +289,8 @@ def _interval(fn, x: float, p, w: int):
         return xe.neg(xe.div(one, xe.mul(xe.mul(xe.point(2.0), X, w + 8), xe.sqrt(X, w + 8), w + 8), w))
     if fn == "pow":
         return xe.mul(xe.point(p[0]), ew._interval("pow", x, (p[0] - 1.0,), w + 8), w)
+    if fn == "pow_exponent":  # x > 0, x != 1: irrational (ln x transcendental, x**y algebraic, or both)
+        return xe.mul(ew._interval("pow", x, (p[0],), w + 8), xe.log(X, w + 8), w)
     if fn == "erf":
         e = xe.exp(xe.neg(xe.mul(X, X, w + 16)), w + 8)
         return xe.mul(xe.const("2/sqrt(pi)", w + 8), e, w)

@@ -69,6 +69,9 @@ def _formula(fn, g, x, p):
             v = -g * ((1.0 / x) * (1.0 / x))
         elif fn == "pow":
             v = np.float64(0.0) if p[0] == 0 else g * (p[0] * np.power(x, np.float64(p[0] - 1.0)))
+        elif fn == "pow_exponent":  # torch's pow_backward_exponent
+            y = np.float64(p[0])
+            v = 0.0 * g if (x == 0 and y >= 0) else g * (np.power(x, y) * np.log(x))
         elif fn == "erf":
             v = 2.0 / np.sqrt(np.pi) * np.exp(-(x * x)) * g
         elif fn == "softplus":
@@ -91,9 +94,12 @@ def _outside(fn, x, p) -> bool:
         return x <= 0
     if fn == "pow":
         y = p[0]
-        if y == 0 or x == 0 or (x < 0 and not float(y).is_integer()):
+        if not math.isfinite(y) or y == 0 or x == 0 or (x < 0 and not float(y).is_integer()):
             return True
         return abs((y - 1) * math.log2(abs(x))) > 4400
+    if fn == "pow_exponent":  # x**y ln x: x <= 0, x = 1 (ln 1 = 0), a non-finite y, saturated beyond 2**+-4300
+        y = p[0]
+        return x <= 0 or x == 1 or not math.isfinite(y) or abs(y * math.log2(x)) > 4400
     return False
 
 
@@ -140,6 +146,8 @@ def _deriv(fn, x, p):
         return -1 / (2 * X * iv.sqrt(X))
     if fn == "pow":
         return te._q(p[0]) * te._interval("pow", x, (p[0] - 1,), iv.prec)
+    if fn == "pow_exponent":
+        return te._interval("pow", x, (p[0],), iv.prec) * iv.log(X)
     if fn == "erf":
         return 2 / iv.sqrt(iv.pi) * iv.exp(-(X**2))
     if fn == "softplus":
@@ -185,3 +193,15 @@ def backward(name, grad_output, a, wrt=None, precision=None) -> dict:
     xs, gs = np.asarray(x.values, np.float64).reshape(-1), np.asarray(g.values, np.float64).reshape(-1)
     out = np.array([value(name, gi, xi, x.fmt, p) for gi, xi in zip(gs.tolist(), xs.tolist())], np.float64)
     return {"input": deliver(out.reshape(x.shape), x.fmt, x.torch or g.torch)}
+
+
+def pow_gradients(grad_output, input, exponent) -> dict:  # noqa: A002
+    """``{"input": g y x**(y - 1), "exponent": g x**y ln x}`` of ``torch.pow(input, exponent)`` with a tensor
+    exponent of the input's shape and dtype: every element :func:`value` with its own exponent."""
+    x = operand(input, "input", "truth.backward")
+    y = operand(exponent, "exponent", "truth.backward")
+    g = operand(grad_output, "grad_output", "truth.backward")
+    xs, ys, gs = (np.asarray(o.values, np.float64).reshape(-1).tolist() for o in (x, y, g))
+    return {k: deliver(np.array([value(fn, gi, xi, x.fmt, (yi,)) for gi, xi, yi in zip(gs, xs, ys)],
+                                np.float64).reshape(x.shape), x.fmt, x.torch or g.torch)
+            for k, fn in (("input", "pow"), ("exponent", "pow_exponent"))}  # fmt: skip

@@ -165,3 +165,30 @@ def test_gradients_by_hand():
     assert math.copysign(1.0, _flat(got["exponent"])[3]) == -1.0
     with pytest.raises(ValueError, match=r"^backward: pow's gradients take an exponent of the input's shape"):
         pow_gradients(torch.ones(2, 3), torch.ones(2, 3), torch.ones(3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d)[6:] for d in DTYPES])
+def test_torch_tensor_exponent_gradients_are_judged_and_bugs_are_mismatches(dtype):
+    """compare_backward judges both of torch's gradients of pow(Tensor, Tensor) by its formulas (the input's:
+    ``g * (y * x.pow(y - 1))``, y - 1 a stored op; the exponent's: ``g * (result * x.log())``), never a false
+    alarm; an exponent gradient 1% off, or an input gradient that forgot the - 1, is a mismatch."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    x = np.concatenate([rng.uniform(0, 8, n) * rng.choice([1e-3, 1, 10], n), -rng.uniform(0.1, 4, n // 3), [0.0] * 8,
+                        [1.0] * 4])  # fmt: skip
+    y = np.concatenate([rng.uniform(-6, 6, n), rng.integers(-5, 6, n // 3), [2.0, 0.0, -1.0, 0.5, 3.0, 1.0, -0.5, 0.0],
+                        [2.5, -2.5, 0.0, 7.0]])  # fmt: skip
+    x, y = torch.from_numpy(x).to(dtype), torch.from_numpy(y).to(dtype)
+    g = torch.from_numpy(rng.standard_normal(x.numel())).to(dtype)
+    xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
+    torch.pow(xr, yr).backward(g)
+    reps = refkern.compare_backward({"input": xr.grad, "exponent": yr.grad}, "pow", g, x, y)
+    for k, rep in reps.items():
+        assert rep.verdict in ("exact", "rounding"), (k, str(rep))
+    bad = yr.grad.clone()
+    bad[:n] *= 1.01
+    assert refkern.compare_backward({"exponent": bad}, "pow", g, x, y)["exponent"].verdict == "mismatch"
+    forgot = (g.double() * (y.double() * torch.pow(x.double(), y.double()))).to(dtype)
+    assert refkern.compare_backward({"input": forgot}, "pow", g, x, y)["input"].verdict == "mismatch"
+    assert set(refkern.backward("pow", g, x, y)) == {"input", "exponent"}
+    assert set(refkern.backward("pow", g, x, 2.5)) == {"input"}  # a number exponent has no gradient

@@ -72,7 +72,8 @@ def test_each_op_is_a_record_with_its_backward():
     """Adding an op's gradient is its record (differentiable, Backward) plus its derivative's code."""
     for name in FORWARD:
         r = ops.get(name)
-        assert r.differentiable == ("input",) and r.backward is not None, name
+        want = ("input", "exponent") if name == "pow" else ("input",)  # pow's tensor exponent has a gradient
+        assert r.differentiable == want and r.backward is not None, name
         assert name in refkern.gradients.OPS
     assert ops.get("softplus").aten_backward == ("softplus_backward",)
 
@@ -173,8 +174,8 @@ def test_errors_name_the_argument():
         refkern.backward("exp", torch.randn(3), x)
     with pytest.raises(TypeError, match=r"^backward: grad_output must have the dtype of the output of log, float32"):
         refkern.backward("log", torch.randn(4, dtype=torch.float64), x)
-    with pytest.raises(TypeError, match=r"^backward: pow's exponent must be a number"):
-        refkern.backward("pow", torch.randn(4), x, torch.ones(4))
+    with pytest.raises(ValueError, match=r"^backward: pow's gradients take an exponent of the input's shape"):
+        refkern.backward("pow", torch.randn(4), x, torch.ones(1))  # a broadcast exponent's gradient is a sum
     with pytest.raises(TypeError, match=r"^backward: beta must be a real number; got beta='2'"):
         refkern.backward("softplus", torch.randn(4), x, beta="2")
     with pytest.raises(TypeError, match=r"^compare_backward: the gradient of input must have the dtype of input, "

@@ -341,7 +341,7 @@ def analyse(act, fmt, device, fn, op, x, params, rtol=None, atol=None):
         if fn == "softplus":
             ok |= (a == xf) & (np.abs(params[0] * xf - params[1]) <= 2.0 * _ulp(params[0] * xf, FLOAT32))
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = np.where(same, 0.0, err / B)
+            ratio = np.where(same | (np.isposinf(B) & np.isposinf(err)), 0.0, err / B)  # an infinite B: any result
         fits[lib.name] = (lib, ok, ratio, B)
     approx = None
     if fn == "gelu":  # the tanh form where the erf form was asked

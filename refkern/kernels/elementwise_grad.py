@@ -57,7 +57,7 @@ from refkern.kernels._common import deliver
 from refkern.kernels._grad import Adjoint, grad_output
 from refkern.kernels._grad_balls import _add, _const, _fn, _mul, _r, blank, decide
 
-__all__ = ["gradient", "pow_gradients", "values", "reference", "grad_fn", "grad_params"]
+__all__ = ["gradient", "pow_gradients", "tensor_exponent", "values", "reference", "grad_fn", "grad_params"]
 _KAPPA = 0.044715
 _BETA = math.sqrt(2.0 / math.pi)
 
@@ -213,7 +213,7 @@ def grad_params(name, bound, who="backward") -> tuple:
     threshold; gelu's approximate is read by :func:`grad_fn`), validated as the forward validates them."""
     out = []
     for k, v in bound.items():
-        if k in ("input", "approximate"):
+        if k in ("input", "approximate") or (name == "pow" and k == "exponent" and tensor_exponent(name, bound)):
             continue
         if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0:
             raise TypeError(f"{who}: {name}'s {k} must be a number (a tensor {k} is not supported yet); got a "
@@ -232,12 +232,25 @@ def gradient(name, grad_output, a, who="backward"):
     return deliver(out.reshape(x.shape), x.fmt, x.torch or g.torch)
 
 
+def tensor_exponent(name, a) -> bool:
+    """Whether the bound call ``a`` is pow with a tensor exponent (or a number base)."""
+    return name == "pow" and (ew._is_array(a.get("exponent")) or not ew._is_array(a.get("input")))
+
+
 def _elementwise(name, grad_output, a, wrt, who):
-    """The :class:`Adjoint` of ``input`` (refkern.gradients' builder): computed here, judged by
-    :mod:`refkern.analysis.elementwise_grad`."""
+    """The :class:`Adjoint` of ``input`` (refkern.gradients' builder; pow with a tensor exponent: of ``input`` and
+    ``exponent``, as asked): computed here, judged by :mod:`refkern.analysis.elementwise_grad`."""
+    if tensor_exponent(name, a):
+        pow_gradients(grad_output, a["input"], a["exponent"], who)  # validated now
+        return {k: Adjoint(k, name, (), compute=lambda k=k: pow_gradients(grad_output, a["input"], a["exponent"],
+                                                                         who)[k]) for k in wrt}  # fmt: skip
+    if name == "pow" and tuple(wrt) == ("exponent",):
+        raise ValueError(f"{who}: pow's exponent is a number here; it has no gradient. Pass it as a tensor.")
     grad_fn(name, a)
     grad_params(name, a, who)
     _operands(name, grad_output, a, who)  # validated now, as torch validates the call
+    if "input" not in wrt:
+        return {}
     return {"input": Adjoint("input", name, (), compute=lambda: gradient(name, grad_output, a, who))}
 
 

@@ -34,14 +34,15 @@ _NO_KERNEL = Backward(_GRAD.rule, _GRAD.truth, _GRAD.judge)  # no aten backward 
 _MATH_TRUTH = "refkern.truth._backward_math:backward"
 
 
-def _ew(name, torch_function, calls, *, params=_IN, aten=None, opinfo=None, backward=None, memo=False, grad=False):
+def _ew(name, torch_function, calls, *, params=_IN, aten=None, opinfo=None, backward=None, memo=False, grad=False,
+        diff=_IN):
     """``backward``: the aten backward kernel of the op (which the audit judges), ``grad``: the op has a
     backward rule without one (autograd composes its gradient of other ops)."""
     node = f"{name.capitalize()}Backward0" if backward else None
     grad = grad or backward is not None
     return Op(name, "elementwise", _K + name, _T + name, _IN, "elementwise", torch_function=torch_function,
               calls=tuple(Call(c, params) for c in calls), aten=aten or (name,),
-              differentiable=_IN if grad else (), aten_backward=(backward,) if backward else (),
+              differentiable=diff if grad else (), aten_backward=(backward,) if backward else (),
               aten_memo=((name, "input"),) if memo else (), autograd=((node, _IN),) if backward else (),
               opinfo=(name,) if opinfo is None else opinfo,
               backward=_grad(name, backward) if grad else None)  # fmt: skip
@@ -63,8 +64,9 @@ RECORDS = (
     _unary("tanh", backward="tanh_backward", memo=True),
     _unary("sigmoid", backward="sigmoid_backward", memo=True),
     *(_unary(n, grad=True) for n in ("erf", "sin", "cos")),
-    # pow(tensor, number) only: pow's OpInfo samples include tensor exponents, which refkern does not take yet
-    _ew("pow", "torch.pow", ("torch.pow", "torch.Tensor.pow"), params=("input", "exponent"), opinfo=(), grad=True),
+    # a tensor exponent is differentiable (a number exponent has no gradient); OpInfo's pow samples not yet run
+    _ew("pow", "torch.pow", ("torch.pow", "torch.Tensor.pow"), params=("input", "exponent"), opinfo=(), grad=True,
+        diff=("input", "exponent")),
     _ew("silu", f"{_F}silu", (f"{_F}silu",), params=("input", "inplace"), backward="silu_backward",
         opinfo=("nn.functional.silu",)),
     _ew("gelu", f"{_F}gelu", (f"{_F}gelu",), params=("input", "approximate"), backward="gelu_backward",

@@ -187,6 +187,10 @@ def value(fn, g: float, x: float, fmt, p=()) -> float:
 def backward(name, grad_output, a, wrt=None, precision=None) -> dict:
     """``{"input": gradient}`` of op ``name`` at its bound arguments ``a`` (``input``; pow's exponent,
     softplus's beta and threshold): every element :func:`value`, in the input's dtype."""
+    e, base = a.get("exponent"), a.get("input")
+    if name == "pow" and (hasattr(e, "shape") or not hasattr(base, "shape")):  # a tensor exponent: both gradients
+        both = pow_gradients(grad_output, base, e)
+        return {k: both[k] for k in (wrt or ("input", "exponent"))}
     p = tuple(float(v.item() if hasattr(v, "item") else v) for k, v in a.items() if k != "input")
     x = operand(a["input"], "input", "truth.backward")
     g = operand(grad_output, "grad_output", "truth.backward")

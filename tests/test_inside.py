@@ -555,3 +555,23 @@ def test_quick_path_row_sums_equal_the_residual_sums():
     bad = a.copy()
     bad[:, 5] += 0.05  # one column off: its group fails, and the quick path declines
     assert _healthy(m, bad, c, n.var, lam_el, lam_grp, (1,), 1.0, FLOAT32, n.coherent.fused.parts) is None
+
+
+def test_a_precision_of_a_float32_sum_is_judged_on_its_emulated_chains():
+    """A float32 sum of 2e5 randn values whose result is 3 sigma (the scalar loop's scale, u sqrt(sum P_k**2))
+    from the bf16 inputs' exact sum, toward the exact result: 62 sigma from it, a bug. The bf16 hypothesis's
+    scale was the worst order's while rounding's element test emulates the long chains: it was named bf16;
+    judged on the bf16 inputs' own emulated chains it is a mismatch. The same inputs summed by torch after
+    rounding them to bf16 stay reduced-precision (bf16), and torch's own sum is not a false alarm."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 200_000, generator=g, dtype=torch.float64).float()
+    xd = x.double().numpy()[0]
+    ex, c = float(xd.sum()), x.to(torch.bfloat16).double().sum().item()
+    P = np.cumsum(xd)
+    s = 2.0**-24 * math.sqrt(float(np.sum(P * P)))
+    assert abs(c - ex) / s > 50
+    bug = torch.tensor([c + 3.0 * s * math.copysign(1.0, ex - c)], dtype=torch.float64).float()
+    assert _v(rk.compare(bug, "sum", x, -1)) == "mismatch"
+    rep = rk.compare(x.to(torch.bfloat16).float().sum(-1), "sum", x, -1)
+    assert (rep.verdict, rep.precision) == ("reduced-precision", "bf16")
+    assert _v(rk.compare(torch.sum(x, -1), "sum", x, -1)) in ("exact", "rounding")

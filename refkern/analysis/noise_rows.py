@@ -11,7 +11,7 @@ from numba import prange
 
 from refkern._jit import jit
 
-__all__ = ["RowShared", "keys", "norm_sums"]
+__all__ = ["RowShared", "keys", "norm_sums", "welford_drift"]
 
 
 class RowShared:
@@ -202,3 +202,34 @@ def _norm_row_sums(p, q, var, held, X, mean, r, W, rows, cols):
                 a1 += v * w * w
         cols[0, j] = a0
         cols[1, j] = a1
+
+
+def welford_drift(X, mean) -> np.ndarray:
+    """Per row of X (R, n), float32 or float64 values: the largest ``|m - mean|`` over the sequential Welford
+    means of the row in X's format (``m += (x - m) / k``, and ``m += (x - m) * fl(1 / k)`` as kernels that keep
+    the reciprocal do; each left to right and right to left), ``mean`` the exact one (float64, within an ulp
+    of it). On rows whose values repeat their roundings drift together (:mod:`refkern.analysis.noise`'s
+    sequential-Welford member): this is the realized drift of those kernels, which that member takes."""
+    X = np.ascontiguousarray(X, X.dtype if X.dtype in (np.float32, np.float64) else np.float64)
+    K = np.arange(1, X.shape[1] + 1).astype(X.dtype)  # exact: n < 2**24
+    out = np.empty(X.shape[0])
+    _welford_drift(X, K, np.ones(1, X.dtype) / K, np.asarray(mean, np.float64), out)
+    return out
+
+
+@jit(parallel=True, error_model="numpy")
+def _welford_drift(X, K, Q, mean, out):
+    """:func:`welford_drift`'s four running means per row in X's format (``K[j] = j + 1``, ``Q`` its
+    reciprocals rounded), one pass each way (independent chains)."""
+    R, n = X.shape
+    for i in prange(R):
+        a = b = c = d = K[0] - K[0]
+        for j in range(n):
+            xl, xr = X[i, j], X[i, n - 1 - j]
+            a = a + (xl - a) / K[j]
+            b = b + (xr - b) / K[j]
+            c = c + (xl - c) * Q[j]
+            d = d + (xr - d) * Q[j]
+        m = mean[i]
+        lr = max(abs(np.float64(a) - m), abs(np.float64(c) - m))
+        out[i] = max(lr, max(abs(np.float64(b) - m), abs(np.float64(d) - m)))

@@ -3,16 +3,22 @@ below; issue 27: at most 2x on the ResNet convolution).
 
     python benchmarks/bench_compare_cost.py [--blocks 3] [--json out.json] [--only conv2d]
 
+With one thread on each side (the CPU ratio of docs/analysis.md), set the pools before Python starts:
+``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1``; torch's follows
+``torch.get_num_threads()``, which OMP_NUM_THREADS sets.
+
 Cases: layer_norm over (32, 512, 768) bfloat16 (torch's output, weight and bias),
 scaled_dot_product_attention (1, 8, 1024, 64) bfloat16 and conv2d (8, 64, 56, 56) x (64, 64, 3, 3) float32
 (padding 1, weights of scale 0.05), torch's CPU outputs (correct results: the verdict is rounding). Each
 side is timed in blocks of consecutive calls (benchmarks/_timing.py), the best block counts; the ratio is
 compare's time over the reference's, in the same run. Process CPU time is reported beside wall time: on a
-machine shared with other work the CPU ratio is the steadier.
+machine shared with other work the CPU ratio is the steadier; the load average (1 min) before and after each
+case is printed with it and kept in the JSON.
 """
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -50,12 +56,15 @@ def run(blocks=3, log=print, only=None):
             continue
         verdict = cmp().verdict
         sides = {"reference": (ref, 1), "compare": (cmp, 1)}
+        load0 = os.getloadavg()[0]
         wall, cpu = per_call(sides, blocks), per_call(sides, blocks, time.process_time)
-        row = {"case": name, "verdict": verdict, "wall": wall, "cpu": cpu,
+        load = (load0, os.getloadavg()[0])
+        row = {"case": name, "verdict": verdict, "wall": wall, "cpu": cpu, "load": load,
                "ratio_wall": wall["compare"] / wall["reference"],
                "ratio_cpu": cpu["compare"] / cpu["reference"]}  # fmt: skip
         log(f"{name}: {verdict}; reference {wall['reference']:.3f} s, compare {wall['compare']:.3f} s: "
-            f"{row['ratio_wall']:.1f}x wall, {row['ratio_cpu']:.1f}x CPU (target {TARGETS[op]:g}x)")  # fmt: skip
+            f"{row['ratio_wall']:.1f}x wall; CPU {cpu['reference']:.3f} s, {cpu['compare']:.3f} s: "
+            f"{row['ratio_cpu']:.1f}x (target {TARGETS[op]:g}x); load {load[0]:.1f} -> {load[1]:.1f}")  # fmt: skip
         rows.append(row)
     return rows
 

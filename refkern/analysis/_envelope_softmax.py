@@ -116,6 +116,8 @@ def exp_scale_ulps(arg, u):
         for top, b in reversed(EXP_SCALE_BINADES[:-1]):
             out = np.where(a < top, b, out)
     return out
+
+
 #: The statistical scale's log (log_softmax's log D): SLEEF u10, glibc and CUDA's logf are within 1 ulp
 #: (their documented maxima, :mod:`refkern.ops._accuracy`); torch's CPU log_softmax takes std::log of the sum.
 LOG_SCALE_ULPS = 1.0
@@ -163,6 +165,8 @@ class _Rows:
         self.t, self.gap, self.theta = (np.empty(shape) for _ in range(3))
         self.live = np.empty(shape, np.bool_)
         self.e_n = np.empty((R, n))
+        with np.errstate(all="ignore"):  # each live term's exp(z - M) (M the row's largest: rows_pass reads it)
+            np.exp(z - np.max(z, axis=1, initial=-np.inf)[:, None], out=self.e_n)
         st = np.empty((R, ROW_FIELDS))
         eta_h = _eta_h(u_m, out)
         tables = rank_tables(n, u, u_m, 2 * EXP_ULPS * u, num_ops, num_rescales)  # eps_e: exp within EXP_ULPS ulps

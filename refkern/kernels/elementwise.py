@@ -165,26 +165,15 @@ def _k_tanh(x, prec, emin, emax, mode, out, lo, und):
 
 
 @jit(parallel=True)
-def _k_sigmoid(x, prec, emin, emax, mode, out, lo, und):
+def _k_sigmoid(x, silu, prec, emin, emax, mode, out, lo, und):
+    """sigmoid, or silu (``x sigmoid(x)``) where ``silu``: the float64 tier's one evaluation serves both."""
     for i in prange(x.size):
         if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
-            r, dec = f.f_sigmoid(x[i], False, prec, emin, emax)
+            r, dec = f.f_sigmoid(x[i], silu, prec, emin, emax)
             if dec:
                 out[i] = r
                 continue
-        qh, ql, e, k, ok = s.v_sigmoid(x[i])
-        _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
-
-
-@jit(parallel=True)
-def _k_silu(x, prec, emin, emax, mode, out, lo, und):
-    for i in prange(x.size):
-        if mode == 0 and prec <= 24:  # the float64 tier first (:mod:`refkern.kernels._ew_f64`)
-            r, dec = f.f_sigmoid(x[i], True, prec, emin, emax)
-            if dec:
-                out[i] = r
-                continue
-        qh, ql, e, k, ok = s.v_silu(x[i])
+        qh, ql, e, k, ok = s.v_silu(x[i]) if silu else s.v_sigmoid(x[i])
         _store(qh, ql, e, k, ok, prec, emin, emax, mode, out, lo, und, i)
 
 
@@ -260,7 +249,7 @@ def _k_sqrt(x, recip, prec, emin, emax, mode, out, lo, und):
 
 VEC = {**_ew_vec.VEC, **_ew_vec_erf.VEC}  # the vectorised first passes, by function
 _K = {"exp": _k_exp, "exp2": _k_exp2, "expm1": _k_expm1, "log": _k_log, "log2": _k_log2, "log1p": _k_log1p,
-      "rsqrt": _k_rsqrt, "tanh": _k_tanh, "sigmoid": _k_sigmoid, "silu": _k_silu, "gelu": _k_gelu,
+      "rsqrt": _k_rsqrt, "tanh": _k_tanh, "gelu": _k_gelu,
       "gelu_tanh": _k_gelu_tanh, "erf": _k_erf}  # fmt: skip
 _PARAM = {"sin": 0, "cos": 1, "softplus": 2, "pow": 3}  # _k_param's which
 UNARY = ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "silu",
@@ -273,6 +262,8 @@ def _launch(fn, x, fmt, params, mode):
     args = (*fmt.params, mode, out, lo, und)
     if fn in _K:
         _K[fn](x, *args)
+    elif fn in ("sigmoid", "silu"):
+        _k_sigmoid(x, fn == "silu", *args)
     elif fn in _PARAM:
         p = params[0] if fn == "pow" else params if fn == "softplus" else (0.0,)  # pow: a number or an array
         _k_param(x, _PARAM[fn], np.ascontiguousarray(p, np.float64).reshape(-1), *args)

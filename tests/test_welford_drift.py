@@ -19,8 +19,28 @@ def test_welford_drift_by_hand():
     2 / (3 2**25), is the drift. A constant row does not drift."""
     X = np.array([[0.0, 0.0, 1.0], [5.0, 5.0, 5.0]], np.float32)
     D = welford_drift(X, np.array([1.0 / 3.0, 5.0]))
-    assert D[0] == pytest.approx(2.0 / (3.0 * 2.0**25), rel=1e-9)
+    assert D[0] == pytest.approx(2.0 / (3.0 * 2.0**25), rel=2e-9)  # the float64 mean: 1/3 within 2**-55
     assert D[1] == 0.0
+
+
+def test_column_charge_by_hand():
+    """Rows [0, 0, 1] and [1, 0, 0] (mean 1/3, var 2/9, eps 0, w = 1): each drifts by D = 2 / (3 2**25) (the
+    second left to right, as the first right to left), r**2 = 9/2, so (r D)**2 = 2**-49 per element; a column's
+    group sums both rows' drifts, r D + r D, and each element takes r D (r D + r D) = 2**-48 (the column's sum
+    of them, 2**-47, is its drift's square). The float64 mean, 1/3 within 2**-55, holds D to 1e-9 relative."""
+    from refkern.accumulate.formats import FLOAT32
+    from refkern.analysis import noise as nz
+    from refkern.analysis._envelope_ops import layout
+
+    x = np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], np.float32)
+    args = {"input": x, "normalized_shape": (3,), "weight": None, "bias": None, "eps": 0.0}
+    lay = layout("layer_norm", args, x.shape)
+    ref = np.asarray(rk.layer_norm(x, (3,), eps=0.0), np.float32)
+    _, _, drift_bound, drift, _ = nz._norm(lay, "layer_norm", lay.rows(ref, np.float32), 2.0**-24, FLOAT32, 0.0)
+    B = drift_bound()
+    assert B.tolist() == pytest.approx([2.0 / (3.0 * 2.0**25)] * 2, rel=4e-9, abs=0)
+    assert drift(B).ravel().tolist() == pytest.approx([2.0**-49] * 6, rel=4e-9, abs=0)
+    assert drift(B, True).ravel().tolist() == pytest.approx([2.0**-48] * 6, rel=4e-9, abs=0)
 
 
 def _sequential_welford_folded(x, w, b, eps):

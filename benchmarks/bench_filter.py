@@ -1,6 +1,7 @@
 """The filtering engine (issue 27): exact GEMM and convolution against one float64 GEMM / conv.
 
     NUMBA_NUM_THREADS=2 python benchmarks/bench_filter.py [--quick] [--audit] [--json FILE]
+    python benchmarks/bench_filter.py --analysis --audit [--one-thread]  # compare and the audit only
 
 Every ratio is measured in one run, the two sides in blocks of consecutive calls (benchmarks/
 _timing.py: never interleaved single calls), the best block per side. Targets (2-core machine):
@@ -145,6 +146,15 @@ def bench_conv(blocks, quick):
         rows.append(dict(op="conv2d", case=f"resnet {shape}x64x3x3", dtype=dtype, exact_s=t["exact"],
                          torch_f64_s=t["torch_f64"], ratio=t["exact"] / t["torch_f64"],
                          target=TARGETS["conv2d_resnet_vs_torch_f64"], **st))  # fmt: skip
+    return rows + bench_compare(blocks, quick)
+
+
+def bench_compare(blocks, quick):
+    """``refkern.compare`` on the ResNet layer (float32, torch's own output) against ``rk.conv2d`` alone."""
+    torch.manual_seed(0)
+    shape = (2, 64, 56, 56) if quick else (8, 64, 56, 56)
+    x, w = torch.randn(*shape), torch.randn(64, 64, 3, 3)
+    rows = []
     out = F.conv2d(x, w, padding=1)
     sides = {"exact": (partial(rk.conv2d, x, w, padding=1), 3),
              "compare": (partial(rk.compare, out, "conv2d", x, w, padding=1), 1)}  # fmt: skip
@@ -294,8 +304,23 @@ def main():
     ap.add_argument("--gpu", action="store_true", help="only the CUDA section (exact matmul 4096^3 on the device)")
     ap.add_argument("--device", default="cuda", help="the --gpu section's device (cpu: to check the code)")
     ap.add_argument("--n", type=int, help="the --gpu section's size (default 4096, 1024 with --quick)")
+    ap.add_argument(
+        "--analysis",
+        action="store_true",
+        help="only the verdict's figures: compare on the ResNet layer (and with --audit the audit)",
+    )
+    ap.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="Numba and torch on one thread (under load, parallel regions' waiting counts as CPU time)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.one_thread:
+        import numba
+
+        numba.set_num_threads(1)
+        torch.set_num_threads(1)
     blocks = 2 if a.quick else 4
     load0 = os.getloadavg()
     if a.gpu:
@@ -309,10 +334,13 @@ def main():
         rows = bench_gpu(a.n or (1024 if a.quick else 4096), 3 if a.quick else 5, dev)
         _finish(rows, a, load0)
         return 1 if any(r["ratio"] > r["target"] for r in rows) and not a.quick else 0
-    rows = bench_matmul([256] if a.quick else [512, 1024], ["float32", "bfloat16", "float16"], blocks)
-    rows += bench_conv(blocks, a.quick)
-    rows += bench_cancelling(256 if a.quick else 1024, 1 if a.quick else 2)
-    rows += bench_cost_model(256 if a.quick else 1024, 2)
+    if a.analysis:
+        rows = bench_compare(blocks, a.quick)
+    else:
+        rows = bench_matmul([256] if a.quick else [512, 1024], ["float32", "bfloat16", "float16"], blocks)
+        rows += bench_conv(blocks, a.quick)
+        rows += bench_cancelling(256 if a.quick else 1024, 1 if a.quick else 2)
+        rows += bench_cost_model(256 if a.quick else 1024, 2)
     if a.audit:
         rows += bench_audit(a.quick)
     _finish(rows, a, load0)

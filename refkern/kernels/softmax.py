@@ -59,9 +59,38 @@ from refkern.kernels._transcendental import (
     log_fast,
 )
 
-__all__ = ["softmax", "log_softmax", "softmax_rows", "PathCounts", "convert_input", "exact_row"]
+__all__ = ["softmax", "log_softmax", "softmax_rows", "PathCounts", "convert_input", "exact_row", "exp_terms"]
 
 _TINY = 2.0**-1074  # per-term slack: an underflowed or dropped term is below this
+
+
+@jit(inline="always")
+def exp_terms(x, M, P, eps):
+    """The terms of a row's sum ``S = sum_j e**(x_j - M)`` (M its largest finite entry), each within its bound,
+    read by the forward's and the backward's (:mod:`refkern.kernels.softmax_backward`) float64 passes. Returns
+    ``c0``, the number of entries equal to M (their ``e**0 = 1`` exact: ``P_j = 1``, ``eps_j = 0``); for the
+    others ``d = x_j - M`` is known exactly as ``d + de`` (two-sum) and ``P_j = e**d`` (exp_fast) within
+    ``eps_j = EXP_FAST_REL + 1.01 |de|`` relative (the argument's error ``|de| <= u |d|`` moves ``e**d`` by at most
+    ``1.01 |de|``) plus ``2**-1075`` (ldexp's underflow); a -inf entry, and ``d < X_MIN`` (``e**d < 2**-2885``,
+    inside the callers' slack), give ``P_j = eps_j = 0``. So ``eps_j != 0`` marks exactly the exp terms."""
+    c0 = 0.0
+    for j in range(x.size):
+        v = x[j]
+        P[j] = 0.0
+        eps[j] = 0.0
+        if v == -np.inf:
+            continue
+        d, de = two_sum(v, -M)
+        if d == 0.0:  # x == M: e**0 = 1 exactly
+            c0 += 1.0
+            P[j] = 1.0
+            continue
+        if d < X_MIN:  # e**d < 2**-2885: left out, inside the slack
+            continue
+        a, k = exp_fast(d)
+        P[j] = math.ldexp(a, k)
+        eps[j] = EXP_FAST_REL + 1.01 * abs(de)
+    return c0
 
 
 @jit(parallel=True)
@@ -70,7 +99,8 @@ def _fast_rows(X, log, prec, emin, emax, out, status):
 
     Per entry ``d = x - M`` is known exactly as ``d + de`` (two-sum); ``P = e**d`` within
     ``EXP_FAST_REL + 1.01 |de|`` (relative) plus ``2**-1075`` (ldexp underflow, or a dropped
-    ``e**d < e**-2000``). ``T = sum_{d < 0} P`` in float64 errs by at most ``(m - 1) u T`` more.
+    ``e**d < e**-2000``): :func:`exp_terms`. ``T = sum_{d < 0} P`` (its m exp terms) in float64 errs by
+    at most ``(m - 1) u T`` more.
     Then ``y = P / (c0 + T)`` (c0 = entries equal to M) or ``y = d + de - log(c0 + T)``
     (:func:`log_fast`), each with its bound, bracketed and rounded at both ends."""
     n = X.shape[1]
@@ -90,29 +120,15 @@ def _fast_rows(X, log, prec, emin, emax, out, status):
             continue
         P = np.empty(n)
         eps = np.empty(n)
-        c0 = 0.0
+        c0 = exp_terms(x, M, P, eps)
         T = 0.0
         ET = 0.0
         m = 0
         for j in range(n):
-            v = x[j]
-            P[j] = 0.0
-            eps[j] = 0.0
-            if v == -np.inf:
-                continue
-            d, de = two_sum(v, -M)
-            if d == 0.0:  # x == M: e**0 = 1 exactly
-                c0 += 1.0
-                P[j] = 1.0
-                continue
-            if d < X_MIN:  # e**d < 2**-2885: left out, inside the slack
-                continue
-            a, k = exp_fast(d)
-            P[j] = math.ldexp(a, k)
-            eps[j] = EXP_FAST_REL + 1.01 * abs(de)
-            T += P[j]
-            ET += eps[j] * P[j]
-            m += 1
+            if eps[j] != 0.0:  # an exp term (eps >= EXP_FAST_REL); summed in float64, in order
+                T += P[j]
+                ET += eps[j] * P[j]
+                m += 1
         ET = (ET + max(m - 1, 0) * U * T) * 1.01 + n * _TINY
         S = c0 + T
         ES = ET + U * S  # |fl(c0 + T) - (c0 + T_exact)|

@@ -46,7 +46,8 @@ from refkern.accumulate.formats import Format
 from refkern.accumulate.ziv import round_fraction
 from refkern.kernels import _exact_real as xr
 from refkern.kernels._softmax_dd import dd_rows
-from refkern.kernels._transcendental import EXP_FAST_REL, X_MIN, U, bracket_around, exp_fast
+from refkern.kernels._transcendental import U, bracket_around
+from refkern.kernels.softmax import exp_terms
 
 __all__ = ["softmax_backward_rows", "exact_row"]
 
@@ -58,7 +59,7 @@ _FAR = -3000.0  # e**-3000 < 2**-4328: times any |G| or |N| (< 2**1200) below ha
 def _fast_rows(X, G, log, prec, emin, emax, out, und):
     """Float64 pass: out[r, i] decided, or und[r, i] = True (a later pass decides it).
 
-    The forward's bounds (:func:`refkern.kernels.softmax._fast_rows`): ``P_j = e**(x_j - M)`` within
+    The forward's terms and bounds (:func:`refkern.kernels.softmax.exp_terms`): ``P_j = e**(x_j - M)`` within
     ``eps_j = EXP_FAST_REL + 1.01 |de_j|`` relative plus 2**-1074, ``S = c0 + T`` within ``ES``, and
     ``y^_j = P_j fl(1 / S)`` within ``ey_j = y^_j (eps_j + ES / S + 2u) 1.02 + 2**-1073`` (u = 2**-53).
     The sums are compensated (Ogita, Rump and Oishi, "Accurate sum and dot product", SIAM J. Sci.
@@ -103,29 +104,17 @@ def _fast_rows(X, G, log, prec, emin, emax, out, und):
             for j in range(n):
                 out[r, j] = np.nan
             continue
-        P = np.zeros(n)
-        eps = np.zeros(n)
-        c0 = 0.0
+        P = np.empty(n)
+        eps = np.empty(n)
+        c0 = exp_terms(x, M, P, eps)  # the forward's terms and bounds
         T = 0.0
         Tc = 0.0
         ET = 0.0
         for j in range(n):
-            v = x[j]
-            if v == -np.inf:
-                continue
-            d, de = two_sum(v, -M)
-            if d == 0.0:  # x == M: e**0 = 1 exactly
-                c0 += 1.0
-                P[j] = 1.0
-                continue
-            if d < X_MIN:  # e**d < 2**-2885: left out, inside the slack
-                continue
-            a, k = exp_fast(d)
-            P[j] = math.ldexp(a, k)
-            eps[j] = EXP_FAST_REL + 1.01 * abs(de)
-            T, q = two_sum(T, P[j])  # Sum2
-            Tc += q
-            ET += eps[j] * P[j]
+            if eps[j] != 0.0:  # an exp term
+                T, q = two_sum(T, P[j])  # Sum2
+                Tc += q
+                ET += eps[j] * P[j]
         T += Tc
         ET = (ET + (U + g2) * T) * 1.01 + n * _TINY
         S = c0 + T

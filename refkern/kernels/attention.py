@@ -215,6 +215,83 @@ def _mask(attn_mask, qfmt: Format, bqk: tuple, L: int, S: int, op: str):
 
 
 # ------------------------------------------------------------------ the float64 pass (narrow formats)
+# The logits and weights of one row, with their bounds, are formed by the helpers below, read by this pass and by
+# the backward's (refkern.kernels.attention_backward._fast_rows), which differ only in how q . k is summed.
+
+
+@jit(inline="always")
+def row_masks(M3, imb, i, causal, has_mask, z):
+    """z[j] = the mask's value m_ij of row i (-inf where masked out: ``is_causal``'s ``j > i``, a boolean mask's
+    False); True (the row is NaN) at the first m_ij that is NaN or +inf, z then left part-filled."""
+    for j in range(z.size):
+        m = _mask_value(M3, imb, i, j, causal, has_mask)
+        if m != m or m == np.inf:
+            return True
+        z[j] = m
+    return False
+
+
+@jit(inline="always")
+def add_logit(z, ez, j, sz, err):
+    """``z_j = fl(sz + m_ij)`` (``z[j]`` holds the finite ``m_ij`` on entry; ``sz`` the scaled dot product
+    ``fl(s q_i . k_j)`` without its rounding, within ``err`` of the exact one) and ``ez[j] >= |z_j - z_j exact|``:
+    ``err`` plus ``u (|sz| + |z_j|)`` for the scaling's and the mask's roundings, times ``1 + 2**-50`` for the
+    evaluation of the bound, plus ``2**-1073`` (either rounding may underflow: 2**-1075 each)."""
+    zj = sz + z[j]
+    z[j] = zj
+    ez[j] = (err + U * (abs(sz) + abs(zj))) * (1.0 + 2.0**-50) + 2.0 * _TINY
+
+
+@jit(inline="always")
+def row_max(z, ez):
+    """(M, eM): the row's largest logit (the first of equal ones) and its bound ``ez``; M = -inf when every logit
+    is masked out (the row is fully masked)."""
+    M = -np.inf
+    eM = 0.0
+    for j in range(z.size):
+        if z[j] > M:
+            M = z[j]
+            eM = ez[j]
+    return M, eM
+
+
+@jit(inline="always")
+def exp_weights(z, ez, M, eM, p, eps):
+    """The unnormalised weights ``p_j = e**(z_j - M)`` of a row, each within its bound, and their sum.
+
+    ``d = z_j - M`` is exact as ``d + dd`` (two-sum) and off the real argument by at most
+    ``ed = |dd| + ez_j + eM``; below 2**-20 that moves ``e**x`` by at most ``1.01 ed``, so ``p_j`` (exp_fast) is
+    within ``eps_j = EXP_FAST_REL + 1.02 ed`` relative; a masked logit, and ``d < X_MIN`` (``e**d < 2**-2885``,
+    in the slack), give ``p_j = eps_j = 0``. Returns ``(D, ED, ok)``: ``D = sum p_j`` in float64, in order, and
+    ``ED = (sum eps_j p_j + (n - 1) u D) 1.01 + S 2**-1074 >= |D - sum of the exact weights|`` (n the exp terms,
+    each addition within u of a partial sum <= D; 2**-1074 a dropped or underflowed term); ``ok`` is False, and
+    the sums stop there, at the first ``ed > 2**-20`` (large logits: the row goes to a later pass)."""
+    S = z.size
+    for j in range(S):
+        p[j] = 0.0
+        eps[j] = 0.0
+    d_sum = 0.0
+    e_sum = 0.0
+    cnt = 0
+    ok = True
+    for j in range(S):
+        if z[j] == -np.inf:
+            continue
+        d, dd = two_sum(z[j], -M)
+        ed = abs(dd) + ez[j] + eM
+        if ed > 2.0**-20:
+            ok = False
+            break
+        if d < X_MIN:  # e**d < 2**-2885: inside the slack
+            continue
+        a, k = exp_fast(d)
+        pj = math.ldexp(a, k)
+        p[j] = pj
+        eps[j] = EXP_FAST_REL + 1.02 * ed
+        d_sum += pj
+        e_sum += eps[j] * pj
+        cnt += 1
+    return d_sum, (e_sum + max(cnt - 1, 0) * U * d_sum) * 1.01 + S * _TINY, ok
 
 
 @jit(parallel=True)
@@ -228,61 +305,28 @@ def _fast_weights(Z, nq, nk, iq, ik, scale, G, M3, im, has_mask, causal, P, D, E
         i = t % L
         z = np.empty(S)
         ez = np.empty(S)
-        st = 0
-        M = -np.inf
-        eM = 0.0
-        for j in range(S):
-            m = _mask_value(M3, im[b], i, j, causal, has_mask)
-            if m != m or m == np.inf:
-                st = 2
-                break
-            if m == -np.inf:
-                z[j] = -np.inf
-                continue
-            sz = scale * Z[b, i, j]
-            zj = sz + m
-            z[j] = zj
-            ez[j] = (abs(scale) * G * nq[iq[b], i] * nk[ik[b], j] + U * (abs(sz) + abs(zj))) * (1.0 + 2.0**-50)
-            ez[j] += 2.0 * _TINY
-            if zj > M:
-                M = zj
-                eM = ez[j]
-        if st == 0 and M == -np.inf:
-            st = 3
-        if st != 0:
-            status[b, i] = st
-            for j in range(S):
-                P[b, i, j] = 0.0
+        if row_masks(M3, im[b], i, causal, has_mask, z):
+            status[b, i] = 2
+            P[b, i, :] = 0.0
             continue
-        d_sum = 0.0
-        e_sum = 0.0
+        for j in range(S):
+            if z[j] != -np.inf:
+                add_logit(z, ez, j, scale * Z[b, i, j], abs(scale) * G * nq[iq[b], i] * nk[ik[b], j])
+        M, eM = row_max(z, ez)
+        if M == -np.inf:
+            status[b, i] = 3
+            P[b, i, :] = 0.0
+            continue
+        e = np.empty(S)
+        d_sum, e_sum, ok = exp_weights(z, ez, M, eM, P[b, i], e)
         e_max = 0.0
         sq = 0.0
-        cnt = 0
-        for j in range(S):
-            if z[j] == -np.inf:
-                P[b, i, j] = 0.0
-                continue
-            d, dd = two_sum(z[j], -M)
-            ed = abs(dd) + ez[j] + eM
-            if ed > 2.0**-20:
-                st = 1
-                break
-            if d < X_MIN:
-                P[b, i, j] = 0.0  # e**d < 2**-2885: inside the slack
-                continue
-            a, k = exp_fast(d)
-            pj = math.ldexp(a, k)
-            P[b, i, j] = pj
-            ej = EXP_FAST_REL + 1.02 * ed
-            d_sum += pj
-            e_sum += ej * pj
-            e_max = max(e_max, ej)
-            sq += pj * pj
-            cnt += 1
-        status[b, i] = st
+        for j in range(S):  # zero beyond the exp terms
+            e_max = max(e_max, e[j])
+            sq += P[b, i, j] * P[b, i, j]
+        status[b, i] = 0 if ok else 1
         D[b, i] = d_sum
-        ED[b, i] = (e_sum + max(cnt - 1, 0) * U * d_sum) * 1.01 + S * _TINY
+        ED[b, i] = e_sum
         eps[b, i] = e_max
         pn[b, i] = math.sqrt(sq) * (1.0 + (S + 4) * U) + S * _TINY
 

@@ -55,16 +55,13 @@ The exact path's rational arithmetic lives with the numerics: :mod:`refkern.kern
 rationality tests).
 """
 
-import math
-
 import numpy as np
 from numba import prange
 
 from refkern._jit import jit
-from refkern.accumulate.eft import two_sum
 from refkern.kernels._exact_attention import _Exact
-from refkern.kernels._transcendental import EXP_FAST_REL, X_MIN, U, bracket_around, exp_fast
-from refkern.kernels.attention import Attention, _mask_value
+from refkern.kernels._transcendental import U, bracket_around
+from refkern.kernels.attention import Attention, add_logit, exp_weights, row_masks, row_max
 
 __all__ = ["attention_backward", "AttnBackCounts"]
 
@@ -106,18 +103,18 @@ def _fast_rows(Q, K, V, G, iq, ik, iv, M3, im, has_mask, causal, scale, P, eP, d
         Kb = K[ik[b]]
         Vb = V[iv[b]]
         g = G[b, i]
+        for j in range(S):
+            P[b, i, j] = 0.0
+            eP[b, i, j] = 0.0
+            dS[b, i, j] = 0.0
+            edS[b, i, j] = 0.0
         z = np.empty(S)
         ez = np.empty(S)
-        st = 0
-        M = -np.inf
-        eM = 0.0
+        if row_masks(M3, im[b], i, causal, has_mask, z):  # the forward's logits and bounds
+            status[b, i] = 2
+            continue
         for j in range(S):
-            m = _mask_value(M3, im[b], i, j, causal, has_mask)
-            if m != m or m == np.inf:
-                st = 2
-                break
-            if m == -np.inf:
-                z[j] = -np.inf
+            if z[j] == -np.inf:
                 continue
             dot = 0.0
             A = 0.0
@@ -125,22 +122,10 @@ def _fast_rows(Q, K, V, G, iq, ik, iv, M3, im, has_mask, causal, scale, P, eP, d
                 pr = q[l] * Kb[j, l]  # exact: narrow inputs
                 dot += pr
                 A += abs(pr)
-            ts = scale * dot
-            zj = ts + m
-            z[j] = zj
-            ez[j] = (abs(scale) * gE * A + U * (abs(ts) + abs(zj))) * (1.0 + 2.0**-50) + 2.0 * _TINY
-            if zj > M:
-                M = zj
-                eM = ez[j]
-        if st == 0 and M == -np.inf:
-            st = 3
-        for j in range(S):
-            P[b, i, j] = 0.0
-            eP[b, i, j] = 0.0
-            dS[b, i, j] = 0.0
-            edS[b, i, j] = 0.0
-        if st != 0:
-            status[b, i] = st
+            add_logit(z, ez, j, scale * dot, abs(scale) * gE * A)
+        M, eM = row_max(z, ez)
+        if M == -np.inf:
+            status[b, i] = 3
             continue
         nfin = 0
         for j in range(S):
@@ -151,29 +136,10 @@ def _fast_rows(Q, K, V, G, iq, ik, iv, M3, im, has_mask, causal, scale, P, eP, d
             P[b, i, jf] = 1.0
             status[b, i] = 0
             continue
-        eps = np.zeros(S)
-        Dsum = 0.0
-        esum = 0.0
-        cnt = 0
-        for j in range(S):
-            if z[j] == -np.inf:
-                continue
-            d, dd = two_sum(z[j], -M)
-            ed = abs(dd) + ez[j] + eM
-            if ed > 2.0**-20:
-                st = 1
-                break
-            if d < X_MIN:  # e**d < 2**-2885: inside the slack
-                continue
-            a, k = exp_fast(d)
-            P[b, i, j] = math.ldexp(a, k)
-            eps[j] = EXP_FAST_REL + 1.02 * ed
-            Dsum += P[b, i, j]
-            esum += eps[j] * P[b, i, j]
-            cnt += 1
-        ED = (esum + max(cnt - 1, 0) * U * Dsum) * 1.01 + S * _TINY
+        eps = np.empty(S)
+        Dsum, ED, ok = exp_weights(z, ez, M, eM, P[b, i], eps)  # the forward's weights and bounds
         rho = ED / Dsum
-        if st == 1 or not rho < 2.0**-20:
+        if not ok or not rho < 2.0**-20:
             status[b, i] = 1
             continue
         inv = 1.0 / Dsum

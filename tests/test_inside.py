@@ -304,20 +304,20 @@ def test_noise_is_not_an_output_stored_in_half():
 
 
 def test_sequential_welford_drift_by_hand():
-    """The row [1, 2, 3] (mean 2, var 2/3, eps 0): prefix sums 1, 3, 6 (sum 10), suffix sums 5, 3 and the
-    total 6 (sum 14), sum |x - mean| = 2: B = u (14 + 2 * 2) / 3 = 6 u; r = sqrt(3/2), w = 1: the drift
-    member's bound on each element is (r B)**2 = 54 u**2."""
+    """The float32 row [0, 0, 1] (mean 1/3, var 2/9, eps 0): its sequential Welford means drift by at most
+    D = 2 / (3 2**25) (right to left, 1/2 - fl32(1/6) is a tie rounded to even: noise_rows.welford_drift);
+    r**2 = 9/2, w = 1: the member's (r D)**2 on each element is 2**-49 (the float64 mean holds D to 1e-9)."""
     from refkern.analysis._envelope_ops import layout
 
-    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    x = np.array([[0.0, 0.0, 1.0]], np.float32)
     args = {"input": x, "normalized_shape": (3,), "weight": None, "bias": None, "eps": 0.0}
     lay = layout("layer_norm", args, x.shape)
     ref = rk.layer_norm(x, (3,), eps=0.0)
     _, _, drift_bound, drift, _ = nz._norm(lay, "layer_norm", lay.rows(np.asarray(ref), np.float32), 2.0**-24,
                                            FLOAT32, 0.0)  # fmt: skip
     B = drift_bound()
-    assert B.tolist() == pytest.approx([6 * 2.0**-24], rel=4e-16, abs=0)
-    assert drift(B)[0].tolist() == pytest.approx([54 * 2.0**-48] * 3, rel=4e-16, abs=0)
+    assert B.tolist() == pytest.approx([2.0 / (3.0 * 2.0**25)], rel=4e-9, abs=0)
+    assert drift(B)[0].tolist() == pytest.approx([2.0**-49] * 3, rel=4e-9, abs=0)
 
 
 def test_sequential_welford_on_quantized_offset_rows_is_rounding():

@@ -59,6 +59,10 @@ def test_promotion_and_the_cast_of_both_operands_by_hand():
     got = refkern.pow(2.0, e)
     assert got.dtype == torch.float16 and got.shape == (2, 3)
     assert _flat(got).tolist() == [2.0**-24, 32768.0, math.inf, 0.0, 1.0, 1.0]  # 2**-25: a tie, to even (0)
+    zero_d = refkern.pow(torch.tensor(3.0), torch.tensor(0.5))  # two 0-dim tensors: a 0-dim result
+    assert zero_d.shape == () and float(zero_d) == float(np.float32(3**0.5))
+    assert refkern.compare(torch.pow(torch.tensor(3.6171), torch.tensor(0.7)), "pow", torch.tensor(3.6171),
+                           torch.tensor(0.7)).shape == ()  # fmt: skip
     col = refkern.pow(torch.tensor([[4.0], [9.0]]), torch.tensor([0.5, -0.5, 1.5]))
     assert _flat(col).tolist() == [2.0, 0.5, 8.0, 3.0, float(np.float32(1 / 3)), 27.0]
 

@@ -560,8 +560,8 @@ def pow_operands(input, exponent, name="pow"):  # noqa: A002
             ranks.append(0)
     top = max(ranks)
     fmt = promote(*(o.fmt for o, r in zip(ops, ranks) if r == top))
-    vals = [np.asarray(round_array(np.asarray(o.values, np.float64), *fmt.params) if r else o, np.float64)
-            for o, r in zip(ops, ranks)]  # fmt: skip
+    vals = [round_array(np.asarray(o.values, np.float64), *fmt.params).reshape(o.shape) if r else  # (0-d stays 0-d)
+            np.asarray(o, np.float64) for o, r in zip(ops, ranks)]  # fmt: skip
     x, y = np.broadcast_arrays(*vals)
     tensor = any(r and o.torch for o, r in zip(ops, ranks))
     return np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1), fmt, x.shape, tensor

@@ -124,3 +124,19 @@ def test_round_array_vector_loops_match_the_oracle(fmt, mode):
     y = x[: 74 * 54].reshape(74, 54).T
     assert np.array_equal(round_array(y, *_PARAMS[fmt], mode).view(np.int64),
                           np.array([[_oracle(float(v), fmt, mode) for v in r] for r in y]).view(np.int64))  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_round_array_keeps_the_shape(mode):
+    """A 0-d array stays 0-d (np.ascontiguousarray alone would make it 1-d), a transposed 3-D view keeps its
+    shape, an empty array its own."""
+    from refkern.accumulate.formats import round_array
+
+    p = _PARAMS["bfloat16"]
+    got = round_array(np.float64(1.0 + 2.0**-8), *p, mode)
+    assert got.shape == () and same(got[()], _oracle(1.0 + 2.0**-8, "bfloat16", mode))
+    x = np.arange(24.0).reshape(2, 3, 4).transpose(2, 0, 1) * (1 + 2.0**-9)
+    got = round_array(x, *p, mode)
+    assert got.shape == (4, 2, 3)
+    assert all(same(g, _oracle(float(v), "bfloat16", mode)) for g, v in zip(got.reshape(-1), x.reshape(-1)))
+    assert round_array(np.empty((0, 5)), *p, mode).shape == (0, 5)

@@ -197,7 +197,8 @@ def _round_array(x, prec, emin, emax, mode, out):
 def round_array(x, prec, emin, emax, mode=NEAREST_EVEN):
     """A copy of the float64 array ``x`` with every element rounded to the format: ``mode`` 0 (or
     False) to nearest even, 1 (or True) toward zero, 2 to nearest with ties away from zero."""
-    x = np.ascontiguousarray(x, np.float64)  # transposed or broadcast views: a C-order copy
-    out = np.empty_like(x)
-    _round_array(x.reshape(-1), prec, emin, emax, np.int64(int(mode)), out.reshape(-1))
+    x = np.asarray(x, np.float64)
+    out = np.empty(x.shape)  # x's shape, 0-d included (ascontiguousarray returns at least 1-d)
+    flat = np.ascontiguousarray(x).reshape(-1)  # transposed or broadcast views: a C-order copy
+    _round_array(flat, prec, emin, emax, np.int64(int(mode)), out.reshape(-1))
     return out

@@ -167,7 +167,7 @@ def test_gradients_by_hand():
     assert _flat(got["exponent"]).tolist() == [2.7725887298583984, 5.545177459716797, 0.0, -0.0, 0.0, -math.inf,
                                                2.079441547393799]  # fmt: skip
     assert math.copysign(1.0, _flat(got["exponent"])[3]) == -1.0
-    with pytest.raises(ValueError, match=r"^backward: pow's gradients take an exponent of the input's shape"):
+    with pytest.raises(ValueError, match=r"^backward: pow's gradient of exponent takes exponent of the result's shape"):
         pow_gradients(torch.ones(2, 3), torch.ones(2, 3), torch.ones(3))
 
 
@@ -196,3 +196,11 @@ def test_torch_tensor_exponent_gradients_are_judged_and_bugs_are_mismatches(dtyp
     assert refkern.compare_backward({"input": forgot}, "pow", g, x, y)["input"].verdict == "mismatch"
     assert set(refkern.backward("pow", g, x, y)) == {"input", "exponent"}
     assert set(refkern.backward("pow", g, x, 2.5)) == {"input"}  # a number exponent has no gradient
+    # a 0-dim exponent: the input's gradient is elementwise (the exponent's would be a sum over the broadcast)
+    e = y[:1].reshape(())
+    xr = x.clone().requires_grad_()
+    torch.pow(xr, e).backward(g)
+    rep = refkern.compare_backward({"input": xr.grad}, "pow", g, x, e)["input"]
+    assert rep.verdict in ("exact", "rounding"), str(rep)
+    with pytest.raises(ValueError, match=r"^compare_backward: pow's gradient of exponent takes exponent of the resu"):
+        refkern.compare_backward({"exponent": e}, "pow", g, x, e)

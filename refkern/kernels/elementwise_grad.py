@@ -241,9 +241,10 @@ def _elementwise(name, grad_output, a, wrt, who):
     """The :class:`Adjoint` of ``input`` (refkern.gradients' builder; pow with a tensor exponent: of ``input`` and
     ``exponent``, as asked): computed here, judged by :mod:`refkern.analysis.elementwise_grad`."""
     if tensor_exponent(name, a):
-        pow_gradients(grad_output, a["input"], a["exponent"], who)  # validated now
+        ks = tuple(k for k in wrt if ew._is_array(a.get(k)))  # (a number base has no gradient)
+        _pow_checked(a["input"], a["exponent"], who, ks)  # validated now (grad_output when computed)
         return {k: Adjoint(k, name, (), compute=lambda k=k: pow_gradients(grad_output, a["input"], a["exponent"],
-                                                                         who)[k]) for k in wrt}  # fmt: skip
+                                                                         who, (k,))[k]) for k in ks}  # fmt: skip
     if name == "pow" and tuple(wrt) == ("exponent",):
         raise ValueError(f"{who}: pow's exponent is a number here; it has no gradient. Pass it as a tensor.")
     grad_fn(name, a)
@@ -254,19 +255,29 @@ def _elementwise(name, grad_output, a, wrt, who):
     return {"input": Adjoint("input", name, (), compute=lambda: gradient(name, grad_output, a, who))}
 
 
-def pow_gradients(grad_output_, input, exponent, who="backward"):  # noqa: A002
-    """Both gradients of ``torch.pow(input, exponent)`` with a tensor exponent of the input's shape and dtype:
-    ``{"input": g y x**(y - 1), "exponent": g x**y ln x}``, each correctly rounded to the dtype (torch's
-    formulas where the real value is not defined: :mod:`refkern.kernels.math_grad`). A broadcast exponent, or
-    one of another dtype, takes autograd's sum over the broadcast axes and a cast of the gradient (a reduction
-    and a second rounding, not this elementwise rule): not supported here."""
-    x, y, fmt, shape, tensor = ew.pow_operands(input, exponent, who)
-    shapes = [tuple(getattr(v, "shape", ())) for v in (input, exponent)]
-    if shapes[0] != shapes[1] or operand(input, "input", who).fmt is not operand(exponent, "exponent", who).fmt:
-        raise ValueError(f"{who}: pow's gradients take an exponent of the input's shape and dtype; got shapes "
-                         f"{shapes[0]} and {shapes[1]}. Expand and convert the exponent first.")  # fmt: skip
+def pow_gradients(grad_output_, input, exponent, who="backward", wrt=("input", "exponent")):  # noqa: A002
+    """The gradients ``wrt`` of ``torch.pow(input, exponent)`` with a tensor exponent: ``{"input": g y x**(y - 1),
+    "exponent": g x**y ln x}``, each correctly rounded to the result's dtype (torch's formulas where the real value
+    is not defined: :mod:`refkern.kernels.math_grad`), the exponent broadcast against the input. Each asked-for
+    argument must have the result's shape and dtype: a broadcast one's gradient is autograd's sum over the
+    broadcast axes, one of another dtype a cast of it (a reduction and a second rounding, not this rule)."""
+    x, y, fmt, shape, tensor = _pow_checked(input, exponent, who, wrt)
     g = grad_output(grad_output_, "pow", fmt, shape, who)
     gf = np.ascontiguousarray(g.values, np.float64).reshape(-1)
-    return {k: deliver(reference(fn, gf, x, fmt, (y,)).reshape(shape), fmt, tensor or g.torch)
-            for k, fn in (("input", "pow"), ("exponent", "pow_exponent"))}  # fmt: skip
+    fns = {"input": "pow", "exponent": "pow_exponent"}
+    return {k: deliver(reference(fns[k], gf, x, fmt, (y,)).reshape(shape), fmt, tensor or g.torch) for k in wrt}
 
+
+def _pow_checked(input, exponent, who, wrt):  # noqa: A002
+    """:func:`refkern.kernels.elementwise.pow_operands`, each argument of ``wrt`` checked (:func:`pow_gradients`)."""
+    x, y, fmt, shape, tensor = ew.pow_operands(input, exponent, who)
+    for k, v in (("input", input), ("exponent", exponent)):
+        if k not in wrt:
+            continue
+        o = operand(v, k, who) if ew._is_array(v) else None
+        if o is None or tuple(o.shape) != tuple(shape) or o.fmt is not fmt:
+            got = f"shape {tuple(o.shape)}, {o.fmt.name}" if o is not None else "a number"
+            raise ValueError(f"{who}: pow's gradient of {k} takes {k} of the result's shape and dtype, {tuple(shape)} "
+                             f"and {fmt.name}; got {got}. A broadcast {k}'s gradient is a sum: expand and convert "
+                             "it first.")  # fmt: skip
+    return x, y, fmt, shape, tensor

@@ -360,10 +360,14 @@ def _attention(name, b, out):
 
 def _elementwise(name, b, out):
     """An elementwise function (exp, rsqrt, silu, gelu with its ``approximate``, softplus with ``beta`` and
-    ``threshold``, pow of a tensor to a number): refkern's op of the same name on the same input."""
+    ``threshold``, pow of a tensor or a number to a number or a float tensor): refkern's op of the same name on the
+    same arguments."""
     x = b.get("self")
     y = _tensors(out)
-    if not _float(x) or not y or y[0].dtype != x.dtype:
+    e = b.get("exponent") if name == "pow" else None
+    tensor_pow = isinstance(e, torch.Tensor) and _float(e)  # pow.Tensor_Tensor, pow.Scalar (a number base)
+    ok = (_float(x) or (tensor_pow and isinstance(x, (int, float)))) and y
+    if not ok or (not tensor_pow and y[0].dtype != x.dtype):
         got = "a number" if not isinstance(x, torch.Tensor) else str(x.dtype).removeprefix("torch.")
         return [Part("out", 0, OpCall(name, unsupported=f"{name} of {got} (refkern's {name} takes a float16, "
                                       "bfloat16, float32 or float64 tensor, its result in that dtype)"))]  # fmt: skip
@@ -373,10 +377,9 @@ def _elementwise(name, b, out):
     elif name == "softplus":
         kw = {"beta": b["beta"], "threshold": b["threshold"]}
     elif name == "pow":
-        e = b.get("exponent")
-        if isinstance(e, torch.Tensor):
-            return [Part("out", 0, OpCall(name, unsupported="pow with a tensor exponent (refkern's pow takes a "
-                                          "number)"))]  # fmt: skip
+        if isinstance(e, torch.Tensor) and not tensor_pow:
+            return [Part("out", 0, OpCall(name, unsupported=f"pow with a {e.dtype} exponent tensor (refkern's pow "
+                                          "takes a number or a float tensor)"))]  # fmt: skip
         kw["exponent"] = e
     return [Part("out", 0, OpCall(name, name, (x,), kw))]
 

@@ -313,7 +313,10 @@ def _same(func, args, kwargs) -> OpCall:
             vals["correction"] = int(bool(vals.pop("unbiased")))
     if op in ("softmax", "log_softmax") and vals.get("dim") is None:  # torch's implicit dim (deprecated)
         vals["dim"] = 0 if first.dim() in (0, 1, 3) else 1
-    if op == "pow" and not isinstance(vals.get("exponent"), (int, float)):
+    e = vals.get("exponent")
+    if op == "pow" and isinstance(e, torch.Tensor) and e.dtype in _FLOATS:  # refkern.pow takes a float tensor exponent
+        return OpCall(torch_name, op, (vals["input"], e), {})
+    if op == "pow" and not isinstance(e, (int, float)):
         kind = type(vals.get("exponent")).__name__
         return OpCall(torch_name, unsupported=f"{torch_name} with exponent of type {kind} (refkern's pow takes a "
                       "tensor to a number)")  # fmt: skip

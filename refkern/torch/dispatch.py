@@ -371,16 +371,12 @@ def _elementwise(name, b, out):
         got = "a number" if not isinstance(x, torch.Tensor) else str(x.dtype).removeprefix("torch.")
         return [Part("out", 0, OpCall(name, unsupported=f"{name} of {got} (refkern's {name} takes a float16, "
                                       "bfloat16, float32 or float64 tensor, its result in that dtype)"))]  # fmt: skip
-    kw = {}
-    if name == "gelu":
-        kw["approximate"] = b["approximate"]
-    elif name == "softplus":
-        kw = {"beta": b["beta"], "threshold": b["threshold"]}
-    elif name == "pow":
-        if isinstance(e, torch.Tensor) and not tensor_pow:
-            return [Part("out", 0, OpCall(name, unsupported=f"pow with a {e.dtype} exponent tensor (refkern's pow "
-                                          "takes a number or a float tensor)"))]  # fmt: skip
-        kw["exponent"] = e
+    if name == "pow" and isinstance(e, torch.Tensor) and not tensor_pow:
+        return [Part("out", 0, OpCall(name, unsupported=f"pow with a {e.dtype} exponent tensor (refkern's pow takes "
+                                      "a number or a float tensor)"))]  # fmt: skip
+    # the keywords the record's signature names (gelu's approximate, softplus's beta and threshold, pow's exponent),
+    # as the aten call's bound arguments give them; silu's inplace is no aten argument
+    kw = {p: b[p] for p in _ops.get(name).calls[0].params[1:] if p in b}
     return [Part("out", 0, OpCall(name, name, (x,), kw))]
 
 

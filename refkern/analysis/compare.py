@@ -3,6 +3,7 @@
 import numpy as np
 from numba import prange
 
+import refkern.ops as _ops
 from refkern._arrays import converted_once, operand
 from refkern._jit import jit
 from refkern.accumulate.formats import FORMATS
@@ -20,14 +21,9 @@ from refkern.analysis.ulp import ulp_errors
 from refkern.analysis.verdict import decide
 from refkern.analysis.verdict_envelope import decide_envelope
 from refkern.engines.filter import threads_for
-from refkern.ops import names as _op_names
 from refkern.scale._dispatch import computed, dask_in
 
 __all__ = ["compare", "assert_matches_reference", "elements"]
-
-ELEMENTWISE_OPS = _op_names(error_model="elementwise")  #: judged by refkern.analysis.elementwise
-LOSS_OPS = _op_names(error_model="loss")  #: judged by refkern.analysis.losses
-GATHER_OPS = _op_names(error_model="gather")  #: judged bit for bit by refkern.analysis.embedding
 
 
 def _ulps(actual, ref, fmt):
@@ -99,18 +95,9 @@ def _analyse_once(actual, op, args, kwargs, rtol, atol, arrays):
     if dask_in(actual, *args, *kwargs.values()):  # Dask arrays: computed together, then judged
         actual, args, kwargs = computed(actual, args, kwargs)
     name = op_name(op)
-    if name in ELEMENTWISE_OPS:  # one function per element: the accuracy-class yardstick
-        from refkern.analysis.elementwise import compare_call
-
-        return compare_call(actual, name, args, kwargs, rtol, atol, arrays)
-    if name in LOSS_OPS:  # log_softmax, then weighted sums: the envelope of torch's composition
-        from refkern.analysis.losses import compare_call as loss_call
-
-        return loss_call(actual, name, args, kwargs, rtol, atol, arrays)
-    if name in GATHER_OPS:  # a lookup: the selected values, bit for bit
-        from refkern.analysis.embedding import compare_call as gather_call
-
-        return gather_call(actual, name, args, kwargs, rtol, atol, arrays)
+    judge = _ops.get(name).judge  # an error model with a judge of its own (refkern.ops.JUDGES)
+    if judge is not None:
+        return judge(actual, name, args, kwargs, rtol, atol, arrays)
     act, fmt, device = _actual(actual, held=name in ENVELOPE_OPS and not arrays)
     if fmt.name not in FORMATS:
         raise TypeError(f"compare: actual must be a float16, bfloat16, float32 or float64 result; got {fmt.name}.")

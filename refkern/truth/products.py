@@ -48,7 +48,9 @@ def exact_precision(terms) -> int:
 
 
 def round_exact(negative: bool, man: int, exp: int, fmt: Format) -> float:
-    """Round ``(-1)**negative * man * 2**exp`` (man >= 0 an integer) once to ``fmt``.
+    """Round ``(-1)**negative * man * 2**exp`` (man >= 0 an integer) once to ``fmt``. Written here again, not
+    taken from :func:`refkern.kernels._exact_real.round_dyadic`, on purpose: the truth shares no numerics with the
+    fast path it checks.
 
     Round to nearest, ties to even; subnormal grid ``2**(emin - prec + 1)``; +-inf when the
     value rounded with an unbounded exponent reaches ``2**(emax + 1)``; a nonzero value

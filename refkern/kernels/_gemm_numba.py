@@ -83,8 +83,10 @@ def matmul_operands(p, contiguous=True):
     m, k, n = A2.shape[-2], A2.shape[-1], B2.shape[-1]
     ba, bb = A2.shape[:-2], B2.shape[:-2]
     na, nb = int(np.prod(ba, dtype=np.int64)), int(np.prod(bb, dtype=np.int64))
-    ia = np.broadcast_to(np.arange(na).reshape(ba), batch).reshape(-1)
-    ib = np.broadcast_to(np.arange(nb).reshape(bb), batch).reshape(-1)
+    # writable copies always (a few integers): a read-only view where nothing broadcasts would be a kernel
+    # signature of its own, one more compilation of _gemm_nt and of the engines' kernels
+    ia = np.array(np.broadcast_to(np.arange(na).reshape(ba), batch).reshape(-1), np.int64)
+    ib = np.array(np.broadcast_to(np.arange(nb).reshape(bb), batch).reshape(-1), np.int64)
     A3 = np.ascontiguousarray(A2.reshape(na, m, k))
     Bt3 = np.swapaxes(B2.reshape(nb, k, n), 1, 2)
     Bt3 = np.ascontiguousarray(Bt3) if contiguous else Bt3
@@ -113,7 +115,7 @@ def linear_operands(p):
         if sb not in ((out_features,), ()) or (len(sw) == 1 and sb != ()):
             want = f"({out_features},) or ()" if len(sw) == 2 else "()"
             raise ValueError(f"{op}: bias must have shape {want}; got bias.shape={sb}.")
-        b = np.ascontiguousarray(np.broadcast_to(as_f64(p.ops["bias"]), (out_features,)))
+        b = np.array(np.broadcast_to(as_f64(p.ops["bias"]), (out_features,)))  # writable, as ia and ib
     X = as_f64(p.ops["x"]).reshape(1, int(np.prod(sx[:-1], dtype=np.int64)), sx[-1])
     W = as_f64(p.ops["weight"]).reshape(1, out_features, sw[-1])
     shape = tuple(sx[:-1]) + ((out_features,) if len(sw) == 2 else ())

@@ -99,7 +99,9 @@ def _batch_map(shape: tuple, out: tuple, repeat: int = 1) -> np.ndarray:
     idx = np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape)
     if repeat > 1:
         idx = np.repeat(idx, repeat, axis=-1)
-    return np.ascontiguousarray(np.broadcast_to(idx, out).reshape(-1), dtype=np.int64)
+    # a writable copy always (a few integers): a read-only view where nothing broadcasts would be a kernel
+    # signature of its own, one more compilation of each kernel that takes it (_dd_rows: 4 of them)
+    return np.array(np.broadcast_to(idx, out).reshape(-1), dtype=np.int64)
 
 
 def _gqa_factor(hq: int, hk: int, name: str) -> int:

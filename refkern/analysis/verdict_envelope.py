@@ -108,12 +108,18 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
         params = (st is not out, *st.params, key == ONE_PASS)
         counts, tcnt = np.zeros((nch, 5), np.int64), np.zeros(nch, np.int64)
         tidx, tval = np.zeros((nch, _TOP), np.int64), np.zeros((nch, _TOP))
-        lo, hi, room = median_bracket(c, np.broadcast_to(b, c.shape), out.prec, out.emin) if ulps else (0.0, 0.0, 0.0)
+        lo, hi, room = median_bracket(c, np.broadcast_to(b, c.shape), out.prec, out.emin) if ulps and (
+            b.size > 1 or b[0] < np.inf) else (0.0, 0.0, 0.0)  # fmt: skip
         # a bracket of one value needs no kept value (median_in_bracket): one slot each, overwritten
         kept = np.empty((nch, (int(room * (-(-a.size // nch))) + 64 if lo != hi else 1) if ulps else 0))
         n_kept, n_below, peak, uerr = np.zeros(nch, np.int64), np.zeros(nch, np.int64), np.zeros(nch), np.zeros(nch)
-        _envelope_pass(a, c, b, *params, ulps, out.prec, out.emin, lo, hi, np.empty(0), state, counts, tidx, tval,
-                       tcnt, kept, n_kept, n_below, peak, uerr)  # fmt: skip
+        vacuous = b.size == 1 and b[0] == np.inf and not params[0] and a.size  # the norms' bound beyond n u > 1/8
+        if vacuous:
+            _vacuous_pass(a, c, params[-1], out.prec, out.emin, state, counts, tidx, tval, tcnt, uerr)
+            peak[:] = np.inf
+        else:
+            _envelope_pass(a, c, b, *params, ulps, out.prec, out.emin, lo, hi, np.empty(0), state, counts, tidx, tval,
+                           tcnt, kept, n_kept, n_below, peak, uerr)  # fmt: skip
         shape = np.shape(actual)
         # the equal elements' -1 keys fill a chunk's list only while it is short, at its end
         tcnt = ((tval >= 0.0) & (np.arange(_TOP)[None, :] < tcnt[:, None])).sum(axis=1)
@@ -123,7 +129,7 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
                          blind=int(counts[:, 4].sum()), top=top)  # fmt: skip
         f.max_ratio = float(f.ratio_at(top[:1]).max(initial=0.0))
         if ulps:
-            f.median_ulps = median_in_bracket(kept, n_kept, n_below, a.size, lo, hi)
+            f.median_ulps = np.inf if vacuous else median_in_bracket(kept, n_kept, n_below, a.size, lo, hi)
             if f.median_ulps is None:  # outside the sampled bracket: two passes of its own
                 f.median_ulps = median_max_bound_ulps(np.asarray(c, np.float64), np.ascontiguousarray(
                     np.broadcast_to(b, c.shape)), out.prec, out.emin)[0]  # fmt: skip
@@ -255,6 +261,50 @@ def _envelope_pass(a, c, bound, grid, prec, emin, emax, one_pass, ulps, oprec, o
         counts[ch, 3], counts[ch, 4] = n3, n4
         tcnt[ch], n_kept[ch], n_below[ch] = m, nk, nb
         peak[ch], uerr[ch] = np.int64(pk).view(np.float64), np.int64(ue).view(np.float64)
+
+
+@jit(parallel=True, error_model="numpy")
+def _vacuous_pass(a, c, one_pass, oprec, oemin, state, counts, tidx, tval, tcnt, uerr):
+    """:func:`_envelope_pass` where the bound is +inf for every element and no grid is required (the rounding
+    envelope of a norm once n u > 1/8: :func:`~refkern.analysis.envelope._norm_envelope`), with the same
+    outputs but the ratio array: an unequal element's ratio ``|a - c| / inf`` is 0 (state 2, vacuous) where the
+    difference is finite and inf (state 3, beyond) where it is not (one NaN, or infinities that differ), but
+    for ``one_pass``'s NaN output, which is within; every finite centre counts as blind; the bound in ulps is
+    inf everywhere (its median and largest, which the caller sets), and the largest error in ulps is
+    :func:`~refkern.analysis.passes.ulps_at`'s. The top list takes the keys in the same order as the full
+    pass's (-1 equal, 0 within, the largest float beyond), so it holds the same elements. One loop, no
+    ratio, bracket or kept values: what the full pass spends on a bound that says nothing."""
+    n = a.size
+    nch = counts.shape[0]
+    for ch in prange(nch):
+        n0 = n2 = n3 = n4 = m = 0
+        ue = 0
+        ti, tv = tidx[ch], tval[ch]
+        thr = -np.inf
+        start, stop = ch * n // nch, (ch + 1) * n // nch
+        for i in range(start, stop):
+            x, y = np.float64(a[i]), np.float64(c[i])
+            sm = (x == y) | ((x != x) & (y != y))
+            far = not abs(x - y) < np.inf
+            if one_pass and x != x:
+                far = False
+            d = ulps_at(x, y, np.inf, sm, oprec, oemin)[1]
+            ue = max(ue, np.float64(d).view(np.int64))
+            us = not sm
+            s3, s2 = far & us, us & (not far)
+            state[i] = np.int8(us) + np.int8(s2) + np.int8(2 * s3)
+            n0 += sm
+            n2 += s2
+            n3 += s3
+            n4 += y - y == 0.0
+            key = -1.0 if sm else (_BIG if far else 0.0)
+            if key > thr:
+                m = insert_top(ti, tv, m, i, key)
+                thr = tv[m - 1] if m == ti.size else -np.inf
+        counts[ch, 0], counts[ch, 1], counts[ch, 2] = n0, (stop - start) - n0 - n2 - n3, n2
+        counts[ch, 3], counts[ch, 4] = n3, n4
+        tcnt[ch] = m
+        uerr[ch] = np.int64(ue).view(np.float64)
 
 
 def _evidence(f: _EnvelopeFit, r0: _EnvelopeFit, ref, fails0) -> tuple:

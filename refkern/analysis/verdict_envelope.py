@@ -272,35 +272,41 @@ def _vacuous_pass(a, c, one_pass, oprec, oemin, state, counts, tidx, tval, tcnt,
     for ``one_pass``'s NaN output, which is within; every finite centre counts as blind; the bound in ulps is
     inf everywhere (its median and largest, which the caller sets), and the largest error in ulps is
     :func:`~refkern.analysis.passes.ulps_at`'s. The top list takes the keys in the same order as the full
-    pass's (-1 equal, 0 within, the largest float beyond), so it holds the same elements. One loop, no
-    ratio, bracket or kept values: what the full pass spends on a bound that says nothing."""
+    pass's (-1 equal, 0 within, the largest float beyond), so it holds the same elements. No ratio, bracket
+    or kept values: what the full pass spends on a bound that says nothing. By blocks of :data:`_BLOCK` in two
+    loops as the full pass (selects only in the first, the rare inserts in the second): half the time of one
+    loop that branches on the equal/unequal coin flip (layer_norm (32, 512, 768) bf16, one thread: 0.093 s ->
+    0.050 s)."""
     n = a.size
     nch = counts.shape[0]
     for ch in prange(nch):
         n0 = n2 = n3 = n4 = m = 0
         ue = 0
         ti, tv = tidx[ch], tval[ch]
+        keys = np.empty(_BLOCK)
         thr = -np.inf
         start, stop = ch * n // nch, (ch + 1) * n // nch
-        for i in range(start, stop):
-            x, y = np.float64(a[i]), np.float64(c[i])
-            sm = (x == y) | ((x != x) & (y != y))
-            far = not abs(x - y) < np.inf
-            if one_pass and x != x:
-                far = False
-            d = ulps_at(x, y, np.inf, sm, oprec, oemin)[1]
-            ue = max(ue, np.float64(d).view(np.int64))
-            us = not sm
-            s3, s2 = far & us, us & (not far)
-            state[i] = np.int8(us) + np.int8(s2) + np.int8(2 * s3)
-            n0 += sm
-            n2 += s2
-            n3 += s3
-            n4 += y - y == 0.0
-            key = -1.0 if sm else (_BIG if far else 0.0)
-            if key > thr:
-                m = insert_top(ti, tv, m, i, key)
-                thr = tv[m - 1] if m == ti.size else -np.inf
+        for s in range(start, stop, _BLOCK):
+            size = min(_BLOCK, stop - s)
+            for t in range(size):
+                i = s + t
+                x, y = np.float64(a[i]), np.float64(c[i])
+                sm = (x == y) | ((x != x) & (y != y))
+                far = (not abs(x - y) < np.inf) & (not (one_pass & (x != x)))
+                ue = max(ue, np.float64(ulps_at(x, y, np.inf, sm, oprec, oemin)[1]).view(np.int64))
+                us = not sm
+                s3, s2 = far & us, us & (not far)
+                state[i] = np.int8(us) + np.int8(s2) + np.int8(2 * s3)
+                n0 += sm
+                n2 += s2
+                n3 += s3
+                n4 += y - y == 0.0
+                keys[t] = -1.0 if sm else (_BIG if far else 0.0)
+            for t in range(size):
+                key = keys[t]
+                if key > thr:
+                    m = insert_top(ti, tv, m, s + t, key)
+                    thr = tv[m - 1] if m == ti.size else -np.inf
         counts[ch, 0], counts[ch, 1], counts[ch, 2] = n0, (stop - start) - n0 - n2 - n3, n2
         counts[ch, 3], counts[ch, 4] = n3, n4
         tcnt[ch] = m

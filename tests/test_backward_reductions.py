@@ -421,3 +421,32 @@ def test_check_backward_dispatches_the_reductions():
         assert all(r.report.verdict in ("exact", "rounding") for r in res.grads)
     with pytest.raises(ValueError, match=r"^check: dot with arguments other than two tensors of one dtype"):
         rkt.check(torch.dot, x[0], x[1].double(), devices=["cpu"])  # torch refuses mixed dtypes: so does the table
+
+
+def test_bias_gradient_is_judged_as_the_sum():
+    """A linear's or conv2d's grad_bias is a sum over the batch (and positions), judged by the sum's own test (its
+    terms' actual signs, the float32 orders emulated), not by the GEMM test of matmul(ones, g), whose scale sqrt(n)
+    u sum |g| let a float32 conv2d grad_bias offset by 8x the spread of correct kernels pass as rounding (60x that
+    spread on random-sign terms) and named a bfloat16 linear grad_bias scaled by 8x reduced-precision bf16.
+    The spread here: the float32 sums left to right and torch's, against the float64 sum rounded."""
+    gen = torch.Generator().manual_seed(11)
+    x, w, b = torch.randn(4, 8, 8, 8, generator=gen), torch.randn(16, 8, 3, 3, generator=gen), torch.randn(16)
+    g = torch.randn(4, 16, 8, 8, generator=gen)
+    bs = b.clone().requires_grad_()
+    torch.nn.functional.conv2d(x, w, bs, padding=1).backward(g)
+    exact = g.double().sum((0, 2, 3))
+    seq = torch.from_numpy(np.cumsum(g.permute(1, 0, 2, 3).reshape(16, -1).numpy(), axis=1, dtype=np.float32)[:, -1])
+    spread = max(float((bs.grad.double() - exact).abs().max()), float((seq.double() - exact).abs().max()))
+    for got in (bs.grad, seq):
+        rep = rk.compare_backward({"bias": got}, "conv2d", g, x, w, b, padding=1)["bias"]
+        assert rep.verdict in ("exact", "rounding"), rep
+    bad = (bs.grad.double() + 8 * spread).float()
+    assert rk.compare_backward({"bias": bad}, "conv2d", g, x, w, b, padding=1)["bias"].verdict == "mismatch"
+    xl, wl = torch.randn(128, 128, generator=gen).bfloat16(), torch.randn(64, 128, generator=gen).bfloat16()
+    bl, gl = torch.randn(64, generator=gen).bfloat16(), torch.randn(128, 64, generator=gen).bfloat16()
+    exact = gl.double().sum(0)
+    assert rk.compare_backward({"bias": exact.bfloat16()}, "linear", gl, xl, wl, bl)["bias"].verdict == "exact"
+    ulp = 2.0 ** (torch.floor(torch.log2(exact.abs())) - 7)
+    scaled = (exact * (1 + 8 * float((ulp / 2).max() / exact.abs().max()))).bfloat16()  # 8x the spread (half an ulp)
+    rep = rk.compare_backward({"bias": scaled}, "linear", gl, xl, wl, bl)["bias"]
+    assert rep.verdict == "mismatch", rep

@@ -72,7 +72,8 @@ from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_row
 from refkern.analysis.noise import RSQRT_ULPS, _moments, _softmax_rows
 
 __all__ = ["softmax_noise", "norm_input_noise", "norm_param_noise", "pool_noise", "mean_noise", "var_noise",
-           "attention_noise", "converted"]  # fmt: skip
+           "attention_noise", "converted", "var_members",
+           "bias_straddle", "weight_members", "AttentionShared"]  # fmt: skip
 
 ASSEMBLY = (2.0, 5.0, 2.0, 2.0, 3.0, 2.0)  #: roundings charged on r gw, b d, b x, b mean, r S / n, dx (docstring)
 
@@ -363,6 +364,117 @@ def norm_param_noise(name, X, G, center, eps, fmts, regroup=None, given=None):
     return v, half, coherent
 
 
+def bias_straddle(X, G, fmts, regroup=None):
+    """:attr:`~refkern.analysis.noise.Noise.straddle` of a norm's grad_bias whose every column is the sum of one
+    row's terms (batch_norm: a channel's ``sum g``), in a half result format, else None. Every correct kernel
+    sums the column in float32 (torch's half kernel keeps ``S`` in the half format: that store is the
+    result's) and stores it once, so the result is ``RN(y + e)`` with ``e`` the float32 sum's error, ``u**2``
+    times the column's partial sums (:func:`~refkern.analysis._rows._partial_sq`) plus what may underflow
+    (``(n + 4) eta_w**2``): the element test of a stored result (:func:`refkern.analysis.inside._straddle`), not
+    the store charged as noise of its own (``2 (u_o y)**2``: 4 channels of a float16 batch_norm over 2048
+    terms let a grad_bias scaled by 8x the spread of correct kernels, 2 ulps, pass at a threshold of 6 ulps).
+    The centre: the column's sum in float64, within ``2 n 2**-53 sum |g|`` (twice float64's ``gamma_n``)."""
+    out = fmts["bias"]
+    if out.prec >= FLOAT32.prec or regroup is None:
+        return None
+    R, n = X.shape
+    if _one_block(regroup, R, n) is None:
+        return None  # a column of several blocks (group_norm): each block's sum may be stored in the half format
+    terms = np.ascontiguousarray(regroup(np.asarray(G, np.float64)).T)  # (C, N hw)
+    u = FLOAT32.u
+    eta_w = 2.0 ** (FLOAT32.emin - FLOAT32.prec)
+    with np.errstate(all="ignore"):
+        pre = u * u * _partial_sq(terms) + (terms.shape[1] + 4) * eta_w**2
+    pre = np.where(np.isfinite(pre), pre, np.inf)
+
+    def thunk():
+        with np.errstate(all="ignore"):
+            xh = terms.sum(axis=1)
+            err = terms.shape[1] * FLOAT64.u * 2.0 * np.abs(terms).sum(axis=1)
+        return xh, np.where(np.isfinite(err), err, np.inf)
+
+    return pre, thunk
+
+
+def _one_block(regroup, R, n):
+    """Per row, the column that holds all its terms, where every column is one row's (batch_norm's channels);
+    else None."""
+    (cnt,) = _row_col_sums(regroup, R, n, np.ones((R, n)))
+    hit = cnt > 0
+    if hit.shape[1] != R or not (np.all(hit.sum(axis=0) == 1) and np.all(hit.sum(axis=1) == 1)):
+        return None
+    return np.argmax(hit, axis=1)
+
+
+def weight_members(X, G, center, eps, fmts, regroup=None):
+    """Members of a norm's grad_weight ``y = r sum g (x - m)`` per column where each column is one row's sum
+    (batch_norm's channels) and the result is half: ``(straddle, thunk)`` for :attr:`~refkern.analysis.noise.
+    Noise.straddle` and :attr:`~refkern.analysis.noise.Noise.members` (``(None, thunk)``), else None. Charged as
+    noise, the statistics stored in the half format (torch's CPU kernels: ``mean`` and ``invstd`` are half
+    tensors) and ``C = sum g (x - m)`` stored in it (torch's half kernel) are a relative scale of ``sqrt(3) u_p``
+    per column: 4 channels of a float16 batch_norm let one element off by 8x the spread of correct kernels (4
+    ulps) pass. Known, they are centres:
+
+    * ``straddle``, every kernel with float32 statistics and sums, stored once: sigma**2 before the store from
+      the float32 statistics' errors (``srel2``, ``smu2`` of :func:`_stats` with no half store), each term's own
+      roundings and the sum's partial sums, around the exact gradient (the element test of a stored result,
+      :func:`refkern.analysis.inside._straddle`);
+    * the members, tested as a stored result (:func:`refkern.analysis.inside._members`): the statistics
+      stored in p, ``m_h`` one of the two roundings of ``mean -+ lam sqrt(smu2)`` and ``r_h`` of ``r (1 -+ lam
+      sqrt(srel2))`` (``lam = level(R)``: a row's float32 statistic lies beyond with probability at most ``ALPHA
+      / PARTS / R``), then ``r_h sum g (x - m_h)`` stored once (sigma**2 before the store: the terms' own
+      roundings and partial sums), or ``C`` stored in p first, ``RN_p(C -+ lam sigma_C)``, then times ``r_h``
+      and stored (before the store: the float32 product, ``u**2 y**2``). Centres in float64: ``err`` ``2 n
+      2**-53`` relative to ``r sum |g d|``."""
+    from refkern.accumulate.formats import round_array
+    from refkern.analysis.stats import level
+
+    out = fmts["weight"]
+    if out.prec >= FLOAT32.prec or regroup is None:
+        return None  # a half result is computed in float32 (its input is half too)
+    R, n = X.shape
+    col = _one_block(regroup, R, n)
+    if col is None:
+        return None
+    u, eta_w = FLOAT32.u, 2.0 ** (FLOAT32.emin - FLOAT32.prec)
+    lam = level(max(R, 1))
+    with np.errstate(all="ignore"):
+        mean, r, smu2, srel2 = _stats(X, center, eps, u, 0.0)
+
+        def own(m, rr):  # the terms' own roundings and the partial sums, sigma**2 per row, and sum g d, sum |g d|
+            d = X - m[:, None]
+            t = G * d * rr[:, None]
+            v = u * u * (G * G * ((X * rr[:, None]) ** 2 + (m * rr)[:, None] ** 2 + (d * rr[:, None]) ** 2) + t * t)
+            return v.sum(axis=1) + u * u * _partial_sq(np.ascontiguousarray(t)) + (n + 4) * eta_w**2, (G * d).sum(
+                axis=1), np.abs(G * d).sum(axis=1)  # fmt: skip
+
+        v0, Cx, Ax = own(mean, r)
+        y = r * Cx
+        Bs = G.sum(axis=1)
+        v_el = v0 + srel2 * y * y + smu2 * (r * Bs) ** 2 + 2.0 * eta_w**2
+        xs, errs, pres = [], [], []
+        mhs = [round_array(np.ascontiguousarray(mean + sg * lam * np.sqrt(smu2)), *out.params) for sg in (-1.0, 1.0)]
+        rhs = [round_array(np.ascontiguousarray(r * (1.0 + sg * lam * np.sqrt(srel2))), *out.params)
+               for sg in (-1.0, 1.0)]  # fmt: skip
+        for mh in mhs:
+            for rh in rhs:
+                vp, Cm, Am = own(mh, rh)
+                xs.append(rh * Cm)
+                errs.append(2.0 * n * FLOAT64.u * rh * Am)
+                pres.append(vp)
+                sC = np.sqrt(vp) / np.abs(rh)  # C's float32 error
+                for sg in (-1.0, 1.0):
+                    Ch = round_array(np.ascontiguousarray(Cm + sg * lam * sC), *out.params)
+                    xs.append(Ch * rh)
+                    errs.append(2.0 * FLOAT64.u * np.abs(Ch * rh))
+                    pres.append((u * Ch * rh) ** 2 + eta_w**2)
+        order = np.argsort(col)  # row i holds column col[i]
+        fix = lambda t: np.where(np.isfinite(t), t, np.inf)  # noqa: E731
+        batch = tuple(fix(np.stack([np.asarray(t)[order] for t in arr])) for arr in (xs, errs, pres))
+        y, Ax = y[order], (2.0 * n * FLOAT64.u * r * Ax)[order]
+    return (fix(v_el[order]), lambda: (y, fix(Ax))), lambda: iter([batch])
+
+
 # ------------------------------------------------------------------------------------ pools, reductions
 
 
@@ -387,43 +499,139 @@ def mean_noise(G, n, ref_c, out: Format):
     return np.where(np.isfinite(v), v, np.inf)
 
 
-def var_noise(X, G, corr, ref, out: Format, want_std: bool):
-    """sigma**2 of var's (std's with ``want_std``) gradient ``(2 / dof) q (x - mean^)`` over the rows (R, n)
-    of X with one grad_output per row G (R,) (module docstring; ``q = g``, or ``g / (2 s^)``)."""
+def _var_parts(X, G, corr, out: Format, want_std: bool):
+    """Per row of var's (std's) gradient ``(2 / dof) q (x - mean^)``: (X with non-finite rows zeroed, the
+    exact mean, the float32 mean's sigma**2 ``smu2``, ``K q``, the relative sigma**2 ``rel`` of the factor
+    (and of std's ``s^``), ``uc``, ``K``, the shared relative error's bound ``(hard, sub)``: at most ``hard``
+    from bounded roundings plus std's forward error ``s^``, sub-Gaussian with ``sub**2``), as :func:`var_noise`
+    charges them (module docstring)."""
     from refkern.analysis._envelope_backward import VAR_K_ROUNDINGS
 
-    u, u_m, _, eta_o, _ = _units(out)
+    u, u_m, _, _, _ = _units(out)
     uc = u + u_m
     R, n = X.shape
     dof = n - float(corr)
+    fin = np.isfinite(X).all(axis=1) & np.isfinite(G)
+    Xf = np.where(fin[:, None], X, 0.0)
+    m2, mean, s2, smu2 = _moments(Xf, True, u)
+    K = 2.0 / abs(dof) if dof else np.inf
+    q = np.asarray(G, np.float64)
+    rel = VAR_K_ROUNDINGS * uc * uc + u * u
+    hard, sub = np.full(R, VAR_K_ROUNDINGS * uc), np.zeros(R)
+    if want_std:
+        var = m2 / dof if dof > 0 else np.full(R, np.nan)
+        s = np.sqrt(var)
+        sv2 = s2 / dof**2 + (u * var) ** 2
+        q = q / (2.0 * s)
+        rel = rel + sv2 / (4.0 * var * var) + u * u + u_m**2 + uc * uc  # s^'s error, q's rounding
+        hard = hard + u + u_m + uc  # 2 s, s^ stored in the half format, g / (2 s^)
+        sub = np.sqrt(sv2) / (2.0 * var)
+    rel = rel[:, None] if np.ndim(rel) else rel
+    return Xf, mean, smu2, (K * q)[:, None], rel, uc, K, (hard, sub)
+
+
+def _var_pre(kq, d, smu2, uc, u, eta_o, K, want_std):
+    """sigma**2 per element of var's (std's) gradient from the roundings that are each element's own, before
+    its final store (:func:`var_members`): the mean's (``smu2`` per row), ``x - mean`` stored (``uc``), one
+    product in the working precision and stored (``uc**2 + u**2`` relative: ``q (x - m)`` where the factor
+    comes last; where it comes first, ``K q`` is shared and the last product is the store), and the stores'
+    subnormal losses."""
+    v = kq * kq * (smu2[:, None] + uc * uc * d * d) + (kq * d) ** 2 * (uc * uc + u * u)
+    return v + (eta_o * d) ** 2 * ((K * K if want_std else 0.0) + 1.0) + (eta_o * kq) ** 2
+
+
+def var_noise(X, G, corr, ref, out: Format, want_std: bool, own: bool = False):
+    """sigma**2 of var's (std's with ``want_std``) gradient ``(2 / dof) q (x - mean^)`` over the rows (R, n)
+    of X with one grad_output per row G (R,) (module docstring; ``q = g``, or ``g / (2 s^)``). With ``own``:
+    only the roundings each element has of its own (:func:`_var_pre`) and the stores, the scale of
+    :func:`var_members`' element test around the exact gradient (whose shared errors it fits per row)."""
+    u, u_m, _, eta_o, _ = _units(out)
+    R, n = X.shape
     with np.errstate(all="ignore"):
-        fin = np.isfinite(X).all(axis=1) & np.isfinite(G)
-        Xf = np.where(fin[:, None], X, 0.0)
-        m2, mean, s2, smu2 = _moments(Xf, True, u)
-        smu2 = smu2 + (u_m * mean) ** 2
+        Xf, mean, smu2, kq, rel, uc, K, _ = _var_parts(X, G, corr, out, want_std)
         d = Xf - mean[:, None]
-        K = 2.0 / abs(dof) if dof else np.inf
-        q = np.asarray(G, np.float64)
-        rel = VAR_K_ROUNDINGS * uc * uc + u * u
-        if want_std:
-            var = m2 / dof if dof > 0 else np.full(R, np.nan)
-            s = np.sqrt(var)
-            sv2 = s2 / dof**2 + (u * var) ** 2
-            q = q / (2.0 * s)
-            rel = rel + sv2 / (4.0 * var * var) + u * u + u_m**2 + uc * uc  # s^'s error, q's rounding
-        kq = (K * q)[:, None]
-        rel = rel[:, None] if np.ndim(rel) else rel
-        v = kq * kq * (smu2[:, None] + uc * uc * d * d) + (kq * d) ** 2 * rel
-        # the stores of q, of t = K q and of x - mean^ may land below the result format's normals: eta_o each
-        v = v + (eta_o * d) ** 2 * ((K * K if want_std else 0.0) + 1.0) + (eta_o * kq) ** 2
+        if own:
+            v = _var_pre(kq, d, smu2, uc, u, eta_o, K, want_std)
+        else:
+            smu2 = smu2 + (u_m * mean) ** 2
+            v = kq * kq * (smu2[:, None] + uc * uc * d * d) + (kq * d) ** 2 * rel
+            # the stores of q, of t = K q and of x - mean^ may land below the result format's normals: eta_o each
+            v = v + (eta_o * d) ** 2 * ((K * K if want_std else 0.0) + 1.0) + (eta_o * kq) ** 2
         v = v + _stores(np.asarray(ref, np.float64).reshape(R, n), out, 3)
     return np.where(np.isfinite(v), v, np.inf)
+
+
+def var_members(X, G, corr, out: Format, want_std: bool, A):
+    """Members of var's (std's) gradient family whose errors shared by a row are fitted to the actual rows
+    ``A`` (R, n) instead of charged to every element: ``(xh, err, pre)``, (k, R, n) each, for the element test
+    of a stored result (:func:`refkern.analysis.inside._members`).
+
+    A correct kernel returns ``RN(c (1 + e) + n_i)`` per element: ``c = K q (x - m)`` with ``m`` the mean it
+    subtracts, ``e`` the row's shared relative error (``2 / dof`` converted, ``K q`` where the factor comes
+    first, std's ``s^``, ``2 s`` and ``g / (2 s^)``: at most ``hard`` from bounded roundings, first order, plus
+    std's forward error, sub-Gaussian with ``sub**2``: :func:`_var_parts`), ``n_i`` its own roundings
+    (:func:`_var_pre`, sigma**2 ``pre_i``). Charging ``e`` to each element as noise makes a threshold of
+    ``lam_el sqrt(3) u`` relative: a bf16 gradient scaled by 1.056 (16x the spread of correct kernels) passed.
+    Here each row's ``e`` is estimated, ``s = sum w_i (a_i - c_i) / sum w_i c_i`` with ``w = c / pre`` (least
+    squares), and clipped to ``[-b, b]``, ``b = hard + lam_s sub`` (``lam_s = level(R)``: the forward's error
+    of a row lies beyond ``lam_s sub`` with probability at most ``ALPHA / PARTS / R``): with the true ``e``
+    inside, clipping only brings ``s`` nearer, and ``s - e = sum w_i (n_i + o_i) / sum w_i c_i`` (``o_i`` the
+    store, ``|o_i| <= u_o |c_i|``) is sub-Gaussian with ``sd**2 = sum w_i**2 (pre_i + (u_o c_i)**2) / (sum w_i
+    c_i)**2``, so ``a_i - RN^-1`` of the member's centre ``c_i (1 + s)`` is within sigma ``sqrt(pre_i) + |c_i|
+    sd`` (two sub-Gaussian terms, correlated at worst): that is the member's ``pre``.
+
+    The means ``m``: the exact mean (a float32 mean's error ``smu2`` kept in ``pre``), and for a half result
+    ``p`` also the mean stored in it (torch's ``grad * (x - x.mean(dim, True)) * 2 / dof``: ``x.mean`` is a half
+    tensor), ``RN_p`` of the float32 mean, known to within that mean's error: one of the two roundings of
+    ``mean -+ lam_s sqrt(smu2)`` (the two coincide away from p's midpoints). Charged as noise, ``(u_p
+    mean)**2`` per row, that rounding is a scale of ``u_p |mean| / |x - mean|`` relative: 1.2 at mean 300 in
+    bfloat16, where the gradient ``x 1.1``, 28x the spread of correct kernels, passed as rounding.
+
+    ``err``: the centres' error in float64, relative :data:`MEMBER_ERR` (std's ``s`` from a float64 sum of n
+    squares adds ``2 n 2**-53``)."""
+    from refkern.accumulate.formats import round_array
+    from refkern.analysis.stats import level
+
+    u, u_m, u_o, eta_o, eta_w = _units(out)
+    R, n = X.shape
+    lam = level(max(R, 1))
+    xs, pres = [], []
+    with np.errstate(all="ignore"):
+        Xf, mean, smu2, kq, _, uc, K, (hard, sub) = _var_parts(X, G, corr, out, want_std)
+        bound = (hard + lam * sub)[:, None]
+        Af = np.asarray(A, np.float64).reshape(R, n)
+        ok = np.isfinite(Af)
+        means = [(mean, smu2)]
+        if u_m:
+            means += [(round_array(np.ascontiguousarray(mean + sgn * lam * np.sqrt(smu2)), *out.params), 0.0 * smu2)
+                      for sgn in (-1.0, 1.0)]  # fmt: skip
+        for m, sm in means:
+            d = Xf - m[:, None]
+            c = kq * d
+            pre = _var_pre(kq, d, sm, uc, u, eta_o, K, want_std) + 2.0 * eta_o**2 + 3.0 * eta_w**2
+            w = np.where(ok & (pre > 0), c / pre, 0.0)
+            den = np.sum(w * c, axis=1, keepdims=True)
+            s = np.where(den > 0, np.sum(w * np.where(ok, Af - c, 0.0), axis=1, keepdims=True) / den, 0.0)
+            s = np.clip(np.nan_to_num(s), -bound, bound)
+            sd2 = np.where(den > 0, np.sum(w * w * (pre + (u_o * c) ** 2), axis=1, keepdims=True) / den**2, 0.0)
+            xs.append(c * (1.0 + s))
+            pres.append((np.sqrt(pre) + np.abs(c) * np.sqrt(sd2)) ** 2)
+        xh = np.stack(xs)
+        pre = np.stack(pres)
+        err = (MEMBER_ERR + (2.0 * n * 2.0**-53 if want_std else 0.0)) * np.abs(xh)
+    fix = lambda t: np.where(np.isfinite(t), t, np.inf)  # noqa: E731
+    return xh, fix(err), fix(pre)
+
+
+#: var_members' centres' relative error in float64: at most 8 roundings of 2**-53 (K = 2 / dof, std's division
+#: by dof, its square root, 2 s and g / (2 s), the products K q and K q d; x - m_h of two half values is exact)
+MEMBER_ERR = 8.0 * 2.0**-53
 
 
 # ------------------------------------------------------------------------------------------- attention
 
 
-def attention_noise(at, G, name: str, ref):
+def attention_noise(at, G, name: str, ref, shared=None):
     """sigma**2 of the gradient ``name`` ("query", "key", "value") of scaled_dot_product_attention per
     element of its operand's 3-D stack (``ref``, the correctly rounded gradient, shaped so), for the call
     normalised as ``at`` with grad_output G (B, L, Ev).
@@ -466,6 +674,8 @@ def attention_noise(at, G, name: str, ref):
             sh = rows.shared[:, None]
             if name == "value":
                 t = (w * w * (bP + sh)).T @ (dO * dO) + 2.0 * eta_x * eta_x * (np.ones_like(w).T @ (dO * dO))
+                if shared is not None:  # P's own errors per (i, j), the row's sum per i: loading w
+                    shared.append((idx[b], dO, w * w * bP + 2.0 * eta_x * eta_x, w, rows.shared, None, None, None))
                 t = t + u * u * (_block_partials(np.ascontiguousarray(w.T), dO) + (w * w).T @ (dO * dO))
             else:
                 dP = dO @ v.T
@@ -484,6 +694,9 @@ def attention_noise(at, G, name: str, ref):
                 # P's exp and division (their error times h in dS), dP's E products and E - 1 sums, Delta's
                 # E terms, h, dS's product (each times P <= 1 at most), through the product with k (or q)
                 eta_dS = eta_x * eta_x * (2.0 * h * h + (3.0 * E + 2.0))
+                if shared is not None:  # per (i, j): dS's own errors; per query row i: the row's sum, Delta
+                    shared.append((idx[b], k if name == "query" else q, ind + eta_dS, dS, rows.shared, w, vDel[:, 0],
+                                   uq))  # fmt: skip
                 if name == "query":
                     dq = dS @ k
                     t = ind @ (k * k) + sh * dq * dq + vDel * (w @ k) ** 2 + eta_dS @ (k * k)
@@ -498,3 +711,70 @@ def attention_noise(at, G, name: str, ref):
             var[idx[b]] += np.where(np.isfinite(t), t, np.inf)
     n = S if name == "query" else at.Q.shape[1]  # the products and partial sums of the last GEMM, the scale:
     return var + _stores(np.asarray(ref, np.float64), fmt, 2 * n + 8)  # each may lose eta_w (s eta_w: s <= 1 here)
+
+
+class AttentionShared:
+    """:attr:`~refkern.analysis.noise.Noise.coherent` of an attention gradient (``name``), in the interface of
+    :class:`~refkern.analysis.noise_rows.RowShared` with one row per head of the operand's 3-D stack (its
+    :meth:`per_row` is this model's): the errors that several elements share, per head, beyond ``sum sigma**2
+    w**2``. A gradient element of key ``j`` (query ``i``), column ``c`` is ``s sum_i dS_ij q_ic`` (``s sum_j dS_ij
+    k_jc``; value: ``sum_i P_ij dO_ic``), so the rounding of one ``dS_ij`` (its own variance ``A_ij``: P's, dP's,
+    h's and the product's roundings, :func:`attention_noise`'s ``ind`` and ``eta_dS``; value: P's own and the store)
+    moves every column ``c`` of that key (query) row by ``dS_ij`` times ``q_ic`` (``k_jc``, ``dO_ic``): in ``sum e
+    w`` it weighs ``M_ij = s sum_c W_jc q_ic`` (``W`` the weights in the head's layout), variance ``A_ij M_ij**2``;
+    query row ``i``'s shared relative error (its sum, variance ``sh_i``) moves every ``dS_ij`` by ``dS_ij`` (value:
+    ``P_ij``): ``sh_i (sum_j dS_ij M_ij)**2``; its Delta (variance ``vDel_i``) every ``dS_ij`` by ``-P_ij``:
+    ``vDel_i (sum_j P_ij M_ij)**2``; the scaled operand's store (``uq`` relative, each ``q_ic`` shared by every key;
+    ``k_jc`` by every query): ``(uq s)**2 sum_ic (q_ic sum_j dS_ij W_jc)**2``. Query rows are independent (heads
+    too; the query heads of a GQA key add into its row). The diagonal is counted again (the sums' squares, not less
+    their squares), as :func:`norm_param_noise`'s ``coherent``: more variance, never less. A gradient scaled by 8x
+    the spread of correct kernels (bfloat16 keys, 64 x 64 per head) passed every element's test, whose scale holds
+    these shared errors element by element; the scale tests of :func:`~refkern.analysis.verdict._scale_failure` and
+    :func:`~refkern.analysis.verdict._row_scale_failures` see it."""
+
+    def __init__(self, parts, stack, name, scale):
+        self.parts, self.stack, self.name, self.scale = parts, tuple(stack), name, abs(float(scale))
+        self.count = int(stack[0])
+        self.terms, self.sigma, self.bounds, self.keys, self.fused = (), None, (), None, None
+
+    def rows(self, v):
+        return np.asarray(v).reshape(self.count, -1)
+
+    def back(self, v):
+        return np.asarray(v).reshape(self.stack)
+
+    def held_stats(self, a, c, var):
+        return None
+
+    def bound(self, w):
+        return None
+
+    def grouped(self, w, var, sel):
+        return None
+
+    def stats(self, r, vk, keep, y):
+        from refkern.analysis.noise_rows import RowShared
+
+        return RowShared.stats(self, r, vk, keep, y)
+
+    def per_row(self, w) -> np.ndarray:
+        W = np.asarray(w, np.float64).reshape(self.stack)
+        out = np.zeros(self.count)
+        with np.errstate(all="ignore"):
+            for h, X, A, D, sh, P, vDel, uq in self.parts:
+                Wh = np.where(np.isfinite(W[h]), W[h], 0.0)
+                if self.name == "value":  # M_ij = sum_c W_jc dO_ic
+                    M = X @ Wh.T
+                else:  # M_ij = s sum_c W_jc q_ic (key), s sum_c W_ic k_jc (query)
+                    M = self.scale * (X @ Wh.T if self.name == "key" else Wh @ X.T)
+                e = np.sum(A * M * M) + np.sum(sh * np.einsum("ij,ij->i", D, M) ** 2)
+                if P is not None:
+                    e += np.sum(vDel * np.einsum("ij,ij->i", P, M) ** 2)
+                    # the scaled operand stored (uq): q_ic's rounding moves key j's column c by s dS_ij q_ic
+                    N = D.T @ Wh if self.name == "query" else D @ Wh
+                    e += (uq * self.scale) ** 2 * np.sum((X * N) ** 2)
+                out[h] += e if np.isfinite(e) else np.inf
+        return out
+
+    def __call__(self, w) -> float:
+        return float(np.sum(self.per_row(w)))

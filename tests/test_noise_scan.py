@@ -47,3 +47,33 @@ def test_a_bug_below_the_breakdown_point_is_a_mismatch(dtype):
     rep = rk.compare(y.to(dtype), "cumsum", x, dim=-1)
     assert rep.verdict == "mismatch", str(rep)
     assert any("breakdown point" in n for n in rep.notes), rep.notes
+
+
+def test_scan_var_pinned_by_hand():
+    # one row 1, 1, 1, 1 (u = 2**-24): partial sums 2, 3, 4 (widened by 2 u sum|P| = 4u, 10u, 18u: binades 2, 2,
+    # 4), half-ulps 2u, 2u, 4u: sigma**2 = 0, 4, 8, 24 u**2 (u P charged 4, 13, 29); the first value is stored
+    from refkern.analysis.noise_scan import scan_var
+
+    u = 2.0**-24
+    assert (scan_var(np.ones((1, 4)), u)[0] / u**2).tolist() == pytest.approx([0.0, 4.0, 8.0, 24.0], abs=0)
+    assert scan_var(np.zeros((2, 0)), u).shape == (2, 0)
+
+
+def test_scan_var_bounds_every_addition_of_a_float32_running_sum():
+    """Each addition of a float32 running sum (left to right, the scan's one order) errs by at most the
+    half-ulp that scan_var charges it (its step), the error exact in float64: randn rows, offset rows (one-signed
+    partial sums), rows of mixed magnitudes."""
+    from refkern.analysis.noise_scan import scan_var
+
+    rng = np.random.default_rng(3)
+    X = np.stack([rng.standard_normal(2000), rng.standard_normal(2000) + 300.0,
+                  rng.standard_normal(2000) * np.exp(rng.normal(0, 6, 2000))]).astype(np.float32)  # fmt: skip
+    h = np.sqrt(np.diff(scan_var(X.astype(np.float64), 2.0**-24), axis=1))
+    for i, row in enumerate(X):
+        s, err = row[0], np.empty(len(row) - 1)
+        for k in range(1, len(row)):
+            s1 = np.float32(s + row[k])
+            err[k - 1] = abs(float(s) + float(row[k]) - float(s1))
+            s = s1
+        assert np.all(err <= h[i]), (i, np.max(err / h[i]))
+        assert np.mean(err <= h[i] / 2) < 0.9  # not vacuous: many additions use more than half their charge

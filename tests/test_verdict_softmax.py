@@ -568,3 +568,99 @@ def test_a_bug_where_the_p_windows_hold_roundings_is_not_named():
         rep = rk.compare(_moved(out, el, k, 1.5), SDPA_NAME, q, kk, v)
         assert (rep.verdict, rep.precision) == ("mismatch", None), (k, rep.precision)
         assert rep.notes[0].startswith("bf16 P@V would explain it, but only through windows that overlap")
+
+
+# ------------------------------------------------ the statistical scale's shared part (_softmax_rows.shared_sq)
+
+
+def test_half_ulp_by_hand_and_against_numpy_spacing():
+    """half_ulp(m, u) = u 2**floor(log2 m): float32's half spacing at m (numpy's spacing, an independent truth)."""
+    from refkern.analysis._softmax_rows import half_ulp
+
+    u = 2.0**-24
+    got = half_ulp(np.array([0.0, 1.0, 1.5, 2.0, 3.0, 0.375, np.inf]), u)
+    want = [0.0, 2.0**-24, 2.0**-24, 2.0**-23, 2.0**-23, 2.0**-26, np.inf]
+    assert got.tolist() == pytest.approx(want, abs=0)
+    v = np.abs(np.random.default_rng(0).standard_normal(1000) * np.exp(np.random.default_rng(1).normal(0, 8, 1000)))
+    v = v.astype(np.float32)
+    v = v[v >= np.finfo(np.float32).tiny]
+    np.testing.assert_array_equal(half_ulp(v.astype(np.float64), u), np.spacing(v).astype(np.float64) / 2)
+
+
+def test_shared_sq_pinned_by_hand():
+    """Two rows of 4 terms (t given, dyadic), u = 2**-24: row 0 read right to left starts at its maximum, so each
+    addition is charged its half-ulp: P = 3/2, 7/4, 15/8 (u each) -> 3 u**2 / D**2 = 3 / (225 / 64) = 64/75 u**2
+    (left to right, before the maximum, u P: (9 + 49) / 64 + 1 = 122 / 64 < 3); records left to right before
+    -2, -1, 0 with sums 1/8, 3/8, 7/8: (1 + 9 + 49) / 64 / D**2 = 59/225. Row 1 (t = 1/2, 1, 1/2, 1/2, D = 5/2):
+    left to right 3/2 (u), 2 (widened above 2: 2u), 5/2 (2u) -> 9 u**2; right to left 1 (before the maximum: u
+    1), 2 (2u), 5/2 (2u) -> 9 u**2: 9 / (25 / 4) = 36/25 u**2; one record each way, sums 1/2 and 1: 1 / D**2 =
+    4/25."""
+    from refkern.analysis._softmax_rows import shared_sq
+
+    u = 2.0**-24
+    X = np.array([[-3.0, -2.0, -1.0, 0.0], [-1.0, 0.0, -1.0, -1.0]])
+    t = np.array([[1 / 8, 1 / 4, 1 / 2, 1.0], [1 / 2, 1.0, 1 / 2, 1 / 2]])
+    adds, resc = shared_sq(X, t, u, 4.75)
+    assert (adds / u**2).tolist() == pytest.approx([64 / 75, 36 / 25], abs=1e-15)
+    assert resc.tolist() == pytest.approx([59 / 225, 4 / 25], abs=1e-16)
+
+
+def _shared_sq_by_definition(x, t, u, b_max):
+    """shared_sq of one row from its definition, in plain Python (exact power-of-two binades by math.frexp)."""
+    n, D, top = len(x), sum(t), max((v for v in x if v == v), default=-math.inf)
+    best = [0.0, 0.0]
+    for order in (range(n), range(n - 1, -1, -1)):
+        seen, p, a, r = [], 0.0, 0.0, 0.0
+        for q, j in enumerate(order):
+            v = -math.inf if x[j] != x[j] else x[j]
+            if q and v > max(seen):
+                r += p * p
+            seen.append(v)
+            p += t[j]
+            if q:
+                m = p * (1 + 2 * u * (q + 2 * b_max))
+                h = u * 2.0 ** (math.frexp(m)[1] - 1) if max(seen) == top and m > 0 else u * p
+                a += h * h
+        best = [max(best[0], a / D**2), max(best[1], r / D**2)]
+    return best
+
+
+def test_shared_sq_against_its_definition_and_float32_sums():
+    """shared_sq equals its definition computed in plain Python (ties, -inf and NaN logits, rows of 1 and 2 terms),
+    and bounds what float32 sums make of D: the squared rounding errors of the additions of float32 terms (summed
+    left to right and right to left, two passes; and online one term at a time, the running sum rescaled when
+    the maximum rises, its errors taken to the final maximum's units) total at most ``adds D**2``."""
+    from refkern.analysis._softmax_rows import shared_sq
+
+    u, rng = 2.0**-24, np.random.default_rng(5)
+    rows = [rng.standard_normal(n) * s for n in (1, 2, 7, 64, 300) for s in (1.0, 4.0)]
+    rows.append(np.array([0.0, 0.0, -1.0, 0.0, -np.inf, np.nan, 2.0, 2.0]))
+    rows.append(np.round(rng.standard_normal(50)))  # many ties
+    for x in rows:
+        M = np.max(np.where(np.isnan(x), -np.inf, x))
+        t = np.where(np.isnan(x), 0.0, np.exp(x - M))
+        adds, resc = shared_sq(x[None], t[None], u, 4.75)
+        want = _shared_sq_by_definition(list(x), list(t), u, 4.75)
+        assert [adds[0], resc[0]] == pytest.approx(want, rel=1e-12, abs=0)
+        t32 = np.exp(np.float32(x - M)).astype(np.float32)
+        t32 = np.where(np.isnan(x), np.float32(0), t32)
+        D = float(np.sum(t32, dtype=np.float64))
+        for order in (t32, t32[::-1]):  # two passes: each addition's error, exact in float64
+            s, e2 = np.float32(0), 0.0
+            for q, v in enumerate(order):
+                s1 = np.float32(s + v)
+                e2 += (float(s) + float(v) - float(s1)) ** 2 if q else 0.0
+                s = s1
+            assert e2 <= adds[0] * D * D * (1 + 1e-6), (len(x), e2 / (D * D), adds[0])
+        z = np.where(np.isnan(x), -np.inf, x).astype(np.float32)
+        m, s, e2 = np.float32(-np.inf), np.float32(0), 0.0  # online, one term at a time, left to right
+        for q, v in enumerate(z):
+            if v > m:
+                s = np.float32(s * np.exp(np.float32(m - v))) if q else s
+                m = v
+            term = np.exp(np.float32(v - m)) if v > -np.inf else np.float32(0)
+            s1 = np.float32(s + term)
+            if q:
+                e2 += ((float(s) + float(term) - float(s1)) * math.exp(float(m) - M)) ** 2
+            s = s1
+        assert e2 <= adds[0] * D * D * (1 + 1e-6), (len(x), e2 / (D * D), adds[0])

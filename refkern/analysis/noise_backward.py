@@ -58,7 +58,14 @@ torch keeps an intermediate in it, 0 otherwise):
   ``u_c = u + u_m``: torch's CPU kernels add into the half gradient tensor).
 * **mean**: ``g / n``, MEAN_ROUNDINGS roundings. **var, std**: ``(2 / dof) q (x - mean^)`` with the
   stored mean's error (shared), ``x - mean^`` and the factor's roundings (``u_c`` each: every tensor op
-  stores in the dtype), std's ``q = g / (2 s^)`` with the forward std's error.
+  stores in the dtype), std's ``q = g / (2 s^)`` with the forward std's error. That whole scale is the group
+  tests'; the element test is :func:`var_members`': each row's shared relative error fitted to the actual
+  row within its bound, and a half result's mean stored in it a member of its own, its rounding known.
+
+Where a correct kernel's shared errors are known rather than charged: batch_norm's half grad_bias is the
+float32 sum stored once (:func:`bias_straddle`), its grad_weight with the statistics (and ``C``) stored in the
+half format emulated (:func:`weight_members`); attention's gradients have a scale test per head on the errors
+their elements share (:class:`AttentionShared`).
 
 What is not first order is left out knowingly, as in the forward (products of two deltas).
 """

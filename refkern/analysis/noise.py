@@ -80,7 +80,12 @@ a sum of fewer consecutive terms), and a CPU scalar loop is the left-to-right or
   one product each time the running maximum rises: at most ``R`` times, ``R`` the number of records of
   the row read left to right or right to left (a tiled kernel rises at most once per tile, never more
   often than the records of its order; in attention the exponential cancels between the numerator
-  and the denominator, the two products remain). attention's ``P @ V``: the partial sums, bounded per
+  and the denominator, the two products remain). For softmax and log_softmax each rescale moves ``D``
+  by the sum of the terms before its record, not by ``D``, and each rounding is charged its half-ulp
+  ``u 2**floor(log2 m)`` rather than ``u m`` (:func:`~refkern.analysis._softmax_rows.shared_sq`,
+  :func:`~refkern.analysis._softmax_rows.half_ulp`: the exps, the argument, D's additions from the row's
+  maximum on, log D, ``M + log D`` and the last subtraction); a cumsum's running sum likewise
+  (:func:`~refkern.analysis.noise_scan.scan_var`). attention's ``P @ V``: the partial sums, bounded per
   block of :data:`BLOCK` keys by ``BLOCK (|P_b| + A_b)**2`` (``P_b`` the partial sum at the block's start,
   ``A_b`` the block's ``sum |w v|``), and the division (two roundings: reciprocal and product).
   log_softmax: ``log D`` within :data:`~refkern.analysis._envelope_softmax.LOG_SCALE_ULPS` ulps, its
@@ -105,11 +110,11 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
-from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
+from refkern.analysis._rows import _partial_sq, _weights, exp_ulps_rows
 from refkern.analysis.noise_attention import attention_noise
 from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest_sq
 from refkern.analysis.noise_rows import RowShared, keys, norm_sums, welford_drift
-from refkern.analysis.noise_scan import half_scan
+from refkern.analysis.noise_scan import half_scan, scan_var
 from refkern.analysis.noise_store import straddle, thread_members
 from refkern.analysis.stats import level
 
@@ -388,26 +393,35 @@ def _softmax_rows(X, u, u_m, log, shared=False):
     relative to the weight's square (a weight far below 2**-511 has a variance that underflows). With
     ``shared``, also the part every element of a row shares, per row: softmax's relative ``sum_j w_j beta_j``
     and ``D``'s errors (additions, rescales), log_softmax's ``log D`` and ``M + log D`` (absolute)."""
+    from refkern.analysis._envelope_softmax import EXP_SCALE_ULPS
     from refkern.analysis._envelope_softmax import LOG_SCALE_ULPS as LOG_ULPS
+    from refkern.analysis._softmax_rows import half_ulp, shared_sq
 
     Mf, arg, t, D, w = _weights(X)
     with np.errstate(all="ignore"):
         B, Brow = exp_ulps_rows(arg, t, u)
-        beta2 = (2.0 * B * u) ** 2 + (u * arg) ** 2 + u_m**2  # u_m: each exp term stored
+        # the exp within B ulps of t (2 B half-ulps of the computed t, whose binade is at most t (1 + 2 B u)'s),
+        # the argument z - M rounded once (its half-ulp), relative to t
+        beta2 = (2.0 * B * half_ulp(t * (1.0 + 2.0 * B * u), u) / t) ** 2 + half_ulp(np.abs(arg), u) ** 2 + u_m**2
         beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
         wb = np.einsum("ij,ij->i", w * w, beta2)  # sum_j w_j**2 beta_j**2
-        rec = _records(X)
-        adds = u * u * _partial_sq(t) / (D * D)  # the sum's own additions, relative
+        adds, rec = shared_sq(X, t, u, EXP_SCALE_ULPS)  # the sum's additions at their half-ulps; its rescales
         sd2 = wb + adds + rec * ((2.0 * Brow + 1.0) * u) ** 2
         if log:
             L = np.log(D)
-            y2 = (u * arg) ** 2 + (sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2)[:, None] + (u * (Mf + L[:, None])) ** 2
-            y2 = y2 + (u * (arg - L[:, None])) ** 2 + u_m**2 * (arg * arg + (L * L)[:, None] + 1.0)
+            # |log D^ - L| to first order: log's LOG_ULPS ulps and D^'s relative error (n exps within
+            # EXP_SCALE_ULPS, n - 1 additions, at most n rescales of 2 EXP_SCALE_ULPS + 1): each value below is
+            # rounded within the half-ulp of its magnitude widened by it
+            dL = u * (2.0 * LOG_ULPS * np.abs(L) + X.shape[1] * (2.0 * EXP_SCALE_ULPS + 3.0))
+            hL = 2.0 * LOG_ULPS * half_ulp(np.abs(L) + dL, u)  # log D within LOG_ULPS ulps
+            hML = half_ulp(np.abs(Mf[:, 0] + L) + dL, u)  # M + log D
+            y2 = half_ulp(np.abs(arg), u) ** 2 + (sd2 + hL**2 + hML**2)[:, None]
+            y2 = y2 + half_ulp(np.abs(arg - L[:, None]) + dL[:, None], u) ** 2
+            y2 = y2 + u_m**2 * (arg * arg + (L * L)[:, None] + 1.0)
             y2 = np.where(np.isfinite(y2), y2, 0.0)
             # the row shares log D's error, M + log D's rounding and, where a stage is stored in the result
             # format (u_m), log D's store: one value per row
-            return (y2, sd2 + ((2.0 * LOG_ULPS * u) * L) ** 2 + (u * (Mf[:, 0] + L)) ** 2 + (u_m * L) ** 2
-                    ) if shared else y2  # fmt: skip
+            return (y2, sd2 + hL**2 + hML**2 + (u_m * L) ** 2) if shared else y2
         own = beta2 * (1.0 - 2.0 * w)
         rel = (own + wb[:, None] + (adds + 2.0 * u * u)[:, None]
                + (rec * ((2.0 * Brow + 1.0) * u) ** 2)[:, None] + u_m**2)  # fmt: skip
@@ -477,7 +491,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         with np.errstate(all="ignore"):
             P = np.cumsum(X, axis=1)
             P2 = P * P
-            acc = np.cumsum(P2, axis=1) - P2[:, :1]  # the partial sums formed up to each element
+            var = scan_var(X, u)  # the partial sums formed up to each element, at their half-ulps (noise_scan)
         scan = _cumsum_axes(name, args, nd)
         precs = []
         if out.prec < FLOAT32.prec and nd and X.size:  # a running sum held in the result format (noise_scan)
@@ -488,7 +502,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
                 return np.ascontiguousarray(np.moveaxis(w, ax, -1)).reshape(-1, n)
 
             precs = [half_scan(P2, rows, lay.back, out, stores)]
-        return Noise(lay.back(u * u * np.maximum(acc, 0.0)) + stores, [], scan, sc, precisions=precs)
+        return Noise(lay.back(var) + stores, [], scan, sc, precisions=precs)
     if kind == "norm":
         eta2 = 2.0 * _eta(out) ** 2 + (lay.n + 4) * eta_w**2
         std, fold, drift_bound, drift, shared = _norm(lay, name, lay.rows(ref_held, ref_held.dtype), u, out, eta2)

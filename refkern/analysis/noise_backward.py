@@ -75,7 +75,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
-from refkern.analysis._rows import _partial_sq, _records, _weights, exp_ulps_rows
+from refkern.analysis._rows import _partial_sq, _weights, exp_ulps_rows
 from refkern.analysis.noise import RSQRT_ULPS, _moments, _softmax_rows
 
 __all__ = ["softmax_noise", "norm_input_noise", "norm_param_noise", "pool_noise", "mean_noise", "var_noise",
@@ -113,7 +113,8 @@ def softmax_noise(xr, gr, out: Format, log: bool):
     """(sigma**2 per element of the rows (R, n), the scale: a power of two per element, or 1) of the
     softmax (log_softmax with ``log``) gradient over the rows ``xr`` of logits with grad_output ``gr``,
     computed in ``out`` (module docstring)."""
-    from refkern.analysis._envelope_softmax import exp_scale_ulps
+    from refkern.analysis._envelope_softmax import EXP_SCALE_ULPS, exp_scale_ulps
+    from refkern.analysis._softmax_rows import half_ulp, shared_sq
 
     u, u_m, u_o, eta_o, eta_w = _units(out)
     eta_h = eta_o if u_m else 0.0  # D^ (G^) and g - D^ stored in the half format: a subnormal loses eta_o
@@ -136,12 +137,11 @@ def softmax_noise(xr, gr, out: Format, log: bool):
             return np.where(np.isfinite(v), v, np.inf), 1.0
         # the forward's per-element and shared relative variances (noise._softmax_rows, split)
         B, Brow = exp_ulps_rows(arg, t, u)
-        beta2 = (2.0 * B * u) ** 2 + (u * arg) ** 2 + u_m**2
+        beta2 = (2.0 * B * half_ulp(t * (1.0 + 2.0 * B * u), u) / t) ** 2 + half_ulp(np.abs(arg), u) ** 2 + u_m**2
         beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)
         nu = beta2 + 2.0 * u * u + u_o**2  # the exponential, the division, the store of y^
-        rec = _records(X)
-        sS = np.einsum("ij,ij->i", y * y, beta2) + u * u * _partial_sq(t) / (Dn * Dn) + rec * (
-            (2.0 * Brow + 1.0) * u) ** 2  # fmt: skip
+        adds, rec = shared_sq(X, t, u, EXP_SCALE_ULPS)  # D's additions at their half-ulps, its rescales
+        sS = np.einsum("ij,ij->i", y * y, beta2) + adds + rec * ((2.0 * Brow + 1.0) * u) ** 2
         D = np.einsum("ij,ij->i", G, y)[:, None]
         h = G - D
         gy = G * y

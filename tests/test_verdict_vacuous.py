@@ -47,3 +47,10 @@ def test_an_infinite_bound_reports_what_the_full_pass_reports(n, one_pass, monke
     assert vac.max_error_ulps == full.max_error_ulps
     assert vac.median_ulps == full.median_ulps == np.inf and vac.max_ulps == full.max_ulps == np.inf
     assert vac.counts[3] > 0 and vac.counts[2] > 0 and vac.counts[0] > 0  # every state occurs
+
+
+def test_an_empty_output_has_an_empty_bound():
+    """No element, no bound value: the pass must not read one (a layer_norm over 0 rows in bfloat16)."""
+    fit = _envelope_fits(np.zeros(0, np.float32), FORMATS["bfloat16"],
+                         [("rounding", None, np.zeros(0, np.float32), np.zeros(0))], ulps=True)[0]  # fmt: skip
+    assert fit.counts == (0, 0, 0, 0) and fit.median_ulps == 0.0

@@ -43,6 +43,7 @@ from refkern.accumulate.formats import FORMATS
 from refkern.analysis._healthy import _healthy
 from refkern.analysis.hypotheses import Model
 from refkern.analysis.noise import Noise, noise
+from refkern.analysis.noise_rows import frozen
 from refkern.analysis.noise_store import straddle_z
 from refkern.analysis.passes import ulps_at
 from refkern.analysis.statfit import INSIDE, StatFit
@@ -207,9 +208,9 @@ def _power(var, ref, out, lam, scale=1.0, peak=None) -> dict:
         rs = np.asarray(r[idx], np.float64)
         d = lam * np.sqrt(v[idx]) / (_ulp(rs, out) * sc[idx])
     d = d[np.isfinite(rs)]
-    return {"median_ulps": float(np.median(d)) if d.size else 0.0,
-            "max_ulps": _power_max(v, np.asarray(r, np.float64), sc, lam, out.prec, out.emin) if peak is None
-            else peak}  # fmt: skip
+    if peak is None:  # the operands read-only C float64 (noise_rows.frozen): one compiled signature
+        peak = _power_max(frozen(v, np.float64), frozen(r, np.float64), frozen(sc), lam, out.prec, out.emin)
+    return {"median_ulps": float(np.median(d)) if d.size else 0.0, "max_ulps": peak}
 
 
 @jit(parallel=True)

@@ -109,7 +109,7 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
         counts, tcnt = np.zeros((nch, 5), np.int64), np.zeros(nch, np.int64)
         tidx, tval = np.zeros((nch, _TOP), np.int64), np.zeros((nch, _TOP))
         lo, hi, room = median_bracket(c, np.broadcast_to(b, c.shape), out.prec, out.emin) if ulps and (
-            b.size > 1 or b[0] < np.inf) else (0.0, 0.0, 0.0)  # fmt: skip
+            b.size > 1 or (b.size == 1 and b[0] < np.inf)) else (0.0, 0.0, 0.0)  # fmt: skip
         # a bracket of one value needs no kept value (median_in_bracket): one slot each, overwritten
         kept = np.empty((nch, (int(room * (-(-a.size // nch))) + 64 if lo != hi else 1) if ulps else 0))
         n_kept, n_below, peak, uerr = np.zeros(nch, np.int64), np.zeros(nch, np.int64), np.zeros(nch), np.zeros(nch)

@@ -6,6 +6,7 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
+from refkern.analysis.noise_rows import frozen, held_dtype
 from refkern.analysis.passes import chunks, ulps_at
 from refkern.analysis.statfit import StatFit
 from refkern.analysis.verdict import z_one
@@ -25,9 +26,13 @@ def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out, parts=None):
     sums on the way, held as ``held_rows`` (what :meth:`~refkern.analysis.noise_rows.RowShared.held_stats`
     gives)."""
     shape = np.shape(c)
-    af, cf = (np.ascontiguousarray(v).reshape(-1) for v in (a, c))
-    sc = np.ascontiguousarray(np.broadcast_to(np.asarray(scale, np.float64), shape) if np.ndim(scale) else
-                              np.asarray([scale], np.float64)).reshape(-1)  # fmt: skip
+    # the kernels' read-only inputs in one form each (noise_rows.frozen: C-contiguous, read-only), a and c (and
+    # the rows' X) in one format, float32 or float64 (held_dtype: each is widened as read, so widening is exact)
+    X, mean, r, W, finish = parts if parts is not None else (None,) * 5
+    h = held_dtype(a, c, *(() if X is None else (X,)))
+    af, cf = (frozen(v, h).reshape(-1) for v in (a, c))
+    sc = frozen(np.broadcast_to(np.asarray(scale, np.float64), shape) if np.ndim(scale) else
+                np.asarray([scale], np.float64)).reshape(-1)  # fmt: skip
     n = cf.size
     strides = [int(np.prod(shape[ax + 1 :], dtype=np.int64)) for ax in only]
     lens = [shape[ax] for ax in only]
@@ -35,12 +40,13 @@ def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out, parts=None):
     gs = np.zeros((nch, len(only), max(lens, default=1)))
     gv, ws, wv = np.zeros_like(gs), np.zeros_like(gs), np.zeros_like(gs)
     z, peak = np.empty(n), np.zeros(nch)
-    vf = np.ascontiguousarray(var, np.float64).reshape(-1)
+    vf = frozen(var, np.float64).reshape(-1)
     held_rows = None
     if len(only) == 1 and strides[0] == 1 and lens[0] and n // lens[0] >= nch:
         R = n // lens[0]
-        X, mean, r, W, finish = parts if parts is not None and sc.size == 1 and sc[0] == 1.0 else (
-            np.zeros((1, 1)), np.zeros(1), np.zeros(1), np.zeros((1, 1)), None)  # fmt: skip
+        if parts is None or sc.size != 1 or sc[0] != 1.0:  # no row sums: placeholders of the same types
+            X, mean, r, W, finish = np.zeros((1, 1), h), np.zeros(1), np.zeros(1), np.zeros((1, 1)), None
+        X, mean, r, W = frozen(X, h), frozen(mean, np.float64), frozen(r, np.float64), frozen(W, np.float64)
         rows = np.empty((R if finish is not None else 0, 7))
         nfail = _healthy_rows(af, cf, vf, sc, lam_el, out.prec, out.emin, lens[0], finish is not None, X, mean, r, W,
                               z, gs[:, 0], gv[:, 0], ws[:, 0], wv[:, 0], peak, rows)  # fmt: skip

@@ -11,7 +11,24 @@ from numba import prange
 
 from refkern._jit import jit
 
-__all__ = ["RowShared", "keys", "norm_sums", "welford_drift"]
+__all__ = ["RowShared", "frozen", "held_dtype", "keys", "norm_sums", "welford_drift"]
+
+
+def frozen(a, dtype=None) -> np.ndarray:
+    """``a`` as a kernel's input that it never writes, in one form: C-contiguous (a copy only where it is not),
+    of ``dtype`` (else its own), and a read-only view (no copy). Numba compiles a kernel once per tuple of
+    argument types, and an array's type holds its layout and its writeable flag: inputs that differ in those
+    alone (a broadcast view, a transposed row block, a fresh copy) would each compile the whole kernel again."""
+    v = np.ascontiguousarray(a, dtype).view()
+    v.flags.writeable = False
+    return v
+
+
+def held_dtype(*arrays) -> np.dtype:
+    """The one float format a kernel that widens every element to float64 as it reads it is given ``arrays``
+    in: float32 where all are float32 (no copy), else float64 (widening float16 or float32 to float64 is exact, so
+    the kernel reads the same values): one compiled signature per format, not one per mix of formats."""
+    return np.dtype(np.float32) if all(np.asarray(a).dtype == np.float32 for a in arrays) else np.dtype(np.float64)
 
 
 class RowShared:
@@ -133,6 +150,9 @@ def norm_sums(X, mean, r, Wr, smu2, srel2, bounds):
     row on r's loading and on the mean's (None where there is none)."""
     R, n = X.shape
     Bt, Bm = bounds
+    # the kernels' read-only inputs in one form each (frozen): X as held (float32 or float64), the rest float64
+    X = frozen(X)
+    mean, r, Wr = frozen(mean, np.float64), frozen(r, np.float64), frozen(Wr, np.float64)
 
     def finish(rows):
         """(num, var, yw, extra, bound) per row from the seven sums of :func:`_norm_row_sums` (R, 7)."""
@@ -148,8 +168,11 @@ def norm_sums(X, mean, r, Wr, smu2, srel2, bounds):
         # held: (actual, centre, variance) as they are held, every finite element kept; else (residual, variance
         # where kept, centre) arrays
         p, q, var = (rr, vk, y) if held else (rr, y, vk)
-        arrays = (np.ascontiguousarray(v if held else np.asarray(v, np.float64)).reshape(R, n) for v in (p, q, var))
-        _norm_row_sums(*arrays, held, X, mean, r, Wr, rows, cols)
+        if not held:
+            p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+        h = held_dtype(p, q, X)  # p, q and X are widened as read: one format for the three (exact)
+        p, q, Xh = frozen(p, h).reshape(R, n), frozen(q, h).reshape(R, n), frozen(X, h)
+        _norm_row_sums(p, q, frozen(var, np.float64).reshape(R, n), held, Xh, mean, r, Wr, rows, cols)
         return finish(rows), cols
 
     #: what a pass over the held values needs to form the seven sums itself (inside._healthy): the rows' X,

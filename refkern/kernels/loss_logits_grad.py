@@ -109,12 +109,22 @@ def _one(k, x, y, w, pw, g, n, fmt):
                        "bits.")  # fmt: skip
 
 
+def _frozen(v) -> np.ndarray:
+    """``v`` as float64, C-contiguous (a copy only where it is not: a broadcast operand) and read-only (a view, no
+    copy): the float64 pass's operands in one form, so that its kernels compile one signature (Numba types an
+    array by its layout and its writeable flag too; an operand that broadcasts is a fresh writable copy, one that
+    does not a read-only view of the caller's)."""
+    v = np.ascontiguousarray(v, np.float64).view()
+    v.flags.writeable = False
+    return v
+
+
 def logits_grads(x, y, w, pw, G, fmt, red, wrt) -> dict:
     """``{k: gradient}`` for k in ``wrt`` ("input", "target"): float64 values of the input's shape, each the real
     number rounded once to ``fmt`` (module docstring); a zero (a rational value 0) as torch's formula signs it."""
     n = max(x.size, 1) if red == "mean" else 1
     shape = x.shape
-    flat = [np.ascontiguousarray(np.broadcast_to(v, shape), np.float64).reshape(-1) for v in (x, y, w, pw, G)]
+    flat = [_frozen(np.broadcast_to(v, shape)).reshape(-1) for v in (x, y, w, pw, G)]
     finite = np.logical_and.reduce([np.isfinite(v) for v in flat])
     out = {}
     for k in wrt:

@@ -149,6 +149,21 @@ def test_rotary_errors():
 # ---------------------------------------------------------------- the audit: a model without transformers
 
 
+class _Rsqrt(torch.autograd.Function):
+    """rsqrt whose gradient is 2% off: ``-0.51 g r**3`` for ``-0.5 g r**3`` (each op of it exact)."""
+
+    @staticmethod
+    def forward(ctx, v):
+        r = torch.rsqrt(v)
+        ctx.save_for_backward(r)
+        return r
+
+    @staticmethod
+    def backward(ctx, g):
+        (r,) = ctx.saved_tensors
+        return g * (r * r * r) * -0.51
+
+
 class _RMSNorm(torch.nn.Module):
     """Llama's RMSNorm as transformers writes it."""
 
@@ -163,7 +178,7 @@ class _RMSNorm(torch.nn.Module):
         h = x.to(torch.float32)
         var = h.pow(2).mean(-1, keepdim=True)
         eps = self.variance_epsilon + (1e-2 if self.bug == "eps" else 0.0)
-        h = h * torch.rsqrt(var + eps)
+        h = h * (_Rsqrt.apply(var + eps) if self.bug == "rsqrt grad" else torch.rsqrt(var + eps))
         w = self.weight + 1 if self.bug == "w+1" else self.weight
         return w * h.to(dtype)
 
@@ -191,6 +206,75 @@ def test_composed_rms_norm_is_one_pattern_row(dtype):
         assert all(c.verdict in OK for c in ops), a.report()  # every small op is right
         f = a.first_failure
         assert f is not None and f.pattern == "rms_norm" and f.verdict == "mismatch", a.report()
+
+
+def _train(f, *args, other=None):
+    """An audited training step: ``(f(*args) * t).sum()`` (t fixed) plus ``other`` (another use of an input),
+    backward."""
+    with rkt.audit() as a:
+        y = f(*args)
+        t = torch.randn(y.shape, generator=torch.Generator().manual_seed(9)).to(y.dtype)
+        loss = (y * t).sum() + (0.0 if other is None else other)
+        loss.backward()
+    return a
+
+
+def _rows(a, phase):
+    return [c for c in a.calls if c.pattern and c.phase == phase]
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_composed_rms_norm_backward_is_judged_whole(dtype):
+    """In a training step the composed RMSNorm's gradients of x and of its weight are judged as rms_norm's (one row
+    each), x's being the pattern's own contribution: x's other use (the residual: ``3 x``) is not in it."""
+    x = (torch.randn(4, 10, 32, generator=torch.Generator().manual_seed(0)) * 0.5).to(dtype).requires_grad_()
+    a = _train(_RMSNorm(32).to(dtype), x, other=(x.float() * 3).sum())
+    rows = _rows(a, "backward")
+    assert [c.name for c in rows] == ["_RMSNorm (backward: grad_input)", "_RMSNorm (backward: grad_weight)"]
+    assert all(c.op.startswith("rms_norm backward (composed: pow, mean, add, rsqrt, mul") for c in rows)
+    assert all(c.verdict in OK and c.dtype == str(dtype)[6:] for c in rows), a.report()
+    assert len({c.group for c in rows}) == 1 and a.first_failure is None, a.report()
+    assert "rms_norm" not in a.counts and a.phases["backward"][1] == 0  # pattern rows are not ops
+
+
+def test_rms_norm_with_rsqrt_gradient_off_is_the_backward_pattern_mismatch():
+    """rsqrt's gradient 2% off (every op of the backward exact, the forward right): the pattern's grad_input is
+    the first failure, a mismatch; its grad_weight (which does not pass through rsqrt) is right."""
+    x = torch.randn(4, 10, 32, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    a = _train(_RMSNorm(32, bug="rsqrt grad"), x)
+    assert all(c.verdict in OK for c in a.calls if not c.pattern), a.report()  # every op, forward and backward
+    assert [c.verdict in OK for c in _rows(a, "forward")] == [True]
+    f = a.first_failure
+    assert f is not None and f.pattern == "rms_norm" and f.phase == "backward" and f.verdict == "mismatch", a.report()
+    assert f.name.endswith("(backward: grad_input)"), a.report()
+    assert [c.verdict in OK for c in _rows(a, "backward")] == [False, True], a.report()
+
+
+def test_pattern_backward_holds_no_graph_and_ends_with_the_audit():
+    """The hooks hold no reference to the graph (an output dropped unbackwarded frees it without the garbage
+    collector), and a backward pass run after the audit closed adds no row."""
+    import gc
+    import weakref
+
+    class Probe:  # lives as long as the output's autograd node
+        pass
+
+    x = torch.randn(4, 32, requires_grad=True)
+    gc.disable()
+    try:
+        for hooked in (False, True):  # without the audit's hooks, then with them: the same release
+            with rkt.audit() if hooked else torch.enable_grad():
+                y = _RMSNorm(32)(x * 1.0)
+                probe = Probe()
+                y.grad_fn.metadata["probe"], ref = probe, weakref.ref(probe)
+                del probe, y
+            assert ref() is None
+    finally:
+        gc.enable()
+    with rkt.audit() as a:
+        y = _RMSNorm(32)(x)
+    y.sum().backward()
+    assert [c.phase for c in a.calls if c.pattern] == ["forward"]
 
 
 def test_an_rms_statistic_not_returned_is_no_pattern():
@@ -284,6 +368,48 @@ def test_rotary_pattern_sampled_and_a_reduction_found(dtype):
         assert [c.pattern for c in rows] == ["rotary"] and rows[0].sampled == 320  # 10 rows of 32
         assert rows[0].verdict in want, a.report()
         assert all(c.verdict in OK for c in a.calls if not c.pattern and c.report is not None), a.report()
+
+
+class _SinGrad(torch.autograd.Function):
+    """``r * s`` whose gradient of r is 1% off (``1.01 g s``)."""
+
+    @staticmethod
+    def forward(ctx, r, s):
+        ctx.save_for_backward(s)
+        return r * s
+
+    @staticmethod
+    def backward(ctx, g):
+        (s,) = ctx.saved_tensors
+        return g * s * 1.01, None
+
+
+class _RotaryGrad(torch.nn.Module):
+    """Llama's rotary (as _Rotary), ``bug``: the sine branch's gradient 1% off."""
+
+    def forward(self, pos, q, bug=False):
+        d = q.shape[-1]
+        inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float) / d))
+        emb = torch.cat([pos[..., None].float() * inv] * 2, -1)
+        c, s = emb.cos().to(q.dtype)[:, None], emb.sin().to(q.dtype)[:, None]
+        r = torch.cat((-q[..., d // 2 :], q[..., : d // 2]), -1)
+        return q * c + (_SinGrad.apply(r, s) if bug else r * s)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_rotary_backward_is_judged_whole(dtype):
+    """The gradient of q through the rotary's ops is the rotation of the output's gradient by -theta (the angles
+    equal within each pair): judged so, right for autograd's own, a mismatch with the sine branch 1% off."""
+    g = torch.Generator().manual_seed(5)
+    pos, q = torch.arange(100_000, 100_064)[None], torch.randn(1, 4, 64, 32, generator=g).to(dtype)
+    for bug, want in ((False, OK), (True, ("mismatch",))):
+        a = _train(_RotaryGrad(), pos, q.clone().requires_grad_(), bug)
+        rows = _rows(a, "backward")
+        assert [c.name for c in rows] == ["_RotaryGrad (backward: grad_input)"], a.report()
+        assert rows[0].op == "rotary backward (composed: cos, sin, mul, neg, mul, add)"
+        assert rows[0].verdict in want, a.report()
+        assert all(c.verdict in OK for c in a.calls if not c.pattern), a.report()
+        assert bug or a.first_failure is None, a.report()
 
 
 class _Interleaved(torch.nn.Module):

@@ -567,6 +567,9 @@ def test_norm_gradient_envelopes_by_hand():
                      + (3 * e_r * R1**2 * (d + dmu) * Cm + r**3 * dmu * Cm + r**3 * d * (e_C + dmu * abs(S))) / n
                      + 8 * U * (R1 * (abs(gi) + Am) + R1**3 * xm * Cm / n)
                      + (n + 8) * ETA_W * (R1 + R1**3 * xm))  # fmt: skip
+                # a half input: each g w rounded to its format (u_m), through gw_j, S / n and r**3 d_j Cn / n
+                E += um * (R1 * (abs(gi) + Sa / n) + R1**3 * (d + dmu) * sum(abs(gk) * (abs(xk - mu) + dmu)
+                                                                           for gk, xk in zip(gg, x)) / n)  # fmt: skip
                 want.append(_store_back(E, 0.0, 8, U, uo, eta_o))
             got = envb.norm_bound("layer_norm", "input", X, np.array([gg]), None, 0.0, np.zeros((1, 2)),
                                   {"input": fmt}, stored_sums=stored)  # fmt: skip

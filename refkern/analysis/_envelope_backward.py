@@ -97,9 +97,15 @@ rms_norm's (the input is upcast first); only each result is stored in the half f
    five, the product by mean^, the subtraction), and the two additions of ``dx`` one each on the
    whole: at most seven compound on any term, and the uncentred ``b x + c`` is charged on
    ``|x_j| + |mu|`` instead of ``|d_j|``; the composite rms_norm has fewer (g w, * r, r**3 as
-   rsqrt's cube: two, * sum, / n, * 2x, the branches' addition). batch_norm's grad_input for half
-   inputs is charged ``ua + u_m`` per rounding (and eta_m, the half format's, for its underflow), with
-   its two per-channel sums stored in the half format (``u_m`` more on e_S and e_C): torch's generic
+   rsqrt's cube: two, * sum, / n, * 2x, the branches' addition). For their half inputs each ``gw_k`` may
+   be rounded to the input's format first (Hugging Face's RMSNorm multiplies ``weight * h.to(dtype)``, whose
+   autograd forms ``g w`` in bfloat16: measured, 104 ulp on a bfloat16 row where F.rms_norm is exact):
+   ``|delta_k| <= u_m`` moves dx_j by ``r gw_j delta_j - r sum_k gw_k delta_k / n - r**3 d_j sum_k gw_k d_k
+   delta_k / n``, charged ``u_m (R1 (|gw_j| + sum|gw| / n) + R1**3 D_j sum_k |gw_k| D_k / n)`` (the mean's
+   term 0 for rms_norm), the noise model's ``u + u_m`` on ``gw_k`` (:mod:`refkern.analysis.noise_backward`;
+   measured: 1.68 times the envelope without it, 0.48 with it). batch_norm's grad_input for half inputs
+   is charged ``ua + u_m`` per rounding (and eta_m, the half format's, for its underflow), with its two
+   per-channel sums stored in the half format (``u_m`` more on e_S and e_C): torch's generic
    kernel, which serves non-contiguous inputs, forms ``k = dotp rstd^2 / n`` and ``grad_mean = sum g / n``
    as scalar_t and every operation of ``(g - grad_mean - (x - mean) k) rstd w`` in it (measured: a strided
    bf16 input at 1.41 times the float32-step envelope).

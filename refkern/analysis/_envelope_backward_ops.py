@@ -188,6 +188,9 @@ def norm_bound(op: str, name: str, X: np.ndarray, G: np.ndarray, W, eps: float, 
                  + (3.0 * e_r * R1**2 * D * Cm + r**3 * dmu * Cm + r**3 * np.abs(d) * (e_C + dmu * np.abs(S))) / n
                  + input_roundings * ui * (R1 * (np.abs(gw) + Am) + R1**3 * xm * Cm / n)
                  + (n * eta_w + input_roundings * eta_i) * (R1 + R1**3 * xm))  # fmt: skip
+            if u_m and op in ("layer_norm", "rms_norm"):  # gw_k rounded to the half input format (HF RMSNorm)
+                E = E + u_m * (R1 * (np.abs(gw) + (Sa / n if center else 0.0))
+                               + R1**3 * D * (np.abs(gw) * D).sum(axis=1, keepdims=True) / n)  # fmt: skip
             refm = np.abs(ref).reshape(R, n)
             bad = ~(np.isfinite(X).all(axis=1, keepdims=True) & np.isfinite(G).all(axis=1, keepdims=True))
             bad = bad & np.ones((1, n), bool)

@@ -133,11 +133,15 @@ class AuditResults:
 
     def _composed(self) -> str:
         """'; 7 composed ops judged whole (5 rms_norm, 2 rotary: 7 rounding)', or '' (:mod:`refkern.torch.patterns`)."""
-        rows = [c for c in self.calls if c.pattern]
+        rows = {}  # a pattern's backward has a row per gradient (one group): counted once, at its worst verdict
+        for c in self.calls:
+            k = c.group if c.group >= 0 else c.index
+            if c.pattern and (k not in rows or _SEVERITY[c.verdict] < _SEVERITY[rows[k].verdict]):
+                rows[k] = c
         if not rows:
             return ""
         kinds, verdicts = {}, {}
-        for c in rows:
+        for c in rows.values():
             kinds[c.pattern] = kinds.get(c.pattern, 0) + 1
             v = c.verdict or "not analysed"
             verdicts[v] = verdicts.get(v, 0) + 1

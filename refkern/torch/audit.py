@@ -21,9 +21,10 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from refkern.analysis.compare import compare
 from refkern.engines.filter import PARALLEL_TERMS
 from refkern.gradients import compare_backward
+from refkern.torch import _audit_patterns, patterns
 from refkern.torch import dispatch as dsp
 from refkern.torch import dispatch_backward as dbw
-from refkern.torch import patterns
+from refkern.torch._audit_patterns import not_analysed
 from refkern.torch._audit_results import AuditCall, AuditResults, BitReport
 from refkern.torch._bits import _same_bits, _top_is, reciprocal_product
 from refkern.torch.sample import restrict
@@ -163,6 +164,7 @@ class Audit(AuditResults):
         self._phase = "forward"
         self._here = None  # the name of the backward op being observed (module hooks do not run in backward)
         self._matcher = patterns.Matcher()  # composed RMSNorm and rotary embeddings, judged whole
+        self._open = False  # inside the with block: a pattern's backward hooks judge only then
         self._names_out = []  # with it, the name of each of its outputs' gradients
         self._params = {}  # id(parameter) -> (module path, attribute name)
         self._pending = []  # (weakref to a forward op's output, what its backward will need): see _attach
@@ -267,7 +269,7 @@ class Audit(AuditResults):
 
     def _failed(self, func, exc):
         name = dsp.op_name(func)
-        why = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        why = not_analysed(exc)
         self.calls.append(AuditCall(len(self.calls), self._where(), name, "-", "-", [], None, why, str(func),
                                     phase=self._phase))  # fmt: skip
         self._count(name, False, why)
@@ -313,22 +315,8 @@ class Audit(AuditResults):
         self._show(name)
 
     def _patterns(self, found):
-        """A row per composed pattern completed (:mod:`refkern.torch.patterns`): judged whole, not counted as an op."""
-        for p in found:
-            t = p.out
-            shapes = [tuple(v.shape) for v in (getattr(p, "x", None), getattr(p, "weight", None), getattr(p, "q", None),
-                                               getattr(p, "theta", None)) if isinstance(v, torch.Tensor)]  # fmt: skip
-            m = getattr(p, "module", None)  # an inline rms_norm: named by the module that computed its statistic
-            where = self._where() if m is None else self._names.get(id(m), type(m).__name__)
-            call = AuditCall(len(self.calls), where, p.name, str(t.device), str(t.dtype).removeprefix("torch."),
-                             shapes, None, aten=f"pattern {p.kind}", pattern=p.kind)  # fmt: skip
-            try:
-                call.report, call.sampled = patterns.judge(
-                    p, self._judge if self._remote is None else _here, self.sample
-                )
-            except Exception as exc:  # analysis must never break the model
-                call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-            self.calls.append(call)
+        """A row per composed pattern completed (:func:`refkern.torch._audit_patterns.forward_rows`)."""
+        _audit_patterns.forward_rows(self, found, self._judge if self._remote is None else _here)
 
     def _new_call(self, func, op, out, shapes):
         t = _tensors(out)[0]
@@ -373,7 +361,7 @@ class Audit(AuditResults):
                 call.report = reports[arg] if arg in reports else compare_backward(
                     {arg: _cpu(got)}, spec.op, spec.grad_output, *spec.args, **spec.kwargs)[arg]  # fmt: skip
             except Exception as exc:  # analysis must never break the model
-                call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                call.note = not_analysed(exc)
                 why = why or call.note
             if i == spec.grads[0][0]:  # what the kernel computed and nothing judges: beside its first gradient
                 call.parts.update(spec.skipped)
@@ -439,7 +427,7 @@ class Audit(AuditResults):
         try:
             call.report, call.sampled = self._judge(spec, outs[main.index])
         except Exception as exc:  # analysis must never break the model
-            call.note = f"not analysed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            call.note = not_analysed(exc)
             self.calls.append(call)
             self._count(name, False, call.note)
             return
@@ -509,9 +497,11 @@ class Audit(AuditResults):
         self._patch = compiled.intercept(self)
         self._mode = _Mode(self)
         self._mode.__enter__()
+        self._open = True
         return self
 
     def __exit__(self, *exc):
+        self._open = False
         self._mode.__exit__(*exc)
         if self._remote is not None:  # every verdict in from the cluster
             from refkern.scale.remote import resolve_audit

@@ -159,3 +159,22 @@ def test_the_logits_float64_pass_compiles_once(kernel):
     _logits_variants()
     _check_forms(kernel)
     assert len(kernel.signatures) == 1
+
+
+def test_the_envelope_passes_read_actual_and_centre_in_one_format():
+    """A float32 result against a float64 centre (a precision hypothesis' emulation) widens both: the envelope
+    pass and the norms' envelope compile once per format, never for a mix of float32 and float64 operands."""
+    from refkern.analysis import envelope as en
+    from refkern.analysis import verdict_envelope as ve
+
+    g = torch.Generator().manual_seed(3)
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(4, 64, generator=g).to(dt)
+        o = torch.nn.functional.layer_norm(x, (64,))
+        rk.compare(o, "layer_norm", x, (64,))
+        rk.compare(o * 1.1, "layer_norm", x, (64,))  # a mismatch: the precisions' centres, in float64
+        rk.compare(torch.softmax(x, -1) * 1.05, "softmax", x, -1)
+    for kernel, k in ((ve._envelope_pass, 2), (en._norm_rows, 4)):
+        for sig in kernel.signatures:
+            held = [t for i, t in enumerate(sig[:k]) if i in (0, k - 1)]  # (a, c) and (X, ref)
+            assert len({t.dtype for t in held}) == 1, (kernel.__name__, sig)

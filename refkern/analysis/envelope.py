@@ -159,6 +159,7 @@ from numba import prange
 import refkern.ops as _ops
 from refkern._jit import jit
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, Format
+from refkern.analysis.noise_rows import held_dtype
 
 __all__ = ["OPS", "envelopes", "working_unit", "storage"]
 
@@ -272,8 +273,8 @@ def _norm_envelope(X, W, B, center, eps, given, u, u_m, one_pass, ref, out, stor
     given = (np.zeros(R), np.zeros(R)) if given is None else given
     gm, gv = (np.broadcast_to(np.asarray(g, np.float64), (R,)).copy() for g in given)
     eta = stores * 0.5 * 2.0 ** (out.emin - out.prec + 1)
-    X, ref = (np.ascontiguousarray(v, v.dtype if v.dtype in (np.float32, np.float64) else np.float64) for v in
-              (X, np.asarray(ref)))  # fmt: skip
+    h = held_dtype(X, ref)  # one format for both (noise_rows.held_dtype): one compiled signature of _norm_rows each
+    X, ref = (np.ascontiguousarray(v, h) for v in (X, np.asarray(ref)))
     g_n, g_n3 = _gamma(n, u)[()], _gamma(n + 3, u)[()]
     if not has_given and (g_n == np.inf or (not one_pass and g_n3 == np.inf)) and R * n and np.isfinite(ref).all():
         # the statistics' error is unbounded (n u > 1/8: bfloat16 beyond 32 terms): every element's bound is

@@ -105,6 +105,8 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
         m = Model(key, prec, kind, st, fmt)
         state = np.empty(a.size, np.int8)
         c, b = _held(mid), _bound_held(bound)
+        if c.dtype != a.dtype:  # one format for both (exact widening): the passes compile once per format, not per mix
+            a, c = a.astype(np.float64), c.astype(np.float64)
         params = (st is not out, *st.params, key == ONE_PASS)
         counts, tcnt = np.zeros((nch, 5), np.int64), np.zeros(nch, np.int64)
         tidx, tval = np.zeros((nch, _TOP), np.int64), np.zeros((nch, _TOP))

@@ -251,3 +251,45 @@ def test_the_backward_dispatch_compares_no_op_name():
                 consts = [c.value for side in (node.left, *node.comparators) for c in ast.walk(side)
                           if isinstance(c, ast.Constant) and isinstance(c.value, str)]  # fmt: skip
                 assert not names & set(consts), ast.unparse(node)
+
+
+def test_integer_inputs_are_converted_to_the_dtype_torch_computes_in():
+    """``from_call`` hands refkern's op integer and bool inputs converted as torch converts them: the unary functions
+    (records with ``promotes_integers``) to the default dtype, softmax, sum and cumsum to their ``dtype``, pow to ``torch.result_type``
+    of its operands; an integer result (a sum of integers, an integer power) is not converted. torch converts before
+    it computes: int64 2**24 + 1 is float32's 2**24, whose square root is 4096 exactly (not 4096.000122)."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from refkern.analysis.compare import compare
+    from refkern.torch.ops import from_call
+
+    ints = torch.tensor([0, 1, 9, 2**24 + 1])
+    assert [n for n, r in ops.REGISTRY.items() if r.promotes_integers] == [
+        "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "erf",
+        "sin", "cos"]  # fmt: skip
+    calls = [(torch.sqrt, (ints,), {}, torch.float32, {}), (torch.exp, (ints > 1,), {}, torch.float32, {}),
+             (F.softmax, (ints.to(torch.int8), 0), {"dtype": torch.float16}, torch.float16, {"dtype": torch.float16}),
+             (torch.sum, (ints > 1,), {"dtype": torch.float16}, torch.float16, {"dtype": torch.float16}),
+             (torch.cumsum, (ints, 0), {"dtype": torch.float64}, torch.float64, {"dim": 0}),
+             (torch.pow, (ints, 2.5), {}, torch.float32, {"exponent": 2.5}),
+             (torch.pow, (2.0, ints), {}, torch.float32, {}),
+             (torch.pow, (ints, torch.full((4,), 0.5, dtype=torch.float64)), {}, torch.float64, {})]  # fmt: skip
+    for func, args, kwargs, dtype, keywords in calls:
+        spec = from_call(func, args, kwargs)
+        assert spec.unsupported is None, spec.unsupported
+        assert [a.dtype for a in spec.args if isinstance(a, torch.Tensor)][0] == dtype
+        assert spec.kwargs.items() >= keywords.items()
+        out = func(*args, **kwargs)
+        assert out.dtype == dtype
+        assert compare(out, spec.op, *spec.args, **spec.kwargs).verdict in ("exact", "rounding")
+    assert torch.sqrt(ints)[3].item() == 4096.0 and from_call(torch.sqrt, (ints,), {}).args[0][3].item() == 2.0**24
+    default = torch.get_default_dtype()  # torch's global: set back whatever happens
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert from_call(torch.exp, (ints,), {}).args[0].dtype == torch.float64
+    finally:
+        torch.set_default_dtype(default)
+    for func, args, what in ((torch.sum, (ints,), "sum of int64 values"), (torch.pow, (ints, 2), "pow of int64 values"),
+                             (torch.pow, (ints, "2"), "pow with input of type Tensor, exponent of type str")):  # fmt: skip
+        assert from_call(func, args, {}).unsupported.startswith(what)

@@ -97,11 +97,16 @@ class Op:
     aten_backward: tuple = ()  # aten backward kernels whose gradients refkern.compare_backward judges
     backward_outputs: tuple = ()  # (kernel, its outputs' argument names): where not the differentiable ones
     aten_memo: tuple = ()  # (forward aten op, what its backward needs kept: "eps" or "input")
+    aten_unjudged: tuple = ()  # (label, why): its aten ops' outputs after the first, which no reference reproduces
     autograd: tuple = ()  # (autograd node name, the forward arguments its inputs are, in order)
     sample: str | None = None  # one of SAMPLE_KINDS, or None
     needs: str | None = None  # "dim=-1": an argument a command line must give, with an example
     sweep: bool = False  # ``refkern sweep`` draws it against the reduction length
     opinfo: tuple = ()  # names in torch's OpInfo database (op_db)
+    #: torch computes integer and bool inputs in its default float dtype (TensorIterator's
+    #: ``promote_integer_inputs_to_float``: ``torch.exp`` of int64 is float32); else integer inputs give an integer
+    #: result (a sum, a product: integer arithmetic) unless a floating ``dtype=`` converts them first
+    promotes_integers: bool = False
     backward: Backward | None = None  # where its backward lives: with the differentiable arguments, always
 
     @property

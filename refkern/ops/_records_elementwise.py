@@ -35,7 +35,7 @@ _MATH_TRUTH = "refkern.truth._backward_math:backward"
 
 
 def _ew(name, torch_function, calls, *, params=_IN, aten=None, opinfo=None, backward=None, memo=False, grad=False,
-        diff=_IN):
+        diff=_IN, promotes=False):
     """``backward``: the aten backward kernel of the op (which the audit judges), ``grad``: the op has a
     backward rule without one (autograd composes its gradient of other ops)."""
     node = f"{name.capitalize()}Backward0" if backward else None
@@ -44,7 +44,7 @@ def _ew(name, torch_function, calls, *, params=_IN, aten=None, opinfo=None, back
               calls=tuple(Call(c, params) for c in calls), aten=aten or (name,),
               differentiable=diff if grad else (), aten_backward=(backward,) if backward else (),
               aten_memo=((name, "input"),) if memo else (), autograd=((node, _IN),) if backward else (),
-              opinfo=(name,) if opinfo is None else opinfo,
+              opinfo=(name,) if opinfo is None else opinfo, promotes_integers=promotes,
               backward=_grad(name, backward) if grad else None)  # fmt: skip
 
 
@@ -56,7 +56,8 @@ def _grad(name, kernel):
 
 
 def _unary(name, **kw):
-    return _ew(name, f"torch.{name}", (f"torch.{name}", f"torch.Tensor.{name}"), **kw)
+    """A function of one tensor, which torch computes in its default float dtype for integer and bool inputs."""
+    return _ew(name, f"torch.{name}", (f"torch.{name}", f"torch.Tensor.{name}"), promotes=True, **kw)
 
 
 RECORDS = (
@@ -64,8 +65,9 @@ RECORDS = (
     _unary("tanh", backward="tanh_backward", memo=True),
     _unary("sigmoid", backward="sigmoid_backward", memo=True),
     *(_unary(n, grad=True) for n in ("erf", "sin", "cos")),
-    # a tensor exponent is differentiable (a number exponent has no gradient); OpInfo's pow samples not yet run
-    _ew("pow", "torch.pow", ("torch.pow", "torch.Tensor.pow"), params=("input", "exponent"), opinfo=(), grad=True,
+    # a tensor exponent is differentiable (a number exponent has no gradient); integer and bool operands follow
+    # torch.result_type (refkern.torch.ops._pow), not the unary functions' promotion
+    _ew("pow", "torch.pow", ("torch.pow", "torch.Tensor.pow"), params=("input", "exponent"), grad=True,
         diff=("input", "exponent")),
     _ew("silu", f"{_F}silu", (f"{_F}silu",), params=("input", "inplace"), backward="silu_backward",
         opinfo=("nn.functional.silu",)),

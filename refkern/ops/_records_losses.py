@@ -30,6 +30,7 @@ RECORDS = (
        ("input", "target", "weight"), "loss", required=2, positional=True, differentiable=("input",),
        torch_function=f"{_F}nll_loss", calls=(Call(f"{_F}nll_loss", _PARAMS),),
        aten=("nll_loss_forward", "nll_loss2d_forward"), aten_backward=("nll_loss_backward", "nll_loss2d_backward"),
+       aten_unjudged=(("total_weight", "the sum of the counted targets' weights (for the backward): not judged"),),
        autograd=(("NllLossBackward0", ("input",)), ("NllLoss2DBackward0", ("input",))),
        opinfo=("nn.functional.nll_loss",), backward=_backward("loss_grad:_nll_loss", "nll_loss", "nll_loss_report",
                                                              "nll_loss")),

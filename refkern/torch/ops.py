@@ -3,8 +3,9 @@
 The registry (:mod:`refkern.ops`: each op's torch callables and signature) serves ``check`` (a
 function or module), ``audit`` and ``reference_mode`` (every call a model makes). A call that
 cannot be expressed exactly (attention with dropout, a sum of integers) is reported as unsupported,
-never approximated. ``addmm``/``baddbmm`` with any ``alpha``, ``beta`` and input are one exact sum
-of products per element (:func:`_addmm`).
+never approximated. Integer and bool inputs of a floating result are converted first, as torch converts
+them (:func:`_integers_to`, :func:`_pow`). ``addmm``/``baddbmm`` with any ``alpha``, ``beta`` and input are
+one exact sum of products per element (:func:`_addmm`).
 """
 
 import math
@@ -299,9 +300,17 @@ def _same(func, args, kwargs) -> OpCall:
         vals["dim" if k == "axis" else k] = v
     vals.pop("_stacklevel", None)
     vals.pop("inplace", None)  # F.silu's: where the result goes, not what it is
+    if op == "pow":
+        return _pow(torch_name, vals)
+    rec = _ops.get(op)
     first = vals.get("input", vals.get("query"))
-    given = [vals.get(k) for k in _ops.get(op).operands if isinstance(vals.get(k), torch.Tensor)]
+    given = [vals.get(k) for k in rec.operands if isinstance(vals.get(k), torch.Tensor)]
     first = next((v for v in given if v.dtype in _FLOATS), first)  # embedding's values are its weight's
+    target = _integers_to(rec, vals, first)
+    if target is not None:  # integer or bool operands, a floating result: converted first, as torch does
+        ours = (names[0], *rec.operands)  # torch's first parameter is refkern's first operand (sum's x)
+        vals = {k: v.to(target) if k in ours and _integral(v) else v for k, v in vals.items()}
+        first = first.to(target)
     if not isinstance(first, torch.Tensor) or first.dtype not in _FLOATS:
         got = str(first.dtype if isinstance(first, torch.Tensor) else type(first).__name__).removeprefix("torch.")
         return OpCall(torch_name, unsupported=f"{torch_name} of {got} values (refkern's ops take float16, bfloat16, "
@@ -313,13 +322,6 @@ def _same(func, args, kwargs) -> OpCall:
             vals["correction"] = int(bool(vals.pop("unbiased")))
     if op in ("softmax", "log_softmax") and vals.get("dim") is None:  # torch's implicit dim (deprecated)
         vals["dim"] = 0 if first.dim() in (0, 1, 3) else 1
-    e = vals.get("exponent")
-    if op == "pow" and isinstance(e, torch.Tensor) and e.dtype in _FLOATS:  # refkern.pow takes a float tensor exponent
-        return OpCall(torch_name, op, (vals["input"], e), {})
-    if op == "pow" and not isinstance(e, (int, float)):
-        kind = type(vals.get("exponent")).__name__
-        return OpCall(torch_name, unsupported=f"{torch_name} with exponent of type {kind} (refkern's pow takes a "
-                      "tensor to a number)")  # fmt: skip
     if op == "dot":  # torch.dot(input, tensor): refkern.dot(x, y), both operands
         y = vals.get("tensor")
         if not isinstance(y, torch.Tensor) or y.dtype != first.dtype or set(vals) != {"input", "tensor"}:
@@ -338,6 +340,51 @@ def _same(func, args, kwargs) -> OpCall:
         return OpCall(torch_name, op, tuple(given), vals)
     operand = vals.pop(names[0])  # positional: refkern names it x, input or query
     return OpCall(torch_name, op, (operand,), vals)
+
+
+def _integral(v) -> bool:
+    """Whether ``v`` is an integer or bool tensor."""
+    return isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex())
+
+
+def _integers_to(rec, vals, first):
+    """The floating dtype torch computes a call of ``rec``'s op in when its operands (``first``, the first floating
+    one or else the first) are integer or bool: a floating ``dtype=`` (``softmax(x, dim, dtype=torch.float32)``
+    converts the input first), else torch's default dtype where the op promotes integer inputs to float
+    (``rec.promotes_integers``: ``torch.exp`` of int64 is float32). None where the operands are floating, or the
+    result is an integer (a sum of integers: integer arithmetic). torch converts before it computes, rounding an
+    integer beyond the format's 2**p to nearest even as ``Tensor.to`` does, so the converted operands are the
+    exact inputs of what torch computes."""
+    if not _integral(first):
+        return None
+    dtype = vals.get("dtype")
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    return torch.get_default_dtype() if rec.promotes_integers else None
+
+
+def _pow(torch_name, vals) -> OpCall:
+    """The OpCall of ``torch.pow(input, exponent)``: a tensor and a tensor or a number, or a number and a tensor
+    (``pow.Scalar``). Their dtype is torch's type promotion (``torch.result_type``: a float number with an integer
+    tensor gives the default dtype, an integer tensor to an integer power stays an integer); integer and bool
+    tensors are converted to it first, as torch's TensorIterator casts them (refkern's pow rounds the floating
+    ones, :func:`refkern.kernels.elementwise.pow_operands`). A number exponent stays the keyword it is, taken as
+    the float64 value given."""
+    x, e = vals.get("input"), vals.get("exponent")
+    kinds = (torch.Tensor, int, float)
+    extra = sorted(set(vals) - {"input", "exponent"})
+    if extra or not all(isinstance(v, kinds) for v in (x, e)) or not any(isinstance(v, torch.Tensor) for v in (x, e)):
+        got = ", ".join(f"{k} of type {type(vals.get(k)).__name__}" for k in ("input", "exponent", *extra))
+        return OpCall(torch_name, unsupported=f"{torch_name} with {got} (refkern's pow takes a tensor and a tensor or "
+                      "number, or a number and a tensor)")  # fmt: skip
+    dtype = torch.result_type(x, e)
+    if dtype not in _FLOATS:
+        return OpCall(torch_name, unsupported=f"{torch_name} of {str(dtype).removeprefix('torch.')} values (refkern's "
+                      "ops take float16, bfloat16, float32 and float64)")  # fmt: skip
+    x, e = (v.to(dtype) if _integral(v) else v for v in (x, e))
+    if isinstance(e, torch.Tensor) or not isinstance(x, torch.Tensor):
+        return OpCall(torch_name, "pow", (x, e), {})
+    return OpCall(torch_name, "pow", (x,), {"exponent": e})
 
 
 def from_module(m, x) -> OpCall | None:

@@ -55,3 +55,28 @@ def test_model_ops_run_on_the_callers_threads(two_threads):
     assert seen == [2, 2]
     assert torch.get_num_threads() == 2
     assert [c.op for c in a.calls] == ["relu", "relu"] and all(c.report.verdict == "exact" for c in a.calls)
+
+
+def test_a_caller_on_one_thread_stays_on_one_after_numba_ran():
+    """Numba's OpenMP layer shares the thread count torch reads: a Numba kernel (a layer_norm's verdict) restoring
+    its own count must not move the model's next ops off the one thread the caller set (their reduction order,
+    torch's bfloat16 layer_norm gradient buffers per thread, depends on it)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch.get_num_threads())
+            return torch.nn.functional.layer_norm(x, (64,))
+
+    try:
+        with refkern.torch.audit(progress=False) as a:
+            y = Probe()(torch.randn(4, 64, requires_grad=True))
+            seen.append(torch.get_num_threads())
+            y.sum().backward()
+            seen.append(torch.get_num_threads())
+        seen.append(torch.get_num_threads())
+    finally:
+        torch.set_num_threads(old)
+    assert seen == [1, 1, 1, 1] and a.first_failure is None, (seen, a.report())

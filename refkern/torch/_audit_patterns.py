@@ -50,7 +50,7 @@ def backward_rows(audit, where, p):
     gradient of the one operation the pattern computes; nothing once the audit has closed."""
     if not audit._open:  # a backward pass run after the audit closed
         return
-    with _disable_current_modes(), torch.no_grad():
+    with _disable_current_modes(), torch.no_grad(), audit._threads(p.grad_output):
         group, why = len(audit.calls), ""
         try:
             reports, sampled = patterns.judge_backward(p, audit.sample)

@@ -62,13 +62,13 @@ def _torch_threads(*objs):
     machine is busy with). The model's own ops run outside this, on the threads the caller set."""
     old = torch.get_num_threads()
     n = max((t.numel() for o in objs for t in _tensors(o)), default=0)
-    if old == 1 or n >= PARALLEL_TERMS:
-        yield
-        return
-    torch.set_num_threads(1)
+    if old != 1 and n < PARALLEL_TERMS:
+        torch.set_num_threads(1)
     try:
         yield
-    finally:
+    finally:  # always: Numba's OpenMP layer shares the count torch reads, and numba.set_num_threads restoring
+        # its own (the machine's cores) would otherwise leave the model's next ops on another number of threads
+        # than the caller set (torch.set_num_threads(1), then an audit: 2 after it on 2 cores)
         torch.set_num_threads(old)
 
 
@@ -164,6 +164,7 @@ class Audit(AuditResults):
         self._phase = "forward"
         self._here = None  # the name of the backward op being observed (module hooks do not run in backward)
         self._matcher = patterns.Matcher()  # composed RMSNorm and rotary embeddings, judged whole
+        self._threads = _torch_threads  # the analysis' thread count, for the pattern rows (_audit_patterns)
         self._open = False  # inside the with block: a pattern's backward hooks judge only then
         self._names_out = []  # with it, the name of each of its outputs' gradients
         self._params = {}  # id(parameter) -> (module path, attribute name)
@@ -193,7 +194,7 @@ class Audit(AuditResults):
 
     def _post(self, module, inputs, output):
         if self._stack and self._stack[-1] is module:
-            with _disable_current_modes(), torch.no_grad():  # an RMS statistic computed inside: rms_norm, whole
+            with _disable_current_modes(), torch.no_grad(), _torch_threads(output):  # an RMS statistic inside: whole
                 self._patterns(self._matcher.done(module, output))
             self._stack.pop()
             if self._istack:

@@ -8,6 +8,8 @@ import pytest
 import refkern as rk
 from refkern.accumulate.formats import BFLOAT16, FLOAT32
 from refkern.analysis import noise_backward as nb
+from refkern.analysis import noise_backward_attention as nba
+from refkern.analysis import noise_backward_reductions as nbr
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -19,15 +21,15 @@ ETA2 = 2.0**-300  # (2**-150)**2: float32's eta (half its smallest subnormal), s
 def test_mean_scale_by_hand():
     """g / n: MEAN_ROUNDINGS = 3 roundings of 0.75, the reference's and the store's (2), one eta_w and the
     two etas of the stores."""
-    v = nb.mean_noise(np.array([3.0]), 4, np.array([0.75]), FLOAT32)
+    v = nbr.mean_noise(np.array([3.0]), 4, np.array([0.75]), FLOAT32)
     assert v[0] == pytest.approx(5 * (0.75 * U) ** 2 + 3 * ETA2, abs=0)
 
 
 def test_pool_scale_by_hand():
     """An average's element of 3 terms with sum |t| = 2: (k + 1) (u A)**2, the stores, 2 k eta_w."""
-    v = nb.pool_noise(np.array([2.0]), np.array([3.0]), np.array([1.0]), FLOAT32, False)
+    v = nbr.pool_noise(np.array([2.0]), np.array([3.0]), np.array([1.0]), FLOAT32, False)
     assert v[0] == pytest.approx(4 * (2 * U) ** 2 + 2 * U**2 + 8 * ETA2, abs=0)
-    v = nb.pool_noise(np.array([2.0]), np.array([3.0]), np.array([1.0]), FLOAT32, True)  # a maximum's exact terms
+    v = nbr.pool_noise(np.array([2.0]), np.array([3.0]), np.array([1.0]), FLOAT32, True)  # a maximum's exact terms
     assert v[0] == pytest.approx(2 * (2 * U) ** 2 + 2 * U**2 + 8 * ETA2, abs=0)
 
 
@@ -230,20 +232,20 @@ def test_var_members_by_hand():
     and K (x - 302), K = 2 / 3, besides the exact mean's K (x - 301); each fitted to the actual row, exactly its own
     centre where it is that centre. The shared error's bound: VAR_K_ROUNDINGS = 3 roundings of u + u_p; std adds
     2 s, s^ stored and g / (2 s^) (u + u_p + (u + u_p)); the centres' relative error 8 roundings of 2**-53."""
-    assert nb.MEMBER_ERR == pytest.approx(2.0**-50, abs=0)
+    assert nbr.MEMBER_ERR == pytest.approx(2.0**-50, abs=0)
     X = np.array([[298.0, 300.0, 302.0, 304.0]])
     G = np.array([1.0])
     K = 2.0 / 3.0
     want = {300.0: K * (X - 300.0), 302.0: K * (X - 302.0), 301.0: K * (X - 301.0)}
     for m, c in want.items():
-        xh, err, pre = nb.var_members(X, G, 1, BFLOAT16, False, c)
+        xh, err, pre = nbr.var_members(X, G, 1, BFLOAT16, False, c)
         assert xh.shape == (3, 1, 4)
         hit = [i for i in range(3) if np.array_equal(xh[i], c)]
         assert hit, m
         assert err[hit[0]] == pytest.approx(2.0**-50 * np.abs(c), abs=0)
     uc = U + 2.0**-8
-    assert nb._var_parts(X, G, 1, BFLOAT16, False)[-1][0][0] == pytest.approx(3 * uc, abs=0)
-    hard, sub = nb._var_parts(X, G, 1, BFLOAT16, True)[-1]
+    assert nbr._var_parts(X, G, 1, BFLOAT16, False)[-1][0][0] == pytest.approx(3 * uc, abs=0)
+    hard, sub = nbr._var_parts(X, G, 1, BFLOAT16, True)[-1]
     assert hard[0] == pytest.approx(3 * uc + U + 2.0**-8 + uc, abs=0) and sub[0] > 0
 
 
@@ -330,7 +332,7 @@ def test_attention_shared_by_hand():
     12 + 700 + 6292 + 25."""
     one = np.ones((1, 1))
     parts = [(0, 2 * one, 3 * one, 5 * one, np.array([7.0]), 11 * one, np.array([13.0]), 0.5)]
-    sh = nb.AttentionShared(parts, (1, 1, 1), "key", 1.0)
+    sh = nba.AttentionShared(parts, (1, 1, 1), "key", 1.0)
     assert sh.per_row(np.ones((1, 1, 1))).tolist() == [pytest.approx(7029.0, abs=0)]
     assert sh(np.ones((1, 1, 1))) == pytest.approx(7029.0, abs=0)
     assert sh.count == 1 and sh.rows(np.zeros((1, 1, 1))).shape == (1, 1)

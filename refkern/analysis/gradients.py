@@ -226,7 +226,7 @@ def pool_report(op, k, adj, got, g, a, who="compare_backward", rtol=None, atol=N
     act, device = _actual_grad(got, "input", c.fmt, who)
     ref, asum, cnt = _pool_grads(c)
     from refkern.analysis.noise import Noise
-    from refkern.analysis.noise_backward import pool_noise
+    from refkern.analysis.noise_backward_reductions import pool_noise
 
     b = pool_bound(asum, cnt, ref, c.fmt, exact_terms=c.idx is not None)
     nz = Noise(pool_noise(asum, cnt, ref, c.fmt, c.idx is not None).reshape(c.shape))
@@ -246,7 +246,7 @@ def attention_report(op, name, adj, got, g, a, who="compare_backward", rtol=None
     ref = _attn_grads(c, (name,))[name]
     stack = {"query": c.a.Q, "key": c.a.K, "value": c.a.V, "attn_mask": c.a.mask}[name].shape
     from refkern.analysis.noise import Noise
-    from refkern.analysis.noise_backward import AttentionShared, attention_noise
+    from refkern.analysis.noise_backward_attention import AttentionShared, attention_noise
 
     b, n_terms = attention_bound(c.a, c.G, name, ref.reshape(stack), c.mask_fmt)
     nz = None  # the mask's gradient: no noise model yet (noise_backward), judged by its envelope alone
@@ -272,6 +272,7 @@ def reduction_report(op, name, adj, got, g, a, who="compare_backward", rtol=None
     c = _red_call(op, g, a, who)
     act, device = _actual_grad(got, "x", c.fmt, who)
     from refkern.analysis import noise_backward as nb
+    from refkern.analysis import noise_backward_reductions as nbr
 
     n_terms, blind, v, members = 1, 0, None, None
     if op == "sum" or (op == "cumsum" and not (c.x.ndim and c.x.size)):
@@ -285,12 +286,12 @@ def reduction_report(op, name, adj, got, g, a, who="compare_backward", rtol=None
         if c.fmt_c is c.fmt:
             ref_c = mean_backward_values(c.G, n, c.fmt)
             b = c.broadcast(envb.mean_bound(np.abs(c.G) / n, ref_c, c.fmt))
-            v = c.broadcast(nb.mean_noise(c.G, n, ref_c, c.fmt))
+            v = c.broadcast(nbr.mean_noise(c.G, n, ref_c, c.fmt))
         else:
             ref_c = mean_backward_values(c.G, n, c.fmt_c)
             b = c.broadcast(envb.converted_bound(envb.mean_bound(np.abs(c.G) / n, ref_c, c.fmt_c), ref_c, c.fmt_c,
                                                  c.fmt))  # fmt: skip
-            v = c.broadcast(nb.converted(nb.mean_noise(c.G, n, ref_c, c.fmt_c), ref_c, c.fmt))
+            v = c.broadcast(nb.converted(nbr.mean_noise(c.G, n, ref_c, c.fmt_c), ref_c, c.fmt))
     elif op == "cumsum":
         from refkern.accumulate.formats import round_array
 
@@ -308,11 +309,11 @@ def reduction_report(op, name, adj, got, g, a, who="compare_backward", rtol=None
         corr = _correction(a["correction"], who)
         ref = _red_grad(op, c, a)
         b = back(envb.var_bound(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std", nodim))
-        v = back(nb.var_noise(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std"))
+        v = back(nbr.var_noise(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std"))
         if X.size:  # the rows' shared errors fitted per row, the mean stored in a half result known exactly
             shape = c.x.shape
-            mb = nb.var_members(X, c.G.reshape(-1), corr, c.fmt, op == "std", _to_rows(c, act.reshape(shape)))
-            v_el = np.asarray(back(nb.var_noise(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std",
+            mb = nbr.var_members(X, c.G.reshape(-1), corr, c.fmt, op == "std", _to_rows(c, act.reshape(shape)))
+            v_el = np.asarray(back(nbr.var_noise(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std",
                                                 own=True)), np.float64).reshape(shape)  # fmt: skip
             batch = tuple(np.stack([np.asarray(back(t), np.float64).reshape(shape) for t in arr]) for arr in mb)
             members = (v_el, lambda: iter([batch]))

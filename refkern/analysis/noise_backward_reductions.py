@@ -1,0 +1,161 @@
+"""The pools' and the reductions' gradient scales (:mod:`refkern.analysis.noise_backward` derives them: its
+module docstring's pools, mean, var and std): per element, the first-order variance of a correct kernel's
+roundings, and var/std's members whose shared errors are known rather than charged."""
+
+import numpy as np
+
+from refkern.accumulate.formats import Format
+from refkern.analysis.noise import _moments
+from refkern.analysis.noise_backward import _stores, _units
+
+__all__ = ["pool_noise", "mean_noise", "var_noise", "var_members", "MEMBER_ERR"]
+
+
+def pool_noise(asum, cnt, ref, out: Format, exact_terms: bool):
+    """sigma**2 of a pooling's grad_input from each element's ``asum = sum |t|`` over its ``cnt`` terms:
+    the order-free ``(k + 1) (u_c A)**2`` (``k - 1`` for a maximum's exact terms), ``u_c = u + u_m``."""
+    u, u_m, _, _, _ = _units(out)
+    k = np.asarray(cnt, np.float64)
+    m = np.maximum(k - 1, 0) if exact_terms else k + 1
+    with np.errstate(all="ignore"):
+        v = m * ((u + u_m) * asum) ** 2 + _stores(ref, out, 2 * k)
+    return np.where(np.isfinite(v), v, np.inf)
+
+
+def mean_noise(G, n, ref_c, out: Format):
+    """sigma**2 of mean's gradient ``g / n`` computed in ``out``: MEAN_ROUNDINGS roundings of ``g / n``."""
+    from refkern.analysis._envelope_backward import MEAN_ROUNDINGS
+
+    u, _, _, _, _ = _units(out)
+    with np.errstate(all="ignore"):
+        v = MEAN_ROUNDINGS * (u * np.asarray(G, np.float64) / max(n, 1)) ** 2 + _stores(ref_c, out, 1)
+    return np.where(np.isfinite(v), v, np.inf)
+
+
+def _var_parts(X, G, corr, out: Format, want_std: bool):
+    """Per row of var's (std's) gradient ``(2 / dof) q (x - mean^)``: (X with non-finite rows zeroed, the
+    exact mean, the float32 mean's sigma**2 ``smu2``, ``K q``, the relative sigma**2 ``rel`` of the factor
+    (and of std's ``s^``), ``uc``, ``K``, the shared relative error's bound ``(hard, sub)``: at most ``hard``
+    from bounded roundings plus std's forward error ``s^``, sub-Gaussian with ``sub**2``), as :func:`var_noise`
+    charges them (module docstring)."""
+    from refkern.analysis._envelope_backward import VAR_K_ROUNDINGS
+
+    u, u_m, _, _, _ = _units(out)
+    uc = u + u_m
+    R, n = X.shape
+    dof = n - float(corr)
+    fin = np.isfinite(X).all(axis=1) & np.isfinite(G)
+    Xf = np.where(fin[:, None], X, 0.0)
+    m2, mean, s2, smu2 = _moments(Xf, True, u)
+    K = 2.0 / abs(dof) if dof else np.inf
+    q = np.asarray(G, np.float64)
+    rel = VAR_K_ROUNDINGS * uc * uc + u * u
+    hard, sub = np.full(R, VAR_K_ROUNDINGS * uc), np.zeros(R)
+    if want_std:
+        var = m2 / dof if dof > 0 else np.full(R, np.nan)
+        s = np.sqrt(var)
+        sv2 = s2 / dof**2 + (u * var) ** 2
+        q = q / (2.0 * s)
+        rel = rel + sv2 / (4.0 * var * var) + u * u + u_m**2 + uc * uc  # s^'s error, q's rounding
+        hard = hard + u + u_m + uc  # 2 s, s^ stored in the half format, g / (2 s^)
+        sub = np.sqrt(sv2) / (2.0 * var)
+    rel = rel[:, None] if np.ndim(rel) else rel
+    return Xf, mean, smu2, (K * q)[:, None], rel, uc, K, (hard, sub)
+
+
+def _var_pre(kq, d, smu2, uc, u, eta_o, K, want_std):
+    """sigma**2 per element of var's (std's) gradient from the roundings that are each element's own, before
+    its final store (:func:`var_members`): the mean's (``smu2`` per row), ``x - mean`` stored (``uc``), one
+    product in the working precision and stored (``uc**2 + u**2`` relative: ``q (x - m)`` where the factor
+    comes last; where it comes first, ``K q`` is shared and the last product is the store), and the stores'
+    subnormal losses."""
+    v = kq * kq * (smu2[:, None] + uc * uc * d * d) + (kq * d) ** 2 * (uc * uc + u * u)
+    return v + (eta_o * d) ** 2 * ((K * K if want_std else 0.0) + 1.0) + (eta_o * kq) ** 2
+
+
+def var_noise(X, G, corr, ref, out: Format, want_std: bool, own: bool = False):
+    """sigma**2 of var's (std's with ``want_std``) gradient ``(2 / dof) q (x - mean^)`` over the rows (R, n)
+    of X with one grad_output per row G (R,) (module docstring; ``q = g``, or ``g / (2 s^)``). With ``own``:
+    only the roundings each element has of its own (:func:`_var_pre`) and the stores, the scale of
+    :func:`var_members`' element test around the exact gradient (whose shared errors it fits per row)."""
+    u, u_m, _, eta_o, _ = _units(out)
+    R, n = X.shape
+    with np.errstate(all="ignore"):
+        Xf, mean, smu2, kq, rel, uc, K, _ = _var_parts(X, G, corr, out, want_std)
+        d = Xf - mean[:, None]
+        if own:
+            v = _var_pre(kq, d, smu2, uc, u, eta_o, K, want_std)
+        else:
+            smu2 = smu2 + (u_m * mean) ** 2
+            v = kq * kq * (smu2[:, None] + uc * uc * d * d) + (kq * d) ** 2 * rel
+            # the stores of q, of t = K q and of x - mean^ may land below the result format's normals: eta_o each
+            v = v + (eta_o * d) ** 2 * ((K * K if want_std else 0.0) + 1.0) + (eta_o * kq) ** 2
+        v = v + _stores(np.asarray(ref, np.float64).reshape(R, n), out, 3)
+    return np.where(np.isfinite(v), v, np.inf)
+
+
+def var_members(X, G, corr, out: Format, want_std: bool, A):
+    """Members of var's (std's) gradient family whose errors shared by a row are fitted to the actual rows
+    ``A`` (R, n) instead of charged to every element: ``(xh, err, pre)``, (k, R, n) each, for the element test
+    of a stored result (:func:`refkern.analysis.inside._members`).
+
+    A correct kernel returns ``RN(c (1 + e) + n_i)`` per element: ``c = K q (x - m)`` with ``m`` the mean it
+    subtracts, ``e`` the row's shared relative error (``2 / dof`` converted, ``K q`` where the factor comes
+    first, std's ``s^``, ``2 s`` and ``g / (2 s^)``: at most ``hard`` from bounded roundings, first order, plus
+    std's forward error, sub-Gaussian with ``sub**2``: :func:`_var_parts`), ``n_i`` its own roundings
+    (:func:`_var_pre`, sigma**2 ``pre_i``). Charging ``e`` to each element as noise makes a threshold of
+    ``lam_el sqrt(3) u`` relative: a bf16 gradient scaled by 1.056 (16x the spread of correct kernels) passed.
+    Here each row's ``e`` is estimated, ``s = sum w_i (a_i - c_i) / sum w_i c_i`` with ``w = c / pre`` (least
+    squares), and clipped to ``[-b, b]``, ``b = hard + lam_s sub`` (``lam_s = level(R)``: the forward's error
+    of a row lies beyond ``lam_s sub`` with probability at most ``ALPHA / PARTS / R``): with the true ``e``
+    inside, clipping only brings ``s`` nearer, and ``s - e = sum w_i (n_i + o_i) / sum w_i c_i`` (``o_i`` the
+    store, ``|o_i| <= u_o |c_i|``) is sub-Gaussian with ``sd**2 = sum w_i**2 (pre_i + (u_o c_i)**2) / (sum w_i
+    c_i)**2``, so ``a_i - RN^-1`` of the member's centre ``c_i (1 + s)`` is within sigma ``sqrt(pre_i) + |c_i|
+    sd`` (two sub-Gaussian terms, correlated at worst): that is the member's ``pre``.
+
+    The means ``m``: the exact mean (a float32 mean's error ``smu2`` kept in ``pre``), and for a half result
+    ``p`` also the mean stored in it (torch's ``grad * (x - x.mean(dim, True)) * 2 / dof``: ``x.mean`` is a half
+    tensor), ``RN_p`` of the float32 mean, known to within that mean's error: one of the two roundings of
+    ``mean -+ lam_s sqrt(smu2)`` (the two coincide away from p's midpoints). Charged as noise, ``(u_p
+    mean)**2`` per row, that rounding is a scale of ``u_p |mean| / |x - mean|`` relative: 1.2 at mean 300 in
+    bfloat16, where the gradient ``x 1.1``, 28x the spread of correct kernels, passed as rounding.
+
+    ``err``: the centres' error in float64, relative :data:`MEMBER_ERR` (std's ``s`` from a float64 sum of n
+    squares adds ``2 n 2**-53``)."""
+    from refkern.accumulate.formats import round_array
+    from refkern.analysis.stats import level
+
+    u, u_m, u_o, eta_o, eta_w = _units(out)
+    R, n = X.shape
+    lam = level(max(R, 1))
+    xs, pres = [], []
+    with np.errstate(all="ignore"):
+        Xf, mean, smu2, kq, _, uc, K, (hard, sub) = _var_parts(X, G, corr, out, want_std)
+        bound = (hard + lam * sub)[:, None]
+        Af = np.asarray(A, np.float64).reshape(R, n)
+        ok = np.isfinite(Af)
+        means = [(mean, smu2)]
+        if u_m:
+            means += [(round_array(np.ascontiguousarray(mean + sgn * lam * np.sqrt(smu2)), *out.params), 0.0 * smu2)
+                      for sgn in (-1.0, 1.0)]  # fmt: skip
+        for m, sm in means:
+            d = Xf - m[:, None]
+            c = kq * d
+            pre = _var_pre(kq, d, sm, uc, u, eta_o, K, want_std) + 2.0 * eta_o**2 + 3.0 * eta_w**2
+            w = np.where(ok & (pre > 0), c / pre, 0.0)
+            den = np.sum(w * c, axis=1, keepdims=True)
+            s = np.where(den > 0, np.sum(w * np.where(ok, Af - c, 0.0), axis=1, keepdims=True) / den, 0.0)
+            s = np.clip(np.nan_to_num(s), -bound, bound)
+            sd2 = np.where(den > 0, np.sum(w * w * (pre + (u_o * c) ** 2), axis=1, keepdims=True) / den**2, 0.0)
+            xs.append(c * (1.0 + s))
+            pres.append((np.sqrt(pre) + np.abs(c) * np.sqrt(sd2)) ** 2)
+        xh = np.stack(xs)
+        pre = np.stack(pres)
+        err = (MEMBER_ERR + (2.0 * n * 2.0**-53 if want_std else 0.0)) * np.abs(xh)
+    fix = lambda t: np.where(np.isfinite(t), t, np.inf)  # noqa: E731
+    return xh, fix(err), fix(pre)
+
+
+#: var_members' centres' relative error in float64: at most 8 roundings of 2**-53 (K = 2 / dof, std's division
+#: by dof, its square root, 2 s and g / (2 s), the products K q and K q d; x - m_h of two half values is exact)
+MEMBER_ERR = 8.0 * 2.0**-53

@@ -39,7 +39,11 @@ a sum of fewer consecutive terms), and a CPU scalar loop is the left-to-right or
   all there is for a constant row). Then ``var = M2 / D`` (``u var``); ``std = sqrt(var)`` by propagating
   ``[var - lam sigma, var + lam sigma]`` through the square root at the test's level ``lam``, the wider
   side over ``lam`` (first order fails where the variance is near 0), plus ``u std``. Squares that
-  underflow lose up to ``2 n eta`` of M2, one bounded term (every square may lose it alike).
+  underflow lose up to ``2 n eta`` of M2, one bounded term (every square may lose it alike). That scale
+  stays for the group tests; with a float32 or half result on float32 values the element test takes the
+  long chains out and emulates them (:mod:`refkern.analysis.noise_var_chains`: sequential and chunked
+  Welford, the two-pass loop; the sequential Welford's scale let a float32 var off by 32 times the spread
+  of correct kernels pass), its scale the rest's (every order of chains of at most ``n / C`` terms).
 * **norms** ``y = (x - mean) r w + b``: shared by a row, the mean's error ``sigma_mu`` (reaching ``y`` as
   ``r w``) and ``r``'s relative error ``sigma_w / (2 w) + 2 RSQRT_ULPS u`` (``w = var + eps``, rsqrt within
   RSQRT_ULPS ulps); per element ``x - mean``, the product by ``r``, by ``w`` and the bias's addition
@@ -116,6 +120,9 @@ from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest
 from refkern.analysis.noise_rows import RowShared, keys, norm_sums, welford_drift
 from refkern.analysis.noise_scan import half_scan, scan_var
 from refkern.analysis.noise_store import straddle, thread_members
+from refkern.analysis.noise_var_chains import batches as var_batches
+from refkern.analysis.noise_var_chains import member_specs as var_member_specs
+from refkern.analysis.noise_var_chains import rest_s2 as var_rest_s2
 from refkern.analysis.stats import level
 
 __all__ = ["Noise", "noise", "RSQRT_ULPS"]
@@ -259,11 +266,15 @@ def _moments(X, center, u):
     return m2, mean, s2, smu2
 
 
-def _var_rows(lay, u, lam, eta2):
+def _var_rows(lay, u, lam, eta2, moments=None):
     """sigma**2 of var (or std) per row; ``eta2``: what the n squares may lose to underflow, 2 n eta of the
-    working format in the units of the squares (one bounded term: every square may lose it alike)."""
-    X = lay.X
-    m2, mean, s2, _ = _moments(X, True, u)
+    working format in the units of the squares (one bounded term: every square may lose it alike).
+    ``moments``: ``(M2, sigma**2 of M2)`` per row where the caller has them (the rest of
+    :func:`_var_chains`), else the whole family's (:func:`_m2_rows`)."""
+    if moments is None:
+        m2, _, s2, _ = _moments(lay.X, True, u)
+    else:
+        m2, s2 = moments
     D = lay.divisor
     s2 = s2 + (lay.n * eta2) ** 2
     with np.errstate(all="ignore"):
@@ -275,6 +286,34 @@ def _var_rows(lay, u, lam, eta2):
         std = np.sqrt(var)  # [var - lam sd, var + lam sd] through the square root, the wider side, over lam
         step = np.maximum(std - np.sqrt(np.maximum(var - lam * sd, 0.0)), np.sqrt(var + lam * sd) - std) / lam
         return step**2 + (u * std) ** 2
+
+
+def _var_chains(lay, u, lam, eta2, eta_w, out):
+    """``(sigma**2 of the rest, thunk)`` of a var or std with a float32 or half result whose rows are float32
+    numbers (:mod:`refkern.analysis.noise_var_chains`): the element test's scale before the stores for every
+    order of short chains, and a thunk yielding batches of the long-chain members' ``(xh, err, pre)``, (k,)
+    + shape each; None where nothing is emulated (fewer than 4 terms, a divisor <= 0, other values)."""
+    X = np.asarray(lay.X)
+    D = float(lay.divisor)
+    if chains_of(lay.n) < 2 or D <= 0 or not np.array_equal(X, X.astype(np.float32)):
+        return None
+    rm2, _, rs2 = var_rest_s2(X)
+    v_el = lay.back(_var_rows(lay, u, lam, eta2, (rm2, rs2)))
+    std = lay.kind == "std"
+    half = out.prec < FLOAT32.prec
+    # what may underflow: the squares' 2 n eta (on var; through std's square root at most its square root,
+    # sqrt being 1/2-Hoelder) and the stores' eta_w each
+    slack = (lay.n * eta2 / D if std else (lay.n * eta2 / D) ** 2) + (lay.n + 4) * eta_w**2
+
+    def thunk():  # only where an element fails the rest's scale
+        m2, _, s2f, _ = _moments(X, True, u)  # the whole family's scale: every correct member within it
+        # a correct member refused with probability at most ALPHA / PARTS over all members and rows: spent
+        # besides the element tests' share (noise_var_chains.members; two divisions each)
+        lam_v = level(2 * len(var_member_specs(lay.n)) * X.shape[0])
+        for xh, err, pre in var_batches(X, D, std, half, lam_v, m2, s2f + (lay.n * eta2) ** 2, lam):
+            yield _laid_back(lay, (xh, err, pre + slack))
+
+    return v_el, thunk
 
 
 # ---------------------------------------------------------------------------------------------- norms
@@ -485,7 +524,12 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
     if kind in ("var", "std"):
         eta2 = 2.0 * _eta(FLOAT64 if out is FLOAT64 else FLOAT32, 2 * ek)  # squares: degree 2
         v = lay.back(_var_rows(lay, u, lam, eta2))
-        return Noise(v + stores, [], every, sc, straddle=straddle(name, lay, v, out))
+        mv = _var_chains(lay, u, lam, eta2, eta_w, out) if out is not FLOAT64 and not ek else None
+        if mv is None:
+            return Noise(v + stores, [], every, sc, straddle=straddle(name, lay, v, out))
+        v_el, thunk = mv  # the element test: the rest's scale, or a member (a half result: the store's test on it)
+        mb = (v_el + stores if out is FLOAT32 else None, thunk)
+        return Noise(v + stores, [], every, sc, straddle=straddle(name, lay, v_el, out), members=mb)
     if kind == "cumsum":
         X = lay.X
         with np.errstate(all="ignore"):

@@ -69,6 +69,13 @@ WELFORD, TWO_PASS, BLOCKS = 0, 1, 2  #: the flag of a member spec
 B_MIN = 32  #: the smallest tile of the blocked Welford members merged in float32 (a warp's width)
 
 
+def _ro(a, dtype):
+    """``a`` as the kernels read it: C-contiguous, ``dtype``, read-only (one compiled signature per kernel)."""
+    v = np.ascontiguousarray(a, dtype).view()
+    v.flags.writeable = False
+    return v
+
+
 def member_specs(n: int) -> np.ndarray:
     """(k, 6) int64 rows ``(flag, T, L, back, omp, B)``: Welford members (flag :data:`WELFORD`: noise_chains'
     ``(T, L, back, omp)`` with ``B = 0``, and fixed blocks ``B`` with ``T = ceil(n / B)``, ``L = 1``), and
@@ -260,10 +267,9 @@ def members(X, D: float, std: bool, half: bool, lam: float, m2, s2_family, specs
     R, n = X.shape
     specs = member_specs(n) if specs is None else specs
     lam_s = lam if lam_el is None else lam_el
-    X32 = np.ascontiguousarray(X, np.float32)
     u = FLOAT32.u
     m2c, sc2 = (np.empty((len(specs), R)) for _ in range(2))
-    _member_m2(X32, specs, u, m2c, sc2)
+    _member_m2(_ro(X, np.float32), _ro(specs, np.int64), u, m2c, sc2)
     with np.errstate(all="ignore"):
         m2c = np.where(np.abs(m2c - m2) <= lam * np.sqrt(s2_family), m2c, np.nan)
         one = sc2 == 0.0  # one chain: M2 is a float32 number, its division known exactly
@@ -420,7 +426,7 @@ def _rest_rows(X, C, u, out_m2, out_mean, out_s2):
 def rest_s2(X):
     """Per row of X (R, n), values exact in float32: ``(M2, mean, sigma**2 of M2)`` of the orders left after
     the members (:func:`_rest_rows`)."""
-    X32 = np.ascontiguousarray(X, np.float32)
+    X32 = _ro(X, np.float32)
     R = X32.shape[0]
     m2, mean, s2 = (np.empty(R) for _ in range(3))
     _rest_rows(X32, max(chains_of(X32.shape[1]), 1), FLOAT32.u, m2, mean, s2)

@@ -144,6 +144,9 @@ SCALES = (0.5, 8, 64)
 # benchmark shows, for the verdict to close
 FALSE_ALARMS = {}
 MISSES = {
+    (CASES[7], "weight"): "one element off by 8.8x the spread is rounding: the half kernel's grad_weight is tested "
+    "against the whole family's scale too (gradients._with_family), since torch's CPU bf16 batch_norm backward on an "
+    "OpInfo sample is none of weight_members' emulations (421 sigma from the nearest, 0.37 sigma of that scale)",
     (CASES[1], "input"): "one row scaled by 8x and 16x the spread, the gradient by 16x, are rounding (detectable "
     "129 ulps over a spread of 116; 81 with the forward's half-ulp shared scale, the same misses)",
     (CASES[11], "x"): "the gradient or one row scaled by 8x to 64x the spread is rounding: the stored std's error "

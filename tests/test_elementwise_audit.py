@@ -97,3 +97,24 @@ def test_pow_with_a_tensor_exponent_is_judged_by_the_audit_and_check(dtype):
     assert res.rows[0].report.verdict in OK, res
     bad = torch.pow(x.detach(), y.detach()).double() * (1 + 1e-2)
     assert refkern.compare(bad.to(dtype), "pow", x.detach(), y.detach()).verdict == "mismatch"
+
+
+def test_integer_inputs_of_a_floating_result_are_judged_against_the_reference():
+    """exp, pow and a sum with ``dtype=`` of int64 give float results that are not defined to the bit: the audit
+    converts the integers as torch does and judges them against refkern's reference (a Report), not against torch's
+    own CPU recomputation; integer results (a sum, a matmul of int64) stay recomputed bit for bit (a BitReport)."""
+    from refkern.analysis.report import BitReport
+
+    ints = torch.tensor([[0, 1, 9, 2**24 + 1]])
+    with rkt.audit() as a:
+        torch.exp(ints)
+        torch.pow(ints, 2.5)
+        torch.pow(2.0, ints)
+        torch.pow(torch.rand(4), ints)
+        torch.sum(ints, 1, dtype=torch.float32)
+        torch.cumsum(ints, 1, dtype=torch.float64)
+        torch.sum(ints)
+        torch.matmul(ints, ints.T)
+    judged = [(c.op, type(c.report).__name__, c.verdict) for c in a.calls]
+    assert judged[:6] == [(op, "Report", "exact") for op in ("exp", "pow", "pow", "pow", "sum", "cumsum")], judged
+    assert [isinstance(c.report, BitReport) and c.verdict == "exact" for c in a.calls[6:]] == [True, True], judged

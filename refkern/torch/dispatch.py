@@ -105,8 +105,8 @@ def classify(func, args, kwargs, out) -> str:
         return "backward"
     if name in _REFERENCED:
         ins = [t for t in _tensors(args) + _tensors(list((kwargs or {}).values()))]
-        if ins and all(not (t.is_floating_point() or t.is_complex()) for t in ins):  # an integer sum: exact
-            return "defined"
+        if ins and all(not (t.is_floating_point() or t.is_complex()) for t in ins + _tensors(out)):  # an integer sum
+            return "defined"  # is exact; integer inputs of a floating result (exp of int64 is float32) are judged
         return "reference"
     if name in _DEFINED:
         return "defined"
@@ -196,6 +196,11 @@ def references(func, b, out) -> list:
     fn = _MAP.get(name)
     if fn is None:
         return [Part("out", 0, OpCall(name, unsupported=f"aten.{name}: no mapping to a refkern op"))]
+    ins, outs = [v for v in b.values() if isinstance(v, torch.Tensor)], _tensors(out)
+    if ins and outs and outs[0].dtype in _FLOATS and not any(t.is_floating_point() or t.is_complex() for t in ins):
+        # integer or bool inputs of a floating result (exp of int64 is float32, sum's dtype=): torch converted them to
+        # the result's dtype first, as refkern.torch.ops.from_call does
+        b = {k: v.to(outs[0].dtype) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
     return fn(name, b, out)
 
 
@@ -362,8 +367,11 @@ def _elementwise(name, b, out):
     """An elementwise function (exp, rsqrt, silu, gelu with its ``approximate``, softplus with ``beta`` and
     ``threshold``, pow of a tensor or a number to a number or a float tensor): refkern's op of the same name on the
     same arguments."""
-    x = b.get("self")
     y = _tensors(out)
+    e = b.get("exponent") if name == "pow" else None
+    if isinstance(e, torch.Tensor) and not (e.is_floating_point() or e.is_complex()) and y and y[0].dtype in _FLOATS:
+        b = dict(b, exponent=e.to(y[0].dtype))  # a float base to an integer tensor power: torch's result_type
+    x = b.get("self")
     e = b.get("exponent") if name == "pow" else None
     tensor_pow = isinstance(e, torch.Tensor) and _float(e)  # pow.Tensor_Tensor, pow.Scalar (a number base)
     ok = (_float(x) or (tensor_pow and isinstance(x, (int, float)))) and y

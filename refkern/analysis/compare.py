@@ -14,6 +14,7 @@ from refkern.analysis.envelope import OPS as ENVELOPE_OPS
 from refkern.analysis.envelope import envelopes
 from refkern.analysis.evaluate import _bind, op_name, problem
 from refkern.analysis.inside import decide_inside
+from refkern.analysis.integers import is_integer_result, judge_integers
 from refkern.analysis.partials import reference_and_partials
 from refkern.analysis.passes import median
 from refkern.analysis.report import Report, envelope_hypotheses, errors, from_decision, passes, peak, worst_of
@@ -95,6 +96,8 @@ def _analyse_once(actual, op, args, kwargs, rtol, atol, arrays):
     if dask_in(actual, *args, *kwargs.values()):  # Dask arrays: computed together, then judged
         actual, args, kwargs = computed(actual, args, kwargs)
     name = op_name(op)
+    if is_integer_result(actual):  # integer arithmetic, defined to the bit (refkern.analysis.integers)
+        return judge_integers(actual, name, args, kwargs), None
     judge = _ops.get(name).judge  # an error model with a judge of its own (refkern.ops.JUDGES)
     if judge is not None:
         return judge(actual, name, args, kwargs, rtol, atol, arrays)

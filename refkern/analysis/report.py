@@ -141,8 +141,9 @@ class BitReport:
     precision = None
     notes = ()
 
-    def __init__(self, n, n_diff, max_ulp, first=None):
+    def __init__(self, n, n_diff, max_ulp, first=None, against="the CPU's IEEE result"):
         self.n = n
+        self.against = against  # what the elements are compared with (refkern.analysis.integers: the exact integers)
         self.n_diff = n_diff
         self.max_ulp = max_ulp
         self.first = first  # index of the first differing element
@@ -169,8 +170,8 @@ class BitReport:
 
     def __str__(self):
         if not self.n_diff:
-            return f"exact: all {self.n} elements equal the CPU's IEEE result"
-        return (f"mismatch: {self.n_diff} of {self.n} elements differ from the CPU's IEEE result (first at index "
+            return f"exact: all {self.n} elements equal {self.against}"
+        return (f"mismatch: {self.n_diff} of {self.n} elements differ from {self.against} (first at index "
                 f"{self.first}, up to {self.max_ulp:.3g} ulp)")  # fmt: skip
 
 def where_summary(idx: np.ndarray, shape: tuple, axes: tuple) -> dict:

@@ -311,7 +311,9 @@ def _same(func, args, kwargs) -> OpCall:
         ours = (names[0], *rec.operands)  # torch's first parameter is refkern's first operand (sum's x)
         vals = {k: v.to(target) if k in ours and _integral(v) else v for k, v in vals.items()}
         first = first.to(target)
-    if not isinstance(first, torch.Tensor) or first.dtype not in _FLOATS:
+    if not isinstance(first, torch.Tensor) or (first.dtype not in _FLOATS and not _integral(first)):
+        # (integer operands of an integer result pass: compare judges integer arithmetic to the bit,
+        # refkern.analysis.integers)
         got = str(first.dtype if isinstance(first, torch.Tensor) else type(first).__name__).removeprefix("torch.")
         return OpCall(torch_name, unsupported=f"{torch_name} of {got} values (refkern's ops take float16, bfloat16, "
                       "float32 and float64)")  # fmt: skip
@@ -378,6 +380,8 @@ def _pow(torch_name, vals) -> OpCall:
         return OpCall(torch_name, unsupported=f"{torch_name} with {got} (refkern's pow takes a tensor and a tensor or "
                       "number, or a number and a tensor)")  # fmt: skip
     dtype = torch.result_type(x, e)
+    if dtype not in _FLOATS and not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool):
+        return OpCall(torch_name, "pow", (x, e), {})  # integers to an integer power: integer arithmetic, to the bit
     if dtype not in _FLOATS:
         return OpCall(torch_name, unsupported=f"{torch_name} of {str(dtype).removeprefix('torch.')} values (refkern's "
                       "ops take float16, bfloat16, float32 and float64)")  # fmt: skip

@@ -206,3 +206,18 @@ def hf_audit(model, inputs, mode, **extra):
     with rkt.audit(progress=False) as a, torch.no_grad():
         model(**x)
     return a
+
+
+class BadRsqrt(torch.autograd.Function):
+    """rsqrt whose gradient is 2% off: ``-0.51 g r**3`` for ``-0.5 g r**3`` (each op of it exact)."""
+
+    @staticmethod
+    def forward(ctx, v):
+        r = torch.rsqrt(v)
+        ctx.save_for_backward(r)
+        return r
+
+    @staticmethod
+    def backward(ctx, g):
+        (r,) = ctx.saved_tensors
+        return g * (r * r * r) * -0.51

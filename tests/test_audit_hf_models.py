@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 import torch.nn.functional as F  # noqa: E402
-from audit_models import HF_MODELS, hf_audit, hf_model  # noqa: E402
+from audit_models import HF_MODELS, BadRsqrt, hf_audit, hf_model  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import refkern.torch as rkt  # noqa: E402
@@ -99,21 +99,6 @@ def test_each_bug_of_the_issue_is_the_first_failure(bug):
     assert all(c.verdict in OK for c in a.calls[: f.index]), a.report()  # every op before it is right
 
 
-class _Rsqrt(torch.autograd.Function):
-    """rsqrt whose gradient is 2% off: ``-0.51 g r**3`` for ``-0.5 g r**3`` (each op of it exact)."""
-
-    @staticmethod
-    def forward(ctx, v):
-        r = torch.rsqrt(v)
-        ctx.save_for_backward(r)
-        return r
-
-    @staticmethod
-    def backward(ctx, g):
-        (r,) = ctx.saved_tensors
-        return g * (r * r * r) * -0.51
-
-
 @pytest.mark.slow
 def test_an_rmsnorm_gradient_spread_over_small_ops_is_the_backward_pattern_mismatch(monkeypatch):
     """LlamaRMSNorm with rsqrt's gradient 2% off, in a training step: every op (forward and backward) is right,
@@ -123,7 +108,7 @@ def test_an_rmsnorm_gradient_spread_over_small_ops_is_the_backward_pattern_misma
     def forward(self, x):
         dtype = x.dtype
         h = x.to(torch.float32)
-        h = h * _Rsqrt.apply(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        h = h * BadRsqrt.apply(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
         return self.weight * h.to(dtype)
 
     monkeypatch.setattr(ml.LlamaRMSNorm, "forward", forward)

@@ -17,6 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 mpmath = pytest.importorskip("mpmath")
 
+from audit_models import BadRsqrt  # noqa: E402
+
 import refkern.torch as rkt  # noqa: E402
 from refkern.accumulate.formats import BFLOAT16, FLOAT16, FLOAT32, FLOAT64  # noqa: E402
 from refkern.analysis.rotary import compare_rotary, reference, rotate  # noqa: E402
@@ -149,21 +151,6 @@ def test_rotary_errors():
 # ---------------------------------------------------------------- the audit: a model without transformers
 
 
-class _Rsqrt(torch.autograd.Function):
-    """rsqrt whose gradient is 2% off: ``-0.51 g r**3`` for ``-0.5 g r**3`` (each op of it exact)."""
-
-    @staticmethod
-    def forward(ctx, v):
-        r = torch.rsqrt(v)
-        ctx.save_for_backward(r)
-        return r
-
-    @staticmethod
-    def backward(ctx, g):
-        (r,) = ctx.saved_tensors
-        return g * (r * r * r) * -0.51
-
-
 class _RMSNorm(torch.nn.Module):
     """Llama's RMSNorm as transformers writes it."""
 
@@ -178,7 +165,7 @@ class _RMSNorm(torch.nn.Module):
         h = x.to(torch.float32)
         var = h.pow(2).mean(-1, keepdim=True)
         eps = self.variance_epsilon + (1e-2 if self.bug == "eps" else 0.0)
-        h = h * (_Rsqrt.apply(var + eps) if self.bug == "rsqrt grad" else torch.rsqrt(var + eps))
+        h = h * (BadRsqrt.apply(var + eps) if self.bug == "rsqrt grad" else torch.rsqrt(var + eps))
         w = self.weight + 1 if self.bug == "w+1" else self.weight
         return w * h.to(dtype)
 

@@ -183,7 +183,7 @@ def test_the_rest_holds_short_chain_kernels_and_is_smaller():
     """Offset rows (mean 300, spread 1) of 1024: Welford in C = 32 chunks merged by Chan's formula (chains of
     n / C, the rest's own split) stays within level(rows) of the rest's sigma; the rest's scale is about
     sqrt(2 C / n) ~ 1/4 of the sequential Welford's (on the median row) (module docstring: (4/3) n**1.5 against (2/3) n**2)."""
-    from refkern.analysis.noise import _moments
+    from refkern.analysis.noise_moments import _moments
     from refkern.analysis.stats import level
 
     R, n = 64, 1024

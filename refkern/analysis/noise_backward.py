@@ -80,7 +80,8 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.analysis._rows import _partial_sq, _weights, exp_ulps_rows
-from refkern.analysis.noise import RSQRT_ULPS, _moments, _softmax_rows
+from refkern.analysis.noise import RSQRT_ULPS, _softmax_rows
+from refkern.analysis.noise_moments import _moments
 
 __all__ = ["softmax_noise", "norm_input_noise", "norm_param_noise", "converted", "bias_straddle", "weight_members"]
 

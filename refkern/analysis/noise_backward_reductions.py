@@ -5,8 +5,8 @@ roundings, and var/std's members whose shared errors are known rather than charg
 import numpy as np
 
 from refkern.accumulate.formats import Format
-from refkern.analysis.noise import _moments
 from refkern.analysis.noise_backward import _stores, _units
+from refkern.analysis.noise_moments import _moments
 
 __all__ = ["pool_noise", "mean_noise", "var_noise", "var_members", "MEMBER_ERR"]
 

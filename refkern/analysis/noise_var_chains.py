@@ -269,7 +269,7 @@ def members(X, D: float, std: bool, half: bool, lam: float, m2, s2_family, specs
     mechanism, beyond Welford's first order). ``lam`` is the caller's level for refusing a
     correct member by chance (:func:`~refkern.analysis.stats.level` over the members and rows); ``lam_el``
     the element test's, at which a merged member's interval is taken through std's square root (as
-    :func:`~refkern.analysis.noise._var_rows` does; default ``lam``)."""
+    :func:`~refkern.analysis.noise_moments._var_rows` does; default ``lam``)."""
     R, n = X.shape
     specs = member_specs(n) if specs is None else specs
     lam_s = lam if lam_el is None else lam_el

@@ -36,13 +36,13 @@ def is_integer_result(actual) -> bool:
     return np.dtype(dt).kind in "iub"
 
 
-def _as_float64(v, where, name):
-    """An integer tensor argument read as float64 (exactly: every element of magnitude at most 2**53); others
-    as they are."""
+def _as_float64(v, where, name, adt):
+    """An integer tensor argument read as float64 (exactly: every element of magnitude at most 2**53); other
+    arguments as they are; a floating array refused (``adt``: the integer result's dtype)."""
     if not is_integer_result(v):
-        if getattr(v, "dtype", None) is not None and np.ndim(_numpy(v)) >= 0 and hasattr(v, "shape"):
-            raise TypeError(f"compare: {name} gives an integer result from integer inputs only; argument {where} "
-                            f"is {v.dtype}.")  # fmt: skip
+        if getattr(v, "dtype", None) is not None and hasattr(v, "shape"):
+            raise TypeError(f"compare: an integer result (actual.dtype={adt}) is judged only from integer inputs; "
+                            f"argument {where} of {name} is {str(v.dtype).removeprefix('torch.')}.")  # fmt: skip
         return v
     a = _numpy(v)
     big = (a > 2**53) | (a < -(2**53)) if a.dtype.kind in "iu" else np.zeros(a.shape, bool)  # in integers: exact
@@ -64,9 +64,9 @@ def judge_integers(actual, name, args, kwargs):
     act = _numpy(actual)
     if act.dtype == np.bool_:
         raise TypeError(f"compare: {name} gives no bool result; actual is bool.")
-    args = tuple(_as_float64(v, i, name) for i, v in enumerate(args))
+    args = tuple(_as_float64(v, i, name, act.dtype) for i, v in enumerate(args))
     # an integer dtype= names the result's format, which the wrap below applies: the reference stays float64
-    kwargs = {k: _as_float64(v, repr(k), name) for k, v in kwargs.items() if k != "dtype"}
+    kwargs = {k: _as_float64(v, repr(k), name, act.dtype) for k, v in kwargs.items() if k != "dtype"}
     ref = _ops.get(name).reference(*args, **kwargs)
     ref = np.asarray(_numpy(ref[0] if isinstance(ref, tuple) else ref), np.float64)  # a pool's (values, indices)
     if ref.shape != act.shape:

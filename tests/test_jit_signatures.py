@@ -178,3 +178,20 @@ def test_the_envelope_passes_read_actual_and_centre_in_one_format():
         for sig in kernel.signatures:
             held = [t for i, t in enumerate(sig[:k]) if i in (0, k - 1)]  # (a, c) and (X, ref)
             assert len({t.dtype for t in held}) == 1, (kernel.__name__, sig)
+
+
+def test_the_norms_element_scale_compiles_once_per_format():
+    """noise._norm_elements reads the rows X and the reference Y in one format, C-contiguous and read-only, whatever
+    the layout of the input (a transposed block) and its dtype: at most two signatures, each with X and Y alike."""
+    g = torch.Generator().manual_seed(5)
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        x = torch.randn(8, 64, generator=g).to(dt)
+        for xx in (x, x.t().contiguous().t()):  # C and Fortran layouts
+            o = torch.nn.functional.layer_norm(xx, (64,))
+            rk.compare(o * 1.1, "layer_norm", xx, (64,))
+            rk.compare(torch.nn.functional.rms_norm(xx, (64,)), "rms_norm", xx, (64,))
+    sigs = nz._norm_elements.signatures
+    assert len(sigs) <= 2, sigs
+    for sig in sigs:
+        X, Y = sig[0], sig[3]
+        assert X == Y and X.layout == "C" and not X.mutable, sig

@@ -118,7 +118,7 @@ from refkern.analysis._rows import _partial_sq, _weights, exp_ulps_rows
 from refkern.analysis.noise_attention import attention_noise
 from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest_sq
 from refkern.analysis.noise_moments import _moments, _var_rows
-from refkern.analysis.noise_rows import RowShared, keys, norm_sums, welford_drift
+from refkern.analysis.noise_rows import RowShared, frozen, held_dtype, keys, norm_sums, welford_drift
 from refkern.analysis.noise_scan import half_scan, scan_var
 from refkern.analysis.noise_store import straddle, thread_members
 from refkern.analysis.noise_var_chains import batches as var_batches
@@ -289,8 +289,10 @@ def _norm(lay, name, ref_rows, u, out, eta2):
     from refkern.analysis.envelope import _param_rows
 
     Wr, Br = _param_rows(lay.W, R, n), _param_rows(lay.B, R, n)
-    Y = ref_rows if ref_rows.dtype in (np.float32, np.float64) else np.asarray(ref_rows, np.float64)
-    Xc = X if X.dtype in (np.float32, np.float64) else np.asarray(X, np.float64)
+    # the rows and the reference in one format, C-contiguous and read-only (noise_rows.held_dtype, frozen: exact
+    # widening, read per element): one compiled _norm_elements per format, not per mix and layout (9 in a cold CI)
+    h = held_dtype(X, ref_rows)
+    Y, Xc = frozen(ref_rows, h), frozen(X, h)
 
     def run(folded):
         v = np.empty((R, n))

@@ -130,3 +130,16 @@ def same(a, b) -> bool:
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+def thread_spans(n, T, omp=False):
+    """The ``T`` contiguous (start, stop) chunks of ``n`` terms that threads take, written out independently of
+    refkern: torch's ``ceil(n / T)`` per thread, or with ``omp`` OpenMP's static ``n // T`` with the remainder on
+    the first threads (empty chunks kept)."""
+    if omp:
+        q, r = divmod(n, T)
+        cuts = [t * q + min(t, r) for t in range(T + 1)]
+    else:
+        c = -(-n // T)
+        cuts = [min(t * c, n) for t in range(T + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))

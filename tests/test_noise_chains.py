@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from strategies import thread_spans
 
 import refkern as rk
 from refkern.analysis import noise_chains as nc
@@ -27,14 +28,7 @@ def _lanes(x, L):
 
 
 def _threads(x, T, omp=False):
-    n = len(x)
-    if omp:
-        q, r = divmod(n, T)
-        cuts = [t * q + min(t, r) for t in range(T + 1)]
-    else:
-        c = -(-n // T)
-        cuts = [min(t * c, n) for t in range(T + 1)]
-    return [x[a:b] for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    return [x[a:b] for a, b in thread_spans(len(x), T, omp) if b > a]
 
 
 def test_chains_and_members_by_hand():

@@ -8,6 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from strategies import thread_spans
 
 import refkern as rk
 from refkern.analysis import noise_var_chains as V
@@ -35,19 +36,9 @@ def _merge_exact(states):
     return float(sum(Fraction(float(q)) + k * (Fraction(float(m)) - mean) ** 2 for k, m, q in states))
 
 
-def _chunks(n, T, omp):
-    if omp:
-        q, r = divmod(n, T)
-        cuts = [t * q + min(t, r) for t in range(T + 1)]
-    else:
-        c = -(-n // T)
-        cuts = [min(t * c, n) for t in range(T + 1)]
-    return list(zip(cuts[:-1], cuts[1:]))
-
-
 def _states(x, T, L, back, omp, B):
     n = len(x)
-    spans = [(min(t * B, n), min(t * B + B, n)) for t in range(T)] if B else _chunks(n, T, omp)
+    spans = [(min(t * B, n), min(t * B + B, n)) for t in range(T)] if B else thread_spans(n, T, omp)
     out = []
     for s, e in spans:
         for lane in range(L):

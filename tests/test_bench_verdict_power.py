@@ -95,8 +95,6 @@ MISSES = {
     ("softmax", 64, "randn", "float32"): "one row scaled by 8x the spread (19-29 u relative) is rounding: a "
     "row's D summed by a scalar loop has a Hoeffding scale of 4.2-4.4 u (the half-ulps of its 63 partial sums) "
     "and the row test's level is 6.4",
-    ("log_softmax", 64, "randn", "float32"): "one row scaled by 8x the spread is rounding (the row's shared log D, "
-    "M + log D and D errors); torch's detectable element is 10x (half-ulp scale) to 16x the spread (1 ulp)",
     ("cumsum", 1000, "randn", "float32"): "one row's tail offset (a lost carry) by 8x the spread is rounding: it "
     "moves element n / 2 by 5.8 sigma (half-ulp scale; 4.0 on u |P|), under the level 6.9 of 4,000 element tests; "
     "the increments would show it as one jump",

@@ -46,6 +46,7 @@ from refkern.analysis.noise import Noise, noise
 from refkern.analysis.noise_rows import frozen
 from refkern.analysis.noise_store import straddle_z
 from refkern.analysis.passes import ulps_at
+from refkern.analysis.row_bound import ROW_OWN
 from refkern.analysis.statfit import INSIDE, StatFit
 from refkern.analysis.stats import ALPHA, group_sums, level
 from refkern.analysis.structure import group_failures, n_groups
@@ -67,14 +68,15 @@ _FULL = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=None, coherent=None,
-          y=None, straddle=None, members=None) -> StatFit:  # fmt: skip
+          y=None, straddle=None, members=None, free=None) -> StatFit:  # fmt: skip
     """The element and group tests of one model of centre ``c`` and variance ``var`` (in units of values
     times ``scale``, a power of two: :attr:`~refkern.analysis.noise.Noise.scale`); with ``grid``, a
     value off that format's grid is refused (a model that stores its result in a coarser format); with
     ``coherent`` (:attr:`~refkern.analysis.noise.Noise.coherent`), the scale test of the GEMMs
     (:func:`~refkern.analysis.verdict._scale_failure`) on the exact result ``y``, its variance widened by
     the errors that several elements share; with ``straddle``, the element test of :func:`_straddle`; with
-    ``members``, that of :func:`_members`."""
+    ``members``, that of :func:`_members`; with ``free``, a thunk giving the failing rows of the certain
+    test of :mod:`refkern.analysis.row_bound` (each row's shared error left free), groups like the others."""
     if np.ndim(scale) or scale != 1.0:
         a, c = a * scale, c * scale
     if straddle is not None:
@@ -95,6 +97,8 @@ def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=N
         groups = groups + _scale_failure(r, vk, keep, y, lam_grp, coherent, st)
         if n_rows(coherent) > 1:
             groups = groups + _row_scale_failures(r, vk, keep, y, lam_grp, coherent, st)
+    if free is not None:
+        groups = groups + free()
     return StatFit(model, c, var, z, fails, groups, lam_el)
 
 
@@ -256,12 +260,20 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     if r0 is not None and held is not None and not _scale_tests_pass(
             (*r0.held_rows, None) if r0.held_rows is not None else held(actual, x, nz.var), lam_grp, coh):  # fmt: skip
         r0 = None  # a scale test fails: _test says which
+    if r0 is not None and nz.free is not None and nz.free.failures(actual):
+        r0 = None  # a row's elements disagree beyond their own roundings (row_bound): _test says which
     if nz.straddle is not None:  # the store known exactly: flagged beyond lam sigma before it and half an ulp
         p = _power(nz.straddle[0], x, out, lam_el)
         det = {"element": {k: v + 0.5 for k, v in p.items()}, **det}
     else:  # with emulated members, an element off by this is flagged unless it is one of them
         v_el = nz.var if nz.members is None or nz.members[0] is None else nz.members[0]
         det = {"element": _power(v_el, x, out, lam_el, sc, peak=getattr(r0, "peak", None)), **det}
+    if nz.free is not None:  # the certain test within rows flags one element off by 2 (b_j + min b): the finer
+        # of the two (a median and a largest of elementwise minima are at most these)
+        med, top = nz.free.detectable_ulps(x)
+        el = det["element"]
+        det = {**det, "element": {**el, "median_ulps": min(el["median_ulps"], med),
+                                  "max_ulps": min(el["max_ulps"], top)}}  # fmt: skip
     if d.verdict == "exact":
         return _replace(d, det=det, thresholds=thresholds)
     if r0 is not None:
@@ -272,13 +284,15 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     acc = m0.acc
     st = (*nz.straddle[1](), nz.straddle[0], out) if nz.straddle is not None else None
     mb = None if nz.members is None else (*nz.members, out)
-    r0 = _test(m0, a, x, nz.var, over, lam_el, lam_grp, axes, only, sc, coherent=coh, y=x, straddle=st, members=mb)
+    free = None if nz.free is None else (lambda: nz.free.failures(a))
+    r0 = _test(m0, a, x, nz.var, over, lam_el, lam_grp, axes, only, sc, coherent=coh, y=x, straddle=st, members=mb,
+               free=free)  # fmt: skip
     fam = [r0]
     if not r0.explains:  # the other members of the family only where the standard formulas do not explain it
         members = [(key, text, v()) for key, text, v in nz.models]
         members = [(key, text, *(m if isinstance(m, tuple) else (m, coh))) for key, text, m in members if m is not None]
         fam += [_test(Model(f"rounding ({key})", None, text, out, acc), a, x, var, over, lam_el, lam_grp, axes,
-                      only, sc, coherent=c, y=x) for key, text, var, c in members]  # fmt: skip
+                      only, sc, coherent=c, y=x, free=free) for key, text, var, c in members]  # fmt: skip
     fits = list(d.fits) + fam
     exact = d.fits[0].state == 0
     notes = list(d.structure)
@@ -320,7 +334,9 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
         var_p = nz_p.var
         if key != prec:  # P rounded before P @ V, or the output stored in p: one more rounding to p
             var_p = var_p + 2.0 * (FORMATS[_FULL[prec]].u * c * nz_p.scale) ** 2
-        f = _test(m, a, c, var_p, over, lam_el, lam_grp, axes, only, nz_p.scale, grid)
+        # the certain test within rows, against the reference with this hypothesis's own element roundings
+        free_p = None if nz.free is None else (lambda k=key: nz.free.failures(a, k))
+        f = _test(m, a, c, var_p, over, lam_el, lam_grp, axes, only, nz_p.scale, grid, free=free_p)
         fits.append(f)
         if not f.explains:
             continue
@@ -347,7 +363,7 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
             nz_m = noise(name, _rounded_args(args, FORMATS[_FULL[prec]]), c, st, lam_el)
             if nz_m.members is not None:
                 f = _test(m, a, c, var_p, over, lam_el, lam_grp, axes, only, nz_p.scale, grid,
-                          members=(*nz_m.members, st))  # fmt: skip
+                          members=(*nz_m.members, st), free=free_p)  # fmt: skip
                 fits[-1] = f
                 if not f.explains:
                     continue
@@ -433,8 +449,14 @@ def _mismatch_notes(r0: StatFit, a, x, envs, name, args, out, over, bad) -> list
         notes.append({"kind": "elements", "text": f"{n_el} element{'s' if n_el > 1 else ''} beyond "
                       f"{r0.lam:.3g} sigma of a correct kernel's rounding (largest {r0.max_z:.3g} sigma)"})  # fmt: skip
     # the whole output's scale first, then rows', then the groups along an axis, most significant first
-    rank = {"scale": 0, "row scale": 1}
+    rank = {"scale": 0, "row scale": 1, ROW_OWN: 1}
     for g in sorted(r0.groups, key=lambda g: (rank.get(g["axis"], 2) if g["ax"] is None else 2, -g["z"]))[:3]:
+        if g["axis"] == ROW_OWN:
+            notes.append({"kind": "group", "text": f"row {g['index']} (in the op's row layout): its elements "
+                          f"disagree among themselves by {g['z']:.3g} times the most that a correct kernel's own "
+                          "roundings of each element allow, whatever the error its elements share (a scaled or "
+                          "distorted row, not rounding)"})  # fmt: skip
+            continue
         if g["axis"] == "row scale":
             notes.append({"kind": "group", "text": f"row {g['index']} (in the op's row layout) follows its output: "
                           f"scaled by {1 + g['mean']:.6g} ({g['z']:.3g} standard errors), beyond what the errors "

@@ -124,6 +124,7 @@ from refkern.analysis.noise_store import straddle, thread_members
 from refkern.analysis.noise_var_chains import batches as var_batches
 from refkern.analysis.noise_var_chains import member_specs as var_member_specs
 from refkern.analysis.noise_var_chains import rest_s2 as var_rest_s2
+from refkern.analysis.row_bound import LogSoftmaxRows
 from refkern.analysis.stats import level
 
 __all__ = ["Noise", "noise", "RSQRT_ULPS"]
@@ -161,6 +162,10 @@ class Noise:
     #: yielding batches of the members' ``(xh, err, pre)``, (k,) + shape each (inside._members); ``var`` the
     #: whole family's scale, for the group tests
     members: object = None
+    #: where each element of a row is a short chain of its own roundings around one value the row shares
+    #: (log_softmax): the certain test of :mod:`refkern.analysis.row_bound` (``failures(actual, key)``,
+    #: ``detectable_ulps(ref)``), the shared value left free
+    free: object = None
 
 
 def _eta(f: Format, e: int = 0) -> float:
@@ -495,8 +500,9 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
     axes = (_softmax_axis(args, nd),) if nd and kind in ("softmax", "log_softmax") else ()
     if kind == "log_softmax":
         y2, sh = _softmax_rows(lay.X, u, u_m, True, shared=True)
-        return Noise(lay.back(y2) + stores, [], axes, coherent=RowShared(lay.rows, lay.back, lay.X.shape[0],
-                                                                                 [(sh, 1.0)], keys=lambda: keys(lay.X)))
+        free = LogSoftmaxRows(lay.X, ref, lay.rows, lay.back, out, u, u_m) if nd and lay.X.size else None
+        return Noise(lay.back(y2) + stores, [], axes, free=free,
+                     coherent=RowShared(lay.rows, lay.back, lay.X.shape[0], [(sh, 1.0)], keys=lambda: keys(lay.X)))
     if kind == "softmax":  # in units of each weight's power of two: tiny weights' variances do not underflow
         rel, sh = _softmax_rows(lay.X, u, u_m, False, shared=True)
         rel = lay.back(rel)

@@ -304,19 +304,24 @@ def _window_max(X, kh, kw, sh, sw, ph, pw, dlh, dlw, out, idx):
 # --- arguments ----------------------------------------------------------------------------------------------------
 
 
-def _pool_input(op: str, input, nd: int):  # noqa: A002
-    """(operand, values as a contiguous float64 (planes, H, W) array, the leading shape)."""
-    x = operand(input, "input", op)
-    shape = tuple(x.shape)
+def pool_shape(op: str, shape: tuple, nd: int):
+    """(the plane (H, W), a 1-d input's (1, L); the leading shape) of an input of ``shape``, checked as torch
+    checks it."""
     names = "(C, L) or (N, C, L)" if nd == 1 else "(C, H, W) or (N, C, H, W)"
     if len(shape) not in (nd + 1, nd + 2):
         raise ValueError(f"{op}: input must have shape {names}; got input.shape={shape}.")
     if 0 in shape[-nd - 1 :]:
         sizes = "C and L" if nd == 1 else "C, H and W"
         raise ValueError(f"{op}: input must have nonzero {sizes} (only N may be 0); got input.shape={shape}.")
-    spatial = shape[-nd:] if nd == 2 else (1, shape[-1])
+    return (shape[-nd:] if nd == 2 else (1, shape[-1])), shape[:-nd]
+
+
+def _pool_input(op: str, input, nd: int):  # noqa: A002
+    """(operand, values as a contiguous float64 (planes, H, W) array, the leading shape)."""
+    x = operand(input, "input", op)
+    spatial, lead = pool_shape(op, tuple(x.shape), nd)
     X = np.ascontiguousarray(x.values, dtype=np.float64).reshape(-1, *spatial)
-    return x, X, shape[:-nd]
+    return x, X, lead
 
 
 def _ints(op: str, name: str, value, nd: int, minimum: int) -> tuple:
@@ -374,7 +379,7 @@ def _lift(t: tuple, one: int) -> tuple:
     return (one, *t) if len(t) == 1 else t
 
 
-def _shaped(out, lead, nd):
+def shaped(out, lead, nd):
     return out.reshape(*lead, *(out.shape[1:] if nd == 2 else out.shape[2:]))
 
 
@@ -400,8 +405,11 @@ def _averages(X, fmt, spans, dconst):
     return out
 
 
-def _avg_pool(op, nd, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):  # noqa: A002
-    x, X, lead = _pool_input(op, input, nd)
+def avg_spans(op, nd, plane, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """torch's average-pool windows of a ``plane`` (H, W) (a 1-d input's is (1, L)): per axis a list of
+    ``(lo, hi, count)``, the window's input positions ``[lo, hi)`` and its divisor's factor, and the
+    ``divisor_override`` (0 where None); each argument checked. The integer kernel
+    (:mod:`refkern.kernels.integer_pool`) reads the same windows."""
     k, s, p, _, ceil_mode = _geometry(op, nd, kernel_size, stride, padding, 1, ceil_mode)
     count_include_pad = _flag(op, "count_include_pad", count_include_pad)
     dconst = 0
@@ -416,16 +424,23 @@ def _avg_pool(op, nd, input, kernel_size, stride, padding, ceil_mode, count_incl
     k, s, p = _lift(k, 1), _lift(s, 1), _lift(p, 0)
     spans = []
     for a in range(2):
-        size = X.shape[1 + a]
+        size = plane[a]
         spans.append([])
         for o in range(_out_size(op, size, k[a], s[a], p[a], 1, ceil_mode)):
             start = o * s[a] - p[a]
             end = min(start + k[a], size + p[a])  # ceil_mode's positions past the padded input are not counted
             lo, hi = max(start, 0), min(end, size)
             spans[-1].append((lo, hi, end - start if count_include_pad else hi - lo))
+    return spans, dconst
+
+
+def _avg_pool(op, nd, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):  # noqa: A002
+    x, X, lead = _pool_input(op, input, nd)
+    spans, dconst = avg_spans(op, nd, X.shape[1:], kernel_size, stride, padding, ceil_mode, count_include_pad,
+                              divisor_override)  # fmt: skip
     out = _averages(X, x.fmt, spans, dconst)
     out += 0.0  # torch adds the quotient to a zeroed output: every zero result is +0
-    return deliver(_shaped(out, lead, nd), x.fmt, x.torch)
+    return deliver(shaped(out, lead, nd), x.fmt, x.torch)
 
 
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):  # noqa: A002
@@ -490,7 +505,7 @@ def _adaptive(op, nd, input, output_size):  # noqa: A002
         spans.append([(i * size // o, -(-(i + 1) * size // o), -(-(i + 1) * size // o) - i * size // o)
                       for i in range(o)])  # fmt: skip
     out = _averages(X, x.fmt, spans, 0) if all(osz) else np.empty((X.shape[0], *osz))
-    return deliver(_shaped(out, lead, nd), x.fmt, x.torch)
+    return deliver(shaped(out, lead, nd), x.fmt, x.torch)
 
 
 def adaptive_avg_pool1d(input, output_size):  # noqa: A002
@@ -525,13 +540,13 @@ def _max_pool(op, nd, input, kernel_size, stride, padding, dilation, ceil_mode, 
     idx = np.empty(out.shape, np.int64)
     if out.size:
         _window_max(X, k[0], k[1], s[0], s[1], p[0], p[1], dl[0], dl[1], out, idx)
-    values = deliver(_shaped(out, lead, nd), x.fmt, x.torch)
+    values = deliver(shaped(out, lead, nd), x.fmt, x.torch)
     nan = np.isnan(out)
     if nan.any():
         _own_nans(values, input, idx, nan)
     if not return_indices:
         return values
-    idx = _shaped(idx, lead, nd)
+    idx = shaped(idx, lead, nd)
     if x.torch:
         import torch
 

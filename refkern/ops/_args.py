@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["correction", "eps", "normalized_shape", "dims", "spatial", "tuple_of", "is_int"]
+__all__ = ["correction", "eps", "normalized_shape", "dims", "spatial", "tuple_of", "is_int", "integer_scale"]
 
 
 def correction(value, op) -> Fraction:
@@ -38,6 +38,45 @@ def eps(value, op) -> float:
     if not math.isfinite(e):
         raise ValueError(f"{op}: eps must be a finite number; got eps={value!r}.")
     return e
+
+
+#: torch's integer types: (bits, signed)
+_INTEGER_TYPES = {"uint8": (8, False), "int8": (8, True), "int16": (16, True), "int32": (32, True),
+                  "int64": (64, True)}  # fmt: skip
+
+
+def integer_scale(value, dtype: str, name: str, op) -> int:
+    """A number (addmm's ``alpha`` or ``beta``) as torch's integer kernels of ``dtype`` take it: c10's checked
+    conversion ``Scalar.to<T>()``, which refuses a value outside T's range and converts the rest as C++ does.
+
+    * a bool is 0 or 1; an int must lie in ``[min, max]`` of T, an unsigned T also taking ``-max .. -1`` (wrapped
+      modulo ``2**bits``: uint8's -1 is 255);
+    * a float must be finite with ``min <= f <= max`` as real numbers (``max`` read as a double: int64's is
+      ``2**63``, which converts to ``-2**63``, its value modulo ``2**64``; an unsigned T refuses every negative
+      float, -0.5 included), then truncated toward zero (int8's -2.5 is -2);
+    * anything else (a complex number, a string) is refused.
+
+    Returns the integer, whose residue modulo ``2**bits`` is what the kernel multiplies by (measured against
+    torch 2.13's CPU addmm: tests/test_integer_products.py). A ValueError or TypeError naming ``name`` otherwise."""
+    if dtype not in _INTEGER_TYPES:
+        raise TypeError(f"{op}: {name} scales integers of one of {', '.join(_INTEGER_TYPES)}; got dtype={dtype}.")
+    bits, signed = _INTEGER_TYPES[dtype]
+    top = 2 ** (bits - 1) - 1 if signed else 2**bits - 1
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if is_int(value):
+        v, low = int(value), -(2 ** (bits - 1)) if signed else -top
+        if not low <= v <= top:
+            raise ValueError(f"{op}: {name} must lie in [{low}, {top}] for {dtype} operands (torch refuses it "
+                             f"otherwise); got {name}={value!r}.")  # fmt: skip
+        return v
+    if isinstance(value, (float, np.floating)):
+        f, low = float(value), float(-(2 ** (bits - 1))) if signed else 0.0
+        if not low <= f <= float(top):
+            raise ValueError(f"{op}: {name} must be a finite number in [{low:g}, {float(top):g}] for {dtype} operands "
+                             f"(torch refuses it otherwise); got {name}={value!r}.")  # fmt: skip
+        return math.trunc(f)
+    raise TypeError(f"{op}: {name} must be a bool, an int or a float for {dtype} operands; got {name}={value!r}.")
 
 
 def normalized_shape(value, op) -> tuple:

@@ -107,6 +107,11 @@ class Op:
     #: ``promote_integer_inputs_to_float``: ``torch.exp`` of int64 is float32); else integer inputs give an integer
     #: result (a sum, a product: integer arithmetic) unless a floating ``dtype=`` converts them first
     promotes_integers: bool = False
+    #: the exact integer kernel (``"module:function"``) where torch's integer arithmetic is not the float64
+    #: reference read back (:mod:`refkern.analysis.integers`): a product's sums beyond 2**53 (modulo 2**64),
+    #: avg_pool's truncating division; called with the op's integer arguments, it returns int64 values whose
+    #: residues modulo 2**bits are torch's result. None: the float64 reference, exact below 2**53
+    integer_reference: str | None = None
     backward: Backward | None = None  # where its backward lives: with the differentiable arguments, always
 
     @property

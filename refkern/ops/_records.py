@@ -30,7 +30,8 @@ def _product(name, reference, operands, *, hypotheses, calls, aten, torch_functi
     return Op(name, "product", reference, f"refkern.truth.products:{name}", operands, "sum", required=2,
               positional=True, hypotheses=hypotheses, differentiable=operands,
               torch_function=torch_function, calls=calls, aten=aten, autograd=autograd, sample=sample, sweep=True,
-              opinfo=opinfo, backward=_backward(f"gemm_grad:_{name}", name, "adjoint_report"))  # fmt: skip
+              opinfo=opinfo, backward=_backward(f"gemm_grad:_{name}", name, "adjoint_report"),
+              integer_reference=f"refkern.kernels.integer_gemm:{name}")  # fmt: skip
 
 
 def _conv(nd, transposed=False):
@@ -79,12 +80,14 @@ def _norm_backward(name):
 
 
 def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_calls=(), needs):
+    average = name in ("avg_pool1d", "avg_pool2d")  # torch's integer averages truncate: refkern.kernels.integer_pool
     return Op(name, "pool", f"refkern.kernels.pool:{name}", f"refkern.truth.pools:{name}", ("input",),
               "envelope", differentiable=("input",), torch_function=f"{_F}{name}",
               calls=(Call(f"{_F}{name}", params), *(Call(f"{_F}{c}", params) for c in extra_calls)),
               aten=aten or (name,), aten_backward=aten_backward,
               autograd=((autograd, ("input",)),) if autograd else (), needs=needs,
               opinfo=(f"nn.functional.{name}",),
+              integer_reference=f"refkern.kernels.integer_pool:{name}" if average else None,
               backward=_backward("pool_grad:_pool", "pool", "pool_report",
                                  name if aten_backward else None))  # fmt: skip
 

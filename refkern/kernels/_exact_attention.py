@@ -11,7 +11,20 @@ import numpy as np
 from refkern.accumulate.formats import Format
 from refkern.accumulate.ziv import round_fraction
 from refkern.kernels import _exact_real as xr
-from refkern.kernels._exact_attention_row import _W0, OP, _exact_logits, _frac, _idot, _Ints, _Row
+from refkern.kernels._exact_attention_row import (
+    _W0,
+    OP,
+    _dv_exp,
+    _dv_mul,
+    _dv_q,
+    _dv_sum,
+    _exact_logits,
+    _frac,
+    _idot,
+    _Ints,
+    _Row,
+    exp_far,
+)
 from refkern.kernels.attention import Attention, _mask_row
 from refkern.kernels.softmax_backward import _decided, _iv_add, _iv_scale
 
@@ -126,10 +139,13 @@ class _Exact:
         w = _W0
         left, across = [], None
         while True:
-            acc = (exact, exact)
-            for r, j, kind, cf in todo:
-                acc = _iv_add(acc, _iv_scale(cf, r.interval(j, kind, w)))
-            v = _decided(_iv_scale(sF, acc), fmt)
+            if w < _SCALED_W:
+                acc = (exact, exact)
+                for r, j, kind, cf in todo:
+                    acc = _iv_add(acc, _iv_scale(cf, r.interval(j, kind, w)))
+                v = _decided(_iv_scale(sF, acc), fmt)
+            else:  # past the rationality tests: every term to w bits of its own size (offsets far apart)
+                v = _scaled(exact, todo, sF, fmt, w)
             if v is not None:
                 return v
             w *= 2
@@ -147,6 +163,58 @@ class _Exact:
                     why = "an irrational value this close to a rounding boundary"
                 raise RuntimeError(f"{OP} backward: the exact path did not converge at 2**16 bits ({why}): "
                                    "please report the input")  # fmt: skip
+
+
+_SCALED_W = 64 * _W0  #: from this width on (after the tests across classes), :func:`_scaled` evaluates the elements
+
+
+def _scaled(exact: Fraction, todo, sF: Fraction, fmt: Format, w: int):
+    """``RN(sF (exact + sum_t c_t X_t))`` over the terms (row, j, kind, c) of todo when every real of the interval
+    rounds alike, else None: each term relative to its own size, so that offsets far apart (logits 1e5 or 1e38
+    apart: an e**-1e5 that no fixed-point width reaches) decide as near ones do.
+
+    Each ``X_t = R_t + e**b_t Y_t`` (:meth:`~refkern.kernels._exact_attention_row._Row.scaled`: R_t rational, the
+    value with every lower exponential at 0, added to exact; ``b_t < 0`` exact, Y_t to K = w + 40 bits of its own
+    size). With ``B = max b_t``, the rest is ``e**B Z``, ``Z = sum_t c_t e**(b_t - B) Y_t`` (the
+    factors ``e**(b_t - B) <= 1`` relative, or ``[0, 2**-K]``: :func:`~refkern.kernels._exact_attention_row._dv_exp`),
+    and ``e**B`` is to K bits (:func:`~refkern.kernels._exact_real.exp_interval`) where ``B >= -2**20``, else to a
+    factor 4 (:func:`~refkern.kernels._exact_attention_row.exp_far`: ``e**B < 2**-1.5e6`` there, and ``|sF Z| <
+    2**4400`` (``|c| <= 2**1024``, ``|dP| <= 2**2060`` times 2**40 terms, ``|sF| <= 2**1024``), so the product lies
+    below the bound T that follows, where its sign alone decides).
+
+    Where the part ``d = sF e**B Z`` is below ``2**-T`` with ``T = bits(q) + p + 1`` (``x0 = sF exact = n / q``, ``p =
+    prec - emin``), the rounding of ``x0 + d`` is that of ``x0 + sign(d) 2**-T``: every rounding boundary (a value of
+    the format, a midpoint, the overflow threshold) and the sign change of a zero lie on the grid ``2**-p Z``, and a
+    grid point ``m 2**-p != x0`` lies at least ``1 / (q 2**p) > 2**-T`` from x0, so no boundary lies strictly between
+    x0 and ``x0 + d`` (nor at ``x0 + d``) whatever d's size. That is the dominant term's argument made exact: the
+    result needs only the sign of Z, never ``e**B`` to any number of bits. Elsewhere the ends are rounded
+    (:func:`refkern.kernels.softmax_backward._decided`), as Fractions of a few thousand bits at most."""
+    K = w + 40
+    parts = []
+    for r, j, kind, c in todo:
+        got = r.scaled(j, kind, K)
+        if got is not None:
+            exact += c * got[0]
+            parts.append((_frac(got[1], r.ae), c, got[2]))
+    x0 = sF * exact
+    if not parts:
+        return round_fraction(x0, fmt)
+    B = max(b for b, _, _ in parts)
+    Z = _dv_sum([_dv_mul(_dv_exp(*xr.dyadic(b - B), K), _dv_q(c, Y, K), K) for b, c, Y in parts], K)
+    n, e = xr.dyadic(B)
+    if n == 0:
+        F = (1, 1, 0)
+    elif (n << e if e >= 0 else n >> -e) >= -(1 << 20):
+        F = xr.exp_interval(n, e, K)
+    else:
+        F = exp_far(n, e)
+    lo, hi, e = _dv_q(sF, _dv_mul(F, Z, K), K)
+    T = x0.denominator.bit_length() + fmt.prec - fmt.emin + 1
+    if e + max(abs(lo), abs(hi)).bit_length() <= -T:  # |d| < 2**-T: its sign decides
+        if lo > 0 or hi < 0:
+            return round_fraction(x0 + (Fraction(1, 1 << T) if lo > 0 else Fraction(-1, 1 << T)), fmt)
+        return None
+    return _decided((x0 + _frac(lo, e), x0 + _frac(hi, e)), fmt)
 
 
 def _row_sum(r: _Row, cs: dict):

@@ -18,6 +18,7 @@ from refkern.kernels.softmax_backward import _exp_iv, _iv_add, _iv_mul, _iv_scal
 OP = "scaled_dot_product_attention"
 _W0 = 96  # the first width of Ziv's loop: the exponentials from exp_dd (relative 2**-99)
 
+
 def _snap(iv, w: int):
     """The interval widened outward to dyadics with about w + 8 bits below its magnitude (keeps the
     Fractions small; moves each end by at most 2**-(w + 8) of the magnitude)."""
@@ -143,6 +144,7 @@ class _Row:
         self._dS = {}
         self._iv = {}
         self._T = {}
+        self._rel = {}  # scaled(): the groups' dP sums and the suffix sums, per leading group and width
 
     def combined(self, parts):
         """The row whose gradient row is ``sum c g_r`` over parts ``(row, c)`` (rows of this key and vkey)."""
@@ -272,6 +274,72 @@ class _Row:
             ql, qh = ml // (dl << -k), -((-mh) // (dh << -k))
         return _dyadic_iv(ql, qh, k, self.edp)
 
+    def scaled(self, j, kind, K: int):
+        """``(R, bn, Y)``: P_j ("P") or dS_j ("dS") as ``R + e**(bn 2**ae) Y``, R rational, ``bn < 0``, Y a dyadic
+        interval (:func:`_dv_sum`) of relative width about ``2**-K`` whatever the offsets (:meth:`interval`'s are
+        absolute, in units of the row's top exponential, so that an e**-1e5 needs 1e5 / ln 2 bits there); None where
+        dS_j is exactly 0. Over the groups g of equal offsets (``g_0 = 0 > g_1 > ...``, ``n_g`` keys each), ``S =
+        n_0 + e**g_1 S_1`` with ``S_i = sum_(m >= i) n_m e**(g_m - g_i)``.
+
+        * ``P_j = e**a_j / S``: for a top key ``1 / n_0 - e**g_1 S_1 / (n_0 S)``, else ``R = 0``, ``bn = an_j``.
+        * ``dS_j = e**a_j N_j / S**2``, ``N_j = sum_g c_g e**g`` with ``c_g = sum_(k in g) (dP_j - dP_k)`` exact; the
+          groups above the highest g* with ``c_g != 0`` add exactly 0, so ``N_j = e**g* N*``, ``N* = dP_j SS - ST``
+          (``SS = S_(g*)``, ``ST = sum_(m >= g*) (sum_(k in m) dP_k) e**(g_m - g*)``), whose top term ``c_g*`` is a
+          nonzero rational. Where ``a_j + g* < 0``, ``R = 0`` and ``Y = N* / S**2``. Where ``a_j = g* = 0`` (a top
+          key of several, unequal dP), ``R = c_0 / n_0**2`` and the rest is ``e**g_1 (n_0**2 N_1 - c_0 (2 n_0 S_1 +
+          e**g_1 S_1**2)) / (n_0**2 S**2)``, ``N_1 = dP_j S_1 - ST_1`` (``N* = c_0 + e**g_1 N_1``).
+
+        So the rational part of every term is exact, and the rest has its own leading exponential."""
+        ex = self._exp.get(("rel", K))
+        if ex is None:  # the exponentials depend on the logits alone: shared by the combined rows
+            gs = sorted(self.groups, reverse=True)  # gs[0] = 0, the top logit's group; two groups at least
+            S = _dv_sum([_dv_mul((n, n, 0), _dv_exp(g, self.ae, K), K)
+                         for g, n in ((g, len(self.groups[g])) for g in gs)], K)  # fmt: skip
+            ex = self._exp[("rel", K)] = (gs, S, _dv_mul(S, S, K), _dv_exp(gs[1], self.ae, K))
+        gs, S, S2, e1 = ex
+        n0 = len(self.groups[0])
+        if kind == "P":
+            if self.an[j]:
+                return Fraction(0), self.an[j], _dv_div((1, 1, 0), S, K)
+            S1 = self._suffix(1, K)[0]
+            return Fraction(1, n0), gs[1], _neg(_dv_div(S1, _dv_mul((n0, n0, 0), S, K), K))
+        dP = self.dP
+        sums = self._sums(gs)
+        d = dP[j]
+        i = next((i for i, g in enumerate(gs) if len(self.groups[g]) * d != sums[i]), None)
+        if i is None:
+            return None
+        if self.an[j] or i:
+            SS, ST = self._suffix(i, K)
+            return Fraction(0), self.an[j] + gs[i], _dv_div(_dv_sum([_dv_q(d, SS, K), _neg(ST)], K), S2, K)
+        c0 = n0 * d - sums[0]
+        S1, T1 = self._suffix(1, K)
+        N1 = _dv_sum([_dv_q(d, S1, K), _neg(T1)], K)
+        sq = n0 * n0
+        inner = _dv_sum([_dv_mul((2 * n0, 2 * n0, 0), S1, K), _dv_mul(e1, _dv_mul(S1, S1, K), K)], K)
+        num = _dv_sum([_dv_mul((sq, sq, 0), N1, K), _neg(_dv_q(c0, inner, K))], K)
+        return Fraction(c0, sq), gs[1], _dv_div(num, _dv_mul((sq, sq, 0), S2, K), K)
+
+    def _sums(self, gs):
+        """Per group (in the order of gs), ``sum_(k in g) dP_k`` (Fractions), once per gradient row."""
+        sums = self._rel.get("sums")
+        if sums is None:
+            dP = self.dP
+            sums = self._rel["sums"] = [sum((dP[k] for k in self.groups[g]), Fraction(0)) for g in gs]
+        return sums
+
+    def _suffix(self, i: int, K: int):
+        """``(S_i, ST_i)`` of :meth:`scaled` from the group gs[i] down, relative to ``e**g_i``, at width K."""
+        got = self._rel.get((i, K))
+        if got is None:
+            gs = self._exp[("rel", K)][0]
+            sums = self._sums(gs)
+            f = [_dv_exp(g - gs[i], self.ae, K) for g in gs[i:]]
+            SS = _dv_sum([_dv_mul((n, n, 0), x, K) for n, x in zip((len(self.groups[g]) for g in gs[i:]), f)], K)
+            ST = _dv_sum([_dv_q(t, x, K) for t, x in zip(sums[i:], f) if t], K)
+            got = self._rel[(i, K)] = (SS, ST)
+        return got
+
     def interval(self, j, kind, w: int):
         """P_j ("P") or dS_j ("dS") as an interval of Fractions at width w. ``dS_j = E_j (dP_j S - T) / S**2``
         with ``T = sum_k dP_k E_k`` (one interval per row and width: every j of the row reads it)."""
@@ -298,6 +366,87 @@ class _Row:
             v = _snap((lo, hi), w)
         self._iv[(j, kind, w)] = v
         return v
+
+
+# Dyadic intervals ``(lo, hi, e)``, the reals ``[lo 2**e, hi 2**e]`` (integers lo <= hi), whose exponent is free:
+# :meth:`_Row.scaled` and :meth:`refkern.kernels._exact_attention._Exact.element` at widths where offsets far apart
+# leave the fixed-point intervals of :meth:`_Row.interval` undecided. Every step rounds outward to about K + 16 bits.
+
+
+def _dv_trim(x, K: int):
+    """x rounded outward to about K + 16 significant bits."""
+    lo, hi, e = x
+    sh = max(abs(lo), abs(hi)).bit_length() - K - 16
+    return (lo >> sh, -((-hi) >> sh), e + sh) if sh > 0 else x
+
+
+def _dv_sum(xs, K: int):
+    """The sum of dyadic intervals, in units of 2**-(K + 24 + log2 len) of the largest magnitude (each term
+    floored and ceiled onto that grid: a term far below it only widens the sum by one unit)."""
+    xs = [x for x in xs if x[0] or x[1]]
+    if not xs:
+        return 0, 0, 0
+    top = max(e + max(abs(lo), abs(hi)).bit_length() for lo, hi, e in xs)
+    et = top - K - 24 - len(xs).bit_length()
+    slo = shi = 0
+    for lo, hi, e in xs:
+        s = e - et
+        if s >= 0:
+            slo, shi = slo + (lo << s), shi + (hi << s)
+        else:
+            slo, shi = slo + (lo >> -s), shi - ((-hi) >> -s)
+    return _dv_trim((slo, shi, et), K)
+
+
+def _neg(x):
+    return -x[1], -x[0], x[2]
+
+
+def _dv_mul(x, y, K: int):
+    a, b, e = x
+    c, d, f = y
+    p = (a * c, a * d, b * c, b * d)
+    return _dv_trim((min(p), max(p), e + f), K)
+
+
+def _dv_q(q: Fraction, x, K: int):
+    """The exact dyadic rational q times x."""
+    n, e = xr.dyadic(q)
+    return _dv_mul((n, n, e), x, K)
+
+
+def _dv_div(x, y, K: int):
+    """x / y for y > 0 (``y[0] > 0``): each end a floor or ceiling of an integer quotient."""
+    lo, hi, e = x
+    c, d, f = y
+    k = max(0, K + 24 + d.bit_length() - max(abs(lo), abs(hi)).bit_length())
+    ql = (lo << k) // (d if lo >= 0 else c)
+    qh = -((-(hi << k)) // (c if hi >= 0 else d))
+    return _dv_trim((ql, qh, e - f - k), K)
+
+
+def _dv_exp(n: int, e: int, K: int):
+    """``e**(n 2**e)``, ``n <= 0``: of relative width about ``2**-K`` (:func:`refkern.kernels._exact_real.exp_interval`
+    at K + 8 bits), or ``[0, 2**-K]`` where ``n 2**e < -0.6932 K``: ``ln 2 < 0.6932``, so there ``e**(n 2**e) <
+    2**-K`` (also where ``|n 2**e| >= 2**24``, beyond exp_interval's range: ``0.6932 K < 2**24`` for every K here)."""
+    if n == 0:
+        return 1, 1, 0
+    lhs, rhs = n * 10000, -6932 * K
+    if ((lhs << e) < rhs) if e >= 0 else (lhs < (rhs << -e)):
+        return 0, 1, -K
+    return xr.exp_interval(n, e, K + 8)
+
+
+def exp_far(n: int, e: int):
+    """``e**(n 2**e)`` for ``n 2**e < 0`` of any size, to within a factor 4: ``[2**lo, 2**hi]`` with ``lo = floor(d /
+    ln2_lo)``, ``hi = ceil(d / ln2_hi)`` (``d = n 2**e < 0``, ``ln 2`` in ``[ln2_lo, ln2_hi]`` to ``W = log2|d| + 16``
+    bits: :func:`refkern.kernels._exact_real.ln2_fixed`), so ``hi - lo <= 2``: e**d = 2**(d / ln 2) and d / ln 2 lies
+    between the two quotients."""
+    W = max(n.bit_length() + e, 0) + 16
+    l_lo, l_hi = xr.ln2_fixed(W)
+    d = _frac(n, e + W)  # d 2**W
+    lo, hi = math.floor(d / l_lo), math.ceil(d / l_hi)
+    return 1, 1 << (hi - lo), lo
 
 
 def _exact_logits(q, K, mrow, s):

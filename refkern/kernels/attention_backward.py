@@ -46,9 +46,15 @@ one another, a row that sees another's keys each repeated): each group sums to `
 for P terms), A and S0 exponential sums with rational coefficients and distinct rational exponents, which
 is rational iff ``A = q S0**2`` coefficient by coefficient (Lindemann-Weierstrass). Undecided at 3072
 bits, the groups are tested together over the product of their denominators (:func:`_rational_across`,
-up to _ACROSS_CAP terms: S that share a polynomial factor in ``e**h``). An exact 0 is +0. Beyond the cap,
-or for an irrational value within ``2**-65536`` of a rounding boundary, the loop stops with a
-RuntimeError at 2**16 bits rather than return a guess.
+up to _ACROSS_CAP terms: S that share a polynomial factor in ``e**h``). An exact 0 is +0. From 6144 bits
+on, every term is known relative to its own size instead of in units of its row's top exponential
+(:func:`refkern.kernels._exact_attention._scaled`): ``X = R + e**b Y``, R its rational part, b < 0 its
+leading exponent, exact; where the rest is below ``2**-T`` (``T = bits(q) + prec - emin + 1`` for the
+rational part ``n / q``) no rounding boundary lies between the rational part and the value, so the rest's
+sign decides: gradients of size e**-1e5 or e**-3.4e38 (logits that far apart, a mask of float32's
+lowest value) are decided as near ones are (the fixed-point widths raised beyond a gap of about 45,000).
+Beyond the cap, or for an irrational value within ``2**-65536`` (relative) of a rounding boundary, the
+loop stops with a RuntimeError at 2**16 bits rather than return a guess.
 
 The exact path's rational arithmetic lives with the numerics: :mod:`refkern.kernels._exact_attention_row`
 (one row: :class:`_Ints`, :class:`_Row`) and :mod:`refkern.kernels._exact_attention` (:class:`_Exact`, the

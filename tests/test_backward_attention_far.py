@@ -165,9 +165,10 @@ def test_a_tiny_part_decides_by_its_sign(b):
 
 
 def test_constants_pinned():
-    """The first width of the scaled evaluation (after the tests across classes at 64 _W0 bits), ln 2's bound in
-    _dv_exp's cut-off, and exp_far's bracket (within a factor 4, around e**d by mpmath)."""
-    assert xa._SCALED_W == pytest.approx(6144, abs=0)
+    """The first width of the scaled evaluation (4 _W0 bits, after the tests of rationality within rows: the
+    fixed-point widths below it are the cheaper first tries), ln 2's bound in _dv_exp's cut-off, and exp_far's
+    bracket (within a factor 4, around e**d by mpmath)."""
+    assert xa._SCALED_W == pytest.approx(384, abs=0)
     assert math.log(2.0) < 0.6932 and 0.6932 == pytest.approx(6932 / 10000, abs=0)
     assert xrow._dv_exp(-8873, 0, 12800) == (0, 1, -12800)  # -8873 < -0.6932 * 12800 = -8872.96: below 2**-12800
     lo, hi, sh = xrow._dv_exp(-8872, 0, 12800)  # above the cut-off: to K bits

@@ -165,7 +165,7 @@ class _Exact:
                                    "please report the input")  # fmt: skip
 
 
-_SCALED_W = 64 * _W0  #: from this width on (after the tests across classes), :func:`_scaled` evaluates the elements
+_SCALED_W = 4 * _W0  #: from this width on (after the tests of rationality within rows), :func:`_scaled` evaluates them
 
 
 def _scaled(exact: Fraction, todo, sF: Fraction, fmt: Format, w: int):

@@ -46,7 +46,7 @@ one another, a row that sees another's keys each repeated): each group sums to `
 for P terms), A and S0 exponential sums with rational coefficients and distinct rational exponents, which
 is rational iff ``A = q S0**2`` coefficient by coefficient (Lindemann-Weierstrass). Undecided at 3072
 bits, the groups are tested together over the product of their denominators (:func:`_rational_across`,
-up to _ACROSS_CAP terms: S that share a polynomial factor in ``e**h``). An exact 0 is +0. From 6144 bits
+up to _ACROSS_CAP terms: S that share a polynomial factor in ``e**h``). An exact 0 is +0. From 384 bits
 on, every term is known relative to its own size instead of in units of its row's top exponential
 (:func:`refkern.kernels._exact_attention._scaled`): ``X = R + e**b Y``, R its rational part, b < 0 its
 leading exponent, exact; where the rest is below ``2**-T`` (``T = bits(q) + prec - emin + 1`` for the

@@ -292,7 +292,8 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
         members = [(key, text, v()) for key, text, v in nz.models]
         members = [(key, text, *(m if isinstance(m, tuple) else (m, coh))) for key, text, m in members if m is not None]
         fam += [_test(Model(f"rounding ({key})", None, text, out, acc), a, x, var, over, lam_el, lam_grp, axes,
-                      only, sc, coherent=c, y=x, free=free) for key, text, var, c in members]  # fmt: skip
+                      only, sc, coherent=c, y=x, free=None if nz.free is None else (lambda k=key: nz.free.failures(
+                          a, k))) for key, text, var, c in members]  # fmt: skip
     fits = list(d.fits) + fam
     exact = d.fits[0].state == 0
     notes = list(d.structure)

@@ -125,6 +125,7 @@ from refkern.analysis.noise_var_chains import batches as var_batches
 from refkern.analysis.noise_var_chains import member_specs as var_member_specs
 from refkern.analysis.noise_var_chains import rest_s2 as var_rest_s2
 from refkern.analysis.row_bound import LogSoftmaxRows
+from refkern.analysis.row_bound_norm import NormRows
 from refkern.analysis.stats import level
 
 __all__ = ["Noise", "noise", "RSQRT_ULPS"]
@@ -496,7 +497,14 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
 
             models.append(("sequential Welford", "a sequential Welford mean whose running roundings drift together "
                            "(quantized offset rows: emulated, not averaged)", welford))  # fmt: skip
-        return Noise(lay.back(std), models, axes, coherent=shared())
+        free = None
+        if lay.given is None and nd and lay.X.size:  # the certain test within rows, both statistics left free
+            from refkern.analysis.envelope import _param_rows
+
+            R, n = lay.X.shape
+            free = NormRows(lay.X, _param_rows(lay.W, R, n), _param_rows(lay.B, R, n), lay.center, lay.eps,
+                            ref_held, lambda v: lay.rows(v, None), lay.back, out, u, u_m)  # fmt: skip
+        return Noise(lay.back(std), models, axes, coherent=shared(), free=free)
     axes = (_softmax_axis(args, nd),) if nd and kind in ("softmax", "log_softmax") else ()
     if kind == "log_softmax":
         y2, sh = _softmax_rows(lay.X, u, u_m, True, shared=True)

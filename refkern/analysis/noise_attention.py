@@ -22,8 +22,11 @@ _Q_ROWS = 128  # rows per GEMM of _shared_q (each over its rows' non-zero keys):
 _Q_CHUNK = 1 << 24  # float32 elements of one chunk of _shared_q's outer products (64 MiB)
 
 
-def attention_noise(lay, u, u_m, ref_rows):
-    """sigma**2 of scaled_dot_product_attention per output element (rows of (B, L, Ev)), before the stores."""
+def attention_noise(lay, u, u_m, ref_rows, q_term=True):
+    """sigma**2 of scaled_dot_product_attention per output element (rows of (B, L, Ev)), before the stores; with
+    ``q_term`` False without q's shared rounding (:func:`_shared_q`: the one term whose cost is a GEMM 64 times the
+    output's, ``L S Ev E`` products; a kernel that applies the scale to the scores, as FlashAttention's do, has no
+    such rounding), with ``q_term="only"`` that term alone (for the member that has it, asked for lazily)."""
     from refkern.analysis._envelope_softmax import _logits
 
     a = lay.extra["a"]
@@ -32,7 +35,7 @@ def attention_noise(lay, u, u_m, ref_rows):
     if S == 0 or out.size == 0:
         return out
     for b, z, mag, m, _ in _logits(a):
-        out[b] = attention_rows(a, b, z, mag, m, u, u_m).var
+        out[b] = attention_rows(a, b, z, mag, m, u, u_m, q_term).var
     return out
 
 
@@ -53,9 +56,10 @@ class AttentionRows:
     var: np.ndarray
 
 
-def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
+def attention_rows(a, b, z, mag, m, u, u_m, q_term=True) -> AttentionRows:
     """The forward scale of one output batch ``b`` of the attention call ``a`` (module docstring), its
-    logits ``z`` with the mask ``m`` and ``mag = s sum |q k|`` (:func:`~refkern.analysis._envelope_softmax._logits`)."""
+    logits ``z`` with the mask ``m`` and ``mag = s sum |q k|`` (:func:`~refkern.analysis._envelope_softmax._logits`);
+    ``q_term`` as :func:`attention_noise` takes it (``var`` without q's shared rounding, or that term alone)."""
     s = abs(a.scale)
     uq = u_m + 2.0 * u  # q or k scaled (by fl(sqrt(s)): two roundings) and stored in the result format
     E = a.Q.shape[2]
@@ -82,12 +86,13 @@ def attention_rows(a, b, z, mag, m, u, u_m) -> AttentionRows:
         o, wv = ov[:, :Ev], ov[:, Ev:]
         gv = g @ np.concatenate([v * v, v], axis=1)
         A2 = gv[:, :Ev] - 2.0 * o * gv[:, Ev:] + o * o * g.sum(axis=1)[:, None]  # sum_j g_j (v_j - o)**2
-        var = np.maximum(A2, 0.0)
-        var = var + (uq * s) ** 2 * _shared_q(w, v, k, q, o)
+        qv = (uq * s) ** 2 * _shared_q(w, v, k, q, o) if q_term else 0.0
+        var = qv if q_term == "only" else np.maximum(A2, 0.0) + qv
         adds = u * u * psq / (D * D) + 2.0 * rec * u * u
-        var = var + adds[:, None] * o * o
-        var = var + u * u * _block_partials(w, v) + 2.0 * (u * o) ** 2 + rec[:, None] * (u * wv) ** 2
-        var = var + u_m**2 * ((w * w) @ (v * v))  # P stored before P @ V (half results)
+        if q_term != "only":
+            var = var + adds[:, None] * o * o
+            var = var + u * u * _block_partials(w, v) + 2.0 * (u * o) ** 2 + rec[:, None] * (u * wv) ** 2
+            var = var + u_m**2 * ((w * w) @ (v * v))  # P stored before P @ V (half results)
         shared = adds + g.sum(axis=1)
     return AttentionRows(w, t, D, beta2, np.where(np.isfinite(shared), shared, 0.0), o,
                          np.where(np.isfinite(var), var, 0.0))  # fmt: skip

@@ -195,3 +195,23 @@ def test_the_norms_element_scale_compiles_once_per_format():
     for sig in sigs:
         X, Y = sig[0], sig[3]
         assert X == Y and X.layout == "C" and not X.mutable, sig
+
+
+def test_the_envelope_pass_reads_its_bound_read_only():
+    """verdict_envelope._bound_held gives the envelope pass its bound C-contiguous, float64 and read-only, whatever
+    the envelope made (a fresh array, a broadcast scalar, a caller's view): the pass compiled 3 times in a cold CI
+    run, twice for the bound's writeable flag alone. Each signature's bound (its third operand) is read-only."""
+    from refkern.analysis import verdict_envelope as ve
+
+    b = ve._bound_held(np.ones((3, 4)))
+    assert not b.flags.writeable and b.flags.c_contiguous and b.dtype == np.float64 and b.shape == (12,)
+    own = np.ones(5)
+    assert not ve._bound_held(own).flags.writeable and own.flags.writeable  # the caller's array untouched
+    g = torch.Generator().manual_seed(7)
+    for dt in (torch.float32, torch.float64):
+        x = torch.randn(4, 300, generator=g).to(dt)
+        rk.compare(x.sum(-1) * 1.01, "sum", x, -1)
+        rk.compare(torch.log_softmax(x, -1), "log_softmax", x, -1)
+        rk.compare(torch.nn.functional.layer_norm(x, (300,)), "layer_norm", x, (300,))
+    for sig in ve._envelope_pass.signatures:
+        assert not sig[2].mutable, sig

@@ -12,6 +12,7 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import round_to
 from refkern.analysis.hypotheses import Model
+from refkern.analysis.noise_rows import frozen
 from refkern.analysis.passes import (
     chunks,
     insert_top,
@@ -141,12 +142,13 @@ def _envelope_fits(actual, out, hyps, ulps=False) -> list:
 
 
 def _bound_held(bound):
-    """A bound flat and contiguous in float64; one value where it is one value broadcast (the norms' infinite
-    envelope: :func:`~refkern.analysis.envelope._norm_envelope`), which the passes read for every element."""
+    """A bound flat and contiguous in float64, read-only (one compiled pass, not one per writeable flag: 3 in a
+    cold CI run); one value where it is one value broadcast (the norms' infinite envelope:
+    :func:`~refkern.analysis.envelope._norm_envelope`), which the passes read for every element."""
     b = np.asarray(bound)
     if b.size > 1 and not any(b.strides):
-        return np.full(1, b.reshape(-1)[0], np.float64)
-    return np.ascontiguousarray(b, np.float64).reshape(-1)
+        return frozen(np.full(1, b.reshape(-1)[0], np.float64))
+    return frozen(b, np.float64).reshape(-1)
 
 
 def _held(v):

@@ -172,7 +172,10 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
     bit-exact (a copy: ``exact`` or ``mismatch``); mean's, var's and std's are judged by ``mean_bound`` and
     ``var_bound`` (same module: ``g * fl(1 / n)`` in the working precision; torch's ``(2 / dof) * g * (x -
     mean^)`` with the stored mean's cancellation and std's stored forward); cumsum's by compare's cumsum on the
-    flipped grad_output, dot's by compare's matmul (K = 1).
+    flipped grad_output, dot's by compare's matmul (K = 1). The gradient of pow's operand broadcast against the
+    other (a sum of elementwise gradients, autograd's ``sum_to``) is judged by
+    :func:`refkern.analysis.elementwise_grad.judge_reduced`: each term within its elementwise bound, summed in any
+    order.
     """
     from refkern.analysis.gradients import judge
 
@@ -181,9 +184,15 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
             f"compare_backward: actual_grads must be a dict of argument name to gradient; got "
             f"{type(actual_grads).__name__}."
         )
-    adj = adjoints(op, grad_output, *args, wrt=tuple(actual_grads), who="compare_backward", **kwargs)
     name = _op_name(op, "compare_backward")
     bound = _bind(name, args, kwargs, "compare_backward")
+    summed = ()  # pow's operands broadcast against the other: autograd's sum of elementwise gradients
+    if _ops.get(name).error_model == "elementwise":
+        from refkern.analysis.elementwise_grad import reduced_arguments
+
+        summed = reduced_arguments(name, bound, tuple(actual_grads))
+    rest = tuple(k for k in actual_grads if k not in summed)
+    adj = adjoints(op, grad_output, *args, wrt=rest, who="compare_backward", **kwargs) if rest or not summed else {}
     out = {}
     for k, got in actual_grads.items():
         want = _shape(bound[k])
@@ -191,5 +200,10 @@ def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol
             raise ValueError(
                 f"compare_backward: the gradient of {k} must have the shape of {k}, {want}; got shape {_shape(got)}."
             )
+        if k in summed:
+            from refkern.analysis.elementwise_grad import judge_reduced
+
+            out[k] = judge_reduced(name, k, got, grad_output, bound, rtol=rtol, atol=atol)
+            continue
         out[k] = judge(name, k, adj[k], got, grad_output, bound, rtol=rtol, atol=atol)
     return out

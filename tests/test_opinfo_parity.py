@@ -195,21 +195,14 @@ def _allowed(dtype):
     return ("exact", "rounding", "reduced-precision")
 
 
-def _broadcasts(op):
-    """Whether ``op``'s tensor operands broadcast against each other (an elementwise op of several differentiable
-    arguments: pow's input and exponent). The gradient of a broadcast operand is a sum over the dimensions it was
-    expanded along (autograd's sum_to) of the elementwise gradients, which compare_backward does not judge (it
-    takes an operand of the result's shape): counted apart."""
-    r = ops.get(op)
-    return r.error_model == "elementwise" and len(r.differentiable) > 1
-
-
 def _judge_grads(o, dtype, limit):
     """Every sample's gradients, as torch's autograd computes them (grad_output drawn from a seeded generator in
     the output's dtype), judged by compare_backward on the sample's call as the adapter reads it: the gradient
     of each argument refkern's op takes as given (attention's float mask included; an argument with no
     gradient to judge is counted apart); addmm's and baddbmm's, whose tensors reach matmul transformed, each by
-    compare on the forward call whose exact result it is (OpCall.gradient_calls)."""
+    compare on the forward call whose exact result it is (OpCall.gradient_calls). pow's operand broadcast against
+    the other is judged too: its gradient is a sum of elementwise gradients (refkern.analysis.elementwise_grad's
+    judge_reduced)."""
     from refkern.gradients import compare_backward, differentiable
 
     torch.manual_seed(0)
@@ -259,7 +252,7 @@ def _judge_grads(o, dtype, limit):
         a, k = spec.on_cpu()
         for leaf, got in zip(leaves, grads):
             mine = [n for n, v in names.items() if v is leaf]
-            if len(mine) != 1 or (_broadcasts(spec.op) and leaf.shape != out.shape):
+            if len(mine) != 1:
                 apart += 1
                 continue
             got = torch.zeros_like(leaf) if got is None else got

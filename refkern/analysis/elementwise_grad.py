@@ -63,6 +63,8 @@ import math
 
 import numpy as np
 
+from refkern._jit import jit
+from refkern.accumulate.eft import two_sum
 from refkern.accumulate.formats import FLOAT32, FLOAT64
 from refkern.analysis.elementwise import (
     _BETA,
@@ -355,3 +357,118 @@ def judge_grad(name, got, grad_output, bound, who="compare_backward", rtol=None,
 def judge(name, k, adj, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):
     """The judge the elementwise ops' records name (:class:`refkern.ops.Backward`): :func:`judge_grad`."""
     return judge_grad(name, got, grad_output, bound, who, rtol, atol, k)
+
+
+def reduced_arguments(name, bound, wrt) -> tuple:
+    """The arguments of ``wrt`` whose gradient is a sum (:func:`judge_reduced`): pow's tensor operands broadcast
+    against the other one (fewer elements than the result), as autograd's ``sum_to`` reduces them."""
+    if not eg.tensor_exponent(name, bound):
+        return ()
+    shapes = [tuple(np.shape(bound[k])) for k in ("input", "exponent") if ew._is_array(bound.get(k))]
+    shape = np.broadcast_shapes(*shapes)
+    return tuple(k for k in wrt if ew._is_array(bound.get(k)) and tuple(np.shape(bound[k])) != shape)
+
+
+def _gamma(n, u):
+    """``gamma_{n-1} = (n-1) u / (1 - (n-1) u)``: every order of summing n terms in a format of unit roundoff u
+    errs by at most ``gamma_{n-1}`` times the sum of their magnitudes (Higham, Accuracy and Stability of Numerical
+    Algorithms, 2nd ed., (4.4)); torch's float32 cascade and pairwise sums included."""
+    m = np.maximum(np.asarray(n, np.float64) - 1.0, 0.0)
+    return m * u / (1.0 - m * u)
+
+
+@jit
+def _sum2_rows(V, hi, lo):
+    """Each row of V summed as a double word ``hi + lo`` (Sum2 of Ogita, Rump and Oishi, "Accurate sum and dot
+    product", SIAM J. Sci. Comput. 26(6), 2005: TwoSum on the running sum, its errors summed, not yet added):
+    ``|hi + lo - sum| <= gamma_{n-1}**2 sum |v|`` in float64 (u = 2**-53; Prop. 4.5's proof)."""
+    for i in range(V.shape[0]):
+        s = 0.0
+        c = 0.0
+        for j in range(V.shape[1]):
+            s, e = two_sum(s, V[i, j])
+            c += e
+        hi[i], lo[i] = two_sum(s, c)
+
+
+def judge_reduced(name, k, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):
+    """compare_backward's Report for the gradient of pow's operand ``k`` broadcast against the other one: autograd's
+    ``sum_to`` of the elementwise gradients, ``G_i = sum_{j -> i} e_j`` over the result elements j that read
+    element i of k (``e_j = g_j y_j x_j**(y_j - 1)``, or ``g_j x_j**y_j ln x_j`` for the exponent).
+
+    The reference: each ``e_j`` a float64 ball ``v_j +- rad_j`` (:func:`refkern.kernels.elementwise_grad.values`;
+    where it is undecided, the correctly rounded value, ``rad_j`` half an ulp of the result's dtype), summed in
+    float64: ``S_i = sum v_j`` within ``R_i = sum rad_j + n 2**-53 sum |v_j|`` of ``G_i`` (every order of n
+    float64 additions). A correct backend stores every ``e_j`` within the elementwise yardstick's bound ``B_j``
+    (:func:`grad_bounds`, its storing in the dtype included), then sums them in its accumulation format (float32
+    for float16, bfloat16 and float32, float64 for float64; unit roundoff ``u_a``), in any order, and rounds once
+    to a half dtype: ``|got - G_i| <= sum B_j + gamma_{n-1}(u_a) sum (|v_j| + rad_j + B_j)`` (+ half an ulp of
+    ``|S_i| + that`` for float16 and bfloat16). The error counted is ``|got - S_i| - R_i`` (the ball's radius in
+    the error's favour); ``exact`` where the whole ball ``S_i +- R_i`` rounds to the backend's value. Verdicts as
+    :func:`judge_grad`'s, one library class for every term; a NaN or infinite term or bound: any result there, as
+    the elementwise yardstick takes an infinite bound."""
+    from refkern.accumulate.formats import round_array
+    from refkern.analysis.compare import _actual_grad
+
+    fn = "pow" if k == "input" else "pow_exponent"
+    xf, y, fmt, shape, _ = ew.pow_operands(bound["input"], bound["exponent"], who)
+    gf = np.ascontiguousarray(eg.grad_output(grad_output, name, fmt, shape, who).values, np.float64).reshape(-1)
+    own = tuple(np.shape(bound[k]))
+    act, device = _actual_grad(got, k, fmt, who)
+    a = np.asarray(act, np.float64).reshape(-1)
+    lead = (1,) * (len(shape) - len(own)) + own
+    axes = tuple(i for i in range(len(shape)) if lead[i] == 1 and shape[i] != 1)
+    keep = tuple(i for i in range(len(shape)) if i not in axes)
+    n, m = math.prod(shape[i] for i in axes), math.prod(lead)
+
+    def rows(t):  # (element of k, the n terms summed into it)
+        return np.ascontiguousarray(np.transpose(np.reshape(t, shape), keep + axes), np.float64).reshape(m, n)
+
+    def total(t):  # a sum of magnitudes, rounded up (n float64 additions: n 2**-53 relative)
+        return np.sum(rows(t), axis=1) * (1.0 + n * 2.0**-52)
+
+    ref = eg.reference(fn, gf, xf, fmt, (y,))
+    v0, rad0, _, done = eg.values(fn, gf, xf, fmt, (y,))
+    ball = np.isfinite(rad0) & np.isfinite(v0) & ~(done & (rad0 == 0))  # a float64 ball around e_j
+    v = np.where(ball, v0, ref)  # elsewhere the correctly rounded value, within half an ulp of e_j
+    rad = np.where(ball, rad0, np.where(np.isfinite(ref), 0.5 * _ulp(ref, fmt), 0.0))
+    S, Sl = np.empty(m), np.empty(m)
+    with np.errstate(all="ignore"):
+        _sum2_rows(rows(v), S, Sl)
+        mag = total(np.abs(v))
+        R = (total(rad) + _gamma(n, 2.0**-53) ** 2 * mag * (1.0 + 2.0**-20)) * (1.0 + 2.0**-40) + 2.0**-1074
+        lo, hi = (round_array(S + (Sl - R), *fmt.params), round_array(S + (Sl + R), *fmt.params))
+    rS = round_array(S + Sl, *fmt.params)
+    err, same = _errors(a, rS, S, fmt, np.where(np.isfinite(Sl), Sl, 0.0))
+    same = same & ((lo == hi) | ~np.isfinite(S))
+    err = np.where(same, 0.0, np.maximum(err - np.where(np.isfinite(R), R, 0.0), 0.0))
+    w = FLOAT32 if fmt.prec <= FLOAT32.prec else FLOAT64
+    rounding, reduced = _candidates(device)
+    fits = {}
+    for lib in rounding + (reduced if fmt.prec <= FLOAT32.prec else []):
+        B = grad_bounds(fn, gf, xf, v, fmt, lib, (y,))
+        if B is None:
+            continue
+        with np.errstate(all="ignore"):
+            B = np.where(np.isnan(B), np.inf, B)
+            Bt = total(B) + _gamma(n, w.u) * total(np.abs(v) + rad + B)
+            if fmt.prec < FLOAT32.prec:  # summed in float32, rounded once to the half dtype
+                Bt = Bt + 0.5 * _ulp(np.abs(S) + Bt, fmt, True)
+            Bt = np.where(np.isnan(Bt), np.inf, Bt)
+            ratio = np.where(same | np.isposinf(Bt) | (err == 0), 0.0, err / Bt)
+        ok = same | (err <= Bt) | np.isposinf(Bt)
+        fits[lib.name] = (lib, ok, np.where(ok, np.minimum(ratio, 1.0), ratio))
+    verdict, precision, model, classes, ratio, top = _decide(fits, same, None)
+    ulps = err / _ulp(np.where(np.isfinite(S), S, 0.0), fmt)
+    notes = [f"the gradient of the broadcast {k}: a sum of {n} elementwise gradients per element, judged against "
+             f"{fn}'s backward formula per term and any order of summing them (refkern.analysis.elementwise_grad)"]
+    finite = np.isfinite(ulps)
+    hyps, ratios = _hypotheses(fits)
+    return build(
+        op=f"{name} backward", device=device, dtype=fmt.name, shape=own, n_terms=n, verdict=verdict,
+        precision=precision, classes=classes, model=model, actual=a, reference=rS, top=top,
+        at_worst={"ulp": ulps[top], "bound_ratio": ratio[top], "test_ratio": ratio[top], "condition": 1.0},
+        max_ulp=float(np.max(np.where(finite, ulps, 0.0), initial=0.0)),
+        max_bound_ratio=float(np.max(ratio, initial=0.0)), max_prob_ratio=float(np.max(ratio, initial=0.0)),
+        hypotheses=hyps, bound_ratios=ratios, error=lambda: errors(a, rS, same), rtol=rtol, atol=atol, notes=notes,
+    )  # fmt: skip

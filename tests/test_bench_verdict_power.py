@@ -78,6 +78,11 @@ def test_bugs_have_their_size(bv):
 CASES = [
     ("layer_norm", 4096, "offset", "bfloat16"),
     ("rms_norm", 1024, "randn", "float16"),
+    # the rows' statistics emulated as members (noise_norm_chains): the whole tensor and one row scaled by 8x, one
+    # element off by 8x, and one row of quantized rows scaled by 8x passed before
+    ("rms_norm", 4096, "randn", "float32"),
+    ("layer_norm", 4096, "offset", "float32"),
+    ("layer_norm", 64, "offset", "bfloat16"),
     ("softmax", 64, "randn", "float32"),
     ("log_softmax", 64, "randn", "float32"),
     ("log_softmax", 64, "randn", "bfloat16"),

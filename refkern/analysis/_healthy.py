@@ -24,11 +24,14 @@ def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out, parts=None):
     per chunk), the pass goes row by row (:func:`_healthy_rows`); with ``parts`` (a norm's
     :attr:`~refkern.analysis.noise_rows.RowShared.fused` parts, ``scale`` 1) it also forms the rows' scale
     sums on the way, held as ``held_rows`` (what :meth:`~refkern.analysis.noise_rows.RowShared.held_stats`
-    gives)."""
+    gives); ``parts`` may end with the columns' widening ``(d1, d2)`` (:attr:`~refkern.analysis.noise_rows.
+    RowShared.widen`)."""
     shape = np.shape(c)
     # the kernels' read-only inputs in one form each (noise_rows.frozen: C-contiguous, read-only), a and c (and
     # the rows' X) in one format, float32 or float64 (held_dtype: each is widened as read, so widening is exact)
-    X, mean, r, W, finish = parts if parts is not None else (None,) * 5
+    # parts: (X, mean, r, W, finish), and the columns' widening (d1, d2) where the fused sums have one
+    X, mean, r, W, finish, d1, d2 = (*parts, None, None)[:7] if parts is not None else (None,) * 7
+    d1, d2 = (np.zeros(0), np.zeros(0)) if d1 is None else (d1, d2)
     h = held_dtype(a, c, *(() if X is None else (X,)))
     af, cf = (frozen(v, h).reshape(-1) for v in (a, c))
     sc = frozen(np.broadcast_to(np.asarray(scale, np.float64), shape) if np.ndim(scale) else
@@ -45,13 +48,19 @@ def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out, parts=None):
     if len(only) == 1 and strides[0] == 1 and lens[0] and n // lens[0] >= nch:
         R = n // lens[0]
         if parts is None or sc.size != 1 or sc[0] != 1.0:  # no row sums: placeholders of the same types
+            if d1.size:
+                return None  # the columns' widening needs the rows' loadings: _test forms them
             X, mean, r, W, finish = np.zeros((1, 1), h), np.zeros(1), np.zeros(1), np.zeros((1, 1)), None
+            d1 = d2 = np.zeros(0)
         X, mean, r, W = frozen(X, h), frozen(mean, np.float64), frozen(r, np.float64), frozen(W, np.float64)
         rows = np.empty((R if finish is not None else 0, 7))
         nfail = _healthy_rows(af, cf, vf, sc, lam_el, out.prec, out.emin, lens[0], finish is not None, X, mean, r, W,
-                              z, gs[:, 0], gv[:, 0], ws[:, 0], wv[:, 0], peak, rows)  # fmt: skip
+                              frozen(d1, np.float64), frozen(d2, np.float64), z, gs[:, 0], gv[:, 0], ws[:, 0],
+                              wv[:, 0], peak, rows)  # fmt: skip
         held_rows = finish(rows) if finish is not None else None
     else:
+        if d1.size:
+            return None  # the columns' widening needs the rows' loadings: _test forms them
         nfail = _healthy_pass(af, cf, vf, sc, lam_el, out.prec, out.emin, np.asarray(strides, np.int64),
                               np.asarray(lens, np.int64), z, gs, gv, ws, wv, peak)  # fmt: skip
     if nfail:
@@ -71,16 +80,19 @@ def _healthy(model, a, c, var, lam_el, lam_grp, only, scale, out, parts=None):
 
 
 @jit(parallel=True, error_model="numpy")
-def _healthy_rows(a, c, var, sc, lam, prec, emin, n, stats, X, mean, r, W, z, gs, gv, ws, wv, peak, rows):
+def _healthy_rows(a, c, var, sc, lam, prec, emin, n, stats, X, mean, r, W, d1, d2, z, gs, gv, ws, wv, peak, rows):
     """:func:`_healthy_pass` where the one group axis is the last (its length ``n``), row by row: per chunk of
     rows the same per-element figures, the group sums indexed by the column (no counters); with ``stats`` also
     each row's seven scale sums of :func:`~refkern.analysis.noise_rows._norm_row_sums` (``held``: the same
     float64 operations in the same order, per row), from the rows' X, mean, r and W (read at row ``i %
-    W.shape[0]``, column ``j`` or 0)."""
+    W.shape[0]``, column ``j`` or 0); ``d1``, ``d2`` (non-empty, with ``stats``): the columns' sums take each
+    element's variance widened by ``d1_i l1**2 + d2_i l2**2`` (:attr:`~refkern.analysis.noise_rows.RowShared.
+    widen`: the whole family's shared variances, where the element test's are the rest's)."""
     R = a.size // n
     nch = gs.shape[0]
     one = sc.size == 1
     sw = int(W.shape[1] > 1)
+    wide = d1.size > 0
     nfail = 0
     for ch in prange(nch):
         best = 0.0
@@ -103,16 +115,20 @@ def _healthy_rows(a, c, var, sc, lam, prec, emin, n, stats, X, mean, r, W, z, gs
                 fin = x - x == 0.0 and y - y == 0.0
                 pos = v > 0.0 and v < np.inf
                 w = y / v if pos else 0.0  # the scale tests' weight (_axis_scale_failures)
+                l1, l2, vg = 0.0, 0.0, v
+                if stats:
+                    l1 = r[i] * wr[j * sw]
+                    l2 = (np.float64(X[i, j]) - mean[i]) * l1
+                    if wide:
+                        vg = v + d1[i] * l1 * l1 + d2[i] * l2 * l2
                 if not bad and fin:
                     g_s[j] += x - y
-                    g_v[j] += v
+                    g_v[j] += vg
                     w_s[j] += (x - y) * w
-                    w_v[j] += v * w * w
+                    w_v[j] += vg * w * w
                 if stats and fin and pos:  # _norm_row_sums(held=True) of this element
                     res = x - y
                     w2 = w
-                    l1 = r[i] * wr[j * sw]
-                    l2 = (np.float64(X[i, j]) - mean[i]) * l1
                     acc[0] += res * w2
                     acc[1] += v * w2 * w2
                     acc[2] += y * w2

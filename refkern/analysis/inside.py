@@ -87,12 +87,18 @@ def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=N
         z[over], fails[over] = np.inf, True
     if members is not None:
         z, fails, keep, r, vk = _members(a, c, var, over, lam_el, members, z, fails, keep, r)
-    groups = group_failures(r, vk, keep, c, a, axes, lam_grp, only) if only and _any_group(r, vk, keep, only,
+    nm = getattr(coherent, "members", None)
+    if nm is not None and np.shape(a) and (fails & ~over).any():
+        z, fails, keep, r, vk = _norm_members(a, c, var, over, lam_el, nm, coherent, z, fails)
+    vg = vk if getattr(coherent, "widen", None) is None else _widened(vk, keep, coherent)  # the columns' scale
+    groups = group_failures(r, vg, keep, c, a, axes, lam_grp, only) if only and _any_group(r, vg, keep, only,
                                                                                           lam_grp) else []  # fmt: skip
     st = coherent.stats(r, vk, keep, y) if hasattr(coherent, "stats") else None  # one pass for the scale tests
     if only:
         groups = groups + _axis_scale_failures(r, vk, keep, c if y is None else y, lam_grp, axes, only,
-                                               None if st is None else st[5], c=c, a=a)  # fmt: skip
+                                               None if st is None else st[5], c=c, a=a, vg=vg)  # fmt: skip
+    if groups and nm is not None and coherent.widen is None:  # columns of rows that share a member's shift
+        groups = _member_columns(r, vk, keep, c if y is None else y, lam_grp, axes, only, coherent, groups)
     if coherent is not None:
         groups = groups + _scale_failure(r, vk, keep, y, lam_grp, coherent, st)
         if n_rows(coherent) > 1:
@@ -153,6 +159,60 @@ def _members(a, c, var, over, lam_el, mb, z, fails, keep, r):
     return z, fails, keep, r, np.where(keep, var, 0.0)
 
 
+def _norm_members(a, c, var, over, lam_el, nm, coh, z, fails):
+    """(z, fails, keep, r, vk) of the element test where a float32 norm's row statistics are emulated
+    (:class:`~refkern.analysis.noise_norm_chains.NormMembers`): an element that fails on the rest's scale
+    passes on one member's, its statistic's shift taken out exactly (the smallest z)."""
+    idx = np.flatnonzero((fails & ~over).reshape(-1))
+    flat = [frozen(v, np.float64).reshape(-1) for v in (a, c, var)]
+    zm = nm.element_z(*flat, idx)
+    z = z.copy()
+    zf = z.reshape(-1)
+    zf[idx] = np.minimum(zf[idx], zm)
+    fails = z > lam_el
+    with np.errstate(invalid="ignore"):
+        keep = ~fails & np.isfinite(a) & np.isfinite(c)
+        r = np.where(keep, a - c, 0.0)
+    return z, fails, keep, r, np.where(keep, var, 0.0)
+
+
+def _member_columns(r, vk, keep, y, lam, axes, only, coh, groups):
+    """The column tests (one element per row) where the rows' statistics are emulated members and the columns
+    do not run on a scale that holds them (:func:`~refkern.analysis.noise_norm_chains.sequential`: on quantized
+    rows the four sequential Welford means drift with one sign, so a column's sum over the rows adds their
+    shifts): the groups, unless for one member (one kernel for every row) the residuals less its shifts,
+    ``A l1 + B l2``, on the elements' variance less what it emulates, fail no column sum or column scale test."""
+    nm = coh.members
+    A, B, rem1, rem2 = nm.coef()
+    X, mean, rr, W = nm.parts
+    with np.errstate(all="ignore"):
+        l1 = rr[:, None] * np.broadcast_to(W, X.shape)
+        l2 = (np.asarray(X, np.float64) - mean[:, None]) * l1
+        base = -(nm.smu2[:, None] * l1 * l1 + nm.srel2[:, None] * l2 * l2)
+        for k in range(len(A)):
+            if not np.all(np.isfinite(A[k])):
+                continue
+            rk_ = np.where(keep, r - coh.back(A[k][:, None] * l1 + B[k][:, None] * l2), 0.0)
+            add = coh.back(base + rem1[k][:, None] * l1 * l1 + rem2[k][:, None] * l2 * l2)
+            vk_ = np.where(keep, np.maximum(vk + add, 0.0), 0.0)
+            if not _any_group(rk_, vk_, keep, only, lam) and not _axis_scale_failures(rk_, vk_, keep, y, lam, axes,
+                                                                                      only):  # fmt: skip
+                return [g for g in groups if g["ax"] is None]
+    return groups
+
+
+def _widened(vk, keep, coh):
+    """The kept elements' variances on the whole family's shared scale (:attr:`~refkern.analysis.noise_rows.
+    RowShared.widen`: ``d1 l1**2 + d2 l2**2`` per element added back), for the column tests."""
+    d1, d2 = coh.widen
+    X, mean, r, W = coh.members.parts
+    with np.errstate(all="ignore"):
+        l1 = r[:, None] * np.broadcast_to(W, X.shape)
+        l2 = (np.asarray(X, np.float64) - mean[:, None]) * l1
+        add = d1[:, None] * l1 * l1 + d2[:, None] * l2 * l2
+    return np.where(keep, vk + coh.back(add), 0.0)
+
+
 def _scale_tests_pass(st, lam, coh) -> bool:
     """Do the whole output's and each row's scale tests pass on the per-row sums ``st`` (:meth:`~refkern.
     analysis.noise_rows.RowShared.stats`), as :func:`~refkern.analysis.verdict._scale_failure` and
@@ -162,11 +222,16 @@ def _scale_tests_pass(st, lam, coh) -> bool:
     with np.errstate(all="ignore"):
         var = vv + extra
         tot = float(np.sum(var))
-        if abs(float(np.sum(num))) > lam * math.sqrt(max(tot, 0.0)) + float(np.sum(bound)):
-            return False
-        if n_rows(coh) and np.any(np.abs(num) > lam * np.sqrt(np.maximum(var, 0.0)) + bound):
-            return False
-    return True
+        tensor = abs(float(np.sum(num))) <= lam * math.sqrt(max(tot, 0.0)) + float(np.sum(bound))
+        rows = ~(np.abs(num) > lam * np.sqrt(np.maximum(var, 0.0)) + bound) if n_rows(coh) else True
+    if tensor and np.all(rows):
+        return True
+    # a float32 norm's emulated statistics: a row or the tensor passes on one member's (noise_norm_chains)
+    got = coh.member_rows(st, None, lam) if getattr(coh, "members", None) is not None and len(st) > 6 else None
+    if got is None:
+        return False
+    ok_rows, ok_tensor = got
+    return bool((tensor or ok_tensor) and np.all(np.asarray(rows) | ok_rows))
 
 
 def _any_group(r, vk, keep, only, lam) -> bool:
@@ -254,11 +319,14 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     # the output, no residual arrays); any other goes through _test, which says what fails
     held = coh.held_stats if hasattr(coh, "held_stats") and coh.fused is not None and sc == 1.0 else None
     parts = getattr(coh.fused, "parts", None) if held is not None else None
+    if parts is not None and getattr(coh.fused, "widen", None) is not None:
+        parts = (*parts, *coh.fused.widen)  # the columns' tests on the whole family's shared scale
     r0 = _healthy(m0, actual, x, nz.var, lam_el, lam_grp, only, sc, out, parts) if (
         d.verdict == "rounding" and (coh is None or held) and nz.straddle is None and nz.members is None
     ) else None  # fmt: skip
     if r0 is not None and held is not None and not _scale_tests_pass(
-            (*r0.held_rows, None) if r0.held_rows is not None else held(actual, x, nz.var), lam_grp, coh):  # fmt: skip
+            (*r0.held_rows[:5], None, *r0.held_rows[5:]) if r0.held_rows is not None else held(actual, x, nz.var),
+            lam_grp, coh):  # fmt: skip
         r0 = None  # a scale test fails: _test says which
     if r0 is not None and nz.free is not None and nz.free.failures(actual):
         r0 = None  # a row's elements disagree beyond their own roundings (row_bound): _test says which

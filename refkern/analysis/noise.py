@@ -114,6 +114,7 @@ from numba import prange
 
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
+from refkern.analysis import noise_norm_chains as norm_chains
 from refkern.analysis._rows import _partial_sq, _weights, exp_ulps_rows
 from refkern.analysis.noise_attention import attention_noise
 from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest_sq
@@ -287,10 +288,12 @@ def _norm(lay, name, ref_rows, u, out, eta2):
         if name == "batch_norm" and half:  # the batch statistics stored in the result format
             smu2 = smu2 + (out.u * mean) ** 2
             sv2 = sv2 + (out.u * var) ** 2
+    rest = norm_chains.rest_of(lay, name, out, u, mean, var, smu2, sv2)  # float32 statistics' members, their rest
     with np.errstate(all="ignore"):
         w = var + lay.eps
         r = 1.0 / np.sqrt(w)
         srel2_stat = (sv2 + (u * w) ** 2) / (4.0 * w * w)  # the variance's and w's roundings
+        smu2, srel2_stat = (smu2, srel2_stat) if rest is None else rest.apply(smu2, srel2_stat, w)
         srel2 = srel2_stat + (2.0 * RSQRT_ULPS * u) ** 2  # and rsqrt's, bounded (2 RSQRT_ULPS u relative)
     from refkern.analysis.envelope import _param_rows
 
@@ -299,6 +302,7 @@ def _norm(lay, name, ref_rows, u, out, eta2):
     # widening, read per element): one compiled _norm_elements per format, not per mix and layout (9 in a cold CI)
     h = held_dtype(X, ref_rows)
     Y, Xc = frozen(ref_rows, h), frozen(X, h)
+    mem = None if rest is None else rest.members(Xc, mean, r, Wr, smu2, srel2_stat, m2, s2)
 
     def run(folded):
         v = np.empty((R, n))
@@ -314,7 +318,7 @@ def _norm(lay, name, ref_rows, u, out, eta2):
             c = c * (c.sum(axis=0) if columns else c)
             return np.where(np.isfinite(c), c, np.inf)
 
-    def shared(drift=None, folded=False):
+    def shared(drift=None, folded=False, seq=False):
         """The row-shared errors (:class:`RowShared`): the mean's (loading ``r w``) and r's relative error
         (loading ``t = (x - mean) r w``): its variance's part averaged, its rsqrt's part bounded (within
         RSQRT_ULPS ulps: ``2 RSQRT_ULPS u`` relative, one value per row, not a draw); ``drift``: a sequential
@@ -345,11 +349,12 @@ def _norm(lay, name, ref_rows, u, out, eta2):
                     return np.abs(mrw) + np.abs(Br - mrw)
 
             terms += [(np.full(R, u * u), xrw), (np.full(R, u * u), shift)]
-        # rows that are the output's last axis (layer_norm, rms_norm, group_norm): the sums in one pass
-        fused = (norm_sums(Xc, mean, r, Wr, smu2, srel2_stat, (Bt, drift)) if name != "batch_norm" and not folded
-                 else None)  # fmt: skip
-        return RowShared(lay.rows, lay.back, R, terms, bounds=bounds,
-                         keys=lambda: keys(Xc, significand=not lay.center and lay.given is None), fused=fused)
+        wd = None if rest is None else rest.widen  # rows that are the output's last axis: the sums in one pass
+        fused = None if name == "batch_norm" or folded else norm_sums(Xc, mean, r, Wr, smu2, srel2_stat, (Bt, drift),
+                                                                      wd)  # fmt: skip
+        return RowShared(lay.rows, lay.back, R, terms, bounds=bounds, keys=lambda: keys(Xc, significand=not lay.center
+                         and lay.given is None), fused=fused, widen=wd,
+                         members=norm_chains.sequential(Xc, mean, r, Wr, smu2) if seq else mem)  # fmt: skip
 
     return run(False), lambda: run(True), drift_bound, drift, shared
 
@@ -490,6 +495,8 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
             def welford():
                 if not _quantized(lay.X):
                     return None
+                if u == FLOAT32.u:  # float32 statistics: the four sequential means emulated as members, exactly
+                    return lay.back(np.maximum(std, fold())), shared(folded=True, seq=True)
                 B = drift_bound()  # the mean's drift, emulated: in the scale tests a bound of its own
                 lam_d = min(lam, level(1)) if axes else lam  # a column's group test runs at a level >= level(1)
                 return (lay.back(2.0 * np.maximum(std, fold()) + 2.0 * drift(B, bool(axes)) / lam_d**2),

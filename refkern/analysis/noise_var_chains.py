@@ -63,7 +63,7 @@ from refkern.accumulate.formats import FLOAT32, FLOAT64
 from refkern.analysis.noise_chains import C_MAX, _chunk, chains_of
 from refkern.analysis.noise_chains import member_specs as _sum_specs
 
-__all__ = ["member_specs", "members", "batches", "rest_s2", "WELFORD", "TWO_PASS", "BLOCKS", "B_MIN"]
+__all__ = ["member_specs", "members", "member_moments", "batches", "rest_s2", "WELFORD", "TWO_PASS", "BLOCKS", "B_MIN"]
 
 WELFORD, TWO_PASS, BLOCKS = 0, 1, 2  #: the flag of a member spec
 B_MIN = 32  #: the smallest tile of the blocked Welford members merged in float32 (a warp's width)
@@ -162,10 +162,15 @@ def _merges(cnt, mu, q, m, mc, u, tc, tm, tq):
 
 
 @jit(parallel=True, error_model="numpy")
-def _member_m2(X, specs, u, m2c, sc2):
+def _member_m2(X, specs, u, m2c, sc2, mo, smo):
     """Per member ``j`` and row ``i`` of X (R, n) float32: ``m2c`` the member's M2 before the division
     (float64: the exact merge of its float32 chain states; a two-pass member's float32 sum of squares) and
-    ``sc2`` its merges' variance (0 for one chain: nothing left unemulated)."""
+    ``sc2`` its merges' variance (0 for one chain: nothing left unemulated); ``mo`` its mean (the float32 mean
+    of one chain, a two-pass member and the float32-merged tiles; else the exact merge of the chains' means)
+    and ``smo`` that mean's variance: 0 where it is a float32 value, else its ``h - 1`` merges' roundings, each
+    of a mean within ``|mc| + 2 max_j |m_j - mc|`` (the running mean and ``g = delta k / N``, ``|delta| <= 2
+    max_j |m_j - mc|``), reaching the result with a weight at most 1, and the mean's store to float32, ``(u
+    |mc|)**2``."""
     R, n = X.shape
     K = specs.shape[0]
     for job in prange(K * R):
@@ -183,7 +188,7 @@ def _member_m2(X, specs, u, m2c, sc2):
             for k in range(n):
                 d = np.float32(X[i, n - 1 - k if omp else k] - mh)
                 a = np.float32(a + np.float32(d * d))
-            m2c[j, i], sc2[j, i] = np.float64(a), 0.0
+            m2c[j, i], sc2[j, i], mo[j, i], smo[j, i] = np.float64(a), 0.0, np.float64(mh), 0.0
             continue
         if flag == 2:  # fixed blocks, merged left to right in float32 (Chan's formula), all emulated
             cm, cq, cn = np.float32(0.0), np.float32(0.0), np.float32(0.0)
@@ -209,7 +214,7 @@ def _member_m2(X, specs, u, m2c, sc2):
                 cm = np.float32(cm + np.float32(dl * r))
                 cq = np.float32(np.float32(cq + qq) + btw)
                 cn = tot
-            m2c[j, i], sc2[j, i] = np.float64(cq), 0.0
+            m2c[j, i], sc2[j, i], mo[j, i], smo[j, i] = np.float64(cq), 0.0, np.float64(cm), 0.0
             continue
         m = T * L
         cnt = np.zeros(m)
@@ -249,6 +254,14 @@ def _member_m2(X, specs, u, m2c, sc2):
             M2 += q[a] + cnt[a] * (mu[a] - mc) ** 2
         m2c[j, i] = M2
         sc2[j, i] = _merges(cnt, mu, q, h, mc, u, np.empty(h), np.empty(h), np.empty(h)) if h > 1 else 0.0
+        mo[j, i] = mc
+        if h > 1:
+            dev = 0.0
+            for a in range(h):
+                dev = max(dev, abs(mu[a] - mc))
+            smo[j, i] = (h - 1) * (u * (abs(mc) + 2.0 * dev)) ** 2 + (u * mc) ** 2
+        else:
+            smo[j, i] = 0.0
 
 
 def members(X, D: float, std: bool, half: bool, lam: float, m2, s2_family, specs=None, lam_el=None):
@@ -274,10 +287,8 @@ def members(X, D: float, std: bool, half: bool, lam: float, m2, s2_family, specs
     specs = member_specs(n) if specs is None else specs
     lam_s = lam if lam_el is None else lam_el
     u = FLOAT32.u
-    m2c, sc2 = (np.empty((len(specs), R)) for _ in range(2))
-    _member_m2(_ro(X, np.float32), _ro(specs, np.int64), u, m2c, sc2)
+    _, m2c, sc2, _ = member_moments(X, specs, lam, m2, s2_family)
     with np.errstate(all="ignore"):
-        m2c = np.where(np.abs(m2c - m2) <= lam * np.sqrt(s2_family), m2c, np.nan)
         one = sc2 == 0.0  # one chain: M2 is a float32 number, its division known exactly
         # a merge in float64 of T L states (positive terms: 2 T L + 10 roundings at most); a float32 M2: exact
         merged = (specs[:, 0:1] == WELFORD) & (sc2 > 0.0)
@@ -313,6 +324,20 @@ def members(X, D: float, std: bool, half: bool, lam: float, m2, s2_family, specs
             es.append(err)
             ps.append(pre)
     return np.concatenate(xs), np.concatenate(es), np.concatenate(ps)
+
+
+def member_moments(X, specs, lam, m2, s2_family):
+    """The emulated members ``specs`` (:func:`member_specs`) of each row of X (R, n), values exact in float32:
+    ``(mean, M2, smean2, sM2)``, each (k, R): the member's mean and M2 before the division (float64, exact
+    where its chain is one: :func:`_member_m2`) and their variances (its merges'). A member whose M2 is beyond
+    ``lam`` sigmas of the whole family's (``s2_family``, per row) of the exact ``m2`` is refused (NaN): its
+    chain has stagnated (:func:`members`)."""
+    R = X.shape[0]
+    m2c, sc2, mo, smo = (np.empty((len(specs), R)) for _ in range(4))
+    _member_m2(_ro(X, np.float32), _ro(specs, np.int64), FLOAT32.u, m2c, sc2, mo, smo)
+    with np.errstate(all="ignore"):
+        m2c = np.where(np.abs(m2c - m2) <= lam * np.sqrt(s2_family), m2c, np.nan)
+    return mo, m2c, sc2, smo
 
 
 def batches(X, D, std, half, lam, m2, s2_family, lam_el=None):

@@ -257,6 +257,10 @@ def _scale_failure(r, vk, keep, ref, lam, coherent=None, stats=None) -> list:
         den = math.sqrt(max(var + float(np.sum(ex)), 0.0))
         if abs(num) <= lam * den + bd:
             return []
+    if getattr(coherent, "members", None) is not None:  # a float32 norm: one emulated statistic for every row
+        st = stats if stats is not None else coherent.stats(r, vk, keep, ref)
+        if coherent.member_rows(st, w, lam)[1]:
+            return []
     s = num / float(np.sum(y * w))
     return [{"axis": "scale", "ax": None, "index": 0, "z": abs(num) / den, "mean": s,
              "mask": keep & (r * y * np.sign(num) > 0)}]  # fmt: skip
@@ -281,7 +285,7 @@ def _offset_failure(r, vk, keep, lam) -> list:
              "mask": keep & (r * np.sign(num) > 0)}]  # fmt: skip
 
 
-def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None, c=None, a=None) -> list:
+def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None, c=None, a=None, vg=None) -> list:
     """The scale test of :func:`_scale_failure` on each group along each axis (of the axes ``only``,
     every axis when None; the groups of :func:`~refkern.analysis.structure.group_failures`, whose elements
     are independent under the model): ``T_g = sum_(i in g) r_i w_i / sqrt(sum sigma_i**2 w_i**2)``, ``w = y /
@@ -293,9 +297,12 @@ def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None, c=No
     (:attr:`~refkern.analysis.noise_rows.RowShared.fused`). With the centre ``c`` and the actual ``a``, a
     failing group is tested again counting each repeated (centre, actual) pair once, as the sum tests do
     (:func:`~refkern.analysis.structure.group_failures`: a deterministic backend gives equal inputs one
-    error; a scan of a constant row repeated over rows is one row's errors, not independent ones)."""
+    error; a scan of a constant row repeated over rows is one row's errors, not independent ones). ``vg``: the
+    groups' variances where they differ from the weights' ``vk`` (a float32 norm's columns on the whole
+    family's shared scale, :attr:`~refkern.analysis.noise_rows.RowShared.widen`; ``last`` then on it too)."""
     if r.ndim == 0:
         return []
+    vg = vk if vg is None else vg
     out = []
     sums = None
     with np.errstate(all="ignore"):
@@ -308,7 +315,7 @@ def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None, c=No
             else:
                 if sums is None:
                     y, w = _weights(vk, keep, ref)
-                    sums = (r * w, vk * w * w)
+                    sums = (r * w, vg * w * w)
                 num, var = sums[0].sum(axis=other), sums[1].sum(axis=other)
             den = np.sqrt(var)
             bad = (num != 0) & np.isfinite(num) & (den > 0) & np.isfinite(den) & (np.abs(num) > lam * den)
@@ -316,7 +323,7 @@ def _axis_scale_failures(r, vk, keep, ref, lam, axes, only=None, last=None, c=No
                 y, w = _weights(vk, keep, ref)
                 slope = (y * w).sum(axis=other)
                 if c is not None and a is not None:
-                    bad &= _once(r, vk, w, c, a, ax, other, lam)
+                    bad &= _once(r, vg, w, c, a, ax, other, lam)
             for i in np.flatnonzero(bad):
                 out.append({"axis": axes[ax], "ax": ax, "index": int(i), "z": float(abs(num[i]) / den[i]),
                             "mean": float(num[i] / slope[i]), "scale": True})  # fmt: skip
@@ -365,6 +372,10 @@ def _row_scale_failures(r, vk, keep, ref, lam, coherent, stats=None) -> list:
             idx = np.flatnonzero(bad)
             den[idx] = np.sqrt(np.maximum(var[idx] + ex, 0.0))
             bad[idx] = np.abs(num[idx]) > lam * den[idx] + bd[idx]
+    if bad.any() and getattr(coherent, "members", None) is not None:  # a float32 norm: a row passes on one
+        # emulated statistic (noise_norm_chains), its shift taken out exactly
+        st = stats if stats is not None else coherent.stats(r, vk, keep, ref)
+        bad &= ~coherent.member_rows(st, w, lam)[0]
     if not bad.any():
         return []
     sign = coherent.back(np.where(bad, np.sign(num), 0.0)[:, None] * np.ones((1, rows(y).shape[1])))

@@ -164,7 +164,31 @@ def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, sb
             P[:] = 0.0
             left[:] = 0.0
             right[:] = 0.0
-            for j in range(nc):
+            j = 0
+            while j + 4 <= nc:  # four cells per sweep: P, left and right read and written once per four cells, not
+                # once per cell (the ResNet layer's pass 0.229 -> 0.218 s on one thread); same operations, same order
+                s1, s2, s3, s4 = S[orders[o, j]], S[orders[o, j + 1]], S[orders[o, j + 2]], S[orders[o, j + 3]]
+                a1, a2, a3, a4 = A[orders[o, j]], A[orders[o, j + 1]], A[orders[o, j + 2]], A[orders[o, j + 3]]
+                for p in range(m):
+                    bp, tp, pp, lp, rp = b[p], total[p], P[p], left[p], right[p]
+                    s, a = s1[p], a1[p] + bp
+                    lp += (abs(pp) + a) ** 2
+                    rp += (abs(tp - pp - s) + a) ** 2  # the exact suffix after the cell
+                    pp += s
+                    s, a = s2[p], a2[p] + bp
+                    lp += (abs(pp) + a) ** 2
+                    rp += (abs(tp - pp - s) + a) ** 2
+                    pp += s
+                    s, a = s3[p], a3[p] + bp
+                    lp += (abs(pp) + a) ** 2
+                    rp += (abs(tp - pp - s) + a) ** 2
+                    pp += s
+                    s, a = s4[p], a4[p] + bp
+                    lp += (abs(pp) + a) ** 2
+                    rp += (abs(tp - pp - s) + a) ** 2
+                    P[p], left[p], right[p] = pp + s, lp, rp
+                j += 4
+            while j < nc:
                 s_row = S[orders[o, j]]
                 a_row = A[orders[o, j]]
                 for p in range(m):
@@ -174,6 +198,7 @@ def _cells_pass(X, W, plane, off, pitch, wo, groups, cb, block, orders, bias, sb
                     left[p] += (abs(P[p]) + a) ** 2
                     right[p] += (abs(q) + a) ** 2
                     P[p] += s
+                j += 1
             for p in range(m):
                 worst[p] = max(worst[p], left[p], right[p])
         own = mag.size > 0 or val.size > 0 or final > 0.0
@@ -560,7 +585,9 @@ def order_bound(pr, mag, idx, at_most: int = CHECK_SAMPLE, bound=None):
     L, R, _, _ = pr.terms(idx)
     T = L * R
     with np.errstate(all="ignore"):
-        ratio = (_other_sq(T, LANES) + (T * T).sum(axis=1)) / bound.reshape(-1)[idx]
+        other = _other_sq(T, LANES)
+        np.multiply(T, T, out=T)  # the squares in place: one temporary of the sample's terms fewer (8 MB at K = 4608)
+        ratio = (other + T.sum(axis=1)) / bound.reshape(-1)[idx]
     ratio = ratio[np.isfinite(ratio)]
     if ratio.size and np.median(ratio) > 1.0:
         return None

@@ -533,13 +533,26 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
                                                           [(sh, lay.rows(np.broadcast_to(ys, ref.shape)))],
                                                           keys=lambda: keys(lay.X)))
     if kind == "attention":
-        v = lay.back(attention_noise(lay, u, u_m, lay.rows(ref))) + stores
+        rows = lay.rows(ref)
         Ev = ref.shape[-1] if nd else 1
-        # a query's outputs share its sum D, its weights' errors, q's rounding, with correlations the scale
-        # does not carry: within a row the scale test takes them at their largest (Cauchy-Schwarz)
-        coherent = RowShared(lambda w: np.asarray(w, np.float64).reshape(-1, Ev), lambda w: np.reshape(w, ref.shape),
-                             v.size // max(Ev, 1), sigma=np.sqrt(v).reshape(-1, Ev))
-        return Noise(v, [], (nd - 1,) if nd else (), coherent=coherent)
+
+        def row_shared(var):  # a query's outputs share its sum D, its weights' errors (and q's rounding), with
+            # correlations the scale does not carry: within a row the scale test takes them at their largest
+            return RowShared(lambda w: np.asarray(w, np.float64).reshape(-1, Ev), lambda w: np.reshape(w, ref.shape),
+                             var.size // max(Ev, 1), sigma=np.sqrt(var).reshape(-1, Ev))  # fmt: skip
+
+        # the standard formulas: the scale applied to the scores (FlashAttention's kernels, torch's CPU flash); q
+        # scaled by fl(sqrt(s)) and stored (torch's math backend) shares its rounding over a row's logits, a member
+        # whose term costs a GEMM of L S Ev E products, run only where the standard formulas do not explain
+        v = lay.back(attention_noise(lay, u, u_m, rows, q_term=False)) + stores
+
+        def math_backend():
+            vq = v + lay.back(attention_noise(lay, u, u_m, rows, q_term="only"))
+            return vq, row_shared(vq)
+
+        models = [("q scaled and stored", "q and k scaled by fl(sqrt(scale)) and stored in the result format (torch's "
+                   "math backend): q's rounding shared by a row's logits", math_backend)]  # fmt: skip
+        return Noise(v, models, (nd - 1,) if nd else (), coherent=row_shared(v))
     raise AssertionError(kind)  # pragma: no cover - every kind of layout() is handled
 
 

@@ -162,15 +162,8 @@ _INTEGER_RESULT_CASES = [pytest.param(o, d, id=f"{_id(o)}-{str(d).removeprefix('
                          for d in INTEGERS if d in o.supported_dtypes("cpu") and not _floating_result(o, d)]  # fmt: skip
 
 
-#: integer results the adapter does not take yet: addmm's and baddbmm's (refkern.torch.ops._addmm refuses integer
-#: operands; the exact form modulo 2**64, refkern.kernels.integer_gemm.addmm_operands, awaits its call there).
-#: avg_pool's truncating division of int64 is judged (refkern.kernels.integer_pool)
-_INTEGER_GAPS = {"addmm": "addmm of integers refused by the adapter (alpha, beta on integer operands)",
-                 "addmm.decomposed": "addmm of integers refused by the adapter (alpha, beta on integer operands)",
-                 "baddbmm": "baddbmm of integers refused by the adapter (alpha, beta on integer operands)"}
-_INTEGER_RESULT_CASES = [pytest.param(*p.values, id=p.id, marks=pytest.mark.xfail(
-    strict=True, reason=_INTEGER_GAPS[_id(p.values[0])])) if _id(p.values[0]) in _INTEGER_GAPS else p
-    for p in _INTEGER_RESULT_CASES]  # fmt: skip
+#: every integer result is judged: addmm's and baddbmm's alpha and beta on integers (refkern.kernels.integer_gemm, the
+#: exact product modulo 2**64), avg_pool's truncating division of int64 (refkern.kernels.integer_pool)
 
 
 @pytest.mark.parametrize("info, dtype", _INTEGER_RESULT_CASES)

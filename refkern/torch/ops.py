@@ -5,7 +5,8 @@ function or module), ``audit`` and ``reference_mode`` (every call a model makes)
 cannot be expressed exactly (attention with dropout, a sum of integers) is reported as unsupported,
 never approximated. Integer and bool inputs of a floating result are converted first, as torch converts
 them (:func:`_integers_to`, :func:`_pow`). ``addmm``/``baddbmm`` with any ``alpha``, ``beta`` and input are
-one exact sum of products per element (:func:`_addmm`).
+one exact sum of products per element (:func:`_addmm`); of integers, one product modulo ``2**64``, judged to the
+bit (:mod:`refkern.kernels.integer_gemm`).
 """
 
 import math
@@ -155,6 +156,16 @@ def _addmm(name, inp, m1, m2, beta, alpha) -> OpCall:
     ignores the input and alpha = 0 the product, as torch does (a NaN there does not propagate). The
     exact form adds n terms (the input's) to each element's K products."""
     tensors = [t for t in (inp, m1, m2) if isinstance(t, torch.Tensor)]
+    if len(tensors) == 3 and all(_integral(t) and t.dtype != torch.bool for t in tensors):
+        # integer arithmetic, judged to the bit: [alpha mat1 | beta input] @ [mat2 ; I] modulo 2**64, alpha and
+        # beta as torch converts them (refkern.kernels.integer_gemm)
+        from refkern.kernels.integer_gemm import addmm_operands
+
+        try:
+            left, right = addmm_operands(name, inp, m1, m2, beta, alpha)
+        except (TypeError, ValueError) as exc:
+            return OpCall(name, unsupported=str(exc))
+        return OpCall(name, "matmul", (left, right), shown=(inp, m1, m2), dtype=m1.dtype)
     if len(tensors) < 3 or any(t.dtype not in _FLOATS for t in tensors) or len({t.dtype for t in tensors}) > 1:
         got = ", ".join(str(getattr(t, "dtype", type(t).__name__)).removeprefix("torch.") for t in (inp, m1, m2))
         return OpCall(name, unsupported=f"{name} of {got} (refkern takes three tensors of one floating dtype)")

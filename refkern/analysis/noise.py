@@ -115,12 +115,13 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.analysis import noise_norm_chains as norm_chains
-from refkern.analysis._rows import _partial_sq, _weights, exp_ulps_rows
+from refkern.analysis._rows import _partial_sq
 from refkern.analysis.noise_attention import attention_noise
 from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest_sq
 from refkern.analysis.noise_moments import _moments, _var_rows
 from refkern.analysis.noise_rows import RowShared, frozen, held_dtype, keys, norm_sums, welford_drift
 from refkern.analysis.noise_scan import half_scan, scan_var
+from refkern.analysis.noise_softmax import scale_rows
 from refkern.analysis.noise_store import straddle, thread_members
 from refkern.analysis.noise_var_chains import batches as var_batches
 from refkern.analysis.noise_var_chains import member_specs as var_member_specs
@@ -362,47 +363,6 @@ def _norm(lay, name, ref_rows, u, out, eta2):
 # --------------------------------------------------------------------------------- softmax, attention
 
 
-def _softmax_rows(X, u, u_m, log, shared=False):
-    """Before the stores: sigma**2 of log_softmax over the rows of the logits X; for softmax sigma**2
-    relative to the weight's square (a weight far below 2**-511 has a variance that underflows). With
-    ``shared``, also the part every element of a row shares, per row: softmax's relative ``sum_j w_j beta_j``
-    and ``D``'s errors (additions, rescales), log_softmax's ``log D`` and ``M + log D`` (absolute)."""
-    from refkern.analysis._envelope_softmax import EXP_SCALE_ULPS
-    from refkern.analysis._envelope_softmax import LOG_SCALE_ULPS as LOG_ULPS
-    from refkern.analysis._softmax_rows import half_ulp, shared_sq
-
-    Mf, arg, t, D, w = _weights(X)
-    with np.errstate(all="ignore"):
-        B, Brow = exp_ulps_rows(arg, t, u)
-        # the exp within B ulps of t (2 B half-ulps of the computed t, whose binade is at most t (1 + 2 B u)'s),
-        # the argument z - M rounded once (its half-ulp), relative to t
-        beta2 = (2.0 * B * half_ulp(t * (1.0 + 2.0 * B * u), u) / t) ** 2 + half_ulp(np.abs(arg), u) ** 2 + u_m**2
-        beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
-        wb = np.einsum("ij,ij->i", w * w, beta2)  # sum_j w_j**2 beta_j**2
-        adds, rec = shared_sq(X, t, u, EXP_SCALE_ULPS)  # the sum's additions at their half-ulps; its rescales
-        sd2 = wb + adds + rec * ((2.0 * Brow + 1.0) * u) ** 2
-        if log:
-            L = np.log(D)
-            # |log D^ - L| to first order: log's LOG_ULPS ulps and D^'s relative error (n exps within
-            # EXP_SCALE_ULPS, n - 1 additions, at most n rescales of 2 EXP_SCALE_ULPS + 1): each value below is
-            # rounded within the half-ulp of its magnitude widened by it
-            dL = u * (2.0 * LOG_ULPS * np.abs(L) + X.shape[1] * (2.0 * EXP_SCALE_ULPS + 3.0))
-            hL = 2.0 * LOG_ULPS * half_ulp(np.abs(L) + dL, u)  # log D within LOG_ULPS ulps
-            hML = half_ulp(np.abs(Mf[:, 0] + L) + dL, u)  # M + log D
-            y2 = half_ulp(np.abs(arg), u) ** 2 + (sd2 + hL**2 + hML**2)[:, None]
-            y2 = y2 + half_ulp(np.abs(arg - L[:, None]) + dL[:, None], u) ** 2
-            y2 = y2 + u_m**2 * (arg * arg + (L * L)[:, None] + 1.0)
-            y2 = np.where(np.isfinite(y2), y2, 0.0)
-            # the row shares log D's error, M + log D's rounding and, where a stage is stored in the result
-            # format (u_m), log D's store: one value per row
-            return (y2, sd2 + hL**2 + hML**2 + (u_m * L) ** 2) if shared else y2
-        own = beta2 * (1.0 - 2.0 * w)
-        rel = (own + wb[:, None] + (adds + 2.0 * u * u)[:, None]
-               + (rec * ((2.0 * Brow + 1.0) * u) ** 2)[:, None] + u_m**2)  # fmt: skip
-        rel = np.where(np.isfinite(rel), np.maximum(rel, 0.0), 0.0)  # relative: sigma**2 / w**2
-        return (rel, sd2) if shared else rel
-
-
 # ------------------------------------------------------------------------------------------------ API
 
 
@@ -514,12 +474,12 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         return Noise(lay.back(std), models, axes, coherent=shared(), free=free)
     axes = (_softmax_axis(args, nd),) if nd and kind in ("softmax", "log_softmax") else ()
     if kind == "log_softmax":
-        y2, sh = _softmax_rows(lay.X, u, u_m, True, shared=True)
+        y2, sh = scale_rows(lay.X, u, u_m, True, shared=True)
         free = LogSoftmaxRows(lay.X, ref, lay.rows, lay.back, out, u, u_m) if nd and lay.X.size else None
         return Noise(lay.back(y2) + stores, [], axes, free=free,
                      coherent=RowShared(lay.rows, lay.back, lay.X.shape[0], [(sh, 1.0)], keys=lambda: keys(lay.X)))
     if kind == "softmax":  # in units of each weight's power of two: tiny weights' variances do not underflow
-        rel, sh = _softmax_rows(lay.X, u, u_m, False, shared=True)
+        rel, sh = scale_rows(lay.X, u, u_m, False, shared=True)
         rel = lay.back(rel)
         with np.errstate(all="ignore"):
             _, e = np.frexp(np.where(np.isfinite(ref) & (ref != 0), np.abs(ref), 1.0))

@@ -80,8 +80,9 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.analysis._rows import _partial_sq, _weights, exp_ulps_rows
-from refkern.analysis.noise import RSQRT_ULPS, _softmax_rows
+from refkern.analysis.noise import RSQRT_ULPS
 from refkern.analysis.noise_moments import _moments
+from refkern.analysis.noise_softmax import scale_rows
 
 __all__ = ["softmax_noise", "norm_input_noise", "norm_param_noise", "converted", "bias_straddle", "weight_members"]
 
@@ -128,7 +129,7 @@ def softmax_noise(xr, gr, out: Format, log: bool):
     with np.errstate(all="ignore"):
         y = np.where(np.isfinite(y), y, 0.0)
         if log:
-            l2 = _softmax_rows(X, u, u_m, True) + 2.0 * (u_o * (arg - np.log(Dn)[:, None])) ** 2  # l^'s variance
+            l2 = scale_rows(X, u, u_m, True) + 2.0 * (u_o * (arg - np.log(Dn)[:, None])) ** 2  # l^'s variance
             Gs = G.sum(axis=1, keepdims=True)
             vG = u * u * _partial_sq(G)[:, None] + (u_m * Gs) ** 2
             yG = y * Gs
@@ -138,7 +139,7 @@ def softmax_noise(xr, gr, out: Format, log: bool):
             v = yG**2 * (l2 + (2.0 * Bl * u) ** 2) + y * y * vG + u * u * (yG**2 + dx * dx)
             v = v + u_m**2 * yG**2 + _stores(dx, out, n + 4)
             return np.where(np.isfinite(v), v, np.inf), 1.0
-        # the forward's per-element and shared relative variances (noise._softmax_rows, split)
+        # the forward's per-element and shared relative variances (noise_softmax.scale_rows, split)
         B, Brow = exp_ulps_rows(arg, t, u)
         beta2 = (2.0 * B * half_ulp(t * (1.0 + 2.0 * B * u), u) / t) ** 2 + half_ulp(np.abs(arg), u) ** 2 + u_m**2
         beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)

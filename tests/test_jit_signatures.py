@@ -215,3 +215,24 @@ def test_the_envelope_pass_reads_its_bound_read_only():
         rk.compare(torch.nn.functional.layer_norm(x, (300,)), "layer_norm", x, (300,))
     for sig in ve._envelope_pass.signatures:
         assert not sig[2].mutable, sig
+
+
+def test_the_norms_row_test_compiles_once_per_format():
+    """row_bound_norm's row test reads X, the reference and the output in one held format and W and B in float64,
+    all read-only, whatever the caller gives (the verdict's float64 copy of a float32 result, a broadcast weight):
+    it compiled 4 times in the cold CI-equivalent run (55 s with its T bisection), now once per format."""
+    from refkern.analysis import row_bound_norm as rbn
+
+    g = torch.Generator().manual_seed(9)
+    for dt in (torch.float32, torch.bfloat16, torch.float64):
+        x = torch.randn(4, 64, generator=g).to(dt)
+        w, b = torch.randn(64, generator=g).to(dt), torch.randn(64, generator=g).to(dt)
+        for args in ((x, (64,)), (x, (64,), w, b)):
+            o = torch.nn.functional.layer_norm(*args)
+            bad = o.clone()
+            bad[1, 3] = bad[1, 3] * 1.01
+            rk.compare(bad, "layer_norm", *args)
+    sigs = rbn._test.signatures
+    assert len(sigs) <= 2, sigs
+    for sig in sigs:
+        assert sig[0] == sig[3] == sig[4] and all(not t.mutable for t in sig[:5]), sig

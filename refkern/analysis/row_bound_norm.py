@@ -269,7 +269,7 @@ class NormRows:
         Y = rows(ref) if np.asarray(ref).dtype in (np.float32, np.float64) else rows(np.asarray(ref, np.float64))
         self.h = held_dtype(X, Y)  # X, the reference and the output in one format: widened as they are read
         self.X, self.Y = frozen(X, self.h), frozen(Y, self.h)
-        self.W, self.B = (np.ascontiguousarray(p, np.float64) for p in (W, B))
+        self.W, self.B = (frozen(p, np.float64) for p in (W, B))  # read-only too: one signature per format
         self.rows, self.back, self.out = rows, back, out
         self.center, self.eps, self.u_w, self.u_m = bool(center), float(eps), float(u_w), float(u_m)
         wf = FLOAT64 if u_w <= FLOAT64.u else FLOAT32

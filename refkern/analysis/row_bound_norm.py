@@ -39,10 +39,10 @@ magnitudes, the errors themselves are ``c1, c2``):
 **Reduced precisions** (the inputs, weight and bias rounded to p, computed in float32): both forms' bound
 in float32 plus ``u_p (|x| R |w| + Q + |b|)``.
 
-Power: one element off by ``d`` is flagged for sure once no pair ``(c1, c2)`` fits: at most ``2 (b_j +
-b_k + b_l)`` for three elements spanning the loadings (the report keeps the statistical test's figure for
-the norms). What ``(c1, c2)`` absorb (a row scaled where the bias is 0, a row offset by ``c w``) the
-statistical tests judge. A kernel whose elements pass through other shared values (per tile) is outside.
+Power: no guaranteed size of one element is claimed (it depends on the geometry of the loadings; the
+report keeps the statistical test's figure); measured, an element or a feature off by 2 spreads of correct
+kernels on float32 rows fails it. What ``(c1, c2)`` absorb (a row scaled where the bias is 0, a row offset by
+``c w``) the statistical tests judge. A kernel whose elements pass through other shared values (per tile) is outside.
 """
 
 import math

@@ -143,3 +143,16 @@ def thread_spans(n, T, omp=False):
         c = -(-n // T)
         cuts = [min(t * c, n) for t in range(T + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
+
+
+def welford_f32(x):
+    """Knuth's (Welford's) update in float32 scalars, left to right, written out independently of refkern:
+    (count, mean, M2)."""
+    f = np.float32
+    m, q, k = f(0.0), f(0.0), 0
+    for v in x:
+        k += 1
+        d = f(v - m)
+        m = f(m + f(d / f(k)))
+        q = f(q + f(d * f(v - m)))
+    return k, m, q

@@ -9,6 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from strategies import welford_f32
 
 import refkern as rk
 from refkern.analysis import noise_norm_chains as NC
@@ -25,16 +26,6 @@ def _seq_sum(v):
     for t in v:
         s = F32(s + t)
     return s
-
-
-def _welford(x):
-    m, q, k = F32(0.0), F32(0.0), 0
-    for v in x:
-        k += 1
-        d = F32(v - m)
-        m = F32(m + F32(d / F32(k)))
-        q = F32(q + F32(d * F32(v - m)))
-    return m, q
 
 
 def test_member_counts_by_hand():
@@ -109,7 +100,7 @@ def test_layer_norm_members_are_the_kernels():
     two = int(np.flatnonzero((specs[:, 0] == V.TWO_PASS) & (specs[:, 2] == 1) & (specs[:, 3] == 0)
                              & (specs[:, 4] == 0))[0])  # fmt: skip
     for i in range(2):
-        m, q = _welford(X[i])
+        _, m, q = welford_f32(X[i])
         assert mu[wel, i] == float(m)
         assert w[wel, i] == float(F32(F32(q / F32(n)) + F32(eps)))
         s = _seq_sum(X[i])
@@ -129,8 +120,8 @@ def test_merged_mean_variance_by_hand():
     X = (rng.standard_normal((1, 64)) + 300.0).astype(F32)
     spec = np.array([[V.WELFORD, 2, 1, 0, 0, 0]], np.int64)
     mo, M2, sM2, smo = V.member_moments(X, spec, 1e9, np.zeros(1), np.full(1, 1e30))
-    m1, _ = _welford(X[0, :32])
-    m2_, _ = _welford(X[0, 32:])
+    _, m1, _ = welford_f32(X[0, :32])
+    _, m2_, _ = welford_f32(X[0, 32:])
     mc = (32 * float(m1) + 32 * float(m2_)) / 64
     dev = max(abs(float(m1) - mc), abs(float(m2_) - mc))
     assert mo[0, 0] == pytest.approx(mc, rel=1e-15)
@@ -173,7 +164,7 @@ def _layer_norm_seq(X, w, b, eps, how):
     out = np.empty_like(X)
     for i, x in enumerate(X):
         if how == "welford":
-            m, q = _welford(x)
+            _, m, q = welford_f32(x)
         else:
             m = F32(_seq_sum(x) / F32(n))
             q = _seq_sum([F32(F32(v - m) * F32(v - m)) for v in x])

@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from strategies import thread_spans
+from strategies import thread_spans, welford_f32
 
 import refkern as rk
 from refkern.analysis import noise_var_chains as V
@@ -16,17 +16,6 @@ from refkern.analysis.noise_chains import member_specs as sum_specs
 
 U = 2.0**-24
 F32 = np.float32
-
-
-def _welford(x):
-    """Knuth's update in float32 scalars: (count, mean, M2)."""
-    m, q, k = F32(0.0), F32(0.0), 0
-    for v in x:
-        k += 1
-        d = F32(v - m)
-        m = F32(m + F32(d / F32(k)))
-        q = F32(q + F32(d * F32(v - m)))
-    return k, m, q
 
 
 def _merge_exact(states):
@@ -44,7 +33,7 @@ def _states(x, T, L, back, omp, B):
         for lane in range(L):
             ch = x[s + lane : e : L]
             if len(ch):
-                out.append(_welford(ch[::-1] if back else ch))
+                out.append(welford_f32(ch[::-1] if back else ch))
     return out
 
 
@@ -65,7 +54,7 @@ def _blocks_merged(x, B, torch_form):
     WelfordOps::combine, or the M2 term associated as ``d d ((a.n b.n) / n)``."""
     cm = cq = cn = None
     for s in range(0, len(x), B):
-        kf, m, q = _welford(x[s : s + B])
+        kf, m, q = welford_f32(x[s : s + B])
         kf = F32(kf)
         if cm is None:
             cm, cq, cn = m, q, kf
@@ -190,7 +179,7 @@ def test_the_rest_holds_short_chain_kernels_and_is_smaller():
 
 def _rows(x, how):
     if how == "welford":
-        return _welford(x)[2]
+        return welford_f32(x)[2]
     if how == "blocks":
         return _welford_rows(x.reshape(1, -1), list(range(0, len(x), 64)) + [len(x)])[0]
     return F32(_two_pass(x, False, False, 1))

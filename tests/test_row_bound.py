@@ -129,12 +129,17 @@ def test_rows_the_bound_cannot_judge_are_skipped():
     assert np.all(T == 0.0)
 
 
-def test_a_scaled_row_fails_a_constant_does_not():
-    rng = np.random.default_rng(3)
-    X = torch.tensor(rng.standard_normal((4, 64))).float().double().numpy()
+def _fp32_rows(seed, rows):
+    """(logits as float32 holds them, the truth, torch's float32 log_softmax, the test) of ``rows`` x 64 randn."""
+    rng = np.random.default_rng(seed)
+    X = torch.tensor(rng.standard_normal((rows, 64))).float().double().numpy()
     ref = _truth(X, torch.float32)
     good = torch.log_softmax(torch.tensor(X).float(), -1).double().numpy()
-    t = _test(X, ref)
+    return X, ref, good, _test(X, ref)
+
+
+def test_a_scaled_row_fails_a_constant_does_not():
+    X, ref, good, t = _fp32_rows(3, 4)
     assert np.all(t.t(good)[0] == 0.0)
     bad = good.copy()
     bad[1] = (bad[1] * (1 + 2.0**-19)).astype(np.float32)  # 32 u: the row's ends move 6 x 32 u apart
@@ -147,11 +152,7 @@ def test_a_scaled_row_fails_a_constant_does_not():
 
 
 def test_one_element_beyond_the_detectable_size_is_flagged():
-    rng = np.random.default_rng(5)
-    X = torch.tensor(rng.standard_normal((2, 64))).float().double().numpy()
-    ref = _truth(X, torch.float32)
-    good = torch.log_softmax(torch.tensor(X).float(), -1).double().numpy()
-    t = _test(X, ref)
+    X, ref, good, t = _fp32_rows(5, 2)
     B = t.bounds()
     for j in (0, 17, 63):
         for sign in (1.0, -1.0):

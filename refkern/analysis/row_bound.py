@@ -55,7 +55,7 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 
-__all__ = ["LogSoftmaxRows", "candidate", "ROW_OWN"]
+__all__ = ["LogSoftmaxRows", "candidate", "groups", "half_subnormal", "ROW_OWN"]
 
 ROW_OWN = "row's own roundings"  #: the ``axis`` of this test's failing rows (groups of :mod:`~refkern.analysis.inside`)
 
@@ -68,6 +68,23 @@ EVAL_SLACK = 2.0**-40
 LOG_ULPS = 1.0
 #: the exp of a correct kernel within this many ulps (the largest of _envelope_softmax's binades, float32's)
 EXP_ULPS = 4.75
+
+
+def half_subnormal(u_w: float, out: Format) -> float:
+    """``eta``: half the smallest subnormal of the working format (float64's where ``u_w`` is, else float32's) or of
+    the result format, whichever is larger: a rounding's absolute error where it underflows."""
+    wf = FLOAT64 if u_w <= FLOAT64.u else FLOAT32
+    return max(math.ldexp(1.0, f.emin - f.prec) for f in (wf, out))
+
+
+def groups(rows, z, means, mask) -> list:
+    """The failing rows ``rows`` (most significant first) as groups of :mod:`refkern.analysis.inside`: ``ax``
+    None, ``axis`` :data:`ROW_OWN`, ``z`` their T, ``mean`` their fitted shared error, the first holding ``mask``."""
+    out = []
+    for i, t, m in zip(rows, z, means):
+        out.append({"axis": ROW_OWN, "ax": None, "index": int(i), "z": float(t), "mean": float(m),
+                    "mask": mask if not out else None})  # fmt: skip
+    return out
 
 
 @jit(inline="always")
@@ -209,8 +226,7 @@ class LogSoftmaxRows:
         self.X = np.ascontiguousarray(X, np.float64)
         self.Y = np.ascontiguousarray(rows(np.asarray(ref, np.float64)), np.float64)
         self.rows, self.back, self.out, self.u_w, self.u_m = rows, back, out, float(u_w), float(u_m)
-        wf = FLOAT64 if u_w <= FLOAT64.u else FLOAT32
-        self.eta = max(math.ldexp(1.0, f.emin - f.prec) for f in (wf, out))  # half the smallest subnormal
+        self.eta = half_subnormal(u_w, out)
 
     def _params(self, key):
         cand = candidate(key, self.out, self.u_w)
@@ -254,11 +270,8 @@ class LogSoftmaxRows:
             off = np.zeros(self.X.shape, bool)
             off[bad] = np.abs(A[bad] - self.Y[bad] - C[bad, None]) > B[bad]
         mask = np.asarray(self.back(off), bool)
-        out = []
-        for i in bad[np.argsort(-T[bad])]:
-            out.append({"axis": ROW_OWN, "ax": None, "index": int(i), "z": float(T[i]),
-                        "mean": float(C[i]), "mask": mask if not out else None})  # fmt: skip
-        return out
+        order = bad[np.argsort(-T[bad])]
+        return groups(order, T[order], C[order], mask)
 
     def detectable_ulps(self, ref) -> tuple:
         """(median, largest) over the finite elements of ``2 (b_j + min_k b_k)`` in ulps of the result at

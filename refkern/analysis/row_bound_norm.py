@@ -51,8 +51,8 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
-from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
-from refkern.analysis.row_bound import EVAL_SLACK, ROW_OWN
+from refkern.accumulate.formats import FLOAT32, Format
+from refkern.analysis.row_bound import EVAL_SLACK, groups, half_subnormal
 
 __all__ = ["NormRows", "FORMS"]
 
@@ -272,8 +272,7 @@ class NormRows:
         self.W, self.B = (frozen(p, np.float64) for p in (W, B))  # read-only too: one signature per format
         self.rows, self.back, self.out = rows, back, out
         self.center, self.eps, self.u_w, self.u_m = bool(center), float(eps), float(u_w), float(u_m)
-        wf = FLOAT64 if u_w <= FLOAT64.u else FLOAT32
-        self.eta = max(math.ldexp(1.0, f.emin - f.prec) for f in (wf, out))
+        self.eta = half_subnormal(u_w, out)
 
     def _params(self, key):
         from refkern.accumulate.formats import BFLOAT16, FLOAT16
@@ -319,12 +318,9 @@ class NormRows:
         mask = np.zeros(self.X.shape, bool)
         mask[bad] = np.isfinite(A[bad]) & (A[bad] != self.Y[bad])
         mask = np.asarray(self.back(mask), bool)
-        order = np.argsort(-np.nan_to_num(T, nan=1.0))
-        out = []
-        for k in order:
-            out.append({"axis": ROW_OWN, "ax": None, "index": int(bad[k]), "z": float(np.nan_to_num(T[k], nan=1.0)),
-                        "mean": 0.0, "mask": mask if not out else None})  # fmt: skip
-        return out
+        T = np.nan_to_num(T, nan=1.0)  # beyond REPORTED: failing, T > 1 not computed
+        order = np.argsort(-T)
+        return groups(bad[order], T[order], np.zeros(order.size), mask)
 
     def detectable_ulps(self, ref) -> tuple:
         """No claim of its own (module docstring, Power): (inf, inf), the statistical test's figure stands."""

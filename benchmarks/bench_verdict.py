@@ -2,6 +2,15 @@
 
     python benchmarks/bench_verdict.py [--quick] [--family all|gemm|envelope|backward|power|power-backward]
                                        [--json FILE] [--seeds N] [--markdown FILE] [--markdown-backward FILE]
+                                       [--ops A,B] [--sizes N,M] [--dtypes D,E] [--jsonl FILE]
+    python benchmarks/bench_verdict.py --summarize FILE.jsonl [FILE.jsonl ...] [--markdown FILE]
+                                       [--markdown-backward FILE] [--json FILE]
+
+The power families run in parts: ``--ops``, ``--sizes`` and ``--dtypes`` keep only those cases (the named
+calls of their own, ``special``, run in a whole power run or when ``--ops`` names them), ``--jsonl`` appends each
+case's rows to a file as soon as the case ends (a stopped run keeps what it measured), and ``--summarize``
+builds from such files the summary, printed tables, markdown and JSON a whole run writes (a case measured in
+several parts counts once: its last part's rows).
 
 Every case is an output whose truth is known, judged by ``refkern.compare`` (gradients: by
 ``refkern.compare_backward``). Five families:
@@ -158,6 +167,7 @@ miss (``pb_case(family, n, data, dtype, seed, scales)`` reproduces it), and writ
 
 import argparse
 import json
+import os
 import sys
 import time
 import zlib
@@ -2692,8 +2702,9 @@ def pw_correct(op, args, kw, dtype, good, data):
                 tot = parts[0]
                 for p in parts[1:]:
                     tot = (tot + p).astype(F32)
-                out.append((f"torch CPU on {T} threads (partials stored in the result format)", _to(tot, dt,
-                                                                                                   good.shape)))
+                out.append(
+                    (f"torch CPU on {T} threads (partials stored in the result format)", _to(tot, dt, good.shape))
+                )
     if op in ("layer_norm", "rms_norm"):
         W, B = _f32(args[2]).reshape(1, n), (_f32(args[3]).reshape(1, n) if len(args) > 3 else F32(0.0))
         eps = kwc["eps"]
@@ -2817,10 +2828,30 @@ def pw_named(op, args, kw, dtype, good):
     return out
 
 
-def _pw_judge(op, args, kw, out):
+def _digest(t):
+    """A digest of a tensor's dtype, shape and bits: equal outputs of one call share it."""
+    import hashlib
+
+    h = hashlib.blake2b(f"{t.dtype} {tuple(t.shape)}".encode(), digest_size=16)
+    flat = torch.empty(t.numel(), dtype=t.dtype).copy_(t.detach().reshape(-1))  # stride 1, whatever t's layout
+    h.update(flat.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _pw_judge(op, args, kw, out, memo=None):
+    """(report, seconds) of ``compare`` on ``out``; ``memo`` ({digest: (report, seconds)}, one per call): an
+    output equal bit for bit to one already judged on the same call gets that judgement (compare is a function
+    of the output and the call). A bfloat16 mean of 10^7 terms has 305 thread-count members (torch's CPU kernel
+    on 2 to 306 threads) with a handful of distinct values; each compare there costs 1-3 s (913 s in all)."""
+    key = None if memo is None else _digest(out)
+    if key is not None and key in memo:
+        return memo[key]
     t = time.perf_counter()
     rep = rk.compare(out, op, *args, **_pw_kw(kw))
-    return rep, time.perf_counter() - t
+    got = rep, time.perf_counter() - t
+    if key is not None:
+        memo[key] = got
+    return got
 
 
 def _pw_row(rep, seconds, meta, **kv):
@@ -2857,8 +2888,9 @@ def pw_case(op, n, data, dtype, seed, scales, log=print):
     spread_el_ulps = float(np.median((spread_el / ulp)[fin])) if fin.any() else np.nan
     meta.update(spread=spread, spread_ulps=spread_ulps, spread_el_ulps=spread_el_ulps, spread_by=worst)
     rows = []
+    memo = {}
     for (name, o), e in zip(correct, errs):
-        rep, s = _pw_judge(op, args, kw, o)
+        rep, s = _pw_judge(op, args, kw, o, memo)
         rows.append(_pw_row(rep, s, meta, truth="correct", name=name, err=float(e.max()) / spread if spread else 0.0))
     if spread == 0 or not np.isfinite(spread):
         log(f"  {op} {n} {data} {dtype}: spread {spread}; no injected bugs")
@@ -2871,7 +2903,7 @@ def pw_case(op, n, data, dtype, seed, scales, log=print):
         inj = float(np.abs(_np(o) - G).max())
         if inj == 0:
             continue  # rounding to the dtype swallowed the perturbation
-        rep, s = _pw_judge(op, args, kw, o)
+        rep, s = _pw_judge(op, args, kw, o, memo)
         size = inj / spread if spread else np.inf
         err = float(np.abs(_np(o) - exact).max())
         rows.append(
@@ -2947,9 +2979,10 @@ def _pw_special_rows(op, args, kw, correct, bad, exact, dtype, n, data, seed):
 
 
 def run_power(quick=False, seeds=1, ops=PW_OPS, dtypes=PW_DTYPES, sizes=None, scales=None, data=None,
-              special=True, log=print):  # fmt: skip
+              special=True, log=print, on_case=None):  # fmt: skip
     """The power family's rows (see summarise_power). ``sizes``: {axis: lengths} (default PW_SIZES, quick
-    PW_SIZES_QUICK); ``data``: {op: regimes} (default randn, and offset for the norms and var)."""
+    PW_SIZES_QUICK); ``data``: {op: regimes} (default randn, and offset for the norms and var); ``on_case``:
+    called with each case's rows as soon as the case ends (``--jsonl``: a stopped run keeps them)."""
     import warnings
 
     warnings.filterwarnings("ignore", message=".*degrees of freedom is <= 0.*")
@@ -2963,11 +2996,17 @@ def run_power(quick=False, seeds=1, ops=PW_OPS, dtypes=PW_DTYPES, sizes=None, sc
                 for d in data.get(op, ("randn",)):
                     for dtype in dtypes:
                         t0 = time.perf_counter()
-                        rows += pw_case(op, n, d, dtype, seed, scales, log)
+                        case = pw_case(op, n, d, dtype, seed, scales, log)
+                        rows += case
+                        if on_case is not None:
+                            on_case(case)
                         log(f"power {op} n={n} {d} {dtype}: {time.perf_counter() - t0:.1f} s")
         if special:
             t0 = time.perf_counter()
-            rows += pw_special(seed)
+            case = pw_special(seed)
+            rows += case
+            if on_case is not None:
+                on_case(case)
             log(f"power named calls of their own: {time.perf_counter() - t0:.1f} s")
     return rows
 
@@ -3816,8 +3855,9 @@ def pb_plan(quick=False, families=PB_FAMILIES, dtypes=PW_DTYPES, sizes=None, dat
 
 
 def run_power_backward(quick=False, seeds=1, families=PB_FAMILIES, dtypes=PW_DTYPES, sizes=None, scales=None,
-                       data=None, log=print):  # fmt: skip
-    """The gradients' power rows (see summarise_power_backward)."""
+                       data=None, log=print, on_case=None):  # fmt: skip
+    """The gradients' power rows (see summarise_power_backward); ``on_case``: called with each case's rows as soon
+    as the case ends."""
     import warnings
 
     warnings.filterwarnings("ignore", message=".*degrees of freedom is <= 0.*")
@@ -3826,7 +3866,10 @@ def run_power_backward(quick=False, seeds=1, families=PB_FAMILIES, dtypes=PW_DTY
     for seed in range(seeds):
         for fam, n, d, dtype in pb_plan(quick, families, dtypes, sizes, data):
             t0 = time.perf_counter()
-            rows += pb_case(fam, n, d, dtype, seed, scales, log)
+            case = pb_case(fam, n, d, dtype, seed, scales, log)
+            rows += case
+            if on_case is not None:
+                on_case(case)
             log(f"power-backward {fam} n={n} {d} {dtype}: {time.perf_counter() - t0:.1f} s")
     return rows
 
@@ -4004,6 +4047,88 @@ def power_backward_markdown(s) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- the power families in parts (--ops, --sizes, --jsonl)
+
+POWER_FAMILIES = {"power": PW_OPS + ("special",), "power-backward": PB_FAMILIES}
+
+
+def _listed(text, known, arg):
+    """The comma-separated names of ``text``, each one of ``known`` (else a ValueError naming ``arg``)."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in known]
+    if bad or not names:
+        raise ValueError(f"{arg}: expected a comma-separated list of {', '.join(known)}; got {text!r}")
+    return tuple(names)
+
+
+def _sizes_of(text, arg="--sizes"):
+    """The comma-separated sizes of ``text`` as ints (``1e7`` allowed where it is an integer)."""
+    out = []
+    for t in (t.strip() for t in text.split(",")):
+        try:
+            v = float(t)
+        except ValueError:
+            v = np.nan
+        if not (np.isfinite(v) and v == int(v) and v >= 1):
+            raise ValueError(f"{arg}: expected a comma-separated list of positive integers; got {text!r}")
+        out.append(int(v))
+    return set(out)
+
+
+def power_plan_sizes(family, quick, want):
+    """The size table of ``family`` (PW_SIZES or PB_SIZES, quick or not) restricted to the sizes in ``want``
+    (None: all). power: {axis: lengths}; power-backward: {family: (float32 sizes, half sizes)}."""
+    keep = (lambda ns: tuple(ns)) if want is None else (lambda ns: tuple(n for n in ns if n in want))
+    if family == "power":
+        return {ax: keep(ns) for ax, ns in (PW_SIZES_QUICK if quick else PW_SIZES).items()}
+    return {f: (keep(a), keep(b)) for f, (a, b) in (PB_SIZES_QUICK if quick else PB_SIZES).items()}
+
+
+def jsonl_writer(path, family):
+    """``on_case`` for run_power / run_power_backward: appends each case's rows to ``path`` as JSON lines (one
+    row a line, with its ``family`` and the ``part`` it was measured in, this run's id and the case's number)
+    and flushes, so that a stopped run keeps every case it finished."""
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    count = [0]
+
+    def on_case(rows):
+        count[0] += 1
+        with open(path, "a") as f:
+            for r in rows:
+                f.write(json.dumps(dict(family=family, part=f"{run_id}/{count[0]}", **r), default=_jsonable) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    return on_case
+
+
+def read_jsonl(paths):
+    """{family: rows} of the JSON-lines files ``paths`` (``--jsonl``). A case measured more than once (the
+    same family and ``case`` in several parts) keeps the rows of its last part only, so that a rerun replaces
+    it rather than counting it twice; a line cut short by a stopped run is skipped."""
+    lines = []
+    for p in paths:
+        with open(p) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    lines.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # the last line of a run stopped while writing
+    last = {}
+    for r in lines:
+        last[(r["family"], json.dumps(r["case"]))] = r["part"]
+    out = {}
+    for r in lines:
+        if last[(r["family"], json.dumps(r["case"]))] == r["part"]:
+            fam = r.pop("family")
+            r.pop("part")
+            out.setdefault(fam, []).append(r)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer K, lengths and regimes; bugs on fp32 results only")
@@ -4019,7 +4144,34 @@ def main(argv=None):
     ap.add_argument("--json", help="write rows and summary here")
     ap.add_argument("--markdown", help="power family: write its table as markdown here")
     ap.add_argument("--markdown-backward", help="power-backward family: write its table as markdown here")
+    ap.add_argument(
+        "--ops",
+        help="power: only these ops (comma-separated, of " + ", ".join(POWER_FAMILIES["power"]) + "; special: the "
+        "named calls of their own); power-backward: only these families",
+    )
+    ap.add_argument("--sizes", help="power families: only these sizes (comma-separated, e.g. 8192,1e7)")
+    ap.add_argument("--dtypes", help="power families: only these dtypes (comma-separated: float32,bfloat16,float16)")
+    ap.add_argument("--jsonl", help="power families: append each case's rows to this file as it ends")
+    ap.add_argument(
+        "--summarize",
+        nargs="+",
+        metavar="FILE.jsonl",
+        help="run nothing: the power families' summaries and markdown tables from these --jsonl files",
+    )
     a = ap.parse_args(argv)
+    parts = a.ops is not None or a.sizes is not None or a.dtypes is not None or a.jsonl is not None
+    if parts and a.family not in POWER_FAMILIES:
+        ap.error(f"--ops, --sizes, --dtypes and --jsonl: expected --family power or power-backward; got {a.family}")
+    if a.summarize and parts:
+        ap.error("--summarize: reads --jsonl files and runs nothing; got it with --ops, --sizes, --dtypes or --jsonl")
+    try:
+        ops = None if a.ops is None else _listed(a.ops, POWER_FAMILIES[a.family], "--ops")
+        want = None if a.sizes is None else _sizes_of(a.sizes)
+        dtypes = PW_DTYPES if a.dtypes is None else _listed(a.dtypes, PW_DTYPES, "--dtypes")
+    except ValueError as e:
+        ap.error(str(e))
+    if a.summarize:
+        return _summarize_main(a)
     torch.set_num_threads(2)
     result = {}
     if a.family in ("all", "gemm"):
@@ -4066,10 +4218,21 @@ def main(argv=None):
              ("power_backward", "power family, gradients", run_power_backward, summarise_power_backward,
               print_power_backward, a.markdown_backward, power_backward_markdown))  # fmt: skip
     for key, label, run_f, summarise_f, print_f, md_path, md_f in power:
-        if a.family not in ("all", key.replace("_", "-")):
+        fam = key.replace("_", "-")
+        if a.family not in ("all", fam):
             continue
         t = time.time()
-        rows = run_f(quick=a.quick, seeds=a.seeds)
+        kw = dict(sizes=power_plan_sizes(fam, a.quick, want), dtypes=dtypes)
+        if fam == "power":  # the named calls of their own: in a whole run, or asked for by name
+            whole = ops is None and want is None and a.dtypes is None
+            kw.update(
+                ops=tuple(o for o in PW_OPS if ops is None or o in ops), special=whole or "special" in (ops or ())
+            )
+        elif ops is not None:
+            kw.update(families=ops)
+        if a.jsonl:
+            kw.update(on_case=jsonl_writer(a.jsonl, fam))
+        rows = run_f(quick=a.quick, seeds=a.seeds, **kw)
         s = summarise_f(rows)
         print_f(s)
         print(f"{label}: {time.time() - t:.0f} s")
@@ -4077,6 +4240,33 @@ def main(argv=None):
         if md_path:
             with open(md_path, "w") as f:
                 f.write(md_f(s) + "\n")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1, default=_jsonable)
+    return 0
+
+
+def _summarize_main(a):
+    """``--summarize``: the power families' summaries, printed tables, markdown (``--markdown``,
+    ``--markdown-backward``) and JSON (``--json``) from the rows of ``--jsonl`` files, as a whole run gives them."""
+    fams = read_jsonl(a.summarize)
+    result = {}
+    power = (("power", summarise_power, print_power, a.markdown, power_markdown),
+             ("power-backward", summarise_power_backward, print_power_backward, a.markdown_backward,
+              power_backward_markdown))  # fmt: skip
+    for fam, summarise_f, print_f, md_path, md_f in power:
+        if fam not in fams or a.family not in ("all", fam):
+            continue
+        rows = fams[fam]
+        s = summarise_f(rows)
+        print_f(s)
+        result[fam.replace("-", "_")] = {"summary": s, "rows": rows}
+        if md_path:
+            with open(md_path, "w") as f:
+                f.write(md_f(s) + "\n")
+    if not result:
+        print(f"--summarize: no rows of the {a.family} family in {', '.join(a.summarize)}", file=sys.stderr)
+        return 1
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1, default=_jsonable)

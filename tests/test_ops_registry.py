@@ -167,6 +167,7 @@ def _envelope_examples():
     x = rng.standard_normal((4, 6)).astype(np.float32)
     img = rng.standard_normal((2, 3, 6)).astype(np.float32)
     img2 = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    img3 = rng.standard_normal((2, 3, 4, 4, 4)).astype(np.float32)
     q = rng.standard_normal((2, 4, 8)).astype(np.float32)
     red = {"x": x, "dim": -1}
     return {
@@ -175,6 +176,7 @@ def _envelope_examples():
         "group_norm": {"input": img, "num_groups": 3}, "batch_norm": {"input": img, "running_mean": None,
                                                                       "running_var": None, "training": True},
         "avg_pool1d": {"input": img, "kernel_size": 2}, "avg_pool2d": {"input": img2, "kernel_size": 2},
+        "avg_pool3d": {"input": img3, "kernel_size": 2},
         "max_pool1d": {"input": img, "kernel_size": 2}, "max_pool2d": {"input": img2, "kernel_size": 2},
         "adaptive_avg_pool1d": {"input": img, "output_size": 4},
         "adaptive_avg_pool2d": {"input": img2, "output_size": 4},

@@ -305,15 +305,16 @@ def _window_max(X, kh, kw, sh, sw, ph, pw, dlh, dlw, out, idx):
 
 
 def pool_shape(op: str, shape: tuple, nd: int):
-    """(the plane (H, W), a 1-d input's (1, L); the leading shape) of an input of ``shape``, checked as torch
-    checks it."""
-    names = "(C, L) or (N, C, L)" if nd == 1 else "(C, H, W) or (N, C, H, W)"
+    """(the plane (H, W), a 1-d input's (1, L), a 3-d one's (D, H, W); the leading shape) of an input of
+    ``shape``, checked as torch checks it."""
+    axes = ("L",) if nd == 1 else ("D", "H", "W")[3 - nd :]
     if len(shape) not in (nd + 1, nd + 2):
+        names = f"(C, {', '.join(axes)}) or (N, C, {', '.join(axes)})"
         raise ValueError(f"{op}: input must have shape {names}; got input.shape={shape}.")
     if 0 in shape[-nd - 1 :]:
-        sizes = "C and L" if nd == 1 else "C, H and W"
+        sizes = f"C, {', '.join(axes[:-1])} and {axes[-1]}" if nd > 1 else "C and L"
         raise ValueError(f"{op}: input must have nonzero {sizes} (only N may be 0); got input.shape={shape}.")
-    return (shape[-nd:] if nd == 2 else (1, shape[-1])), shape[:-nd]
+    return (shape[-nd:] if nd > 1 else (1, shape[-1])), shape[:-nd]
 
 
 def _pool_input(op: str, input, nd: int):  # noqa: A002
@@ -380,7 +381,7 @@ def _lift(t: tuple, one: int) -> tuple:
 
 
 def shaped(out, lead, nd):
-    return out.reshape(*lead, *(out.shape[1:] if nd == 2 else out.shape[2:]))
+    return out.reshape(*lead, *(out.shape[1:] if nd > 1 else out.shape[2:]))
 
 
 # --- averages -----------------------------------------------------------------------------------------------------
@@ -406,10 +407,11 @@ def _averages(X, fmt, spans, dconst):
 
 
 def avg_spans(op, nd, plane, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    """torch's average-pool windows of a ``plane`` (H, W) (a 1-d input's is (1, L)): per axis a list of
-    ``(lo, hi, count)``, the window's input positions ``[lo, hi)`` and its divisor's factor, and the
-    ``divisor_override`` (0 where None); each argument checked. The integer kernel
-    (:mod:`refkern.kernels.integer_pool`) reads the same windows."""
+    """torch's average-pool windows of a ``plane`` (H, W) (a 1-d input's is (1, L), a 3-d one's (D, H, W)): per
+    axis a list of ``(lo, hi, count)``, the window's input positions ``[lo, hi)`` and its divisor's factor, and
+    the ``divisor_override`` (0 where None); each argument checked. The integer kernel
+    (:mod:`refkern.kernels.integer_pool`) and the backward (:mod:`refkern.kernels.pool_grad`) read the same
+    windows."""
     k, s, p, _, ceil_mode = _geometry(op, nd, kernel_size, stride, padding, 1, ceil_mode)
     count_include_pad = _flag(op, "count_include_pad", count_include_pad)
     dconst = 0
@@ -423,8 +425,7 @@ def avg_spans(op, nd, plane, kernel_size, stride, padding, ceil_mode, count_incl
         dconst = int(divisor_override)
     k, s, p = _lift(k, 1), _lift(s, 1), _lift(p, 0)
     spans = []
-    for a in range(2):
-        size = plane[a]
+    for a, size in enumerate(plane):
         spans.append([])
         for o in range(_out_size(op, size, k[a], s[a], p[a], 1, ceil_mode)):
             start = o * s[a] - p[a]

@@ -1,4 +1,4 @@
-"""The backward of the poolings (avg_pool1d/2d, adaptive_avg_pool1d/2d, max_pool1d/2d), correctly
+"""The backward of the poolings (avg_pool1d/2d/3d, adaptive_avg_pool1d/2d, max_pool1d/2d), correctly
 rounded: each element of grad_input one exact sum, rounded once to the input's dtype.
 
 * An average's gradient spreads ``g_o / d_o`` over the input positions of window o (d_o its divisor:
@@ -21,6 +21,8 @@ to a zeroed gradient); a nonzero sum that rounds to zero keeps its sign. An elem
 a NaN or an infinity follows IEEE float64 arithmetic on the terms in scan order.
 """
 
+import itertools
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -38,44 +40,49 @@ TINY = 2.0**-1074  #: what a float64 division that underflows loses at most
 
 
 @jit(parallel=True)
-def _scatter(G, h0, h1, dh, w0, w1, dw, dconst, idx, is_max, H, W, prec, emin, emax, out, asum, cnt, ieee):
-    """Per plane p of G (P, OH, OW): out[p] (P, H * W) = RN(sum of the terms reaching each input element)
-    or NaN (undecided); asum/cnt: sum|t| and the number of terms per element; ieee: the plain float64
-    sum of the terms in scan order (for elements with a NaN or an infinity). Averages: window (i, j)
-    covers rows [h0[i], h1[i]) and columns [w0[j], w1[j]) with divisor dconst (nonzero) or dh[i] dw[j];
-    maxima (``is_max``): the term of (i, j) goes to idx[p, i, j]. Bounds: module docstring."""
-    P, OH, OW = G.shape
-    n = H * W
+def _scatter(G, d0, d1, dd, h0, h1, dh, w0, w1, dw, dconst, idx, is_max, D, H, W, prec, emin, emax, out, asum, cnt,
+             ieee):  # fmt: skip
+    """Per plane p of G (P, OD, OH, OW): out[p] (P, D * H * W) = RN(sum of the terms reaching each input element)
+    or NaN (undecided); asum/cnt: sum|t| and the number of terms per element; ieee: the plain float64 sum of the
+    terms in scan order (for elements with a NaN or an infinity). Averages: window (l, i, j) covers the input
+    positions [d0[l], d1[l]) x [h0[i], h1[i]) x [w0[j], w1[j]) with divisor dconst (nonzero) or dd[l] dh[i] dw[j]
+    (a 1-d or 2-d pooling: D = 1, one window [0, 1) of count 1 along it); maxima (``is_max``): the term of
+    (l, i, j) goes to the flat index idx[p, l, i, j]. Bounds: module docstring."""
+    P, OD, OH, OW = G.shape
+    n = D * H * W
     for p in prange(P):
         s = np.zeros(n)
         c = np.zeros(n)
         e = np.zeros(n)
         exact = np.ones(n, np.bool_)  # a maximum's sum with every TwoSum error zero: s is the exact sum
-        for i in range(OH):
-            for j in range(OW):
-                g = G[p, i, j]
-                if is_max:
-                    k = idx[p, i, j]
-                    s[k], q = two_sum(s[k], g)
-                    c[k] += q
-                    if q != 0.0:
-                        exact[k] = False
-                    asum[p, k] += abs(g)
-                    cnt[p, k] += 1
-                    ieee[p, k] += g
-                    continue
-                d = dconst if dconst != 0.0 else np.float64(dh[i] * dw[j])
-                t = g / d
-                et = U * abs(t) + TINY  # one division: exact when d is a power of two, charged anyway
+        for t in range(OD * OH * OW):
+            l = t // (OH * OW)  # noqa: E741
+            i = (t // OW) % OH
+            j = t % OW
+            g = G[p, l, i, j]
+            if is_max:
+                k = idx[p, l, i, j]
+                s[k], q = two_sum(s[k], g)
+                c[k] += q
+                if q != 0.0:
+                    exact[k] = False
+                asum[p, k] += abs(g)
+                cnt[p, k] += 1
+                ieee[p, k] += g
+                continue
+            d = dconst if dconst != 0.0 else np.float64(dd[l] * dh[i] * dw[j])
+            tt = g / d
+            et = U * abs(tt) + TINY  # one division: exact when d is a power of two, charged anyway
+            for z in range(d0[l], d1[l]):
                 for a in range(h0[i], h1[i]):
                     for b in range(w0[j], w1[j]):
-                        k = a * W + b
-                        s[k], q = two_sum(s[k], t)
+                        k = (z * H + a) * W + b
+                        s[k], q = two_sum(s[k], tt)
                         c[k] += q
                         e[k] += et
-                        asum[p, k] += abs(t)
+                        asum[p, k] += abs(tt)
                         cnt[p, k] += 1
-                        ieee[p, k] += t
+                        ieee[p, k] += tt
         for k in range(n):
             if cnt[p, k] == 0:  # no window reaches it (or selects it): +0, as torch's zeroed gradient
                 out[p, k] = 0.0
@@ -92,7 +99,7 @@ def _scatter(G, h0, h1, dh, w0, w1, dw, dconst, idx, is_max, H, W, prec, emin, e
             out[p, k] = v if v != 0.0 else np.nan  # an exact zero (+0) or a sign: the exact path decides
 
 
-def _finish(G, fmt, H, W, terms, out, cnt, ieee):
+def _finish(G, fmt, terms, out, cnt, ieee):
     """The undecided elements: a NaN or an infinity among their terms (IEEE float64 sum in scan order,
     rounded), else the exact Fraction sum of ``terms(p, k)`` (pairs (g, d): g / d) rounded once; +0 for
     an exactly zero sum or no term."""
@@ -109,63 +116,63 @@ def _finish(G, fmt, H, W, terms, out, cnt, ieee):
     return out
 
 
-def avg_pool_backward(G, spans, dconst: int, H: int, W: int, fmt):
-    """grad_input (P, H, W) of an average pooling with grad_output planes G (P, OH, OW) float64, per
-    dimension the windows ``spans = [[(lo, hi, count) per output row], [... per output column]]`` (the
-    forward's, :mod:`refkern.kernels.pool`), divisor ``dconst`` (nonzero: divisor_override) or
-    ``count_h * count_w``; returns (grad_input float64 values of fmt, sum|t|, number of terms), each
-    (P, H, W)."""
-    (h0, h1, dh), (w0, w1, dw) = (tuple(np.asarray(v, np.int64) for v in zip(*sp)) for sp in spans)
+def _pool_backward(G, plane, fmt, spans, dconst, idx, terms):
+    """The scatter of either pooling (:func:`_scatter`) and its exact finish (:func:`_finish`): grad_output G
+    (P, *out) float64, the input's ``plane`` (its 1, 2 or 3 sizes: (L,), (H, W), (D, H, W)), the averages'
+    ``spans`` per axis and ``dconst`` or the maxima's flat indices ``idx``; returns (grad_input, sum|t|, number
+    of terms), each (P, *plane)."""
     P = G.shape[0]
-    out = np.full((P, H * W), np.nan)
-    asum = np.zeros((P, H * W))
-    cnt = np.zeros((P, H * W), np.int64)
-    ieee = np.zeros((P, H * W))
-    G = np.ascontiguousarray(G, np.float64)
+    D, H, W = (1,) * (3 - len(plane)) + tuple(plane)
+    out = np.full((P, D * H * W), np.nan)
+    asum = np.zeros((P, D * H * W))
+    cnt = np.zeros((P, D * H * W), np.int64)
+    ieee = np.zeros((P, D * H * W))
+    G4 = np.ascontiguousarray(G, np.float64).reshape(P, *(1,) * (4 - G.ndim), *G.shape[1:])
+    one = [(0, 1, 1)]
+    spans = [*[one] * (3 - len(spans)), *spans] if idx is None else [one] * 3
+    (d0, d1, dd), (h0, h1, dh), (w0, w1, dw) = (tuple(np.asarray(v, np.int64) for v in zip(*sp)) for sp in spans)
     if P and G.size:
-        _scatter(G, h0, h1, dh, w0, w1, dw, float(dconst), np.zeros((1, 1, 1), np.int64), False, H, W,
-                 *fmt.params, out, asum, cnt, ieee)  # fmt: skip
+        ix = np.zeros((1, 1, 1, 1), np.int64) if idx is None else np.ascontiguousarray(idx, np.int64).reshape(G4.shape)
+        _scatter(G4, d0, d1, dd, h0, h1, dh, w0, w1, dw, float(dconst), ix, idx is not None, D, H, W, *fmt.params,
+                 out, asum, cnt, ieee)  # fmt: skip
         if float(dconst) != dconst:  # a divisor_override beyond float64's integers: every element exactly
             out[cnt > 0] = np.nan
     else:
         out[:] = 0.0
+    _finish(G, fmt, terms, out, cnt, ieee)
+    return tuple(v.reshape(P, *plane) for v in (out, asum, cnt))
+
+
+def avg_pool_backward(G, spans, dconst: int, plane, fmt):
+    """grad_input (P, *plane) of an average pooling with grad_output planes G (P, *out) float64, per axis of the
+    ``plane`` ((L,), (H, W) or (D, H, W)) the windows ``spans = [[(lo, hi, count) per output index], ...]`` (the
+    forward's, :func:`refkern.kernels.pool.avg_spans`; a 1-d pooling's may lead with its axis of height 1),
+    divisor ``dconst`` (nonzero: divisor_override) or the product of the counts; returns (grad_input float64
+    values of fmt, sum|t|, number of terms), each (P, *plane)."""
+    spans = spans[len(spans) - len(plane) :]
+    G = G.reshape(G.shape[0], *(len(sp) for sp in spans))
 
     def terms(p, k):
-        a, b = divmod(int(k), W)
-        rows = [i for i in range(h0.size) if h0[i] <= a < h1[i]]
-        cols = [j for j in range(w0.size) if w0[j] <= b < w1[j]]
-        return [(G[p, i, j], dconst or int(dh[i] * dw[j])) for i in rows for j in cols]
+        pos = np.unravel_index(int(k), plane)
+        hit = [[o for o, (lo, hi, _) in enumerate(sp) if lo <= x < hi] for sp, x in zip(spans, pos)]
+        return [(G[(p, *o)], dconst or math.prod(spans[a][o[a]][2] for a in range(len(o))))
+                for o in itertools.product(*hit)]  # fmt: skip
 
-    _finish(G, fmt, H, W, terms, out, cnt, ieee)
-    return out.reshape(P, H, W), asum.reshape(P, H, W), cnt.reshape(P, H, W)
+    return _pool_backward(G, plane, fmt, spans, dconst, None, terms)
 
 
-def max_pool_backward(G, idx, H: int, W: int, fmt):
-    """grad_input (P, H, W) of a max pooling: grad_output planes G (P, OH, OW) float64 scattered to the
-    forward's flat indices ``idx`` (P, OH, OW) in each (H, W) plane, every element's terms summed
-    exactly and rounded once; returns (grad_input, sum|g|, number of terms), each (P, H, W)."""
-    P = G.shape[0]
-    out = np.full((P, H * W), np.nan)
-    asum = np.zeros((P, H * W))
-    cnt = np.zeros((P, H * W), np.int64)
-    ieee = np.zeros((P, H * W))
-    G = np.ascontiguousarray(G, np.float64)
-    idx = np.ascontiguousarray(idx, np.int64)
-    z = np.zeros(1, np.int64)
-    if P and G.size:
-        _scatter(G, z, z, z, z, z, z, 0.0, idx, True, H, W, *fmt.params, out, asum, cnt, ieee)
-    else:
-        out[:] = 0.0
-
+def max_pool_backward(G, idx, plane, fmt):
+    """grad_input (P, *plane) of a max pooling: grad_output planes G (P, *out) float64 scattered to the forward's
+    flat indices ``idx`` (P, *out) in each plane ((L,) or (H, W)), every element's terms summed exactly and
+    rounded once; returns (grad_input, sum|g|, number of terms), each (P, *plane)."""
     planes = {}
 
     def terms(p, k):  # the plane's terms grouped by the element they reach, built once per plane
         if p not in planes:
             by = {}
-            for g, at in zip(G[p].ravel().tolist(), idx[p].ravel().tolist()):
+            for g, at in zip(G[p].ravel().tolist(), np.asarray(idx[p]).ravel().tolist()):
                 by.setdefault(at, []).append((g, 1))
             planes[p] = by
         return planes[p].get(int(k), [])
 
-    _finish(G, fmt, H, W, terms, out, cnt, ieee)
-    return out.reshape(P, H, W), asum.reshape(P, H, W), cnt.reshape(P, H, W)
+    return _pool_backward(G, plane, fmt, [], 0, idx, terms)

@@ -79,15 +79,16 @@ def _norm_backward(name):
     return _backward("norm_grad:_norm", name if name == "group_norm" else "norm", "norm_report", name)
 
 
-def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_calls=(), needs):
-    average = name in ("avg_pool1d", "avg_pool2d")  # torch's integer averages truncate: refkern.kernels.integer_pool
-    return Op(name, "pool", f"refkern.kernels.pool:{name}", f"refkern.truth.pools:{name}", ("input",),
+def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_calls=(), needs, module="pool"):
+    average = name.startswith("avg_pool")  # torch's integer averages truncate: refkern.kernels.integer_pool
+    integer = f"refkern.kernels.{'pool3d:integer_' if module == 'pool3d' else 'integer_pool:'}{name}"
+    return Op(name, "pool", f"refkern.kernels.{module}:{name}", f"refkern.truth.pools:{name}", ("input",),
               "envelope", differentiable=("input",), torch_function=f"{_F}{name}",
               calls=(Call(f"{_F}{name}", params), *(Call(f"{_F}{c}", params) for c in extra_calls)),
               aten=aten or (name,), aten_backward=aten_backward,
               autograd=((autograd, ("input",)),) if autograd else (), needs=needs,
               opinfo=(f"nn.functional.{name}",),
-              integer_reference=f"refkern.kernels.integer_pool:{name}" if average else None,
+              integer_reference=integer if average else None,
               backward=_backward("pool_grad:_pool", "pool", "pool_report",
                                  name if aten_backward else None))  # fmt: skip
 
@@ -164,6 +165,8 @@ RECORDS = (
     _pool("avg_pool1d", _AVG1, needs="kernel_size=3"),
     _pool("avg_pool2d", (*_AVG1, "divisor_override"), aten_backward=("avg_pool2d_backward",),
           autograd="AvgPool2DBackward0", needs="kernel_size=3"),
+    _pool("avg_pool3d", (*_AVG1, "divisor_override"), aten_backward=("avg_pool3d_backward",),
+          autograd="AvgPool3DBackward0", needs="kernel_size=3", module="pool3d"),
     _pool("max_pool1d", _MAX, aten=("max_pool1d", "max_pool1d_with_indices"),
           extra_calls=("max_pool1d_with_indices",), needs="kernel_size=3"),
     _pool("max_pool2d", _MAX, aten=("max_pool2d", "max_pool2d_with_indices"),

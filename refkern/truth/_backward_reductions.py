@@ -1,6 +1,7 @@
 """Ground truth of the gradients of the poolings and of sum, mean, var, std and cumsum
 (:func:`refkern.truth.backward`): exact rationals, rounded once."""
 
+import itertools
 import math
 from fractions import Fraction
 
@@ -24,78 +25,59 @@ def _pool_backward(name, G, og, a, wrt):
     from refkern.truth.softmax import _decide, _ivq
 
     x, ox = _values(a["input"], "input", "truth.backward")
-    nd = 2 if name.endswith("2d") else 1
-    H, W = (x.shape[-2], x.shape[-1]) if nd == 2 else (1, x.shape[-1])
-    X = x.reshape(-1, H, W)
-    OW = G.shape[-1]
-    OH = G.shape[-2] if nd == 2 else 1
-    Gp = G.reshape(-1, OH, OW)
+    nd = int(name[-2])  # avg_pool3d: 3
+    sizes = x.shape[-nd:]
+    X = x.reshape(-1, *sizes)
+    Gp = G.reshape(X.shape[0], *G.shape[-nd:])
+    outs = [range(o) for o in Gp.shape[1:]]
 
-    def pair(v, default, one):  # an int or tuple as (H, W) values, a 1-d one lifted with ``one``
+    def tup(v, default):  # an int or tuple as nd values
         v = default if v is None or (isinstance(v, (tuple, list)) and len(v) == 0) else v
         t = tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd
-        t = t * (nd // len(t))
-        return (one, *t) if nd == 1 else t
+        return t * (nd // len(t))
 
-    terms = {}  # (plane, h, w) -> [(g, d)]
+    terms = {}  # (plane, *position) -> [(g, d)]
 
-    def put(p, h, w, g, d):
-        terms.setdefault((p, h, w), []).append((float(g), d))
+    def put(p, pos, g, d):
+        terms.setdefault((p, *pos), []).append((float(g), d))
 
-    if name.startswith("adaptive"):
-        for p in range(X.shape[0]):
-            for i in range(OH):
-                for j in range(OW):
-                    hs, he = i * H // OH, -(-(i + 1) * H // OH)
-                    ws, we = j * W // OW, -(-(j + 1) * W // OW)
-                    for h in range(hs, he):
-                        for w in range(ws, we):
-                            put(p, h, w, Gp[p, i, j], (he - hs) * (we - ws))
-    elif name.startswith("avg_pool"):
-        k = pair(a["kernel_size"], None, 1)
-        st = pair(a["stride"], a["kernel_size"], 1)
-        pd = pair(a["padding"], 0, 0)
-        over = a.get("divisor_override")
-        for p in range(X.shape[0]):
-            for i in range(OH):
-                for j in range(OW):
-                    sh, sw = i * st[0] - pd[0], j * st[1] - pd[1]
-                    eh, ew = min(sh + k[0], H + pd[0]), min(sw + k[1], W + pd[1])
-                    if a["count_include_pad"]:
-                        cnt = (eh - sh) * (ew - sw)
-                    else:
-                        cnt = (min(eh, H) - max(sh, 0)) * (min(ew, W) - max(sw, 0))
-                    for h in range(max(sh, 0), min(eh, H)):
-                        for w in range(max(sw, 0), min(ew, W)):
-                            put(p, h, w, Gp[p, i, j], over or cnt)
-    else:
-        k = pair(a["kernel_size"], None, 1)
-        st = pair(a["stride"], a["kernel_size"], 1)
-        pd = pair(a["padding"], 0, 0)
-        dl = pair(a["dilation"], 1, 1)
-        for p in range(X.shape[0]):
-            for i in range(OH):
-                for j in range(OW):
-                    taps = [(i * st[0] - pd[0] + u * dl[0], j * st[1] - pd[1] + v * dl[1])
-                            for u in range(k[0]) for v in range(k[1])]  # fmt: skip
-                    taps = [(h, w) for h, w in taps if 0 <= h < H and 0 <= w < W]
-                    best, at = -math.inf, taps[0]
-                    for h, w in taps:
-                        v = X[p, h, w]
-                        if v > best or v != v:
-                            best, at = v, (h, w)
-                    put(p, *at, Gp[p, i, j], 1)
+    for p in range(X.shape[0]):
+        for o in itertools.product(*outs):
+            if name.startswith("adaptive"):
+                box = [(i * L // O, -(-(i + 1) * L // O)) for i, L, O in zip(o, sizes, Gp.shape[1:])]
+                for pos in itertools.product(*(range(b, e) for b, e in box)):
+                    put(p, pos, Gp[(p, *o)], math.prod(e - b for b, e in box))
+            elif name.startswith("avg_pool"):
+                k, st, pd = tup(a["kernel_size"], None), tup(a["stride"], a["kernel_size"]), tup(a["padding"], 0)
+                box = [(i * t - q, min(i * t - q + kk, L + q)) for i, t, q, kk, L in zip(o, st, pd, k, sizes)]
+                if a["count_include_pad"]:
+                    cnt = math.prod(e - b for b, e in box)
+                else:
+                    cnt = math.prod(min(e, L) - max(b, 0) for (b, e), L in zip(box, sizes))
+                for pos in itertools.product(*(range(max(b, 0), min(e, L)) for (b, e), L in zip(box, sizes))):
+                    put(p, pos, Gp[(p, *o)], a.get("divisor_override") or cnt)
+            else:
+                k, st, pd = tup(a["kernel_size"], None), tup(a["stride"], a["kernel_size"]), tup(a["padding"], 0)
+                dl = tup(a["dilation"], 1)
+                axes = [[i * t - q + u * dd for u in range(kk)] for i, t, q, kk, dd in zip(o, st, pd, k, dl)]
+                taps = [pos for pos in itertools.product(*axes) if all(0 <= v < L for v, L in zip(pos, sizes))]
+                best, at = -math.inf, taps[0]  # row-major tap order
+                for pos in taps:
+                    v = X[(p, *pos)]
+                    if v > best or v != v:
+                        best, at = v, pos
+                put(p, at, Gp[(p, *o)], 1)
     out = np.zeros(X.shape)
-    for (p, h, w), ts in terms.items():
+    for at, ts in terms.items():
         if not all(math.isfinite(g) for g, _ in ts):
             acc = 0.0
             with np.errstate(all="ignore"):
                 for g, d in ts:
                     acc = float(np.float64(acc) + np.float64(g) / np.float64(d))
-            out[p, h, w] = _round_float_to(acc, ox.fmt)
+            out[at] = _round_float_to(acc, ox.fmt)
             continue
         q = sum((Fraction(g) / d for g, d in ts), Fraction(0))
-        out[p, h, w] = 0.0 if q == 0 else _decide(ox.fmt, lambda q=q: _ivq(q))
+        out[at] = 0.0 if q == 0 else _decide(ox.fmt, lambda q=q: _ivq(q))
     return {"input": deliver(out.reshape(x.shape), ox.fmt, og.torch or ox.torch)}
 
 

@@ -1,4 +1,4 @@
-"""Ground truth of the poolings: ``avg_pool1d``, ``avg_pool2d``, ``max_pool1d``, ``max_pool2d``,
+"""Ground truth of the poolings: ``avg_pool1d``, ``avg_pool2d``, ``avg_pool3d``, ``max_pool1d``, ``max_pool2d``,
 ``adaptive_avg_pool1d``, ``adaptive_avg_pool2d``: exact window averages (and maxima), rounded once, on
 the exact sums of :mod:`refkern.truth.reductions` (whose docstring says how)."""
 
@@ -18,7 +18,8 @@ from refkern.truth.reductions import (  # the exact sums, moments and extended v
     _sum,
 )
 
-__all__ = ["avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d"]
+__all__ = ["avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d",
+           "adaptive_avg_pool2d"]  # fmt: skip
 
 
 def _pool_input(op: str, input, nd: int):  # noqa: A002
@@ -26,7 +27,7 @@ def _pool_input(op: str, input, nd: int):  # noqa: A002
     x = operand(input, "input", op)
     shape = tuple(x.shape)
     if len(shape) not in (nd + 1, nd + 2) or 0 in shape[len(shape) - nd - 1 :]:
-        names = "(C, L) or (N, C, L)" if nd == 1 else "(C, H, W) or (N, C, H, W)"
+        names = {1: "(C, L) or (N, C, L)", 2: "(C, H, W) or (N, C, H, W)", 3: "(C, D, H, W) or (N, C, D, H, W)"}[nd]
         raise ValueError(
             f"{op}: input must have shape {names}, C and the spatial sizes nonzero; got input.shape={shape}."
         )
@@ -135,6 +136,14 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = Fal
     """Ground truth of ``F.avg_pool2d`` (input ``(C, H, W)`` or ``(N, C, H, W)``): as :func:`avg_pool1d`
     per dim; the divisor is the product over both dims, or ``divisor_override`` when given."""
     return _avg_pool("truth.avg_pool2d", 2, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)  # fmt: skip
+
+
+def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = False,  # noqa: A002
+               count_include_pad: bool = True, divisor_override: int | None = None):  # fmt: skip
+    """Ground truth of ``F.avg_pool3d`` (input ``(C, D, H, W)`` or ``(N, C, D, H, W)``): as :func:`avg_pool1d`
+    per dim; the divisor is the product over the three dims, or ``divisor_override`` when given."""
+    return _avg_pool("truth.avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
                      divisor_override)  # fmt: skip
 
 

@@ -38,7 +38,7 @@ import refkern.ops as _ops
 from refkern.kernels._grad import Adjoint, _shape
 from refkern.ops._bind import bind as _bind
 
-__all__ = ["backward", "compare_backward", "adjoints", "differentiable", "Adjoint", "OPS"]
+__all__ = ["backward", "compare_backward", "adjoints", "differentiable", "broadcast_operands", "Adjoint", "OPS"]
 
 #: the ops with a backward, in registry order (each record's :class:`~refkern.ops.Backward` names its rule)
 OPS = _ops.names(backward=True)
@@ -76,6 +76,18 @@ def differentiable(op, args, kwargs, who="backward") -> dict:
     return {k: a[k] for k in _ops.get(name).differentiable if _given(a, k)}
 
 
+def broadcast_operands(name, bound, wrt) -> tuple:
+    """The arguments of ``wrt`` that are array operands of op ``name`` (its differentiable ones) broadcast against
+    the others: a shape other than the broadcast shape of them all (a gradient summed over the broadcast
+    dimensions, autograd's ``sum_to``)."""
+    import numpy as np
+
+    shapes = {k: tuple(np.shape(bound[k])) for k in _ops.get(name).differentiable
+              if hasattr(bound.get(k), "shape") and hasattr(bound.get(k), "dtype")}  # fmt: skip
+    full = np.broadcast_shapes(*shapes.values()) if shapes else ()
+    return tuple(k for k in wrt if k in shapes and shapes[k] != tuple(full))
+
+
 def adjoints(op, grad_output, *args, wrt=None, who="backward", **kwargs) -> dict:
     """The :class:`Adjoint` call of every gradient asked for (all differentiable arguments given,
     without ``wrt``), validated as torch validates the forward call."""
@@ -108,7 +120,9 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     ``x``/``dim``/``keepdim``/``dtype``/``correction``, ``x``/``y``), and
     ``grad_output`` has the op's output shape and dtype. ``wrt``: the argument
     names whose gradients to compute (default: every differentiable argument given); only those are
-    computed.
+    computed. pow's tensor operand broadcast against the other one gets autograd's gradient, the sum of the
+    elementwise gradients over the broadcast dimensions, exact and rounded once (its record's ``broadcast``:
+    :mod:`refkern.gradients_pow`).
 
     **Guarantee.** Every element of every gradient is the exact sum of its products (each forward
     term ``l * r`` reaching output I contributes ``grad_output[I] * r`` to l's gradient), summed
@@ -149,7 +163,18 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
 
     Returns numpy arrays, or CPU tensors when any input is a tensor.
     """
-    return {k: adj.run() for k, adj in adjoints(op, grad_output, *args, wrt=wrt, **kwargs).items()}
+    name = _op_name(op, "backward")
+    summed, rb = (), _ops.get(name).backward
+    if rb.broadcast is not None:  # operands broadcast against the others: autograd's sum of elementwise gradients
+        bound = _bind(name, args, kwargs, "backward")
+        asked = tuple(differentiable(name, args, kwargs)) if wrt is None else (wrt,) if isinstance(wrt, str) else wrt
+        summed = broadcast_operands(name, bound, asked)
+    rest = tuple(k for k in asked if k not in summed) if summed else wrt
+    adj = {} if summed and not rest else adjoints(op, grad_output, *args, wrt=rest, **kwargs)
+    out = {k: a.run() for k, a in adj.items()}
+    for k in summed:
+        out[k] = _ops.resolve_path(rb.broadcast)(grad_output, bound, k, "backward")
+    return {k: out[k] for k in asked if k in out} if summed else out
 
 
 def compare_backward(actual_grads: dict, op, grad_output, *args, rtol=None, atol=None, **kwargs) -> dict:

@@ -69,12 +69,17 @@ class Backward:
       rtol, atol) -> Report``, read by :func:`refkern.compare_backward`;
     * ``audit``: the torch adapter's reading of the op's aten backward kernels (``Op.aten_backward``),
       ``audit(kernel, b, memo, present, name) -> BackwardCall`` (:mod:`refkern.torch.dispatch_backward`);
-      None where the op has no aten backward kernel (autograd composes its gradient of other ops)."""
+      None where the op has no aten backward kernel (autograd composes its gradient of other ops);
+    * ``broadcast``: the exact gradient of a differentiable operand broadcast against the others (autograd's
+      ``sum_to`` of the elementwise gradients), ``broadcast(grad_output, bound, argument, who) -> gradient``, read
+      by :func:`refkern.backward` for the operands whose shape is not the result's (the truth's ``truth`` takes
+      them itself); None where the rule takes every operand (pow's: :mod:`refkern.gradients_pow`)."""
 
     rule: str
     truth: str
     judge: str
     audit: str | None = None
+    broadcast: str | None = None
 
 
 @dataclass(frozen=True)

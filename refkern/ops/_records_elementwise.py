@@ -35,9 +35,10 @@ _MATH_TRUTH = "refkern.truth._backward_math:backward"
 
 
 def _ew(name, torch_function, calls, *, params=_IN, aten=None, opinfo=None, backward=None, memo=False, grad=False,
-        diff=_IN, promotes=False):
+        diff=_IN, promotes=False, broadcast=None):
     """``backward``: the aten backward kernel of the op (which the audit judges), ``grad``: the op has a
-    backward rule without one (autograd composes its gradient of other ops)."""
+    backward rule without one (autograd composes its gradient of other ops), ``broadcast``: the gradient of an
+    operand broadcast against the other (:class:`refkern.ops.Backward`)."""
     node = f"{name.capitalize()}Backward0" if backward else None
     grad = grad or backward is not None
     return Op(name, "elementwise", _K + name, _T + name, _IN, "elementwise", torch_function=torch_function,
@@ -45,14 +46,14 @@ def _ew(name, torch_function, calls, *, params=_IN, aten=None, opinfo=None, back
               differentiable=diff if grad else (), aten_backward=(backward,) if backward else (),
               aten_memo=((name, "input"),) if memo else (), autograd=((node, _IN),) if backward else (),
               opinfo=(name,) if opinfo is None else opinfo, promotes_integers=promotes,
-              backward=_grad(name, backward) if grad else None)  # fmt: skip
+              backward=_grad(name, backward, broadcast) if grad else None)  # fmt: skip
 
 
-def _grad(name, kernel):
+def _grad(name, kernel, broadcast=None):
     b = _GRAD if kernel else _NO_KERNEL
     if name in ("tanh", "sigmoid", "silu", "gelu"):  # the activations: refkern.truth.elementwise_grad
         return b
-    return Backward(b.rule, _MATH_TRUTH, b.judge, b.audit)
+    return Backward(b.rule, _MATH_TRUTH, b.judge, b.audit, broadcast)
 
 
 def _unary(name, **kw):
@@ -68,7 +69,7 @@ RECORDS = (
     # a tensor exponent is differentiable (a number exponent has no gradient); integer and bool operands follow
     # torch.result_type (refkern.torch.ops._pow), not the unary functions' promotion
     _ew("pow", "torch.pow", ("torch.pow", "torch.Tensor.pow"), params=("input", "exponent"), grad=True,
-        diff=("input", "exponent")),
+        diff=("input", "exponent"), broadcast="refkern.gradients_pow:pow_reduced"),
     _ew("silu", f"{_F}silu", (f"{_F}silu",), params=("input", "inplace"), backward="silu_backward",
         opinfo=("nn.functional.silu",)),
     _ew("gelu", f"{_F}gelu", (f"{_F}gelu",), params=("input", "approximate"), backward="gelu_backward",

@@ -190,7 +190,7 @@ def backward(name, grad_output, a, wrt=None, precision=None) -> dict:
     e, base = a.get("exponent"), a.get("input")
     if name == "pow" and (hasattr(e, "shape") or not hasattr(base, "shape")):  # a tensor exponent: both gradients
         both = pow_gradients(grad_output, base, e)
-        return {k: both[k] for k in (wrt or ("input", "exponent"))}
+        return {k: both[k] for k in ((wrt,) if isinstance(wrt, str) else wrt or ("input", "exponent"))}
     p = tuple(float(v.item() if hasattr(v, "item") else v) for k, v in a.items() if k != "input")
     x = operand(a["input"], "input", "truth.backward")
     g = operand(grad_output, "grad_output", "truth.backward")
@@ -201,11 +201,73 @@ def backward(name, grad_output, a, wrt=None, precision=None) -> dict:
 
 def pow_gradients(grad_output, input, exponent) -> dict:  # noqa: A002
     """``{"input": g y x**(y - 1), "exponent": g x**y ln x}`` of ``torch.pow(input, exponent)`` with a tensor
-    exponent of the input's shape and dtype: every element :func:`value` with its own exponent."""
+    exponent of the input's dtype: every element :func:`value` with its own exponent; an operand broadcast
+    against the other gets the sum over the result elements that read it (:func:`_sum_value`)."""
     x = operand(input, "input", "truth.backward")
     y = operand(exponent, "exponent", "truth.backward")
     g = operand(grad_output, "grad_output", "truth.backward")
-    xs, ys, gs = (np.asarray(o.values, np.float64).reshape(-1).tolist() for o in (x, y, g))
-    return {k: deliver(np.array([value(fn, gi, xi, x.fmt, (yi,)) for gi, xi, yi in zip(gs, xs, ys)],
-                                np.float64).reshape(x.shape), x.fmt, x.torch or g.torch)
-            for k, fn in (("input", "pow"), ("exponent", "pow_exponent"))}  # fmt: skip
+    if x.fmt is not y.fmt:
+        raise ValueError(f"truth.backward: pow's input and exponent must have one dtype; got {x.fmt.name} and "
+                         f"{y.fmt.name}.")  # fmt: skip
+    shape = np.broadcast_shapes(tuple(x.shape), tuple(y.shape))
+    if tuple(g.shape) != tuple(shape):
+        raise ValueError(f"truth.backward: grad_output must have pow's result shape {tuple(shape)}; got "
+                         f"grad_output.shape={tuple(g.shape)}.")  # fmt: skip
+    xs, ys = (np.broadcast_to(np.asarray(o.values, np.float64).reshape(o.shape), shape).reshape(-1).tolist()
+              for o in (x, y))  # fmt: skip
+    gs = np.asarray(g.values, np.float64).reshape(-1).tolist()
+    out = {}
+    for k, fn, o in (("input", "pow", x), ("exponent", "pow_exponent", y)):
+        own = tuple(o.shape)
+        if own == tuple(shape):
+            vals = [value(fn, gi, xi, x.fmt, (yi,)) for gi, xi, yi in zip(gs, xs, ys)]
+        else:  # autograd's sum_to: result element j adds to the element of k it read
+            at = np.broadcast_to(np.arange(math.prod(own)).reshape(own), shape).reshape(-1).tolist()
+            terms = [[] for _ in range(math.prod(own))]
+            for j, i in enumerate(at):
+                terms[i].append((gs[j], xs[j], ys[j]))
+            vals = [_sum_value(fn, t, x.fmt) for t in terms]
+        out[k] = deliver(np.array(vals, np.float64).reshape(own), x.fmt, x.torch or g.torch)
+    return out
+
+
+def _sum_value(fn, terms, fmt) -> float:
+    """The sum of the terms ``g f'(x)`` (``(g, x, y)``; pow's f' at exponent y) rounded once to fmt: each term the
+    real value, or where :func:`value` takes torch's formula, that formula rounded to fmt (a non-finite one: the
+    IEEE sum of the non-finite terms). Rational terms are summed as a Fraction; the irrational ones of equal
+    ``(x, y)`` are merged (their g's summed) and enclosed by intervals, widened as :func:`value` widens them, at
+    a precision doubling from 80 bits until the sum rounds alike; an exactly zero sum is +0."""
+    exact, merged, ieee = Fraction(0), {}, []
+    for gi, xi, yi in terms:
+        if not (math.isfinite(gi) and math.isfinite(xi)) or gi == 0 or _outside(fn, xi, (yi,)):
+            v = _formula(fn, gi, xi, (yi,))
+            if not math.isfinite(v):
+                ieee.append(v)
+            elif v != 0:
+                exact += Fraction(round_fraction(Fraction(v), fmt))
+            continue
+        q = _rational(fn, xi, (yi,))
+        if q is not None:
+            exact += Fraction(gi) * q
+        else:
+            merged[(xi, yi)] = merged.get((xi, yi), Fraction(0)) + Fraction(gi)
+    if ieee:
+        return math.nan if any(map(math.isnan, ieee)) or (max(ieee) > 0 > min(ieee)) else ieee[0]
+    merged = {k: s for k, s in merged.items() if s != 0}
+    if not merged:
+        return 0.0 if exact == 0 else round_fraction(exact, fmt)
+    prec, saved = 80, iv.prec
+    try:
+        while prec <= 1 << 15:
+            iv.prec = prec
+            d = iv.mpf(2) ** (16 - prec)
+            total = te._q(exact)
+            for (xi, yi), s in merged.items():
+                total += te._q(s) * _deriv(fn, xi, (yi,)) * iv.mpf([1 - d, 1 + d])
+            r = _round_ends(total * iv.mpf([1 - d, 1 + d]), fmt)
+            if r is not None:
+                return r
+            prec *= 2
+    finally:
+        iv.prec = saved
+    raise RuntimeError(f"truth.backward: the sum of {len(terms)} {fn} gradients undecided at 2**15 bits")

@@ -291,6 +291,14 @@ def backward(op, grad_output, *args, wrt=None, precision: int | None = None, **k
     from refkern.gradients import adjoints
 
     name = _ops.lookup(op, "truth.backward", among=_ops.names(backward=True))
-    adjoints(name, grad_output, *args, wrt=wrt, who="truth.backward", **kwargs)  # validation only: no kernel runs
     a = bind(name, args, kwargs, "truth.backward")
+    check = wrt
+    if _ops.get(name).backward.broadcast is not None:  # an operand broadcast against the others: a sum, validated
+        from refkern.gradients import broadcast_operands  # by the truth's own path
+
+        summed = broadcast_operands(name, a, _ops.get(name).differentiable)
+        asked = _ops.get(name).differentiable if wrt is None else (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        check = tuple(k for k in asked if k not in summed) if summed else wrt
+    if check != ():
+        adjoints(name, grad_output, *args, wrt=check, who="truth.backward", **kwargs)  # validation only: no kernel runs
     return _ops.resolve_path(_ops.get(name).backward.truth)(name, grad_output, a, wrt, precision)

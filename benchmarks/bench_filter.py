@@ -240,14 +240,22 @@ def bench_gpu(n, blocks, dev):
 
         fd.matmul(a, b)  # compiles the exact path's kernel outside the timing
         st = fd.matmul(a, b)[1]  # the counts, and one warm call's device and exact-path seconds
+        def stages(a=a, b=b):  # the device's stages before filter_compensated (|A| |B|, pairwise), for the ratio
+            fd.Device.compensate = False
+            try:
+                return fd.matmul(a, b)
+            finally:
+                fd.Device.compensate = True
+
         sides = {"torch_f64": (partial(torch.matmul, a64, b64), 10), "exact": (partial(fd.matmul, a, b), 2),
-                 "device_part": (device_part, 2)}  # fmt: skip
+                 "device_part": (device_part, 2), "exact_stages": (stages, 2)}  # fmt: skip
         t = _gpu_per_call(sides, blocks, dev)
         t.update(_gpu_per_call({"refkern_matmul": (partial(rk.matmul, a, b), 1)}, 2, dev))
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
         rows.append(dict(op="gpu matmul", case=f"{n}^3", dtype=dtype, device=name,
                          exact_s=t["exact"], torch_f64_s=t["torch_f64"], ratio=t["exact"] / t["torch_f64"],
                          device_part_s=t["device_part"], device_part_ratio=t["device_part"] / t["torch_f64"],
+                         stages_s=t["exact_stages"], stages_ratio=t["exact_stages"] / t["torch_f64"],
                          refkern_matmul_s=t["refkern_matmul"],
                          refkern_matmul_ratio=t["refkern_matmul"] / t["torch_f64"],
                          target=TARGETS["gpu_matmul_vs_torch_f64"], **st))  # fmt: skip
@@ -273,9 +281,12 @@ def _table(rows):
         if "cpu_ratio" in r:
             extra = f"wall; CPU time {r['cpu_ratio']:.2f}x"
         if "device_part_ratio" in r:
+            comp = r.get("undecided_after_compensated", f"(not run: {r.get('compensated_unavailable')})")
             extra = (f"{r['device']}: torch f64 {r['torch_f64_s'] * 1e3:.2f} ms; device part alone "
-                     f"{r['device_part_ratio']:.2f}x; refkern.matmul (copies) {r['refkern_matmul_ratio']:.2f}x; "
-                     f"undecided after |A||B| {r['undecided_after_tight']}, after the pairwise stage "
+                     f"{r['device_part_ratio']:.2f}x; without the compensated stage {r['stages_ratio']:.2f}x; "
+                     f"refkern.matmul (copies) {r['refkern_matmul_ratio']:.2f}x; undecided after the compensated "
+                     f"stage {comp}"
+                     f", after |A||B| {r['undecided_after_tight']}, after the pairwise stage "
                      f"{r.get('undecided_after_pairwise', '(not run)')}; one call: device part "
                      f"{r['device_seconds'] * 1e3:.1f} ms, exact path with copies "
                      f"{r['exact_seconds'] * 1e3:.1f} ms")  # fmt: skip

@@ -52,10 +52,13 @@ what decide_one decides on them (tests: never more).
 in chunks of at most CHUNK elements (at most 32 bytes of temporaries per element of a chunk: a
 float64 bound where a bias or the magnitudes enter it, both ends in float32, their narrow roundings,
 an int32 bit test and boolean masks; 1 GiB at CHUNK, beside the float64 result), the rounded
-results, the |A| |B|^T GEMM over the rows holding undecided elements where it pays
-(:func:`tight_pays`), and the pairwise stage on the elements still undecided where it pays
-(:func:`pairwise`, :func:`pairwise_pays`; chunks of PAIRWISE_PRODUCTS gathered products). On the
-CPU: what remains, by the exact path, on copies of the rows it needs. Every elementwise step is one
+results; then, on a CUDA device, the compensated stage (:mod:`~refkern.engines.filter_compensated`:
+one kernel reads each undecided element's two rows once and sums its products with every addition's
+error, an interval about ``K u**2 T`` wide); where it does not compile, or on CPU tensors, the |A| |B|^T
+GEMM over the rows holding undecided elements where it pays (:func:`tight_pays`), and the pairwise
+stage on the elements still undecided where it pays (:func:`pairwise`, :func:`pairwise_pays`; chunks
+of PAIRWISE_PRODUCTS gathered products). On the CPU: what remains, by the exact path, on copies of the
+rows it needs. Every elementwise step is one
 torch op, except fl(s -+ fl(na C1) nb) without a bias (torch.addcmul, whose kernel may contract the
 product into an FMA: the product then is exact, which the bound above covers, :func:`decide`).
 """
@@ -68,7 +71,7 @@ import numpy as np
 from refkern.engines import filter_element as fe
 
 __all__ = ["CHUNK", "EXACT_TERM_S", "TIGHT_SHARE", "supports", "scale", "norms", "decide", "decide_gemm",
-           "round_once", "value_gemm", "tight_pays", "pairwise", "pairwise_pays", "PAIRWISE_PRODUCTS",
+           "round_once", "decide_ends", "value_gemm", "tight_pays", "pairwise", "pairwise_pays", "PAIRWISE_PRODUCTS",
            "PAIRWISE_MIN_S", "Device", "exact_elements", "gemm", "matmul"]  # fmt: skip
 
 CHUNK = 1 << 25  # elements per decision chunk: at most 32 bytes of temporaries each (module docstring)
@@ -219,13 +222,21 @@ def pairwise(A, B, t, i, j, bias, name):
         if bias is not None:
             sv, tq = sv + bias[sl], tq + bias[sl].abs()
         e = tq * c1
-        lo, hi = sv - e, sv + e
-        if name == "float32":
-            rl, rh = lo.to(torch.float32), hi.to(torch.float32)
-        else:
-            rl, rh = round_once(lo, name), round_once(hi, name)
-        r[sl], und[sl] = rl, (rl != rh) | (rl == 0)
+        r[sl], und[sl] = decide_ends(sv - e, sv + e, name)
     return r, und
+
+
+def decide_ends(lo, hi, name):
+    """(r, undecided) for float64 tensors ``lo`` and ``hi``, the ends of intervals that hold exact
+    sums: each end rounded once to the format ``name`` (the conversion for float32, :func:`round_once`
+    for bfloat16 and float16); an element is decided to ``r`` where both ends round to one nonzero
+    value (rounding is monotonic; a zero result's sign is the exact path's)."""
+    torch = _torch()
+    if name == "float32":
+        rl, rh = lo.to(torch.float32), hi.to(torch.float32)
+    else:
+        rl, rh = round_once(lo, name), round_once(hi, name)
+    return rl, (rl != rh) | (rl == 0)
 
 
 def pairwise_pays(undecided, k, threads):
@@ -301,6 +312,7 @@ class Device:
         torch = _torch()
         self.dev = A.device
         self.A = A.to(torch.float64)
+        self.A_in, self.B_in = A, B.to(device=self.dev)  # the narrow values as given (filter_compensated)
         self.B = B.to(device=self.dev, dtype=torch.float64)
         self.ia, self.ib, self.name, self.bias_rows = np.asarray(ia), np.asarray(ib), name, bias_rows
         self.bias = None if bias is None else bias.to(device=self.dev, dtype=torch.float64)
@@ -342,6 +354,9 @@ class Device:
         if idx.shape[0] and self.name != "float32":
             idx = self._once(V, R, und, idx, mag, na, nb)
             self.stats["undecided_rounded_once"] = int(idx.shape[0])
+        if idx.shape[0] and self._compensates():
+            idx = self._compensated(R, idx)
+            self.stats["undecided_after_compensated"] = int(idx.shape[0])
         if idx.shape[0] and not want_mag:
             idx = self._tighten(A, B, V, R, und, idx, gemm_s)
         self.stats["undecided_after_tight"] = int(idx.shape[0])
@@ -354,6 +369,41 @@ class Device:
         return R, V, mag, idx.cpu().numpy()
 
     force_pairwise = False  # the tests: the pairwise stage on CPU tensors too
+    force_compensated = False  # the tests: the compensated stage on CPU tensors (under Numba's CUDA simulator)
+    compensate = True  # False: the |A| |B| and pairwise stages on a CUDA device too (benchmarks/bench_filter.py)
+
+    def _compensates(self):
+        """Whether the undecided elements go to :mod:`~refkern.engines.filter_compensated` (one kernel
+        launch; on a CUDA device where Numba's CUDA target compiles it, else the |A| |B| and pairwise
+        stages, with the reason in the stats)."""
+        from refkern.engines import filter_compensated as fc
+
+        if self.force_compensated:
+            return True
+        if not self.compensate:
+            return False
+        if self.dev.type != "cuda":
+            return False
+        if not fc.available():
+            self.stats["compensated_unavailable"] = fc.reason()
+            return False
+        return True
+
+    def _compensated(self, R, idx):
+        """The undecided elements idx by :func:`refkern.engines.filter_compensated.sums` (each element's
+        row of A and of B read once, its sum with every addition's error) and its decision; those that
+        remain, as idx."""
+        from refkern.engines import filter_compensated as fc
+
+        torch = _torch()
+        t, i, j = idx[:, 0], idx[:, 1], idx[:, 2]
+        b = None if self.bias is None else self.bias[i if self.bias_rows else j]
+        A32 = self._pair(self.A_in, self.ia).to(torch.float32)  # exact: narrow values
+        B32 = self._pair(self.B_in, self.ib).to(torch.float32)
+        sigma, tau, q = fc.sums(A32, B32, t, i, j, b)
+        r, u = decide_ends(*fc.interval(sigma, tau, q, self.k, b is not None), self.name)
+        R[t, i, j] = torch.where(u, R[t, i, j], r)
+        return idx[u]
 
     def _pairwise(self, A, B, R, idx):
         """The undecided elements idx by :func:`pairwise`; those that remain, as idx."""

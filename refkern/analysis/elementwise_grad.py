@@ -9,7 +9,10 @@ second-order terms; ``r(y)`` is one rounding in the working format w (float32 fo
 float32 inputs, float64 for float64), ``L_f(y)`` the library's bound for f at its result y, ``u`` w's unit
 roundoff (a constant rounded to w, or to the half format for half inputs: ``scalar_t(...)`` in ATen's
 reduced-float kernels). The formulas (ATen's CPU kernels, ``Activation.cpp`` and ``BinaryOpsKernel.cpp``;
-CUDA's the same in opmath):
+CUDA's the same in opmath, except tanh's and sigmoid's backward for half results: ``BinaryMiscBackwardOpsKernels.cu``
+writes ``a * (scalar_t{1.} - b * b)`` and ``a * (scalar_t(1.) - b) * b`` in ``scalar_t``, whose c10 ``BFloat16``
+and ``Half`` operators round each product and difference to the half format; seen on an H200, torch 2.11: bfloat16
+gradients 2.1 ulp off, 1.9x the opmath bound, so a CUDA class charges each step at the half format's half-ulp):
 
 ==================  ==========================================================================================
 tanh_backward       ``g (1 - y*y)``, y the stored forward (its bound ``E_y``: the forward yardstick's, with the
@@ -107,9 +110,9 @@ def grad_bounds(fn, g, x, v, fmt, lib, p=()):
 
     with np.errstate(all="ignore"):
         if fn in ("tanh", "sigmoid"):
-            if fmt.name == "float16":  # ATen's CPU kernels run these in Vectorized<Half>: each step rounded
-                def r(y):  # to float16 (measured: sigmoid_backward 1.87 ulp at x = -0.0165, beyond float32's)
-                    return 0.5 * _ulp(y, fmt, True)
+            if fmt.name == "float16" or (half and "cuda" in lib.devices):  # each step rounded to the half
+                def r(y):  # format: ATen's CPU kernels in Vectorized<Half> (measured: sigmoid_backward 1.87 ulp at
+                    return 0.5 * _ulp(y, fmt, True)  # x = -0.0165, beyond float32's); CUDA's in scalar_t (docstring)
 
             t, ey = _fwd(fn, x, fmt, lib)
             if ey is None:

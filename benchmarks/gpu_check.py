@@ -77,6 +77,21 @@ ELEMENTWISE = (  # (label, function, the values' kind, keywords)
 )
 
 
+def _gradients(fn, args, kw):
+    """{"grad_output": g, "grads": [the device's gradient of each floating tensor argument, or None]}: the
+    backward that refkern.torch.check ran, run again (grad_output standard normal from a generator seeded
+    with 0, in float64 rounded to the output's dtype, as check makes it) and brought to the CPU."""
+    leaves = [x.detach().clone().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
+              else x for x in args]  # fmt: skip
+    with torch.enable_grad():
+        out = fn(*leaves, **kw)
+        out = out[0] if isinstance(out, tuple) else out
+        g = torch.randn(tuple(out.shape), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        out.backward(g.to(out.dtype).to(out.device))
+    grads = [x.grad.cpu() if isinstance(x, torch.Tensor) and x.grad is not None else None for x in leaves]
+    return {"grad_output": g.to(out.dtype), "grads": grads}
+
+
 def _cases(small, dtypes=("bfloat16", "float32", "float16")):
     """(label, fn, args builder, kwargs, backward, settings) for section 1."""
     n_feat, n_keys, n_red = (256, 256, 10**4) if small else (4096, 4096, 10**7)
@@ -290,6 +305,8 @@ def section_check(args, out):
                 with torch.no_grad():
                     FOUND[f"{dt} {label}"] = {"args": [x.cpu() if isinstance(x, torch.Tensor) else x for x in a],
                                               "kwargs": kw, "out": fn(*a, **kw).cpu()}  # fmt: skip
+                if backward and any(g[1] == "mismatch" for g in grads):
+                    FOUND[f"{dt} {label}"].update(_gradients(fn, a, kw))
                 row["text"] = str(res) + "\n" + "\n".join(
                     [str(r.report) for r in res.rows if r.report is not None and r.report.verdict == "mismatch"]
                     + [f"gradient {g.argument}: {g.report}" for g in res.grads

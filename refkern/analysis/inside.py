@@ -90,13 +90,14 @@ def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=N
     nm = getattr(coherent, "members", None)
     if nm is not None and np.shape(a) and (fails & ~over).any():
         z, fails, keep, r, vk = _norm_members(a, c, var, over, lam_el, nm, coherent, z, fails)
-    vg = vk if getattr(coherent, "widen", None) is None else _widened(vk, keep, coherent)  # the columns' scale
-    groups = group_failures(r, vg, keep, c, a, axes, lam_grp, only) if only and _any_group(r, vg, keep, only,
-                                                                                          lam_grp) else []  # fmt: skip
+    # the columns' scale: the whole family's where the elements' holds the rest's (RowShared.widen); without a fused
+    # pass (softmax) asked for only where a column fails on the rest's (widening only adds variance)
+    lazy = getattr(coherent, "widen", None) is not None and getattr(coherent, "fused", None) is None
+    vg = vk if getattr(coherent, "widen", None) is None or lazy else _widened(vk, keep, coherent)
     st = coherent.stats(r, vk, keep, y) if hasattr(coherent, "stats") else None  # one pass for the scale tests
-    if only:
-        groups = groups + _axis_scale_failures(r, vk, keep, c if y is None else y, lam_grp, axes, only,
-                                               None if st is None else st[5], c=c, a=a, vg=vg)  # fmt: skip
+    groups = _columns(r, vk, keep, c, a, y, lam_grp, axes, only, vg, st)
+    if lazy and groups:
+        groups = _columns(r, vk, keep, c, a, y, lam_grp, axes, only, _widened(vk, keep, coherent), st)
     if groups and nm is not None and coherent.widen is None:  # columns of rows that share a member's shift
         groups = _member_columns(r, vk, keep, c if y is None else y, lam_grp, axes, only, coherent, groups)
     if coherent is not None:
@@ -106,6 +107,15 @@ def _test(model, a, c, var, over, lam_el, lam_grp, axes, only, scale=1.0, grid=N
     if free is not None:
         groups = groups + free()
     return StatFit(model, c, var, z, fails, groups, lam_el)
+
+
+def _columns(r, vk, keep, c, a, y, lam_grp, axes, only, vg, st):
+    """The group tests along the axes ``only``: each group's sum and scale test on the variances ``vg``."""
+    if not only:
+        return []
+    groups = group_failures(r, vg, keep, c, a, axes, lam_grp, only) if _any_group(r, vg, keep, only, lam_grp) else []
+    return groups + _axis_scale_failures(r, vk, keep, c if y is None else y, lam_grp, axes, only,
+                                         None if st is None else st[5], c=c, a=a, vg=vg)  # fmt: skip
 
 
 def _straddle(a, c, var, over, lam_el, st):

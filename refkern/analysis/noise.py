@@ -479,7 +479,7 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         return Noise(lay.back(y2) + stores, [], axes, free=free,
                      coherent=RowShared(lay.rows, lay.back, lay.X.shape[0], [(sh, 1.0)], keys=lambda: keys(lay.X)))
     if kind == "softmax":  # in units of each weight's power of two: tiny weights' variances do not underflow
-        rel, sh = scale_rows(lay.X, u, u_m, False, shared=True)
+        rel, sh, ch = scale_rows(lay.X, u, u_m, False, shared=True, chains=out is FLOAT32 and u == FLOAT32.u)
         rel = lay.back(rel)
         with np.errstate(all="ignore"):
             _, e = np.frexp(np.where(np.isfinite(ref) & (ref != 0), np.abs(ref), 1.0))
@@ -489,9 +489,9 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
         eta_w, eta_o = (_eta(f) * sc if np.ndim(sc) == 0 else np.ldexp(1.0, f.emin - f.prec + np.frexp(sc)[1] - 1)
                         for f in (FLOAT64 if out is FLOAT64 else FLOAT32, out))  # fmt: skip
         v = rel * ys * ys + 2.0 * (out.u * ys) ** 2 + 2.0 * eta_o**2 + (lay.n + 4) * eta_w**2
-        return Noise(v, [], axes, sc, coherent=RowShared(lay.rows, lay.back, lay.X.shape[0],
-                                                          [(sh, lay.rows(np.broadcast_to(ys, ref.shape)))],
-                                                          keys=lambda: keys(lay.X)))
+        ysr = lay.rows(np.broadcast_to(ys, ref.shape))
+        coh = RowShared(lay.rows, lay.back, lay.X.shape[0], [(sh, ysr)], keys=lambda: keys(lay.X))
+        return Noise(v, [], axes, sc, coherent=coh if ch is None else ch.attach(coh, ysr, sh))  # float32: members
     if kind == "attention":
         rows = lay.rows(ref)
         Ev = ref.shape[-1] if nd else 1

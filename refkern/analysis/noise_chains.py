@@ -23,7 +23,9 @@ members whose chains are long are emulated exactly, and the scale keeps only the
   (a SIMD loop's tail joins in the combine instead of its lane: that moves a chain value by one
   rounding). The last addition (or a mean's division) is one rounding to nearest of a value within that
   scale of the centre: the element test of a stored result (``inside._straddle``), so a single chain
-  must be matched exactly.
+  must be matched exactly. Where the terms themselves are known only within a slack (a softmax's exps,
+  :mod:`refkern.analysis.noise_softmax_chains`), :func:`sums` also gives the variance of the additions a kernel
+  may round otherwise (:func:`_flip_sq`).
 * **the rest** (:func:`rest_sq`): every order whose chains hold at most ``ceil(n / C)`` terms, on the
   sum convention of :mod:`refkern.analysis.noise` (on data without structure other splits have smaller
   partial sums): the larger of ``C`` contiguous chunks and ``C`` strided lanes, each read either way,
@@ -44,7 +46,7 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64
 
-__all__ = ["C_MAX", "LANES", "chains_of", "member_specs", "members", "batches", "rest_sq"]
+__all__ = ["C_MAX", "LANES", "chains_of", "member_specs", "members", "sums", "batches", "rest_sq"]
 
 C_MAX = 64  #: at most this many chains in the rest (the members' cost: every T L < C emulated)
 LANES = (1, 4, 8, 16, 32)  #: a scalar loop, SIMD widths of 4, 8 and 16 floats, two accumulators of 16
@@ -88,15 +90,36 @@ def _chunk(n, T, omp, t):
     return min(t * c, n), min(t * c + c, n)
 
 
+@jit(inline="always")
+def _flip_sq(old, new, d):
+    """The variance of what a kernel's chain step may round differently from the emulated one ``new = fl(old +
+    v)`` where its term differs from ``v`` by at most ``d`` (:func:`sums`' ``slack``): 0 without slack; where
+    the binade grows (``|new| >= 2 |old|`` in exponent) a full rounding of each side, ``h(new)**2 + h(old)**2``;
+    else the flip's Kearns-Saul proxy ``ulp**2 (1 - 2 p) / (2 ln((1 - p) / p))`` with ``p = min(d / ulp, 1/2)``
+    (``ulp = ulp(new)``; the limit ``ulp**2 / 4`` at ``p = 1/2``)."""
+    if d <= 0.0 or new == 0.0:
+        return 0.0
+    en = math.frexp(abs(np.float64(new)))[1]
+    ulp = math.ldexp(1.0, en - 24)
+    if old != 0.0 and math.frexp(abs(np.float64(old)))[1] < en:
+        return 0.25 * ulp * ulp + 0.0625 * ulp * ulp  # h(new) = ulp / 2; h(old) <= ulp / 4
+    p = d / ulp
+    if p >= 0.5:
+        return 0.25 * ulp * ulp
+    return ulp * ulp * (1.0 - 2.0 * p) / (2.0 * math.log((1.0 - p) / p))
+
+
 @jit(parallel=True, error_model="numpy")
-def _member_sums(X, specs, cs, comb, sq, last, own):
+def _member_sums(X, specs, cs, comb, sq, last, own, slack, flip):
     """Per member ``j`` and row ``i`` of X (R, n) float32: the float32 chain values of the member, and
     (float64) their sum ``cs``, the combine's partial sums ``comb`` (``max(sum P_k**2, sum Q_k**2)`` over
     the additions before the last), ``sq = sum c**2`` where a lane's last term may join the combine
     (``L > 1``, else 0), the total's square ``last``, and ``own``: the member's error ``sum c - sum x``
     over its own scale ``sqrt(sum_chains sum_k P_k**2 + comb)`` in units of u (0 where that scale is 0). The
     member's chains advance together, one term each per step (independent float32 additions, in their order
-    within each chain), each with its exact running sum beside it."""
+    within each chain), each with its exact running sum beside it. Where ``slack`` (R, n) is not empty,
+    ``flip`` (k, R) sums :func:`_flip_sq` over the member's additions (term ``X[i, k]`` known to ``slack[i,
+    k]``), else it is 0."""
     R, n = X.shape
     K = specs.shape[0]
     for job in prange(K * R):
@@ -108,6 +131,8 @@ def _member_sums(X, specs, cs, comb, sq, last, own):
         st = np.empty(T, np.int64)
         ln = np.empty(T, np.int64)
         longest = 0
+        fl = 0.0
+        has = slack.shape[0] > 0
         for t in range(T):
             s, e = _chunk(n, T, omp, t)
             st[t], ln[t] = s, e - s
@@ -118,14 +143,20 @@ def _member_sums(X, specs, cs, comb, sq, last, own):
                 if back:  # the single scalar chain (L = 1), right to left
                     if q0 < ln[t]:
                         v = X[i, e - 1 - q0]
-                        acc[base] = np.float32(acc[base] + v)
+                        nv = np.float32(acc[base] + v)
+                        if has:
+                            fl += _flip_sq(acc[base], nv, slack[i, e - 1 - q0])
+                        acc[base] = nv
                         ex[base] += v
                         sp += ex[base] * ex[base]
                 else:
                     for lane in range(L):
                         if s + q0 + lane < e:
                             v = X[i, s + q0 + lane]
-                            acc[base + lane] = np.float32(acc[base + lane] + v)
+                            nv = np.float32(acc[base + lane] + v)
+                            if has:
+                                fl += _flip_sq(acc[base + lane], nv, slack[i, s + q0 + lane])
+                            acc[base + lane] = nv
                             ex[base + lane] += v
                             sp += ex[base + lane] * ex[base + lane]
         tot, p2, q2, s2, xs = 0.0, 0.0, 0.0, 0.0, 0.0
@@ -149,6 +180,7 @@ def _member_sums(X, specs, cs, comb, sq, last, own):
         cs[j, i], comb[j, i], sq[j, i], last[j, i] = tot, max(p2, q2), s2 if L > 1 else 0.0, tot * tot
         scale = math.sqrt(sp + max(p2, q2) + tot * tot)
         own[j, i] = abs(tot - xs) / scale if scale > 0 else 0.0
+        flip[j, i] = fl
 
 
 def members(X, kind: str, lam: float, specs=None, out_u: float = FLOAT32.u):
@@ -163,14 +195,9 @@ def members(X, kind: str, lam: float, specs=None, out_u: float = FLOAT32.u):
     half its ulp) loses every term the same way, far beyond it: such a member is refused (its centre NaN),
     and a result equal to it is the bug it is. ``lam`` is the caller's level for refusing a correct
     member by chance (:func:`~refkern.analysis.stats.level` over the members and rows)."""
-    R, n = X.shape
+    n = X.shape[1]
     specs = member_specs(n) if specs is None else specs
-    X32 = np.ascontiguousarray(X, np.float32)
-    cs, comb, sq, last, own = (np.empty((len(specs), R)) for _ in range(5))
-    _member_sums(X32, specs, cs, comb, sq, last, own)
-    cs = np.where(own <= lam * out_u, cs, np.nan)
-    m = (specs[:, 0] * specs[:, 1]).astype(np.float64)[:, None]
-    err = (m + 1) * FLOAT64.u * np.abs(cs)  # a float64 sum of at most C values, exact to m u64 of their sum
+    cs, err, comb, sq, last, _ = sums(X, lam, specs, out_u=out_u)
     u2 = out_u * out_u
     if kind == "sum":
         return cs, err, u2 * (comb + sq)
@@ -178,6 +205,23 @@ def members(X, kind: str, lam: float, specs=None, out_u: float = FLOAT32.u):
     r = float(np.float32(1.0) / np.float32(n))
     xh = np.concatenate([cs / n, cs * r])
     return xh, np.concatenate([err / n, err * r]) + FLOAT64.u * np.abs(xh), np.concatenate([pre / n**2, pre * r * r])
+
+
+def sums(X, lam: float, specs, slack=None, out_u: float = FLOAT32.u):
+    """The chain sums of :func:`members` (float32 values X (R, n), the member ``specs``): ``(cs, err, comb, sq,
+    last, flip)``, each (k, R): the centre ``sum c_j`` (NaN where the member is refused, :func:`members`), its
+    float64 error, the combine's partial sums, ``sum c**2`` of SIMD lanes, the total's square and, with
+    ``slack`` (R, n), the variance a kernel whose terms differ from X by at most it may add by rounding its
+    additions otherwise (:func:`_flip_sq`; 0 without)."""
+    R, n = X.shape
+    X32 = np.ascontiguousarray(X, np.float32)
+    sl = np.zeros((0, 0)) if slack is None else np.ascontiguousarray(slack, np.float64)
+    cs, comb, sq, last, own, flip = (np.empty((len(specs), R)) for _ in range(6))
+    _member_sums(X32, specs, cs, comb, sq, last, own, sl, flip)
+    cs = np.where(own <= lam * out_u, cs, np.nan)
+    m = (specs[:, 0] * specs[:, 1]).astype(np.float64)[:, None]
+    err = (m + 1) * FLOAT64.u * np.abs(cs)  # a float64 sum of at most C values, exact to m u64 of their sum
+    return cs, err, comb, sq, last, flip
 
 
 @jit(parallel=True, error_model="numpy")

@@ -8,15 +8,19 @@ from refkern.analysis._envelope_softmax import EXP_SCALE_ULPS
 from refkern.analysis._envelope_softmax import LOG_SCALE_ULPS as LOG_ULPS
 from refkern.analysis._rows import _weights, exp_ulps_rows
 from refkern.analysis._softmax_rows import half_ulp, shared_sq
+from refkern.analysis.noise_softmax_chains import Chains, applies
 
 __all__ = ["scale_rows"]
 
 
-def scale_rows(X, u, u_m, log, shared=False):
+def scale_rows(X, u, u_m, log, shared=False, chains=None):
     """Before the stores: sigma**2 of log_softmax over the rows of the logits X; for softmax sigma**2
     relative to the weight's square (a weight far below 2**-511 has a variance that underflows). With
     ``shared``, also the part every element of a row shares, per row: softmax's relative ``sum_j w_j beta_j``
-    and ``D``'s errors (additions, rescales), log_softmax's ``log D`` and ``M + log D`` (absolute)."""
+    and ``D``'s errors (additions, rescales), log_softmax's ``log D`` and ``M + log D`` (absolute). With
+    ``chains`` not None (softmax, ``shared``) a third value is returned: where ``chains`` is true and
+    :func:`~refkern.analysis.noise_softmax_chains.applies`, D's additions are the rest's and this is that
+    module's :class:`~refkern.analysis.noise_softmax_chains.Chains`, else None."""
     Mf, arg, t, D, w = _weights(X)
     with np.errstate(all="ignore"):
         B, Brow = exp_ulps_rows(arg, t, u)
@@ -26,6 +30,10 @@ def scale_rows(X, u, u_m, log, shared=False):
         beta2 = np.where(np.isfinite(arg) & (t > 0), beta2, 0.0)  # a term of weight 0 moves nothing
         wb = np.einsum("ij,ij->i", w * w, beta2)  # sum_j w_j**2 beta_j**2
         adds, rec = shared_sq(X, t, u, EXP_SCALE_ULPS)  # the sum's additions at their half-ulps; its rescales
+        ch = None
+        if chains and not log and applies(X):  # the long chains emulated: the element and row tests on the rest
+            ch = Chains(X, arg, t, D, B, Brow, u, wb, adds, rec)
+            adds = ch.adds_rest
         sd2 = wb + adds + rec * ((2.0 * Brow + 1.0) * u) ** 2
         if log:
             L = np.log(D)
@@ -46,4 +54,6 @@ def scale_rows(X, u, u_m, log, shared=False):
         rel = (own + wb[:, None] + (adds + 2.0 * u * u)[:, None]
                + (rec * ((2.0 * Brow + 1.0) * u) ** 2)[:, None] + u_m**2)  # fmt: skip
         rel = np.where(np.isfinite(rel), np.maximum(rel, 0.0), 0.0)  # relative: sigma**2 / w**2
+        if chains is not None:
+            return rel, sd2, ch
         return (rel, sd2) if shared else rel

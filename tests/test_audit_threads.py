@@ -80,3 +80,39 @@ def test_a_caller_on_one_thread_stays_on_one_after_numba_ran():
     finally:
         torch.set_num_threads(old)
     assert seen == [1, 1, 1, 1] and a.first_failure is None, (seen, a.report())
+
+
+_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _fresh(code):
+    """Run ``code`` in a new interpreter (Numba's threading layer not started yet); its stdout."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], cwd=_ROOT, check=True, capture_output=True,
+                          text=True).stdout  # fmt: skip
+
+
+def test_numba_starting_moves_torchs_count_the_cause():
+    """The cause of the guard, Numba's (numba 0.68.1, threading layer "omp"): its start sets the OpenMP count torch
+    reads to NUMBA_NUM_THREADS, once. Should a Numba release stop doing so, this fails and the guard can go."""
+    out = _fresh("import torch, numba\ntorch.set_num_threads(1)\nassert torch.get_num_threads() == 1\n"
+                 "numba.get_num_threads()\nprint(numba.threading_layer(), numba.config.NUMBA_NUM_THREADS, "
+                 "torch.get_num_threads())")  # fmt: skip
+    layer, n, after = out.split()
+    if layer != "omp" or n == "1":
+        pytest.skip(f"Numba's {layer} layer on {n} threads: the count cannot move")
+    assert after == n
+
+
+def test_refkern_torch_starts_numba_on_the_callers_count():
+    """refkern.torch starts Numba's layer on import with torch's count kept (audit._start_numba_threads): a caller on
+    one thread stays on one through the import, a parallel Numba kernel and an audit."""
+    out = _fresh("import torch\ntorch.set_num_threads(1)\nassert torch.get_num_threads() == 1\n"
+                 "import numpy as np, refkern, refkern.torch\nseen = [torch.get_num_threads()]\n"
+                 "refkern.layer_norm(np.ones((64, 64), np.float32), (64,))\nseen.append(torch.get_num_threads())\n"
+                 "with refkern.torch.audit(progress=False):\n"
+                 "    torch.nn.functional.layer_norm(torch.randn(4, 64), (64,))\n"
+                 "seen.append(torch.get_num_threads())\nprint(*seen)")  # fmt: skip
+    assert out.split() == ["1", "1", "1"]

@@ -15,6 +15,7 @@ import sys
 import time
 import weakref
 
+import numba
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -32,8 +33,7 @@ from refkern.torch.sample import restrict
 __all__ = ["audit", "Audit", "AuditCall", "BitReport"]
 
 
-def _tensors(x):
-    return dsp._tensors(x)
+_tensors = dsp._tensors  # every tensor in a nest of lists and tuples
 
 
 def _plain(t):
@@ -52,6 +52,18 @@ def _cpu(a, copy=False):
     return a
 
 
+def _start_numba_threads():
+    """Numba's OpenMP layer, when it starts (its first parallel kernel, or ``numba.get_num_threads()``), sets the
+    starting thread's OpenMP count, torch's, to NUMBA_NUM_THREADS, once (numba 0.68.1, layer "omp": test_audit_threads).
+    Started on import of :mod:`refkern.torch`, on torch's own count, it cannot move a caller's threads later."""
+    old = torch.get_num_threads()
+    numba.get_num_threads()  # starts the layer (numba.np.ufunc.parallel._launch_threads)
+    torch.set_num_threads(old)
+
+
+_start_numba_threads()
+
+
 @contextlib.contextmanager
 def _torch_threads(*objs):
     """torch's own ops inside (the analysis of one op: copies to the CPU and to float64, a defined op
@@ -66,9 +78,7 @@ def _torch_threads(*objs):
         torch.set_num_threads(1)
     try:
         yield
-    finally:  # always: Numba's OpenMP layer shares the count torch reads, and numba.set_num_threads restoring
-        # its own (the machine's cores) would otherwise leave the model's next ops on another number of threads
-        # than the caller set (torch.set_num_threads(1), then an audit: 2 after it on 2 cores)
+    finally:  # always: the caller's count again, whatever ran inside (Numba's start: _start_numba_threads)
         torch.set_num_threads(old)
 
 
@@ -164,7 +174,7 @@ class Audit(AuditResults):
         self._phase = "forward"
         self._here = None  # the name of the backward op being observed (module hooks do not run in backward)
         self._matcher = patterns.Matcher()  # composed RMSNorm and rotary embeddings, judged whole
-        self._threads = _torch_threads  # the analysis' thread count, for the pattern rows (_audit_patterns)
+        self._threads = _torch_threads  # for the pattern rows: _audit_patterns cannot import this module (a cycle)
         self._open = False  # inside the with block: a pattern's backward hooks judge only then
         self._names_out = []  # with it, the name of each of its outputs' gradients
         self._params = {}  # id(parameter) -> (module path, attribute name)

@@ -128,6 +128,7 @@ from refkern.analysis.noise_var_chains import member_specs as var_member_specs
 from refkern.analysis.noise_var_chains import rest_s2 as var_rest_s2
 from refkern.analysis.row_bound import LogSoftmaxRows
 from refkern.analysis.row_bound_norm import NormRows
+from refkern.analysis.scan_bound import ScanIncrements
 from refkern.analysis.stats import level
 
 __all__ = ["Noise", "noise", "RSQRT_ULPS"]
@@ -432,16 +433,18 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
             P2 = P * P
             var = scan_var(X, u)  # the partial sums formed up to each element, at their half-ulps (noise_scan)
         scan = _cumsum_axes(name, args, nd)
-        precs = []
-        if out.prec < FLOAT32.prec and nd and X.size:  # a running sum held in the result format (noise_scan)
-            P2[:, 0] = 0.0  # the first value is stored, not summed
+        precs, free = [], None
+        if nd and X.size:
             n = X.shape[1]
 
             def rows(w, ax=scan[0]):
                 return np.ascontiguousarray(np.moveaxis(w, ax, -1)).reshape(-1, n)
 
+            free = ScanIncrements(X, rows, lay.back, out, u, k)  # the certain test of the increments (scan_bound)
+        if out.prec < FLOAT32.prec and nd and X.size:  # a running sum held in the result format (noise_scan)
+            P2[:, 0] = 0.0  # the first value is stored, not summed
             precs = [half_scan(P2, rows, lay.back, out, stores)]
-        return Noise(lay.back(var) + stores, [], scan, sc, precisions=precs)
+        return Noise(lay.back(var) + stores, [], scan, sc, precisions=precs, free=free)
     if kind == "norm":
         eta2 = 2.0 * _eta(out) ** 2 + (lay.n + 4) * eta_w**2
         std, fold, drift_bound, drift, shared = _norm(lay, name, lay.rows(ref_held, ref_held.dtype), u, out, eta2)

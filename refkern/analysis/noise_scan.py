@@ -40,8 +40,8 @@ values, torch's detectable element over the spread of correct kernels went from 
 flagged (the largest z of a left-to-right float32 scan 1.39, of a blocked one 1.59, against 6.9). What the
 element test cannot see is one row's tail offset by 8 spreads (a lost carry): it moves element ``n / 2`` by
 5.8 sigma there, under the level of 4,000 element tests; the test that sees it is on the increments (the
-offset is one jump, against one addition's ``h``), which needs a scale for the blocked and tree scans'
-increments at their block boundaries (not here).
+offset is one jump, against a few additions' ``h``): :mod:`refkern.analysis.scan_bound`, a certain bound on each
+increment of the orders whose neighbours differ by few roundings (the Noise's ``free`` test).
 """
 
 import math

@@ -82,6 +82,29 @@ def odd_even(X):
     return out
 
 
+def sklansky(X, lx):
+    """ATen's CUDA scan of the innermost dimension (ScanUtils.cuh) in float32: tiles of 2 * 2**lx, the tile's total
+    added to its first value, then at level m each element with bit m set adds the last value of its block's lower
+    half."""
+    r, n = X.shape
+    nx = 1 << lx
+    tile = 2 * nx
+    out, total = np.empty_like(X), np.zeros(r, F)
+    for c0 in range(0, n, tile):
+        m = min(tile, n - c0)
+        buf = np.zeros((r, tile), F)
+        buf[:, :m] = X[:, c0 : c0 + m]
+        buf[:, 0] = buf[:, 0] + total
+        t = np.arange(nx)
+        for lev in range(lx + 1):
+            s = 1 << lev
+            a = ((t >> lev) << (lev + 1)) | s
+            buf[:, a + (t % s)] = buf[:, a + (t % s)] + buf[:, a - 1]
+        out[:, c0 : c0 + m] = buf[:, :m]
+        total = buf[:, tile - 1]
+    return out
+
+
 def kogge_stone(X, B):
     """Hillis and Steele's scan over blocks of B, the carry added to a block's first value."""
     r, n = X.shape
@@ -98,7 +121,14 @@ def kogge_stone(X, B):
     return out
 
 
-DERIVED = {"sequential": sequential, "blocked 64": blocked, "Blelloch 32": blelloch, "odd-even": odd_even}
+DERIVED = {
+    "sequential": sequential,
+    "blocked 64": blocked,
+    "Blelloch 32": blelloch,
+    "odd-even": odd_even,
+    "Sklansky 2 x 16": lambda X: sklansky(X, 4),
+    "Sklansky 2 x 512": lambda X: sklansky(X, 9),
+}
 MEASURED = {"Kogge-Stone 32": lambda X: kogge_stone(X, 32), "Kogge-Stone 1024": lambda X: kogge_stone(X, 1024)}
 
 
@@ -120,26 +150,26 @@ def test_levels_by_hand():
 
 
 def test_bound_pinned_by_hand():
-    # one float32 row 1, 1, 1, 1 (n = 4: L = 2), its exact scan 1, 2, 3, 4. Element 1: M = 2, m_P = 2 / (1 - u)
-    # (binade 2: h = 2u), m_S = 2 * 2 (1 + u) / (1 - u) + (3u + 8 * 2**-53) * 2 (binade 4: h = 4u): b = 3 * 2u +
-    # 2 * 4u = 14 u, plus (2 L + 5) eta = 9 * 2**-150, widened by 2**-40 and the evaluation's 2**-52 (2 + 1 + 1).
-    # Element 3: M = 4, m_P binade 4 (h = 4u), m_S binade 8 (8u): 3 * 4u + 2 * 8u = 28 u. Element 0: the store of
-    # a float32 result computed in float32 is no rounding of its own: 3 eta, and 2**-52 (1 + 1)
+    # one float32 row 1, 1, 1, 1 (n = 4: L = 2, 2 L + 1 = 5 roundings), its exact scan 1, 2, 3, 4. Element 1: M = 2,
+    # m_S = 2 * 2 (1 + u) / (1 - u) + (3u + 8 * 2**-53) * 2 (binade 4: h = 4u): b = 5 * 4u = 20 u, plus (2 L + 5) eta
+    # = 9 * 2**-150, widened by 2**-40 and the evaluation's 2**-52 (2 + 1 + 1). Element 3: M = 4, m_S binade 8
+    # (8u): 40 u. Element 0: the store of a float32 result computed in float32 is no rounding of its own: 3 eta,
+    # and 2**-52 (1 + 1)
     t = _test(np.ones((1, 4)))
     _, B = t.t(np.array([[1.0, 2.0, 3.0, 4.0]]), bounds=True)
     eta, s = 2.0**-150, 1.0 + 2.0**-40
-    assert B[0, 1] == pytest.approx((14 * U + 9 * eta) * s + 2.0**-52 * 4, abs=0)
-    assert B[0, 3] == pytest.approx((28 * U + 9 * eta) * s + 2.0**-52 * 8, abs=0)
+    assert B[0, 1] == pytest.approx((20 * U + 9 * eta) * s + 2.0**-52 * 4, abs=0)
+    assert B[0, 3] == pytest.approx((40 * U + 9 * eta) * s + 2.0**-52 * 8, abs=0)
     assert B[0, 0] == pytest.approx(3 * eta * s + 2.0**-52 * 2, abs=0)
 
 
 def test_half_result_bound_pinned_by_hand():
     # the same row, a bfloat16 result scanned in float32 (u_o = 2**-8): element 1 adds the two stores h_o(2) +
-    # h_o(1) = 2 * 2**-8 + 2**-8; m_P = 2 / (1 - 2**-8) keeps binade 2; element 0 is the store h_o(1) = 2**-8
+    # h_o(1) = 2 * 2**-8 + 2**-8 (m_S = 4 (1 + u) / (1 - 2**-8) + ... keeps binade 4); element 0 is the store h_o(1)
     t = _test(np.ones((1, 4)), BFLOAT16)
     _, B = t.t(np.array([[1.0, 2.0, 3.0, 4.0]]), bounds=True)
     eta, s = 2.0**-150, 1.0 + 2.0**-40
-    assert B[0, 1] == pytest.approx((14 * U + 3 * 2.0**-8 + 9 * eta) * s + 2.0**-52 * 4, abs=0)
+    assert B[0, 1] == pytest.approx((20 * U + 3 * 2.0**-8 + 9 * eta) * s + 2.0**-52 * 4, abs=0)
     assert B[0, 0] == pytest.approx((2.0**-8 + 3 * eta) * s + 2.0**-52 * 2, abs=0)
 
 

@@ -452,8 +452,9 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
     for prec, key, text, v in nz.precisions:
         # same centre, a wider scale: the evidence a bug would not give is the scale test (a scale error is
         # not accumulator noise) and the group tests, passed on its scale; a precision with its own shared
-        # errors gives (sigma**2, coherent, "broad"): weighed only where the float32 family leaves more than
-        # half of the elements unexplained (the breakdown point: noise_scan's evidence)
+        # errors gives (sigma**2, coherent, broad): weighed only where the float32 family leaves more than half
+        # of the elements unexplained (the breakdown point: noise_scan's evidence), or where ``broad(a)`` names
+        # the kernel the result equals bit for bit (scan_kernels: torch's CUDA scan emulated on the very inputs)
         if nz.coherent is not None:
             var_p, coh_p, broad = v(), coh, None
         else:
@@ -461,18 +462,19 @@ def decide_inside(actual, ref, envs, d: Decision, name: str, args: dict, out, ax
             if not isinstance(got, tuple):
                 continue  # no scale test to run: nothing would tell it from a bug
             var_p, coh_p, broad = got
-        if broad and not np.count_nonzero(bad0) * 2 > bad0.size:
+        same = broad(a) if callable(broad) else None
+        if broad and same is None and not np.count_nonzero(bad0) * 2 > bad0.size:
             notes.append({"kind": "blind", "text": f"{key} would explain it, but the float32 family explains most "
                           f"elements: below the breakdown point a running sum in {prec} and a bug cannot be told "
                           "apart here"})  # fmt: skip
             continue
-        f = _test(Model(key, prec, text, out, acc), a, x, var_p, over, lam_el, lam_grp, axes, only, sc,
-                  coherent=coh_p, y=x)  # fmt: skip
+        f = _test(Model(key, prec, text if same is None else f"{text}; equal bit for bit to {same}", out, acc), a,
+                  x, var_p, over, lam_el, lam_grp, axes, only, sc, coherent=coh_p, y=x)  # fmt: skip
         fits.append(f)
-        if f.explains:
+        if f.explains or same is not None:
             with np.errstate(all="ignore"):
                 q = np.where(f.z == 0, 0.0, ((a - x) * nz.scale) ** 2 / nz.var)
-            cands.append((float(np.sum(np.minimum(np.nan_to_num(q, nan=np.inf), lam_el**2))), f))
+            cands.append((-1.0 if same else float(np.sum(np.minimum(np.nan_to_num(q, nan=np.inf), lam_el**2))), f))
     if cands:
         cands.sort(key=lambda t: t[0])
         best, f = cands[0]

@@ -115,6 +115,7 @@ from numba import prange
 from refkern._jit import jit
 from refkern.accumulate.formats import FLOAT32, FLOAT64, Format
 from refkern.analysis import noise_norm_chains as norm_chains
+from refkern.analysis import scan_kernels
 from refkern.analysis._rows import _partial_sq
 from refkern.analysis.noise_attention import attention_noise
 from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest_sq
@@ -443,7 +444,8 @@ def noise(name: str, args: dict, ref, out: Format, lam: float) -> Noise:
             free = ScanIncrements(X, rows, lay.back, out, u, k)  # the certain test of the increments (scan_bound)
         if out.prec < FLOAT32.prec and nd and X.size:  # a running sum held in the result format (noise_scan)
             P2[:, 0] = 0.0  # the first value is stored, not summed
-            precs = [half_scan(P2, rows, lay.back, out, stores)]
+            x0, ax = lay.back(X), scan[0]  # the input as given: torch's CUDA kernel is chosen by its shape
+            precs = [half_scan(P2, rows, lay.back, out, stores, lambda a: scan_kernels.matches(a, x0, ax, out))]
         return Noise(lay.back(var) + stores, [], scan, sc, precisions=precs, free=free)
     if kind == "norm":
         eta2 = 2.0 * _eta(out) ** 2 + (lay.n + 4) * eta_w**2

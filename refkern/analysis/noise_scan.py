@@ -101,18 +101,20 @@ class ScanShared:
             return float(np.sum(self.v * (tail * tail - tail2)))
 
 
-def half_scan(P2, rows, back, out, stores):
+def half_scan(P2, rows, back, out, stores, emulated):
     """The ``precisions`` entry of a cumsum with a half result ``out`` (module docstring): ``(precision,
-    key, text, thunk)``, ``thunk()`` giving ``(sigma**2, coherent, "broad")``, the last asking the verdict
-    for the evidence of the module docstring. ``P2``: the rows' squared partial sums, the first column
-    zero; ``rows``/``back``: the output to the scan's (rows, n) and back."""
+    key, text, thunk)``, ``thunk()`` giving ``(sigma**2, coherent, broad)``, the last asking the verdict
+    for the evidence of the module docstring: ``emulated(actual)`` names the kernel of
+    :mod:`refkern.analysis.scan_kernels` the result equals bit for bit, or None (then only the breakdown point
+    is evidence). ``P2``: the rows' squared partial sums, the first column zero; ``rows``/``back``: the
+    output to the scan's (rows, n) and back."""
     p = out.short
 
     def thunk():
         v = (out.u * out.u) * P2
         with np.errstate(all="ignore"):
             var = back(np.cumsum(v, axis=1)) + stores
-        return var, ScanShared(rows, v), "broad"
+        return var, ScanShared(rows, v), emulated
 
     return (p, f"{p} accumulation", f"the running sum held in {p} at every addition (torch's CUDA scan of "
             f"{out.name} tensors)", thunk)  # fmt: skip

@@ -158,7 +158,8 @@ def test_simulated_device_path_is_bit_identical_to_the_numba_engine():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_compensated_stage_4096():
     """4096^3 float32 on the device: the stage compiles there and leaves at most a thousandth of the elements the
-    norm bound left (an H200, torch 2.11: 79,384 -> 1); rows 0..31 are the Numba engine's bits."""
+    norm bound left (an H200, torch 2.11: 79,384 -> 1; this test passed there); rows 0..31 are the Numba engine's
+    bits."""
     import refkern as rk
     from refkern.engines import filter_device as fd
 

@@ -108,20 +108,29 @@ def dd_rows(X, G, rows, log, prec, emin, emax, slack, out, und):
         _row(X[r], G[r], log, prec, emin, emax, slack, out[r], und[r])
 
 
-@jit
-def _row(x, g, log, prec, emin, emax, slack, out, und):
-    """One row of :func:`dd_rows` (out and und: that row's views)."""
-    n = x.size
+@jit(inline="always")
+def row_max(x, g):
+    """(M, bad, gmax) of a row of logits x and its grad_output g: the largest logit (-inf for none), whether the
+    forward is NaN there (a NaN or +inf logit) or g is not finite, and ``max |g|``. Shared by this pass and the
+    float64 pass (:func:`refkern.kernels.softmax_backward._fast_rows`)."""
     M = -np.inf
     bad = False
     gmax = 0.0
-    for j in range(n):
+    for j in range(x.size):
         v = x[j]
         if v != v or v == np.inf or not abs(g[j]) < np.inf:
             bad = True
         elif v > M:
             M = v
         gmax = max(gmax, abs(g[j]))
+    return M, bad, gmax
+
+
+@jit
+def _row(x, g, log, prec, emin, emax, slack, out, und):
+    """One row of :func:`dd_rows` (out and und: that row's views)."""
+    n = x.size
+    M, bad, gmax = row_max(x, g)
     if bad or M == -np.inf:  # the forward is NaN, or g is not finite: NaN throughout
         for j in range(n):
             out[j] = np.nan

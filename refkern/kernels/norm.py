@@ -116,6 +116,34 @@ def _apply_row(xr, dh, dl, d_h, d_l, e_d, r_h, r_l, e_r, W, B, wr, has_w, has_b,
     return ok
 
 
+@jit(inline="always")
+def biased_variance(m_h, m_l, e_m2, n):
+    """``(v_h, v_l, e_v)``: ``v = M2 / n`` as a double word (:func:`refkern.accumulate.dd.dd_div_fp`, within
+    ``EPS |v|``) from ``M2 = m_h + m_l`` within ``e_m2``: ``e_v = e_m2 / n (1 + 2**-50) + EPS |v_h|`` (the float64
+    division of the bound charged ``2**-50``)."""
+    v_h, v_l = dd_div_fp(m_h, m_l, np.float64(n))
+    return v_h, v_l, e_m2 / n * (1.0 + 2.0**-50) + EPS * abs(v_h)
+
+
+@jit(inline="always")
+def inv_std(v_h, v_l, e_v, eps):
+    """(ok, r_h, r_l, e_r): ``r = (v + eps)**(-1/2)`` as the double-word ``r_h + r_l`` within ``e_r`` of the real
+    value, for a variance given as ``v_h + v_l`` within ``e_v``: ``w = v + eps`` (one double-word addition,
+    ``EPS |w|`` more), ``s = sqrt(w)`` within ``e_w / s (1 + 2**-40) + EPS s`` (``|sqrt(w + d) - sqrt(w)| <= |d| /
+    sqrt(w)``), ``r = 1 / s`` within ``e_s / (s (s - e_s)) + EPS |r|``; ok False where ``w`` is not positive, not
+    well inside the double-word range, or ``e_w >= w / 4`` (the caller's exact path decides). Shared by the forward
+    (:func:`_normalize`) and the backward (:func:`refkern.kernels.norm_backward._fast_rows`)."""
+    w_h, w_l = dd_add_fp(v_h, v_l, eps)
+    e_w = e_v + EPS * abs(w_h)
+    if not (w_h > 0.0 and e_w < 0.25 * w_h and safe(w_h)):
+        return False, 0.0, 0.0, 0.0
+    s_h, s_l = dd_sqrt(w_h, w_l)
+    e_s = e_w / s_h * (1.0 + 2.0**-40) + EPS * s_h
+    r_h, r_l = dd_div(1.0, 0.0, s_h, s_l)
+    e_r = e_s / (s_h * (s_h - e_s)) + EPS * abs(r_h)
+    return safe(r_h), r_h, r_l, e_r
+
+
 @jit(parallel=True)
 def _normalize(X, W, B, has_w, has_b, center, given, GM, GV, eps, prec, emin, emax, out, status):
     """Row r of X (R, n) normalised with weight/bias row ``r % W.shape[0]`` (a column per element,
@@ -149,18 +177,9 @@ def _normalize(X, W, B, has_w, has_b, center, given, GM, GV, eps, prec, emin, em
             if st != OK:
                 status[r] = st
                 continue
-            v_h, v_l = dd_div_fp(m_h, m_l, np.float64(n))
-            e_v = e_m2 / n * (1.0 + 2.0**-50) + EPS * abs(v_h)
-        w_h, w_l = dd_add_fp(v_h, v_l, eps)
-        e_w = e_v + EPS * abs(w_h)
-        if not (w_h > 0.0 and e_w < 0.25 * w_h and safe(w_h)):
-            status[r] = 2
-            continue
-        s_h, s_l = dd_sqrt(w_h, w_l)
-        e_s = e_w / s_h * (1.0 + 2.0**-40) + EPS * s_h
-        r_h, r_l = dd_div(1.0, 0.0, s_h, s_l)
-        e_r = e_s / (s_h * (s_h - e_s)) + EPS * abs(r_h)
-        if not safe(r_h):
+            v_h, v_l, e_v = biased_variance(m_h, m_l, e_m2, n)
+        fine, r_h, r_l, e_r = inv_std(v_h, v_l, e_v, eps)
+        if not fine:
             status[r] = 2
             continue
         ok = _apply_row(x, dh, dl, d_h, d_l, e_d, r_h, r_l, e_r, W, B, wr, has_w, has_b, prec, emin, emax, out[r])

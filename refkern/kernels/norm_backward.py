@@ -36,11 +36,11 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
-from refkern.accumulate.dd import EPS, dd_add_fp, dd_div, dd_div_fp, dd_sqrt, safe
 from refkern.accumulate.eft import two_sum
 from refkern.accumulate.formats import FLOAT64, Format, round_array
 from refkern.accumulate.ziv import decide, round_fraction, round_quotient_sqrt
 from refkern.kernels._moments import OK, moments, new_workspace
+from refkern.kernels.norm import biased_variance, inv_std
 
 __all__ = ["norm_backward_rows", "sum_over_sqrt", "U", "TINY"]
 
@@ -84,18 +84,9 @@ def _fast_rows(X, G, W, center, eps, prec, emin, emax, gin, xh, exh, status):
         if st != OK:
             status[i] = _EXACT
             continue
-        v_h, v_l = dd_div_fp(m_h, m_l, np.float64(n))
-        e_v = e_m2 / n * (1.0 + 2.0**-50) + EPS * abs(v_h)
-        w_h, w_l = dd_add_fp(v_h, v_l, eps)
-        e_w = e_v + EPS * abs(w_h)
-        if not (w_h > 0.0 and e_w < 0.25 * w_h and safe(w_h)):
-            status[i] = _EXACT
-            continue
-        s_h, s_l = dd_sqrt(w_h, w_l)
-        e_s = e_w / s_h * (1.0 + 2.0**-40) + EPS * s_h
-        r_h, r_l = dd_div(1.0, 0.0, s_h, s_l)
-        e_r = e_s / (s_h * (s_h - e_s)) + EPS * abs(r_h)
-        if not safe(r_h):
+        v_h, v_l, e_v = biased_variance(m_h, m_l, e_m2, n)
+        fine, r_h, r_l, e_r = inv_std(v_h, v_l, e_v, eps)  # the forward's own r
+        if not fine:
             status[i] = _EXACT
             continue
         r = r_h

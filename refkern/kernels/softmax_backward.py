@@ -45,7 +45,7 @@ from refkern.accumulate.eft import two_product, two_sum
 from refkern.accumulate.formats import Format
 from refkern.accumulate.ziv import round_fraction
 from refkern.kernels import _exact_real as xr
-from refkern.kernels._softmax_dd import dd_rows
+from refkern.kernels._softmax_dd import dd_rows, row_max
 from refkern.kernels._transcendental import U, bracket_around
 from refkern.kernels.softmax import exp_terms
 
@@ -90,14 +90,7 @@ def _fast_rows(X, G, log, prec, emin, emax, out, und):
     for r in prange(X.shape[0]):
         x = X[r]
         g = G[r]
-        M = -np.inf
-        bad = False
-        for j in range(n):
-            v = x[j]
-            if v != v or v == np.inf or not abs(g[j]) < np.inf:
-                bad = True
-            elif v > M:
-                M = v
+        M, bad, _ = row_max(x, g)
         for j in range(n):
             und[r, j] = False
         if bad or M == -np.inf:  # the forward is NaN, or g is not finite: NaN throughout

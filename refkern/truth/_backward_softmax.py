@@ -279,6 +279,9 @@ def _round_at(fmt, make, prec: int):
         iv.prec = saved
 
 
+# the truth's own copy of refkern.kernels._exact_attention._xmul, kept apart on purpose: the ground truth shares no
+# code with the exact path it checks (docs/DESIGN: "checked against something that shares no code"), so a fault in
+# one cannot hide in the other
 def _xmul(a: dict, b: dict) -> dict:
     """The product of two exponential sums ``{t: c}`` (``sum_t c e**t``): ``e**t e**u = e**(t + u)``."""
     out = {}

@@ -46,6 +46,7 @@ from refkern.kernels.pool import (
     max_pool1d,
     max_pool2d,
 )
+from refkern.kernels.pool3d import avg_pool3d
 from refkern.kernels.reduction import cumsum, mean, std, sum, var  # noqa: A004
 from refkern.kernels.softmax import log_softmax, softmax
 from refkern.reduce import METHODS, dot
@@ -60,6 +61,7 @@ __all__ = [
     "assert_matches_reference",
     "avg_pool1d",
     "avg_pool2d",
+    "avg_pool3d",
     "backward",
     "batch_norm",
     "compare",

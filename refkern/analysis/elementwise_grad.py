@@ -65,9 +65,6 @@ class; for gelu's erf form, the tanh form's gradient: "gelu tanh approximation")
 import math
 
 import numpy as np
-
-from refkern._jit import jit
-from refkern.accumulate.eft import two_sum
 from refkern.accumulate.formats import FLOAT32, FLOAT64
 from refkern.analysis.elementwise import (
     _BETA,
@@ -83,6 +80,7 @@ from refkern.analysis.elementwise import (
     bounds,
 )
 from refkern.analysis.report import build, errors
+from refkern.gradients_pow import _sum2_rows  # the reference's own Sum2 of rows
 from refkern.kernels import elementwise as ew
 from refkern.kernels import elementwise_grad as eg
 
@@ -378,20 +376,6 @@ def _gamma(n, u):
     Algorithms, 2nd ed., (4.4)); torch's float32 cascade and pairwise sums included."""
     m = np.maximum(np.asarray(n, np.float64) - 1.0, 0.0)
     return m * u / (1.0 - m * u)
-
-
-@jit
-def _sum2_rows(V, hi, lo):
-    """Each row of V summed as a double word ``hi + lo`` (Sum2 of Ogita, Rump and Oishi, "Accurate sum and dot
-    product", SIAM J. Sci. Comput. 26(6), 2005: TwoSum on the running sum, its errors summed, not yet added):
-    ``|hi + lo - sum| <= gamma_{n-1}**2 sum |v|`` in float64 (u = 2**-53; Prop. 4.5's proof)."""
-    for i in range(V.shape[0]):
-        s = 0.0
-        c = 0.0
-        for j in range(V.shape[1]):
-            s, e = two_sum(s, V[i, j])
-            c += e
-        hi[i], lo[i] = two_sum(s, c)
 
 
 def judge_reduced(name, k, got, grad_output, bound, who="compare_backward", rtol=None, atol=None):

@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from refkern.torch import patterns
 from refkern.torch._audit_results import AuditCall
+from refkern.torch._threads import torch_threads
 
 __all__ = ["forward_rows", "backward_rows", "not_analysed"]
 
@@ -50,7 +51,7 @@ def backward_rows(audit, where, p):
     gradient of the one operation the pattern computes; nothing once the audit has closed."""
     if not audit._open:  # a backward pass run after the audit closed
         return
-    with _disable_current_modes(), torch.no_grad(), audit._threads(p.grad_output):
+    with _disable_current_modes(), torch.no_grad(), torch_threads(p.grad_output):
         group, why = len(audit.calls), ""
         try:
             reports, sampled = patterns.judge_backward(p, audit.sample)

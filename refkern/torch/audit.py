@@ -10,17 +10,14 @@ module forward pre/post hooks keep a stack). See :mod:`refkern.torch.dispatch` f
 """
 
 import bisect
-import contextlib
 import sys
 import time
 import weakref
 
-import numba
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from refkern.analysis.compare import compare
-from refkern.engines.filter import PARALLEL_TERMS
 from refkern.gradients import compare_backward
 from refkern.torch import _audit_patterns, patterns
 from refkern.torch import dispatch as dsp
@@ -28,6 +25,7 @@ from refkern.torch import dispatch_backward as dbw
 from refkern.torch._audit_patterns import not_analysed
 from refkern.torch._audit_results import AuditCall, AuditResults, BitReport
 from refkern.torch._bits import _same_bits, _top_is, reciprocal_product
+from refkern.torch._threads import torch_threads as _torch_threads
 from refkern.torch.sample import restrict
 
 __all__ = ["audit", "Audit", "AuditCall", "BitReport"]
@@ -50,36 +48,6 @@ def _cpu(a, copy=False):
     if isinstance(a, torch.device):
         return torch.device("cpu")
     return a
-
-
-def _start_numba_threads():
-    """Numba's OpenMP layer, when it starts (its first parallel kernel, or ``numba.get_num_threads()``), sets the
-    starting thread's OpenMP count, torch's, to NUMBA_NUM_THREADS, once (numba 0.68.1, layer "omp": test_audit_threads).
-    Started on import of :mod:`refkern.torch`, on torch's own count, it cannot move a caller's threads later."""
-    old = torch.get_num_threads()
-    numba.get_num_threads()  # starts the layer (numba.np.ufunc.parallel._launch_threads)
-    torch.set_num_threads(old)
-
-
-_start_numba_threads()
-
-
-@contextlib.contextmanager
-def _torch_threads(*objs):
-    """torch's own ops inside (the analysis of one op: copies to the CPU and to float64, a defined op
-    recomputed, the bit-for-bit comparison) on one thread where the op's largest tensor holds fewer than
-    ``PARALLEL_TERMS`` elements, as :func:`~refkern.engines.filter.threads_for` runs Numba's kernels: below
-    it a parallel region costs more than it saves (``_same_bits`` on a 64 x 112 x 112 float32 activation at
-    load 4 on 2 cores: 8.4 ms of CPU on two threads, 0.43 ms on one, each region waiting for a thread the
-    machine is busy with). The model's own ops run outside this, on the threads the caller set."""
-    old = torch.get_num_threads()
-    n = max((t.numel() for o in objs for t in _tensors(o)), default=0)
-    if old != 1 and n < PARALLEL_TERMS:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:  # always: the caller's count again, whatever ran inside (Numba's start: _start_numba_threads)
-        torch.set_num_threads(old)
 
 
 class _Mode(TorchDispatchMode):
@@ -174,7 +142,6 @@ class Audit(AuditResults):
         self._phase = "forward"
         self._here = None  # the name of the backward op being observed (module hooks do not run in backward)
         self._matcher = patterns.Matcher()  # composed RMSNorm and rotary embeddings, judged whole
-        self._threads = _torch_threads  # for the pattern rows: _audit_patterns cannot import this module (a cycle)
         self._open = False  # inside the with block: a pattern's backward hooks judge only then
         self._names_out = []  # with it, the name of each of its outputs' gradients
         self._params = {}  # id(parameter) -> (module path, attribute name)

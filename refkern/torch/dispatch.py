@@ -330,14 +330,14 @@ def _reduction(name, b, out):
 
 def _pool(name, b, out):
     x = b["self"]
-    nd = 1 if "1d" in name else 2
+    nd = 1 if "1d" in name else 3 if "3d" in name else 2
     if name.startswith(("_adaptive", "adaptive")):
         return [Part("out", 0, OpCall(name, f"adaptive_avg_pool{nd}d", (x,), dict(output_size=_tup(b["output_size"]))))]
     stride = _tup(b["stride"]) if b.get("stride") else None
     kw = dict(kernel_size=_tup(b["kernel_size"]), stride=stride, padding=_tup(b["padding"]), ceil_mode=b["ceil_mode"])
     if name.startswith("avg"):
         kw["count_include_pad"] = b["count_include_pad"]
-        if nd == 2:
+        if nd > 1:
             kw["divisor_override"] = b.get("divisor_override")
         return [Part("out", 0, OpCall(name, f"avg_pool{nd}d", (x,), kw))]
     kw["dilation"] = _tup(b["dilation"])

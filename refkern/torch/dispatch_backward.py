@@ -241,6 +241,9 @@ def avg_pool2d(name, b, memo, present, op):
     return BackwardCall(op, b["grad_output"], (b["self"],), kw, [(0, "input")])
 
 
+avg_pool3d = avg_pool2d  # aten's avg_pool3d_backward takes avg_pool2d_backward's arguments
+
+
 def max_pool2d(name, b, memo, present, op):
     kw = dict(kernel_size=_tup(b["kernel_size"]), stride=_tup(b["stride"]) or None, padding=_tup(b["padding"]),
               dilation=_tup(b["dilation"]), ceil_mode=b["ceil_mode"])  # fmt: skip

@@ -406,7 +406,7 @@ def from_module(m, x) -> OpCall | None:
     """The OpCall of ``m(x)`` for nn.Linear, nn.Conv1d/2d/3d, nn.ConvTranspose1d/2d/3d (with its own
     ``output_padding``: ``m(x, output_size=...)`` is not this call), nn.LayerNorm, nn.RMSNorm,
     nn.GroupNorm, nn.BatchNorm1d/2d/3d (in the module's mode: batch statistics in training),
-    nn.AvgPool1d/2d, nn.MaxPool1d/2d, nn.AdaptiveAvgPool1d/2d, nn.Softmax and nn.LogSoftmax.
+    nn.AvgPool1d/2d/3d, nn.MaxPool1d/2d, nn.AdaptiveAvgPool1d/2d, nn.Softmax and nn.LogSoftmax.
     nn.MultiheadAttention is several ops: unsupported here, audited call by call."""
     if isinstance(m, torch.nn.Linear):
         return OpCall("Linear", "linear", (x, m.weight, m.bias))
@@ -437,11 +437,11 @@ def from_module(m, x) -> OpCall | None:
         batch_stats = m.training or (m.running_mean is None and m.running_var is None)
         kw = dict(weight=m.weight, bias=m.bias, training=batch_stats, momentum=m.momentum or 0.0, eps=m.eps)
         return OpCall(name, "batch_norm", (x, m.running_mean, m.running_var), kw)
-    if isinstance(m, (nn.AvgPool1d, nn.AvgPool2d)):
-        nd = 1 if isinstance(m, nn.AvgPool1d) else 2
+    if isinstance(m, (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)):
+        nd = 1 if isinstance(m, nn.AvgPool1d) else 2 if isinstance(m, nn.AvgPool2d) else 3
         kw = dict(kernel_size=m.kernel_size, stride=m.stride, padding=m.padding, ceil_mode=m.ceil_mode,
                   count_include_pad=m.count_include_pad)  # fmt: skip
-        if nd == 2:
+        if nd > 1:
             kw["divisor_override"] = m.divisor_override
         return OpCall(name, f"avg_pool{nd}d", (x,), kw)
     if isinstance(m, (nn.MaxPool1d, nn.MaxPool2d)):

@@ -101,9 +101,6 @@ MISSES = {
     "long chains are members now (noise_softmax_chains), but an online kernel's rescales, their exps charged the "
     "documented 2-2.25 ulps, leave a row 3.0-5.2 u of shared scale (the rest's additions 1.9-2.1 u): z 4.35 "
     "against the row test's level 6.4",
-    ("cumsum", 1000, "randn", "float32"): "one row's tail offset (a lost carry) by 8x the spread is rounding: it "
-    "moves element n / 2 by 5.8 sigma (half-ulp scale; 4.0 on u |P|), under the level 6.9 of 4,000 element tests; "
-    "the increments would show it as one jump",
 }
 NAMED_BELOW = {}
 

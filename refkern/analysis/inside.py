@@ -532,11 +532,13 @@ def _mismatch_notes(r0: StatFit, a, x, envs, name, args, out, over, bad) -> list
     # the whole output's scale first, then rows', then the groups along an axis, most significant first
     rank = {"scale": 0, "row scale": 1, ROW_OWN: 1}
     for g in sorted(r0.groups, key=lambda g: (rank.get(g["axis"], 2) if g["ax"] is None else 2, -g["z"]))[:3]:
-        if g["axis"] == ROW_OWN:
-            notes.append({"kind": "group", "text": f"row {g['index']} (in the op's row layout): its elements "
-                          f"disagree among themselves by {g['z']:.3g} times the most that a correct kernel's own "
-                          "roundings of each element allow, whatever the error its elements share (a scaled or "
-                          "distorted row, not rounding)"})  # fmt: skip
+        if g["axis"] == ROW_OWN:  # the certain tests within rows; scan_bound's: a jump between neighbours
+            notes.append({"kind": "group", "text": f"row {g['index']} (in the op's row layout): " + (
+                f"an output differs from its predecessor by its input plus {g['mean']:.3g}, {g['z']:.3g} times the "
+                "most that the roundings between neighbours of a correct scan allow (a lost carry or a jump in the "
+                "scan, not rounding)" if g.get("increments") else f"its elements disagree among themselves by "
+                f"{g['z']:.3g} times the most that a correct kernel's own roundings of each element allow, whatever "
+                "the error its elements share (a scaled or distorted row, not rounding)")})  # fmt: skip
             continue
         if g["axis"] == "row scale":
             notes.append({"kind": "group", "text": f"row {g['index']} (in the op's row layout) follows its output: "

@@ -65,6 +65,7 @@ class; for gelu's erf form, the tanh form's gradient: "gelu tanh approximation")
 import math
 
 import numpy as np
+
 from refkern.accumulate.formats import FLOAT32, FLOAT64
 from refkern.analysis.elementwise import (
     _BETA,

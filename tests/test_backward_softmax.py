@@ -188,3 +188,17 @@ def test_a_nan_gradient_is_a_mismatch_that_says_so():
     rep = rk.compare_backward({"input": bad}, "softmax", g, x.detach(), 1)["input"]
     assert rep.verdict == "mismatch" and rep.notes[0].startswith("1 element inf or NaN where the exact"), rep.notes
     assert rk.compare_backward({"input": x.grad}, "softmax", g, x.detach(), 1)["input"].verdict in ("exact", "rounding")
+
+
+@pytest.mark.parametrize("far", [50.0, 1e5])
+def test_a_top_logit_on_a_midpoint_is_left_by_the_far_terms(far):
+    """log_softmax along a column [0, -far, -far] with g = [-4, 1, 2**-24]: the top logit's gradient is
+    R + G T / S, R = g_0 - G = -(1 + 2**-24) exactly a float32 midpoint, G = -3 + 2**-24 < 0 and T = 2 e**-far > 0,
+    so it lies just beyond the midpoint and rounds to -(1 + 2**-23), not to the even -1. At far = 1e5 the exact
+    path's interval loop never decided it (its terms below the cut-off stay one unit wide: it ran toward 2**22 bits
+    for minutes); the sign of the rest decides it. refkern.truth agrees (checked at both)."""
+    x = np.array([0.0, -far, -far], np.float32)
+    g = np.array([-4.0, 1.0, 2.0**-24], np.float32)
+    got = rk.backward("log_softmax", g, x, 0)["input"]
+    assert float(got[0]) == pytest.approx(-(1 + 2.0**-23), abs=0)
+    assert float(got[1]) == 1.0 and float(got[2]) == 2.0**-24

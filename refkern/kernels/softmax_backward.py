@@ -210,6 +210,29 @@ def _exp_iv(d: Fraction, w: int):
     return lo * s, hi * s
 
 
+_BELOW = Fraction(1, 1 << 2000)  # below every half-gap of the formats here (float64's smallest: 2**-1075)
+
+
+def _beyond_midpoint(gi: Fraction, G: Fraction, groups: dict, n: int, fmt: Format):
+    """log_softmax's gradient at a top logit (a_i = 0) when its rational part is a rounding boundary and the rest
+    cannot reach the next one, else None. ``dx_i = R + G T / (c S)``, ``R = g_i - G / c`` (c logits at the top),
+    ``T = S - c = sum_(a_k < 0) c_k e**a_k``, so the rest has the sign of G and at most ``|G| (n - c) e**a2 / c**2``
+    (a2 the largest a_k < 0). Where R is a midpoint and that bound is below half the gap between R's two
+    neighbours (a margin of e in logs for the float evaluation), dx_i rounds to the neighbour on G's side, however
+    small the rest: the interval loop never decides it once the far terms lie below its cut-off (logits 4e5
+    apart ran it toward 2**22 bits for minutes)."""
+    c = groups[Fraction(0)][0]
+    r = gi - G / c
+    lo, hi = round_fraction(r - _BELOW, fmt), round_fraction(r + _BELOW, fmt)
+    a2 = max((k for k in groups if k < 0), default=None)
+    if lo == hi or G == 0 or a2 is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    bound = math.log(abs(float(G)) * (n - c) / (c * c)) + float(a2)
+    if not bound < math.log((hi - lo) / 2) - 1.0:
+        return None
+    return hi if G > 0 else lo
+
+
 def _sums(groups, w: int, f: int):
     """Intervals (Fractions) around ``S = sum_k c_k e**a_k`` and ``sum_k G_k e**a_k``, summed on
     integers at the scale 2**-(w + 16) (each e**a_k floored and ceiled onto it: one unit each way)."""
@@ -301,6 +324,8 @@ def exact_row(x, g, idx, fmt: Format, log: bool, w0: int = 64) -> dict:
             res[i] = 0.0
         elif log and g_all == 0:
             res[i] = float(g[i])
+        elif log and vals[i] == float(M) and _beyond_midpoint(gs[i], g_all, groups, len(vals), fmt) is not None:
+            res[i] = _beyond_midpoint(gs[i], g_all, groups, len(vals), fmt)
         else:
             todo.append(i)
     w = w0

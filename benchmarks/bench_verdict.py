@@ -4084,11 +4084,15 @@ def power_plan_sizes(family, quick, want):
     return {f: (keep(a), keep(b)) for f, (a, b) in (PB_SIZES_QUICK if quick else PB_SIZES).items()}
 
 
+_RUNS = [0]  # jsonl_writer's runs in this process
+
+
 def jsonl_writer(path, family):
     """``on_case`` for run_power / run_power_backward: appends each case's rows to ``path`` as JSON lines (one
     row a line, with its ``family`` and the ``part`` it was measured in, this run's id and the case's number)
     and flushes, so that a stopped run keeps every case it finished."""
-    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    _RUNS[0] += 1  # two runs within one second of one process (the tests) are two parts, not one
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{_RUNS[0]}"
     count = [0]
 
     def on_case(rows):

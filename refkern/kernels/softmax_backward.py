@@ -324,8 +324,8 @@ def exact_row(x, g, idx, fmt: Format, log: bool, w0: int = 64) -> dict:
             res[i] = 0.0
         elif log and g_all == 0:
             res[i] = float(g[i])
-        elif log and vals[i] == float(M) and _beyond_midpoint(gs[i], g_all, groups, len(vals), fmt) is not None:
-            res[i] = _beyond_midpoint(gs[i], g_all, groups, len(vals), fmt)
+        elif log and vals[i] == float(M) and (v := _beyond_midpoint(gs[i], g_all, groups, len(vals), fmt)) is not None:
+            res[i] = v
         else:
             todo.append(i)
     w = w0

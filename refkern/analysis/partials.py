@@ -39,8 +39,15 @@ taken tap by tap they are the blocks of the tap-major order, block of channels b
 channels those of the channel-blocked order, and the larger of the two bounds is used. The channel-major
 order's blocks would be single channels with their taps (a third partition of the products; as GEMMs, one
 per channel and tap, 300 s for a ResNet layer under load), so it is among the orders checked on a sample
-instead. conv3d (its depth folded into the kernel's images), the transposed convolutions (and the
-gradients judged as one) and float64 results keep the order-free scale.
+instead. A transposed convolution is the convolution of its stride-dilated, padded input with the flipped
+weight (:meth:`~refkern.kernels.conv_transpose.ConvTOperands.as_convolution`): the inserted zeros are zero
+terms, which leave every cell's sum and magnitude unchanged, so the same cells bound it. That covers the
+gradients judged as one transposed convolution, whose taps are the images or broadcast batch elements a
+backend forms one GEMM each for and adds (a conv2d's grad_weight, a broadcast matmul's grad_b: the
+order-free scale was 32 times this bound there, K = 4096 float32). conv3d and the transposed ones with depth
+taps keep the order-free scale: as conv2d over depth slices their channels are the pairs (c, kz), so a cell
+of consecutive channels spans depth taps, and a tap-major order over (kz, ky, kx) is not an order of those
+cells (measured: 3% over the bound on one element of a 3x3x3 kernel). So do float64 results.
 
 **The other orders, checked.** SIMD lanes across k (a dot product or a GEMV by ``sdot``, cuBLAS's
 sliced-K, a reduction that strides k over threads) form partial sums over k = l (mod L), and split-K's
@@ -56,7 +63,10 @@ import numpy as np
 from numba import prange
 
 from refkern._jit import jit
+from refkern.analysis.other_orders import SPLITS
+from refkern.analysis.other_orders import other_sq as _other_sq
 from refkern.engines.filter import decide_one, threads_for
+from refkern.kernels._convt_numba import ConvTOperands
 
 __all__ = [
     "BLOCK_MIN",
@@ -74,7 +84,6 @@ __all__ = [
 
 BLOCK_MIN, BLOCK_MAX = 4, 32  #: the range of :func:`block_size` (any block size gives a bound)
 LANES = (2, 4, 8, 16, 32, 64)  #: the lane counts of the structure check (SIMD widths times unrolling)
-SPLITS = (2, 4, 8)  #: split-K chunk counts the check runs
 CHECK_SAMPLE = 256  #: sampled elements whose other orders are run exactly
 _TASK_VALUES = 16384  # float64 values per cell buffer of a task of the fused pass (128 KiB)
 _GATHER_VALUES = 1 << 22  # float64 values of a strided convolution's gathered input at a time (32 MiB)
@@ -426,7 +435,7 @@ def _partials(pr, mag, block, values=False):
     """(bound, the pass's own magnitudes where ``mag`` is None, with ``values`` the values the filter's test
     decides in the pass (NaN elsewhere)), each of ``pr.shape``; (None, None, None) where the bound does not
     apply."""
-    if pr.fmt.prec > 24 or pr.kind == "dot" or (pr.kind == "conv" and getattr(pr.ops[0], "depth", 0) != 1):
+    if pr.fmt.prec > 24 or pr.kind == "dot":
         return None, None, None
     block = block_size(pr.n_terms) if block is None else block
     fmt = (pr.n_terms - (pr.bias is not None), *pr.fmt.params)  # K products (the bias is decide_one's K + 1st)
@@ -445,6 +454,12 @@ def _partials(pr, mag, block, values=False):
                                  values=(val[t], sbias, fmt) if values else None, final=final)  # fmt: skip
         else:
             c = pr.ops[0]
+            if isinstance(c, ConvTOperands):  # a transposed convolution as its convolution (the zeros: zero terms)
+                if c.weight.shape[2] > 1:  # depth taps: channels (c, kz), not cells of one tap (module docstring)
+                    return None, None, None
+                c, values, val = c.as_convolution(), False, None  # a zero's sign is not the pass's to decide
+            elif c.nd == 3:
+                return None, None, None
             c_out, cin_g = c.W.shape[:2]
             sbias = np.zeros((c_out, 1)) if c.bias is None else np.asarray(c.bias, np.float64)[:, None]
             cb = min(cin_g, block)  # cells of cb channels at one tap, tap-major and channel-blocked (module docstring)
@@ -452,6 +467,8 @@ def _partials(pr, mag, block, values=False):
             val = np.empty(c.out_shape) if values else None
             out = _cells(c.X, c.W, np.abs(sbias), c.stride, c.dilation, c.groups, cb, cb, "both", c.out_shape,
                          mag=own, values=(val, sbias, fmt) if values else None, final=final)  # fmt: skip
+            if c.depth > 1:  # images n * D_out + z: depth z of image n (conv3d, conv_transpose3d)
+                out, own, val = (None if a is None else _depth_last(a, c.depth) for a in (out, own, val))
         if own is None:  # given magnitudes: + M**2, at most (n + 1) M**2, which stands where that is not finite
             mag = mag.reshape(out.shape)
             out += mag * mag
@@ -461,108 +478,10 @@ def _partials(pr, mag, block, values=False):
             (val.reshape(pr.shape) if values else None))  # fmt: skip
 
 
-def _other_sq(T, lanes):
-    """The largest ``sum_j c_j**2`` of the other orders, per row of products ``T`` (s, K), each exactly (float64,
-    far under the float32 units it feeds): the terms' own order (a convolution's ``(c, ky, kx)``) left to right
-    and right to left; L lanes summing k = l (mod L) left to right or right to left (the sequence padded with
-    zeros to a multiple of L), then the lanes' totals in order or by a pairwise tree (a horizontal reduction);
-    and split-K into 2, 4 or 8 contiguous chunks (padded with zeros to a multiple of the count), each left to
-    right, then the chunks' results in order. Lane counts and splits of K or more are skipped."""
-    T = np.ascontiguousarray(T, np.float64)
-    out = np.empty(T.shape[0])
-    _other_sq_rows(T, np.asarray(lanes, np.int64), np.asarray(SPLITS, np.int64), out)
-    return out
-
-
-_ROWS = 32  # rows of T that :func:`_other_sq_rows` runs side by side (the vector lanes of every pass)
-
-
-@jit
-def _other_sq_rows(T, lanes, splits, out):
-    """:func:`_other_sq`, :data:`_ROWS` rows at a time, one thread (a sample of at most CHECK_SAMPLE rows: a
-    parallel launch costs more than it saves, :func:`~refkern.engines.filter.threads_for`). Every partial sum
-    is formed in the order the backend would form it, each row's operations in the same order as a row alone
-    (so the same values); the rows, copied side by side (``TT[k, r]``, zero columns past the last row), are
-    the lanes of each pass's vector loop, where one row's pass waited on each addition (K = 576: 2.4 -> 0.8 ms
-    for 256 rows; K = 4608: 19 -> 9 ms)."""
-    s, K = T.shape
-    most = max(lanes.max() if lanes.size else 1, splits.max() if splits.size else 1)
-    acc, sqv, TT = np.empty((most, _ROWS)), np.empty((most, _ROWS)), np.zeros((K, _ROWS))
-    for r0 in range(0, s, _ROWS):
-        nb = min(_ROWS, s - r0)
-        for k0 in range(0, K, 16):  # 16 terms of each row at a time: the block of TT stays in L1
-            for r in range(nb):
-                for k in range(k0, min(K, k0 + 16)):
-                    TT[k, r] = T[r0 + r, k]
-        TT[:, nb:] = 0.0
-        worst = _other_sq_block(TT, lanes, splits, acc, sqv)
-        out[r0 : r0 + nb] = worst[:nb]
-
-
-@jit
-def _other_sq_block(TT, lanes, splits, acc, sqv):
-    """The largest sum of squares of the other orders for each column of TT (:func:`_other_sq_rows`); the
-    sequence padded with zeros (``+ 0.0``, squares counted again) as a row alone is."""
-    K, nr = TT.shape
-    p, q, lr, rl = np.zeros(nr), np.zeros(nr), np.zeros(nr), np.zeros(nr)
-    for k in range(K):  # the terms' own order, left to right and right to left
-        for r in range(nr):
-            p[r] += TT[k, r]
-            q[r] += TT[K - 1 - k, r]
-            lr[r] += p[r] * p[r]
-            rl[r] += q[r] * q[r]
-    worst = np.empty(nr)
-    for r in range(nr):
-        worst[r] = max(lr[r], rl[r])
-    sq, inorder, c, tree = np.empty(nr), np.empty(nr), np.empty(nr), np.empty(nr)
-    for L in lanes:
-        if L >= K:
-            break
-        for d in range(2):  # left to right, right to left
-            acc[:L] = 0.0
-            sqv[:L] = 0.0
-            for k in range(-(-K // L) * L):  # steps of L: K padded with zeros to a multiple of L
-                l, kk = k % L, (k if d == 0 else K - 1 - k)
-                for r in range(nr):
-                    acc[l, r] += TT[kk, r] if k < K else 0.0
-                    sqv[l, r] += acc[l, r] * acc[l, r]
-            sq[:], inorder[:], c[:], tree[:] = 0.0, 0.0, 0.0, 0.0
-            for l in range(L):
-                for r in range(nr):
-                    sq[r] += sqv[l, r]
-                    c[r] += acc[l, r]
-                    inorder[r] += c[r] * c[r]
-            m = L  # pairwise: L a power of two (LANES), an odd count padded with a zero
-            while m > 1:
-                h = (m + 1) // 2
-                for l in range(h):
-                    for r in range(nr):
-                        acc[l, r] = acc[2 * l, r] + (acc[2 * l + 1, r] if 2 * l + 1 < m else 0.0)
-                        tree[r] += acc[l, r] * acc[l, r]
-                m = h
-            for r in range(nr):
-                worst[r] = max(worst[r], sq[r] + max(tree[r], inorder[r]))
-    for cc in splits:
-        if cc >= K:
-            break
-        w = -(-K // cc)  # the chunk length: K padded with zeros to a multiple of cc
-        acc[:cc] = 0.0
-        sqv[:cc] = 0.0
-        for k in range(w):
-            for i in range(cc):
-                j = i * w + k
-                for r in range(nr):
-                    acc[i, r] += TT[j, r] if j < K else 0.0
-                    sqv[i, r] += acc[i, r] * acc[i, r]
-        sq[:], inorder[:], c[:] = 0.0, 0.0, 0.0
-        for i in range(cc):
-            for r in range(nr):
-                sq[r] += sqv[i, r]
-                c[r] += acc[i, r]
-                inorder[r] += c[r] * c[r]
-        for r in range(nr):
-            worst[r] = max(worst[r], sq[r] + inorder[r])
-    return worst
+def _depth_last(a, depth):
+    """(N * D, C, H, W) -> (N, C, D, H, W), contiguous: a conv3d's depth slices in its output's layout."""
+    nz, c, h, w = a.shape
+    return np.ascontiguousarray(a.reshape(nz // depth, depth, c, h, w).transpose(0, 2, 1, 3, 4))
 
 
 def order_bound(pr, mag, idx, at_most: int = CHECK_SAMPLE, bound=None):

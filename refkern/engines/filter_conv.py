@@ -205,35 +205,13 @@ def conv_transpose(p, c, want_mag=False, device=None, memory=None):
     holding inf or NaN (0 * inf is NaN), all of them; and the sign of an exactly zero result, per
     image holding one (the results that are zero are recomputed there). Memory: the dilated input
     (stride**nd times the input) besides :func:`conv`'s."""
-    from refkern.kernels._conv_numba import ConvOperands
     from refkern.kernels._convt_numba import run_convt_numba
 
     if not (np.isfinite(c.X).all() and np.isfinite(c.weight).all()):
         return run_convt_numba(p, c, want_mag)
     n_img, c_out = c.out_shape[:2]
-    c_in = c.X.shape[1]
-    ksize = c.weight.shape[2:]
-    slices, pads, crops = [], [], []
-    for a in range(3):
-        size, s, q, d, k, lo = c.X.shape[2 + a], c.stride[a], c.padding[a], c.dilation[a], ksize[a], c.out_shape[2 + a]
-        left = d * (k - 1) - q  # zeros before the dilated input (negative: crop)
-        right = lo + d * (k - 1) - left - ((size - 1) * s + 1)
-        slices.append(s)
-        pads.append((max(left, 0), max(right, 0)))
-        crops.append((max(-left, 0), max(-right, 0)))
-    dil = np.zeros((n_img, c_in, *(((c.X.shape[2 + a] - 1) * slices[a] + 1) for a in range(3))))
-    dil[:, :, :: slices[0], :: slices[1], :: slices[2]] = c.X
-    dil = np.pad(dil, [(0, 0), (0, 0), *pads])
-    dil = dil[(slice(None), slice(None), *(slice(lo, dil.shape[2 + a] - hi) for a, (lo, hi) in enumerate(crops)))]
-    g = c.groups
-    w = c.W.reshape(c_out, c_in // g, *ksize)[:, :, ::-1, ::-1, ::-1]  # W'[co, ci, t'] = W[ci, co, k - 1 - t']
-    kd = ksize[0]
     do = c.out_shape[2]
-    zi = np.arange(do)[:, None] + np.arange(kd)[None, :] * c.dilation[0]  # depth slices (conv.conv_operands)
-    X2 = dil[:, :, zi].transpose(0, 2, 1, 3, 4, 5).reshape(n_img * do, c_in * kd, *dil.shape[3:])
-    W2 = np.ascontiguousarray(w.reshape(c_out, (c_in // g) * kd, *ksize[1:]))
-    shape2 = (n_img * do, c_out, *c.out_shape[3:])
-    cc = ConvOperands(np.ascontiguousarray(X2), W2, c.bias, g, (1, 1), tuple(c.dilation[1:]), shape2, 2, False)
+    cc = c.as_convolution()
     v, m = conv(p, cc, want_mag, device, memory)
 
     def five(x):

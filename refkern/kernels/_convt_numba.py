@@ -193,6 +193,41 @@ class ConvTOperands:
         kd, kh, kw = self.weight.shape[2:]
         return w.reshape(g * cout_g, c_in // g, kd * kh, kw)
 
+    def as_convolution(self):
+        """The equivalent convolution (:mod:`refkern.kernels.conv_transpose`'s derivation) as conv2d over depth
+        slices, the form :func:`refkern.kernels.conv.conv_operands` gives a conv3d: the stride-dilated input,
+        padded by ``d (k - 1) - p`` zeros before it and to the output's length after it (cropped where negative),
+        convolved with stride 1, dilation d and the flipped, transposed weight ``W'[co, ci, t'] = W[ci, co, k - 1
+        - t']``; image ``n * D_out + z`` is output depth z of image n, its input channels the pairs (ci, kz).
+        Every element's value is the transposed convolution's; the inserted zeros add zero products (0 * inf is
+        NaN and 0 * w can turn a -0 result into +0: a caller with such inputs or zero results takes the products
+        that reach an element instead). Memory: the dilated input, stride**nd times the input, as float64."""
+        from refkern.kernels._conv_numba import ConvOperands
+
+        n_img, c_out = self.out_shape[:2]
+        c_in = self.X.shape[1]
+        ksize = self.weight.shape[2:]
+        steps, pads, crops = [], [], []
+        for a in range(3):
+            size, s, q, d, k = self.X.shape[2 + a], self.stride[a], self.padding[a], self.dilation[a], ksize[a]
+            left = d * (k - 1) - q  # zeros before the dilated input (negative: crop)
+            right = self.out_shape[2 + a] + d * (k - 1) - left - ((size - 1) * s + 1)
+            steps.append(s)
+            pads.append((max(left, 0), max(right, 0)))
+            crops.append((max(-left, 0), max(-right, 0)))
+        dil = np.zeros((n_img, c_in, *((self.X.shape[2 + a] - 1) * steps[a] + 1 for a in range(3))))
+        dil[:, :, :: steps[0], :: steps[1], :: steps[2]] = self.X
+        dil = np.pad(dil, [(0, 0), (0, 0), *pads])
+        dil = dil[(slice(None), slice(None), *(slice(lo, dil.shape[2 + a] - hi) for a, (lo, hi) in enumerate(crops)))]
+        g = self.groups
+        w = self.W.reshape(c_out, c_in // g, *ksize)[:, :, ::-1, ::-1, ::-1]
+        kd, do = ksize[0], self.out_shape[2]
+        zi = np.arange(do)[:, None] + np.arange(kd)[None, :] * self.dilation[0]  # depth slices (conv.conv_operands)
+        X2 = dil[:, :, zi].transpose(0, 2, 1, 3, 4, 5).reshape(n_img * do, c_in * kd, *dil.shape[3:])
+        W2 = np.ascontiguousarray(w.reshape(c_out, (c_in // g) * kd, *ksize[1:]))
+        return ConvOperands(np.ascontiguousarray(X2), W2, self.bias, g, (1, 1), tuple(self.dilation[1:]),
+                            (n_img * do, c_out, *self.out_shape[3:]), 2, False, do)  # fmt: skip
+
     def result(self, out5):
         """The kernel's (N, C_out, D, H, W) output in the caller's layout."""
         out = out5.reshape(out5.shape[:2] + out5.shape[5 - self.nd :])

@@ -216,6 +216,8 @@ def norm_report(op, name, adj, got, g, a, who="compare_backward", rtol=None, ato
         v, half, coherent = nb.norm_param_noise(name, c.X, c.G, c.center, c.eps, c.fmts, c.regroup, c.given)
         if name == "bias":
             st = nb.bias_straddle(c.X, c.G, c.fmts, c.regroup)
+            if c.given is None:
+                mb = nb.bias_chains(c.X, c.G, c.fmts, c.regroup)
         elif c.given is None:
             mb = nb.weight_members(c.X, c.G, c.center, c.eps, c.fmts, c.regroup)
             if mb is not None:  # the float32 kernels' store known, the half statistics' members emulated

@@ -407,6 +407,39 @@ def bias_straddle(X, G, fmts, regroup=None):
     return pre, thunk
 
 
+def bias_chains(X, G, fmts, regroup=None):
+    """:attr:`~refkern.analysis.noise.Noise.members` ``(sigma**2 of the rest, thunk)`` of a norm's float32
+    grad_bias whose every column is one row's ``sum g`` (batch_norm's channels), else None: a column is a float32
+    sum of float32 terms, so its long chains are emulated as the forward sum's are
+    (:mod:`refkern.analysis.noise_chains`: the members, ``T`` chunks of ``L`` lanes with ``T L < C``, exact;
+    the rest, every order of chains of at most ``ceil(n / C)`` terms, charged). Charged as one draw of the
+    scalar loop's partial sums (``u**2 sum P_k**2``, :func:`norm_param_noise`), a scale ``sqrt(n / log n)``
+    times a blocked kernel's: a float32 batch_norm's grad_bias over 8192 terms scaled by 8x the spread of
+    correct kernels passed (bench_verdict's power-backward)."""
+    from refkern.analysis.noise_chains import batches, chains_of, member_specs, rest_sq
+    from refkern.analysis.stats import level
+
+    out = fmts["bias"]
+    R, n = X.shape
+    if out is not FLOAT32 or regroup is None or _one_block(regroup, R, n) is None:
+        return None
+    terms = np.ascontiguousarray(regroup(np.asarray(G, np.float64)).T)  # (C, N hw): one column's terms a row
+    T = terms.shape[1]
+    if chains_of(T) < 2 or not np.array_equal(terms, terms.astype(np.float32)):
+        return None
+    _, _, _, _, eta_w = _units(out)
+    with np.errstate(all="ignore"):
+        var_el = FLOAT32.u**2 * rest_sq(terms) + _stores(terms.sum(axis=1), out, T + 2)
+    var_el = np.where(np.isfinite(var_el), var_el, np.inf)
+
+    def thunk():  # only where an element fails the rest's scale
+        lam_v = level(len(member_specs(T)) * terms.shape[0])  # as the forward sum's members (noise._chains)
+        for xh, err, pre in batches(terms, "sum", lam_v):
+            yield xh, err, pre + (T + 4) * eta_w**2
+
+    return var_el, thunk
+
+
 def _one_block(regroup, R, n):
     """Per row, the column that holds all its terms, where every column is one row's (batch_norm's channels);
     else None."""

@@ -5,11 +5,11 @@ the gathered terms, and the verdict's power with it, on the gradients judged as 
 import numpy as np
 import pytest
 import torch
+from test_partials import _sq_partials
 
 import refkern as rk
 from refkern.analysis.evaluate import problem
 from refkern.analysis.partials import gemm_partials, order_bound
-from test_partials import _sq_partials
 
 F = torch.nn.functional
 

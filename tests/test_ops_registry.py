@@ -298,3 +298,64 @@ def test_integer_inputs_are_converted_to_the_dtype_torch_computes_in():
         assert compare(func(*args), spec.op, *spec.args, **spec.kwargs).verdict == "exact"
     assert from_call(torch.pow, (ints, "2"), {}).unsupported.startswith(
         "pow with input of type Tensor, exponent of type str")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ops.names(family="pool"))
+def test_a_pool_module_and_its_aten_ops_are_read_from_its_record(name):
+    """A pool is one record: ``nn.<Pool>`` (``Op.modules``) is its first call with the module's attributes of the
+    call's parameter names, a subclass too; its aten ops (the ``_with_indices`` forms included) are judged as the
+    record's op, their argmax positions the record's ``aten_unjudged`` (torch runs F.avg_pool1d as aten's avg_pool2d).
+    torch's own results are judged against
+    refkern's reference: exact or rounding."""
+    torch = pytest.importorskip("torch")
+    from refkern.analysis.compare import compare
+    from refkern.torch import audit
+    from refkern.torch.ops import from_call, from_module
+
+    r = ops.get(name)
+    (path,) = r.modules
+    cls = ops.resolve_path(path)
+    params = r.calls[0].params[1:]
+    example = eval(f"dict({r.needs})")  # noqa: S307  (the record's own example: kernel_size=3, output_size=4)
+    nd = int(name[-2])  # the test's input rank: (N, C) and the pooled dimensions
+    x = torch.randn(2, 3, *(9,) * nd, generator=torch.Generator().manual_seed(nd))
+    settings = [example] if "output_size" in example else [example, dict(example, stride=2, padding=1, ceil_mode=True)]
+    for kw in settings:
+        for m in (cls(**kw), type("Sub", (cls,), {})(**kw)):
+            spec = from_module(m, x)
+            assert (spec.op, spec.torch_name) == (name, type(m).__name__)
+            assert spec.kwargs == {p: getattr(m, p) for p in params}
+            out = m(x)
+            out = out[0] if isinstance(out, tuple) else out
+            assert compare(out, spec.op, *spec.args, **spec.kwargs).verdict in ("exact", "rounding")
+    for c in r.calls:  # F.max_pool2d_with_indices: max_pool2d with return_indices=True
+        assert from_call(ops.resolve_path(c.path), (x, 3), {}).kwargs.items() >= dict(c.fixed).items()
+    with audit() as a:
+        for c in r.calls:
+            ops.resolve_path(c.path)(x, *example.values())
+    pools = [c for c in a.calls if c.op in ops.names(family="pool")]  # F.avg_pool1d runs aten's avg_pool2d
+    assert pools and all(c.verdict in ("exact", "rounding") for c in pools), [(c.aten, c.verdict) for c in a.calls]
+    judged = [c for c in pools if c.aten.split(".")[1] in r.aten]
+    assert all(c.op == name for c in judged)
+    for c in judged:
+        unjudged = {k: v for k, v in c.parts.items() if isinstance(v, str)}
+        assert unjudged == (dict(r.aten_unjudged) if c.aten.split(".")[1].endswith("_with_indices") else {})
+
+
+def test_the_pool_dispatch_names_no_pool():
+    """The audit's reading of a pool's aten call and ``from_module``'s of a pool module take the op from its record
+    (issue 25): no pool's name, dimension or module class is written in them."""
+    pytest.importorskip("torch")
+    import ast
+    import inspect
+
+    from refkern.torch import dispatch
+    from refkern.torch import ops as torch_ops
+
+    # (from_module's convolutions read their dimension from the module: only the pools' words are looked for there)
+    for fn, words in ((dispatch._pool, ("pool", "1d", "2d", "3d")), (torch_ops.from_module, ("pool",))):
+        (tree,) = ast.parse(inspect.getsource(fn)).body
+        for node in (n for stmt in tree.body[1:] for n in ast.walk(stmt)):  # after the docstring
+            text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else (
+                node.attr if isinstance(node, ast.Attribute) else "")  # fmt: skip
+            assert not any(w in text.lower() for w in words), (fn.__name__, text)

@@ -50,6 +50,8 @@ def _build():
         if bool(r.differentiable) != (r.backward is not None) or (r.aten_backward and not r.backward.audit):
             raise RuntimeError(f"ops: record {r.name!r} has differentiable arguments without a backward (or the "
                                "reverse), or aten backward kernels without the audit's reading of them")  # fmt: skip
+        if r.modules and (not r.calls or r.calls[0].params is None):
+            raise RuntimeError(f"ops: record {r.name!r} names torch.nn modules without its first call's parameters")
         for node, edges in r.autograd:  # a node several ops share (ConvolutionBackward0) has one order
             if nodes.setdefault(node, edges) != edges:
                 raise RuntimeError(f"ops: two orders of the inputs of autograd node {node}")

@@ -48,11 +48,15 @@ class Call:
     """A torch callable an op stands for: ``path`` its dotted name (``"torch.Tensor.sum"``), ``params``
     torch's positional parameter names where its arguments are refkern's op's own (bound by name and
     renamed; None where the adapter reads them itself: the products and convolutions), ``torch_name``
-    the name the audit reports where it differs from the op's (``"mm"`` for matmul)."""
+    the name the audit reports where it differs from the op's (``"mm"`` for matmul), ``fixed`` the arguments the
+    callable gives refkern's op besides its own."""
 
     path: str
     params: tuple | None = None
     torch_name: str | None = None
+    #: (argument, value) pairs the callable fixes, given to refkern's op with the call's own arguments
+    #: (``F.max_pool2d_with_indices`` is ``F.max_pool2d`` with ``return_indices=True``)
+    fixed: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,11 @@ class Op:
     aten_unjudged: tuple = ()  # (label, why): its aten ops' outputs after the first, which no reference reproduces
     autograd: tuple = ()  # (autograd node name, the forward arguments its inputs are, in order)
     sample: str | None = None  # one of SAMPLE_KINDS, or None
+    #: the torch.nn module classes (dotted paths) whose forward is this op's first call (``calls[0]``, which names
+    #: its parameters) on the input, each of the call's other arguments the module's attribute of the same name
+    #: (``nn.AvgPool2d``: ``F.avg_pool2d(input, self.kernel_size, self.stride, ...)``), read by
+    #: :func:`refkern.torch.ops.from_module`
+    modules: tuple = ()
     needs: str | None = None  # "dim=-1": an argument a command line must give, with an example
     sweep: bool = False  # ``refkern sweep`` draws it against the reduction length
     opinfo: tuple = ()  # names in torch's OpInfo database (op_db)

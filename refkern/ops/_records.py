@@ -79,15 +79,24 @@ def _norm_backward(name):
     return _backward("norm_grad:_norm", name if name == "group_norm" else "norm", "norm_report", name)
 
 
-def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, extra_calls=(), needs, module="pool"):
+def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, with_indices=False, needs, module="pool"):
+    """A pool's record: ``F.<name>`` with torch's parameters ``params``, and ``nn.<Name>`` (torch's class name for
+    the function: ``nn.AdaptiveAvgPool2d`` for ``adaptive_avg_pool2d``), whose attributes are those parameters;
+    ``with_indices``: ``F.<name>_with_indices`` and aten's ``<name>_with_indices`` too (``return_indices=True``: the
+    argmax positions, an output no reference judges)."""
     average = name.startswith("avg_pool")  # torch's integer averages truncate: refkern.kernels.integer_pool
     integer = f"refkern.kernels.{'pool3d:integer_' if module == 'pool3d' else 'integer_pool:'}{name}"
+    indexed = (f"{name}_with_indices",) if with_indices else ()
+    unjudged = (("indices", "argmax positions (integers): not judged, the values are"),) if indexed else ()
+    nn = "".join(w[0].upper() + w[1:] for w in name.split("_"))  # torch's class of F.<name>: AdaptiveAvgPool2d
     return Op(name, "pool", f"refkern.kernels.{module}:{name}", f"refkern.truth.pools:{name}", ("input",),
               "envelope", differentiable=("input",), torch_function=f"{_F}{name}",
-              calls=(Call(f"{_F}{name}", params), *(Call(f"{_F}{c}", params) for c in extra_calls)),
-              aten=aten or (name,), aten_backward=aten_backward,
+              calls=(Call(f"{_F}{name}", params),
+                     *(Call(f"{_F}{c}", params, fixed=(("return_indices", True),)) for c in indexed)),
+              aten=(*(aten or (name,)), *indexed), aten_backward=aten_backward,
+              aten_unjudged=unjudged,
               autograd=((autograd, ("input",)),) if autograd else (), needs=needs,
-              opinfo=(f"nn.functional.{name}",),
+              opinfo=(f"nn.functional.{name}",), modules=(f"torch.nn.{nn}",),
               integer_reference=integer if average else None,
               backward=_backward("pool_grad:_pool", "pool", "pool_report",
                                  name if aten_backward else None))  # fmt: skip
@@ -167,12 +176,9 @@ RECORDS = (
           autograd="AvgPool2DBackward0", needs="kernel_size=3"),
     _pool("avg_pool3d", (*_AVG1, "divisor_override"), aten_backward=("avg_pool3d_backward",),
           autograd="AvgPool3DBackward0", needs="kernel_size=3", module="pool3d"),
-    _pool("max_pool1d", _MAX, aten=("max_pool1d", "max_pool1d_with_indices"),
-          extra_calls=("max_pool1d_with_indices",), needs="kernel_size=3"),
-    _pool("max_pool2d", _MAX, aten=("max_pool2d", "max_pool2d_with_indices"),
-          aten_backward=("max_pool2d_with_indices_backward",), extra_calls=("max_pool2d_with_indices",),
-          autograd="MaxPool2DWithIndicesBackward0",
-          needs="kernel_size=3"),
+    _pool("max_pool1d", _MAX, with_indices=True, needs="kernel_size=3"),
+    _pool("max_pool2d", _MAX, aten_backward=("max_pool2d_with_indices_backward",), with_indices=True,
+          autograd="MaxPool2DWithIndicesBackward0", needs="kernel_size=3"),
     _pool("adaptive_avg_pool1d", ("input", "output_size"), needs="output_size=4"),
     _pool("adaptive_avg_pool2d", ("input", "output_size"), aten=("adaptive_avg_pool2d", "_adaptive_avg_pool2d"),
           aten_backward=("_adaptive_avg_pool2d_backward",), autograd="AdaptiveAvgPool2DBackward0",

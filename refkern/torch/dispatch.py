@@ -328,23 +328,21 @@ def _reduction(name, b, out):
     return parts
 
 
+# a pool's aten ops -> its record: the op, and its first call's parameters (torch's names, aten's too)
+_POOLS = {a: r for r in _ops.REGISTRY.values() if r.family == "pool" for a in r.aten}
+
+
 def _pool(name, b, out):
-    x = b["self"]
-    nd = 1 if "1d" in name else 3 if "3d" in name else 2
-    if name.startswith(("_adaptive", "adaptive")):
-        return [Part("out", 0, OpCall(name, f"adaptive_avg_pool{nd}d", (x,), dict(output_size=_tup(b["output_size"]))))]
-    stride = _tup(b["stride"]) if b.get("stride") else None
-    kw = dict(kernel_size=_tup(b["kernel_size"]), stride=stride, padding=_tup(b["padding"]), ceil_mode=b["ceil_mode"])
-    if name.startswith("avg"):
-        kw["count_include_pad"] = b["count_include_pad"]
-        if nd > 1:
-            kw["divisor_override"] = b.get("divisor_override")
-        return [Part("out", 0, OpCall(name, f"avg_pool{nd}d", (x,), kw))]
-    kw["dilation"] = _tup(b["dilation"])
-    parts = [Part("out", 0, OpCall(name, f"max_pool{nd}d", (x,), kw))]
-    if name.endswith("with_indices"):
-        parts.append(Part("indices", 1, why="argmax positions (integers): not judged, the values are"))
-    return parts
+    """A pool's aten op as its record's op, with the aten call's arguments that its first call names (aten's empty
+    ``stride``, the kernel size, is torch's None); outputs past the first (``max_pool2d_with_indices``' argmax
+    positions) are the record's ``aten_unjudged``."""
+    rec = _POOLS[name]
+    kw = {p: _tup(b[p]) for p in rec.calls[0].params[1:] if p in b}
+    if "stride" in kw:
+        kw["stride"] = kw["stride"] or None
+    parts = [Part("out", 0, OpCall(name, rec.name, (b["self"],), kw))]
+    extra = len(_tensors(out)) - 1
+    return parts + [Part(label, i, why=why) for i, (label, why) in enumerate(rec.aten_unjudged[:extra], 1)]
 
 
 def _attention(name, b, out):

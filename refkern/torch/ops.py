@@ -28,13 +28,20 @@ __all__ = ["OpCall", "from_call", "from_module", "FUNCTIONS", "torch_function", 
 # (params None) are read by :func:`from_call` itself.
 FUNCTIONS = {}
 _SAME = {}
+_FIXED = {}  # callable -> the arguments it fixes (F.max_pool2d_with_indices: return_indices=True)
 for _rec in _ops.REGISTRY.values():
     for _call in _rec.calls:
         _f = _ops.resolve_path(_call.path)
         FUNCTIONS[_f] = _call.torch_name or _rec.name
         if _call.params is not None:
             _SAME[_f] = (_rec.name, _call.params)
+        if _call.fixed:
+            _FIXED[_f] = dict(_call.fixed)
 del _rec, _call, _f
+
+# torch.nn module class -> (op, the first call's parameters after the input: the module's attributes of those names)
+_MODULES = {_ops.resolve_path(m): (_rec.name, _rec.calls[0].params[1:]) for _rec in _ops.REGISTRY.values()
+            for m in _rec.modules}  # fmt: skip
 
 # Functions made of several audited calls (projections, attention): audit and reference_mode run
 # their bodies with the mode still active (see :func:`composite_body`), so each call inside is
@@ -341,8 +348,7 @@ def _same(func, args, kwargs) -> OpCall:
             return OpCall(torch_name, unsupported=f"{torch_name} with arguments other than two tensors of one dtype "
                           "(torch.dot(input, tensor))")  # fmt: skip
         return OpCall(torch_name, op, (vals["input"], y), {})
-    if func in (F.max_pool1d_with_indices, F.max_pool2d_with_indices):
-        vals["return_indices"] = True
+    vals.update(_FIXED.get(func, {}))
     if op == "scaled_dot_product_attention" and vals.get("dropout_p", 0.0):
         return OpCall(torch_name, unsupported=f"attention with dropout_p={vals['dropout_p']} (a random mask no "
                       "reference can reproduce)")  # fmt: skip
@@ -406,7 +412,8 @@ def from_module(m, x) -> OpCall | None:
     """The OpCall of ``m(x)`` for nn.Linear, nn.Conv1d/2d/3d, nn.ConvTranspose1d/2d/3d (with its own
     ``output_padding``: ``m(x, output_size=...)`` is not this call), nn.LayerNorm, nn.RMSNorm,
     nn.GroupNorm, nn.BatchNorm1d/2d/3d (in the module's mode: batch statistics in training),
-    nn.AvgPool1d/2d/3d, nn.MaxPool1d/2d, nn.AdaptiveAvgPool1d/2d, nn.Softmax and nn.LogSoftmax.
+    the modules of the registry's records (``Op.modules``: nn.AvgPool1d/2d/3d, nn.MaxPool1d/2d,
+    nn.AdaptiveAvgPool1d/2d), nn.Softmax and nn.LogSoftmax.
     nn.MultiheadAttention is several ops: unsupported here, audited call by call."""
     if isinstance(m, torch.nn.Linear):
         return OpCall("Linear", "linear", (x, m.weight, m.bias))
@@ -437,21 +444,11 @@ def from_module(m, x) -> OpCall | None:
         batch_stats = m.training or (m.running_mean is None and m.running_var is None)
         kw = dict(weight=m.weight, bias=m.bias, training=batch_stats, momentum=m.momentum or 0.0, eps=m.eps)
         return OpCall(name, "batch_norm", (x, m.running_mean, m.running_var), kw)
-    if isinstance(m, (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)):
-        nd = 1 if isinstance(m, nn.AvgPool1d) else 2 if isinstance(m, nn.AvgPool2d) else 3
-        kw = dict(kernel_size=m.kernel_size, stride=m.stride, padding=m.padding, ceil_mode=m.ceil_mode,
-                  count_include_pad=m.count_include_pad)  # fmt: skip
-        if nd > 1:
-            kw["divisor_override"] = m.divisor_override
-        return OpCall(name, f"avg_pool{nd}d", (x,), kw)
-    if isinstance(m, (nn.MaxPool1d, nn.MaxPool2d)):
-        nd = 1 if isinstance(m, nn.MaxPool1d) else 2
-        kw = dict(kernel_size=m.kernel_size, stride=m.stride, padding=m.padding, dilation=m.dilation,
-                  ceil_mode=m.ceil_mode, return_indices=m.return_indices)  # fmt: skip
-        return OpCall(name, f"max_pool{nd}d", (x,), kw)
-    if isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
-        nd = 1 if isinstance(m, nn.AdaptiveAvgPool1d) else 2
-        return OpCall(name, f"adaptive_avg_pool{nd}d", (x,), dict(output_size=m.output_size))
+    # the pools: their records' modules (a subclass too), each argument the module's attribute of its name
+    known = next((_MODULES[c] for c in type(m).__mro__ if c in _MODULES), None)
+    if known is not None:
+        op, params = known
+        return OpCall(name, op, (x,), {p: getattr(m, p) for p in params})
     if isinstance(m, (nn.Softmax, nn.LogSoftmax)):
         op = "softmax" if isinstance(m, nn.Softmax) else "log_softmax"
         dim = m.dim if m.dim is not None else (0 if x.dim() in (0, 1, 3) else 1)  # torch's implicit dim

@@ -1,4 +1,4 @@
-"""refkern.backward of pow with an operand broadcast against the other (refkern.gradients_pow): autograd's sum of
+"""refkern.backward of pow with an operand broadcast against the other (refkern.kernels.pow_backward): autograd's sum of
 the elementwise gradients over the broadcast dimensions, exact and rounded once, bit for bit against
 refkern.truth.backward (mpmath intervals and Fractions, refkern.truth._backward_math) and against sums written
 out here by hand; ties, cancellations, torch's formulas at the domain's edges, non-finite terms, errors."""

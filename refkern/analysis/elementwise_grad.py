@@ -81,9 +81,9 @@ from refkern.analysis.elementwise import (
     bounds,
 )
 from refkern.analysis.report import build, errors
-from refkern.gradients_pow import _sum2_rows  # the reference's own Sum2 of rows
 from refkern.kernels import elementwise as ew
 from refkern.kernels import elementwise_grad as eg
+from refkern.kernels.pow_backward import _sum2_rows  # the reference's own Sum2 of rows
 
 __all__ = ["grad_bounds", "judge_grad", "judge"]
 

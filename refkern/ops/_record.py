@@ -77,7 +77,7 @@ class Backward:
     * ``broadcast``: the exact gradient of a differentiable operand broadcast against the others (autograd's
       ``sum_to`` of the elementwise gradients), ``broadcast(grad_output, bound, argument, who) -> gradient``, read
       by :func:`refkern.backward` for the operands whose shape is not the result's (the truth's ``truth`` takes
-      them itself); None where the rule takes every operand (pow's: :mod:`refkern.gradients_pow`)."""
+      them itself); None where the rule takes every operand (pow's: :mod:`refkern.kernels.pow_backward`)."""
 
     rule: str
     truth: str

@@ -69,7 +69,7 @@ RECORDS = (
     # a tensor exponent is differentiable (a number exponent has no gradient); integer and bool operands follow
     # torch.result_type (refkern.torch.ops._pow), not the unary functions' promotion
     _ew("pow", "torch.pow", ("torch.pow", "torch.Tensor.pow"), params=("input", "exponent"), grad=True,
-        diff=("input", "exponent"), broadcast="refkern.gradients_pow:pow_reduced"),
+        diff=("input", "exponent"), broadcast="refkern.kernels.pow_backward:pow_reduced"),
     _ew("silu", f"{_F}silu", (f"{_F}silu",), params=("input", "inplace"), backward="silu_backward",
         opinfo=("nn.functional.silu",)),
     _ew("gelu", f"{_F}gelu", (f"{_F}gelu",), params=("input", "approximate"), backward="gelu_backward",

@@ -359,3 +359,19 @@ def test_the_pool_dispatch_names_no_pool():
             text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else (
                 node.attr if isinstance(node, ast.Attribute) else "")  # fmt: skip
             assert not any(w in text.lower() for w in words), (fn.__name__, text)
+
+
+def test_every_path_a_record_names_resolves():
+    """Every ``"module:function"`` a record names (the reference, the truth, the backward's rule, truth, judge,
+    audit and broadcast, the integer kernel, the judges of the error models) imports and is callable, and none is
+    the package root's (pow's broadcast gradient, refkern.kernels.pow_backward, moved there from the root)."""
+    paths = [*ops.JUDGES.values()]
+    for r in ops.REGISTRY.values():
+        paths += [r.reference_path, r.truth_path, r.integer_reference]
+        if r.backward is not None:
+            b = r.backward
+            paths += [b.rule, b.truth, b.judge, b.audit if importlib.util.find_spec("torch") else None, b.broadcast]
+    paths = [p for p in paths if p]
+    assert not [p for p in paths if p.partition(":")[0] == "refkern"]
+    assert all(callable(ops.resolve_path(p)) for p in paths)
+    assert ops.get("pow").backward.broadcast == "refkern.kernels.pow_backward:pow_reduced"

@@ -122,7 +122,7 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
     names whose gradients to compute (default: every differentiable argument given); only those are
     computed. pow's tensor operand broadcast against the other one gets autograd's gradient, the sum of the
     elementwise gradients over the broadcast dimensions, exact and rounded once (its record's ``broadcast``:
-    :mod:`refkern.gradients_pow`).
+    :mod:`refkern.kernels.pow_backward`).
 
     **Guarantee.** Every element of every gradient is the exact sum of its products (each forward
     term ``l * r`` reaching output I contributes ``grad_output[I] * r`` to l's gradient), summed

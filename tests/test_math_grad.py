@@ -174,7 +174,7 @@ def test_errors_name_the_argument():
         refkern.backward("exp", torch.randn(3), x)
     with pytest.raises(TypeError, match=r"^backward: grad_output must have the dtype of the output of log, float32"):
         refkern.backward("log", torch.randn(4, dtype=torch.float64), x)
-    g = torch.randn(4)  # a broadcast exponent's gradient is autograd's sum (refkern/gradients_pow.py), not refused
+    g = torch.randn(4)  # a broadcast exponent's gradient is autograd's sum (kernels/pow_backward.py), not refused
     assert tuple(refkern.backward("pow", g, x, torch.ones(1))["exponent"].shape) == (1,)
     with pytest.raises(TypeError, match=r"^backward: beta must be a real number; got beta='2'"):
         refkern.backward("softplus", torch.randn(4), x, beta="2")

@@ -238,7 +238,7 @@ def test_var_members_by_hand():
     K = 2.0 / 3.0
     want = {300.0: K * (X - 300.0), 302.0: K * (X - 302.0), 301.0: K * (X - 301.0)}
     for m, c in want.items():
-        xh, err, pre = nbr.var_members(X, G, 1, BFLOAT16, False, c)
+        xh, err, pre = next(nbr.var_members(X, G, 1, BFLOAT16, False, c))  # the first batch: the exact mean's
         assert xh.shape == (3, 1, 4)
         hit = [i for i in range(3) if np.array_equal(xh[i], c)]
         assert hit, m

@@ -322,6 +322,7 @@ def reduction_report(op, name, adj, got, g, a, who="compare_backward", rtol=None
         b = envb.cumsum_converted_bound(gp, axis, ref_p, ref, c.fmt)
         n_terms = c.x.shape[axis]
     else:
+        from refkern.analysis.noise_var_means import var_mean_chains
         from refkern.ops._args import correction as _correction
 
         X, back = c.rows()
@@ -332,11 +333,17 @@ def reduction_report(op, name, adj, got, g, a, who="compare_backward", rtol=None
         v = back(nbr.var_noise(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std"))
         if X.size:  # the rows' shared errors fitted per row, the mean stored in a half result known exactly
             shape = c.x.shape
-            mb = nbr.var_members(X, c.G.reshape(-1), corr, c.fmt, op == "std", _to_rows(c, act.reshape(shape)))
+            chains = var_mean_chains(X) if c.fmt.name == "float32" else None  # the mean's long chains: members
             v_el = np.asarray(back(nbr.var_noise(X, c.G.reshape(-1), corr, _to_rows(c, ref), c.fmt, op == "std",
-                                                own=True)), np.float64).reshape(shape)  # fmt: skip
-            batch = tuple(np.stack([np.asarray(back(t), np.float64).reshape(shape) for t in arr]) for arr in mb)
-            members = (v_el, lambda: iter([batch]))
+                                                own=True, smu2=None if chains is None else chains[0])),
+                              np.float64).reshape(shape)  # fmt: skip
+
+            def batches(X=X, shape=shape, chains=chains):
+                rows = _to_rows(c, act.reshape(shape))
+                for arr3 in nbr.var_members(X, c.G.reshape(-1), corr, c.fmt, op == "std", rows, chains):
+                    yield tuple(np.stack([np.asarray(back(t), np.float64).reshape(shape) for t in arr]) for arr in arr3)
+
+            members = (v_el, batches)
         n_terms = X.shape[1]
         dof = n_terms - corr
         if op == "var" and n_terms and (dof == 0 or (dof < 0 and nodim)):

@@ -73,7 +73,7 @@ def _var_pre(kq, d, smu2, uc, u, eta_o, K, want_std):
     return v + (eta_o * d) ** 2 * ((K * K if want_std else 0.0) + 1.0) + (eta_o * kq) ** 2
 
 
-def var_noise(X, G, corr, ref, out: Format, want_std: bool, own: bool = False):
+def var_noise(X, G, corr, ref, out: Format, want_std: bool, own: bool = False, smu2=None):
     """sigma**2 of var's (std's with ``want_std``) gradient ``(2 / dof) q (x - mean^)`` over the rows (R, n)
     of X with one grad_output per row G (R,) (module docstring; ``q = g``, or ``g / (2 s^)``). With ``own``:
     only the roundings each element has of its own (:func:`_var_pre`) and the stores, the scale of
@@ -81,7 +81,8 @@ def var_noise(X, G, corr, ref, out: Format, want_std: bool, own: bool = False):
     u, u_m, _, eta_o, _ = _units(out)
     R, n = X.shape
     with np.errstate(all="ignore"):
-        Xf, mean, smu2, kq, rel, uc, K, _ = _var_parts(X, G, corr, out, want_std)
+        Xf, mean, smu2_f, kq, rel, uc, K, _ = _var_parts(X, G, corr, out, want_std)
+        smu2 = smu2_f if smu2 is None else smu2  # given: the rest's (noise_var_means), the members apart
         d = Xf - mean[:, None]
         if own:
             v = _var_pre(kq, d, smu2, uc, u, eta_o, K, want_std)
@@ -94,7 +95,7 @@ def var_noise(X, G, corr, ref, out: Format, want_std: bool, own: bool = False):
     return np.where(np.isfinite(v), v, np.inf)
 
 
-def var_members(X, G, corr, out: Format, want_std: bool, A):
+def var_members(X, G, corr, out: Format, want_std: bool, A, chains=None):
     """Members of var's (std's) gradient family whose errors shared by a row are fitted to the actual rows
     ``A`` (R, n) instead of charged to every element: ``(xh, err, pre)``, (k, R, n) each, for the element test
     of a stored result (:func:`refkern.analysis.inside._members`).
@@ -120,24 +121,41 @@ def var_members(X, G, corr, out: Format, want_std: bool, A):
     mean)**2`` per row, that rounding is a scale of ``u_p |mean| / |x - mean|`` relative: 1.2 at mean 300 in
     bfloat16, where the gradient ``x 1.1``, 28x the spread of correct kernels, passed as rounding.
 
+    With ``chains`` (:func:`~refkern.analysis.noise_var_means.var_mean_chains`'s, a float32 result): the exact
+    mean's variance is the rest's, and the long chains' means are members of their own, each with its variance
+    (:func:`refkern.analysis.noise_var_means.best_members`: one batch, each element's best member).
+
     ``err``: the centres' error in float64, relative :data:`MEMBER_ERR` (std's ``s`` from a float64 sum of n
-    squares adds ``2 n 2**-53``)."""
+    squares adds ``2 n 2**-53``). Yields the batches (the first: the exact mean's, and a half result's roundings)."""
     from refkern.accumulate.formats import round_array
     from refkern.analysis.stats import level
 
     u, u_m, u_o, eta_o, eta_w = _units(out)
     R, n = X.shape
     lam = level(max(R, 1))
-    xs, pres = [], []
     with np.errstate(all="ignore"):
         Xf, mean, smu2, kq, _, uc, K, (hard, sub) = _var_parts(X, G, corr, out, want_std)
         bound = (hard + lam * sub)[:, None]
         Af = np.asarray(A, np.float64).reshape(R, n)
         ok = np.isfinite(Af)
+        if chains is not None:
+            smu2 = chains[0]
         means = [(mean, smu2)]
         if u_m:
             means += [(round_array(np.ascontiguousarray(mean + sgn * lam * np.sqrt(smu2)), *out.params), 0.0 * smu2)
                       for sgn in (-1.0, 1.0)]  # fmt: skip
+    yield _var_batch(means, Xf, kq, Af, ok, bound, uc, u, u_o, eta_o, eta_w, K, want_std, n)
+    if chains is None:
+        return
+    from refkern.analysis.noise_var_means import best_members
+
+    yield best_members(chains[1], Xf, mean, kq, Af, ok, bound, (uc, u, u_o, eta_o, eta_w, K), want_std, out, lam)
+
+
+def _var_batch(means, Xf, kq, Af, ok, bound, uc, u, u_o, eta_o, eta_w, K, want_std, n):
+    """One batch of :func:`var_members`: ``(xh, err, pre)``, (len(means), R, n) each."""
+    xs, pres = [], []
+    with np.errstate(all="ignore"):
         for m, sm in means:
             d = Xf - m[:, None]
             c = kq * d

@@ -137,31 +137,32 @@ def straddle_z(a, xh, err, pre, prec, emin, z):
     values that round to ``a``, ``[a - h_lo, a + h_hi]`` (half the spacing to each neighbour: below a power
     of two the spacing toward zero halves; at 0 half the smallest subnormal each side), less ``err``, in
     units of ``sqrt(pre)``; 0 where equal or both NaN, inf at any other special."""
-    tiny = 2.0 ** (emin - prec + 1)
     for i in prange(a.size):
-        x, y = a[i], xh[i]
-        if x == y or (x != x and y != y):
-            z[i] = 0.0
-            continue
-        if not (x - x == 0.0 and y - y == 0.0):
-            z[i] = np.inf
-            continue
-        ax = abs(x)
-        if ax == 0.0:
-            lo = hi = tiny / 2.0
-        else:
-            m, e = math.frexp(ax)  # ax = m 2**e, m in [1/2, 1)
-            sp = 2.0 ** (max(e - 1, emin) - prec + 1)
-            down = sp / 2.0 if m == 0.5 and e - 1 > emin else sp  # the spacing toward zero
-            lo, hi = (down / 2.0, sp / 2.0) if x > 0 else (sp / 2.0, down / 2.0)
-        d = 0.0
-        if y < x - lo:
-            d = (x - lo) - y
-        elif y > x + hi:
-            d = y - (x + hi)
-        d = max(d - err[i], 0.0)
-        if d == 0.0:
-            z[i] = 0.0
-        else:
-            zi = d / math.sqrt(pre[i])
-            z[i] = np.inf if zi != zi else zi
+        z[i] = straddle_one(a[i], xh[i], err[i], pre[i], prec, emin)
+
+
+@jit(inline="always")
+def straddle_one(x, y, err, pre, prec, emin):
+    """:func:`straddle_z` of one element: result ``x``, centre ``y``."""
+    if x == y or (x != x and y != y):
+        return 0.0
+    if not (x - x == 0.0 and y - y == 0.0):
+        return np.inf
+    ax = abs(x)
+    if ax == 0.0:
+        lo = hi = 2.0 ** (emin - prec + 1) / 2.0
+    else:
+        m, e = math.frexp(ax)  # ax = m 2**e, m in [1/2, 1)
+        sp = 2.0 ** (max(e - 1, emin) - prec + 1)
+        down = sp / 2.0 if m == 0.5 and e - 1 > emin else sp  # the spacing toward zero
+        lo, hi = (down / 2.0, sp / 2.0) if x > 0 else (sp / 2.0, down / 2.0)
+    d = 0.0
+    if y < x - lo:
+        d = (x - lo) - y
+    elif y > x + hi:
+        d = y - (x + hi)
+    d = max(d - err, 0.0)
+    if d == 0.0:
+        return 0.0
+    zi = d / math.sqrt(pre)
+    return np.inf if zi != zi else zi

@@ -328,8 +328,8 @@ def members(X, D: float, std: bool, half: bool, lam: float, m2, s2_family, specs
 
 def member_moments(X, specs, lam, m2, s2_family):
     """The emulated members ``specs`` (:func:`member_specs`) of each row of X (R, n), values exact in float32:
-    ``(mean, M2, smean2, sM2)``, each (k, R): the member's mean and M2 before the division (float64, exact
-    where its chain is one: :func:`_member_m2`) and their variances (its merges'). A member whose M2 is beyond
+    ``(mean, M2, sM2, smean2)``, each (k, R): the member's mean and M2 before the division (float64, exact
+    where its chain is one: :func:`_member_m2`), M2's variance and the mean's (its merges'). A member whose M2 is beyond
     ``lam`` sigmas of the whole family's (``s2_family``, per row) of the exact ``m2`` is refused (NaN): its
     chain has stagnated (:func:`members`)."""
     R = X.shape[0]

@@ -1,0 +1,73 @@
+"""var's and std's float32 gradient with the mean's long chains as members (noise_backward_reductions.
+var_mean_chains): correct kernels (torch; the mean by a float32 scalar loop, by 8 lanes) are rounding; a bug of 8
+spreads in one element, or as a constant offset, is a mismatch where the scalar loop's charged scale passed it."""
+
+import numpy as np
+import pytest
+import torch
+
+import refkern as rk
+import refkern.analysis.noise_var_means as nbr
+from refkern.accumulate.formats import FLOAT32
+from refkern.analysis.noise_chains import rest_sq
+
+
+def _mean_lanes(x, lanes):
+    """The float32 mean of each row by ``lanes`` strided running sums, the lanes added left to right, / n."""
+    acc = np.zeros((x.shape[0], lanes), np.float32)
+    for k in range(0, x.shape[1], lanes):
+        acc = (acc + x[:, k : k + lanes]).astype(np.float32)
+    s = np.zeros(x.shape[0], np.float32)
+    for j in range(lanes):
+        s = (s + acc[:, j]).astype(np.float32)
+    return (s / np.float32(x.shape[1])).astype(np.float32)
+
+
+def _case(op, n=20000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, n, generator=g) + 300
+    go = torch.randn(4, generator=g)
+    xr = x.clone().requires_grad_()
+    getattr(torch, op)(xr, -1, correction=1).backward(go)
+    X = x.double().requires_grad_()
+    exact = torch.autograd.grad(getattr(torch, op)(X, -1, correction=1), X, go.double())[0]
+    xs = x.numpy()
+    q = (go / (2 * torch.std(x, -1, correction=1))).numpy() if op == "std" else go.numpy()
+    k = (q[:, None] * np.float32(2.0 / (n - 1))).astype(np.float32)
+    outs = {"torch": xr.grad}
+    for lanes in (1, 8):  # torch's formula on a mean of its own: (x - m) * (2 / dof) g, every op in float32
+        m = _mean_lanes(xs, lanes)
+        outs[f"mean by {lanes} lanes"] = torch.from_numpy((k * (xs - m[:, None]).astype(np.float32)).astype(np.float32))
+    return x, go, exact, outs
+
+
+def _judge(op, out, x, go):
+    return rk.compare_backward({"x": out}, op, go, x, -1, correction=1)["x"]
+
+
+@pytest.mark.parametrize("op", ["var", "std"])
+def test_correct_kernels_rounding_bugs_mismatch(op):
+    x, go, exact, outs = _case(op)
+    for name, out in outs.items():
+        assert _judge(op, out, x, go).verdict in ("exact", "rounding"), name
+    spread = max(float((o.double() - exact).abs().max()) for o in outs.values())
+    base = outs["torch"].double()
+    one = base.clone()
+    one[1, 7] += 8 * spread
+    assert _judge(op, one.float(), x, go).verdict == "mismatch"
+    assert _judge(op, (base + 8 * spread).float(), x, go).verdict == "mismatch"
+
+
+def test_rest_variance_by_hand():
+    # the exact mean's variance: u**2 (rest_sq / n**2 + mean**2), the orders of at most ceil(n / C) terms a chain
+    x = (np.random.default_rng(1).standard_normal((3, 4096)) + 300).astype(np.float32).astype(np.float64)
+    got = nbr.var_mean_chains(x)
+    mean = x.sum(axis=1) / 4096
+    want = FLOAT32.u**2 * (rest_sq(x) / 4096**2 + mean**2)
+    assert np.array_equal(got[0], want)
+    means, smeans = got[1]()
+    assert means.shape[1] == 3 and smeans.shape == means.shape
+    scalar = _mean_lanes(x.astype(np.float32), 1).astype(np.float64)  # the scalar loop's mean is a member, exactly
+    assert np.any(np.all(np.abs(means - scalar[None, :]) <= np.sqrt(smeans) * 1e-9 + 1e-300, axis=1) |
+                  np.all(means == scalar[None, :], axis=1))  # fmt: skip
+    assert nbr.var_mean_chains(x[:, :3]) is None  # fewer than two chains: nothing emulated

@@ -375,3 +375,61 @@ def test_every_path_a_record_names_resolves():
     assert not [p for p in paths if p.partition(":")[0] == "refkern"]
     assert all(callable(ops.resolve_path(p)) for p in paths)
     assert ops.get("pow").backward.broadcast == "refkern.kernels.pow_backward:pow_reduced"
+
+
+def test_a_pools_kind_and_pooled_dimensions_are_what_torch_computes():
+    """``Op.pool`` and ``Op.spatial`` against torch: on (N, C) and ``spatial`` dimensions of 4, windows of 2
+    (``kernel_size=2``, or ``output_size=2`` for the adaptive ones) give 2 in each pooled dimension, and each output
+    is the maximum (``"max"``) or the mean (``"avg"``, ``"adaptive_avg"``) of its 2 x ... x 2 block, computed here
+    with numpy. A convolution's ``spatial`` is the dimensions its kernel slides over (a 3-tap kernel in each)."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    assert ops.POOL_KINDS == ("avg", "max", "adaptive_avg")
+    assert [(n, ops.get(n).pool, ops.get(n).spatial) for n in ops.names(family="pool")] == [
+        ("avg_pool1d", "avg", 1), ("avg_pool2d", "avg", 2), ("avg_pool3d", "avg", 3), ("max_pool1d", "max", 1),
+        ("max_pool2d", "max", 2), ("adaptive_avg_pool1d", "adaptive_avg", 1),
+        ("adaptive_avg_pool2d", "adaptive_avg", 2)]  # fmt: skip
+    assert all(r.pool is None for r in ops.REGISTRY.values() if r.family != "pool")
+    for name in ops.names(family="pool"):
+        r = ops.get(name)
+        nd = r.spatial
+        # integers: each block's sum is exact and its mean a division by a power of two, exact in any order
+        x = torch.randint(-50, 50, (2, 3, *(4,) * nd), generator=torch.Generator().manual_seed(nd)).double()
+        got = ops.resolve_path(r.torch_function)(x, **({"output_size": 2} if r.pool == "adaptive_avg" else
+                                                        {"kernel_size": 2})).numpy()  # fmt: skip
+        blocks = x.numpy().reshape(2, 3, *(q for _ in range(nd) for q in (2, 2)))  # (.., out_i, tap_i, ..)
+        taps = tuple(3 + 2 * i for i in range(nd))
+        want = blocks.max(axis=taps) if r.pool == "max" else blocks.mean(axis=taps)
+        np.testing.assert_array_equal(got, want)
+    for name in ops.names(family="conv") + ops.names(family="conv_transpose"):
+        r = ops.get(name)
+        nd = r.spatial
+        x, w = torch.ones(1, 1, *(5,) * nd), torch.ones(1, 1, *(3,) * nd)
+        size = 3 if r.family == "conv" else 7  # 5 - 3 + 1, and (5 - 1) + 3
+        assert tuple(ops.resolve_path(r.torch_function)(x, w).shape) == (1, 1, *(size,) * nd)
+    assert all(r.spatial == 0 for r in ops.REGISTRY.values() if r.family not in ("pool", "conv", "conv_transpose"))
+
+
+def test_a_pools_backward_and_envelope_read_its_record():
+    """A pool's backward rule (its call's validation) and the pool part of the forward envelope's layout take the
+    kind and the pooled dimensions from the record (issue 25): no pool's name or dimension is written in them,
+    nor is the op's name sliced or matched (``int(op[-2])``, ``name.startswith("max_pool")``)."""
+    import ast
+    import inspect
+    import textwrap
+
+    from refkern.analysis import _envelope_ops
+    from refkern.kernels import pool_grad
+
+    src = inspect.getsource(_envelope_ops.layout)
+    start, end = src.index("    rec = REGISTRY.get(name)"), src.index('    if name in ("softmax", "log_softmax")')
+    pool_part = ast.parse(textwrap.dedent(src[start:end]))  # the statements from the record's lookup to softmax's
+    for tree, arg in ((ast.parse(inspect.getsource(pool_grad._pool_call)), "op"), (pool_part, "name")):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert not any(w in node.value for w in ("_pool", "1d", "2d", "3d")), node.value
+            if isinstance(node, ast.Subscript):
+                assert ast.unparse(node.value) != arg, ast.unparse(node)
+            if isinstance(node, ast.Attribute) and node.attr in ("startswith", "endswith"):
+                raise AssertionError(ast.unparse(node))

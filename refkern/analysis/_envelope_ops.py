@@ -121,24 +121,27 @@ def layout(name: str, a: dict, shape: tuple) -> Layout:
                           c, -1),
                       W=1.0 if w is None else w.reshape(c, 1), B=0.0 if b is None else b.reshape(c, 1),
                       eps=float(a["eps"]), given=given)  # fmt: skip
-    if name.startswith("max_pool"):
-        return Layout("max", None, 1, back=lambda b: b)
-    if name.startswith("avg_pool") or name.startswith("adaptive_avg_pool"):
-        from refkern.ops import get
+    from refkern.ops import REGISTRY
 
-        fn = get(name).reference
+    rec = REGISTRY.get(name)
+    if rec is not None and rec.pool == "max":
+        return Layout("max", None, 1, back=lambda b: b)
+    if rec is not None and rec.pool in ("avg", "adaptive_avg"):
+        # the terms of one output: at most the window's (the record's pooled dimensions, rec.spatial, each
+        # ``kernel_size`` long, or at most ``ceil(L / O) + 1`` of an adaptive window over L for output_size O)
+        nd, fn = rec.spatial, rec.reference
         x = _f64(next(iter(a.values())), "input", name)
         rest = {k: v for k, v in list(a.items())[1:]}
         absmean = np.asarray(fn(np.abs(x), **rest), np.float64)
-        if name.startswith("adaptive"):
-            size = x.shape[-1] if name.endswith("1d") else x.shape[-2] * x.shape[-1]
+        if rec.pool == "adaptive_avg":
             outs = rest["output_size"]
-            outs = (outs,) if isinstance(outs, int) else tuple(outs)
-            k = int(np.prod([-(-s // max(o or s, 1)) + 1 for s, o in zip(x.shape[-len(outs) :], outs)]))
-            n = min(k, size)
+            outs = (outs,) * nd if isinstance(outs, int) else tuple(outs)
+            sizes = x.shape[-nd:]
+            k = int(np.prod([-(-s // max(o or s, 1)) + 1 for s, o in zip(sizes, outs)]))
+            n = min(k, int(np.prod(sizes, dtype=np.int64)))
         else:
             ks = rest["kernel_size"]
-            n = int(np.prod((ks,) * (1 if name.endswith("1d") else 2) if isinstance(ks, int) else ks))
+            n = int(np.prod((ks,) * nd if isinstance(ks, int) else ks))
         return Layout("mean", absmean.reshape(1, -1), n, back=lambda r: np.asarray(r).reshape(shape),
                       rows=lambda r: np.asarray(r).reshape(-1), divisor=1.0, absmean=absmean.reshape(-1))  # fmt: skip
     if name in ("softmax", "log_softmax"):

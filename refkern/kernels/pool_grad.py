@@ -25,16 +25,19 @@ class _PoolCall:
 
 
 def _pool_call(op, g, a, who) -> _PoolCall:
+    """The validated call of pool ``op``'s backward; its kind and pooled dimensions are its record's
+    (:attr:`refkern.ops.Op.pool`, :attr:`refkern.ops.Op.spatial`)."""
     import refkern.ops as ops
     from refkern.kernels import pool
 
-    nd = int(op[-2])  # avg_pool3d: 3
+    rec = ops.get(op)
+    nd = rec.spatial
     fwd = {k: v for k, v in a.items() if k != "return_indices"}
     try:  # the forward validates every argument as torch does, and gives the output's shape (and indices)
-        if op.startswith("max_pool"):
-            y, idx = ops.get(op).reference(**fwd, return_indices=True)
+        if rec.pool == "max":
+            y, idx = rec.reference(**fwd, return_indices=True)
         else:
-            y, idx = ops.get(op).reference(**fwd), None
+            y, idx = rec.reference(**fwd), None
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{who}: {str(exc)}") from None
     x = operand(a["input"], "input", op)
@@ -47,7 +50,7 @@ def _pool_call(op, g, a, who) -> _PoolCall:
     c = _PoolCall(G, plane, tuple(x.shape), x.fmt, x.torch or og.torch)
     if idx is not None:
         c.idx = np.asarray(idx).reshape(G.shape)
-    elif op.startswith("adaptive"):
+    elif rec.pool == "adaptive_avg":
         c.spans = [[(i * size // o, -(-(i + 1) * size // o), -(-(i + 1) * size // o) - i * size // o)
                     for i in range(o)] for size, o in zip(plane, G.shape[1:])]  # fmt: skip
     else:  # the forward's windows and divisors

@@ -21,6 +21,7 @@ from refkern.ops._record import (
     ERROR_MODELS,
     HYPOTHESES,
     JUDGES,
+    POOL_KINDS,
     REFKERN_ONLY,
     SAMPLE_KINDS,
     Backward,
@@ -34,7 +35,7 @@ from refkern.ops._records_embedding import RECORDS as _EMBEDDING
 from refkern.ops._records_losses import RECORDS as _LOSSES
 
 __all__ = ["Op", "Call", "Backward", "REGISTRY", "names", "get", "lookup", "resolve_path", "ERROR_MODELS",
-           "JUDGES", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY"]  # fmt: skip
+           "JUDGES", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY", "POOL_KINDS"]  # fmt: skip
 
 
 def _build():
@@ -50,6 +51,9 @@ def _build():
         if bool(r.differentiable) != (r.backward is not None) or (r.aten_backward and not r.backward.audit):
             raise RuntimeError(f"ops: record {r.name!r} has differentiable arguments without a backward (or the "
                                "reverse), or aten backward kernels without the audit's reading of them")  # fmt: skip
+        if (r.family == "pool") != (r.pool in POOL_KINDS) or (r.family == "pool" and r.spatial < 1):
+            raise RuntimeError(f"ops: record {r.name!r}: a pool needs its kind (one of POOL_KINDS) and its pooled "
+                               "dimensions (spatial), and only a pool has a kind")  # fmt: skip
         if r.modules and (not r.calls or r.calls[0].params is None):
             raise RuntimeError(f"ops: record {r.name!r} names torch.nn modules without its first call's parameters")
         for node, edges in r.autograd:  # a node several ops share (ConvolutionBackward0) has one order

@@ -7,7 +7,7 @@ import inspect
 from dataclasses import dataclass
 
 __all__ = ["Op", "Call", "Backward", "ERROR_MODELS", "JUDGES", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY",
-           "resolve_path"]  # fmt: skip
+           "POOL_KINDS", "resolve_path"]  # fmt: skip
 
 #: error models: "sum", one rounded sum of products per output element (the products and
 #: convolutions: :mod:`refkern.analysis.evaluate`, the statistical verdict of
@@ -41,6 +41,13 @@ SAMPLE_KINDS = ("linear", "matmul", "conv", "rows", "batch_norm")
 #: maximum subtracted, log of a softmax, a mask or scale dropped)
 HYPOTHESES = ("tf32", "autocast", "accumulators", "epilogue", "taps", "one-pass variance", "stored output", "P@V",
               "named bugs")  # fmt: skip
+
+#: what a pool (family "pool", :attr:`Op.pool`) computes over each window of its ``Op.spatial`` trailing
+#: dimensions: "avg", the mean of a window of ``kernel_size`` taps (``stride``, ``padding``, ``ceil_mode``,
+#: ``count_include_pad``, ``divisor_override``); "max", its maximum (with ``dilation``; the first of equal maxima);
+#: "adaptive_avg", the mean of output i's window ``[floor(i L / O), ceil((i + 1) L / O))`` along each pooled
+#: dimension of length L for ``output_size`` O
+POOL_KINDS = ("avg", "max", "adaptive_avg")
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,12 @@ class Op:
     #: (``nn.AvgPool2d``: ``F.avg_pool2d(input, self.kernel_size, self.stride, ...)``), read by
     #: :func:`refkern.torch.ops.from_module`
     modules: tuple = ()
+    #: a pool's kind (one of :data:`POOL_KINDS`; None for the other families), read where a pool's geometry is
+    #: built (its backward rule, its envelope, the audit's reading of its aten backward kernel)
+    pool: str | None = None
+    #: the trailing dimensions a pool's windows or a convolution's kernel slide over (avg_pool3d: 3; 0 for the
+    #: other families): an input has them after its (N, C) or (C) dimensions
+    spatial: int = 0
     needs: str | None = None  # "dim=-1": an argument a command line must give, with an example
     sweep: bool = False  # ``refkern sweep`` draws it against the reduction length
     opinfo: tuple = ()  # names in torch's OpInfo database (op_db)

@@ -44,7 +44,7 @@ def _conv(nd, transposed=False):
               differentiable=(first, "weight", "bias"), torch_function=f"{_F}{name}",
               calls=(Call(f"{_F}{name}"),), aten=_CONV_CALL, aten_backward=("convolution_backward",),
               autograd=(("ConvolutionBackward0", ("input", "weight", "bias")),),
-              sample=None if transposed else "conv", opinfo=(f"nn.functional.{name}",),
+              sample=None if transposed else "conv", opinfo=(f"nn.functional.{name}",), spatial=nd,
               backward=_backward(f"conv_grad:{'conv_transpose' if transposed else 'conv'}_rule",
                                  "conv_transpose" if transposed else "conv", "adjoint_report",
                                  "convolution"))  # fmt: skip
@@ -79,12 +79,15 @@ def _norm_backward(name):
     return _backward("norm_grad:_norm", name if name == "group_norm" else "norm", "norm_report", name)
 
 
-def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, with_indices=False, needs, module="pool"):
-    """A pool's record: ``F.<name>`` with torch's parameters ``params``, and ``nn.<Name>`` (torch's class name for
+def _pool(kind, nd, params, *, aten=None, aten_backward=(), autograd=None, with_indices=False, needs,
+          module="pool"):  # fmt: skip
+    """The record of torch's ``<kind>_pool<nd>d`` (``kind`` one of :data:`~refkern.ops.POOL_KINDS`, ``nd`` its
+    pooled dimensions): ``F.<name>`` with torch's parameters ``params``, and ``nn.<Name>`` (torch's class name for
     the function: ``nn.AdaptiveAvgPool2d`` for ``adaptive_avg_pool2d``), whose attributes are those parameters;
     ``with_indices``: ``F.<name>_with_indices`` and aten's ``<name>_with_indices`` too (``return_indices=True``: the
     argmax positions, an output no reference judges)."""
-    average = name.startswith("avg_pool")  # torch's integer averages truncate: refkern.kernels.integer_pool
+    name = f"{kind}_pool{nd}d"
+    average = kind == "avg"  # torch's integer averages truncate: refkern.kernels.integer_pool
     integer = f"refkern.kernels.{'pool3d:integer_' if module == 'pool3d' else 'integer_pool:'}{name}"
     indexed = (f"{name}_with_indices",) if with_indices else ()
     unjudged = (("indices", "argmax positions (integers): not judged, the values are"),) if indexed else ()
@@ -97,7 +100,7 @@ def _pool(name, params, *, aten=None, aten_backward=(), autograd=None, with_indi
               aten_unjudged=unjudged,
               autograd=((autograd, ("input",)),) if autograd else (), needs=needs,
               opinfo=(f"nn.functional.{name}",), modules=(f"torch.nn.{nn}",),
-              integer_reference=integer if average else None,
+              integer_reference=integer if average else None, pool=kind, spatial=nd,
               backward=_backward("pool_grad:_pool", "pool", "pool_report",
                                  name if aten_backward else None))  # fmt: skip
 
@@ -171,16 +174,16 @@ RECORDS = (
           aten_backward=("native_batch_norm_backward",), required=3, sample="batch_norm",
           autograd=(("NativeBatchNormBackward0", ("input", "weight", "bias")),),
           hypotheses=("one-pass variance",)),
-    _pool("avg_pool1d", _AVG1, needs="kernel_size=3"),
-    _pool("avg_pool2d", (*_AVG1, "divisor_override"), aten_backward=("avg_pool2d_backward",),
+    _pool("avg", 1, _AVG1, needs="kernel_size=3"),
+    _pool("avg", 2, (*_AVG1, "divisor_override"), aten_backward=("avg_pool2d_backward",),
           autograd="AvgPool2DBackward0", needs="kernel_size=3"),
-    _pool("avg_pool3d", (*_AVG1, "divisor_override"), aten_backward=("avg_pool3d_backward",),
+    _pool("avg", 3, (*_AVG1, "divisor_override"), aten_backward=("avg_pool3d_backward",),
           autograd="AvgPool3DBackward0", needs="kernel_size=3", module="pool3d"),
-    _pool("max_pool1d", _MAX, with_indices=True, needs="kernel_size=3"),
-    _pool("max_pool2d", _MAX, aten_backward=("max_pool2d_with_indices_backward",), with_indices=True,
+    _pool("max", 1, _MAX, with_indices=True, needs="kernel_size=3"),
+    _pool("max", 2, _MAX, aten_backward=("max_pool2d_with_indices_backward",), with_indices=True,
           autograd="MaxPool2DWithIndicesBackward0", needs="kernel_size=3"),
-    _pool("adaptive_avg_pool1d", ("input", "output_size"), needs="output_size=4"),
-    _pool("adaptive_avg_pool2d", ("input", "output_size"), aten=("adaptive_avg_pool2d", "_adaptive_avg_pool2d"),
+    _pool("adaptive_avg", 1, ("input", "output_size"), needs="output_size=4"),
+    _pool("adaptive_avg", 2, ("input", "output_size"), aten=("adaptive_avg_pool2d", "_adaptive_avg_pool2d"),
           aten_backward=("_adaptive_avg_pool2d_backward",), autograd="AdaptiveAvgPool2DBackward0",
           needs="output_size=(4,4)"),
     _softmax("softmax", ("_softmax", "_safe_softmax", "softmax"), ("_softmax_backward_data",),

@@ -112,9 +112,9 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
 
     ``op``: "linear", "matmul", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
     "conv_transpose3d", "softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm",
-    "avg_pool1d", "avg_pool2d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-    "scaled_dot_product_attention", "sum", "mean", "var", "std", "cumsum", "dot", the losses, "embedding" and the
-    elementwise ops (:data:`OPS`, the registry's ops with a backward; or the refkern function); the
+    "avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d", "scaled_dot_product_attention", "sum", "mean", "var", "std", "cumsum", "dot", the losses,
+    "embedding" and the elementwise ops (:data:`OPS`, the registry's ops with a backward; or the refkern function); the
     arguments are exactly the op's (same names: ``x``/``weight``/``bias``, ``a``/``b``,
     ``input``/``weight``/``bias``, ``input``/``dim``, ``input``/``normalized_shape``/``weight``/``bias``/``eps``,
     ``x``/``dim``/``keepdim``/``dtype``/``correction``, ``x``/``y``), and

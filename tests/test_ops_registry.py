@@ -433,3 +433,19 @@ def test_a_pools_backward_and_envelope_read_its_record():
                 assert ast.unparse(node.value) != arg, ast.unparse(node)
             if isinstance(node, ast.Attribute) and node.attr in ("startswith", "endswith"):
                 raise AssertionError(ast.unparse(node))
+
+
+def test_the_ops_backward_lists_are_the_registrys():
+    """refkern.backward's docstring names every op with a backward (it once lacked avg_pool3d): the quoted names,
+    with "the losses" and "the elementwise ops" those families' ops with a backward, are :data:`OPS`, each once."""
+    import re
+
+    from refkern import gradients
+
+    doc = refkern.backward.__doc__
+    text = doc[doc.index("``op``:") : doc.index("(:data:`OPS`")]
+    listed = re.findall(r'"(\w+)"', text)
+    assert "the losses" in text and "the elementwise ops" in text
+    listed += [*ops.names(family="loss", backward=True), *ops.names(family="elementwise", backward=True)]
+    assert len(listed) == len(set(listed))
+    assert sorted(listed) == sorted(ops.names(backward=True)) == sorted(gradients.OPS)

@@ -218,3 +218,48 @@ def test_check_judges_pooling_gradients():
         assert res.grads[0].report is not None and res.grads[0].report.verdict in ("exact", "rounding"), fn
     res = rkt.check(torch.nn.MaxPool1d(2), torch.randn(2, 3, 8, generator=gen), devices=["cpu"], backward=True)
     assert res.grads[0].report.verdict in ("exact", "rounding")
+
+
+POOLS_WITH_KERNELS = [n for n in rk.ops.names(family="pool") if rk.ops.get(n).aten_backward]
+
+
+def test_every_pool_backward_kernel_has_one_reading():
+    """A pool's aten backward kernel is read from its record (issue 25): every pool's record names one function
+    of the audit, ``dispatch_backward.pool``, which writes no pool's name, kind or dimension (once a function per
+    pool, ``avg_pool3d = avg_pool2d`` an alias)."""
+    import ast
+    import inspect
+
+    from refkern.torch import dispatch_backward
+
+    assert POOLS_WITH_KERNELS == ["avg_pool2d", "avg_pool3d", "max_pool2d", "adaptive_avg_pool2d"]
+    assert {rk.ops.get(n).backward.audit for n in POOLS_WITH_KERNELS} == {"refkern.torch.dispatch_backward:pool"}
+    assert not [n for n in rk.ops.names(family="pool") if hasattr(dispatch_backward, n)]
+    (tree,) = ast.parse(inspect.getsource(dispatch_backward.pool)).body
+    for node in (n for stmt in tree.body[1:] for n in ast.walk(stmt)):  # after the docstring
+        text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+        assert not any(w in text for w in ("_pool", "1d", "2d", "3d")), text  # a kind ("adaptive_avg") may be read
+
+
+@pytest.mark.parametrize("name", POOLS_WITH_KERNELS)
+def test_the_audit_judges_each_pools_backward_kernel(name):
+    """torch's CPU backward kernel of each pool with one, inside the audit: judged as the record's op at the
+    arguments of the forward (a window, stride, padding and ceil_mode; the adaptive pool's output size from
+    grad_output), exact or rounding in float32; the same kernel's output broken at every 7th element by 2**-8 is a
+    mismatch (the reading judges, it does not wave through)."""
+    from audit_models import BrokenKernel, backward_audit
+
+    r = rk.ops.get(name)
+    nd = r.spatial
+    kw = dict(output_size=(3,) * nd) if r.pool == "adaptive_avg" else dict(kernel_size=3, stride=2, padding=1,
+                                                                             ceil_mode=True)  # fmt: skip
+    module = rk.ops.resolve_path(r.modules[0])(**kw)
+    x = torch.randn(2, 3, *(7,) * nd, generator=torch.Generator().manual_seed(nd), requires_grad=True)
+    (kernel,) = r.aten_backward
+    op = getattr(torch.ops.aten, kernel).default
+    a, _ = backward_audit(module, x)
+    (c,) = [c for c in a.calls if c.phase == "backward" and c.aten == str(op)]
+    assert c.op == f"{name} backward" and c.report is not None and c.report.verdict in ("exact", "rounding")
+    a, (bad,) = backward_audit(module, x, BrokenKernel(op))
+    (c,) = [c for c in a.calls if c.phase == "backward" and c.aten == str(op)]
+    assert bad.broken == [0] and c.report.verdict == "mismatch"

@@ -85,7 +85,8 @@ def _pool(kind, nd, params, *, aten=None, aten_backward=(), autograd=None, with_
     pooled dimensions): ``F.<name>`` with torch's parameters ``params``, and ``nn.<Name>`` (torch's class name for
     the function: ``nn.AdaptiveAvgPool2d`` for ``adaptive_avg_pool2d``), whose attributes are those parameters;
     ``with_indices``: ``F.<name>_with_indices`` and aten's ``<name>_with_indices`` too (``return_indices=True``: the
-    argmax positions, an output no reference judges)."""
+    argmax positions, an output no reference judges). Its aten backward kernels are read by
+    :func:`refkern.torch.dispatch_backward.pool`, every pool's."""
     name = f"{kind}_pool{nd}d"
     average = kind == "avg"  # torch's integer averages truncate: refkern.kernels.integer_pool
     integer = f"refkern.kernels.{'pool3d:integer_' if module == 'pool3d' else 'integer_pool:'}{name}"
@@ -102,7 +103,7 @@ def _pool(kind, nd, params, *, aten=None, aten_backward=(), autograd=None, with_
               opinfo=(f"nn.functional.{name}",), modules=(f"torch.nn.{nn}",),
               integer_reference=integer if average else None, pool=kind, spatial=nd,
               backward=_backward("pool_grad:_pool", "pool", "pool_report",
-                                 name if aten_backward else None))  # fmt: skip
+                                 "pool" if aten_backward else None))  # fmt: skip
 
 
 def _softmax(name, aten, aten_backward, nodes):

@@ -225,29 +225,22 @@ def elementwise(name, b, memo, present, op):
     return BackwardCall(op, g, (x,), kw, [(0, "input")])
 
 
-# the pools' backward kernels (1-d pools run as 2-d ones in torch): judged from the input they received (a
-# maximum's gradient goes where refkern's own forward puts the window's maximum)
-
-
-def adaptive_avg_pool2d(name, b, memo, present, op):
+def pool(name, b, memo, present, op):
+    """Every pool's aten backward kernel (avg_pool2d_backward, avg_pool3d_backward,
+    max_pool2d_with_indices_backward, _adaptive_avg_pool2d_backward; torch runs the 1-d pools as 2-d ones), read
+    from its op's record as the audit reads the forward (:func:`refkern.torch.dispatch._pool`): the arguments the
+    kernel received that the record's first call names (aten's empty ``stride`` is torch's None, the kernel
+    size), an adaptive pool's ``output_size`` the last ``Op.spatial`` sizes of grad_output. Judged at the input it
+    received (a maximum's gradient goes where refkern's own forward puts the window's maximum; the kernel's
+    ``indices`` are not needed)."""
+    rec = _ops.get(op)
     g = b["grad_output"]
-    return BackwardCall(op, g, (b["self"],), dict(output_size=tuple(g.shape[-2:])), [(0, "input")])
-
-
-def avg_pool2d(name, b, memo, present, op):
-    kw = dict(kernel_size=_tup(b["kernel_size"]), stride=_tup(b["stride"]) or None, padding=_tup(b["padding"]),
-              ceil_mode=b["ceil_mode"], count_include_pad=b["count_include_pad"],
-              divisor_override=b["divisor_override"])  # fmt: skip
-    return BackwardCall(op, b["grad_output"], (b["self"],), kw, [(0, "input")])
-
-
-avg_pool3d = avg_pool2d  # aten's avg_pool3d_backward takes avg_pool2d_backward's arguments
-
-
-def max_pool2d(name, b, memo, present, op):
-    kw = dict(kernel_size=_tup(b["kernel_size"]), stride=_tup(b["stride"]) or None, padding=_tup(b["padding"]),
-              dilation=_tup(b["dilation"]), ceil_mode=b["ceil_mode"])  # fmt: skip
-    return BackwardCall(op, b["grad_output"], (b["self"],), kw, [(0, "input")])
+    kw = {p: _tup(b[p]) for p in rec.calls[0].params[1:] if p in b}
+    if "stride" in kw:
+        kw["stride"] = kw["stride"] or None
+    if rec.pool == "adaptive_avg":
+        kw["output_size"] = tuple(g.shape[-rec.spatial :])
+    return BackwardCall(op, g, (b["self"],), kw, [(0, "input")])
 
 
 def attention(name, b, memo, present, op):

@@ -71,3 +71,42 @@ def test_rest_variance_by_hand():
     assert np.any(np.all(np.abs(means - scalar[None, :]) <= np.sqrt(smeans) * 1e-9 + 1e-300, axis=1) |
                   np.all(means == scalar[None, :], axis=1))  # fmt: skip
     assert nbr.var_mean_chains(x[:, :3]) is None  # fewer than two chains: nothing emulated
+
+
+def test_constants_pinned():
+    assert nbr.FIT_SAMPLE == pytest.approx(16384, abs=0)
+    assert nbr.MEMBER_ERR == pytest.approx(2.0**-50, abs=0)
+
+
+def test_project_by_hand():
+    lo = np.array([[-1.0, -1.0, np.nan], [2.0, 5.0, np.nan]])  # (intervals, rows): row 0 [-1, 1] or [2, 3], ...
+    hi = np.array([[1.0, 1.0, np.nan], [3.0, 6.0, np.nan]])
+    # row 0: 1.4 -> 1 (0.4 away; 2 is 0.6); row 1: 4.2 -> 5 (0.8 away; 1 is 3.2); row 2: no interval -> itself
+    p, grow = nbr.project(np.array([1.4, 4.2, 7.0]), lo, hi)
+    assert p.tolist() == [1.0, 5.0, 7.0] and grow == 2.0
+    assert nbr.project(np.array([1.6]), np.array([[-1.0]]), np.array([[1.0]]))[1] == 1.0  # one interval: convex
+
+
+def test_std_scaled_by_eight_spreads():
+    # float32 std over 10^4 randn terms: the stored std's error within its forward's members (a float32 two-pass
+    # scalar loop among them), not one draw of the scalar loop's scale: scaled by 8 spreads is a mismatch
+    g = torch.Generator().manual_seed(0)
+    x, go = torch.randn(4, 10_000, generator=g), torch.randn(4, generator=g)
+    xr = x.clone().requires_grad_()
+    torch.std(xr, -1).backward(go)
+    X = x.double().requires_grad_()
+    exact = torch.autograd.grad(torch.std(X, -1), X, go.double())[0]
+    xs = x.numpy()
+    m = _mean_lanes(xs, 1)
+    q = np.zeros(4, np.float32)
+    for j in range(xs.shape[1]):
+        d = (xs[:, j] - m).astype(np.float32)
+        q = (q + (d * d).astype(np.float32)).astype(np.float32)
+    s = np.sqrt((q / np.float32(xs.shape[1] - 1)).astype(np.float32)).astype(np.float32)
+    k = ((go.numpy() / (2 * s)).astype(np.float32) * np.float32(2.0 / (xs.shape[1] - 1))).astype(np.float32)
+    seq = torch.from_numpy((k[:, None] * (xs - m[:, None]).astype(np.float32)).astype(np.float32))
+    for out in (xr.grad, seq):
+        assert _judge("std", out, x, go).verdict in ("exact", "rounding")
+    spread = max(float((o.double() - exact).abs().max()) for o in (xr.grad, seq))
+    bad = xr.grad.double() * (1 + 8 * spread / float(exact.abs().max()))
+    assert _judge("std", bad.float(), x, go).verdict == "mismatch"

@@ -7,6 +7,7 @@ import numpy as np
 from refkern.accumulate.formats import Format
 from refkern.analysis.noise_backward import _stores, _units
 from refkern.analysis.noise_moments import _moments
+from refkern.analysis.noise_var_means import MEMBER_ERR, project
 
 __all__ = ["pool_noise", "mean_noise", "var_noise", "var_members", "MEMBER_ERR"]
 
@@ -135,11 +136,17 @@ def var_members(X, G, corr, out: Format, want_std: bool, A, chains=None):
     lam = level(max(R, 1))
     with np.errstate(all="ignore"):
         Xf, mean, smu2, kq, _, uc, K, (hard, sub) = _var_parts(X, G, corr, out, want_std)
-        bound = (hard + lam * sub)[:, None]
+        b = hard + lam * sub
+        bound = (-b[None], b[None])  # e's intervals (m, R): one, or std's forward's members' (noise_var_means)
         Af = np.asarray(A, np.float64).reshape(R, n)
         ok = np.isfinite(Af)
         if chains is not None:
             smu2 = chains[0]
+            if want_std:
+                from refkern.analysis.noise_var_means import std_intervals
+
+                got = std_intervals(Xf, n - float(corr), hard, lam)
+                bound = bound if got is None else got
         means = [(mean, smu2)]
         if u_m:
             means += [(round_array(np.ascontiguousarray(mean + sgn * lam * np.sqrt(smu2)), *out.params), 0.0 * smu2)
@@ -163,8 +170,10 @@ def _var_batch(means, Xf, kq, Af, ok, bound, uc, u, u_o, eta_o, eta_w, K, want_s
             w = np.where(ok & (pre > 0), c / pre, 0.0)
             den = np.sum(w * c, axis=1, keepdims=True)
             s = np.where(den > 0, np.sum(w * np.where(ok, Af - c, 0.0), axis=1, keepdims=True) / den, 0.0)
-            s = np.clip(np.nan_to_num(s), -bound, bound)
+            s, grow = project(np.nan_to_num(s[:, 0]), *bound)
+            s = s[:, None]
             sd2 = np.where(den > 0, np.sum(w * w * (pre + (u_o * c) ** 2), axis=1, keepdims=True) / den**2, 0.0)
+            sd2 = sd2 * grow * grow
             xs.append(c * (1.0 + s))
             pres.append((np.sqrt(pre) + np.abs(c) * np.sqrt(sd2)) ** 2)
         xh = np.stack(xs)
@@ -174,6 +183,3 @@ def _var_batch(means, Xf, kq, Af, ok, bound, uc, u, u_o, eta_o, eta_w, K, want_s
     return xh, fix(err), fix(pre)
 
 
-#: var_members' centres' relative error in float64: at most 8 roundings of 2**-53 (K = 2 / dof, std's division
-#: by dof, its square root, 2 s and g / (2 s), the products K q and K q d; x - m_h of two half values is exact)
-MEMBER_ERR = 8.0 * 2.0**-53

@@ -12,7 +12,12 @@ from refkern.accumulate.formats import FLOAT32
 from refkern.analysis.noise_moments import _moments
 from refkern.analysis.noise_store import straddle_one
 
-__all__ = ["var_mean_chains", "nearest", "best_members", "FIT_SAMPLE"]
+__all__ = ["MEMBER_ERR", "var_mean_chains", "std_intervals", "project", "nearest", "best_members", "FIT_SAMPLE"]
+
+
+#: var_members' centres' relative error in float64: at most 8 roundings of 2**-53 (K = 2 / dof, std's division
+#: by dof, its square root, 2 s and g / (2 s), the products K q and K q d; x - m_h of two half values is exact)
+MEMBER_ERR = 8.0 * 2.0**-53
 
 
 def var_mean_chains(X):
@@ -58,6 +63,54 @@ def var_mean_chains(X):
     return smu2_rest, members
 
 
+def std_intervals(X, D: float, hard, lam: float):
+    """The intervals ``(lo, hi)``, (m, R) each, of std's shared relative error ``e`` (:func:`~refkern.analysis.
+    noise_backward_reductions.var_members`: the gradient's ``q = g / (2 s^)`` carries ``s / s^``) where the
+    forward's ``s^`` is one of its family's members, rows of float32 numbers, divisor ``D > 0``, at least two
+    chains (else None): the rest's ``-+(hard + lam sub)`` (``sub`` the forward's relative sigma over the orders of
+    short chains, :func:`~refkern.analysis.noise_var_chains.rest_s2`) and, per long-chain member ``k``
+    (:func:`~refkern.analysis.noise_var_chains.members`: Welford, float32-merged tiles, two-pass; ``/ D`` and ``*
+    fl(1 / D)``), ``s / s^ - 1 -+ hard`` over ``s^`` in ``[xh_k (1 - u) - w, xh_k (1 + u) + w]``, ``w = lam
+    sqrt(pre_k) + err_k`` (the centre before its float32 store, the store's rounding, its scale). Charged as one
+    draw of the scalar loop's sum of squares (``u sqrt(n / 3)`` relative at 10**4 randn terms: 29 u, times
+    ``lam``), a float32 std gradient scaled by 64x the spread of correct kernels passed."""
+    from refkern.analysis.noise_chains import chains_of
+    from refkern.analysis.noise_var_chains import member_specs, members, rest_s2
+    from refkern.analysis.stats import level
+
+    R, n = X.shape
+    if D <= 0 or chains_of(n) < 2 or not np.array_equal(X, X.astype(np.float32)):
+        return None
+    u = FLOAT32.u
+    with np.errstate(all="ignore"):
+        m2, _, s2f, _ = _moments(X, True, u)
+        var = m2 / D
+        s = np.sqrt(var)
+        _, _, rs2 = rest_s2(X)
+        sub = np.sqrt(rs2 / D**2 + (u * var) ** 2) / (2.0 * var)
+        xh, err, pre = members(X, D, True, False, level(2 * len(member_specs(n)) * R), m2, s2f, lam_el=lam)
+        w = lam * np.sqrt(pre) + err
+        lo_s, hi_s = xh * (1.0 - u) - w, xh * (1.0 + u) + w
+        up = np.where(lo_s > 0, s / lo_s - 1.0 + hard, np.inf)  # s^ may be near 0: no upper end
+        lo = np.concatenate([-(hard + lam * sub)[None], s / hi_s - 1.0 - hard])
+        hi = np.concatenate([(hard + lam * sub)[None], up])
+    bad = np.isnan(lo) | np.isnan(hi) | (lo > hi)  # a refused member (NaN centre): no interval
+    return np.where(bad, np.nan, lo), np.where(bad, np.nan, hi)
+
+
+def project(s, lo, hi):
+    """``s`` (R,) projected onto the union of the intervals ``[lo, hi]`` (m, R) of each row (NaN: none): the
+    nearest point, and the factor its error may have grown by. With the true ``e`` in the union, ``|P - e| <=
+    |P - s| + |s - e| <= 2 |s - e|`` (``|P - s| <= |e - s|``): 2 for a union of more than one interval, 1 for one
+    (a convex set: the projection only brings ``s`` nearer). No interval on a row: ``s`` itself (factor 1)."""
+    P = np.clip(s[None, :], lo, hi)
+    gap = np.where(np.isnan(P), np.inf, np.abs(P - s[None, :]))
+    k = np.argmin(gap, axis=0)
+    p = P[k, np.arange(s.size)]
+    p = np.where(np.isfinite(gap.min(axis=0)), p, s)
+    return p, (2.0 if lo.shape[0] > 1 else 1.0)
+
+
 def nearest(Xf, mean, kq, A, pre, means, smeans, lam):
     """The members (indices into ``means`` (k, R)) worth trying on the actual rows ``A``, nearest first: those
     whose mean is, on some row, within ``lam sqrt(sd**2 + smeans)`` of the row's least-squares estimate ``mean +
@@ -92,11 +145,10 @@ def best_members(members, Xf, mean, kq, A, ok, bound, units, want_std, out, lam)
     element's best member (the smallest z of the stored-result test, or the first within ``lam`` sigma: ``lam =
     level(R)`` is under the element test's level) among the members ``members()`` that
     :func:`nearest` keeps, each fitted to its row as :func:`~refkern.analysis.noise_backward_reductions.
-    var_members` fits the exact mean (the shared relative error ``s`` clipped to ``bound``, its sd added to each
-    element's sigma). An element passes the batch if and only if it passes one of those members' tests, so the
-    batch is the members' test, without a (R, n) array per member (400 members at 10**6 terms)."""
-    from refkern.analysis.noise_backward_reductions import MEMBER_ERR
-
+    var_members` fits the exact mean (the shared relative error ``s`` projected onto ``bound``'s intervals, (lo,
+    hi) of (m, R) each, :func:`project`, its sd added to each element's sigma). An element passes the batch if
+    and only if it passes one of those members' tests, so the batch is the members' test, without a (R, n)
+    array per member (400 members at 10**6 terms)."""
     uc, u, u_o, eta_o, eta_w, K = units
     means, smeans = members()
     R, n = Xf.shape
@@ -110,8 +162,8 @@ def best_members(members, Xf, mean, kq, A, ok, bound, units, want_std, out, lam)
     xh, err, pre = (np.empty((R, n)) for _ in range(3))
     Ac = np.ascontiguousarray(np.where(ok, A, np.nan))
     _best(np.ascontiguousarray(Xf, np.float64), Ac, kq1, np.ascontiguousarray(means[order]),
-          np.ascontiguousarray(smeans[order]), np.ascontiguousarray(np.asarray(bound, np.float64).reshape(R)), consts,
-          out.prec, out.emin, float(lam), xh, err, pre)  # fmt: skip
+          np.ascontiguousarray(smeans[order]), np.ascontiguousarray(bound[0], np.float64),
+          np.ascontiguousarray(bound[1], np.float64), consts, out.prec, out.emin, float(lam), xh, err, pre)  # fmt: skip
     return xh[None], err[None], pre[None]
 
 
@@ -122,7 +174,7 @@ FIT_SAMPLE = 16384
 
 
 @jit(parallel=True, error_model="numpy")
-def _best(X, A, kq, means, smeans, bound, consts, prec, emin, done, bxh, berr, bpre):
+def _best(X, A, kq, means, smeans, lo, hi, consts, prec, emin, done, bxh, berr, bpre):
     """:func:`best_members`' pass: per row, per member with a finite mean, the fit (sums over an evenly strided
     sample of :data:`FIT_SAMPLE` elements of the row), then the stored-result test
     (:func:`~refkern.analysis.noise_store.straddle_one`) of each element not yet within ``done`` sigma (such an
@@ -161,8 +213,16 @@ def _best(X, A, kq, means, smeans, bound, consts, prec, emin, done, bxh, berr, b
                     num += w * (a - c)
                     sdn += w * w * (pre + (u_o * c) ** 2)
             s = num / den if den > 0.0 else 0.0
-            s = 0.0 if s != s else min(max(s, -bound[i]), bound[i])
+            s = 0.0 if s != s else s
+            best, gap = s, np.inf  # s projected onto the union of e's intervals (project(), its factor below)
+            for t in range(lo.shape[0]):
+                if lo[t, i] == lo[t, i] and hi[t, i] == hi[t, i]:
+                    p = min(max(s, lo[t, i]), hi[t, i])
+                    if abs(p - s) < gap:
+                        best, gap = p, abs(p - s)
+            s = best
             sd = np.sqrt(sdn) / den if den > 0.0 else 0.0
+            sd = sd * 2.0 if lo.shape[0] > 1 else sd
             h = 0
             for t in range(n_open):
                 j = open_[t]

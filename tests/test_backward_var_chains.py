@@ -65,7 +65,9 @@ def test_rest_variance_by_hand():
     mean = x.sum(axis=1) / 4096
     want = FLOAT32.u**2 * (rest_sq(x) / 4096**2 + mean**2)
     assert np.array_equal(got[0], want)
-    means, smeans = got[1]()
+    stages = list(got[1]())  # the sum's members, then the var family's
+    assert len(stages) == 2
+    means, smeans = (np.concatenate(a) for a in zip(*stages))
     assert means.shape[1] == 3 and smeans.shape == means.shape
     scalar = _mean_lanes(x.astype(np.float32), 1).astype(np.float64)  # the scalar loop's mean is a member, exactly
     assert np.any(np.all(np.abs(means - scalar[None, :]) <= np.sqrt(smeans) * 1e-9 + 1e-300, axis=1) |

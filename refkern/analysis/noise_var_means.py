@@ -23,7 +23,8 @@ MEMBER_ERR = 8.0 * 2.0**-53
 def var_mean_chains(X):
     """The float32 mean a var (std) gradient subtracts, as the long chains of its family (rows of float32
     numbers, at least two chains: else None): ``(smu2_rest, members)``, the rest's variance of the mean per row
-    (R,) and a thunk giving the members' means and their variances, (k, R) each.
+    (R,) and a thunk yielding the members' means and their variances, (k, R) each, in two stages: the sum's
+    members (the mean torch's gradient subtracts), then the var family's.
 
     torch's gradient is ``(2 / dof) g (x - x.mean())`` (and std's ``g / (2 s^)`` times it): the mean is a float32
     sum of the row divided by n, or a fused kernel's Welford mean. Its error moves every element of the row by
@@ -51,14 +52,14 @@ def var_mean_chains(X):
     with np.errstate(all="ignore"):
         smu2_rest = u * u * (rest_sq(X) / n**2 + mean * mean)
 
-    def members():  # only where an element fails the rest's scale
+    def members():  # only where an element fails the rest's scale: the sums' first (torch's x.mean()), then var's
         with np.errstate(all="ignore"):
-            m2, _, s2f, _ = _moments(X, True, u)
             xh, _, pre = sum_members(X, "mean", level(len(sum_specs(n)) * R))
+            yield xh, pre + (u * xh) ** 2
+            m2, _, s2f, _ = _moments(X, True, u)
             specs = var_specs(n)
             mo, m2c, _, smo = member_moments(X, specs, level(len(specs) * R), m2, s2f)
-            mo = np.where(np.isnan(m2c), np.nan, mo)  # a stagnated member: refused
-            return np.concatenate([xh, mo]), np.concatenate([pre + (u * xh) ** 2, smo])
+            yield np.where(np.isnan(m2c), np.nan, mo), smo  # a stagnated member: refused
 
     return smu2_rest, members
 
@@ -150,20 +151,25 @@ def best_members(members, Xf, mean, kq, A, ok, bound, units, want_std, out, lam)
     and only if it passes one of those members' tests, so the batch is the members' test, without a (R, n)
     array per member (400 members at 10**6 terms)."""
     uc, u, u_o, eta_o, eta_w, K = units
-    means, smeans = members()
     R, n = Xf.shape
     kq1 = np.ascontiguousarray(np.asarray(kq, np.float64).reshape(R))
     with np.errstate(all="ignore"):
         d0 = Xf - mean[:, None]
         pre0 = kq1[:, None] ** 2 * (uc * uc * d0 * d0) + (kq1[:, None] * d0) ** 2 * (uc * uc + u * u)
-        order = nearest(Xf, mean, kq1[:, None], A, pre0 + 2.0 * eta_o**2, means, smeans, lam)
     err_rel = MEMBER_ERR + (2.0 * n * 2.0**-53 if want_std else 0.0)
     consts = np.array([uc, u, u_o, eta_o, eta_w, K * K if want_std else 0.0, err_rel])
-    xh, err, pre = (np.empty((R, n)) for _ in range(3))
     Ac = np.ascontiguousarray(np.where(ok, A, np.nan))
-    _best(np.ascontiguousarray(Xf, np.float64), Ac, kq1, np.ascontiguousarray(means[order]),
-          np.ascontiguousarray(smeans[order]), np.ascontiguousarray(bound[0], np.float64),
-          np.ascontiguousarray(bound[1], np.float64), consts, out.prec, out.emin, float(lam), xh, err, pre)  # fmt: skip
+    xh = np.where(np.isnan(Ac), 0.0, np.nan)  # a centre that fails until a member is found (0 against NaN)
+    err, pre, z = np.zeros((R, n)), np.full((R, n), np.inf), np.full((R, n), np.inf)
+    X64 = np.ascontiguousarray(Xf, np.float64)
+    lo, hi = (np.ascontiguousarray(b, np.float64) for b in bound)
+    for means, smeans in members():  # stages: stop once every element is within lam
+        with np.errstate(all="ignore"):
+            order = nearest(Xf, mean, kq1[:, None], A, pre0 + 2.0 * eta_o**2, means, smeans, lam)
+        _best(X64, Ac, kq1, np.ascontiguousarray(means[order]), np.ascontiguousarray(smeans[order]), lo, hi, consts,
+              out.prec, out.emin, float(lam), z, xh, err, pre)  # fmt: skip
+        if not (z > lam).any():
+            break
     return xh[None], err[None], pre[None]
 
 
@@ -174,12 +180,12 @@ FIT_SAMPLE = 16384
 
 
 @jit(parallel=True, error_model="numpy")
-def _best(X, A, kq, means, smeans, lo, hi, consts, prec, emin, done, bxh, berr, bpre):
+def _best(X, A, kq, means, smeans, lo, hi, consts, prec, emin, done, bzz, bxh, berr, bpre):
     """:func:`best_members`' pass: per row, per member with a finite mean, the fit (sums over an evenly strided
     sample of :data:`FIT_SAMPLE` elements of the row), then the stored-result test
     (:func:`~refkern.analysis.noise_store.straddle_one`) of each element not yet within ``done`` sigma (such an
     element passes whichever member comes later: ``done`` is at most the element test's level); the member of
-    the smallest z kept. An element no member reaches keeps a centre that fails (NaN, or 0 against NaN)."""
+    the smallest z kept (``bzz``, ``bxh``, ``berr``, ``bpre``: carried from the stages before, updated in place)."""
     uc, u, u_o, eta_o, eta_w, kk, err_rel = consts[0], consts[1], consts[2], consts[3], consts[4], consts[5], consts[6]
     R, n = X.shape
     k = means.shape[0]
@@ -187,13 +193,13 @@ def _best(X, A, kq, means, smeans, lo, hi, consts, prec, emin, done, bxh, berr, 
     half, tiny = 2.0**-prec, 2.0 ** (emin - prec)
     for i in prange(R):
         q = kq[i]
-        bz = np.full(n, np.inf)
-        open_ = np.arange(n)
-        n_open = n
+        bz = bzz[i]
+        open_ = np.empty(n, np.int64)
+        n_open = 0
         for j in range(n):
-            bxh[i, j] = 0.0 if A[i, j] != A[i, j] else np.nan
-            berr[i, j] = 0.0
-            bpre[i, j] = np.inf
+            if bz[j] > done:
+                open_[n_open] = j
+                n_open += 1
         for m in range(k):
             if n_open == 0:
                 break

@@ -12,6 +12,12 @@
   see it (editing the torch adapter or the verdict's envelopes recompiles none); an upgrade
   changes the sources and recompiles them all. If Numba's cache internals ever change shape,
   caching is switched off rather than trusted.
+* One import is not followed: ``RECORDS`` from a record module of the op registry
+  (``refkern/ops/_records*.py``). It is a tuple of :class:`refkern.ops.Op` records, which Numba
+  cannot type (a kernel that names it does not compile), so no kernel can read a record: Python
+  code reads them and hands a kernel their values as arguments at most. Adding or editing a
+  record therefore recompiles no kernel. Any other name imported from a record module is
+  followed as usual.
 """
 
 import ast
@@ -38,6 +44,12 @@ def _module_file(dotted: str) -> str | None:
     return None
 
 
+def _records_only(module: str, aliases) -> bool:
+    """Whether ``from module import <aliases>`` imports only the ``RECORDS`` of a record module of the op
+    registry: Op records, which no kernel can read (module docstring)."""
+    return module.startswith("refkern.ops._records") and all(a.name == "RECORDS" for a in aliases)
+
+
 @functools.cache  # a kernel module's closure shares most files with the others': each is parsed once
 def _imports(path: str) -> frozenset:
     """The refkern source files ``path`` imports by name, by any import statement in it (inside
@@ -46,7 +58,8 @@ def _imports(path: str) -> frozenset:
     A kernel reads only the globals of its own module and, through the jitted functions and constants
     it names, theirs: a package's ``__init__`` that Python runs on the way is not among them unless
     something is imported from it (``from refkern import engines`` reads refkern/engines, not the
-    package root, which defines no ``engines`` of its own)."""
+    package root, which defines no ``engines`` of its own). An import of only a record module's ``RECORDS``
+    is not followed (:func:`_records_only`)."""
     with open(path, "rb") as fh:
         tree = ast.parse(fh.read(), path)
     rel = os.path.relpath(path, _PKG)[: -len(".py")].split(os.sep)
@@ -59,6 +72,8 @@ def _imports(path: str) -> frozenset:
             mod = node.module or ""
             if node.level:
                 mod = ".".join(here[: len(here) - node.level + 1] + ([mod] if mod else []))
+            if _records_only(mod, node.names):
+                continue
             subs = [f"{mod}.{a.name}" for a in node.names]
             names += subs if all(map(_module_file, subs)) else [mod, *subs]
     return frozenset(f for f in map(_module_file, names) if f)

@@ -88,3 +88,48 @@ def test_editing_a_helper_changes_the_stamp_of_every_kernel_that_inlines_it(tree
     for m in ("kernels/_gemm_numba.py", "kernels/_conv_numba.py", "kernels/_convt_numba.py", "analysis/evaluate.py"):
         assert before[m] != after[m], m
     assert before["accumulate/superacc.py"] == after["accumulate/superacc.py"]
+
+
+def test_adding_or_editing_a_record_changes_no_stamp(tree):
+    """The registry's records (refkern/ops/_records*.py) reach no kernel: an edit of one, a comment appended or a
+    record's field changed, recompiles nothing: refkern._jit does not follow the import of ``RECORDS`` (the
+    analysis reads the registry in Python code, and kernels/_grad.py's Adjoint.run imported it)."""
+    before = _stamps(tree)
+    records = sorted(p.name for p in (tree / "ops").glob("_records*.py"))
+    assert records == ["_records.py", "_records_elementwise.py", "_records_embedding.py", "_records_losses.py"]
+    for f in records:
+        with open(tree / "ops" / f, "a", encoding="utf-8") as fh:
+            fh.write("\n# an edit\n")
+    src = (tree / "ops" / "_records.py").read_text(encoding="utf-8")
+    assert src.count('needs="output_size=4"') == 1
+    (tree / "ops" / "_records.py").write_text(src.replace('needs="output_size=4"', 'needs="output_size=5"'))
+    after = _stamps(tree)
+    changed = sorted(m for m in JITTED if before[m] != after[m])
+    assert not changed, f"these kernels would recompile: {changed}"
+
+
+def test_the_records_are_skipped_only_where_no_kernel_can_read_them(tree):
+    """The one import the stamps do not follow is ``RECORDS`` from a record module: a tuple of Op records, which
+    Numba cannot type (a kernel naming it does not compile). The class of the records and the registry's constants
+    (refkern/ops/_record.py: tuples of strings, which a kernel could read) are followed, and so is any other name
+    imported from a record module."""
+    numba = pytest.importorskip("numba")
+    from refkern.ops._records import RECORDS
+
+    with pytest.raises(ValueError, match="Cannot determine Numba type"):
+        numba.typeof(RECORDS)
+    with pytest.raises(numba.core.errors.TypingError):
+        numba.njit(lambda: len(RECORDS))()
+    before = _stamps(tree)
+    with open(tree / "ops" / "_record.py", "a", encoding="utf-8") as fh:
+        fh.write("\n# an edit\n")
+    after = _stamps(tree)
+    assert before["analysis/compare.py"] != after["analysis/compare.py"]  # it imports the registry
+    for line, follows in (("from refkern.ops._records import RECORDS", False), ("from refkern.ops._records import _F", True),
+                          ("from refkern.ops._records import RECORDS, _F", True), ("from refkern.ops import _records", True),
+                          ("from ..ops._records_losses import RECORDS as L", False)):  # fmt: skip
+        probe = tree / "kernels" / "_probe.py"
+        probe.write_text(line + "\n", encoding="utf-8")
+        _jit._imports.cache_clear()
+        seen = {os.path.relpath(f, tree) for f in _jit.closure(str(probe))}
+        assert any(f.startswith("ops/_records") for f in seen) == follows, line

@@ -246,10 +246,11 @@ def pool_report(op, k, adj, got, g, a, who="compare_backward", rtol=None, atol=N
     act, device = _actual_grad(got, "input", c.fmt, who)
     ref, asum, cnt = _pool_grads(c)
     from refkern.analysis.noise import Noise
-    from refkern.analysis.noise_backward_reductions import pool_noise
+    from refkern.analysis.noise_backward_reductions import avg_pool_partials, pool_noise
 
     b = pool_bound(asum, cnt, ref, c.fmt, exact_terms=c.idx is not None)
-    nz = Noise(pool_noise(asum, cnt, ref, c.fmt, c.idx is not None).reshape(c.shape))
+    sq = avg_pool_partials(c.G, c.spans, c.dconst, c.plane) if c.idx is None and c.G.size else None
+    nz = Noise(pool_noise(asum, cnt, ref, c.fmt, c.idx is not None, sq).reshape(c.shape))
     n_terms = int(cnt.max()) if cnt.size else 0
     return _envelope_finish(f"{op} backward (input)", np.asarray(act, np.float64).reshape(c.shape),
                             ref.reshape(c.shape), b.reshape(c.shape), c.fmt, device, n_terms, op, nz, rtol,

@@ -3,24 +3,91 @@ module docstring's pools, mean, var and std): per element, the first-order varia
 roundings, and var/std's members whose shared errors are known rather than charged."""
 
 import numpy as np
+from numba import prange
 
+from refkern._jit import jit
 from refkern.accumulate.formats import Format
 from refkern.analysis.noise_backward import _stores, _units
 from refkern.analysis.noise_moments import _moments
 from refkern.analysis.noise_var_means import MEMBER_ERR, project
 
-__all__ = ["pool_noise", "mean_noise", "var_noise", "var_members", "MEMBER_ERR"]
+__all__ = ["pool_noise", "avg_pool_partials", "mean_noise", "var_noise", "var_members", "MEMBER_ERR"]
 
 
-def pool_noise(asum, cnt, ref, out: Format, exact_terms: bool):
+def pool_noise(asum, cnt, ref, out: Format, exact_terms: bool, sq=None):
     """sigma**2 of a pooling's grad_input from each element's ``asum = sum |t|`` over its ``cnt`` terms:
-    the order-free ``(k + 1) (u_c A)**2`` (``k - 1`` for a maximum's exact terms), ``u_c = u + u_m``."""
+    the order-free ``(k + 1) (u_c A)**2`` (``k - 1`` for a maximum's exact terms), ``u_c = u + u_m``; with
+    ``sq`` (an average pooling's :func:`avg_pool_partials`) ``u_c**2 sq``, never above it."""
     u, u_m, _, _, _ = _units(out)
     k = np.asarray(cnt, np.float64)
     m = np.maximum(k - 1, 0) if exact_terms else k + 1
     with np.errstate(all="ignore"):
-        v = m * ((u + u_m) * asum) ** 2 + _stores(ref, out, 2 * k)
+        v = m * ((u + u_m) * asum) ** 2
+        if sq is not None:
+            v = np.minimum(v, (u + u_m) ** 2 * np.asarray(sq, np.float64).reshape(np.shape(v)))
+        v = v + _stores(ref, out, 2 * k)
     return np.where(np.isfinite(v), v, np.inf)
+
+
+def avg_pool_partials(G, spans, dconst: int, plane):
+    """Per element of an average pooling's grad_input (P, *plane): ``max(sum P_k**2, sum Q_k**2) + sum t_k**2`` over
+    its terms ``t = g / divisor`` in the order of the output positions (row-major), ``P`` the left-to-right and
+    ``Q`` the right-to-left partial sums (each rounded once, as a sum's, :func:`~refkern.analysis._rows.
+    _partial_sq`) and each term's own division. A kernel scatters ``g / d`` window by window in that order (torch's
+    CPU loop over the output) or gathers an element's windows in it (a GPU thread per input element); on data
+    without structure other orders are no larger in distribution (the sums' convention, :mod:`refkern.analysis.
+    noise`). The order-free ``(k + 1) A**2`` it replaces is about ``2 k`` times as large on randn gradients:
+    avg_pool2d with 8 x 8 windows (64 terms) let a bug of 17-20x the spread of correct kernels pass
+    (bench_verdict's power-backward). ``spans``, ``dconst``: :func:`refkern.kernels.pool.avg_spans`'; G (P,
+    *out) float64."""
+    spans = spans[len(spans) - len(plane) :]
+    nd = len(plane)
+    P = G.shape[0]
+    outs = [len(sp) for sp in spans]
+    pl3 = (1,) * (3 - nd) + tuple(int(v) for v in plane)
+    sp3 = [[(0, 1, 1)]] * (3 - nd) + [list(sp) for sp in spans]
+    G4 = np.ascontiguousarray(np.asarray(G, np.float64).reshape(P, *((1,) * (3 - nd)), *outs))
+    csr = []
+    for a in range(3):  # per axis: the outputs whose window holds input index i, ascending (CSR)
+        hits = [[o for o, (lo, hi, _) in enumerate(sp3[a]) if lo <= i < hi] for i in range(pl3[a])]
+        off = np.zeros(pl3[a] + 1, np.int64)
+        off[1:] = np.cumsum([len(h) for h in hits])
+        csr += [off, np.asarray([o for h in hits for o in h], np.int64), np.asarray([c for _, _, c in sp3[a]],
+                                                                                      np.float64)]  # fmt: skip
+    out = np.empty((P, *pl3))
+    _avg_partials(G4, *csr, float(dconst), out)
+    return out.reshape(P, *plane)
+
+
+@jit(parallel=True, error_model="numpy")
+def _avg_partials(G, off0, out0, cnt0, off1, out1, cnt1, off2, out2, cnt2, dconst, out):
+    """:func:`avg_pool_partials`' pass: per plane and input element, its terms in the outputs' row-major order."""
+    P, I0, I1, I2 = out.shape
+    for job in prange(P * I0):
+        p, i0 = job // I0, job % I0
+        for i1 in range(I1):
+            for i2 in range(I2):
+                m = 0
+                tot, lp, sp, spp, tt = 0.0, 0.0, 0.0, 0.0, 0.0
+                n = (off0[i0 + 1] - off0[i0]) * (off1[i1 + 1] - off1[i1]) * (off2[i2 + 1] - off2[i2])
+                for a in range(off0[i0], off0[i0 + 1]):
+                    o0 = out0[a]
+                    for b in range(off1[i1], off1[i1 + 1]):
+                        o1 = out1[b]
+                        for c in range(off2[i2], off2[i2 + 1]):
+                            o2 = out2[c]
+                            d = dconst if dconst > 0.0 else cnt0[o0] * cnt1[o1] * cnt2[o2]
+                            t = G[p, o0, o1, o2] / d
+                            tt += t * t
+                            if m <= n - 3:
+                                sp += tot
+                                spp += tot * tot
+                            tot += t
+                            if m >= 1:
+                                lp += tot * tot
+                            m += 1
+                rq = tot * tot + (n - 2) * tot * tot - 2.0 * tot * sp + spp if n > 2 else (tot * tot if n == 2 else 0.0)
+                out[p, i0, i1, i2] = max(lp, rq) + tt
 
 
 def mean_noise(G, n, ref_c, out: Format):

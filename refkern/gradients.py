@@ -53,6 +53,11 @@ def _rule(name):
     return _ops.resolve_path(_ops.get(name).backward.rule)
 
 
+def _reference(name):
+    """The reference function of op ``name`` (the registry's), which :meth:`Adjoint.run` calls."""
+    return _ops.get(name).reference
+
+
 def _given(a, k) -> bool:
     """Whether argument ``k`` of the bound call ``a`` was given as something with a gradient: not None, and not
     integers (cross_entropy's class-index target is differentiable only as probabilities)."""
@@ -171,7 +176,7 @@ def backward(op, grad_output, *args, wrt=None, **kwargs) -> dict:
         summed = broadcast_operands(name, bound, asked)
     rest = tuple(k for k in asked if k not in summed) if summed else wrt
     adj = {} if summed and not rest else adjoints(op, grad_output, *args, wrt=rest, **kwargs)
-    out = {k: a.run() for k, a in adj.items()}
+    out = {k: a.run(_reference) for k, a in adj.items()}
     for k in summed:
         out[k] = _ops.resolve_path(rb.broadcast)(grad_output, bound, k, "backward")
     return {k: out[k] for k in asked if k in out} if summed else out

@@ -93,7 +93,7 @@ def test_editing_a_helper_changes_the_stamp_of_every_kernel_that_inlines_it(tree
 def test_adding_or_editing_a_record_changes_no_stamp(tree):
     """The registry's records (refkern/ops/_records*.py) reach no kernel: an edit of one, a comment appended or a
     record's field changed, recompiles nothing: refkern._jit does not follow the import of ``RECORDS`` (the
-    analysis reads the registry in Python code, and kernels/_grad.py's Adjoint.run imported it)."""
+    analysis reads the registry in Python code)."""
     before = _stamps(tree)
     records = sorted(p.name for p in (tree / "ops").glob("_records*.py"))
     assert records == ["_records.py", "_records_elementwise.py", "_records_embedding.py", "_records_losses.py"]
@@ -133,3 +133,12 @@ def test_the_records_are_skipped_only_where_no_kernel_can_read_them(tree):
         _jit._imports.cache_clear()
         seen = {os.path.relpath(f, tree) for f in _jit.closure(str(probe))}
         assert any(f.startswith("ops/_records") for f in seen) == follows, line
+
+
+@pytest.mark.parametrize("module", NUMERICS)
+def test_a_kernel_sees_no_registry(module):
+    """The numerics do not import the registry (kernels/_grad.py's Adjoint.run once did, to call an op's reference:
+    its caller passes it now), so no edit of refkern/ops recompiles them except of the arguments' semantics they
+    share with it (refkern/ops/_args.py)."""
+    seen = [f for f in _seen(module) if f.startswith("ops" + os.sep)]
+    assert set(seen) <= {os.path.join("ops", "_args.py")}, f"{module}'s kernels are recompiled when {seen} is edited"

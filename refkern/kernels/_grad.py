@@ -22,9 +22,9 @@ def _identity(a):
 
 @dataclass
 class Adjoint:
-    """The forward call whose exact result is one gradient: ``getattr(refkern, op)(*args, **kwargs)``,
-    mapped to the gradient's layout by ``to_grad`` (and a gradient to the call's layout by
-    ``from_grad``). ``judge``: None, or a function giving another exact formulation of the same
+    """The forward call whose exact result is one gradient: ``op``'s reference (``refkern.ops.get(op).reference``)
+    called as ``(*args, **kwargs)``, mapped to the gradient's layout by ``to_grad`` (and a gradient to the call's
+    layout by ``from_grad``). ``judge``: None, or a function giving another exact formulation of the same
     gradient that :func:`compare_backward` analyses instead: where this call computes more elements
     than the gradient has (a crop), or where another form lets the analysis model how backends
     accumulate it."""
@@ -39,12 +39,14 @@ class Adjoint:
     compute: "Callable[[], object] | None" = None  # the same values, computed in less memory than the call
     judge_alt: "Callable[[], Adjoint] | None" = None  # a second formulation (another backend's structure)
 
-    def run(self):
-        import refkern.ops as ops
-
+    def run(self, reference):
+        """The gradient's values: ``compute()``, or ``to_grad(reference(op)(*args, **kwargs))`` with ``reference(op)``
+        the reference function of op ``op``, which the caller resolves (:func:`refkern.backward`: the registry's).
+        This module, which the kernels import, does not import the registry: a record's edit recompiles no
+        kernel (:mod:`refkern._jit` stamps a kernel with every module its module imports)."""
         if self.compute is not None:
             return self.compute()
-        return self.to_grad(ops.get(self.op).reference(*self.args, **self.kwargs))
+        return self.to_grad(reference(self.op)(*self.args, **self.kwargs))
 
 
 def _shape(a) -> tuple:

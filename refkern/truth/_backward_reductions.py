@@ -21,11 +21,13 @@ def _pool_backward(name, G, og, a, wrt):
     tap inside the input when nothing replaces it). Each element's terms are summed as Fractions and
     rounded once (mpmath); +0 for a zero sum; terms with a NaN or an infinity: IEEE float64 in output
     order."""
+    import refkern.ops as ops
     from refkern.kernels._common import deliver
     from refkern.truth.softmax import _decide, _ivq
 
+    rec = ops.get(name)  # its kind and pooled dimensions (Op.pool, Op.spatial)
     x, ox = _values(a["input"], "input", "truth.backward")
-    nd = int(name[-2])  # avg_pool3d: 3
+    nd = rec.spatial
     sizes = x.shape[-nd:]
     X = x.reshape(-1, *sizes)
     Gp = G.reshape(X.shape[0], *G.shape[-nd:])
@@ -43,11 +45,11 @@ def _pool_backward(name, G, og, a, wrt):
 
     for p in range(X.shape[0]):
         for o in itertools.product(*outs):
-            if name.startswith("adaptive"):
+            if rec.pool == "adaptive_avg":
                 box = [(i * L // O, -(-(i + 1) * L // O)) for i, L, O in zip(o, sizes, Gp.shape[1:])]
                 for pos in itertools.product(*(range(b, e) for b, e in box)):
                     put(p, pos, Gp[(p, *o)], math.prod(e - b for b, e in box))
-            elif name.startswith("avg_pool"):
+            elif rec.pool == "avg":
                 k, st, pd = tup(a["kernel_size"], None), tup(a["stride"], a["kernel_size"]), tup(a["padding"], 0)
                 box = [(i * t - q, min(i * t - q + kk, L + q)) for i, t, q, kk, L in zip(o, st, pd, k, sizes)]
                 if a["count_include_pad"]:

@@ -449,3 +449,96 @@ def test_the_ops_backward_lists_are_the_registrys():
     listed += [*ops.names(family="loss", backward=True), *ops.names(family="elementwise", backward=True)]
     assert len(listed) == len(set(listed))
     assert sorted(listed) == sorted(ops.names(backward=True)) == sorted(gradients.OPS)
+
+
+def test_conv_op_is_the_record_over_those_dimensions():
+    """:func:`refkern.ops.conv_op` gives the record whose family and ``Op.spatial`` are asked for, written out
+    by hand; None for a dimension no record has."""
+    assert [(t, nd, ops.conv_op(t, nd).name) for t in (False, True) for nd in (1, 2, 3)] == [
+        (False, 1, "conv1d"), (False, 2, "conv2d"), (False, 3, "conv3d"),
+        (True, 1, "conv_transpose1d"), (True, 2, "conv_transpose2d"), (True, 3, "conv_transpose3d")]  # fmt: skip
+    for t in (False, True):
+        r = ops.conv_op(t, 2)
+        assert r is ops.get(r.name) and r.spatial == 2 and r.family == ("conv_transpose" if t else "conv")
+    assert ops.conv_op(False, 0) is None and ops.conv_op(True, 4) is None
+
+
+# the modules that once read a convolution's dimensions from its name or wrote its name from them (issue 25)
+_CONV_READERS = ("refkern.kernels.conv_grad", "refkern.truth.backward", "refkern.analysis.evaluate",
+                 "refkern.torch.ops", "refkern.torch.dispatch_backward")  # fmt: skip
+
+
+def _conv_name_reading(src):
+    """What in ``src`` reads a convolution's dimensions from an op's name (``int(name[-2])``, ``name.startswith(
+    "conv_transpose")``), writes its name from them (``f"conv{nd}d"``, ``f"conv_transpose{nd}d"``) or names one
+    (``"conv2d"`` outside a docstring)."""
+    import ast
+
+    convs = set(ops.names(family="conv") + ops.names(family="conv_transpose"))
+    tree = ast.parse(src)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}  # fmt: skip
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "int" and node.args:
+            sub = node.args[0]
+            if isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.UnaryOp):  # name[-2]: from the end
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "startswith", "endswith"):  # fmt: skip
+            if any(isinstance(a, ast.Constant) and str(a.value).startswith("conv") for a in node.args):
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.JoinedStr):
+            pairs = zip(node.values, node.values[1:])  # "conv" or "conv_transpose", then the dimensions
+            if any(isinstance(a, ast.Constant) and a.value.endswith(("conv", "conv_transpose"))
+                   and isinstance(b, ast.FormattedValue) for a, b in pairs):  # fmt: skip
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.Constant) and node.value in convs and id(node) not in docs:
+            found.append(repr(node.value))
+    return found
+
+
+@pytest.mark.parametrize("module", _CONV_READERS)
+def test_a_convolutions_dimensions_are_its_records(module):
+    """The convolutions' backward rules and truths, the analysis' ``problem``, the adapter's torch functions and
+    module reading and the audit's ``convolution_backward`` reading take a convolution's dimensions from its record
+    (``Op.spatial``) and a convolution of given dimensions from :func:`refkern.ops.conv_op`: none slices an op's
+    name for its digit, matches its prefix, or writes a convolution's name."""
+    src = open(importlib.util.find_spec(module).origin, encoding="utf-8").read()
+    assert _conv_name_reading(src) == []
+
+
+def test_the_conv_name_reading_check_finds_what_it_forbids():
+    """The check above fails on the code it replaced (refkern/kernels/conv_grad.py's ``_dims``,
+    refkern/torch/dispatch_backward.py's ``convolution``, refkern/analysis/evaluate.py's ``problem``)."""
+    old = '''
+def _dims(op):
+    return int(op[-2])
+op = f"conv_transpose{nd}d" if transposed else f"conv{nd}d"
+if name.startswith("conv_transpose"):
+    pass
+if name in ("conv1d", "conv2d", "conv3d"):
+    pass
+'''
+    assert sorted(_conv_name_reading(old)) == sorted(["int(op[-2])", "f'conv_transpose{nd}d'", "f'conv{nd}d'",
+                                                      "name.startswith('conv_transpose')", "'conv1d'", "'conv2d'",
+                                                      "'conv3d'"])  # fmt: skip
+    assert _conv_name_reading('def f(n):\n    """conv2d\'s."""\n    return int(b["x"]), f"F.{n}"\n') == []
+
+
+def test_a_convolution_record_needs_its_own_dimensions(monkeypatch):
+    """The registry refuses a convolution record without ``spatial``, a second record of a family over the same
+    dimensions (:func:`refkern.ops.conv_op` would be ambiguous), and ``spatial`` on a family that slides nothing."""
+    import dataclasses
+
+    conv2d, softmax, original = ops.get("conv2d"), ops.get("softmax"), ops.RECORDS
+    for bad, match in ((dataclasses.replace(conv2d, spatial=0), "a convolution needs"),
+                       (dataclasses.replace(ops.get("conv3d"), spatial=2), "two conv records over 2 dimensions"),
+                       (dataclasses.replace(softmax, spatial=1), "only a convolution or a pool")):  # fmt: skip
+        records = tuple(bad if r.name == bad.name else r for r in original)
+        monkeypatch.setattr(ops, "RECORDS", records)
+        with pytest.raises(RuntimeError, match=match):
+            ops._build()
+    monkeypatch.undo()
+    assert ops._build() == ops.REGISTRY

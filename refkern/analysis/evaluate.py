@@ -440,9 +440,10 @@ def problem(op, args, kwargs, *, out: Format | None = None) -> Problem:
         n = A3.shape[2] + (bias is not None)
         bias_axis = len(shape) - 1 if bias is not None and own else None
         return Problem(name, p, "gemm", (A3, Bt3, ia, ib), bias, shape, axes, n, _in_prec(p, names), bias_axis)
-    nd = int(name[-2])
+    rec = _ops.get(name)  # a convolution: its kernel slides over the record's Op.spatial dimensions
+    nd = rec.spatial
     spatial = {1: ("position",), 2: ("row", "col"), 3: ("depth", "row", "col")}[nd]
-    if name.startswith("conv_transpose"):
+    if rec.family == "conv_transpose":
         ops = {"input": a["input"], "weight": a["weight"], "bias": a["bias"]}
         p = plan(name, ops, ("input", "weight"), "exact", None, out=out)
         c = conv_transpose.convt_operands(p, nd, a["stride"], a["padding"], a["output_padding"], a["groups"],

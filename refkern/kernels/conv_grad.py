@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+import refkern.ops as _ops
 from refkern._arrays import is_tensor
 from refkern.kernels._grad import (
     _PAD_MODES,
@@ -95,14 +96,14 @@ def _conv(nd, op, g, a, wrt, who):
             def judge(nd=nd, g=g, w=w, kw=kw, crop=crop, dilation=dilation):  # noqa: E306
                 return _same_judge(nd, g, w, kw, crop, dilation)
 
-        out["x"] = Adjoint("x", f"conv_transpose{nd}d", (g, w), kw, to_grad=to_grad, judge=judge)
+        out["x"] = Adjoint("x", _ops.conv_op(True, nd).name, (g, w), kw, to_grad=to_grad, judge=judge)
     if "weight" in wrt:
         xb = x.reshape((1,) + sx) if unbatched else x
         xp = _pad(_pad(xb, pads, mode), [(0, -r) for r in rem])  # drop what no window reaches
         sp = _shape(xp)[2:]
         xs = _perm(xp.reshape((n, groups, cin_g) + sp), (2, 1, 0, *spatial[1:], 2 + nd)).reshape((cin_g, groups * n)
                                                                                                   + sp)  # fmt: skip
-        out["weight"] = Adjoint("weight", f"conv{nd}d", (xs, _swap01(gb)),
+        out["weight"] = Adjoint("weight", op, (xs, _swap01(gb)),
                                 dict(stride=dilation, dilation=stride, groups=groups), to_grad=_swap01,
                                 from_grad=_swap01, judge=lambda: _weight_judge(xp, gb, ksize, o_size, stride,
                                                                                dilation, groups))  # fmt: skip
@@ -302,11 +303,9 @@ class _Fold:
             return self._tap_judge(g, w, every, who)
 
         def compute():
-            import refkern.ops as ops
-
             rem = [q - (o - 1) * s - d * (k - 1) - 1 + lo + hi for q, o, s, d, k, (lo, hi)
                    in zip(self.in_size, self.o_size, self.stride, self.dilation, self.ksize, self.pads)]  # fmt: skip
-            xp = ops.get(f"conv_transpose{self.nd}d").reference(
+            xp = _ops.conv_op(True, self.nd).reference(
                 gb, w, stride=self.stride, padding=0, output_padding=tuple(rem), dilation=self.dilation,
                 groups=self.groups,
             )  # fmt: skip
@@ -317,7 +316,7 @@ class _Fold:
             for start in range(0, len(border), 256):  # chunks of positions bound the gathered memory
                 chunk = border[start : start + 256]
                 a, b = self.call(g, w, chunk)
-                v = ops.get("matmul").reference(a, b).reshape((n, c_in, len(chunk)))
+                v = _ops.get("matmul").reference(a, b).reshape((n, c_in, len(chunk)))
                 idx = tuple(np.array([pos[q] for pos in chunk]) for q in range(self.nd))
                 out[(slice(None), slice(None)) + idx] = v
             return out[0] if self.unbatched else out
@@ -355,7 +354,7 @@ def _same_judge(nd, g, w, kw, crop, dilation):
     kz = dict(kw)
     kz["padding"] = tuple(p + (d if c else 0) for p, d, c in zip(kw["padding"], dilation, crop))
     kz["output_padding"] = tuple((d - 1) if c else a for a, d, c in zip(kw["output_padding"], dilation, crop))
-    return Adjoint("x", f"conv_transpose{nd}d", (g, wz), kz)
+    return Adjoint("x", _ops.conv_op(True, nd).name, (g, wz), kz)
 
 
 def _take2(a, idx, axis):
@@ -420,14 +419,15 @@ def _conv_transpose(nd, op, g, a, wrt, who):
     if "input" in wrt:
         unb = (lambda v: v[0]) if unbatched else _identity
         to_b = (lambda v: v.reshape((1,) + _shape(v))) if unbatched else _identity
-        out["input"] = Adjoint("input", f"conv{nd}d", (gp, w), dict(stride=stride, dilation=dilation, groups=groups),
-                               to_grad=unb, from_grad=to_b)  # fmt: skip
+        out["input"] = Adjoint("input", _ops.conv_op(False, nd).name, (gp, w),
+                               dict(stride=stride, dilation=dilation, groups=groups), to_grad=unb,
+                               from_grad=to_b)  # fmt: skip
     if "weight" in wrt:
         sp = _shape(gp)[2:]
         gs = _perm(gp.reshape((n, groups, cout_g) + sp), (2, 1, 0, *spatial[1:], 2 + nd)).reshape((cout_g, groups * n)
                                                                                                   + sp)  # fmt: skip
         xb = x.reshape((1,) + sx) if unbatched else x
-        out["weight"] = Adjoint("weight", f"conv{nd}d", (gs, _swap01(xb)),
+        out["weight"] = Adjoint("weight", _ops.conv_op(False, nd).name, (gs, _swap01(xb)),
                                 dict(stride=dilation, dilation=stride, groups=groups), to_grad=_swap01,
                                 from_grad=_swap01, judge=lambda: _weight_judge(gp, xb, ksize, _shape(xb)[2:], stride,
                                                                                dilation, groups))  # fmt: skip
@@ -436,16 +436,14 @@ def _conv_transpose(nd, op, g, a, wrt, who):
     return out
 
 
-def _dims(op) -> int:
-    """The spatial dimensions of a convolution's name ("conv2d", "conv_transpose3d": the digit before "d")."""
-    return int(op[-2])
-
-
 def conv_rule(op, g, a, wrt, who):
-    """The backward rule conv1d, conv2d and conv3d name (:class:`refkern.ops.Backward`)."""
-    return _conv(_dims(op), op, g, a, wrt, who)
+    """The backward rule conv1d, conv2d and conv3d name (:class:`refkern.ops.Backward`), over the record's
+    ``Op.spatial`` dimensions: grad_x is the transposed convolution of those dimensions (:func:`refkern.ops.conv_op`),
+    grad_weight the convolution itself."""
+    return _conv(_ops.get(op).spatial, op, g, a, wrt, who)
 
 
 def conv_transpose_rule(op, g, a, wrt, who):
-    """The backward rule of conv_transpose1d, 2d and 3d."""
-    return _conv_transpose(_dims(op), op, g, a, wrt, who)
+    """The backward rule of conv_transpose1d, 2d and 3d, over the record's ``Op.spatial`` dimensions: grad_input
+    and grad_weight are convolutions of those dimensions."""
+    return _conv_transpose(_ops.get(op).spatial, op, g, a, wrt, who)

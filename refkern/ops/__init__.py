@@ -34,8 +34,12 @@ from refkern.ops._records_elementwise import RECORDS as _ELEMENTWISE
 from refkern.ops._records_embedding import RECORDS as _EMBEDDING
 from refkern.ops._records_losses import RECORDS as _LOSSES
 
-__all__ = ["Op", "Call", "Backward", "REGISTRY", "names", "get", "lookup", "resolve_path", "ERROR_MODELS",
+__all__ = ["Op", "Call", "Backward", "REGISTRY", "names", "get", "lookup", "conv_op", "resolve_path", "ERROR_MODELS",
            "JUDGES", "SAMPLE_KINDS", "HYPOTHESES", "REFKERN_ONLY", "POOL_KINDS"]  # fmt: skip
+
+#: the families of the convolutions (their kernel slides over ``Op.spatial`` trailing dimensions) and of the
+#: transposed convolutions, one record per (family, spatial) (:func:`conv_op`)
+_CONV_FAMILIES = ("conv", "conv_transpose")
 
 
 def _build():
@@ -54,6 +58,11 @@ def _build():
         if (r.family == "pool") != (r.pool in POOL_KINDS) or (r.family == "pool" and r.spatial < 1):
             raise RuntimeError(f"ops: record {r.name!r}: a pool needs its kind (one of POOL_KINDS) and its pooled "
                                "dimensions (spatial), and only a pool has a kind")  # fmt: skip
+        if r.spatial < (r.family in _CONV_FAMILIES) or (r.spatial and r.family not in (*_CONV_FAMILIES, "pool")):
+            raise RuntimeError(f"ops: record {r.name!r}: a convolution needs the dimensions its kernel slides over "
+                               "(spatial), and only a convolution or a pool has them")  # fmt: skip
+        if r.family in _CONV_FAMILIES and any((o.family, o.spatial) == (r.family, r.spatial) for o in reg.values()):
+            raise RuntimeError(f"ops: two {r.family} records over {r.spatial} dimensions")
         if r.modules and (not r.calls or r.calls[0].params is None):
             raise RuntimeError(f"ops: record {r.name!r} names torch.nn modules without its first call's parameters")
         for node, edges in r.autograd:  # a node several ops share (ConvolutionBackward0) has one order
@@ -68,6 +77,19 @@ def _build():
 
 #: op name -> :class:`Op`, in a fixed order: the products and convolutions, then the others
 REGISTRY = _build()
+
+
+#: (transposed, spatial dimensions) -> the record of that convolution (family "conv_transpose" or "conv")
+_CONVS = {(r.family == "conv_transpose", r.spatial): r for r in REGISTRY.values() if r.family in _CONV_FAMILIES}
+
+
+def conv_op(transposed: bool, nd: int) -> Op | None:
+    """The record of the convolution (``transposed=False``, family "conv") or transposed convolution (family
+    "conv_transpose") whose kernel slides over ``nd`` trailing dimensions (its ``Op.spatial``): ``conv_op(True,
+    2).name`` is ``"conv_transpose2d"``. None where none is registered (a 4-d convolution). Read where a
+    convolution's gradient is another convolution, or where torch gives a convolution by its weight's
+    dimensions (aten's ``convolution_backward``, an ``nn.Conv3d``), instead of writing its name."""
+    return _CONVS.get((bool(transposed), nd))
 
 
 def names(*, error_model: str | None = None, family: str | None = None, backward: bool | None = None) -> tuple:

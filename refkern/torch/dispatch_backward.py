@@ -94,9 +94,10 @@ def convolution(name, b, memo, present, op):
     x, w = b["input"], b["weight"]
     nd = w.dim() - 2
     transposed = bool(b["transposed"])
-    op = f"conv_transpose{nd}d" if transposed else f"conv{nd}d"
-    if op not in _ops.REGISTRY:
+    rec = _ops.conv_op(transposed, nd)  # the record over the weight's spatial dimensions
+    if rec is None:
         return BackwardCall(unsupported=f"{name}: a {nd}-d convolution")
+    op = rec.name
     mask = b["output_mask"]
     bias = _zeros_like_bias(b["bias_sizes"], w) if mask[2] else None  # grad_bias needs only its shape
     kw = dict(stride=_tup(b["stride"]), padding=_tup(b["padding"]), dilation=_tup(b["dilation"]), groups=b["groups"])

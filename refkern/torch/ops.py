@@ -133,9 +133,10 @@ def from_call(func, args, kwargs) -> OpCall | None:
     kwargs = kwargs or {}
     if func in _SAME:
         return _same(func, args, kwargs)
-    if name in ("conv1d", "conv2d", "conv3d") or name.startswith("conv_transpose"):
+    family = _ops.REGISTRY[name].family if name in _ops.REGISTRY else None
+    if family in ("conv", "conv_transpose"):
         keys = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-        if name.startswith("conv_transpose"):  # F.conv_transpose{n}d's own order
+        if family == "conv_transpose":  # F.conv_transpose{n}d's own order
             keys = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
         vals = {k: _get(args, kwargs, i, k) for i, k in enumerate(keys)}
         ref = {k: v for k, v in vals.items() if v is not None and k not in ("input", "weight", "bias")}
@@ -424,9 +425,9 @@ def from_module(m, x) -> OpCall | None:
         nd = len(m.kernel_size)
         kw = dict(stride=m.stride, padding=m.padding, output_padding=m.output_padding, groups=m.groups,
                   dilation=m.dilation)  # fmt: skip
-        return OpCall(type(m).__name__, f"conv_transpose{nd}d", (x, m.weight, m.bias), kw)
+        return OpCall(type(m).__name__, _ops.conv_op(True, nd).name, (x, m.weight, m.bias), kw)
     if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
-        op = f"conv{len(m.kernel_size)}d"
+        op = _ops.conv_op(False, len(m.kernel_size)).name
         kw = dict(stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups, padding_mode=m.padding_mode)
         return OpCall(type(m).__name__, op, (x, m.weight, m.bias), kw)
     name = type(m).__name__
@@ -459,10 +460,11 @@ def from_module(m, x) -> OpCall | None:
     return None
 
 
-def _conv_padded(nd):
-    """torch's conv{nd}d with every argument of refkern's, ``padding_mode`` included: as
-    ``nn.Conv{nd}d`` does, a mode other than "zeros" pads the input with ``F.pad`` first."""
-    conv = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
+def _conv_padded(rec):
+    """torch's convolution of record ``rec`` (``rec.torch_function``: F.conv1d, F.conv2d or F.conv3d) with every
+    argument of refkern's, ``padding_mode`` included: as ``nn.Conv1d/2d/3d`` does, a mode other than "zeros" pads
+    the input's ``rec.spatial`` trailing dimensions with ``F.pad`` first."""
+    conv, nd = _ops.resolve_path(rec.torch_function), rec.spatial
 
     def fn(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):  # noqa: A002
         if padding_mode == "zeros":
@@ -478,8 +480,8 @@ def _conv_padded(nd):
         flat = [q for lo_hi in reversed(pads) for q in lo_hi]  # F.pad: last dimension first
         return conv(F.pad(input, flat, mode=padding_mode), weight, bias, stride, 0, dilation, groups)
 
-    fn.__name__ = fn.__qualname__ = f"conv{nd}d"
-    fn.__doc__ = f"F.conv{nd}d, with padding_mode as nn.Conv{nd}d applies it."
+    fn.__name__ = fn.__qualname__ = rec.name
+    fn.__doc__ = f"F.{rec.name}, with padding_mode as nn.Conv{nd}d applies it."
     return fn
 
 
@@ -491,7 +493,7 @@ def _expand(v, nd):
 
 # op -> the torch callable computing it with every argument refkern's op takes (the registry's, the
 # convolutions with padding_mode applied as nn.Conv{n}d applies it)
-_TORCH_FUNCTIONS = {n: _conv_padded(int(n[-2])) if r.family == "conv" else _ops.resolve_path(r.torch_function)
+_TORCH_FUNCTIONS = {n: _conv_padded(r) if r.family == "conv" else _ops.resolve_path(r.torch_function)
                     for n, r in _ops.REGISTRY.items()}  # fmt: skip
 
 

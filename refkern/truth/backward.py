@@ -220,8 +220,8 @@ def _with_values(fn):
 
 # the truths the records name (refkern.ops.Backward.truth): truth(name, grad_output, bound, wrt, precision)
 linear, matmul, dot = _summed(_linear), _summed(_matmul), _summed(_dot)
-conv = _summed(lambda name, *z: _conv(int(name[-2]), name, *z))  # conv1d..3d: the digit before "d"
-conv_transpose = _summed(lambda name, *z: _conv_transpose(int(name[-2]), name, *z))
+conv = _summed(lambda name, *z: _conv(_ops.get(name).spatial, name, *z))  # over the record's Op.spatial dimensions
+conv_transpose = _summed(lambda name, *z: _conv_transpose(_ops.get(name).spatial, name, *z))
 softmax, attention = _with_values(_softmax_backward), _with_values(_attention_backward)
 pool, reduction = _with_values(_pool_backward), _with_values(_reduction_backward)
 norm, group_norm, batch_norm = (_with_values(_norm_backward), _with_values(_group_norm_backward),

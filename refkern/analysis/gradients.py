@@ -58,7 +58,19 @@ def adjoint_report(name, k, adj, got, grad_output, bound, who="compare_backward"
         b = adj.judge_alt()  # the other structure of a correct backend: the better fit is the verdict
         alt = compare(b.from_grad(got), b.op, *b.args, rtol=rtol, atol=atol, **b.kwargs)
         if VERDICTS.index(alt.verdict) < VERDICTS.index(rep.verdict):  # a better fit ranks lower
-            return alt
+            rep, a = alt, b
+    return _named(rep, name, k, a.op)
+
+
+def _named(rep, name, k, judged_as):
+    """The Report of gradient ``k`` of ``name`` headed by what it judges (``conv2d backward (weight)``), not by the
+    adjoint call that judged it (a conv2d's grad_weight is one conv_transpose1d whose taps are the images), which a
+    note names; its indices stay the adjoint call's output's (the gradient, or its transpose)."""
+    label = f"{name} backward ({k})"
+    if rep.op != label:
+        rep.notes = [*rep.notes, f"judged as one {judged_as} call (the adjoint of {name}'s forward for {k}): its "
+                     "bounds, emulated precisions and structure tests; indices are that call's output's"]
+        rep.op = label
     return rep
 
 

@@ -156,6 +156,7 @@ def best_members(members, Xf, mean, kq, A, ok, bound, units, want_std, out, lam)
     with np.errstate(all="ignore"):
         d0 = Xf - mean[:, None]
         pre0 = kq1[:, None] ** 2 * (uc * uc * d0 * d0) + (kq1[:, None] * d0) ** 2 * (uc * uc + u * u)
+        pre0 = pre0 + (u_o * kq1[:, None] * d0) ** 2  # the store too: the estimate's sd is not understated
     err_rel = MEMBER_ERR + (2.0 * n * 2.0**-53 if want_std else 0.0)
     consts = np.array([uc, u, u_o, eta_o, eta_w, K * K if want_std else 0.0, err_rel])
     Ac = np.ascontiguousarray(np.where(ok, A, np.nan))

@@ -180,6 +180,15 @@ def best_members(members, Xf, mean, kq, A, ok, bound, units, want_std, out, lam)
 FIT_SAMPLE = 16384
 
 
+@jit(inline="always")
+def _pre_one(q, d, sm, uc, u, eta_o, eta_w, kk):
+    """One element's sigma**2 before its store for a member of mean variance ``sm`` (``d = x - m``, ``q = K q``):
+    :func:`~refkern.analysis.noise_backward_reductions._var_pre` plus the batch's ``2 eta_o**2 + 3 eta_w**2``, as
+    ``_var_batch`` charges it (``kk``: ``K**2`` for std, else 0), one element at a time."""
+    pre = q * q * (sm + uc * uc * d * d) + (q * d) ** 2 * (uc * uc + u * u)
+    return pre + ((eta_o * d) ** 2 * (kk + 1.0) + (eta_o * q) ** 2 + 2.0 * eta_o**2 + 3.0 * eta_w**2)  # as `+=` did
+
+
 @jit(parallel=True, error_model="numpy")
 def _best(X, A, kq, means, smeans, lo, hi, consts, prec, emin, done, bzz, bxh, berr, bpre):
     """:func:`best_members`' pass: per row, per member with a finite mean, the fit (sums over an evenly strided
@@ -211,8 +220,7 @@ def _best(X, A, kq, means, smeans, lo, hi, consts, prec, emin, done, bzz, bxh, b
             for j in range(0, n, step):
                 d = X[i, j] - mu
                 c = q * d
-                pre = q * q * (sm + uc * uc * d * d) + (q * d) ** 2 * (uc * uc + u * u)
-                pre += (eta_o * d) ** 2 * (kk + 1.0) + (eta_o * q) ** 2 + 2.0 * eta_o**2 + 3.0 * eta_w**2
+                pre = _pre_one(q, d, sm, uc, u, eta_o, eta_w, kk)
                 a = A[i, j]
                 if a == a and pre > 0.0:
                     w = c / pre
@@ -235,8 +243,7 @@ def _best(X, A, kq, means, smeans, lo, hi, consts, prec, emin, done, bzz, bxh, b
                 j = open_[t]
                 d = X[i, j] - mu
                 c = q * d
-                pre = q * q * (sm + uc * uc * d * d) + (q * d) ** 2 * (uc * uc + u * u)
-                pre += (eta_o * d) ** 2 * (kk + 1.0) + (eta_o * q) ** 2 + 2.0 * eta_o**2 + 3.0 * eta_w**2
+                pre = _pre_one(q, d, sm, uc, u, eta_o, eta_w, kk)
                 xh = c * (1.0 + s)
                 pr = (np.sqrt(pre) + abs(c) * sd) ** 2
                 pr = pr if pr - pr == 0.0 else np.inf
@@ -245,15 +252,10 @@ def _best(X, A, kq, means, smeans, lo, hi, consts, prec, emin, done, bzz, bxh, b
                 a = A[i, j]
                 # z >= (|a - xh| - hs - er) / sqrt(pr), hs >= half a's spacing: where that is already at least the
                 # element's best, this member cannot better it (the exact test is skipped, the result the same)
-                lb = (abs(a - xh) - abs(a) * half - tiny - er) / np.sqrt(pr)
-                if lb >= bz[j]:
-                    if bz[j] > done:
-                        open_[h] = j
-                        h += 1
-                    continue
-                z = straddle_one(a, xh, er, pr, prec, emin)
-                if z < bz[j]:
-                    bz[j], bxh[i, j], berr[i, j], bpre[i, j] = z, xh, er, pr
+                if (abs(a - xh) - abs(a) * half - tiny - er) / np.sqrt(pr) < bz[j]:
+                    z = straddle_one(a, xh, er, pr, prec, emin)
+                    if z < bz[j]:
+                        bz[j], bxh[i, j], berr[i, j], bpre[i, j] = z, xh, er, pr
                 if bz[j] > done:
                     open_[h] = j
                     h += 1
